@@ -1,0 +1,100 @@
+// Cluster configuration (deploy/local/cluster.yaml), read once at start-up.
+//
+// Owns: parsing and validating the YAML into plain structs. Does not touch:
+// sockets, models. Threads: pure functions.
+//
+// Schema (unknown keys anywhere are errors naming the key path):
+//   model: PATH                       # optional; --model / $TANDEM_MODEL win
+//   router: {name, listen: "host:port", poll_interval_ms: 500,
+//            unhealthy_after_missed_polls: 3, rpc_timeout_ms: 2000}
+//   prefill_workers: [{name, listen}]
+//   decode_workers:  [{name, listen, kv_listen}]
+//   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
+//            threads: 1}
+//   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
+//   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000}
+//   shutdown_grace_s: 5
+// Ports may be 0 (ephemeral).
+#ifndef TANDEM_COMMON_CLUSTER_CONFIG_H_
+#define TANDEM_COMMON_CLUSTER_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+struct HostPort {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0 = ephemeral
+  std::string ToString() const;  // "host:port"
+};
+// Parses "host:port" (port 0..65535). INVALID_ARGUMENT naming `field`.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::string& field);
+
+struct RouterConfig {
+  std::string name = "router";
+  HostPort listen{"127.0.0.1", 50051};
+  int32_t poll_interval_ms = 500;          // GetStatus poll period per worker
+  int32_t unhealthy_after_missed_polls = 3;
+  int32_t rpc_timeout_ms = 2000;           // deadline of control RPCs
+};
+
+struct WorkerConfig {
+  std::string name;
+  HostPort listen;     // gRPC
+  HostPort kv_listen;  // decode workers only: KV receiver
+};
+
+struct EngineConfig {
+  int32_t block_size = 16;        // tokens per KV block
+  int32_t num_kv_blocks = 2048;   // KV pool size per worker, blocks
+  int32_t max_num_seqs = 64;      // decode batch cap, sequences
+  int32_t threads = 1;            // compute threads per worker
+};
+
+enum class OnPrefillFailure { kFail, kRetry, kLocal };
+
+struct ConditionalConfig {
+  int32_t max_local_prefill_tokens = 32;  // L - hit <= this -> local prefill
+  OnPrefillFailure on_prefill_failure = OnPrefillFailure::kFail;
+};
+
+struct KvConfig {
+  int32_t transfer_timeout_ms = 5000;   // max stall of a running transfer
+  int32_t handshake_timeout_ms = 5000;  // NeedRemotePrefill -> HELLO
+};
+
+struct ClusterConfig {
+  std::string model;  // as written in the file (may be empty)
+  RouterConfig router;
+  std::vector<WorkerConfig> prefill_workers;
+  std::vector<WorkerConfig> decode_workers;
+  EngineConfig engine;
+  ConditionalConfig conditional;
+  KvConfig kv;
+  int32_t shutdown_grace_s = 5;
+
+  // The entry named `name` in prefill_workers or decode_workers, or nullptr.
+  const WorkerConfig* FindWorker(const std::string& name) const;
+};
+
+// Parses YAML text. Errors: INVALID_ARGUMENT naming the key path
+// ("engine.block_size: must be > 0", "unknown key 'kv.foo'"), YAML syntax
+// errors with line/column.
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
+// Reads and parses a file. NOT_FOUND if it cannot be read.
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
+
+// Model path resolution (issue #2): flag, then $TANDEM_MODEL, then the
+// config's `model`, then models/stories260K.gguf, then
+// ../shared/models/stories260K.gguf; the first that exists. NOT_FOUND with
+// one line naming the --model flag when none exists.
+absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
+                                             const ClusterConfig& config);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_CLUSTER_CONFIG_H_

@@ -1,0 +1,112 @@
+// GGUF v3 reader over mmap.
+//
+// Owns: the mapped file and the parsed header (metadata KV pairs, tensor
+// infos). Does not touch: model semantics (see engine/model), tokenization.
+// Threads: immutable after Open(); safe to share across threads.
+//
+// File layout (GGUF spec, ggml/docs/gguf.md, little-endian):
+//   u32 magic "GGUF" | u32 version (3) | u64 n_tensors | u64 n_kv
+//   n_kv x { gguf_string key | u32 value_type | value }
+//   n_tensors x { gguf_string name | u32 n_dims | u64 ne[n_dims] |
+//                 u32 ggml_type | u64 offset (relative to data section) }
+//   padding to `general.alignment` (default 32) | tensor data
+//   gguf_string = u64 length | bytes (not NUL-terminated)
+// A 2-D tensor has ne = [ne0, ne1] = [in, out]: row r (an output) is ne0
+// contiguous elements. Every offset and length read from the file is bounds-
+// checked; failures return INVALID_ARGUMENT naming the file and the field.
+#ifndef TANDEM_ENGINE_GGUF_GGUF_FILE_H_
+#define TANDEM_ENGINE_GGUF_GGUF_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::gguf {
+
+// ggml tensor types Tandem reads (values from ggml.h's enum ggml_type).
+enum class TensorType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ8_0 = 8,   // blocks of 32: {f16 d; int8 q[32]} = 34 bytes
+  kBF16 = 30,
+};
+
+// Bytes for `n_elements` of `type`; n_elements must be a multiple of the
+// type's block size (32 for Q8_0). Returns nullopt when it is not.
+std::optional<uint64_t> TensorBytes(TensorType type, uint64_t n_elements);
+std::string_view TensorTypeName(TensorType type);
+
+// One metadata value. Arrays hold their elements as a vector of the element
+// type (nested arrays are rejected as unsupported).
+using MetadataValue =
+    std::variant<uint8_t, int8_t, uint16_t, int16_t, uint32_t, int32_t, float,
+                 bool, std::string, uint64_t, int64_t, double,
+                 std::vector<std::string>, std::vector<float>,
+                 std::vector<int32_t>, std::vector<uint32_t>,
+                 std::vector<int64_t>, std::vector<uint64_t>,
+                 std::vector<uint8_t>, std::vector<int8_t>,
+                 std::vector<bool>, std::vector<double>,
+                 std::vector<int16_t>, std::vector<uint16_t>>;
+
+struct TensorInfo {
+  std::string name;
+  TensorType type;
+  std::vector<uint64_t> dims;  // ne0 first (innermost)
+  uint64_t offset;             // absolute file offset of the data
+  uint64_t n_bytes;
+  const uint8_t* data;         // points into the mapping
+  uint64_t NumElements() const;
+};
+
+class GgufFile {
+ public:
+  // Maps and parses `path`. Errors: NOT_FOUND (missing file),
+  // INVALID_ARGUMENT (bad magic, version != 3, truncation, unknown tensor
+  // type, out-of-range offset, overlapping/misaligned data), naming the file.
+  static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  uint64_t file_size() const { return size_; }
+  uint32_t alignment() const { return alignment_; }
+
+  const std::map<std::string, MetadataValue>& metadata() const { return metadata_; }
+  const MetadataValue* Find(std::string_view key) const;
+
+  // Typed getters: NOT_FOUND if absent, INVALID_ARGUMENT on a type mismatch.
+  // GetUint accepts any unsigned/signed integer type holding a value >= 0.
+  absl::StatusOr<std::string> GetString(std::string_view key) const;
+  absl::StatusOr<uint64_t> GetUint(std::string_view key) const;
+  absl::StatusOr<float> GetFloat(std::string_view key) const;  // f32 or f64
+  absl::StatusOr<bool> GetBool(std::string_view key) const;
+
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* FindTensor(std::string_view name) const;
+
+ private:
+  GgufFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  const uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint32_t version_ = 0;
+  uint32_t alignment_ = 32;
+  std::map<std::string, MetadataValue> metadata_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
+};
+
+}  // namespace tandem::gguf
+
+#endif  // TANDEM_ENGINE_GGUF_GGUF_FILE_H_

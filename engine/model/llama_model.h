@@ -1,0 +1,97 @@
+// Llama forward pass on the CPU over a paged KV cache.
+//
+// Owns: the model's weights (F32 in memory; F16 converted at load) and the
+// forward computation. Does not touch: allocation of KV blocks (the caller
+// passes block tables), sampling, scheduling.
+// Threads: Forward() is re-entrant for distinct KV blocks; the caller
+// serializes steps that share blocks.
+//
+// Graph (llama.cpp's llm_build_llama): x = token_embd[t];
+// per layer: h = x + Wo·Attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with
+// n = RMSNorm(x)·attn_norm; x = h + Wdown·(SiLU(Wgate·m) ⊙ Wup·m) with
+// m = RMSNorm(h)·ffn_norm; logits = output·(RMSNorm(x)·output_norm).
+// RoPE: NORM mode (rotates consecutive pairs (2i, 2i+1)), theta_i =
+// pos · freq_base^(-2i/rope_dim). GQA: query head h reads KV head
+// h / (n_head / n_head_kv). Attention scale 1/sqrt(head_dim), causal.
+#ifndef TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
+#define TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/kv/block_pool.h"
+
+namespace tandem::model {
+
+// Hyperparameters from GGUF metadata ("llama.*" keys), with llama.cpp's
+// defaults where a key is absent (rope.freq_base 10000, rope dims =
+// head_dim, n_head_kv = n_head, vocab = tokenizer.ggml.tokens size).
+struct LlamaConfig {
+  std::string architecture;  // "llama"
+  std::string name;          // general.name
+  int32_t context_length = 0;
+  int32_t n_embd = 0;
+  int32_t n_layers = 0;
+  int32_t n_ff = 0;
+  int32_t n_head = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+  int32_t rope_dim = 0;
+  float rope_freq_base = 10000.0f;
+  float rms_norm_eps = 1e-5f;
+  int32_t vocab_size = 0;
+};
+
+// One sequence's slice of a flattened batch: tokens at absolute positions
+// [start_pos, start_pos + n_tokens). Its block table must cover
+// start_pos + n_tokens tokens; K/V of positions < start_pos must already be
+// in the cache.
+struct SequenceBatch {
+  std::span<const int32_t> tokens;
+  int32_t start_pos = 0;
+  const std::vector<int32_t>* block_table = nullptr;
+  bool want_logits = true;  // logits of this slice's last token
+};
+
+// Called after layer `layer` has written K/V for tokens
+// [token_start, token_start + token_count) of batch entry `seq_index`.
+using LayerHook = std::function<void(size_t seq_index, int32_t layer,
+                                     int32_t token_start, int32_t token_count)>;
+
+class LlamaModel {
+ public:
+  // Builds from an open GGUF file (which must outlive the model). Errors:
+  // INVALID_ARGUMENT for a non-llama architecture, a missing/ill-shaped
+  // tensor or metadata key (named in the message), an unsupported type.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file);
+
+  const LlamaConfig& config() const { return config_; }
+  kv::KvShape kv_shape(int32_t block_size) const;
+
+  // Runs one forward step over all entries. Writes, for each entry with
+  // want_logits, vocab_size floats to `logits` (entries in batch order).
+  // Bit-identical per entry for any batch composition (DESIGN.md rules).
+  void Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv,
+               std::vector<float>* logits, const LayerHook* hook = nullptr) const;
+
+ private:
+  LlamaModel() = default;
+  struct Layer;
+  LlamaConfig config_;
+  // weights (see llama_model.cc)
+  struct Weights;
+  std::shared_ptr<const Weights> w_;
+};
+
+// Hex XXH3-128 of the whole model file: identifies the exact weights.
+absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file);
+
+}  // namespace tandem::model
+
+#endif  // TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
