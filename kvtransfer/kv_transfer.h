@@ -6,8 +6,8 @@
 // execution, gRPC. Threads: KvReceiver runs one acceptor thread plus one
 // thread per connection; public methods are thread-safe.
 //
-// Wire format (all little-endian), every message = u32 type | u32 length |
-// payload:
+// Wire format (all little-endian; wire.h has the type numbers and the
+// exact field layout), every message = u32 type | u32 length | payload:
 //   HELLO  {request_id str, attempt u32, KvLayout}
 //   ACCEPT {}                 REJECT {status code u32, reason str}
 //   FRAME  {request_id str, attempt u32, layer u32, token_start u32,
@@ -16,6 +16,8 @@
 //           kv_bytes u64}
 //   (str = u32 length | bytes). D checks every frame before placing it:
 //   layer < n_layers, token_start >= D_hit, end <= L, exact payload size.
+// D may also send REJECT mid-transfer (cancel, bad frame, superseded
+// attempt) just before it closes the connection; the sender reports it.
 #ifndef TANDEM_KVTRANSFER_KV_TRANSFER_H_
 #define TANDEM_KVTRANSFER_KV_TRANSFER_H_
 
@@ -77,10 +79,16 @@ class KvReceiver {
     int handshake_timeout_ms = 5000;    // Expect() -> HELLO
     int transfer_timeout_ms = 5000;     // max silence between messages
   };
-  // Binds and starts the acceptor. Errors: UNAVAILABLE if the bind fails.
+  // Binds and starts the acceptor. Errors: UNAVAILABLE if the bind fails,
+  // INVALID_ARGUMENT for a layout with zero layers/heads/head_dim or a dtype
+  // other than "f32", or non-positive timeouts.
   static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
                                                            const KvLayout& layout);
-  ~KvReceiver();  // stops all threads; pending transfers end with CANCELLED
+  // Stops all threads; pending transfers end with CANCELLED and their `done`
+  // has run when the destructor returns. Must not be called from `done`.
+  ~KvReceiver();
+  KvReceiver(const KvReceiver&) = delete;
+  KvReceiver& operator=(const KvReceiver&) = delete;
 
   int port() const;
 
@@ -100,8 +108,16 @@ class KvReceiver {
   // nothing writes into the writer. No-op for unknown ids.
   void Cancel(const std::string& request_id);
 
+  // Expect()ed transfers whose `done` has not been queued yet.
   uint32_t transfers_in_flight() const;
+  // K+V payload bytes of every frame accepted so far (monotonic; bytes of a
+  // superseded attempt stay counted).
   uint64_t kv_bytes_received_total() const;
+
+ private:
+  class Impl;
+  explicit KvReceiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Prefill-worker side: one connection per transfer.
@@ -113,14 +129,28 @@ class KvSender {
   static absl::StatusOr<std::unique_ptr<KvSender>> Connect(
       const std::string& endpoint, const std::string& request_id,
       uint32_t attempt, const KvLayout& layout, int timeout_ms);
-  ~KvSender();
+  ~KvSender();  // closes the connection
+  KvSender(const KvSender&) = delete;
+  KvSender& operator=(const KvSender&) = delete;
 
-  // k, v: [token_count][kv_dim] floats. Errors: UNAVAILABLE / DEADLINE_EXCEEDED.
+  // k, v: [token_count][kv_dim] floats. Each call has its own deadline of
+  // timeout_ms. Errors: UNAVAILABLE / DEADLINE_EXCEEDED, INVALID_ARGUMENT
+  // for layer >= n_layers or token_count == 0, or the code of a REJECT the
+  // receiver sent mid-transfer (CANCELLED, DATA_LOSS, ABORTED, ...). After
+  // an error every later call returns the same error.
   absl::Status SendFrame(uint32_t layer, uint32_t token_start,
                          uint32_t token_count, const float* k, const float* v);
+  // Sends FINAL with the frame and byte totals of the SendFrame calls so far.
+  // OK means it was handed to the kernel; D's verdict reaches D's caller.
   absl::Status SendFinal(int32_t first_token, float first_logprob,
                          uint32_t finish_reason);
   uint64_t bytes_sent() const;  // payload (K+V) bytes so far
+  uint64_t frames_sent() const;
+
+ private:
+  class Impl;
+  explicit KvSender(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tandem::kvtransfer

@@ -69,8 +69,12 @@ struct TensorInfo {
 class GgufFile {
  public:
   // Maps and parses `path`. Errors: NOT_FOUND (missing file),
-  // INVALID_ARGUMENT (bad magic, version != 3, truncation, unknown tensor
-  // type, out-of-range offset, overlapping/misaligned data), naming the file.
+  // FAILED_PRECONDITION (cannot open/stat/mmap, e.g. permissions),
+  // INVALID_ARGUMENT (bad magic, version != 3, truncation naming the field,
+  // unknown tensor type naming tensor and type number, n_dims > 4, element
+  // count overflow, out-of-range offset, overlapping/misaligned data,
+  // duplicate key/tensor, nested array, bad general.alignment), each message
+  // naming the file.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;

@@ -44,7 +44,9 @@ class BlockPool {
   // (taking nothing) when fewer than n are free. Not an error: the caller
   // queues or preempts.
   std::optional<std::vector<int32_t>> Allocate(int32_t n);
-  // Returns blocks to the tail of the free list. Each must be in use.
+  // Returns blocks to the tail of the free list, in the given order. Each
+  // must be in use: freeing a free or out-of-range block is a caller bug
+  // (double free) and aborts, even in release builds.
   void Free(const std::vector<int32_t>& blocks);
 
   // Pointers to block b's K or V rows for `layer`: [block_size][kv_dim].
@@ -66,7 +68,8 @@ int32_t BlocksForTokens(int32_t n_tokens, int32_t block_size);
 
 // Copies K and V rows of tokens [token_start, token_start + count) of the
 // sequence with `block_table` out of / into contiguous buffers of
-// [count][kv_dim] floats each. Used by the KV sender and receiver.
+// [count][kv_dim] floats each. Used by the KV sender and receiver. The
+// table must cover token_start + count tokens (a caller bug otherwise).
 void ReadKvRows(const BlockPool& pool, const std::vector<int32_t>& block_table,
                 int32_t layer, int32_t token_start, int32_t count, float* k_out,
                 float* v_out);

@@ -1,7 +1,7 @@
 // Llama forward pass on the CPU over a paged KV cache.
 //
-// Owns: the model's weights (F32 in memory; F16 converted at load) and the
-// forward computation. Does not touch: allocation of KV blocks (the caller
+// Owns: the model's weights (F32 in memory: F32 tensors read in place from
+// the mapping, F16/BF16/Q8_0 converted at load) and the forward computation. Does not touch: allocation of KV blocks (the caller
 // passes block tables), sampling, scheduling.
 // Threads: Forward() is re-entrant for distinct KV blocks; the caller
 // serializes steps that share blocks.
@@ -28,6 +28,9 @@
 #include "engine/kv/block_pool.h"
 
 namespace tandem::model {
+namespace internal {
+struct ModelWeights;
+}  // namespace internal
 
 // Hyperparameters from GGUF metadata ("llama.*" keys), with llama.cpp's
 // defaults where a key is absent (rope.freq_base 10000, rope dims =
@@ -74,22 +77,30 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   kv::KvShape kv_shape(int32_t block_size) const;
 
-  // Runs one forward step over all entries. Writes, for each entry with
-  // want_logits, vocab_size floats to `logits` (entries in batch order).
-  // Bit-identical per entry for any batch composition (DESIGN.md rules).
+  // Runs one forward step over all entries. Resizes `logits` to
+  // (number of entries with want_logits) * vocab_size and writes each such
+  // entry's last-token logits there, entries in batch order (`logits` may
+  // be null when no entry wants logits). Bit-identical per entry for any
+  // batch composition or chunking (DESIGN.md rules; see cpu_kernels.h).
+  // For each layer, an entry's new K/V rows are written into `kv` before any
+  // entry attends, then `hook` (if any) is called once per entry.
+  // Preconditions (programmer errors, abort): `kv` has kv_shape()'s layers,
+  // heads and head dim; every block table covers start_pos + n_tokens; token
+  // ids are in [0, vocab_size) (callers validate request tokens first).
   void Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv,
                std::vector<float>* logits, const LayerHook* hook = nullptr) const;
 
  private:
   LlamaModel() = default;
-  struct Layer;
   LlamaConfig config_;
-  // weights (see llama_model.cc)
-  struct Weights;
-  std::shared_ptr<const Weights> w_;
+  std::shared_ptr<const internal::ModelWeights> w_;  // see llama_weights.h
 };
 
-// Hex XXH3-128 of the whole model file: identifies the exact weights.
+// XXH3-128 (xxHash 0.8) of the whole model file, as 32 lowercase hex digits
+// in xxHash's canonical (big-endian) form, as `xxhsum -H2` prints it:
+// identifies the exact weights. Streams the file at file.path() again.
+// Errors: UNAVAILABLE when it cannot be read, DATA_LOSS when its size no
+// longer matches the mapping.
 absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file);
 
 }  // namespace tandem::model

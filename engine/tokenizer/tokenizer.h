@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,20 +24,57 @@ namespace tandem::tokenizer {
 class Tokenizer {
  public:
   // Reads tokenizer.ggml.{model,tokens,scores,token_type,bos_token_id,
-  // eos_token_id,unknown_token_id,add_bos_token,add_space_prefix}. Errors:
-  // INVALID_ARGUMENT for a missing key or tokenizer.ggml.model != "llama".
+  // eos_token_id,unknown_token_id,add_bos_token,add_space_prefix}. `model`
+  // and `tokens` are required; the rest default as in llama.cpp for SPM
+  // (scores 0, type normal, BOS 1, EOS 2, UNK 0, add_bos and
+  // add_space_prefix true). Errors: INVALID_ARGUMENT, naming the file and
+  // key, for a missing required key, tokenizer.ggml.model != "llama", a
+  // wrongly typed value, a per-token array whose length differs from
+  // `tokens`, or a token id outside the vocabulary. `file` may be closed
+  // afterwards (the vocabulary is copied).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const gguf::GgufFile& file);
 
-  // Text -> ids (no special-token parsing). add_bos: prepend BOS.
+  // Text -> ids (no special-token parsing). add_bos: prepend BOS. Empty
+  // text gives no ids (only BOS when add_bos), as llama.cpp.
   std::vector<int32_t> Encode(std::string_view text, bool add_bos) const;
   // The bytes of one token: U+2581 -> ' ', <0xXX> -> that byte, control
   // tokens (BOS/EOS/UNK) -> "". May be an incomplete UTF-8 sequence.
   std::string TokenBytes(int32_t id) const;
 
-  int32_t vocab_size() const;
+  int32_t vocab_size() const;  // length of tokenizer.ggml.tokens
   int32_t bos_id() const;
   int32_t eos_id() const;
-  bool add_bos() const;  // llama.cpp default for SPM: true
+  // tokenizer.ggml.add_bos_token; absent -> true (llama.cpp's SPM default).
+  bool add_bos() const;
+
+ private:
+  // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+  enum class TokenType : int32_t {
+    kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3,
+    kUserDefined = 4, kUnused = 5, kByte = 6,
+  };
+
+  Tokenizer() = default;
+  // SPM merge of one already-escaped fragment; appends ids to `out`.
+  void EncodeFragment(std::string_view text, std::vector<int32_t>* out) const;
+  // Id of the byte-fallback token for `byte` (<0xXX>, else the 1-char piece,
+  // else UNK).
+  int32_t ByteToken(uint8_t byte) const;
+  // Id of `piece`, or -1 when it is not in the vocabulary.
+  int32_t Lookup(const std::string& piece) const;
+
+  // Const after construction.
+  std::vector<std::string> pieces_;     // id -> vocab text (U+2581 escaped)
+  std::vector<float> scores_;           // id -> merge score
+  std::vector<TokenType> types_;        // id -> token type
+  std::vector<std::string> bytes_;      // id -> TokenBytes(id)
+  std::unordered_map<std::string, int32_t> piece_to_id_;
+  int32_t byte_tokens_[256];            // byte -> id, -1 when absent
+  int32_t bos_id_ = 1;
+  int32_t eos_id_ = 2;
+  int32_t unk_id_ = 0;
+  bool add_bos_ = true;
+  bool add_space_prefix_ = true;
 };
 
 // Incremental detokenizer: appends token bytes and releases only complete
@@ -45,9 +83,16 @@ class Tokenizer {
 // first piece " Once" stays " Once" (as llama.cpp's server returns it).
 class IncrementalDecoder {
  public:
+  // `tokenizer` must outlive the decoder.
   explicit IncrementalDecoder(const Tokenizer& tokenizer);
+  // Appends the bytes of `token_id`; returns the newly completed text.
   std::string Push(int32_t token_id);
+  // Returns whatever is held back (possibly invalid UTF-8) and resets.
   std::string Flush();
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::string pending_;  // bytes not yet returned: an incomplete UTF-8 tail
 };
 
 }  // namespace tandem::tokenizer

@@ -1,0 +1,341 @@
+// Cluster configuration loader: YAML (yaml-cpp) -> ClusterConfig.
+//
+// Every mapping is checked against its list of known keys before any value
+// is read, so a typo anywhere ("kv.handshake_timeout" for
+// "kv.handshake_timeout_ms") is an error naming the full key path instead of
+// a silently ignored setting. yaml-cpp throws on syntax errors and bad
+// conversions; every call into it happens inside ParseClusterConfig's
+// try-block, and scalars are converted by hand (absl::SimpleAtoi) so the
+// messages name our key paths.
+#include "common/cluster_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+std::string HostPort::ToString() const {
+  // IPv6 literals are bracketed so the result parses back (and gRPC reads it).
+  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::string& field) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected host:port, got '", text, "' (", why, ")"));
+  };
+  HostPort out;
+  absl::string_view port_text;
+  if (!text.empty() && text[0] == '[') {  // "[v6-literal]:port"
+    size_t close = text.find(']');
+    if (close == std::string::npos) return bad("missing ']'");
+    if (close + 1 >= text.size() || text[close + 1] != ':') return bad("missing ':port'");
+    out.host = text.substr(1, close - 1);
+    port_text = absl::string_view(text).substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos) return bad("missing ':port'");
+    out.host = text.substr(0, colon);
+    if (out.host.find(':') != std::string::npos) return bad("IPv6 hosts need [brackets]");
+    port_text = absl::string_view(text).substr(colon + 1);
+  }
+  if (out.host.empty()) return bad("empty host");
+  if (port_text.empty() || port_text.size() > 5 ||
+      !std::all_of(port_text.begin(), port_text.end(), absl::ascii_isdigit)) {
+    return bad("port must be a number in 0..65535");
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return bad("port must be a number in 0..65535");
+  }
+  out.port = port;
+  return out;
+}
+
+const WorkerConfig* ClusterConfig::FindWorker(const std::string& name) const {
+  for (const auto* list : {&prefill_workers, &decode_workers}) {
+    for (const WorkerConfig& w : *list) {
+      if (w.name == name) return &w;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::string KeyPath(const std::string& path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+
+// 1-based position of a node, for messages.
+std::string Where(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return "";
+  return absl::StrCat(" (line ", mark.line + 1, ", column ", mark.column + 1, ")");
+}
+
+absl::Status Invalid(const std::string& path, absl::string_view what, const YAML::Node& node) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(path.empty() ? "cluster config" : path, ": ", what, Where(node)));
+}
+
+// Checks that `node` is a mapping whose keys are unique and all in `known`.
+absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
+                       std::initializer_list<absl::string_view> known) {
+  if (!node.IsMap()) return Invalid(path, "expected a mapping", node);
+  std::set<std::string> seen;
+  for (const auto& entry : node) {
+    if (!entry.first.IsScalar()) return Invalid(path, "keys must be plain strings", entry.first);
+    const std::string& key = entry.first.Scalar();
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown key '", KeyPath(path, key), "'",
+                                                     Where(entry.first), "; known keys: ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate key '", KeyPath(path, key), "'", Where(entry.first)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads map[key] as a string into *out when present; null leaves *out as is.
+absl::Status ReadString(const YAML::Node& map, absl::string_view key, const std::string& path,
+                        std::string* out) {
+  const YAML::Node node = map[std::string(key)];
+  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+  if (!node.IsScalar()) return Invalid(KeyPath(path, key), "expected a string", node);
+  *out = node.Scalar();
+  return absl::OkStatus();
+}
+
+// An int32 field with its inclusive lower bound.
+struct IntField {
+  absl::string_view key;
+  int32_t* out;
+  int32_t min;
+};
+
+// Reads each present field of `fields` from map, checking type and range.
+absl::Status ReadInts(const YAML::Node& map, const std::string& path,
+                      std::initializer_list<IntField> fields) {
+  for (const IntField& f : fields) {
+    const YAML::Node node = map[std::string(f.key)];
+    if (!node.IsDefined()) continue;
+    const std::string field = KeyPath(path, f.key);
+    int64_t value = 0;
+    if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
+      return Invalid(field, absl::StrCat("expected an integer, got '",
+                                         node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
+                     node);
+    }
+    if (value < f.min || value > INT32_MAX) {
+      return Invalid(field, absl::StrCat("must be ", f.min == 0 ? ">= 0" : "> 0", ", got ", value),
+                     node);
+    }
+    *f.out = static_cast<int32_t>(value);
+  }
+  return absl::OkStatus();
+}
+
+// Reads map[key] ("host:port") into *out when present.
+absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const std::string& path,
+                          HostPort* out) {
+  std::string text;
+  const YAML::Node node = map[std::string(key)];
+  if (!node.IsDefined()) return absl::OkStatus();
+  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
+  absl::StatusOr<HostPort> parsed = ParseHostPort(text, KeyPath(path, key));
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(parsed.status().message(), Where(node)));
+  }
+  *out = *parsed;
+  return absl::OkStatus();
+}
+
+absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
+  const std::string path = "router";
+  if (absl::Status s = CheckKeys(node, path,
+                                 {"name", "listen", "poll_interval_ms",
+                                  "unhealthy_after_missed_polls", "rpc_timeout_ms"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadString(node, "name", path, &r->name); !s.ok()) return s;
+  if (r->name.empty()) return Invalid("router.name", "must not be empty", node);
+  if (absl::Status s = ReadHostPort(node, "listen", path, &r->listen); !s.ok()) return s;
+  return ReadInts(node, path,
+                  {{"poll_interval_ms", &r->poll_interval_ms, 1},
+                   {"unhealthy_after_missed_polls", &r->unhealthy_after_missed_polls, 1},
+                   {"rpc_timeout_ms", &r->rpc_timeout_ms, 1}});
+}
+
+// prefill_workers / decode_workers: a sequence of {name, listen[, kv_listen]}.
+absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, bool has_kv,
+                          std::vector<WorkerConfig>* out) {
+  if (node.IsNull()) return absl::OkStatus();  // "prefill_workers:" with no entries
+  if (!node.IsSequence()) return Invalid(list_name, "expected a list", node);
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node item = node[i];
+    const std::string path = absl::StrCat(list_name, "[", i, "]");
+    absl::Status s = has_kv ? CheckKeys(item, path, {"name", "listen", "kv_listen"})
+                            : CheckKeys(item, path, {"name", "listen"});
+    if (!s.ok()) return s;
+    WorkerConfig w;
+    if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;
+    if (w.name.empty()) return Invalid(path + ".name", "is required", item);
+    if (s = ReadHostPort(item, "listen", path, &w.listen); !s.ok()) return s;
+    if (has_kv && !(s = ReadHostPort(item, "kv_listen", path, &w.kv_listen)).ok()) return s;
+    out->push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
+  if (root.IsNull()) return Invalid("", "the file is empty", root);
+  absl::Status s = CheckKeys(root, "",
+                             {"model", "router", "prefill_workers", "decode_workers", "engine",
+                              "conditional", "kv", "shutdown_grace_s"});
+  if (!s.ok()) return s;
+  if (s = ReadString(root, "model", "", &c->model); !s.ok()) return s;
+  if (const YAML::Node n = root["router"]; n.IsDefined() && !(s = ParseRouter(n, &c->router)).ok()) {
+    return s;
+  }
+  if (const YAML::Node n = root["prefill_workers"];
+      n.IsDefined() && !(s = ParseWorkers(n, "prefill_workers", false, &c->prefill_workers)).ok()) {
+    return s;
+  }
+  if (const YAML::Node n = root["decode_workers"];
+      n.IsDefined() && !(s = ParseWorkers(n, "decode_workers", true, &c->decode_workers)).ok()) {
+    return s;
+  }
+  if (const YAML::Node n = root["engine"]; n.IsDefined()) {
+    if (s = CheckKeys(n, "engine", {"block_size", "num_kv_blocks", "max_num_seqs", "threads"});
+        !s.ok()) {
+      return s;
+    }
+    EngineConfig& e = c->engine;
+    s = ReadInts(n, "engine",
+                 {{"block_size", &e.block_size, 1},
+                  {"num_kv_blocks", &e.num_kv_blocks, 1},
+                  {"max_num_seqs", &e.max_num_seqs, 1},
+                  {"threads", &e.threads, 1}});
+    if (!s.ok()) return s;
+  }
+  if (const YAML::Node n = root["conditional"]; n.IsDefined()) {
+    if (s = CheckKeys(n, "conditional", {"max_local_prefill_tokens", "on_prefill_failure"});
+        !s.ok()) {
+      return s;
+    }
+    s = ReadInts(n, "conditional",
+                 {{"max_local_prefill_tokens", &c->conditional.max_local_prefill_tokens, 0}});
+    if (!s.ok()) return s;
+    std::string policy = "fail";
+    if (s = ReadString(n, "on_prefill_failure", "conditional", &policy); !s.ok()) return s;
+    if (policy == "fail") {
+      c->conditional.on_prefill_failure = OnPrefillFailure::kFail;
+    } else if (policy == "retry") {
+      c->conditional.on_prefill_failure = OnPrefillFailure::kRetry;
+    } else if (policy == "local") {
+      c->conditional.on_prefill_failure = OnPrefillFailure::kLocal;
+    } else {
+      return Invalid("conditional.on_prefill_failure",
+                     absl::StrCat("must be one of fail, retry, local; got '", policy, "'"),
+                     n["on_prefill_failure"]);
+    }
+  }
+  if (const YAML::Node n = root["kv"]; n.IsDefined()) {
+    if (s = CheckKeys(n, "kv", {"transfer_timeout_ms", "handshake_timeout_ms"}); !s.ok()) return s;
+    s = ReadInts(n, "kv",
+                 {{"transfer_timeout_ms", &c->kv.transfer_timeout_ms, 1},
+                  {"handshake_timeout_ms", &c->kv.handshake_timeout_ms, 1}});
+    if (!s.ok()) return s;
+  }
+  return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});
+}
+
+// Cross-field checks that need the whole file.
+absl::Status Validate(const ClusterConfig& c) {
+  if (c.decode_workers.empty()) {
+    return absl::InvalidArgumentError("decode_workers: at least one decode worker is required");
+  }
+  std::set<std::string> names = {c.router.name};
+  for (const auto* list : {&c.prefill_workers, &c.decode_workers}) {
+    for (const WorkerConfig& w : *list) {
+      if (!names.insert(w.name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("duplicate process name '", w.name,
+                         "': router and worker names must be unique"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
+  ClusterConfig config;
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (absl::Status s = ParseTop(root, &config); !s.ok()) return s;
+  } catch (const YAML::Exception& e) {
+    // e.msg is the bare message; e.mark is 0-based (null for some errors).
+    std::string where;
+    if (!e.mark.is_null()) {
+      where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error", where, ": ", e.msg));
+  }
+  if (absl::Status s = Validate(config); !s.ok()) return s;
+  return config;
+}
+
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<ClusterConfig> config = ParseClusterConfig(text.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
+                                             const ClusterConfig& config) {
+  const char* env = std::getenv("TANDEM_MODEL");
+  const std::string candidates[] = {flag_value, env != nullptr ? env : "", config.model,
+                                    "models/stories260K.gguf",
+                                    "../shared/models/stories260K.gguf"};
+  std::vector<std::string> tried;
+  for (const std::string& path : candidates) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) return path;
+    tried.push_back(path);
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no model file found: pass --model PATH (or set $TANDEM_MODEL); tried ",
+      absl::StrJoin(tried, ", ")));
+}
+
+}  // namespace tandem

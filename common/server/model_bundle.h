@@ -1,0 +1,29 @@
+// A model file opened for serving: the GGUF mapping, the Llama weights, the
+// tokenizer and the file's fingerprint, loaded once per process.
+#ifndef TANDEM_COMMON_SERVER_MODEL_BUNDLE_H_
+#define TANDEM_COMMON_SERVER_MODEL_BUNDLE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/model/llama_model.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace tandem {
+
+struct ModelBundle {
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::string fingerprint;  // hex XXH3-128 of the file
+};
+
+// Opens `path` and loads everything. Errors carry the path and the cause
+// (NOT_FOUND, INVALID_ARGUMENT for a non-GGUF or truncated file, ...).
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVER_MODEL_BUNDLE_H_

@@ -1,0 +1,34 @@
+#include "common/server/request_validation.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
+                                int32_t context_length, int32_t vocab_size,
+                                const sampling::SamplingOptions& sampling) {
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError("prompt: must not be empty");
+  }
+  if (max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
+  }
+  const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
+  if (total > context_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", prompt.size(), " tokens) + max_tokens (", max_tokens,
+        ") = ", total, " exceeds the model's context length (", context_length,
+        " tokens)"));
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids[", i, "]: token id ", prompt[i],
+                       " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return sampling::Validate(sampling);
+}
+
+}  // namespace tandem

@@ -1,0 +1,68 @@
+#include "common/server/server_util.h"
+
+#include <signal.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::rpc {
+namespace {
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A closed pipe must show up as an error from write(), not kill us.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set = TerminationSignals();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
+    grpc::ServerBuilder& builder, const HostPort& listen,
+    const std::string& config_key, int* bound_port) {
+  *bound_port = 0;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(),
+                           bound_port);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        config_key, ": address ", listen.ToString(),
+        " is already in use or cannot be bound"));
+  }
+  return server;
+}
+
+void AnnounceListening(const std::string& host, int port) {
+  std::printf("TANDEM_LISTENING %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::chrono::system_clock::time_point DeadlineFromNow(int timeout_ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+
+}  // namespace tandem::rpc

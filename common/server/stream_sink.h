@@ -1,0 +1,169 @@
+// A server-streaming callback reactor fed from any thread.
+//
+// gRPC's callback API allows one outstanding write per stream and requires
+// exactly one Finish(). StreamSink queues messages written by producer
+// threads (an engine loop, a router request thread) and drives the reactor:
+// one write in flight, Finish after the queue drains, and a cancel callback
+// when the client goes away.
+//
+// Threads: Write/Finish/IsOpen are thread-safe. The reactor's callbacks run
+// on gRPC threads and only touch the sink under its mutex.
+// Lifetime: the reactor deletes itself in OnDone; the sink is shared and
+// outlives it (producers holding a sink after OnDone get Write() == false).
+#ifndef TANDEM_COMMON_SERVER_STREAM_SINK_H_
+#define TANDEM_COMMON_SERVER_STREAM_SINK_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_callback.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+
+namespace tandem::rpc {
+
+template <class Msg>
+class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
+ public:
+  // Creates a reactor bound to a new sink; return the reactor from the
+  // service method. on_cancel runs once (gRPC thread) if the client
+  // cancels or the deadline passes; the producer must still call Finish.
+  static std::pair<grpc::ServerWriteReactor<Msg>*, std::shared_ptr<StreamSink>>
+  Create(std::function<void()> on_cancel) {
+    auto sink = std::shared_ptr<StreamSink>(new StreamSink());
+    sink->on_cancel_ = std::move(on_cancel);
+    auto* reactor = new Reactor(sink);
+    {
+      absl::MutexLock lock(&sink->mu_);
+      sink->reactor_ = reactor;
+    }
+    return {reactor, sink};
+  }
+
+  // Queues a message. Returns false (dropping it) once the stream is
+  // finished, broken or cancelled.
+  bool Write(Msg msg) {
+    Reactor* start = nullptr;
+    const Msg* front = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reactor_ == nullptr || broken_ || finish_.has_value()) return false;
+      pending_.push_back(std::move(msg));
+      if (!writing_) {
+        writing_ = true;
+        start = reactor_;
+        front = &pending_.front();
+      }
+    }
+    // Only the thread that set writing_ may start a write; the reactor cannot
+    // be finished meanwhile because Finish waits for writing_ == false.
+    if (start != nullptr) start->StartWrite(front);
+    return true;
+  }
+
+  // Ends the stream with `status` after the queued messages (dropped if the
+  // stream broke). Later calls are ignored.
+  void Finish(grpc::Status status) {
+    Reactor* finish = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_.has_value() || reactor_ == nullptr) return;
+      finish_ = status;
+      if (!writing_) {
+        finish = reactor_;
+        finish_started_ = true;
+      }
+    }
+    if (finish != nullptr) finish->Finish(status);
+  }
+
+  // False once cancelled, broken or finished.
+  bool IsOpen() {
+    absl::MutexLock lock(&mu_);
+    return reactor_ != nullptr && !broken_ && !cancelled_ && !finish_.has_value();
+  }
+
+ private:
+  class Reactor : public grpc::ServerWriteReactor<Msg> {
+   public:
+    explicit Reactor(std::shared_ptr<StreamSink> sink) : sink_(std::move(sink)) {}
+    void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
+    void OnCancel() override { sink_->OnCancel(); }
+    void OnDone() override {
+      sink_->OnDone();
+      delete this;
+    }
+
+   private:
+    std::shared_ptr<StreamSink> sink_;
+  };
+
+  StreamSink() = default;
+
+  void OnWriteDone(bool ok) {
+    Reactor* start = nullptr;
+    const Msg* front = nullptr;
+    bool finish = false;
+    grpc::Status finish_status;
+    {
+      absl::MutexLock lock(&mu_);
+      pending_.pop_front();
+      if (!ok) {
+        broken_ = true;
+        pending_.clear();
+      }
+      if (!pending_.empty()) {
+        start = reactor_;
+        front = &pending_.front();
+      } else {
+        writing_ = false;
+        if (finish_.has_value() && !finish_started_) {
+          finish_started_ = true;
+          finish = true;
+          finish_status = *finish_;
+          start = reactor_;
+        }
+      }
+    }
+    if (start == nullptr) return;
+    if (finish) {
+      start->Finish(finish_status);
+    } else {
+      start->StartWrite(front);
+    }
+  }
+
+  void OnCancel() {
+    std::function<void()> cb;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      cb = std::move(on_cancel_);
+    }
+    if (cb) cb();
+  }
+
+  void OnDone() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+    on_cancel_ = nullptr;
+  }
+
+  absl::Mutex mu_;
+  Reactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::deque<Msg> pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::rpc
+
+#endif  // TANDEM_COMMON_SERVER_STREAM_SINK_H_

@@ -1,0 +1,165 @@
+#include "common/server/worker_main.h"
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/server/log.h"
+#include "common/server/server_util.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  return 1;
+}
+
+// Registers with the router and repeats it as a heartbeat, so a restarted
+// router learns about this worker again within one period.
+void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest request,
+                      absl::Notification* stop) {
+  auto stub = v1::Registry::NewStub(rpc::MakeChannel(router));
+  bool registered = false;
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(rpc::DeadlineFromNow(1000));
+    v1::RegisterWorkerResponse response;
+    grpc::Status s = stub->RegisterWorker(&ctx, request, &response);
+    if (s.ok() && response.accepted() && !registered) {
+      rpc::Log(absl::StrCat("registered with router ", router));
+    } else if (s.ok() && !response.accepted()) {
+      rpc::Log(absl::StrCat("router refused registration: ", response.reason()));
+    }
+    registered = s.ok() && response.accepted();
+  } while (!stop->WaitForNotificationWithTimeout(
+      absl::Milliseconds(registered ? 1000 : 200)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
+    int argc, char** argv, const std::vector<std::string>& allowed) {
+  std::map<std::string, std::string> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    std::string key = arg.substr(2), value;
+    size_t eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", key, " needs a value"));
+    }
+    bool known = false;
+    for (const std::string& a : allowed) known |= a == key;
+    if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", key));
+    flags[key] = value;
+  }
+  return flags;
+}
+
+int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
+                  const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
+  rpc::BlockTerminationSignals();
+  std::vector<std::string> allowed = {"config", "name", "model", "router"};
+  allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
+  auto flags = ParseFlags(argc, argv, allowed);
+  if (!flags.ok()) return Fail(std::string(flags.status().message()));
+  const std::string config_path =
+      flags->count("config") ? flags->at("config") : "deploy/local/cluster.yaml";
+  auto config = LoadClusterConfig(config_path);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (!flags->count("name")) return Fail("--name is required");
+  const std::string name = flags->at("name");
+  const bool decode = role == v1::ROLE_DECODE;
+  const auto& entries = decode ? config->decode_workers : config->prefill_workers;
+  const WorkerConfig* worker = nullptr;
+  for (const WorkerConfig& w : entries) {
+    if (w.name == name) worker = &w;
+  }
+  if (worker == nullptr) {
+    return Fail(absl::StrCat("--name ", name, ": no such entry in ",
+                             decode ? "decode_workers" : "prefill_workers", " of ",
+                             config_path));
+  }
+  rpc::SetLogComponent(name);
+  auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
+  if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
+  auto bundle = LoadModelBundle(*model_path);
+  if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
+  rpc::Log(absl::StrCat("loaded ", *model_path, " (", (*bundle)->model->config().name, ")"));
+
+  std::string address;
+  std::atomic<bool> ready{false};
+  WorkerContext context{&*config, worker, bundle->get(), &*flags, nullptr};
+  std::unique_ptr<WorkerRuntime> runtime;
+  context.status = [&]() {
+    v1::WorkerStatus status = runtime->Status();
+    status.set_name(name);
+    status.set_role(role);
+    status.set_address(address);
+    status.set_ready(ready.load());
+    status.set_model_fingerprint((*bundle)->fingerprint);
+    return status;
+  };
+  auto created = factory(context);
+  if (!created.ok()) return Fail(std::string(created.status().message()));
+  runtime = std::move(*created);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(runtime->service());
+  int port = 0;
+  const std::string key = absl::StrCat(decode ? "decode_workers" : "prefill_workers",
+                                       "[", name, "].listen");
+  auto server = rpc::BuildAndStart(builder, worker->listen, key, &port);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  address = absl::StrCat(worker->listen.host, ":", port);
+  auto* health = (*server)->GetHealthCheckService();
+  health->SetServingStatus(true);
+  ready = true;
+  rpc::AnnounceListening(worker->listen.host, port);
+
+  v1::RegisterWorkerRequest reg;
+  reg.set_name(name);
+  reg.set_role(role);
+  reg.set_address(address);
+  v1::WorkerStatus initial = context.status();
+  reg.set_kv_endpoint(initial.kv_endpoint());
+  reg.set_model_fingerprint((*bundle)->fingerprint);
+  const std::string router =
+      flags->count("router") ? flags->at("router") : config->router.listen.ToString();
+  absl::Notification stop_registration;
+  std::thread registration(RegistrationLoop, router, reg, &stop_registration);
+
+  int sig = rpc::WaitForTerminationSignal();
+  rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ",
+                        config->shutdown_grace_s, " s"));
+  ready = false;
+  health->SetServingStatus(false);
+  stop_registration.Notify();
+  registration.join();
+  const absl::Time drain_deadline = absl::Now() + absl::Seconds(config->shutdown_grace_s);
+  while (absl::Now() < drain_deadline && runtime->Status().running_requests() > 0) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  runtime->Shutdown();
+  (*server)->Shutdown(rpc::DeadlineFromNow(1000));
+  runtime.reset();
+  rpc::Log("stopped");
+  return 0;
+}
+
+}  // namespace tandem

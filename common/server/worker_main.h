@@ -1,0 +1,60 @@
+// The shared main() of the prefill and decode workers: flags -> config ->
+// model -> runtime (the worker's service) -> gRPC server -> registration
+// with the router -> wait for SIGTERM -> drain -> exit (DESIGN.md,
+// Processes). Each worker's main.cc is one call to RunWorkerMain.
+#ifndef TANDEM_COMMON_SERVER_WORKER_MAIN_H_
+#define TANDEM_COMMON_SERVER_WORKER_MAIN_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/cluster_config.h"
+#include "common/server/model_bundle.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem {
+
+// Parsed command line: "--key value" or "--key=value" pairs. Keys not in
+// `allowed` are INVALID_ARGUMENT naming the flag.
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
+    int argc, char** argv, const std::vector<std::string>& allowed);
+
+// What a worker plugs into RunWorkerMain.
+class WorkerRuntime {
+ public:
+  virtual ~WorkerRuntime() = default;
+  // The gRPC service to register (lives as long as the runtime).
+  virtual grpc::Service* service() = 0;
+  // Live counters; name/role/address/ready are filled by the caller.
+  virtual v1::WorkerStatus Status() = 0;
+  // Ends every request with UNAVAILABLE and refuses new ones.
+  virtual void Shutdown() = 0;
+};
+
+struct WorkerContext {
+  const ClusterConfig* config;
+  const WorkerConfig* worker;   // this process's entry
+  const ModelBundle* model;
+  const std::map<std::string, std::string>* flags;
+  // The worker's own status, filled by RunWorkerMain (for GetStatus).
+  std::function<v1::WorkerStatus()> status;
+};
+
+using RuntimeFactory =
+    std::function<absl::StatusOr<std::unique_ptr<WorkerRuntime>>(const WorkerContext&)>;
+
+// Runs the worker process; returns the exit code. Flags: --config FILE
+// (default deploy/local/cluster.yaml), --name NAME (required), --model PATH,
+// --router HOST:PORT (default: the config's router.listen), plus
+// `extra_flags`. Start-up errors print one line to stderr and return 1.
+int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
+                  const std::vector<std::string>& extra_flags, RuntimeFactory factory);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVER_WORKER_MAIN_H_

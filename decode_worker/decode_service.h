@@ -1,0 +1,43 @@
+// gRPC face of the decode worker: tandem.v1.DecodeWorker (callback API).
+// One StreamSink-backed reactor per Generate call; all logic lives in
+// DecodeEngine. Threads: gRPC callback threads; the engine loop writes
+// into the streams.
+#ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
+#define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
+
+#include <functional>
+#include <memory>
+
+#include "common/server/worker_main.h"
+#include "decode_worker/decode_engine.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::decode {
+
+class DecodeService final : public v1::DecodeWorker::CallbackService,
+                            public WorkerRuntime {
+ public:
+  // `status` fills name/role/address for GetStatus (from RunWorkerMain).
+  DecodeService(std::unique_ptr<DecodeEngine> engine,
+                std::function<v1::WorkerStatus()> status);
+
+  grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* Generate(
+      grpc::CallbackServerContext* context,
+      const v1::DecodeGenerateRequest* request) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::WorkerStatus* response) override;
+
+  // WorkerRuntime
+  grpc::Service* service() override { return this; }
+  v1::WorkerStatus Status() override;
+  void Shutdown() override { engine_->Shutdown(); }
+
+ private:
+  std::unique_ptr<DecodeEngine> engine_;
+  std::function<v1::WorkerStatus()> status_;
+};
+
+}  // namespace tandem::decode
+
+#endif  // TANDEM_DECODE_WORKER_DECODE_SERVICE_H_

@@ -1,0 +1,51 @@
+// Batch-invariant CPU kernels for the Llama forward pass (internal to
+// engine/model).
+//
+// Every output element is computed by one fixed sequence of float
+// operations that depends only on that element's own inputs, never on how
+// many rows are in the batch (DESIGN.md, Engine: batch-invariant numerics):
+// no BLAS, no reduction split across threads or rows, no FMA contraction
+// (-ffp-contract=off). Matrices are row-major; a weight matrix W with GGUF
+// dims [in, out] is `out` contiguous rows of `in` floats.
+// Threads: pure functions over caller-owned buffers.
+#ifndef TANDEM_ENGINE_MODEL_CPU_KERNELS_H_
+#define TANDEM_ENGINE_MODEL_CPU_KERNELS_H_
+
+#include <cstddef>
+
+namespace tandem::model::internal {
+
+// sum_i a[i] * b[i] in float with 8 interleaved partial sums (lane j takes
+// the elements i = j mod 8 of the first n - n % 8), combined pairwise
+// ((0+4)+(2+6)) + ((1+5)+(3+7)), then the tail added in index order. The
+// order depends on n alone, and the lanes are independent, so the compiler
+// may vectorize it without reassociating anything.
+float Dot(const float* a, const float* b, size_t n);
+
+// y[r][o] = Dot(w[o], x[r], in) for r < rows, o < out.
+// x: [rows][in], w: [out][in], y: [rows][out].
+void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y);
+
+// llama.cpp's ggml_rms_norm followed by the weight multiply, per row:
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * weight, the sum of squares in
+// double in index order. x, y: [rows][n] (may alias); weight: [n].
+void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
+             float* y);
+
+// RoPE, NORM mode (llama.cpp GGML_ROPE_TYPE_NORM): for each of n_heads
+// heads of head_dim floats in `x`, rotates the pairs (2i, 2i + 1) for
+// 2i < rope_dim by theta_i = pos * freq_base^(-2i / rope_dim):
+//   x0' = x0 cos - x1 sin,  x1' = x0 sin + x1 cos.
+// Dimensions >= rope_dim are left as they are. Angles in double.
+void RopeNorm(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, int pos,
+              float freq_base);
+
+// a[i] = SiLU(a[i]) * b[i], SiLU(v) = v / (1 + exp(-v)).
+void SwiGlu(float* a, const float* b, size_t n);
+
+// x[i] += y[i].
+void AddInPlace(float* x, const float* y, size_t n);
+
+}  // namespace tandem::model::internal
+
+#endif  // TANDEM_ENGINE_MODEL_CPU_KERNELS_H_

@@ -1,0 +1,255 @@
+#include "kvtransfer/wire.h"
+
+#include <bit>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::kvtransfer::wire {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the KV wire format is little-endian; add byte swapping");
+static_assert(sizeof(float) == 4);
+
+// Appends little-endian fields to a string.
+class Writer {
+ public:
+  explicit Writer(std::string* out) : out_(out) {}
+  void U32(uint32_t v) { Raw(&v, 4); }
+  void I32(int32_t v) { Raw(&v, 4); }
+  void U64(uint64_t v) { Raw(&v, 8); }
+  void F32(float v) { Raw(&v, 4); }
+  void Str(absl::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_->append(s.data(), s.size());
+  }
+  void Raw(const void* p, size_t n) {
+    out_->append(static_cast<const char*>(p), n);
+  }
+
+ private:
+  std::string* out_;
+};
+
+// Reads little-endian fields from a payload; every read is bounds-checked
+// and the first failure names the message and field.
+class Reader {
+ public:
+  Reader(absl::string_view data, const char* message)
+      : data_(data), message_(message) {}
+
+  bool U32(const char* field, uint32_t* v) { return Fixed(field, v, 4); }
+  bool I32(const char* field, int32_t* v) { return Fixed(field, v, 4); }
+  bool U64(const char* field, uint64_t* v) { return Fixed(field, v, 8); }
+  bool F32(const char* field, float* v) { return Fixed(field, v, 4); }
+  bool Str(const char* field, std::string* s) {
+    uint32_t n = 0;
+    if (!U32(field, &n)) return false;
+    if (n > data_.size() - pos_) {
+      return Fail(field, absl::StrCat("string length ", n, " exceeds the ",
+                                      data_.size() - pos_, " bytes left"));
+    }
+    s->assign(data_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  // The bytes not read yet.
+  absl::string_view Rest() const { return data_.substr(pos_); }
+  // Fails unless every byte was read.
+  bool End() {
+    if (pos_ == data_.size()) return true;
+    return Fail("end", absl::StrCat(data_.size() - pos_, " trailing bytes"));
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  bool Fixed(const char* field, void* v, size_t n) {
+    if (n > data_.size() - pos_) {
+      return Fail(field, absl::StrCat("needs ", n, " bytes, ",
+                                      data_.size() - pos_, " left"));
+    }
+    std::memcpy(v, data_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool Fail(const char* field, const std::string& why) {
+    if (status_.ok()) {
+      status_ = absl::DataLossError(
+          absl::StrCat("malformed KV ", message_, " message: field '", field,
+                       "' ", why));
+    }
+    return false;
+  }
+
+  absl::string_view data_;
+  const char* message_;
+  size_t pos_ = 0;
+  absl::Status status_;
+};
+
+// Builds prefix + payload: `fill` appends the payload fields.
+template <typename Fill>
+std::string Message(MessageType type, Fill fill) {
+  std::string out(kHeaderBytes, '\0');
+  Writer w(&out);
+  fill(w);
+  PutHeader(type, static_cast<uint32_t>(out.size() - kHeaderBytes), out.data());
+  return out;
+}
+
+}  // namespace
+
+std::string MessageTypeName(uint32_t type) {
+  switch (static_cast<MessageType>(type)) {
+    case MessageType::kHello: return "HELLO";
+    case MessageType::kAccept: return "ACCEPT";
+    case MessageType::kReject: return "REJECT";
+    case MessageType::kFrame: return "FRAME";
+    case MessageType::kFinal: return "FINAL";
+  }
+  return absl::StrCat("type ", type);
+}
+
+void PutHeader(MessageType type, uint32_t payload_bytes, char* out) {
+  uint32_t t = static_cast<uint32_t>(type);
+  std::memcpy(out, &t, 4);
+  std::memcpy(out + 4, &payload_bytes, 4);
+}
+
+void GetHeader(const char* in, uint32_t* type, uint32_t* payload_bytes) {
+  std::memcpy(type, in, 4);
+  std::memcpy(payload_bytes, in + 4, 4);
+}
+
+std::string EncodeHello(const Hello& hello) {
+  return Message(MessageType::kHello, [&](Writer& w) {
+    const KvLayout& l = hello.layout;
+    w.Str(hello.request_id);
+    w.U32(hello.attempt);
+    w.Str(l.model_fingerprint);
+    w.U32(l.n_layers);
+    w.U32(l.n_kv_heads);
+    w.U32(l.head_dim);
+    w.Str(l.dtype);
+    w.F32(l.rope_freq_base);
+    w.U32(l.rope_dim);
+    w.Str(l.rope_type);
+    w.Str(l.numerics_id);
+  });
+}
+
+std::string EncodeAccept() {
+  return Message(MessageType::kAccept, [](Writer&) {});
+}
+
+std::string EncodeReject(const absl::Status& status) {
+  return Message(MessageType::kReject, [&](Writer& w) {
+    w.U32(static_cast<uint32_t>(status.code()));
+    // Keep REJECT a control-sized message whatever the reason's length.
+    w.Str(absl::string_view(status.message()).substr(0, 4096));
+  });
+}
+
+std::string EncodeFinal(const TransferResult& r) {
+  return Message(MessageType::kFinal, [&](Writer& w) {
+    w.I32(r.first_token);
+    w.F32(r.first_logprob);
+    w.U32(r.finish_reason);
+    w.U64(r.frames);
+    w.U64(r.kv_bytes);
+  });
+}
+
+absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h,
+                                              uint64_t kv_bytes) {
+  const uint64_t payload = FrameFieldsBytes(h.request_id.size()) + kv_bytes;
+  if (payload > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV frame payload of ", payload, " bytes exceeds the u32 length field"));
+  }
+  std::string out(kHeaderBytes, '\0');
+  PutHeader(MessageType::kFrame, static_cast<uint32_t>(payload), out.data());
+  Writer w(&out);
+  w.Str(h.request_id);
+  w.U32(h.attempt);
+  w.U32(h.layer);
+  w.U32(h.token_start);
+  w.U32(h.token_count);
+  return out;
+}
+
+absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
+                                        const float* k, const float* v,
+                                        size_t floats_each) {
+  const uint64_t bytes_each = uint64_t{floats_each} * sizeof(float);
+  absl::StatusOr<std::string> out = EncodeFramePrefix(header, 2 * bytes_each);
+  if (!out.ok()) return out;
+  out->append(reinterpret_cast<const char*>(k), bytes_each);
+  out->append(reinterpret_cast<const char*>(v), bytes_each);
+  return out;
+}
+
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
+  Reader r(payload, "HELLO");
+  Hello h;
+  KvLayout& l = h.layout;
+  if (r.Str("request_id", &h.request_id) && r.U32("attempt", &h.attempt) &&
+      r.Str("model_fingerprint", &l.model_fingerprint) &&
+      r.U32("n_layers", &l.n_layers) && r.U32("n_kv_heads", &l.n_kv_heads) &&
+      r.U32("head_dim", &l.head_dim) && r.Str("dtype", &l.dtype) &&
+      r.F32("rope_freq_base", &l.rope_freq_base) &&
+      r.U32("rope_dim", &l.rope_dim) && r.Str("rope_type", &l.rope_type) &&
+      r.Str("numerics_id", &l.numerics_id) && r.End()) {
+    return h;
+  }
+  return r.status();
+}
+
+absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {
+  Reader r(payload, "REJECT");
+  uint32_t code = 0;
+  Reject out;
+  if (!(r.U32("code", &code) && r.Str("reason", &out.reason) && r.End())) {
+    return r.status();
+  }
+  // absl::StatusCode values 1..16 are the gRPC codes; anything else
+  // (including OK, which a REJECT must not carry) becomes UNKNOWN.
+  out.code = (code >= 1 && code <= 16) ? static_cast<absl::StatusCode>(code)
+                                       : absl::StatusCode::kUnknown;
+  return out;
+}
+
+absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
+  Reader r(payload, "FRAME");
+  FrameView f;
+  FrameHeader& h = f.header;
+  if (!(r.Str("request_id", &h.request_id) && r.U32("attempt", &h.attempt) &&
+        r.U32("layer", &h.layer) && r.U32("token_start", &h.token_start) &&
+        r.U32("token_count", &h.token_count))) {
+    return r.status();
+  }
+  f.kv = r.Rest();
+  return f;
+}
+
+absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
+  Reader r(payload, "FINAL");
+  TransferResult t;
+  if (r.I32("first_token", &t.first_token) &&
+      r.F32("first_logprob", &t.first_logprob) &&
+      r.U32("finish_reason", &t.finish_reason) && r.U64("frames", &t.frames) &&
+      r.U64("kv_bytes", &t.kv_bytes) && r.End()) {
+    return t;
+  }
+  return r.status();
+}
+
+absl::Status DecodeAccept(absl::string_view payload) {
+  Reader r(payload, "ACCEPT");
+  if (!r.End()) return r.status();
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kvtransfer::wire

@@ -1,0 +1,124 @@
+// KV transfer wire messages: encoding and bounds-checked decoding
+// (kv_transfer.h has the protocol overview, README.md the table).
+//
+// Every message is   u32 type | u32 length | payload[length]   with all
+// integers and floats little-endian (the host must be little-endian; a
+// static_assert in wire.cc guards it). A `str` is u32 length | bytes.
+//
+//   type 1 HELLO   str request_id, u32 attempt, str model_fingerprint,
+//                  u32 n_layers, u32 n_kv_heads, u32 head_dim, str dtype,
+//                  f32 rope_freq_base, u32 rope_dim, str rope_type,
+//                  str numerics_id
+//   type 2 ACCEPT  (empty)
+//   type 3 REJECT  u32 absl::StatusCode, str reason
+//   type 4 FRAME   str request_id, u32 attempt, u32 layer, u32 token_start,
+//                  u32 token_count, f32 K[token_count][kv_dim],
+//                  f32 V[token_count][kv_dim]
+//   type 5 FINAL   i32 first_token, f32 first_logprob, u32 finish_reason,
+//                  u64 frames, u64 kv_bytes
+//
+// Decoders never read past the payload they are given and fail with
+// DATA_LOSS naming the message and field on truncated or trailing bytes.
+//
+// Owns: byte layout only. Does not touch: sockets, transfer state.
+// Threads: pure functions, thread-safe.
+#ifndef TANDEM_KVTRANSFER_WIRE_H_
+#define TANDEM_KVTRANSFER_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kvtransfer/kv_transfer.h"
+
+namespace tandem::kvtransfer::wire {
+
+enum class MessageType : uint32_t {
+  kHello = 1,
+  kAccept = 2,
+  kReject = 3,
+  kFrame = 4,
+  kFinal = 5,
+};
+// "HELLO", "FRAME", ... or "type N" for numbers outside the enum.
+std::string MessageTypeName(uint32_t type);
+
+// Size of the u32 type | u32 length prefix.
+inline constexpr size_t kHeaderBytes = 8;
+// Largest payload accepted for any message other than FRAME (HELLO,
+// REJECT, FINAL are a few hundred bytes); bigger lengths are DATA_LOSS.
+inline constexpr uint32_t kMaxControlPayload = 64 * 1024;
+// FRAME payload bytes before K: str request_id + 4 x u32.
+inline size_t FrameFieldsBytes(size_t request_id_size) {
+  return 4 + request_id_size + 4 * 4;
+}
+
+struct Hello {
+  std::string request_id;
+  uint32_t attempt = 0;
+  KvLayout layout;
+};
+
+// FRAME fields without the K/V rows.
+struct FrameHeader {
+  std::string request_id;
+  uint32_t attempt = 0;
+  uint32_t layer = 0;
+  uint32_t token_start = 0;
+  uint32_t token_count = 0;
+};
+
+// A decoded REJECT. (Not StatusOr<Status>: an error Status converts into
+// such a StatusOr as a value, which hides decode failures.)
+struct Reject {
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  std::string reason;
+  absl::Status ToStatus() const { return absl::Status(code, reason); }
+};
+
+// A decoded FRAME: header plus the K and V bytes that follow it, split in
+// two equal halves (views into the payload; no size check against the
+// layout here, the receiver does that).
+struct FrameView {
+  FrameHeader header;
+  absl::string_view kv;  // K bytes then V bytes
+};
+
+// Writes the 8-byte prefix of a message of `type` with `payload_bytes` into
+// out[0..8).
+void PutHeader(MessageType type, uint32_t payload_bytes, char* out);
+// Parses an 8-byte prefix.
+void GetHeader(const char* in, uint32_t* type, uint32_t* payload_bytes);
+
+// Whole messages, prefix included.
+std::string EncodeHello(const Hello& hello);
+std::string EncodeAccept();
+// `status` must not be OK; its code and message travel.
+std::string EncodeReject(const absl::Status& status);
+std::string EncodeFinal(const TransferResult& result);
+// Prefix plus FRAME fields up to (not including) K; the caller sends
+// kv_bytes of K then V right after. Fails with INVALID_ARGUMENT when the
+// payload would not fit the u32 length.
+absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& header,
+                                              uint64_t kv_bytes);
+// Whole FRAME with `floats_each` floats of K and of V (no check against
+// token_count: tests use it to build malformed frames too).
+absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
+                                        const float* k, const float* v,
+                                        size_t floats_each);
+
+// Payload decoders (prefix already stripped). Errors: DATA_LOSS.
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
+// code is never OK: 0 and codes outside 1..16 become UNKNOWN.
+absl::StatusOr<Reject> DecodeReject(absl::string_view payload);
+absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
+absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
+// ACCEPT must be empty.
+absl::Status DecodeAccept(absl::string_view payload);
+
+}  // namespace tandem::kvtransfer::wire
+
+#endif  // TANDEM_KVTRANSFER_WIRE_H_

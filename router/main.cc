@@ -1,0 +1,89 @@
+// tandem-router: flags -> config -> model (tokenizer, context length) ->
+// gRPC server (Generation, Registry, health) -> wait for SIGTERM -> drain.
+#include <cstdio>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/server/log.h"
+#include "common/server/server_util.h"
+#include "common/server/worker_main.h"
+#include "router/router_service.h"
+
+namespace {
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  return 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tandem;
+  rpc::BlockTerminationSignals();
+  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen"});
+  if (!flags.ok()) return Fail(std::string(flags.status().message()));
+  const std::string config_path =
+      flags->count("config") ? flags->at("config") : "deploy/local/cluster.yaml";
+  auto config = LoadClusterConfig(config_path);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  HostPort listen = config->router.listen;
+  std::string listen_key = "router.listen";
+  if (flags->count("listen")) {
+    auto parsed = ParseHostPort(flags->at("listen"), "--listen");
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    listen = *parsed;
+    listen_key = "--listen";
+  }
+  const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
+  rpc::SetLogComponent(name);
+  auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
+  if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
+  auto bundle = LoadModelBundle(*model_path);
+  if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
+
+  router::RegistryOptions options;
+  options.model_fingerprint = (*bundle)->fingerprint;
+  options.poll_interval_ms = config->router.poll_interval_ms;
+  options.unhealthy_after_missed_polls = config->router.unhealthy_after_missed_polls;
+  options.rpc_timeout_ms = config->router.rpc_timeout_ms;
+  options.prefill_required = !config->prefill_workers.empty();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::HealthCheckServiceInterface* health = nullptr;
+  absl::Mutex health_mu;
+  router::RouterService service(bundle->get(), options, name, [&](bool serving) {
+    absl::MutexLock lock(&health_mu);
+    rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
+    if (health != nullptr) health->SetServingStatus(serving);
+  });
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  builder.RegisterService(service.registry_service());
+  int port = 0;
+  auto server = rpc::BuildAndStart(builder, listen, listen_key, &port);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  service.set_address(absl::StrCat(listen.host, ":", port));
+  {
+    absl::MutexLock lock(&health_mu);
+    health = (*server)->GetHealthCheckService();
+    health->SetServingStatus(service.registry().CanServe());
+  }
+  rpc::AnnounceListening(listen.host, port);
+
+  int sig = rpc::WaitForTerminationSignal();
+  rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ", config->shutdown_grace_s, " s"));
+  {
+    absl::MutexLock lock(&health_mu);
+    health->SetServingStatus(false);
+    health = nullptr;
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(config->shutdown_grace_s);
+  while (absl::Now() < deadline && service.running_requests() > 0) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  (*server)->Shutdown(rpc::DeadlineFromNow(1000));
+  rpc::Log("stopped");
+  return 0;
+}

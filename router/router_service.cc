@@ -1,0 +1,150 @@
+#include "router/router_service.h"
+
+#include <cmath>
+#include <thread>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_format.h"
+#include "common/server/proto_convert.h"
+#include "common/server/request_validation.h"
+#include "common/server/status_util.h"
+#include "router/generate_call.h"
+
+namespace tandem::router {
+namespace {
+
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const grpc::Status& status) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+// 128 random bits as 32 hex digits (DESIGN.md: the router mints request ids).
+std::string MintRequestId(absl::BitGen& gen) {
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+}  // namespace
+
+RouterService::RouterService(const ModelBundle* model, const RegistryOptions& registry_options,
+                             std::string name, std::function<void(bool)> on_health_change)
+    : model_(model),
+      name_(std::move(name)),
+      registry_(registry_options, std::move(on_health_change)),
+      registry_service_(&registry_) {}
+
+absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
+    const v1::GenerateRequest& request) const {
+  if (request.prompt().empty()) {
+    return absl::InvalidArgumentError("prompt: must not be empty");
+  }
+  std::vector<int32_t> prompt =
+      model_->tokenizer->Encode(request.prompt(), model_->tokenizer->add_bos());
+  const model::LlamaConfig& config = model_->model->config();
+  absl::Status s = ValidateGeneration(prompt, request.max_tokens(), config.context_length,
+                                      config.vocab_size, SamplingFromProto(request.sampling()));
+  if (!s.ok()) return s;
+  return prompt;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  // The call is created before the reactor so OnCancel can reach it.
+  auto call_slot = std::make_shared<std::shared_ptr<GenerateCall>>();
+  auto cancel_mu = std::make_shared<absl::Mutex>();
+  auto [reactor, sink] = GenerateCall::Sink::Create([call_slot, cancel_mu] {
+    absl::MutexLock lock(cancel_mu.get());
+    if (*call_slot) (*call_slot)->Cancel();
+  });
+  auto prompt = Validate(*request);
+  if (!prompt.ok()) {
+    sink->Finish(rpc::ToGrpc(prompt.status()));
+    return reactor;
+  }
+  static absl::Mutex gen_mu;
+  GenerateCall::Params params;
+  {
+    static absl::BitGen gen;
+    absl::MutexLock lock(&gen_mu);
+    params.request_id = MintRequestId(gen);
+    params.request = *request;
+    if (!request->sampling().has_seed()) {
+      params.request.mutable_sampling()->set_seed(absl::Uniform<uint64_t>(gen));
+      params.request.mutable_sampling()->set_has_seed(true);
+    }
+  }
+  params.prompt = std::move(*prompt);
+  // A client without a deadline still gets one: no call waits forever.
+  const auto max_deadline = std::chrono::system_clock::now() + std::chrono::hours(1);
+  params.deadline = std::min(context->deadline(), max_deadline);
+  auto call = std::make_shared<GenerateCall>(std::move(params), &registry_,
+                                             model_->tokenizer.get(), sink);
+  {
+    absl::MutexLock lock(cancel_mu.get());
+    *call_slot = call;
+  }
+  ++running_;
+  std::thread([this, call] {
+    call->Run();
+    --running_;
+  }).detach();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* context,
+                                                  const v1::TokenizeRequest* request,
+                                                  v1::TokenizeResponse* response) {
+  for (int32_t id : model_->tokenizer->Encode(request->text(), request->add_bos())) {
+    response->add_token_ids(id);
+  }
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                      const v1::GetModelInfoRequest*,
+                                                      v1::GetModelInfoResponse* response) {
+  const model::LlamaConfig& config = model_->model->config();
+  response->set_name(config.name);
+  response->set_architecture(config.architecture);
+  response->set_context_length(static_cast<uint32_t>(config.context_length));
+  response->set_vocab_size(static_cast<uint32_t>(config.vocab_size));
+  response->set_fingerprint(model_->fingerprint);
+  response->set_bos_token_id(model_->tokenizer->bos_id());
+  response->set_eos_token_id(model_->tokenizer->eos_id());
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* context,
+                                                   const v1::GetStatusRequest*,
+                                                   v1::ClusterStatus* response) {
+  // Polling the workers blocks, so it runs off the callback thread.
+  auto* reactor = context->DefaultReactor();
+  std::thread([this, reactor, response] {
+    for (v1::WorkerStatus& w : registry_.StatusAll()) *response->add_workers() = std::move(w);
+    const bool can_serve = registry_.CanServe();
+    v1::WorkerStatus* self = response->mutable_router();
+    self->set_name(name_);
+    self->set_role(v1::ROLE_ROUTER);
+    self->set_address(address_);
+    self->set_ready(can_serve);
+    self->set_healthy(true);
+    self->set_running_requests(static_cast<uint32_t>(running_.load()));
+    self->set_model_fingerprint(model_->fingerprint);
+    response->set_can_serve(can_serve);
+    reactor->Finish(grpc::Status::OK);
+  }).detach();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RouterService::RegistryService::RegisterWorker(
+    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  absl::Status s = registry_->Register(*request);
+  response->set_accepted(s.ok());
+  if (!s.ok()) response->set_reason(std::string(s.message()));
+  return FinishNow(context, grpc::Status::OK);
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,74 @@
+// The router's gRPC services: public tandem.v1.Generation and internal
+// tandem.v1.Registry (callback API). Generate validates and tokenizes once,
+// mints the request id and seed, then hands the request to a GenerateCall
+// on its own thread.
+//
+// Owns: request admission at the router, the worker registry, health
+// status. Does not touch: engine state (workers own it).
+// Threads: gRPC callback threads; one thread per running request.
+#ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
+#define TANDEM_ROUTER_ROUTER_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/server/model_bundle.h"
+#include "router/worker_registry.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::router {
+
+class RouterService final : public v1::Generation::CallbackService {
+ public:
+  RouterService(const ModelBundle* model, const RegistryOptions& registry_options,
+                std::string name, std::function<void(bool)> on_health_change);
+
+  void set_address(const std::string& address) { address_ = address; }
+  WorkerRegistry& registry() { return registry_; }
+  int running_requests() const { return running_; }
+
+  // Validates a request and tokenizes its prompt (BOS included).
+  // INVALID_ARGUMENT naming the field and limit.
+  absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::GetModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::ClusterStatus* response) override;
+
+  // tandem.v1.Registry, registered alongside.
+  class RegistryService final : public v1::Registry::CallbackService {
+   public:
+    explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
+    grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                             const v1::RegisterWorkerRequest* request,
+                                             v1::RegisterWorkerResponse* response) override;
+
+   private:
+    WorkerRegistry* registry_;
+  };
+  RegistryService* registry_service() { return &registry_service_; }
+
+ private:
+  const ModelBundle* const model_;
+  const std::string name_;
+  std::string address_;
+  WorkerRegistry registry_;
+  RegistryService registry_service_;
+  std::atomic<int> running_{0};
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_ROUTER_SERVICE_H_

@@ -1,0 +1,316 @@
+// Tests for common/cluster_config: the shipped local config, defaults, every
+// class of error (unknown keys, types, ranges, host:port, YAML syntax) and
+// the model path resolution order.
+#include "common/cluster_config.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A minimal valid file: only the required decode worker.
+constexpr char kMinimal[] = "decode_workers:\n  - name: decode-0\n";
+
+// Parses `text` and returns the error message ("" when it parsed).
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(text);
+  if (c.ok()) return "";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  return std::string(c.status().message());
+}
+
+TEST(ClusterConfigTest, ParsesLocalConfig) {
+  absl::StatusOr<ClusterConfig> c =
+      LoadClusterConfig(std::string(TANDEM_SOURCE_DIR) + "/deploy/local/cluster.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model, "");
+  EXPECT_EQ(c->router.name, "router");
+  EXPECT_EQ(c->router.listen.ToString(), "127.0.0.1:50051");
+  ASSERT_EQ(c->prefill_workers.size(), 1u);
+  EXPECT_EQ(c->prefill_workers[0].name, "prefill-0");
+  EXPECT_EQ(c->prefill_workers[0].listen.ToString(), "127.0.0.1:0");
+  ASSERT_EQ(c->decode_workers.size(), 1u);
+  EXPECT_EQ(c->decode_workers[0].name, "decode-0");
+  EXPECT_EQ(c->decode_workers[0].listen.ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->decode_workers[0].kv_listen.ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->engine.block_size, 16);
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
+  EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kFail);
+  EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
+  EXPECT_EQ(c->kv.handshake_timeout_ms, 5000);
+  EXPECT_EQ(c->FindWorker("decode-0"), &c->decode_workers[0]);
+  EXPECT_EQ(c->FindWorker("prefill-0"), &c->prefill_workers[0]);
+  EXPECT_EQ(c->FindWorker("router"), nullptr);
+}
+
+TEST(ClusterConfigTest, MinimalFileTakesHeaderDefaults) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // Defaults as documented in common/cluster_config.h.
+  EXPECT_EQ(c->router.name, "router");
+  EXPECT_EQ(c->router.listen.ToString(), "127.0.0.1:50051");
+  EXPECT_EQ(c->router.poll_interval_ms, 500);
+  EXPECT_EQ(c->router.unhealthy_after_missed_polls, 3);
+  EXPECT_EQ(c->router.rpc_timeout_ms, 2000);
+  EXPECT_TRUE(c->prefill_workers.empty());
+  EXPECT_EQ(c->decode_workers[0].listen.ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->engine.block_size, 16);
+  EXPECT_EQ(c->engine.num_kv_blocks, 2048);
+  EXPECT_EQ(c->engine.max_num_seqs, 64);
+  EXPECT_EQ(c->engine.threads, 1);
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
+  EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
+  EXPECT_EQ(c->shutdown_grace_s, 5);
+}
+
+TEST(ClusterConfigTest, ReadsEveryField) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"(
+model: /m/x.gguf
+router: {name: r, listen: "[::1]:7000", poll_interval_ms: 50,
+         unhealthy_after_missed_polls: 2, rpc_timeout_ms: 300}
+prefill_workers: [{name: p0, listen: "10.0.0.1:7001"}, {name: p1}]
+decode_workers: [{name: d0, listen: "h:7002", kv_listen: "h:7003"}]
+engine: {block_size: 32, num_kv_blocks: 10, max_num_seqs: 4, threads: 2}
+conditional: {max_local_prefill_tokens: 0, on_prefill_failure: retry}
+kv: {transfer_timeout_ms: 7, handshake_timeout_ms: 8}
+shutdown_grace_s: 0
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model, "/m/x.gguf");
+  EXPECT_EQ(c->router.name, "r");
+  EXPECT_EQ(c->router.listen.host, "::1");
+  EXPECT_EQ(c->router.listen.ToString(), "[::1]:7000");
+  EXPECT_EQ(c->router.poll_interval_ms, 50);
+  EXPECT_EQ(c->router.unhealthy_after_missed_polls, 2);
+  EXPECT_EQ(c->router.rpc_timeout_ms, 300);
+  ASSERT_EQ(c->prefill_workers.size(), 2u);
+  EXPECT_EQ(c->prefill_workers[0].listen.ToString(), "10.0.0.1:7001");
+  EXPECT_EQ(c->prefill_workers[1].name, "p1");
+  EXPECT_EQ(c->decode_workers[0].kv_listen.ToString(), "h:7003");
+  EXPECT_EQ(c->engine.block_size, 32);
+  EXPECT_EQ(c->engine.num_kv_blocks, 10);
+  EXPECT_EQ(c->engine.max_num_seqs, 4);
+  EXPECT_EQ(c->engine.threads, 2);
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, 0);
+  EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
+  EXPECT_EQ(c->kv.transfer_timeout_ms, 7);
+  EXPECT_EQ(c->kv.handshake_timeout_ms, 8);
+  EXPECT_EQ(c->shutdown_grace_s, 0);
+  absl::StatusOr<ClusterConfig> local =
+      ParseClusterConfig(std::string(kMinimal) + "conditional: {on_prefill_failure: local}\n");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->conditional.on_prefill_failure, OnPrefillFailure::kLocal);
+}
+
+TEST(ClusterConfigTest, UnknownTopLevelKeyIsNamed) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "shutdown_grace: 3\n"),
+              HasSubstr("unknown key 'shutdown_grace'"));
+}
+
+TEST(ClusterConfigTest, UnknownNestedKeyIsNamedWithPath) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv:\n  foo: 1\n"), HasSubstr("unknown key 'kv.foo'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 16, blocksize: 8}\n"),
+              HasSubstr("unknown key 'engine.blocksize'"));
+  // kv_listen belongs to decode workers only.
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) +
+                      "prefill_workers: [{name: p, kv_listen: '127.0.0.1:0'}]\n"),
+              HasSubstr("unknown key 'prefill_workers[0].kv_listen'"));
+  EXPECT_THAT(ErrorOf("decode_workers: [{name: a}, {name: b, port: 3}]\n"),
+              HasSubstr("unknown key 'decode_workers[1].port'"));
+}
+
+TEST(ClusterConfigTest, UnknownKeyReportsLine) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv:\n  foo: 1\n"), HasSubstr("line 4"));
+}
+
+TEST(ClusterConfigTest, DuplicateKeyIsAnError) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine:\n  threads: 1\n  threads: 2\n"),
+              HasSubstr("duplicate key 'engine.threads'"));
+}
+
+TEST(ClusterConfigTest, BadTypesNameTheField) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: abc}\n"),
+              HasSubstr("engine.block_size: expected an integer, got 'abc'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 1.5}\n"),
+              HasSubstr("engine.block_size: expected an integer"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: [1, 2]\n"),
+              HasSubstr("engine: expected a mapping"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {name: [a, b]}\n"),
+              HasSubstr("router.name: expected a string"));
+  EXPECT_THAT(ErrorOf("decode_workers: {name: d}\n"), HasSubstr("decode_workers: expected a list"));
+  EXPECT_THAT(ErrorOf("- a\n- b\n"), HasSubstr("cluster config: expected a mapping"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {transfer_timeout_ms: 99999999999}\n"),
+              HasSubstr("kv.transfer_timeout_ms: must be > 0, got 99999999999"));
+}
+
+TEST(ClusterConfigTest, RangesAreChecked) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 0}\n"),
+              HasSubstr("engine.block_size: must be > 0, got 0"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {num_kv_blocks: -1}\n"),
+              HasSubstr("engine.num_kv_blocks: must be > 0, got -1"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: -1}\n"),
+              HasSubstr("conditional.max_local_prefill_tokens: must be >= 0, got -1"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "shutdown_grace_s: -2\n"),
+              HasSubstr("shutdown_grace_s: must be >= 0, got -2"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {on_prefill_failure: panic}\n"),
+              HasSubstr("conditional.on_prefill_failure: must be one of fail, retry, local; got "
+                        "'panic'"));
+}
+
+TEST(ClusterConfigTest, CrossFieldChecks) {
+  EXPECT_THAT(ErrorOf("router: {name: r}\n"),
+              HasSubstr("decode_workers: at least one decode worker is required"));
+  EXPECT_THAT(ErrorOf("decode_workers: []\n"),
+              HasSubstr("decode_workers: at least one decode worker is required"));
+  EXPECT_THAT(ErrorOf("decode_workers: [{name: w}]\nprefill_workers: [{name: w}]\n"),
+              HasSubstr("duplicate process name 'w'"));
+  EXPECT_THAT(ErrorOf("decode_workers: [{name: router}]\n"),
+              HasSubstr("duplicate process name 'router'"));
+  EXPECT_THAT(ErrorOf("decode_workers: [{listen: '127.0.0.1:1'}]\n"),
+              HasSubstr("decode_workers[0].name: is required"));
+  EXPECT_THAT(ErrorOf(""), HasSubstr("cluster config: the file is empty"));
+}
+
+TEST(ClusterConfigTest, BadListenAddressNamesTheField) {
+  EXPECT_THAT(ErrorOf("decode_workers: [{name: d, kv_listen: 'localhost'}]\n"),
+              HasSubstr("decode_workers[0].kv_listen: expected host:port, got 'localhost'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {listen: '127.0.0.1:65536'}\n"),
+              HasSubstr("router.listen: expected host:port, got '127.0.0.1:65536'"));
+}
+
+TEST(ClusterConfigTest, YamlSyntaxErrorHasLineAndColumn) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig("decode_workers:\n  - name: [d\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("YAML error at line"));
+  EXPECT_THAT(c.status().message(), HasSubstr("column"));
+}
+
+TEST(ClusterConfigTest, MissingFileIsNotFound) {
+  absl::StatusOr<ClusterConfig> c = LoadClusterConfig("/nonexistent/cluster.yaml");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/cluster.yaml"));
+}
+
+TEST(HostPortTest, ParsesValidForms) {
+  struct Case {
+    const char* text;
+    const char* host;
+    int port;
+  } cases[] = {{"127.0.0.1:50051", "127.0.0.1", 50051},
+               {"localhost:0", "localhost", 0},
+               {"0.0.0.0:65535", "0.0.0.0", 65535},
+               {"[::1]:80", "::1", 80},
+               {"decode-0.tandem.svc:9000", "decode-0.tandem.svc", 9000}};
+  for (const Case& c : cases) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(c.text, "f");
+    ASSERT_TRUE(hp.ok()) << c.text << ": " << hp.status();
+    EXPECT_EQ(hp->host, c.host);
+    EXPECT_EQ(hp->port, c.port);
+    EXPECT_EQ(hp->ToString(), c.text);
+  }
+}
+
+TEST(HostPortTest, RejectsBadForms) {
+  for (const char* text : {"", "127.0.0.1", "127.0.0.1:", ":80", "h:-1", "h:65536", "h:80x",
+                           "h: 80", "::1:80", "[::1]80", "[::1", "h:123456"}) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(text, "router.listen");
+    ASSERT_FALSE(hp.ok()) << text;
+    EXPECT_EQ(hp.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(hp.status().message(),
+                HasSubstr(std::string("router.listen: expected host:port, got '") + text + "'"));
+  }
+}
+
+// Runs each test in a fresh temporary working directory, with
+// $TANDEM_MODEL unset, and restores both afterwards.
+class ResolveModelPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    old_cwd_ = std::filesystem::current_path();
+    std::string templ = (std::filesystem::path(::testing::TempDir()) / "tandem_model_XXXXXX").string();
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    // cwd = <dir>/work so that "../shared/models/..." stays inside <dir>.
+    std::filesystem::create_directories(dir_ / "work" / "models");
+    std::filesystem::create_directories(dir_ / "shared" / "models");
+    std::filesystem::current_path(dir_ / "work");
+    if (const char* env = getenv("TANDEM_MODEL")) saved_env_ = env;
+    unsetenv("TANDEM_MODEL");
+  }
+  void TearDown() override {
+    std::filesystem::current_path(old_cwd_);
+    std::filesystem::remove_all(dir_);
+    if (saved_env_.has_value()) {
+      setenv("TANDEM_MODEL", saved_env_->c_str(), 1);
+    } else {
+      unsetenv("TANDEM_MODEL");
+    }
+  }
+  static void Touch(const std::string& path) { std::ofstream(path) << "x"; }
+
+  std::filesystem::path old_cwd_;
+  std::filesystem::path dir_;
+  std::optional<std::string> saved_env_;
+};
+
+TEST_F(ResolveModelPathTest, FollowsDocumentedOrder) {
+  ClusterConfig config;
+  config.model = "config.gguf";
+  const std::string env_model = (dir_ / "env.gguf").string();
+  setenv("TANDEM_MODEL", env_model.c_str(), 1);
+  for (const char* p : {"flag.gguf", "config.gguf", "models/stories260K.gguf",
+                        "../shared/models/stories260K.gguf"}) {
+    Touch(p);
+  }
+  Touch(env_model);
+
+  // Each step removes the winner of the previous one.
+  EXPECT_EQ(ResolveModelPath("flag.gguf", config).value_or("?"), "flag.gguf");
+  EXPECT_EQ(ResolveModelPath("", config).value_or("?"), env_model);
+  std::filesystem::remove(env_model);
+  EXPECT_EQ(ResolveModelPath("", config).value_or("?"), "config.gguf");
+  std::filesystem::remove("config.gguf");
+  EXPECT_EQ(ResolveModelPath("", config).value_or("?"), "models/stories260K.gguf");
+  std::filesystem::remove("models/stories260K.gguf");
+  EXPECT_EQ(ResolveModelPath("", config).value_or("?"), "../shared/models/stories260K.gguf");
+}
+
+TEST_F(ResolveModelPathTest, SkipsCandidatesThatDoNotExist) {
+  ClusterConfig config;
+  config.model = "missing-config.gguf";
+  setenv("TANDEM_MODEL", "missing-env.gguf", 1);
+  Touch("models/stories260K.gguf");
+  EXPECT_EQ(ResolveModelPath("missing-flag.gguf", config).value_or("?"), "models/stories260K.gguf");
+}
+
+TEST_F(ResolveModelPathTest, DirectoryIsNotAModel) {
+  ClusterConfig config;
+  std::filesystem::create_directories("dir.gguf");
+  Touch("../shared/models/stories260K.gguf");
+  EXPECT_EQ(ResolveModelPath("dir.gguf", config).value_or("?"), "../shared/models/stories260K.gguf");
+}
+
+TEST_F(ResolveModelPathTest, NothingFoundIsOneLineNamingTheFlag) {
+  ClusterConfig config;
+  absl::StatusOr<std::string> path = ResolveModelPath("missing.gguf", config);
+  ASSERT_FALSE(path.ok());
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(path.status().message(), HasSubstr("--model"));
+  EXPECT_THAT(path.status().message(), HasSubstr("missing.gguf"));
+  EXPECT_EQ(path.status().message().find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

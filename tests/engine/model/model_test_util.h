@@ -1,0 +1,45 @@
+// Helpers shared by the Llama model tests: loading the shared test models
+// and goldens, and a small greedy driver over a block pool.
+#ifndef TANDEM_TESTS_ENGINE_MODEL_MODEL_TEST_UTIL_H_
+#define TANDEM_TESTS_ENGINE_MODEL_MODEL_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/gguf/gguf_file.h"
+#include "engine/kv/block_pool.h"
+#include "engine/model/llama_model.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::model::testing {
+
+// An opened GGUF file and the model built from it (the file outlives it).
+struct LoadedModel {
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<LlamaModel> model;
+};
+
+// Opens and loads ../shared/models/<name>; fails the test (and returns
+// nulls) on error.
+LoadedModel LoadSharedModel(const std::string& name);
+
+// ../shared/goldens/stories260K_greedy.json, parsed.
+nlohmann::json LoadStoriesGoldens();
+
+// Lowest id among the largest values.
+int32_t Argmax(const std::vector<float>& logits);
+
+// Greedy decoding of one sequence alone: prefills `prompt` in one step
+// through `table` (which must cover prompt + n_new tokens), then decodes
+// until n_new tokens exist. Returns the generated ids; `step_logits`, when
+// not null, receives the logits that chose each of them.
+std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::BlockPool& pool,
+                                  const std::vector<int32_t>& table,
+                                  const std::vector<int32_t>& prompt, int n_new,
+                                  std::vector<std::vector<float>>* step_logits = nullptr);
+
+}  // namespace tandem::model::testing
+
+#endif  // TANDEM_TESTS_ENGINE_MODEL_MODEL_TEST_UTIL_H_

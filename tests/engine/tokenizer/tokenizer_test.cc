@@ -1,0 +1,274 @@
+// Tokenizer: llama.cpp's test-tokenizer-0 pairs for the Llama-2 SPM vocab
+// (../shared/models/ggml-vocab-llama-spm.gguf.{inp,out}) and the
+// stories260K goldens (../shared/goldens/stories260K_greedy.json).
+#include "engine/tokenizer/tokenizer.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+
+namespace tandem::tokenizer {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::tandem::testing::ReadFileOrDie;
+using ::tandem::testing::SharedPath;
+
+constexpr int kNumVocabCases = 46;  // models/README.md
+const char kSeparator[] = "\n__ggml_vocab_test__\n";
+
+struct Loaded {
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// Opens a shared model and builds its tokenizer; fails the test on error.
+Loaded Load(const std::string& relative) {
+  Loaded l;
+  auto f = gguf::GgufFile::Open(SharedPath(relative));
+  if (!f.ok()) {
+    ADD_FAILURE() << f.status();
+    return l;
+  }
+  l.file = std::move(*f);
+  auto t = Tokenizer::FromGguf(*l.file);
+  if (!t.ok()) {
+    ADD_FAILURE() << t.status();
+    return l;
+  }
+  l.tokenizer = std::move(*t);
+  return l;
+}
+
+// The .inp strings, split on the exact separator without trimming.
+std::vector<std::string> VocabInputs() {
+  const std::string inp = ReadFileOrDie(SharedPath("models/ggml-vocab-llama-spm.gguf.inp"));
+  std::vector<std::string> cases;
+  size_t start = 0;
+  const size_t sep_len = sizeof(kSeparator) - 1;
+  for (size_t at; (at = inp.find(kSeparator, start)) != std::string::npos; start = at + sep_len) {
+    cases.push_back(inp.substr(start, at - start));
+  }
+  cases.push_back(inp.substr(start));  // after the last separator: ""
+  return cases;
+}
+
+// The .out lines as id lists.
+std::vector<std::vector<int32_t>> VocabOutputs() {
+  std::istringstream out(ReadFileOrDie(SharedPath("models/ggml-vocab-llama-spm.gguf.out")));
+  std::vector<std::vector<int32_t>> lines;
+  for (std::string line; std::getline(out, line);) {
+    std::istringstream ids(line);
+    std::vector<int32_t> v;
+    for (int32_t id; ids >> id;) v.push_back(id);
+    lines.push_back(v);
+  }
+  return lines;
+}
+
+std::string Decode(const Tokenizer& t, const std::vector<int32_t>& ids) {
+  IncrementalDecoder d(t);
+  std::string text;
+  for (int32_t id : ids) text += d.Push(id);
+  return text + d.Flush();
+}
+
+// Id of `piece` read straight from the file's token list.
+int32_t PieceId(const gguf::GgufFile& f, const std::string& piece) {
+  const auto& tokens = std::get<std::vector<std::string>>(*f.Find("tokenizer.ggml.tokens"));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == piece) return static_cast<int32_t>(i);
+  }
+  ADD_FAILURE() << "no piece " << piece;
+  return -1;
+}
+
+TEST(VocabFileTest, HasAllCases) {
+  const std::vector<std::string> in = VocabInputs();
+  ASSERT_EQ(in.size(), kNumVocabCases + 1u);
+  EXPECT_EQ(in.back(), "");  // the file ends with a separator
+  EXPECT_EQ(VocabOutputs().size(), static_cast<size_t>(kNumVocabCases));
+}
+
+// One ctest entry per .inp/.out case, on the vocab-only file and on
+// llama-2-tiny-random.gguf (the same Llama-2 vocabulary).
+class LlamaSpmCaseTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(LlamaSpmCaseTest, MatchesLlamaCpp) {
+  const auto& [model, i] = GetParam();
+  static const std::vector<std::string> inputs = VocabInputs();
+  static const std::vector<std::vector<int32_t>> outputs = VocabOutputs();
+  ASSERT_LT(static_cast<size_t>(i), outputs.size());
+  Loaded l = Load(model);
+  ASSERT_NE(l.tokenizer, nullptr);
+  const std::string& text = inputs[i];
+  EXPECT_THAT(l.tokenizer->Encode(text, /*add_bos=*/false), ElementsAreArray(outputs[i]))
+      << "case " << i << ": \"" << text << "\"";
+  // With BOS: the same ids after id 1.
+  std::vector<int32_t> with_bos = {1};
+  with_bos.insert(with_bos.end(), outputs[i].begin(), outputs[i].end());
+  EXPECT_THAT(l.tokenizer->Encode(text, /*add_bos=*/true), ElementsAreArray(with_bos));
+  // Byte fallback makes SPM lossless up to the added space prefix.
+  EXPECT_EQ(Decode(*l.tokenizer, outputs[i]), text.empty() ? "" : " " + text)
+      << "case " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    VocabCases, LlamaSpmCaseTest,
+    ::testing::Combine(::testing::Values("models/ggml-vocab-llama-spm.gguf",
+                                         "models/llama-2-tiny-random.gguf"),
+                       ::testing::Range(0, kNumVocabCases)),
+    [](const ::testing::TestParamInfo<LlamaSpmCaseTest::ParamType>& info) {
+      const std::string& m = std::get<0>(info.param);
+      return std::string(m.find("tiny") != std::string::npos ? "TinyRandom" : "VocabSpm") +
+             "_Case" + std::to_string(std::get<1>(info.param));
+    });
+
+nlohmann::json Goldens() {
+  return nlohmann::json::parse(ReadFileOrDie(SharedPath("goldens/stories260K_greedy.json")));
+}
+
+TEST(Stories260KTest, Properties) {
+  Loaded l = Load("models/stories260K.gguf");
+  ASSERT_NE(l.tokenizer, nullptr);
+  const nlohmann::json g = Goldens()["tokenizer"];
+  EXPECT_EQ(l.tokenizer->vocab_size(), 512);
+  EXPECT_EQ(l.tokenizer->bos_id(), g["bos_id"].get<int32_t>());
+  EXPECT_EQ(l.tokenizer->eos_id(), g["eos_id"].get<int32_t>());
+  EXPECT_EQ(l.tokenizer->add_bos(), g["add_bos"].get<bool>());
+  EXPECT_EQ(l.tokenizer->TokenBytes(1), "");   // <s>
+  EXPECT_EQ(l.tokenizer->TokenBytes(2), "");   // </s>
+  EXPECT_EQ(l.tokenizer->TokenBytes(0), "");   // <unk>
+  EXPECT_EQ(l.tokenizer->TokenBytes(PieceId(*l.file, "<0x0A>")), "\n");
+  EXPECT_EQ(l.tokenizer->TokenBytes(-1), "");
+  EXPECT_EQ(l.tokenizer->TokenBytes(512), "");
+  EXPECT_EQ(l.tokenizer->Encode("", true), std::vector<int32_t>{1});
+  EXPECT_TRUE(l.tokenizer->Encode("", false).empty());
+}
+
+TEST(Stories260KTest, GoldenPrompts) {
+  Loaded l = Load("models/stories260K.gguf");
+  ASSERT_NE(l.tokenizer, nullptr);
+  const nlohmann::json cases = Goldens()["cases"];
+  ASSERT_FALSE(cases.empty());
+  for (const nlohmann::json& c : cases) {
+    const std::string name = c["name"].get<std::string>();
+    const std::string prompt = c["prompt"].get<std::string>();
+    EXPECT_THAT(l.tokenizer->Encode(prompt, true),
+                ElementsAreArray(c["prompt_token_ids_with_bos"].get<std::vector<int32_t>>()))
+        << name;
+    // The boundary_* cases carry only the BOS-prefixed ids.
+    if (!c.contains("prompt_token_ids_no_bos")) continue;
+    EXPECT_THAT(l.tokenizer->Encode(prompt, false),
+                ElementsAreArray(c["prompt_token_ids_no_bos"].get<std::vector<int32_t>>()))
+        << name;
+    // prompt_pieces render U+2581 as a space and BOS as "<s>".
+    const auto ids = c["prompt_token_ids_with_bos"].get<std::vector<int32_t>>();
+    const auto pieces = c["prompt_pieces"].get<std::vector<std::string>>();
+    ASSERT_EQ(ids.size(), pieces.size()) << name;
+    for (size_t i = 1; i < ids.size(); ++i) {
+      EXPECT_EQ(l.tokenizer->TokenBytes(ids[i]), pieces[i]) << name << " piece " << i;
+    }
+  }
+}
+
+TEST(Stories260KTest, GoldenGeneratedText) {
+  Loaded l = Load("models/stories260K.gguf");
+  ASSERT_NE(l.tokenizer, nullptr);
+  const nlohmann::json goldens = Goldens();
+  for (const nlohmann::json& c : goldens["cases"]) {
+    const std::string want = c["generated_text"].get<std::string>();
+    for (const char* key : {"generated_token_ids", "generated_token_ids_f32kv"}) {
+      EXPECT_EQ(Decode(*l.tokenizer, c[key].get<std::vector<int32_t>>()), want)
+          << c["name"].get<std::string>() << " " << key;
+    }
+  }
+}
+
+TEST(IncrementalDecoderTest, HoldsBackSplitMultibyteChar) {
+  Loaded l = Load("models/stories260K.gguf");
+  ASSERT_NE(l.tokenizer, nullptr);
+  const gguf::GgufFile& f = *l.file;
+  IncrementalDecoder d(*l.tokenizer);
+  // "é" = C3 A9.
+  EXPECT_EQ(d.Push(PieceId(f, "<0xC3>")), "");
+  EXPECT_EQ(d.Push(PieceId(f, "<0xA9>")), "\xC3\xA9");
+  // "🚀" = F0 9F 9A 80, then an ASCII piece releases everything.
+  EXPECT_EQ(d.Push(PieceId(f, "<0xF0>")), "");
+  EXPECT_EQ(d.Push(PieceId(f, "<0x9F>")), "");
+  EXPECT_EQ(d.Push(PieceId(f, "<0x9A>")), "");
+  EXPECT_EQ(d.Push(PieceId(f, "<0x80>")), "\xF0\x9F\x9A\x80");
+  EXPECT_EQ(d.Push(PieceId(f, "<0x41>")), "A");
+  // An incomplete tail comes out of Flush() as-is; control tokens add nothing.
+  EXPECT_EQ(d.Push(PieceId(f, "<0xE2>")), "");
+  EXPECT_EQ(d.Push(1), "");
+  EXPECT_EQ(d.Flush(), "\xE2");
+  EXPECT_EQ(d.Flush(), "");
+  // A stray continuation byte is not held.
+  EXPECT_EQ(d.Push(PieceId(f, "<0x80>")), "\x80");
+}
+
+TEST(IncrementalDecoderTest, EmojiByteFallbackRoundTrip) {
+  Loaded l = Load("models/ggml-vocab-llama-spm.gguf");
+  ASSERT_NE(l.tokenizer, nullptr);
+  const std::string text = "\xF0\x9F\xA6\x99 caf\xC3\xA9 \xE2\x9C\x85";  // 🦙 café ✅
+  const std::vector<int32_t> ids = l.tokenizer->Encode(text, true);
+  IncrementalDecoder d(*l.tokenizer);
+  std::string got;
+  for (int32_t id : ids) {
+    const std::string piece = d.Push(id);
+    // Every released chunk ends on a character boundary.
+    if (!piece.empty()) {
+      EXPECT_NE(static_cast<uint8_t>(piece.back()) & 0xC0, 0xC0);
+    }
+    got += piece;
+  }
+  got += d.Flush();
+  EXPECT_EQ(got, " " + text);
+}
+
+TEST(TokenizerErrorTest, RejectsNonLlamaModel) {
+  auto f = gguf::GgufFile::Open(SharedPath("models/ggml-vocab-gpt-2.gguf"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto t = Tokenizer::FromGguf(**f);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("tokenizer.ggml.model"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("gpt2"));
+}
+
+TEST(TokenizerErrorTest, RejectsMissingKeys) {
+  char tmpl[] = "/tmp/tokenizer_test_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/empty.gguf";
+  {
+    // GGUF v3 with no tensors and no metadata (gguf.md layout).
+    std::string b = "GGUF";
+    const uint32_t version = 3;
+    const uint64_t zero = 0;
+    b.append(reinterpret_cast<const char*>(&version), 4);
+    b.append(reinterpret_cast<const char*>(&zero), 8);
+    b.append(reinterpret_cast<const char*>(&zero), 8);
+    std::ofstream(path, std::ios::binary) << b;
+  }
+  auto f = gguf::GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto t = Tokenizer::FromGguf(**f);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("tokenizer.ggml.model"));
+  std::filesystem::remove_all(tmpl);
+}
+
+}  // namespace
+}  // namespace tandem::tokenizer

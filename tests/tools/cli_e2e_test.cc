@@ -1,0 +1,338 @@
+// The tandem binary end to end against stand-ins: tests/tools/fake_router.cc
+// as tandem-router (canned Generation service) and /bin/sh scripts as the
+// workers, all copied next to a copy of `tandem` in a temporary directory,
+// because `tandem up` runs the binaries beside /proc/self/exe. Checks the
+// command lines the children get, the ready line, generate/status output
+// and exit codes, shutdown on SIGTERM, a dying worker, and no orphans after
+// `tandem up` is SIGKILLed.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/cluster_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/process_group.h"
+
+namespace tandem::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kReady[] = "tandem: cluster ready, router at ";
+
+// Fake worker: records its argv and pid, then announces itself and sleeps
+// (or, when $FAKE_WORKER_EXIT names it, exits 3 after a moment).
+constexpr char kFakeWorker[] = R"(#!/bin/sh
+d=$(dirname "$0")
+echo "$*" > "$d/$2.args"
+echo $$ > "$d/$2.pid"
+if [ "$FAKE_WORKER_EXIT" = "$2" ]; then sleep 0.3; exit 3; fi
+echo "TANDEM_LISTENING 127.0.0.1:1"
+exec sleep 60
+)";
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs argv to completion, collecting stdout and stderr.
+Result RunCommand(const std::vector<std::string>& argv) {
+  int out[2], err[2];
+  if (pipe(out) != 0 || pipe(err) != 0) return {};
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    close(out[0]);
+    close(err[0]);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  Result r;
+  auto drain = [](int fd, std::string* into) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) into->append(buf, static_cast<size_t>(n));
+    close(fd);
+  };
+  drain(err[0], &r.err);  // the commands here write little; no deadlock
+  drain(out[0], &r.out);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// Sets an environment variable for the scope (inherited by children).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+bool Gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "tandem_cli_XXXXXX").string();
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    tandem_ = (dir_ / "tandem").string();
+    fs::copy_file(TANDEM_CLI_PATH, tandem_);
+    fs::copy_file(FAKE_ROUTER_PATH, dir_ / "tandem-router");
+    for (const char* worker : {"tandem-prefill-worker", "tandem-decode-worker"}) {
+      std::ofstream(dir_ / worker) << kFakeWorker;
+      fs::permissions(dir_ / worker, fs::perms::owner_all);
+    }
+    config_ = (dir_ / "cluster.yaml").string();
+    std::ofstream(config_) << "router: {listen: '127.0.0.1:0'}\n"
+                              "prefill_workers: [{name: prefill-0}]\n"
+                              "decode_workers: [{name: decode-0}]\n"
+                              "shutdown_grace_s: 1\n";
+    model_ = (dir_ / "model.gguf").string();
+    std::ofstream(model_) << "not a real model";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Slurp(const std::string& file) const {
+    std::ifstream in(dir_ / file);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  pid_t PidOf(const std::string& name) const { return std::stoi(Slurp(name + ".pid")); }
+
+  // Starts `tandem up` with extra flags as child 0 of `group`.
+  void StartUp(ProcessGroup& group, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {tandem_, "up", "--config", config_, "--model", model_};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    ASSERT_EQ(group.Spawn("tandem-up", argv).value_or(-1), 0);
+  }
+
+  // Waits (10 s at most) for child 0 of `group` to exit; returns its status.
+  static std::string AwaitExit(ProcessGroup& group) {
+    for (int i = 0; i < 1000; ++i) {
+      if (std::optional<ProcessGroup::Exit> e = group.ReapExited()) {
+        return DescribeWaitStatus(e->wait_status);
+      }
+      usleep(10000);
+    }
+    return "still running";
+  }
+
+  // Starts the fake router alone; returns its address.
+  std::string StartRouter(ProcessGroup& group) {
+    absl::StatusOr<int> c = group.Spawn("router", {(dir_ / "tandem-router").string()});
+    if (!c.ok()) return "";
+    return group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Seconds(20)).value_or("");
+  }
+
+  fs::path dir_;
+  std::string tandem_, config_, model_;
+};
+
+TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
+  ProcessGroup group;
+  StartUp(group);
+  absl::StatusOr<std::string> address = group.WaitForLine(0, kReady, absl::Seconds(30));
+  ASSERT_TRUE(address.ok()) << address.status();
+  absl::StatusOr<HostPort> hp = ParseHostPort(*address, "ready line");
+  ASSERT_TRUE(hp.ok()) << hp.status();
+  EXPECT_EQ(hp->host, "127.0.0.1");
+  EXPECT_GT(hp->port, 0);
+
+  const std::string common = " --config " + config_ + " --model " + model_;
+  EXPECT_EQ(Slurp("router.args"), "--name router" + common + "\n");
+  EXPECT_EQ(Slurp("prefill-0.args"), "--name prefill-0" + common + " --router " + *address + "\n");
+  EXPECT_EQ(Slurp("decode-0.args"), "--name decode-0" + common + " --router " + *address + "\n");
+  const pid_t pids[] = {PidOf("router"), PidOf("prefill-0"), PidOf("decode-0")};
+
+  Result status = RunCommand({tandem_, "status", "--router", *address});
+  EXPECT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_EQ(status.out,
+            "router router " + *address +
+                " ready healthy running=0 kv_blocks=0/0 transfers=0 prefill_tokens=0 "
+                "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0\n"
+                "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 transfers=0 "
+                "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0\n");
+
+  ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(group), "exited with status 0");
+  for (pid_t pid : pids) EXPECT_TRUE(Gone(pid)) << pid;
+}
+
+TEST_F(CliTest, UpReportsAWorkerThatExits) {
+  ScopedEnv env("FAKE_WORKER_EXIT", "decode-0");
+  ProcessGroup group;
+  ::testing::internal::CaptureStderr();  // tandem up's stderr is ours
+  StartUp(group);
+  const std::string how = AwaitExit(group);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(how, "exited with status 1");
+  EXPECT_THAT(err, HasSubstr("tandem: decode-0 (pid " + std::to_string(PidOf("decode-0")) +
+                             ") exited with status 3 unexpectedly; stopping the cluster\n"));
+  EXPECT_TRUE(Gone(PidOf("router")));
+  EXPECT_TRUE(Gone(PidOf("prefill-0")));
+}
+
+TEST_F(CliTest, UpGivesUpWhenTheClusterNeverBecomesReady) {
+  ScopedEnv env("FAKE_ROUTER_NOT_READY", "1");
+  ProcessGroup group;
+  ::testing::internal::CaptureStderr();
+  StartUp(group, {"--ready-timeout-s", "1"});
+  const std::string how = AwaitExit(group);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(how, "exited with status 1");
+  EXPECT_THAT(err, HasSubstr("tandem: cluster not ready within 1s: router reports can_serve=false\n"));
+  EXPECT_TRUE(Gone(PidOf("router")));
+  EXPECT_TRUE(Gone(PidOf("decode-0")));
+}
+
+TEST_F(CliTest, SigkilledUpLeavesNoOrphans) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // orphans come to us
+  ProcessGroup group;
+  StartUp(group);
+  ASSERT_TRUE(group.WaitForLine(0, kReady, absl::Seconds(30)).ok());
+  const pid_t router = PidOf("router"), prefill = PidOf("prefill-0"), decode = PidOf("decode-0");
+  ASSERT_EQ(kill(group.pid(0), SIGKILL), 0);
+  EXPECT_EQ(AwaitExit(group), "killed by signal 9 (SIGKILL)");
+  for (pid_t pid : {router, prefill, decode}) {
+    int status = 0;
+    pid_t reaped = 0;
+    for (int i = 0; i < 1000 && reaped == 0; ++i) {
+      reaped = waitpid(pid, &status, WNOHANG);
+      if (reaped == 0) usleep(10000);
+    }
+    if (reaped == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << pid << " outlived tandem up";
+      continue;
+    }
+    // The fake router exits cleanly on SIGTERM; the shell workers die of it.
+    EXPECT_EQ(DescribeWaitStatus(status),
+              pid == router ? "exited with status 0" : "killed by signal 15 (SIGTERM)");
+  }
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
+  fs::remove(dir_ / "tandem-router");
+  Result r = RunCommand({tandem_, "up", "--config", config_, "--model", model_});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "tandem: cannot run " + (dir_ / "tandem-router").string() +
+                       " (build its target: cmake --build <dir> --target tandem-router)\n");
+  r = RunCommand({tandem_, "up", "--config", (dir_ / "missing.yaml").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
+  r = RunCommand({tandem_, "up", "--config", config_, "--model", "/nonexistent.gguf"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, StartsWith("tandem: no model file found: pass --model PATH"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+}
+
+TEST_F(CliTest, GenerateJsonAndText) {
+  ProcessGroup group;
+  const std::string address = StartRouter(group);
+  ASSERT_FALSE(address.empty());
+  Result r = RunCommand({tandem_, "generate", "--router", address, "--json", "--max-tokens", "3",
+                  "--seed", "9", "hi"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  const double ttft = j["timing"]["ttft_ms"], e2e = j["timing"]["e2e_ms"];
+  EXPECT_LE(0, ttft);
+  EXPECT_LE(ttft, e2e);
+  j.erase("timing");
+  EXPECT_EQ(j.dump(), nlohmann::json::parse(R"({
+      "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
+      "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100, 101, 102],
+      "text": " t0 t1 t2", "finish_reason": "length",
+      "usage": {"prompt_tokens": 2, "completion_tokens": 3}, "seed": 9})").dump());
+
+  r = RunCommand({tandem_, "generate", "--router", address, "--max-tokens", "2", "--route", "local",
+           "hello", "there"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, " t0 t1\n");
+}
+
+TEST_F(CliTest, GenerateErrors) {
+  ProcessGroup group;
+  const std::string address = StartRouter(group);
+  ASSERT_FALSE(address.empty());
+  Result r = RunCommand({tandem_, "generate", "--router", address, "fail"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "tandem: INVALID_ARGUMENT: prompt: rejected by the fake router\n");
+  EXPECT_EQ(r.out, "");
+  r = RunCommand({tandem_, "generate", "--router", "127.0.0.1:1", "hi"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, StartsWith("tandem: UNAVAILABLE: "));
+  r = RunCommand({tandem_, "generate", "--route", "nowhere", "hi"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, StartsWith("tandem generate: --route: expected auto, local or remote"));
+}
+
+TEST_F(CliTest, StatusExitCodes) {
+  {
+    ScopedEnv busy("FAKE_ROUTER_BUSY", "1");
+    ProcessGroup group;
+    const std::string address = StartRouter(group);
+    ASSERT_FALSE(address.empty());
+    EXPECT_EQ(RunCommand({tandem_, "status", "--router", address}).exit_code, 0);
+    Result r = RunCommand({tandem_, "status", "--router", address, "--check-idle", "--json"});
+    EXPECT_EQ(r.exit_code, 3);
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["can_serve"], true);
+    EXPECT_EQ(j["workers"][0]["kv_blocks_in_use"], 3);
+  }
+  {
+    ScopedEnv not_ready("FAKE_ROUTER_NOT_READY", "1");
+    ProcessGroup group;
+    const std::string address = StartRouter(group);
+    ASSERT_FALSE(address.empty());
+    Result r = RunCommand({tandem_, "status", "--router", address, "--check-idle"});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err, "tandem: the cluster cannot serve\n");
+  }
+  Result r = RunCommand({tandem_, "status", "--router", "127.0.0.1:1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, StartsWith("tandem: UNAVAILABLE: "));
+}
+
+TEST_F(CliTest, UsageExitsTwo) {
+  EXPECT_EQ(RunCommand({tandem_}).exit_code, 2);
+  Result help = RunCommand({tandem_, "--help"});
+  EXPECT_EQ(help.exit_code, 2);
+  EXPECT_THAT(help.out, StartsWith("usage: tandem <command>"));
+  Result unknown = RunCommand({tandem_, "launch"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, StartsWith("tandem: unknown command 'launch'\nusage:"));
+  EXPECT_EQ(RunCommand({tandem_, "up", "--bogus"}).exit_code, 2);
+  EXPECT_EQ(RunCommand({tandem_, "status", "--check-idle=yes"}).exit_code, 2);
+  EXPECT_EQ(RunCommand({tandem_, "generate"}).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace tandem::cli

@@ -1,0 +1,139 @@
+// A stand-in for tandem-router in the CLI tests: the same command line and
+// start-up contract (one "TANDEM_LISTENING host:port" line on stdout, exit on
+// SIGTERM), and a canned tandem.v1.Generation service, so `tandem up`,
+// `tandem generate` and `tandem status` run end to end without a model.
+//
+//   --listen H:P (default 127.0.0.1:0); --config/--name/--model accepted.
+// It writes its arguments to <dir of this executable>/<name>.args and its
+// pid to <name>.pid.
+// Environment knobs: FAKE_ROUTER_NOT_READY=1 -> can_serve false;
+// FAKE_ROUTER_BUSY=1 -> decode-0 reports kv_blocks_in_use 3.
+//
+// Generate: prompt "fail" -> INVALID_ARGUMENT "prompt: rejected by the fake
+// router". Otherwise one metadata message (request_id "fake-1", prompt ids
+// [1, prompt length], seed = the request's or 4242, route "local" for
+// ROUTE_LOCAL else "remote" with prefill_worker "prefill-0"), then one
+// message per token i < max_tokens (token_id 100 + i, text " t<i>"); the last
+// carries FINISH_LENGTH and the usage counts.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace {
+
+bool Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
+class FakeGeneration final : public tandem::v1::Generation::Service {
+ public:
+  explicit FakeGeneration(std::string name) : name_(std::move(name)) {}
+  void set_address(const std::string& address) { address_ = address; }
+
+  grpc::Status Generate(grpc::ServerContext*, const tandem::v1::GenerateRequest* request,
+                        grpc::ServerWriter<tandem::v1::GenerateResponse>* writer) override {
+    if (request->prompt() == "fail") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: rejected by the fake router");
+    }
+    const bool local = request->route_override() == tandem::v1::ROUTE_LOCAL;
+    tandem::v1::GenerateResponse meta;
+    meta.set_request_id("fake-1");
+    meta.set_route(local ? "local" : "remote");
+    if (!local) meta.set_prefill_worker("prefill-0");
+    meta.set_decode_worker("decode-0");
+    meta.add_prompt_token_ids(1);
+    meta.add_prompt_token_ids(static_cast<int32_t>(request->prompt().size()));
+    meta.set_seed(request->sampling().has_seed() ? request->sampling().seed() : 4242);
+    writer->Write(meta);
+    for (uint32_t i = 0; i < request->max_tokens(); ++i) {
+      tandem::v1::GenerateResponse r;
+      tandem::v1::TokenOutput* t = r.add_tokens();
+      t->set_index(i);
+      t->set_token_id(static_cast<int32_t>(100 + i));
+      r.set_text(" t" + std::to_string(i));
+      if (i + 1 == request->max_tokens()) {
+        r.set_finish_reason(tandem::v1::FINISH_LENGTH);
+        r.set_prompt_tokens(2);
+        r.set_completion_tokens(request->max_tokens());
+      }
+      writer->Write(r);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext*, const tandem::v1::GetStatusRequest*,
+                         tandem::v1::ClusterStatus* status) override {
+    tandem::v1::WorkerStatus* router = status->mutable_router();
+    router->set_name(name_);
+    router->set_role(tandem::v1::ROLE_ROUTER);
+    router->set_address(address_);
+    router->set_ready(true);
+    router->set_healthy(true);
+    tandem::v1::WorkerStatus* decode = status->add_workers();
+    decode->set_name("decode-0");
+    decode->set_role(tandem::v1::ROLE_DECODE);
+    decode->set_address("127.0.0.1:1");
+    decode->set_ready(true);
+    decode->set_healthy(true);
+    decode->set_kv_blocks_total(2048);
+    decode->set_kv_blocks_in_use(Env("FAKE_ROUTER_BUSY") ? 3 : 0);
+    status->set_can_serve(!Env("FAKE_ROUTER_NOT_READY"));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string name_;
+  std::string address_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string listen = "127.0.0.1:0";
+  std::string name = "router";
+  std::string all_args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    all_args += (i > 1 ? " " : "") + arg;
+    if (i + 1 < argc && arg == "--listen") listen = argv[i + 1];
+    if (i + 1 < argc && arg == "--name") name = argv[i + 1];
+  }
+  const std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+  std::ofstream(dir / (name + ".args")) << all_args << "\n";
+  std::ofstream(dir / (name + ".pid")) << getpid() << "\n";
+
+  // Blocked before gRPC starts its threads, so sigwait below receives them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  FakeGeneration service(name);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "router.listen: cannot bind %s\n", listen.c_str());
+    return 1;
+  }
+  const std::string address = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
+  service.set_address(address);
+  std::printf("TANDEM_LISTENING %s\n", address.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return 0;
+}

@@ -1,0 +1,108 @@
+// Tests for tools/status: the per-process line, the JSON form and the exit
+// status rules of `tandem status`.
+#include "tools/status.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::cli {
+namespace {
+
+tandem::v1::WorkerStatus Decode() {
+  tandem::v1::WorkerStatus w;
+  w.set_name("decode-0");
+  w.set_role(tandem::v1::ROLE_DECODE);
+  w.set_address("127.0.0.1:40001");
+  w.set_kv_endpoint("127.0.0.1:40002");
+  w.set_ready(true);
+  w.set_healthy(true);
+  w.set_running_requests(2);
+  w.set_kv_blocks_in_use(5);
+  w.set_kv_blocks_total(2048);
+  w.set_transfers_in_flight(1);
+  w.set_decode_tokens_total(77);
+  w.set_kv_bytes_received_total(1ull << 33);
+  w.set_max_decode_batch_size(2);
+  return w;
+}
+
+TEST(StatusFormatTest, OneLinePerProcess) {
+  EXPECT_EQ(FormatStatusLine(Decode()),
+            "decode-0 decode 127.0.0.1:40001 kv=127.0.0.1:40002 ready healthy running=2 "
+            "kv_blocks=5/2048 transfers=1 prefill_tokens=0 decode_tokens=77 kv_sent=0 "
+            "kv_received=8589934592 max_batch=2");
+  tandem::v1::WorkerStatus p;
+  p.set_name("prefill-0");
+  p.set_role(tandem::v1::ROLE_PREFILL);
+  p.set_prefill_tokens_computed_total(300);
+  EXPECT_EQ(FormatStatusLine(p),
+            "prefill-0 prefill - not-ready unhealthy running=0 kv_blocks=0/0 transfers=0 "
+            "prefill_tokens=300 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0");
+}
+
+TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
+  tandem::v1::ClusterStatus s;
+  s.set_can_serve(true);
+  s.mutable_router()->set_name("router");
+  s.mutable_router()->set_role(tandem::v1::ROLE_ROUTER);
+  *s.add_workers() = Decode();
+  const nlohmann::ordered_json j = ClusterStatusToJson(s);
+  EXPECT_EQ(j["can_serve"], true);
+  EXPECT_EQ(j["router"]["role"], "router");
+  ASSERT_EQ(j["workers"].size(), 1u);
+  EXPECT_EQ(j["workers"][0].dump(),
+            R"({"name":"decode-0","role":"decode","address":"127.0.0.1:40001",)"
+            R"("kv_endpoint":"127.0.0.1:40002","ready":true,"healthy":true,"running_requests":2,)"
+            R"("kv_blocks_in_use":5,"kv_blocks_total":2048,"transfers_in_flight":1,)"
+            R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
+            R"("kv_bytes_received_total":8589934592,"decode_tokens_total":77,)"
+            R"("max_decode_batch_size":2,"model_fingerprint":""})");
+}
+
+TEST(StatusExitCodeTest, Rules) {
+  tandem::v1::ClusterStatus s;
+  tandem::v1::WorkerStatus* w = s.add_workers();
+  w->set_name("decode-0");
+  s.set_can_serve(false);
+  EXPECT_EQ(StatusExitCode(s, false), 1);
+  EXPECT_EQ(StatusExitCode(s, true), 1);
+  s.set_can_serve(true);
+  EXPECT_TRUE(IsIdle(s));
+  EXPECT_EQ(StatusExitCode(s, false), 0);
+  EXPECT_EQ(StatusExitCode(s, true), 0);
+  // Each of the three counters alone makes the cluster busy.
+  for (int field = 0; field < 3; ++field) {
+    tandem::v1::WorkerStatus busy;
+    if (field == 0) busy.set_kv_blocks_in_use(1);
+    if (field == 1) busy.set_transfers_in_flight(1);
+    if (field == 2) busy.set_running_requests(1);
+    *w = busy;
+    EXPECT_FALSE(IsIdle(s)) << field;
+    EXPECT_EQ(StatusExitCode(s, true), 3) << field;
+    EXPECT_EQ(StatusExitCode(s, false), 0) << field;
+  }
+  // Cached (ref 0) blocks do not count as in use.
+  w->Clear();
+  w->set_kv_blocks_total(10);
+  EXPECT_EQ(StatusExitCode(s, true), 0);
+}
+
+TEST(StatusArgsTest, ParsesAndRejects) {
+  absl::StatusOr<StatusOptions> o = ParseStatusArgs({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->router, "127.0.0.1:50051");
+  EXPECT_FALSE(o->check_idle);
+  EXPECT_FALSE(o->json);
+  o = ParseStatusArgs({"--router=h:1", "--check-idle", "--json", "--timeout-ms", "100"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->router, "h:1");
+  EXPECT_TRUE(o->check_idle);
+  EXPECT_TRUE(o->json);
+  EXPECT_EQ(o->timeout_ms, 100);
+  EXPECT_EQ(ParseStatusArgs({"extra"}).status().message(), "unexpected argument 'extra'");
+  EXPECT_EQ(ParseStatusArgs({"--timeout-ms", "0"}).status().message(),
+            "--timeout-ms: must be > 0, got 0");
+}
+
+}  // namespace
+}  // namespace tandem::cli

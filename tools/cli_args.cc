@@ -1,0 +1,95 @@
+#include "tools/cli_args.h"
+
+#include <cmath>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tandem::cli {
+
+std::string ParsedArgs::GetString(const std::string& name, const std::string& fallback) const {
+  auto it = flags_.find(name);
+  return it == flags_.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int64_t> ParsedArgs::GetInt(const std::string& name, int64_t fallback) const {
+  auto it = flags_.find(name);
+  if (it == flags_.end()) return fallback;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": expected an integer, got '", it->second, "'"));
+  }
+  return value;
+}
+
+absl::StatusOr<uint64_t> ParsedArgs::GetUint(const std::string& name, uint64_t fallback) const {
+  auto it = flags_.find(name);
+  if (it == flags_.end()) return fallback;
+  uint64_t value = 0;
+  // SimpleAtoi accepts a leading '-' for unsigned types on some versions.
+  if (it->second.empty() || it->second[0] == '-' || !absl::SimpleAtoi(it->second, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": expected an unsigned integer, got '", it->second, "'"));
+  }
+  return value;
+}
+
+absl::StatusOr<double> ParsedArgs::GetDouble(const std::string& name, double fallback) const {
+  auto it = flags_.find(name);
+  if (it == flags_.end()) return fallback;
+  double value = 0;
+  if (!absl::SimpleAtod(it->second, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": expected a finite number, got '", it->second, "'"));
+  }
+  return value;
+}
+
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                     const std::vector<FlagSpec>& spec) {
+  ParsedArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      out.positional_.insert(out.positional_.end(), args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
+      out.positional_.push_back(arg);  // includes "-" and negative numbers
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const FlagSpec* flag = nullptr;
+    for (const FlagSpec& f : spec) {
+      if (f.name == name) flag = &f;
+    }
+    if (flag == nullptr) {
+      std::vector<std::string> known;
+      for (const FlagSpec& f : spec) known.push_back("--" + f.name);
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (known: ",
+                                                     absl::StrJoin(known, " "), ")"));
+    }
+    if (out.flags_.count(name) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": given more than once"));
+    }
+    std::string value;
+    if (!flag->takes_value) {
+      if (eq != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": takes no value"));
+      }
+    } else if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+    }
+    out.flags_[name] = value;
+  }
+  return out;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,54 @@
+// Command-line parsing for the tandem CLI's subcommands.
+//
+// Each subcommand has its own small flag set, so the CLI parses by hand
+// instead of through absl flags (whose flags are process-global). Accepted
+// forms: "--name value", "--name=value", boolean "--name"; "--" ends the
+// flags; every other argument is positional. Errors are INVALID_ARGUMENT
+// naming the flag; the CLI prints them and exits 2.
+#ifndef TANDEM_TOOLS_CLI_ARGS_H_
+#define TANDEM_TOOLS_CLI_ARGS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::cli {
+
+// One accepted flag: "--<name>"; `takes_value` false for booleans.
+struct FlagSpec {
+  std::string name;
+  bool takes_value = true;
+};
+
+// The result of parsing one subcommand's arguments.
+class ParsedArgs {
+ public:
+  // True when the flag appeared (a boolean flag or one with a value).
+  bool Has(const std::string& name) const { return flags_.count(name) > 0; }
+  // The flag's value, or `fallback` when absent.
+  std::string GetString(const std::string& name, const std::string& fallback) const;
+  // Typed values; INVALID_ARGUMENT "--<name>: expected ..." on a bad value.
+  absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
+  absl::StatusOr<uint64_t> GetUint(const std::string& name, uint64_t fallback) const;
+  absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
+
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  friend absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>&,
+                                              const std::vector<FlagSpec>&);
+  std::map<std::string, std::string> flags_;  // name -> value ("" for booleans)
+  std::vector<std::string> positional_;
+};
+
+// Parses `args` (the arguments after the subcommand name) against `spec`.
+// Errors: unknown flag, missing value, value given to a boolean, repeated flag.
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                     const std::vector<FlagSpec>& spec);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_TOOLS_CLI_ARGS_H_

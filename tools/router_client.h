@@ -1,0 +1,29 @@
+// Helpers shared by the CLI commands that talk to the router's public
+// service tandem.v1.Generation.
+#ifndef TANDEM_TOOLS_ROUTER_CLIENT_H_
+#define TANDEM_TOOLS_ROUTER_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace tandem::cli {
+
+// Default router address of the CLI (deploy/local/cluster.yaml's router).
+inline constexpr char kDefaultRouter[] = "127.0.0.1:50051";
+
+// A Generation stub on an insecure channel to `address` ("host:port"), with
+// the short reconnect backoff of DESIGN.md (100 ms initial, 1 s max) so a
+// router that comes up a moment later is seen at once.
+std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::string& address);
+
+// "tandem: UNAVAILABLE: <message>": the CLI's one-line report of a failed
+// RPC, the code spelled as in grpc/absl ("DEADLINE_EXCEEDED").
+std::string GrpcErrorLine(const grpc::Status& status);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_TOOLS_ROUTER_CLIENT_H_

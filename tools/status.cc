@@ -1,0 +1,144 @@
+#include "tools/status.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "tools/cli_args.h"
+#include "tools/router_client.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem status [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n";
+
+}  // namespace
+
+absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedArgs> parsed =
+      ParseArgs(args, {{"router"}, {"check-idle", false}, {"json", false}, {"timeout-ms"}});
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->positional().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", parsed->positional()[0], "'"));
+  }
+  StatusOptions o;
+  o.router = parsed->GetString("router", o.router);
+  o.check_idle = parsed->Has("check-idle");
+  o.json = parsed->Has("json");
+  absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);
+  if (!timeout_ms.ok()) return timeout_ms.status();
+  if (*timeout_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--timeout-ms: must be > 0, got ", *timeout_ms));
+  }
+  o.timeout_ms = *timeout_ms;
+  return o;
+}
+
+std::string RoleName(tandem::v1::WorkerRole role) {
+  switch (role) {
+    case tandem::v1::ROLE_ROUTER:
+      return "router";
+    case tandem::v1::ROLE_PREFILL:
+      return "prefill";
+    case tandem::v1::ROLE_DECODE:
+      return "decode";
+    case tandem::v1::ROLE_UNSPECIFIED:
+    case tandem::v1::WorkerRole_INT_MIN_SENTINEL_DO_NOT_USE_:
+    case tandem::v1::WorkerRole_INT_MAX_SENTINEL_DO_NOT_USE_:
+      break;
+  }
+  return "unspecified";
+}
+
+std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
+  return absl::StrCat(
+      s.name(), " ", RoleName(s.role()), " ", s.address().empty() ? "-" : s.address(),
+      s.kv_endpoint().empty() ? "" : absl::StrCat(" kv=", s.kv_endpoint()),
+      s.ready() ? " ready" : " not-ready", s.healthy() ? " healthy" : " unhealthy",
+      " running=", s.running_requests(), " kv_blocks=", s.kv_blocks_in_use(), "/",
+      s.kv_blocks_total(), " transfers=", s.transfers_in_flight(),
+      " prefill_tokens=", s.prefill_tokens_computed_total(),
+      " decode_tokens=", s.decode_tokens_total(), " kv_sent=", s.kv_bytes_sent_total(),
+      " kv_received=", s.kv_bytes_received_total(), " max_batch=", s.max_decode_batch_size());
+}
+
+nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
+  return {{"name", s.name()},
+          {"role", RoleName(s.role())},
+          {"address", s.address()},
+          {"kv_endpoint", s.kv_endpoint()},
+          {"ready", s.ready()},
+          {"healthy", s.healthy()},
+          {"running_requests", s.running_requests()},
+          {"kv_blocks_in_use", s.kv_blocks_in_use()},
+          {"kv_blocks_total", s.kv_blocks_total()},
+          {"transfers_in_flight", s.transfers_in_flight()},
+          {"prefill_tokens_computed_total", s.prefill_tokens_computed_total()},
+          {"kv_bytes_sent_total", s.kv_bytes_sent_total()},
+          {"kv_bytes_received_total", s.kv_bytes_received_total()},
+          {"decode_tokens_total", s.decode_tokens_total()},
+          {"max_decode_batch_size", s.max_decode_batch_size()},
+          {"model_fingerprint", s.model_fingerprint()}};
+}
+
+nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status) {
+  nlohmann::ordered_json j;
+  j["can_serve"] = status.can_serve();
+  j["router"] = WorkerStatusToJson(status.router());
+  j["workers"] = nlohmann::ordered_json::array();
+  for (const tandem::v1::WorkerStatus& w : status.workers()) {
+    j["workers"].push_back(WorkerStatusToJson(w));
+  }
+  return j;
+}
+
+bool IsIdle(const tandem::v1::ClusterStatus& status) {
+  for (const tandem::v1::WorkerStatus& w : status.workers()) {
+    if (w.kv_blocks_in_use() > 0 || w.transfers_in_flight() > 0 || w.running_requests() > 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int StatusExitCode(const tandem::v1::ClusterStatus& status, bool check_idle) {
+  if (!status.can_serve()) return 1;
+  if (check_idle && !IsIdle(status)) return 3;
+  return 0;
+}
+
+int RunStatus(const std::vector<std::string>& args) {
+  absl::StatusOr<StatusOptions> options = ParseStatusArgs(args);
+  if (!options.ok()) {
+    std::cerr << "tandem status: " << options.status().message() << "\n" << kUsage;
+    return 2;
+  }
+  std::unique_ptr<tandem::v1::Generation::Stub> stub = MakeGenerationStub(options->router);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(options->timeout_ms));
+  tandem::v1::ClusterStatus status;
+  const grpc::Status rpc = stub->GetStatus(&context, tandem::v1::GetStatusRequest(), &status);
+  if (!rpc.ok()) {
+    std::cerr << GrpcErrorLine(rpc) << "\n";
+    return 1;
+  }
+  if (options->json) {
+    std::printf("%s\n", ClusterStatusToJson(status)
+                            .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+                            .c_str());
+  } else {
+    std::printf("%s\n", FormatStatusLine(status.router()).c_str());
+    for (const tandem::v1::WorkerStatus& w : status.workers()) {
+      std::printf("%s\n", FormatStatusLine(w).c_str());
+    }
+  }
+  std::fflush(stdout);
+  const int code = StatusExitCode(status, options->check_idle);
+  if (code == 1) std::cerr << "tandem: the cluster cannot serve\n";
+  return code;
+}
+
+}  // namespace tandem::cli

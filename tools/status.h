@@ -1,0 +1,64 @@
+// `tandem status`: the router's Generation.GetStatus, one line per process.
+//
+//   tandem status [--router H:P] [--check-idle] [--json] [--timeout-ms MS]
+//
+// Exit status: 0 when the cluster can serve; 1 when the router is
+// unreachable or cannot serve; 3 with --check-idle while any worker still
+// has KV blocks in use, transfers in flight or running requests (tests poll
+// this until a cancelled or finished request has released everything); 2 for
+// a bad flag.
+#ifndef TANDEM_TOOLS_STATUS_H_
+#define TANDEM_TOOLS_STATUS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem::cli {
+
+struct StatusOptions {
+  std::string router = "127.0.0.1:50051";
+  bool check_idle = false;
+  bool json = false;
+  int64_t timeout_ms = 5000;  // GetStatus deadline
+};
+
+// Parses the arguments after "status". INVALID_ARGUMENT naming the flag.
+absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args);
+
+// "router", "prefill", "decode" or "unspecified".
+std::string RoleName(tandem::v1::WorkerRole role);
+
+// One line for one process:
+//   "<name> <role> <address> ready|not-ready healthy|unhealthy running=N
+//    kv_blocks=USED/TOTAL transfers=N prefill_tokens=N decode_tokens=N
+//    kv_sent=BYTES kv_received=BYTES max_batch=N" (one line, single spaces),
+// with " kv=<endpoint>" after the address for decode workers that have one.
+std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
+
+// Every WorkerStatus field under its proto name, numbers as JSON numbers
+// (not the strings of proto3's JSON mapping for 64-bit values), role as
+// RoleName.
+nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& status);
+// {"can_serve": bool, "router": {...}, "workers": [{...}, ...]}.
+nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status);
+
+// True when no worker has kv_blocks_in_use, transfers_in_flight or
+// running_requests above zero.
+bool IsIdle(const tandem::v1::ClusterStatus& status);
+
+// The exit status for a successful GetStatus: 1 if !can_serve, else 3 if
+// check_idle and !IsIdle, else 0.
+int StatusExitCode(const tandem::v1::ClusterStatus& status, bool check_idle);
+
+// Runs the subcommand; returns the process exit status.
+int RunStatus(const std::vector<std::string>& args);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_TOOLS_STATUS_H_

@@ -1,0 +1,43 @@
+// tandem: the command-line tool of a Tandem cluster. Thin dispatch on the
+// subcommand; each lives in its own file (up.cc, generate.cc, status.cc).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tools/generate.h"
+#include "tools/status.h"
+#include "tools/up.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  up        run a local cluster (router + workers) in the foreground\n"
+    "            [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n"
+    "  generate  stream one generation from the router\n"
+    "            [--router H:P] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "            [--seed S] [--route auto|local|remote] [--json] [--timeout-ms MS] PROMPT\n"
+    "  status    one line per process; exit 0 when the cluster can serve\n"
+    "            [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "up") return tandem::cli::RunUp(args);
+  if (command == "generate") return tandem::cli::RunGenerate(args);
+  if (command == "status") return tandem::cli::RunStatus(args);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 2;
+  }
+  std::fprintf(stderr, "tandem: unknown command '%s'\n%s", command.c_str(), kUsage);
+  return 2;
+}
