@@ -322,20 +322,29 @@ absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
 
 absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
                                              const ClusterConfig& config) {
+  // An explicit choice (flag, environment, config) must exist: falling
+  // through to another model would serve something the user did not ask for.
   const char* env = std::getenv("TANDEM_MODEL");
-  const std::string candidates[] = {flag_value, env != nullptr ? env : "", config.model,
-                                    "models/stories260K.gguf",
-                                    "../shared/models/stories260K.gguf"};
-  std::vector<std::string> tried;
-  for (const std::string& path : candidates) {
+  const std::pair<std::string, std::string> explicit_choices[] = {
+      {flag_value, "--model"},
+      {env != nullptr ? env : "", "$TANDEM_MODEL"},
+      {config.model, "model (config)"}};
+  for (const auto& [path, source] : explicit_choices) {
     if (path.empty()) continue;
     std::error_code ec;
     if (std::filesystem::is_regular_file(path, ec)) return path;
-    tried.push_back(path);
+    return absl::NotFoundError(
+        absl::StrCat(source, " ", path, ": no such model file (pass --model PATH)"));
+  }
+  const std::string defaults[] = {"models/stories260K.gguf",
+                                  "../shared/models/stories260K.gguf"};
+  for (const std::string& path : defaults) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) return path;
   }
   return absl::NotFoundError(absl::StrCat(
       "no model file found: pass --model PATH (or set $TANDEM_MODEL); tried ",
-      absl::StrJoin(tried, ", ")));
+      absl::StrJoin(defaults, ", ")));
 }
 
 }  // namespace tandem

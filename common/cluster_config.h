@@ -88,10 +88,11 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
 // Reads and parses a file. NOT_FOUND if it cannot be read.
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 
-// Model path resolution (issue #2): flag, then $TANDEM_MODEL, then the
-// config's `model`, then models/stories260K.gguf, then
-// ../shared/models/stories260K.gguf; the first that exists. NOT_FOUND with
-// one line naming the --model flag when none exists.
+// Model path resolution (issue #2): the first explicit choice of the flag,
+// $TANDEM_MODEL and the config's `model` wins and must exist (NOT_FOUND
+// naming it otherwise); with none given, models/stories260K.gguf, then
+// ../shared/models/stories260K.gguf. NOT_FOUND with one line naming the
+// --model flag when neither default exists.
 absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
                                              const ClusterConfig& config);
 

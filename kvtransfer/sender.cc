@@ -60,7 +60,8 @@ class KvSender::Impl {
           request_id)));
       return broken;
     }
-    absl::Status s = tcp::SendAll(fd.get(), iov, n, tcp::DeadlineIn(timeout_ms));
+    absl::Status s = tcp::SendAll(fd.get(), iov, n, tcp::DeadlineIn(timeout_ms),
+                                  /*idle_ms=*/timeout_ms);
     if (!s.ok()) {
       broken = PeerVerdict(absl::Status(
           s.code(), absl::StrCat("KV transfer of request ", request_id, " to ",

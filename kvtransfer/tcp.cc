@@ -255,7 +255,7 @@ absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
 }
 
 absl::Status SendAll(int fd, struct iovec* iov, int iovcnt,
-                     Deadline deadline) {
+                     Deadline deadline, int idle_ms) {
   while (iovcnt > 0) {
     if (iov->iov_len == 0) {
       ++iov;
@@ -275,6 +275,7 @@ absl::Status SendAll(int fd, struct iovec* iov, int iovcnt,
           absl::StrCat("KV peer connection failed while sending: ",
                        ErrnoText(errno)));
     }
+    if (idle_ms > 0 && n > 0) deadline = DeadlineIn(idle_ms);
     size_t left = static_cast<size_t>(n);
     while (iovcnt > 0 && left >= iov->iov_len) {
       left -= iov->iov_len;
@@ -294,11 +295,12 @@ absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline) {
   return SendAll(fd, &iov, 1, deadline);
 }
 
-absl::Status RecvAll(int fd, void* buf, size_t n, Deadline deadline) {
+absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
+                     int idle_ms) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   while (got < n) {
-    absl::Status ready = WaitFor(fd, POLLIN, deadline, "receiving KV data");
+    absl::Status ready = WaitFor(fd, POLLIN, *deadline, "receiving KV data");
     if (!ready.ok()) return ready;
     ssize_t r = ::recv(fd, p + got, n - got, 0);
     if (r == 0) {
@@ -312,14 +314,15 @@ absl::Status RecvAll(int fd, void* buf, size_t n, Deadline deadline) {
                        ErrnoText(errno)));
     }
     got += static_cast<size_t>(r);
+    if (idle_ms > 0) *deadline = DeadlineIn(idle_ms);
   }
   return absl::OkStatus();
 }
 
 absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
-                         uint32_t* type, std::string* payload) {
+                         uint32_t* type, std::string* payload, int idle_ms) {
   char header[wire::kHeaderBytes];
-  absl::Status s = RecvAll(fd, header, sizeof(header), deadline);
+  absl::Status s = RecvAll(fd, header, sizeof(header), &deadline, idle_ms);
   if (!s.ok()) return s;
   uint32_t length = 0;
   wire::GetHeader(header, type, &length);
@@ -329,7 +332,7 @@ absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
         " payload bytes, more than the ", max_payload, " allowed here"));
   }
   payload->resize(length);
-  return RecvAll(fd, payload->data(), length, deadline);
+  return RecvAll(fd, payload->data(), length, &deadline, idle_ms);
 }
 
 bool Readable(int fd) {

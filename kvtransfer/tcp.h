@@ -72,20 +72,27 @@ absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline);
 absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
                                  Deadline deadline);
 
+// In the functions below, idle_ms > 0 turns `deadline` into a silence
+// bound: every chunk of progress moves the deadline to now + idle_ms, so a
+// big message on a slow link is not cut off while bytes keep flowing.
+
 // Writes all bytes of iov[0..iovcnt) (iov is modified). Errors: UNAVAILABLE
 // (peer closed / reset), DEADLINE_EXCEEDED.
-absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline);
+absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline,
+                     int idle_ms = 0);
 absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline);
 
 // Reads exactly n bytes. Errors: UNAVAILABLE (peer closed: "closed after
 // k of n bytes"), DEADLINE_EXCEEDED.
-absl::Status RecvAll(int fd, void* buf, size_t n, Deadline deadline);
+absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
+                     int idle_ms = 0);
 
 // Reads one framed message; the payload goes to *payload (resized, its
 // capacity reused). A length prefix above max_payload is DATA_LOSS before
 // anything is allocated. Errors: as RecvAll, plus DATA_LOSS.
 absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
-                         uint32_t* type, std::string* payload);
+                         uint32_t* type, std::string* payload,
+                         int idle_ms = 0);
 
 // True when `fd` has bytes (or EOF / an error) to read right now.
 bool Readable(int fd);

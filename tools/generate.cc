@@ -32,9 +32,10 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
 
   absl::StatusOr<int64_t> max_tokens = parsed->GetInt("max-tokens", o.max_tokens);
   if (!max_tokens.ok()) return max_tokens.status();
-  if (*max_tokens < 1 || *max_tokens > std::numeric_limits<uint32_t>::max()) {
+  // 0 fits the field and is the router's to reject, like every other range.
+  if (*max_tokens < 0 || *max_tokens > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max-tokens: must be in 1..4294967295, got ", *max_tokens));
+        absl::StrCat("--max-tokens: must be in 0..4294967295, got ", *max_tokens));
   }
   o.max_tokens = static_cast<uint32_t>(*max_tokens);
 

@@ -27,7 +27,7 @@ namespace tandem::cli {
 
 struct GenerateOptions {
   std::string router = "127.0.0.1:50051";  // router's gRPC address
-  uint32_t max_tokens = 32;                // >= 1
+  uint32_t max_tokens = 32;                // the router requires >= 1
   float temperature = 0;                   // 0 = greedy (also when the flag is absent)
   int32_t top_k = 0;                       // <= 0 = off
   std::optional<float> top_p;              // absent: unset (the router reads it as 1)
@@ -39,7 +39,9 @@ struct GenerateOptions {
 };
 
 // Parses the arguments after "generate". INVALID_ARGUMENT naming the flag
-// (also for a missing PROMPT or max-tokens outside 1..2^32-1).
+// (also for a missing PROMPT, or --max-tokens outside 0..2^32-1). Value
+// ranges of the request (max_tokens >= 1, temperature >= 0, ...) are left
+// to the router, one place for every client.
 absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args);
 
 // The request `options` describe (has_seed set iff --seed was given).

@@ -1,6 +1,10 @@
 #include "common/server/server_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -15,6 +19,25 @@ sigset_t TerminationSignals() {
   sigaddset(&set, SIGTERM);
   return set;
 }
+// True when `listen` can be bound right now (as gRPC binds: SO_REUSEADDR,
+// no SO_REUSEPORT). Lets a busy port fail with our one-line message before
+// gRPC logs its own multi-line error.
+bool CanBind(const HostPort& listen) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(listen.port));
+  if (inet_pton(AF_INET, listen.host.c_str(), &addr.sin_addr) != 1) {
+    return true;  // not an IPv4 literal (e.g. a name): let gRPC resolve it
+  }
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return true;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
 }  // namespace
 
 void BlockTerminationSignals() {
@@ -36,14 +59,15 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
     grpc::ServerBuilder& builder, const HostPort& listen,
     const std::string& config_key, int* bound_port) {
   *bound_port = 0;
+  const std::string busy = absl::StrCat(config_key, ": address ", listen.ToString(),
+                                        " is already in use or cannot be bound");
+  if (!CanBind(listen)) return absl::UnavailableError(busy);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(),
                            bound_port);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound_port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        config_key, ": address ", listen.ToString(),
-        " is already in use or cannot be bound"));
+    return absl::UnavailableError(busy);
   }
   return server;
 }

@@ -269,37 +269,48 @@ TEST_F(ResolveModelPathTest, FollowsDocumentedOrder) {
   ClusterConfig config;
   config.model = "config.gguf";
   const std::string env_model = (dir_ / "env.gguf").string();
-  setenv("TANDEM_MODEL", env_model.c_str(), 1);
   for (const char* p : {"flag.gguf", "config.gguf", "models/stories260K.gguf",
                         "../shared/models/stories260K.gguf"}) {
     Touch(p);
   }
   Touch(env_model);
+  setenv("TANDEM_MODEL", env_model.c_str(), 1);
 
-  // Each step removes the winner of the previous one.
+  // Each step drops the winner of the previous one.
   EXPECT_EQ(ResolveModelPath("flag.gguf", config).value_or("?"), "flag.gguf");
   EXPECT_EQ(ResolveModelPath("", config).value_or("?"), env_model);
-  std::filesystem::remove(env_model);
+  unsetenv("TANDEM_MODEL");
   EXPECT_EQ(ResolveModelPath("", config).value_or("?"), "config.gguf");
-  std::filesystem::remove("config.gguf");
+  config.model.clear();
   EXPECT_EQ(ResolveModelPath("", config).value_or("?"), "models/stories260K.gguf");
   std::filesystem::remove("models/stories260K.gguf");
   EXPECT_EQ(ResolveModelPath("", config).value_or("?"), "../shared/models/stories260K.gguf");
 }
 
-TEST_F(ResolveModelPathTest, SkipsCandidatesThatDoNotExist) {
+// An explicit choice that does not exist is an error naming it, never a
+// silent fall-through to another model.
+TEST_F(ResolveModelPathTest, MissingExplicitChoiceIsAnError) {
   ClusterConfig config;
-  config.model = "missing-config.gguf";
-  setenv("TANDEM_MODEL", "missing-env.gguf", 1);
   Touch("models/stories260K.gguf");
-  EXPECT_EQ(ResolveModelPath("missing-flag.gguf", config).value_or("?"), "models/stories260K.gguf");
+  auto flag = ResolveModelPath("missing-flag.gguf", config);
+  ASSERT_FALSE(flag.ok());
+  EXPECT_EQ(flag.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(flag.status().message(), HasSubstr("--model missing-flag.gguf"));
+  setenv("TANDEM_MODEL", "missing-env.gguf", 1);
+  auto env = ResolveModelPath("", config);
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(env.status().message(), HasSubstr("$TANDEM_MODEL missing-env.gguf"));
+  unsetenv("TANDEM_MODEL");
+  config.model = "missing-config.gguf";
+  auto cfg = ResolveModelPath("", config);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(cfg.status().message(), HasSubstr("missing-config.gguf"));
 }
 
 TEST_F(ResolveModelPathTest, DirectoryIsNotAModel) {
   ClusterConfig config;
   std::filesystem::create_directories("dir.gguf");
-  Touch("../shared/models/stories260K.gguf");
-  EXPECT_EQ(ResolveModelPath("dir.gguf", config).value_or("?"), "../shared/models/stories260K.gguf");
+  EXPECT_FALSE(ResolveModelPath("dir.gguf", config).ok());
 }
 
 TEST_F(ResolveModelPathTest, NothingFoundIsOneLineNamingTheFlag) {

@@ -11,6 +11,7 @@
 #include "engine/kv/block_pool.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/kv_transfer.h"
+#include "kvtransfer/wire.h"
 #include "tests/kvtransfer/kv_test_util.h"
 
 namespace tandem::kvtransfer {
@@ -180,6 +181,35 @@ TEST_F(KvTransferTest, StalledSenderTimesOutAndBlocksCanBeFreed) {
   EXPECT_EQ(receiver_->kv_bytes_received_total(), 2u * 8 * 2 * 8 * 4);
   // The sender learns it too.
   EXPECT_FALSE(SendUntilError(**sender, ref).ok());
+}
+
+TEST_F(KvTransferTest, SlowButSteadyFrameIsNotAStall) {
+  // transfer_timeout bounds silence, not a whole message: one frame sent in
+  // 8 pieces 100 ms apart (800 ms in all) with a 500 ms timeout arrives.
+  Start(TestLayout(1, 1, 4), /*handshake_ms=*/2000, /*transfer_ms=*/500);
+  VectorKvWriter writer(layout_, 4);
+  DoneRecorder done;
+  ASSERT_TRUE(receiver_->Expect("req-slow", 1, 0, 4, &writer, done.Callback()).ok());
+  auto peer = testing::RawPeer::Connect(receiver_->port());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto verdict = peer->Hello("req-slow", 1, layout_);
+  ASSERT_TRUE(verdict.ok() && verdict->code == absl::StatusCode::kOk);
+  const RefKv ref(layout_, 4, 21);
+  auto frame = wire::EncodeFrame({"req-slow", 1, 0, 0, 4}, ref.K(0, 0),
+                                 ref.V(0, 0), 16);
+  ASSERT_TRUE(frame.ok());
+  const size_t piece = (frame->size() + 7) / 8;
+  for (size_t at = 0; at < frame->size(); at += piece) {
+    ASSERT_TRUE(peer->Send(frame->substr(at, piece)).ok());
+    std::this_thread::sleep_for(100ms);
+  }
+  TransferResult totals;
+  totals.frames = 1;
+  totals.kv_bytes = 128;  // 4 tokens x 2 x 4 dims x 4 bytes
+  ASSERT_TRUE(peer->Send(wire::EncodeFinal(totals)).ok());
+  ASSERT_TRUE(done.Wait());
+  EXPECT_TRUE(done.status().ok()) << done.status();
+  EXPECT_EQ(std::memcmp(writer.K(0, 0), ref.K(0, 0), 64), 0);
 }
 
 TEST_F(KvTransferTest, HandshakeTimesOutWithoutSender) {

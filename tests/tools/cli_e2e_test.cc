@@ -116,11 +116,19 @@ class CliTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // The contents of a file a fake writes ("<name>.args", "<name>.pid"),
+  // once complete (newline-terminated; 10 s at most): the fake router does
+  // not wait for the workers, so `ready` may come before they start.
   std::string Slurp(const std::string& file) const {
-    std::ifstream in(dir_ / file);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
+    std::string text;
+    for (int i = 0; i < 1000 && (text.empty() || text.back() != '\n'); ++i) {
+      std::ifstream in(dir_ / file);
+      std::stringstream s;
+      s << in.rdbuf();
+      text = s.str();
+      if (text.empty() || text.back() != '\n') usleep(10000);
+    }
+    return text;
   }
   pid_t PidOf(const std::string& name) const { return std::stoi(Slurp(name + ".pid")); }
 
@@ -249,7 +257,7 @@ TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
   EXPECT_EQ(r.err, "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
   r = RunCommand({tandem_, "up", "--config", config_, "--model", "/nonexistent.gguf"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, StartsWith("tandem: no model file found: pass --model PATH"));
+  EXPECT_THAT(r.err, StartsWith("tandem: --model /nonexistent.gguf: no such model file"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
 }
 

@@ -51,6 +51,8 @@ TEST(GenerateArgsTest, EveryFlag) {
   EXPECT_TRUE(r.sampling().has_seed());
   EXPECT_EQ(r.sampling().seed(), 18446744073709551615ull);
   EXPECT_EQ(r.route_override(), tandem::v1::ROUTE_REMOTE);
+  // 0 is passed on for the router to reject (INVALID_ARGUMENT, exit 1).
+  EXPECT_EQ(BuildGenerateRequest(*ParseGenerateArgs({"--max-tokens", "0", "p"})).max_tokens(), 0u);
   EXPECT_EQ(BuildGenerateRequest(*ParseGenerateArgs({"--route", "local", "p"})).route_override(),
             tandem::v1::ROUTE_LOCAL);
   // --seed 0 is a real seed, not "unset".
@@ -67,8 +69,8 @@ TEST(GenerateArgsTest, Errors) {
       {{}, "missing PROMPT"},
       {{"--json"}, "missing PROMPT"},
       {{"--route", "sideways", "p"}, "--route: expected auto, local or remote, got 'sideways'"},
-      {{"--max-tokens", "0", "p"}, "--max-tokens: must be in 1..4294967295, got 0"},
-      {{"--max-tokens", "4294967296", "p"}, "--max-tokens: must be in 1..4294967295, got 4294967296"},
+      {{"--max-tokens", "-1", "p"}, "--max-tokens: must be in 0..4294967295, got -1"},
+      {{"--max-tokens", "4294967296", "p"}, "--max-tokens: must be in 0..4294967295, got 4294967296"},
       {{"--seed", "-1", "p"}, "--seed: expected an unsigned integer, got '-1'"},
       {{"--temperature", "warm", "p"}, "--temperature: expected a finite number, got 'warm'"},
       {{"--top-k", "9999999999", "p"}, "--top-k: out of range, got 9999999999"},

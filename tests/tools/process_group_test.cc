@@ -34,13 +34,15 @@ TEST(DescribeWaitStatusTest, ExitAndSignal) {
 TEST(ProcessGroupTest, WaitForLineReturnsTheRestAndForwardsOtherLines) {
   ProcessGroup group;
   absl::StatusOr<int> c = group.Spawn(
-      "router", Sh("echo starting; echo 'TANDEM_LISTENING 127.0.0.1:4242 '; echo bye; exec sleep 30"));
+      "router",
+      Sh("echo starting; echo 'TANDEM_LISTENING 127.0.0.1:4242 '; echo bye; echo DONE; exec sleep 30"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(*c, 0);
   ::testing::internal::CaptureStderr();
   absl::StatusOr<std::string> line =
       group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Seconds(10));
-  // "bye" may or may not have arrived yet; StopAll forwards the rest.
+  // Lines before the awaited one are forwarded, and so are lines after it.
+  EXPECT_TRUE(group.WaitForLine(*c, "DONE", absl::Seconds(10)).ok());
   EXPECT_THAT(group.StopAll(absl::Seconds(5)), IsEmpty());
   const std::string err = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(line.ok()) << line.status();
@@ -114,7 +116,7 @@ TEST(ProcessGroupTest, StopAllKillsWhatIgnoresSigterm) {
   ASSERT_TRUE(stubborn.ok() && polite.ok());
   ASSERT_TRUE(group.WaitForLine(*stubborn, "READY", absl::Seconds(10)).ok());
   ASSERT_TRUE(group.WaitForLine(*polite, "READY", absl::Seconds(10)).ok());
-  EXPECT_THAT(group.StopAll(absl::Milliseconds(300)), ElementsAre("stubborn"));
+  EXPECT_THAT(group.StopAll(absl::Seconds(1)), ElementsAre("stubborn"));
   EXPECT_EQ(DescribeWaitStatus(group.wait_status(*stubborn)), "killed by signal 9 (SIGKILL)");
   EXPECT_EQ(DescribeWaitStatus(group.wait_status(*polite)), "killed by signal 15 (SIGTERM)");
   EXPECT_TRUE(Gone(group.pid(*stubborn)));

@@ -1,0 +1,89 @@
+// Bad requests are refused with INVALID_ARGUMENT naming the field, while a
+// good stream is running, and neither that stream nor the next request is
+// disturbed.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/generate_client.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct BadCase {
+  std::string name;
+  // Turns a valid greedy request into the bad one.
+  std::function<void(v1::GenerateRequest&)> spoil;
+  // Every string the error message must contain.
+  std::vector<std::string> mentions;
+};
+
+std::vector<BadCase> BadCases() {
+  const std::string long_prompt = Golden("long_repeated_313tok").prompt;  // 313 tokens
+  return {
+      {"EmptyPrompt", [](v1::GenerateRequest& r) { r.set_prompt(""); }, {"prompt"}},
+      {"PromptPlusMaxTokensOverContext",
+       [long_prompt](v1::GenerateRequest& r) {
+         r.set_prompt(long_prompt);
+         r.set_max_tokens(kContextLength - 313 + 1);  // 313 + 1736 = 2049 > 2048
+       },
+       {"313", "1736", "2048"}},
+      {"MaxTokensZero", [](v1::GenerateRequest& r) { r.set_max_tokens(0); }, {"max_tokens"}},
+      {"TemperatureNegative",
+       [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1.0f); },
+       {"temperature"}},
+      {"TemperatureNaN",
+       [](v1::GenerateRequest& r) {
+         r.mutable_sampling()->set_temperature(std::numeric_limits<float>::quiet_NaN());
+       },
+       {"temperature"}},
+      {"TopPZero", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(0.0f); },
+       {"top_p"}},
+      {"TopPOverOne", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); },
+       {"top_p"}},
+  };
+}
+
+class BadInputTest : public DefaultClusterSuite,
+                     public ::testing::WithParamInterface<size_t> {};
+
+TEST_P(BadInputTest, RefusedWhileAGoodStreamRuns) {
+  const BadCase bad = BadCases()[GetParam()];
+  // Alternate the good stream's route between cases.
+  const bool remote = GetParam() % 2 == 0;
+  const GoldenCase& good = Golden(remote ? "boundary_33tok" : "lily_and_ben");
+  GenerateStream stream(cluster().stub(), MakeRequest(good.prompt, kGoldenMaxTokens));
+  // The good stream is under way once its first message is here.
+  ASSERT_TRUE(stream.ReadOne()) << stream.Finish().status.error_message();
+
+  v1::GenerateRequest request = MakeRequest("Once upon a time", kGoldenMaxTokens);
+  bad.spoil(request);
+  StreamResult refused = RunGenerate(cluster().stub(), request, absl::Seconds(10));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << refused.status.error_message();
+  for (const std::string& word : bad.mentions) {
+    EXPECT_THAT(refused.status.error_message(), HasSubstr(word));
+  }
+  EXPECT_TRUE(refused.token_ids.empty());
+
+  ExpectGolden(stream.Finish(), good, remote ? "remote" : "local");
+  // And the cluster serves the next request.
+  const GoldenCase& next = Golden("the_little_dog");
+  ExpectGolden(RunGenerate(cluster().stub(), MakeRequest(next.prompt, kGoldenMaxTokens)), next,
+               "local");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BadInputTest, ::testing::Range<size_t>(0, BadCases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return BadCases()[info.param].name;
+                         });
+
+}  // namespace
+}  // namespace tandem::testing

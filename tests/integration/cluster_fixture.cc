@@ -1,0 +1,379 @@
+#include "tests/integration/cluster_fixture.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/test_util.h"
+
+namespace tandem::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kListening[] = "TANDEM_LISTENING ";
+
+// A channel with the short reconnect backoff the servers use themselves
+// (DESIGN.md: ~100 ms initial, ~1 s max), so a peer that comes up a moment
+// later is reached at once.
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetTimeout(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+std::string BinaryPath(const std::string& name) {
+  return absl::StrCat(TANDEM_BINARY_DIR, "/", name);
+}
+
+std::string ModelPath() { return SharedPath("models/stories260K.gguf"); }
+
+std::string MakeTempDir() {
+  std::string templ = (fs::path(::testing::TempDir()) / "tandem_it_XXXXXX").string();
+  if (mkdtemp(templ.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp " << templ << ": " << strerror(errno);
+    return "";
+  }
+  return templ;
+}
+
+bool WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  return static_cast<bool>(out);
+}
+
+std::string ClusterYaml(const ClusterOptions& o) {
+  return absl::StrCat(
+      "router:\n"
+      "  name: router\n"
+      "  listen: ", o.router_listen, "\n",
+      "  poll_interval_ms: ", o.poll_interval_ms, "\n",
+      "  unhealthy_after_missed_polls: ", o.unhealthy_after_missed_polls, "\n",
+      "  rpc_timeout_ms: ", o.rpc_timeout_ms, "\n",
+      "prefill_workers:\n"
+      "  - name: ", LocalCluster::kPrefillName, "\n",
+      "    listen: 127.0.0.1:0\n"
+      "decode_workers:\n"
+      "  - name: ", LocalCluster::kDecodeName, "\n",
+      "    listen: 127.0.0.1:0\n"
+      "    kv_listen: 127.0.0.1:0\n"
+      "engine:\n"
+      "  block_size: ", o.block_size, "\n",
+      "  num_kv_blocks: 512\n"
+      "  max_num_seqs: 64\n"
+      "  threads: 1\n"
+      "conditional:\n"
+      "  max_local_prefill_tokens: ", o.max_local_prefill_tokens, "\n",
+      "  on_prefill_failure: fail\n"
+      "kv:\n"
+      "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",
+      "  handshake_timeout_ms: ", o.handshake_timeout_ms, "\n",
+      "shutdown_grace_s: ", o.shutdown_grace_s, "\n");
+}
+
+bool PollUntil(absl::Duration timeout, const std::function<bool()>& done,
+               absl::Duration interval) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (done()) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(interval);
+  }
+}
+
+// ---- LocalCluster -----------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const ClusterOptions& options) {
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
+  absl::Status s = cluster->StartProcesses();
+  if (!s.ok()) return s;
+  return cluster;
+}
+
+absl::StatusOr<std::string> LocalCluster::SpawnAndWait(const std::string& name,
+                                                       const std::vector<std::string>& argv,
+                                                       int* index) {
+  absl::StatusOr<int> spawned = group_.Spawn(name, argv);
+  if (!spawned.ok()) return spawned.status();
+  *index = *spawned;
+  return group_.WaitForLine(*index, kListening, options_.start_timeout);
+}
+
+absl::Status LocalCluster::StartProcesses() {
+  dir_ = MakeTempDir();
+  if (dir_.empty()) return absl::InternalError("cannot create a temporary directory");
+  config_path_ = dir_ + "/cluster.yaml";
+  if (!WriteFile(config_path_, ClusterYaml(options_))) {
+    return absl::InternalError(absl::StrCat("cannot write ", config_path_));
+  }
+  const absl::Time start = absl::Now();
+  const std::string model = ModelPath();
+  absl::StatusOr<std::string> router =
+      SpawnAndWait("router",
+                   {BinaryPath("tandem-router"), "--config", config_path_, "--name", "router",
+                    "--model", model},
+                   &router_index_);
+  if (!router.ok()) return router.status();
+  router_address_ = *router;
+
+  std::vector<std::string> prefill_argv = {BinaryPath("tandem-prefill-worker"),
+                                           "--config", config_path_, "--name", kPrefillName,
+                                           "--model", model, "--router", router_address_};
+  if (options_.prefill_fault_stall_after_frames >= 0) {
+    prefill_argv.push_back("--fault-stall-after-frames");
+    prefill_argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));
+  }
+  // Both workers load the model concurrently; wait for them afterwards.
+  absl::StatusOr<int> prefill = group_.Spawn(kPrefillName, prefill_argv);
+  if (!prefill.ok()) return prefill.status();
+  prefill_index_ = *prefill;
+  absl::StatusOr<int> decode = group_.Spawn(
+      kDecodeName, {BinaryPath("tandem-decode-worker"), "--config", config_path_, "--name",
+                    kDecodeName, "--model", model, "--router", router_address_});
+  if (!decode.ok()) return decode.status();
+  decode_index_ = *decode;
+  absl::StatusOr<std::string> prefill_address =
+      group_.WaitForLine(prefill_index_, kListening, options_.start_timeout);
+  if (!prefill_address.ok()) return prefill_address.status();
+  prefill_address_ = *prefill_address;
+  absl::StatusOr<std::string> decode_address =
+      group_.WaitForLine(decode_index_, kListening, options_.start_timeout);
+  if (!decode_address.ok()) return decode_address.status();
+  decode_address_ = *decode_address;
+
+  stub_ = v1::Generation::NewStub(Channel(router_address_));
+  decode_stub_ = v1::DecodeWorker::NewStub(Channel(decode_address_));
+  prefill_stub_ = v1::PrefillWorker::NewStub(Channel(prefill_address_));
+
+  absl::Status last = absl::UnavailableError("no GetStatus answer yet");
+  const bool serving = PollUntil(
+      options_.start_timeout - (absl::Now() - start),
+      [&] {
+        absl::StatusOr<v1::ClusterStatus> status = ClusterStatus(absl::Seconds(2));
+        if (!status.ok()) {
+          last = status.status();
+          return false;
+        }
+        last = absl::UnavailableError(status->DebugString());
+        return status->can_serve() && status->workers_size() == 2;
+      },
+      absl::Milliseconds(20));
+  if (!serving) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the cluster did not become servable within ",
+                     absl::FormatDuration(options_.start_timeout), "; last: ", last.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+LocalCluster::~LocalCluster() {
+  Stop();
+  if (!dir_.empty()) {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+}
+
+std::vector<std::string> LocalCluster::Stop(absl::Duration grace) {
+  // A SIGSTOPped child would not act on SIGTERM.
+  for (size_t i = 0; i < group_.size(); ++i) {
+    if (group_.running(static_cast<int>(i))) kill(group_.pid(static_cast<int>(i)), SIGCONT);
+  }
+  // Close our connections first: a gRPC server's Shutdown waits (up to its
+  // deadline, 1 s in the servers) for connected clients to go away, and an
+  // idle client channel in this process may not notice the GOAWAY.
+  stub_.reset();
+  decode_stub_.reset();
+  prefill_stub_.reset();
+  return group_.StopAll(grace);
+}
+
+absl::StatusOr<v1::ClusterStatus> LocalCluster::ClusterStatus(absl::Duration timeout) {
+  if (stub_ == nullptr) return absl::FailedPreconditionError("the cluster is stopped");
+  grpc::ClientContext context;
+  SetTimeout(context, timeout);
+  v1::ClusterStatus status;
+  grpc::Status s = stub_->GetStatus(&context, v1::GetStatusRequest(), &status);
+  if (!s.ok()) return FromGrpc(s);
+  return status;
+}
+
+absl::StatusOr<v1::WorkerStatus> LocalCluster::DecodeStatus(absl::Duration timeout) {
+  if (decode_stub_ == nullptr) return absl::FailedPreconditionError("the cluster is stopped");
+  grpc::ClientContext context;
+  SetTimeout(context, timeout);
+  v1::WorkerStatus status;
+  grpc::Status s = decode_stub_->GetStatus(&context, v1::GetStatusRequest(), &status);
+  if (!s.ok()) return FromGrpc(s);
+  return status;
+}
+
+absl::StatusOr<v1::WorkerStatus> LocalCluster::PrefillStatus(absl::Duration timeout) {
+  if (prefill_stub_ == nullptr) return absl::FailedPreconditionError("the cluster is stopped");
+  grpc::ClientContext context;
+  SetTimeout(context, timeout);
+  v1::WorkerStatus status;
+  grpc::Status s = prefill_stub_->GetStatus(&context, v1::GetStatusRequest(), &status);
+  if (!s.ok()) return FromGrpc(s);
+  return status;
+}
+
+bool LocalCluster::WaitForIdleWorkers(absl::Duration timeout, v1::ClusterStatus* last) {
+  return PollUntil(timeout, [&] {
+    absl::StatusOr<v1::ClusterStatus> status = ClusterStatus(absl::Seconds(1));
+    if (!status.ok()) return false;
+    *last = *status;
+    if (status->workers_size() != 2) return false;
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (!w.healthy() || w.kv_blocks_in_use() != 0 || w.transfers_in_flight() != 0) {
+        return false;
+      }
+    }
+    return true;
+  });
+}
+
+// ---- ClusterSuite -------------------------------------------------------------
+
+LocalCluster* ClusterSuite::cluster_ = nullptr;
+absl::Status* ClusterSuite::start_status_ = nullptr;
+
+void ClusterSuite::StartSuiteCluster(const ClusterOptions& options) {
+  TearDownTestSuite();
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  start_status_ = new absl::Status(cluster.status());
+  if (cluster.ok()) cluster_ = cluster->release();
+}
+
+void ClusterSuite::TearDownTestSuite() {
+  delete cluster_;
+  cluster_ = nullptr;
+  delete start_status_;
+  start_status_ = nullptr;
+}
+
+void ClusterSuite::SetUp() {
+  ASSERT_NE(start_status_, nullptr) << "SetUpTestSuite did not call StartSuiteCluster";
+  ASSERT_TRUE(start_status_->ok()) << "cluster start-up failed: " << *start_status_;
+  ASSERT_NE(cluster_, nullptr);
+}
+
+// ---- RunProcess -------------------------------------------------------------
+
+std::string ProcessResult::Describe() const {
+  std::string how = timed_out ? "timed out and was killed"
+                    : exited  ? absl::StrCat("exited with status ", exit_code)
+                              : absl::StrCat("killed by signal ", signal, " (",
+                                             strsignal(signal), ")");
+  return absl::StrCat(how, "; stderr:\n", err);
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout) {
+  ProcessResult r;
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return r;
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return r;
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {  // async-signal-safe calls only until exec
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  if (pid < 0) {
+    close(out[0]);
+    close(err[0]);
+    return r;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  std::string* into[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0 && !r.timed_out) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);  // its pipes close now; read what is left
+    }
+    const int n = poll(fds, 2, r.timed_out ? 1000 : static_cast<int>(left_ms));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 && r.timed_out) break;  // a grandchild holds the pipe
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t got = read(fds[i].fd, buf, sizeof(buf));
+      if (got > 0) {
+        into[i]->append(buf, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (pollfd& p : fds) {
+    if (p.fd >= 0) close(p.fd);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exited = WIFEXITED(status);
+  if (r.exited) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+}  // namespace tandem::testing

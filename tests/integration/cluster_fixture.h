@@ -1,0 +1,196 @@
+// A real Tandem cluster on loopback for integration tests: the built
+// tandem-router, tandem-prefill-worker and tandem-decode-worker binaries
+// started as child processes from a temporary cluster YAML, plus helpers to
+// run other binaries (the tandem CLI, servers that must fail at start-up).
+//
+// Owns: the temporary directory, the child processes (a cli::ProcessGroup:
+// PR_SET_PDEATHSIG, SIGTERM then SIGKILL, so no child outlives the test
+// process) and the gRPC stubs to the router and to each worker.
+// Does not touch: the processes' internals; every check goes through the
+// public API (tandem.v1.Generation) or a worker's own GetStatus.
+// Threads: start and stop on the test's main thread (PR_SET_PDEATHSIG fires
+// when the forking *thread* exits); the stubs may be used from any thread.
+//
+// Process conventions (router/main.cc, common/server/worker_main.h): each
+// server prints one stdout line "TANDEM_LISTENING host:port" once bound;
+// its logs go to stderr, which the children share with the test (ctest shows
+// them with --output-on-failure).
+#ifndef TANDEM_TESTS_INTEGRATION_CLUSTER_FIXTURE_H_
+#define TANDEM_TESTS_INTEGRATION_CLUSTER_FIXTURE_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+#include "tools/process_group.h"
+
+namespace tandem::testing {
+
+// Absolute path of a binary built by this build tree: "tandem-router",
+// "tandem-prefill-worker", "tandem-decode-worker" or "tandem".
+std::string BinaryPath(const std::string& name);
+
+// stories260K.gguf in the shared test data.
+std::string ModelPath();
+
+// A fresh directory under the test temp dir, e.g. "/tmp/tandem_it_XXXXXX";
+// empty string (and an ADD_FAILURE) if it cannot be created.
+std::string MakeTempDir();
+
+// Writes `contents` to `path` (binary); false on failure.
+bool WriteFile(const std::string& path, const std::string& contents);
+
+// Knobs of the cluster YAML (common/cluster_config.h) the tests vary. The
+// defaults are the suite's: one prefill and one decode worker, block_size
+// 16, max_local_prefill_tokens 32, a 200 ms router poll period.
+struct ClusterOptions {
+  std::string router_listen = "127.0.0.1:0";  // router.listen
+  int32_t block_size = 16;                 // engine.block_size, tokens
+  int32_t max_local_prefill_tokens = 32;   // conditional.max_local_prefill_tokens
+  int32_t transfer_timeout_ms = 5000;      // kv.transfer_timeout_ms
+  int32_t handshake_timeout_ms = 5000;     // kv.handshake_timeout_ms
+  int32_t poll_interval_ms = 200;          // router.poll_interval_ms
+  int32_t unhealthy_after_missed_polls = 3;
+  int32_t rpc_timeout_ms = 2000;           // router.rpc_timeout_ms
+  int32_t shutdown_grace_s = 1;            // SIGTERM drain time
+  // Passed to the prefill worker as --fault-stall-after-frames when >= 0.
+  int32_t prefill_fault_stall_after_frames = -1;
+  // Bound on start-up: every process announced and GetStatus.can_serve.
+  absl::Duration start_timeout = absl::Seconds(30);
+};
+
+// The YAML text of a cluster with one prefill worker "prefill-0" and one
+// decode worker "decode-0", all on 127.0.0.1 port 0 (the router on
+// options.router_listen).
+std::string ClusterYaml(const ClusterOptions& options);
+
+// Polls `done` every `interval` until it returns true or `timeout` passes;
+// returns its last value.
+bool PollUntil(absl::Duration timeout, const std::function<bool()>& done,
+               absl::Duration interval = absl::Milliseconds(10));
+
+class LocalCluster {
+ public:
+  static constexpr char kPrefillName[] = "prefill-0";
+  static constexpr char kDecodeName[] = "decode-0";
+
+  // Writes the YAML, starts the router, reads its address, starts both
+  // workers with --router, and waits until the router's
+  // GetStatus.can_serve. Errors: whatever stopped a process from announcing
+  // itself (UNAVAILABLE with its exit status), DEADLINE_EXCEEDED when the
+  // cluster does not become servable within options.start_timeout.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const ClusterOptions& options);
+
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+  ~LocalCluster();  // Stop(), then removes the temporary directory
+
+  // Drops the stubs (stub() is invalid afterwards), then SIGCONT (a test
+  // may have stopped a child), SIGTERM, up to `grace` for the children to
+  // exit, then SIGKILL. Returns the names of the children that had to be
+  // SIGKILLed. Idempotent.
+  std::vector<std::string> Stop(absl::Duration grace = absl::Seconds(5));
+
+  const ClusterOptions& options() const { return options_; }
+  const std::string& router_address() const { return router_address_; }
+  const std::string& prefill_address() const { return prefill_address_; }
+  const std::string& decode_address() const { return decode_address_; }
+  pid_t router_pid() const { return group_.pid(router_index_); }
+  pid_t prefill_pid() const { return group_.pid(prefill_index_); }
+  pid_t decode_pid() const { return group_.pid(decode_index_); }
+  // The process group (exit statuses after Stop()).
+  const cli::ProcessGroup& group() const { return group_; }
+
+  // The public API on the router.
+  v1::Generation::Stub& stub() { return *stub_; }
+
+  // Generation.GetStatus on the router with a deadline.
+  absl::StatusOr<v1::ClusterStatus> ClusterStatus(
+      absl::Duration timeout = absl::Seconds(5));
+  // GetStatus straight from a worker (not through the router, whose call
+  // waits on every worker).
+  absl::StatusOr<v1::WorkerStatus> DecodeStatus(absl::Duration timeout = absl::Seconds(5));
+  absl::StatusOr<v1::WorkerStatus> PrefillStatus(absl::Duration timeout = absl::Seconds(5));
+
+  // True once the router's status shows every worker with
+  // kv_blocks_in_use == 0 and transfers_in_flight == 0 (polled for up to
+  // `timeout`). `last` receives the last status seen, for messages.
+  bool WaitForIdleWorkers(absl::Duration timeout, v1::ClusterStatus* last);
+
+ private:
+  explicit LocalCluster(const ClusterOptions& options) : options_(options) {}
+  absl::Status StartProcesses();
+  // Spawns `argv` as `name` and waits for its TANDEM_LISTENING line.
+  absl::StatusOr<std::string> SpawnAndWait(const std::string& name,
+                                           const std::vector<std::string>& argv,
+                                           int* index);
+
+  const ClusterOptions options_;
+  std::string dir_;
+  std::string config_path_;
+  cli::ProcessGroup group_;
+  int router_index_ = -1;
+  int prefill_index_ = -1;
+  int decode_index_ = -1;
+  std::string router_address_;
+  std::string prefill_address_;
+  std::string decode_address_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+  std::unique_ptr<v1::DecodeWorker::Stub> decode_stub_;
+  std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub_;
+};
+
+// Base of test suites that share one cluster: SetUpTestSuite of a derived
+// suite calls StartSuiteCluster(options); TearDownTestSuite stops it. A
+// start-up failure fails every test of the suite (in SetUp), not the run.
+class ClusterSuite : public ::testing::Test {
+ protected:
+  static void StartSuiteCluster(const ClusterOptions& options);
+  static void TearDownTestSuite();
+  void SetUp() override;
+
+  // The suite's running cluster (valid inside a test body).
+  static LocalCluster& cluster() { return *cluster_; }
+
+ private:
+  static LocalCluster* cluster_;
+  static absl::Status* start_status_;
+};
+
+// A suite sharing one cluster with the default ClusterOptions.
+class DefaultClusterSuite : public ClusterSuite {
+ protected:
+  static void SetUpTestSuite() { StartSuiteCluster(ClusterOptions()); }
+};
+
+// A finished child process run by RunProcess.
+struct ProcessResult {
+  bool exited = false;     // WIFEXITED
+  int exit_code = -1;      // WEXITSTATUS when exited
+  int signal = 0;          // WTERMSIG when killed by a signal
+  bool timed_out = false;  // we killed it after the timeout
+  std::string out;         // all of stdout
+  std::string err;         // all of stderr
+  // "exited with status N" / "killed by signal N (SIGNAME)", plus stderr.
+  std::string Describe() const;
+};
+
+// Runs argv[0] (a path) with stdin from /dev/null, collecting stdout and
+// stderr, until it exits or `timeout` passes (then SIGKILL).
+ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout);
+
+// Lines of `text` without their "\n"; a trailing empty line is dropped.
+std::vector<std::string> Lines(const std::string& text);
+
+}  // namespace tandem::testing
+
+#endif  // TANDEM_TESTS_INTEGRATION_CLUSTER_FIXTURE_H_

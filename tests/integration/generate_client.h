@@ -1,0 +1,116 @@
+// Client-side helpers of the integration tests: the golden cases of
+// ../shared/goldens/stories260K_greedy.json and a Generation.Generate
+// stream folded into plain values.
+//
+// Owns: nothing beyond one call's ClientContext. Threads: one GenerateStream
+// per thread; Cancel() may be called from another thread.
+#ifndef TANDEM_TESTS_INTEGRATION_GENERATE_CLIENT_H_
+#define TANDEM_TESTS_INTEGRATION_GENERATE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/time/time.h"
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace tandem::testing {
+
+// One case of stories260K_greedy.json (llama.cpp, greedy, 32 tokens).
+struct GoldenCase {
+  std::string name;                       // "once_upon_a_time", ...
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;        // prompt_token_ids_with_bos
+  std::vector<int32_t> generated_ids;     // generated_token_ids_f32kv
+  size_t strict_prefix_len = 0;           // strict_prefix_len_f32kv
+  // The first strict_prefix_len generated ids: what must match exactly.
+  std::vector<int32_t> StrictIds() const;
+};
+
+// Every case of the golden file, in file order. Fails the current test
+// (ADD_FAILURE) and returns {} when the file cannot be read or parsed.
+const std::vector<GoldenCase>& Goldens();
+// The case named `name`; fails the current test if there is none.
+const GoldenCase& Golden(const std::string& name);
+
+// The model's context length: stories260K.gguf's llama.context_length
+// (also the golden file's runtime n_ctx).
+inline constexpr uint32_t kContextLength = 2048;
+inline constexpr int32_t kBosId = 1;  // the golden file's tokenizer.bos_id
+inline constexpr uint32_t kGoldenMaxTokens = 32;  // the golden file's n_predict
+
+// A request for `prompt`: greedy (temperature 0), `max_tokens`, `route`.
+v1::GenerateRequest MakeRequest(const std::string& prompt, uint32_t max_tokens,
+                                v1::RouteOverride route = v1::ROUTE_AUTO);
+
+// Route as the router names it: "local" / "remote".
+std::string RouteName(v1::RouteOverride route);
+
+// Everything one Generate call returned.
+struct StreamResult {
+  grpc::Status status;
+  int messages = 0;
+  std::string request_id;               // first non-empty
+  std::string route;                    // first non-empty
+  std::string prefill_worker;
+  std::string decode_worker;
+  std::vector<int32_t> prompt_token_ids;  // from the first message that has them
+  int prompt_ids_messages = 0;            // messages carrying prompt_token_ids
+  bool first_message_has_prompt_ids = false;
+  std::vector<int32_t> token_ids;         // in stream order
+  std::vector<uint32_t> indices;          // TokenOutput.index, stream order
+  uint64_t seed = 0;                      // from the first message
+  v1::FinishReason finish_reason = v1::FINISH_NONE;
+  uint32_t prompt_tokens = 0;      // last non-zero GenerateResponse.prompt_tokens
+  uint32_t completion_tokens = 0;  // last non-zero completion_tokens
+  std::string text;
+
+  // Folds one message in.
+  void Add(const v1::GenerateResponse& response);
+  // True when indices are exactly 0, 1, ..., n-1.
+  bool IndicesAreSequential() const;
+};
+
+// One streaming call on `stub`. The call starts in the constructor.
+class GenerateStream {
+ public:
+  GenerateStream(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                 absl::Duration timeout = absl::Seconds(60));
+  GenerateStream(const GenerateStream&) = delete;
+  GenerateStream& operator=(const GenerateStream&) = delete;
+
+  // Reads one message into result(); false at the end of the stream.
+  bool ReadOne();
+  // Reads until the result holds at least one token; false if the stream
+  // ended first.
+  bool ReadUntilFirstToken();
+  // Reads the rest and the final status (into result().status).
+  const StreamResult& Finish();
+  // ClientContext::TryCancel.
+  void Cancel() { context_.TryCancel(); }
+
+  const StreamResult& result() const { return result_; }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  StreamResult result_;
+  bool done_ = false;
+};
+
+// Checks a finished greedy stream of kGoldenMaxTokens against golden case
+// `g` on `route` ("local" / "remote") served by LocalCluster's workers: OK
+// status, route and worker names, prompt_token_ids once in the first
+// message, sequential indices, and the first strict_prefix_len ids.
+void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route);
+
+// A whole call: GenerateStream(...).Finish().
+StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                         absl::Duration timeout = absl::Seconds(60));
+
+}  // namespace tandem::testing
+
+#endif  // TANDEM_TESTS_INTEGRATION_GENERATE_CLIENT_H_

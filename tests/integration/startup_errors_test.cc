@@ -1,0 +1,198 @@
+// Start-up errors of the real server binaries: each must exit with status
+// 1 (not a signal, not a hang) and say what is wrong in one stderr line
+// (common/server/worker_main.h, router/main.cc).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/test_util.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A server that fails at start-up is expected within this time; one that
+// starts instead is killed then and the test fails.
+constexpr absl::Duration kExitTimeout = absl::Seconds(15);
+
+enum class Server { kRouter, kPrefill, kDecode };
+
+std::string ServerName(Server s) {
+  switch (s) {
+    case Server::kRouter:
+      return "router";
+    case Server::kPrefill:
+      return "prefill";
+    case Server::kDecode:
+      return "decode";
+  }
+  return "";
+}
+
+void PrintTo(Server s, std::ostream* os) { *os << ServerName(s); }
+
+// The command line of `server` on `config` and `model`, as the fixture's.
+std::vector<std::string> ServerArgv(Server server, const std::string& config,
+                                    const std::string& model) {
+  switch (server) {
+    case Server::kRouter:
+      return {BinaryPath("tandem-router"), "--config", config, "--name", "router",
+              "--model", model};
+    case Server::kPrefill:
+      return {BinaryPath("tandem-prefill-worker"), "--config", config, "--name",
+              LocalCluster::kPrefillName, "--model", model, "--router", "127.0.0.1:1"};
+    case Server::kDecode:
+      return {BinaryPath("tandem-decode-worker"), "--config", config, "--name",
+              LocalCluster::kDecodeName, "--model", model, "--router", "127.0.0.1:1"};
+  }
+  return {};
+}
+
+// Exit status 1 and exactly one stderr line, which is returned ("" after a
+// test failure).
+std::string ExpectOneLineFailure(const ProcessResult& r) {
+  EXPECT_FALSE(r.timed_out) << "still running after " << kExitTimeout;
+  EXPECT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(r.out, Not(HasSubstr("TANDEM_LISTENING")));
+  const std::vector<std::string> lines = Lines(r.err);
+  EXPECT_EQ(lines.size(), 1u) << r.err;
+  return lines.empty() ? "" : lines[0];
+}
+
+class StartupErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) RunProcess({"/bin/rm", "-rf", dir_}, absl::Seconds(10));
+  }
+  // Writes `contents` as <dir>/<name> and returns the path.
+  std::string Write(const std::string& name, const std::string& contents) {
+    const std::string path = dir_ + "/" + name;
+    EXPECT_TRUE(WriteFile(path, contents)) << path;
+    return path;
+  }
+
+  std::string dir_;
+};
+
+// ---- Unknown config key -----------------------------------------------------------
+
+class UnknownConfigKeyTest : public StartupErrorTest,
+                             public ::testing::WithParamInterface<Server> {};
+
+TEST_P(UnknownConfigKeyTest, ExitsOneNamingTheKey) {
+  const std::string yaml = absl::StrReplaceAll(
+      ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  bogus_key: 3\n"}});
+  ASSERT_THAT(yaml, HasSubstr("bogus_key"));
+  const std::string config = Write("cluster.yaml", yaml);
+  const std::string line =
+      ExpectOneLineFailure(RunProcess(ServerArgv(GetParam(), config, ModelPath()), kExitTimeout));
+  EXPECT_THAT(line, HasSubstr("engine.bogus_key"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Servers, UnknownConfigKeyTest,
+                         ::testing::Values(Server::kRouter, Server::kPrefill, Server::kDecode),
+                         [](const ::testing::TestParamInfo<Server>& info) {
+                           return ServerName(info.param);
+                         });
+
+// ---- Bad model file -----------------------------------------------------------------
+
+enum class BadModel { kNotGguf, kTruncated };
+
+struct BadModelCase {
+  Server server;
+  BadModel model;
+};
+
+std::string BadModelCaseName(const BadModelCase& c) {
+  return ServerName(c.server) + (c.model == BadModel::kNotGguf ? "_not_gguf" : "_truncated");
+}
+void PrintTo(const BadModelCase& c, std::ostream* os) { *os << BadModelCaseName(c); }
+
+class BadModelTest : public StartupErrorTest,
+                     public ::testing::WithParamInterface<BadModelCase> {};
+
+TEST_P(BadModelTest, ExitsOneWithAClearMessage) {
+  const std::string config = Write("cluster.yaml", ClusterYaml(ClusterOptions()));
+  std::string model;
+  std::string why;  // what the message must say besides the path
+  if (GetParam().model == BadModel::kNotGguf) {
+    std::string garbage;
+    for (int i = 0; i < 4096; ++i) garbage.push_back(static_cast<char>((i * 131 + 7) % 251));
+    model = Write("garbage.gguf", garbage);
+    why = "GGUF";
+  } else {
+    const std::string real = ReadFileOrDie(ModelPath());
+    ASSERT_GT(real.size(), 1000u);
+    model = Write("truncated.gguf", real.substr(0, 1000));
+    why = "truncated";
+  }
+  const std::string line =
+      ExpectOneLineFailure(RunProcess(ServerArgv(GetParam().server, config, model), kExitTimeout));
+  EXPECT_THAT(line, HasSubstr(model));
+  EXPECT_THAT(absl::AsciiStrToLower(line), HasSubstr(absl::AsciiStrToLower(why)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Servers, BadModelTest,
+    ::testing::Values(BadModelCase{Server::kRouter, BadModel::kNotGguf},
+                      BadModelCase{Server::kRouter, BadModel::kTruncated},
+                      BadModelCase{Server::kPrefill, BadModel::kNotGguf},
+                      BadModelCase{Server::kPrefill, BadModel::kTruncated},
+                      BadModelCase{Server::kDecode, BadModel::kNotGguf},
+                      BadModelCase{Server::kDecode, BadModel::kTruncated}),
+    [](const ::testing::TestParamInfo<BadModelCase>& info) {
+      return BadModelCaseName(info.param);
+    });
+
+// ---- Busy port ----------------------------------------------------------------------
+
+TEST_F(StartupErrorTest, RouterOnBusyPortExitsOneNamingRouterListen) {
+  // Hold a listening socket on an ephemeral port of 127.0.0.1.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  ClusterOptions options;
+  options.router_listen = absl::StrCat("127.0.0.1:", port);
+  const std::string config = Write("cluster.yaml", ClusterYaml(options));
+  const ProcessResult r =
+      RunProcess(ServerArgv(Server::kRouter, config, ModelPath()), kExitTimeout);
+  EXPECT_FALSE(r.timed_out) << "the router started on a busy port";
+  EXPECT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr("router.listen"));
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat(port)));
+}
+
+}  // namespace
+}  // namespace tandem::testing
