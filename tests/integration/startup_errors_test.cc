@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -79,7 +80,8 @@ class StartupErrorTest : public ::testing::Test {
     ASSERT_FALSE(dir_.empty());
   }
   void TearDown() override {
-    if (!dir_.empty()) RunProcess({"/bin/rm", "-rf", dir_}, absl::Seconds(10));
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
   }
   // Writes `contents` as <dir>/<name> and returns the path.
   std::string Write(const std::string& name, const std::string& contents) {
