@@ -89,9 +89,7 @@ grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* 
                                                    const v1::GetStatusRequest*,
                                                    v1::WorkerStatus* response) {
   *response = status_();
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 }  // namespace tandem::decode

@@ -13,13 +13,6 @@
 namespace tandem::router {
 namespace {
 
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
-                                    const grpc::Status& status) {
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
-
 // 128 random bits as 32 hex digits (DESIGN.md: the router mints request ids).
 std::string MintRequestId(absl::BitGen& gen) {
   return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
@@ -99,7 +92,7 @@ grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* c
   for (int32_t id : model_->tokenizer->Encode(request->text(), request->add_bos())) {
     response->add_token_ids(id);
   }
-  return FinishNow(context, grpc::Status::OK);
+  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
@@ -113,7 +106,7 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   response->set_fingerprint(model_->fingerprint);
   response->set_bos_token_id(model_->tokenizer->bos_id());
   response->set_eos_token_id(model_->tokenizer->eos_id());
-  return FinishNow(context, grpc::Status::OK);
+  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* context,
@@ -144,7 +137,7 @@ grpc::ServerUnaryReactor* RouterService::RegistryService::RegisterWorker(
   absl::Status s = registry_->Register(*request);
   response->set_accepted(s.ok());
   if (!s.ok()) response->set_reason(std::string(s.message()));
-  return FinishNow(context, grpc::Status::OK);
+  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 }  // namespace tandem::router

@@ -1,0 +1,82 @@
+// A DecodeSink for tests: records every event (thread-safe), lets the test
+// wait for one with a timeout, and can hold the engine loop inside a Token
+// call (a gate) so a test can act at an exact point of a request's life.
+#ifndef TANDEM_TESTS_DECODE_WORKER_RECORDING_SINK_H_
+#define TANDEM_TESTS_DECODE_WORKER_RECORDING_SINK_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "decode_worker/decode_engine.h"
+
+namespace tandem::decode::testing {
+
+// One sink call. `seq` orders events across every sink of the process.
+struct SinkEvent {
+  enum class Kind { kNeedRemotePrefill, kToken, kFinish };
+  Kind kind;
+  uint64_t seq = 0;
+  // kNeedRemotePrefill
+  std::string kv_endpoint;
+  uint32_t hit_tokens = 0;
+  uint32_t attempt = 0;
+  // kToken
+  uint32_t index = 0;
+  int32_t token_id = -1;
+  float logprob = 0.0f;
+  uint32_t prompt_tokens_computed = 0;
+  // kFinish
+  absl::Status status;
+  FinishReason reason = FinishReason::kNone;
+};
+
+class RecordingSink : public DecodeSink {
+ public:
+  void NeedRemotePrefill(const std::string& kv_endpoint, uint32_t hit_tokens,
+                         uint32_t attempt) override;
+  void Token(uint32_t index, int32_t token_id, float logprob,
+             uint32_t prompt_tokens_computed) override;
+  void Finish(const absl::Status& status, FinishReason reason) override;
+
+  // Makes the Token call with `index` block (on the engine loop thread)
+  // until Release(). Set before the request is submitted.
+  void GateAtToken(uint32_t index);
+  // True once the gated Token call is blocked (within `timeout`).
+  bool WaitGated(absl::Duration timeout = absl::Seconds(3));
+  void Release();
+  // Runs inside Finish (engine loop thread), before the event is recorded.
+  void OnFinish(std::function<void()> fn);
+
+  // True once Finish / NeedRemotePrefill has been called (within `timeout`).
+  bool WaitFinish(absl::Duration timeout = absl::Seconds(3));
+  bool WaitNeedRemotePrefill(absl::Duration timeout = absl::Seconds(3));
+
+  std::vector<SinkEvent> events() const;
+  // Token events' ids and indices, in call order.
+  std::vector<int32_t> token_ids() const;
+  std::vector<uint32_t> token_indices() const;
+  // The Finish event (nullopt before it).
+  std::optional<SinkEvent> finish() const;
+  std::optional<SinkEvent> need_remote_prefill() const;
+  int finish_calls() const;
+
+ private:
+  void Record(SinkEvent event);
+
+  mutable absl::Mutex mu_;
+  std::vector<SinkEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint32_t> gate_index_ ABSL_GUARDED_BY(mu_);
+  bool gated_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_finish_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::decode::testing
+
+#endif  // TANDEM_TESTS_DECODE_WORKER_RECORDING_SINK_H_

@@ -1,0 +1,167 @@
+#include "tests/decode_worker/worker_test_util.h"
+
+#include <algorithm>
+#include <span>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+
+namespace tandem::worker_testing {
+
+TestModel LoadStories() {
+  TestModel out;
+  auto file = gguf::GgufFile::Open(tandem::testing::SharedPath("models/stories260K.gguf"));
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status();
+    return out;
+  }
+  out.file = *std::move(file);
+  auto model = model::LlamaModel::Load(*out.file);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status();
+    out.file.reset();
+    return out;
+  }
+  out.model = *std::move(model);
+  return out;
+}
+
+namespace {
+
+std::vector<GoldenCase> ParseGoldens() {
+  std::vector<GoldenCase> cases;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(tandem::testing::ReadFileOrDie(
+        tandem::testing::SharedPath("goldens/stories260K_greedy.json")));
+    for (const nlohmann::json& c : j.at("cases")) {
+      GoldenCase g;
+      g.name = c.at("name").get<std::string>();
+      g.prompt = c.at("prompt_token_ids_with_bos").get<std::vector<int32_t>>();
+      g.generated = c.at("generated_token_ids_f32kv").get<std::vector<int32_t>>();
+      g.strict = c.at("strict_prefix_len_f32kv").get<size_t>();
+      cases.push_back(std::move(g));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << "stories260K_greedy.json: " << e.what();
+    cases.clear();
+  }
+  return cases;
+}
+
+}  // namespace
+
+const std::vector<GoldenCase>& GoldenCases() {
+  static const std::vector<GoldenCase>* cases = new std::vector<GoldenCase>(ParseGoldens());
+  return *cases;
+}
+
+GoldenCase Golden(const std::string& name) {
+  for (const GoldenCase& c : GoldenCases()) {
+    if (c.name == name) return c;
+  }
+  ADD_FAILURE() << "golden case " << name << " not found";
+  return GoldenCase{};
+}
+
+std::vector<int32_t> Prefix(const std::vector<int32_t>& ids, size_t n) {
+  return std::vector<int32_t>(ids.begin(), ids.begin() + std::min(n, ids.size()));
+}
+
+PromptKv ComputePromptKv(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
+                         int32_t block_size) {
+  PromptKv out;
+  const int32_t blocks = kv::BlocksForTokens(static_cast<int32_t>(prompt.size()), block_size);
+  out.pool = std::make_unique<kv::BlockPool>(model.kv_shape(block_size), blocks);
+  out.table = *out.pool->Allocate(blocks);
+  model::SequenceBatch entry;
+  entry.tokens = prompt;
+  entry.start_pos = 0;
+  entry.block_table = &out.table;
+  entry.want_logits = true;
+  model.Forward(std::span<const model::SequenceBatch>(&entry, 1), *out.pool, &out.logits);
+  return out;
+}
+
+std::vector<float> LayerRows(const kv::BlockPool& pool, const std::vector<int32_t>& table,
+                             int32_t layer, int32_t start, int32_t count) {
+  const size_t n = static_cast<size_t>(count) * static_cast<size_t>(pool.shape().kv_dim());
+  std::vector<float> rows(2 * n);
+  kv::ReadKvRows(pool, table, layer, start, count, rows.data(), rows.data() + n);
+  return rows;
+}
+
+absl::Status SendPromptKv(kvtransfer::KvSender& sender, const PromptKv& kv,
+                          int32_t n_layers, int32_t start, int32_t end) {
+  const size_t n = static_cast<size_t>(end - start) *
+                   static_cast<size_t>(kv.pool->shape().kv_dim());
+  for (int32_t layer = 0; layer < n_layers; ++layer) {
+    std::vector<float> rows = LayerRows(*kv.pool, kv.table, layer, start, end - start);
+    absl::Status s = sender.SendFrame(static_cast<uint32_t>(layer),
+                                      static_cast<uint32_t>(start),
+                                      static_cast<uint32_t>(end - start), rows.data(),
+                                      rows.data() + n);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void PoolKvWriter::WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count,
+                             const float* k, const float* v) {
+  kv::WriteKvRows(*pool_, table_, static_cast<int32_t>(layer),
+                  static_cast<int32_t>(token_start), static_cast<int32_t>(token_count), k, v);
+}
+
+prefill::PrefillEngine::Done PrefillDoneRecorder::Callback() {
+  return [this](absl::StatusOr<prefill::PrefillResult> result) {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    result_ = std::move(result);
+  };
+}
+
+std::optional<absl::StatusOr<prefill::PrefillResult>> PrefillDoneRecorder::Wait(
+    absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return result_.has_value(); };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  return result_;
+}
+
+int PrefillDoneRecorder::calls() const {
+  absl::MutexLock lock(&mu_);
+  return calls_;
+}
+
+kvtransfer::KvReceiver::DoneCallback KvDoneRecorder::Callback() {
+  return [this](absl::Status status, const kvtransfer::TransferResult& result) {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    status_ = std::move(status);
+    result_ = result;
+  };
+}
+
+bool KvDoneRecorder::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_ > 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+}
+
+int KvDoneRecorder::calls() const {
+  absl::MutexLock lock(&mu_);
+  return calls_;
+}
+
+absl::Status KvDoneRecorder::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+kvtransfer::TransferResult KvDoneRecorder::result() const {
+  absl::MutexLock lock(&mu_);
+  return result_;
+}
+
+}  // namespace tandem::worker_testing

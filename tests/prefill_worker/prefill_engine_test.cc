@@ -1,0 +1,305 @@
+// PrefillEngine with a real KvReceiver in the test playing the decode
+// worker: token 0 against stories260K's goldens, the K/V bytes against a
+// plain LlamaModel::Forward, and the failure paths (no listener, layout
+// mismatch, cancel during a stalled transfer).
+#include "prefill_worker/prefill_engine.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/kv_transfer.h"
+#include "tests/decode_worker/worker_test_util.h"
+
+namespace tandem::prefill {
+namespace {
+
+using worker_testing::Golden;
+using worker_testing::GoldenCase;
+using worker_testing::KvDoneRecorder;
+using worker_testing::PrefillDoneRecorder;
+using worker_testing::StoriesKvBytes;
+
+constexpr char kFingerprint[] = "stories260K-test-fingerprint";
+// D's block size differs from P's (16) on purpose: the wire format is
+// token-addressed.
+constexpr int32_t kReceiverBlockSize = 7;
+
+// The test's decode side: a KvReceiver writing into its own BlockPool.
+struct TestReceiver {
+  std::unique_ptr<kvtransfer::KvReceiver> receiver;
+  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<worker_testing::PoolKvWriter> writer;
+  KvDoneRecorder done;
+
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", receiver->port()); }
+};
+
+class PrefillEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    loaded_ = worker_testing::LoadStories();
+    ASSERT_NE(loaded_.model, nullptr);
+    const model::LlamaConfig& c = loaded_.model->config();
+    ASSERT_EQ(c.n_layers, worker_testing::kStoriesLayers);
+    ASSERT_EQ(c.n_head_kv, worker_testing::kStoriesKvHeads);
+    ASSERT_EQ(c.head_dim, worker_testing::kStoriesHeadDim);
+  }
+
+  const model::LlamaModel& model() const { return *loaded_.model; }
+
+  static PrefillEngineOptions Options() {
+    PrefillEngineOptions o;
+    o.block_size = 16;
+    o.num_kv_blocks = 64;
+    o.transfer_timeout_ms = 2000;
+    o.model_fingerprint = kFingerprint;
+    return o;
+  }
+
+  // Starts a receiver with `fingerprint` and expects (id, 1, hit, L).
+  std::unique_ptr<TestReceiver> StartReceiver(const std::string& id, uint32_t prompt_len,
+                                              uint32_t hit_tokens,
+                                              const std::string& fingerprint = kFingerprint) {
+    auto r = std::make_unique<TestReceiver>();
+    kvtransfer::KvReceiver::Options options;
+    options.handshake_timeout_ms = 2000;
+    options.transfer_timeout_ms = 2000;
+    auto receiver = kvtransfer::KvReceiver::Start(
+        options, KvLayoutForModel(model().config(), fingerprint));
+    EXPECT_TRUE(receiver.ok()) << receiver.status();
+    if (!receiver.ok()) return nullptr;
+    r->receiver = *std::move(receiver);
+    const int32_t blocks =
+        kv::BlocksForTokens(static_cast<int32_t>(prompt_len), kReceiverBlockSize);
+    r->pool = std::make_unique<kv::BlockPool>(model().kv_shape(kReceiverBlockSize), blocks);
+    r->writer = std::make_unique<worker_testing::PoolKvWriter>(r->pool.get(),
+                                                               *r->pool->Allocate(blocks));
+    absl::Status s = r->receiver->Expect(id, 1, hit_tokens, prompt_len, r->writer.get(),
+                                         r->done.Callback());
+    EXPECT_TRUE(s.ok()) << s;
+    return r;
+  }
+
+  static PrefillRequest Request(const std::string& id, const GoldenCase& c, int32_t max_tokens,
+                                const std::string& endpoint, uint32_t hit_tokens = 0) {
+    PrefillRequest r;
+    r.request_id = id;
+    r.prompt = c.prompt;
+    r.max_tokens = max_tokens;
+    r.kv_endpoint = endpoint;
+    r.attempt = 1;
+    r.hit_tokens = hit_tokens;
+    return r;
+  }
+
+  // Every layer's K/V rows of [from, L) in the receiver's pool equal the
+  // reference forward's, bit for bit; rows below `from` were never written
+  // (the pool starts zeroed).
+  void ExpectReceivedRowsMatch(const TestReceiver& r, const GoldenCase& c, int32_t from) {
+    const int32_t len = static_cast<int32_t>(c.prompt.size());
+    worker_testing::PromptKv ref = worker_testing::ComputePromptKv(model(), c.prompt, 16);
+    for (int32_t layer = 0; layer < model().config().n_layers; ++layer) {
+      SCOPED_TRACE(absl::StrCat("layer ", layer));
+      std::vector<float> want = worker_testing::LayerRows(*ref.pool, ref.table, layer, from,
+                                                          len - from);
+      std::vector<float> got = worker_testing::LayerRows(*r.pool, r.writer->table(), layer,
+                                                         from, len - from);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      if (from > 0) {
+        std::vector<float> below =
+            worker_testing::LayerRows(*r.pool, r.writer->table(), layer, 0, from);
+        EXPECT_EQ(below, std::vector<float>(below.size(), 0.0f));
+      }
+    }
+  }
+
+  worker_testing::TestModel loaded_;
+};
+
+TEST_F(PrefillEngineTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
+  PrefillEngine engine(Options(), &model());
+  uint64_t bytes_total = 0;
+  for (const std::string& name : {"once_upon_a_time", "long_repeated_313tok"}) {
+    SCOPED_TRACE(name);
+    const GoldenCase c = Golden(name);
+    const uint32_t len = static_cast<uint32_t>(c.prompt.size());
+    auto r = StartReceiver(name, len, 0);
+    ASSERT_NE(r, nullptr);
+    PrefillDoneRecorder done;
+    engine.Submit(Request(name, c, 32, r->endpoint()), done.Callback());
+    auto result = done.Wait();
+    ASSERT_TRUE(result.has_value());
+    ASSERT_TRUE(result->ok()) << result->status();
+    EXPECT_EQ((*result)->first_token.token_id, c.generated[0]);
+    EXPECT_EQ((*result)->finish_reason, FinishReason::kNone);
+    EXPECT_EQ((*result)->prompt_tokens_computed, len);
+    EXPECT_EQ((*result)->kv_bytes_sent, StoriesKvBytes(len));
+
+    ASSERT_TRUE(r->done.Wait());
+    ASSERT_TRUE(r->done.status().ok()) << r->done.status();
+    kvtransfer::TransferResult final = r->done.result();
+    EXPECT_EQ(final.first_token, c.generated[0]);
+    EXPECT_EQ(final.first_logprob, (*result)->first_token.logprob);
+    EXPECT_EQ(final.finish_reason, 0u);
+    EXPECT_EQ(final.frames, static_cast<uint64_t>(worker_testing::kStoriesLayers));
+    EXPECT_EQ(final.kv_bytes, StoriesKvBytes(len));
+    EXPECT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len));
+    ExpectReceivedRowsMatch(*r, c, 0);
+    bytes_total += StoriesKvBytes(len);
+  }
+  PrefillStats stats = engine.GetStats();
+  EXPECT_EQ(stats.kv_blocks_in_use, 0u);
+  EXPECT_EQ(stats.kv_blocks_total, 64u);
+  EXPECT_EQ(stats.transfers_in_flight, 0u);
+  EXPECT_EQ(stats.running_requests, 0u);
+  EXPECT_EQ(stats.prefill_tokens_computed_total, 5u + 313u);
+  EXPECT_EQ(stats.kv_bytes_sent_total, bytes_total);
+}
+
+TEST_F(PrefillEngineTest, HitTokensLimitWhatIsSent) {
+  PrefillEngine engine(Options(), &model());
+  const GoldenCase c = Golden("boundary_33tok");
+  const uint32_t len = static_cast<uint32_t>(c.prompt.size());
+  ASSERT_EQ(len, 33u);
+  auto r = StartReceiver("hit", len, 16);
+  ASSERT_NE(r, nullptr);
+  PrefillDoneRecorder done;
+  engine.Submit(Request("hit", c, 32, r->endpoint(), 16), done.Callback());
+  auto result = done.Wait();
+  ASSERT_TRUE(result.has_value());
+  ASSERT_TRUE(result->ok()) << result->status();
+  EXPECT_EQ((*result)->first_token.token_id, c.generated[0]);
+  EXPECT_EQ((*result)->prompt_tokens_computed, len);  // P computes all of [0, L)
+  EXPECT_EQ((*result)->kv_bytes_sent, StoriesKvBytes(len - 16));
+  ASSERT_TRUE(r->done.Wait());
+  ASSERT_TRUE(r->done.status().ok()) << r->done.status();
+  EXPECT_EQ(r->done.result().kv_bytes, StoriesKvBytes(len - 16));
+  EXPECT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len - 16));
+  ExpectReceivedRowsMatch(*r, c, 16);
+}
+
+TEST_F(PrefillEngineTest, MaxTokensOneFinishesWithLength) {
+  PrefillEngine engine(Options(), &model());
+  const GoldenCase c = Golden("lily_and_ben");
+  auto r = StartReceiver("one", static_cast<uint32_t>(c.prompt.size()), 0);
+  ASSERT_NE(r, nullptr);
+  PrefillDoneRecorder done;
+  engine.Submit(Request("one", c, 1, r->endpoint()), done.Callback());
+  auto result = done.Wait();
+  ASSERT_TRUE(result.has_value());
+  ASSERT_TRUE(result->ok()) << result->status();
+  EXPECT_EQ((*result)->first_token.token_id, c.generated[0]);
+  EXPECT_EQ((*result)->finish_reason, FinishReason::kLength);
+  ASSERT_TRUE(r->done.Wait());
+  ASSERT_TRUE(r->done.status().ok()) << r->done.status();
+  EXPECT_EQ(r->done.result().finish_reason, static_cast<uint32_t>(FinishReason::kLength));
+}
+
+TEST_F(PrefillEngineTest, NothingListeningIsUnavailable) {
+  PrefillEngine engine(Options(), &model());
+  std::string endpoint;
+  {
+    // A port that was just ours and is closed now.
+    auto r = StartReceiver("gone", 5, 0);
+    ASSERT_NE(r, nullptr);
+    endpoint = r->endpoint();
+  }
+  PrefillDoneRecorder done;
+  engine.Submit(Request("gone", Golden("once_upon_a_time"), 4, endpoint), done.Callback());
+  auto result = done.Wait();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kUnavailable) << result->status();
+  EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
+  EXPECT_EQ(engine.GetStats().transfers_in_flight, 0u);
+}
+
+TEST_F(PrefillEngineTest, LayoutMismatchIsFailedPrecondition) {
+  PrefillEngine engine(Options(), &model());
+  const GoldenCase c = Golden("once_upon_a_time");
+  auto r = StartReceiver("mismatch", static_cast<uint32_t>(c.prompt.size()), 0,
+                         "another-model-fingerprint");
+  ASSERT_NE(r, nullptr);
+  PrefillDoneRecorder done;
+  engine.Submit(Request("mismatch", c, 4, r->endpoint()), done.Callback());
+  auto result = done.Wait();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kFailedPrecondition)
+      << result->status();
+  EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
+  EXPECT_EQ(r->receiver->kv_bytes_received_total(), 0u);
+}
+
+TEST_F(PrefillEngineTest, InvalidRequestsFailWithoutConnecting) {
+  PrefillEngine engine(Options(), &model());
+  const GoldenCase c = Golden("once_upon_a_time");
+  auto r = StartReceiver("never", static_cast<uint32_t>(c.prompt.size()), 0);
+  ASSERT_NE(r, nullptr);
+  std::vector<PrefillRequest> bad;
+  bad.push_back(Request("never", c, 0, r->endpoint()));                      // max_tokens
+  bad.push_back(Request("never", c, 4, r->endpoint(), 6));                   // hit > L
+  bad.push_back(Request("never", c, 4, r->endpoint()));
+  bad.back().prompt.push_back(worker_testing::kStoriesVocab);                // token id
+  bad.push_back(Request("never", c, 4, r->endpoint()));
+  bad.back().prompt.clear();                                                 // empty
+  for (PrefillRequest& req : bad) {
+    PrefillDoneRecorder done;
+    engine.Submit(std::move(req), done.Callback());
+    auto result = done.Wait();
+    ASSERT_TRUE(result.has_value());
+    EXPECT_EQ(result->status().code(), absl::StatusCode::kInvalidArgument)
+        << result->status();
+  }
+  EXPECT_EQ(r->receiver->kv_bytes_received_total(), 0u);
+  EXPECT_EQ(r->done.calls(), 0);  // no HELLO ever reached D
+  EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
+}
+
+TEST_F(PrefillEngineTest, CancelDuringStalledTransferIsCancelled) {
+  PrefillEngineOptions options = Options();
+  options.fault_stall_after_frames = 1;
+  PrefillEngine engine(options, &model());
+  const GoldenCase c = Golden("lily_and_ben");
+  const uint32_t len = static_cast<uint32_t>(c.prompt.size());
+  auto r = StartReceiver("stall", len, 0);
+  ASSERT_NE(r, nullptr);
+  PrefillDoneRecorder done;
+  engine.Submit(Request("stall", c, 4, r->endpoint()), done.Callback());
+  // Wait (bounded) until exactly one layer's frame has arrived.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (r->receiver->kv_bytes_received_total() < StoriesKvBytes(len) / 5 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len) / 5);
+  EXPECT_EQ(done.calls(), 0);  // stalled, not finished
+  engine.Cancel("stall");
+  auto result = done.Wait(absl::Seconds(1));
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kCancelled) << result->status();
+  EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
+  EXPECT_EQ(engine.GetStats().transfers_in_flight, 0u);
+  // D sees the transfer end without FINAL.
+  ASSERT_TRUE(r->done.Wait());
+  EXPECT_FALSE(r->done.status().ok());
+}
+
+TEST_F(PrefillEngineTest, ShutdownEndsQueuedRequestsWithUnavailable) {
+  PrefillEngine engine(Options(), &model());
+  engine.Shutdown();
+  PrefillDoneRecorder done;
+  engine.Submit(Request("late", Golden("once_upon_a_time"), 4, "127.0.0.1:1"),
+                done.Callback());
+  auto result = done.Wait();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::prefill
