@@ -140,6 +140,12 @@ bool DecodeEngine::HasRunnableWork() const {
       return true;
     }
   }
+  // A step that finished sequences may have freed the blocks the FCFS head
+  // waits for; nothing else would wake the loop to admit it.
+  if (!waiting_.empty()) {
+    auto it = sequences_.find(waiting_.front());
+    if (it == sequences_.end() || it->second->blocks_needed <= pool_.num_free()) return true;
+  }
   return false;
 }
 
@@ -195,7 +201,7 @@ void DecodeEngine::Loop() {
 void DecodeEngine::Admit() {
   while (!waiting_.empty()) {
     auto it = sequences_.find(waiting_.front());
-    if (it == sequences_.end()) {  // cancelled while waiting
+    if (it == sequences_.end()) {  // defensive: Abort already removes ids
       waiting_.pop_front();
       continue;
     }
@@ -290,6 +296,13 @@ void DecodeEngine::Abort(const std::string& request_id, const absl::Status& stat
     case SeqState::kAborting:
       return;
     case SeqState::kWaiting:
+      // Out of the FCFS queue now: a later request reusing the id must not
+      // be admitted through this stale entry as well as its own.
+      if (auto pos = std::find(waiting_.begin(), waiting_.end(), request_id);
+          pos != waiting_.end()) {
+        waiting_.erase(pos);
+      }
+      [[fallthrough]];
     case SeqState::kPrefilling:
     case SeqState::kDecoding:
       FinishSequence(request_id, status, FinishReason::kCancelled);
@@ -304,11 +317,15 @@ void DecodeEngine::FinishSequence(const std::string& request_id,
   std::unique_ptr<Sequence> seq = std::move(it->second);
   sequences_.erase(it);
   if (!seq->block_table.empty()) pool_.Free(seq->block_table);
+  {
+    absl::MutexLock lock(&mu_);
+    live_ids_.erase(request_id);
+    stats_.running_requests = static_cast<uint32_t>(live_ids_.size());
+    stats_.kv_blocks_in_use = static_cast<uint32_t>(pool_.num_in_use());
+  }
+  // The sink hears last, so whoever reacts to Finish sees the blocks freed
+  // in GetStats() and may reuse the request id.
   seq->sink->Finish(status, reason);
-  absl::MutexLock lock(&mu_);
-  live_ids_.erase(request_id);
-  stats_.running_requests = static_cast<uint32_t>(live_ids_.size());
-  stats_.kv_blocks_in_use = static_cast<uint32_t>(pool_.num_in_use());
 }
 
 void DecodeEngine::RunStep() {

@@ -79,11 +79,18 @@ int main(int argc, char** argv) {
     health->SetServingStatus(false);
     health = nullptr;
   }
+  service.StopAccepting();
   const absl::Time deadline = absl::Now() + absl::Seconds(config->shutdown_grace_s);
   while (absl::Now() < deadline && service.running_requests() > 0) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   (*server)->Shutdown(rpc::DeadlineFromNow(1000));
+  // Shutdown cancelled the remaining streams; let their request threads
+  // see it before the service they use is destroyed.
+  const absl::Time threads_deadline = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < threads_deadline && service.running_requests() > 0) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   rpc::Log("stopped");
   return 0;
 }

@@ -51,6 +51,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
     absl::MutexLock lock(cancel_mu.get());
     if (*call_slot) (*call_slot)->Cancel();
   });
+  if (!accepting_) {
+    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"));
+    return reactor;
+  }
   auto prompt = Validate(*request);
   if (!prompt.ok()) {
     sink->Finish(rpc::ToGrpc(prompt.status()));

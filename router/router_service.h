@@ -28,6 +28,8 @@ class RouterService final : public v1::Generation::CallbackService {
                 std::string name, std::function<void(bool)> on_health_change);
 
   void set_address(const std::string& address) { address_ = address; }
+  // SIGTERM: new Generate calls get UNAVAILABLE; running ones continue.
+  void StopAccepting() { accepting_ = false; }
   WorkerRegistry& registry() { return registry_; }
   int running_requests() const { return running_; }
 
@@ -67,6 +69,7 @@ class RouterService final : public v1::Generation::CallbackService {
   WorkerRegistry registry_;
   RegistryService registry_service_;
   std::atomic<int> running_{0};
+  std::atomic<bool> accepting_{true};
 };
 
 }  // namespace tandem::router

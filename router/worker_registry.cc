@@ -143,7 +143,8 @@ void WorkerRegistry::PollLoop() {
     }
     for (const auto& h : handles) {
       v1::WorkerStatus status;
-      const bool ok = QueryStatus(*h, options_.rpc_timeout_ms, &status).ok();
+      // A draining worker answers with ready = false: route nothing new to it.
+      const bool ok = QueryStatus(*h, options_.rpc_timeout_ms, &status).ok() && status.ready();
       bool before;
       {
         absl::MutexLock lock(&mu_);

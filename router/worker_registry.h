@@ -8,6 +8,8 @@
 //
 // Health: a worker is healthy from a successful registration or poll until
 // `unhealthy_after_missed_polls` polls in a row fail (DESIGN.md, Router).
+// A poll answered with ready = false (the worker is draining) counts as
+// failed.
 #ifndef TANDEM_ROUTER_WORKER_REGISTRY_H_
 #define TANDEM_ROUTER_WORKER_REGISTRY_H_
 

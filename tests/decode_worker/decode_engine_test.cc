@@ -234,7 +234,9 @@ TEST_F(DecodeEngineTest, RemotePrefillFromTestSenderStreamsFromIndexOne) {
   std::vector<int32_t> expected(c.generated.begin() + 1, c.generated.begin() + c.strict);
   EXPECT_EQ(Prefix(sink->token_ids(), c.strict - 1), expected);
   for (const SinkEvent& e : sink->events()) {
-    if (e.kind == SinkEvent::Kind::kToken) EXPECT_EQ(e.prompt_tokens_computed, 0u);
+    if (e.kind == SinkEvent::Kind::kToken) {
+      EXPECT_EQ(e.prompt_tokens_computed, 0u);
+    }
   }
   ExpectFinishedOk(*sink, FinishReason::kLength);
   DecodeStats stats = engine->GetStats();
@@ -454,6 +456,49 @@ TEST_F(DecodeEngineTest, AdmissionIsFcfsWhenThePoolIsFull) {
   const uint64_t a_finished = sa->finish()->seq;
   EXPECT_GT(sb->events().front().seq, a_finished);
   EXPECT_GT(sc->events().front().seq, a_finished);
+  DecodeStats stats = engine->GetStats();
+  EXPECT_EQ(stats.kv_blocks_in_use, 0u);
+  EXPECT_EQ(stats.running_requests, 0u);
+}
+
+// Regression: cancelling a request queued behind another left its id in
+// the FCFS queue; a resubmitted request with that id was then admitted
+// twice (once per queue entry), leaking the first block table.
+TEST_F(DecodeEngineTest, ResubmitAfterCancelWhileQueuedDoesNotLeakBlocks) {
+  DecodeEngineOptions options = Options();
+  options.num_kv_blocks = 5;
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  // holder: 3 blocks until cancelled (remote, nobody sends).
+  auto holder = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(engine
+                  ->Submit(Request("holder", Golden("once_upon_a_time"), 32,
+                                   RouteChoice::kRemote),
+                           holder)
+                  .ok());
+  ASSERT_TRUE(holder->WaitNeedRemotePrefill());
+  // head: 3 blocks, queued. x: 1 block (12 + 2 - 1 = 13 tokens), queued
+  // behind head.
+  const GoldenCase x = Golden("lily_and_ben");
+  auto head = std::make_shared<RecordingSink>();
+  auto x1 = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(
+      engine->Submit(Request("head", Golden("the_little_dog"), 32, RouteChoice::kLocal), head)
+          .ok());
+  ASSERT_TRUE(engine->Submit(Request("x", x, 2, RouteChoice::kLocal), x1).ok());
+  engine->Cancel("x");
+  ASSERT_TRUE(x1->WaitFinish());
+  EXPECT_EQ(x1->finish()->status.code(), absl::StatusCode::kCancelled);
+  auto x2 = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(engine->Submit(Request("x", x, 2, RouteChoice::kLocal), x2).ok());
+  engine->Cancel("holder");
+  ASSERT_TRUE(holder->WaitFinish());
+  ASSERT_TRUE(head->WaitFinish());
+  ASSERT_TRUE(x2->WaitFinish());
+  EXPECT_EQ(x2->token_indices(), Indices(0, 2));
+  EXPECT_EQ(x2->token_ids(), Prefix(x.generated, 2));
+  ExpectFinishedOk(*x2, FinishReason::kLength);
+  ExpectFinishedOk(*head, FinishReason::kLength);
   DecodeStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.running_requests, 0u);

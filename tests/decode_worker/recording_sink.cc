@@ -25,7 +25,8 @@ void RecordingSink::Record(SinkEvent event) {
 
 void RecordingSink::NeedRemotePrefill(const std::string& kv_endpoint, uint32_t hit_tokens,
                                       uint32_t attempt) {
-  SinkEvent e{SinkEvent::Kind::kNeedRemotePrefill};
+  SinkEvent e;
+  e.kind = SinkEvent::Kind::kNeedRemotePrefill;
   e.kv_endpoint = kv_endpoint;
   e.hit_tokens = hit_tokens;
   e.attempt = attempt;
@@ -34,7 +35,8 @@ void RecordingSink::NeedRemotePrefill(const std::string& kv_endpoint, uint32_t h
 
 void RecordingSink::Token(uint32_t index, int32_t token_id, float logprob,
                           uint32_t prompt_tokens_computed) {
-  SinkEvent e{SinkEvent::Kind::kToken};
+  SinkEvent e;
+  e.kind = SinkEvent::Kind::kToken;
   e.index = index;
   e.token_id = token_id;
   e.logprob = logprob;
@@ -55,7 +57,8 @@ void RecordingSink::Finish(const absl::Status& status, FinishReason reason) {
     fn = on_finish_;
   }
   if (fn) fn();
-  SinkEvent e{SinkEvent::Kind::kFinish};
+  SinkEvent e;
+  e.kind = SinkEvent::Kind::kFinish;
   e.status = status;
   e.reason = reason;
   Record(std::move(e));

@@ -20,7 +20,7 @@ namespace tandem::decode::testing {
 // One sink call. `seq` orders events across every sink of the process.
 struct SinkEvent {
   enum class Kind { kNeedRemotePrefill, kToken, kFinish };
-  Kind kind;
+  Kind kind = Kind::kToken;
   uint64_t seq = 0;
   // kNeedRemotePrefill
   std::string kv_endpoint;

@@ -31,11 +31,13 @@ constexpr char kFingerprint[] = "stories260K-test-fingerprint";
 constexpr int32_t kReceiverBlockSize = 7;
 
 // The test's decode side: a KvReceiver writing into its own BlockPool.
+// `receiver` is declared last so it is destroyed first: its destructor runs
+// `done` for a pending transfer, which needs the writer and the recorder.
 struct TestReceiver {
-  std::unique_ptr<kvtransfer::KvReceiver> receiver;
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<worker_testing::PoolKvWriter> writer;
   KvDoneRecorder done;
+  std::unique_ptr<kvtransfer::KvReceiver> receiver;
 
   std::string endpoint() const { return absl::StrCat("127.0.0.1:", receiver->port()); }
 };
@@ -126,7 +128,7 @@ class PrefillEngineTest : public ::testing::Test {
 TEST_F(PrefillEngineTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
   PrefillEngine engine(Options(), &model());
   uint64_t bytes_total = 0;
-  for (const std::string& name : {"once_upon_a_time", "long_repeated_313tok"}) {
+  for (const char* name : {"once_upon_a_time", "long_repeated_313tok"}) {
     SCOPED_TRACE(name);
     const GoldenCase c = Golden(name);
     const uint32_t len = static_cast<uint32_t>(c.prompt.size());
@@ -291,14 +293,37 @@ TEST_F(PrefillEngineTest, CancelDuringStalledTransferIsCancelled) {
 }
 
 TEST_F(PrefillEngineTest, ShutdownEndsQueuedRequestsWithUnavailable) {
-  PrefillEngine engine(Options(), &model());
+  PrefillEngineOptions options = Options();
+  options.fault_stall_after_frames = 1;
+  PrefillEngine engine(options, &model());
+  const GoldenCase c = Golden("once_upon_a_time");
+  const uint32_t len = static_cast<uint32_t>(c.prompt.size());
+  auto r = StartReceiver("running", len, 0);
+  ASSERT_NE(r, nullptr);
+  PrefillDoneRecorder running;
+  engine.Submit(Request("running", c, 4, r->endpoint()), running.Callback());
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (r->receiver->kv_bytes_received_total() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len) / 5);
+  // Queued behind the stalled request; its endpoint is never dialled.
+  PrefillDoneRecorder queued;
+  engine.Submit(Request("queued", c, 4, "127.0.0.1:1"), queued.Callback());
   engine.Shutdown();
-  PrefillDoneRecorder done;
-  engine.Submit(Request("late", Golden("once_upon_a_time"), 4, "127.0.0.1:1"),
-                done.Callback());
-  auto result = done.Wait();
-  ASSERT_TRUE(result.has_value());
-  EXPECT_EQ(result->status().code(), absl::StatusCode::kUnavailable);
+  auto queued_result = queued.Wait();
+  ASSERT_TRUE(queued_result.has_value());
+  EXPECT_EQ(queued_result->status().code(), absl::StatusCode::kUnavailable);
+  auto running_result = running.Wait();
+  ASSERT_TRUE(running_result.has_value());
+  EXPECT_FALSE(running_result->ok());
+  // After Shutdown, Submit answers at once.
+  PrefillDoneRecorder late;
+  engine.Submit(Request("late", c, 4, "127.0.0.1:1"), late.Callback());
+  auto late_result = late.Wait(absl::Milliseconds(1));
+  ASSERT_TRUE(late_result.has_value());
+  EXPECT_EQ(late_result->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(running.calls() + queued.calls() + late.calls(), 3);
 }
 
 }  // namespace

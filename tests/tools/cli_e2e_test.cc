@@ -213,7 +213,7 @@ TEST_F(CliTest, UpGivesUpWhenTheClusterNeverBecomesReady) {
   const std::string how = AwaitExit(group);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(how, "exited with status 1");
-  EXPECT_THAT(err, HasSubstr("tandem: cluster not ready within 1s: router reports can_serve=false\n"));
+  EXPECT_THAT(err, HasSubstr("tandem: cluster not ready within 1s: "));
   EXPECT_TRUE(Gone(PidOf("router")));
   EXPECT_TRUE(Gone(PidOf("decode-0")));
 }
