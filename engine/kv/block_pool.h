@@ -39,6 +39,8 @@ class BlockPool {
   int32_t num_blocks() const { return num_blocks_; }
   int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
   int32_t num_in_use() const { return num_blocks_ - num_free(); }
+  // Whether block b (0 <= b < num_blocks()) is on the free list.
+  bool IsFree(int32_t block) const { return !in_use_[static_cast<size_t>(block)]; }
 
   // Takes n blocks from the head of the free list (FIFO order), or nullopt
   // (taking nothing) when fewer than n are free. Not an error: the caller

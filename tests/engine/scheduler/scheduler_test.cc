@@ -1,0 +1,248 @@
+// Scheduler policy tests: token budget, decode first, FCFS, chunked
+// prefill, preemption by recompute, prefix hits at admission. The "model"
+// is a pure function of the tokens so far, so a sequence's output must not
+// depend on batching or preemption.
+#include "engine/scheduler/scheduler.h"
+
+#include <map>
+#include <numeric>
+
+#include "gtest/gtest.h"
+
+namespace tandem::scheduler {
+namespace {
+
+constexpr int32_t kBlockSize = 4;
+
+// Next token of a sequence: depends only on its tokens.
+int32_t FakeModel(const std::vector<int32_t>& tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+  return static_cast<int32_t>(h % 500) + 3;
+}
+
+std::vector<int32_t> Prompt(int32_t n, int32_t seed) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = (seed * 7 + i * 13) % 500 + 3;
+  return p;
+}
+
+SeqState MakeSeq(int64_t id, std::vector<int32_t> prompt) {
+  SeqState s;
+  s.id = id;
+  s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  s.tokens = std::move(prompt);
+  return s;
+}
+
+struct Harness {
+  Harness(int32_t num_blocks, SchedulerOptions options)
+      : pool(kv::KvShape{1, 1, 1, kBlockSize}, num_blocks),
+        kv(&pool, kv::KvCacheManagerOptions{true, "test-model"}),
+        scheduler(options, &kv) {}
+
+  // One step: plan, "run", feed back; returns the plan. Finished sequences
+  // (max_new tokens generated) are removed and their outputs recorded.
+  StepPlan Step() {
+    StepPlan plan = scheduler.Schedule();
+    std::vector<int32_t> sampled;
+    for (const ScheduledChunk& c : plan.chunks) {
+      const SeqState* s = scheduler.Find(c.id);
+      EXPECT_NE(s, nullptr);
+      EXPECT_EQ(c.start, s->num_computed) << "chunk must continue where KV ends";
+      if (c.samples) sampled.push_back(FakeModel(s->tokens));
+    }
+    scheduler.OnStepDone(plan, sampled);
+    for (const ScheduledChunk& c : plan.chunks) {
+      const SeqState* s = scheduler.Find(c.id);
+      if (s == nullptr) continue;
+      const int32_t generated = static_cast<int32_t>(s->tokens.size()) - s->num_prompt_tokens;
+      if (generated >= max_new[c.id]) {
+        outputs[c.id] = std::vector<int32_t>(s->tokens.begin() + s->num_prompt_tokens,
+                                             s->tokens.end());
+        scheduler.Remove(c.id);
+      }
+    }
+    return plan;
+  }
+
+  void RunToCompletion(int max_steps = 10000) {
+    for (int i = 0; i < max_steps && scheduler.HasWork(); ++i) Step();
+    ASSERT_FALSE(scheduler.HasWork()) << "did not finish";
+  }
+
+  kv::BlockPool pool;
+  kv::KvCacheManager kv;
+  Scheduler scheduler;
+  std::map<int64_t, int32_t> max_new;
+  std::map<int64_t, std::vector<int32_t>> outputs;
+};
+
+// Reference: the sequence generated with nothing else around.
+std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int32_t max_new) {
+  std::vector<int32_t> tokens = prompt, out;
+  for (int32_t i = 0; i < max_new; ++i) {
+    tokens.push_back(FakeModel(tokens));
+    out.push_back(tokens.back());
+  }
+  return out;
+}
+
+TEST(SchedulerTest, BudgetAndChunkSizeAreRespected) {
+  Harness h(256, SchedulerOptions{64, 8, 32, true});
+  for (int64_t id = 1; id <= 3; ++id) {
+    h.scheduler.Add(MakeSeq(id, Prompt(100, static_cast<int32_t>(id))));
+    h.max_new[id] = 5;
+  }
+  for (int i = 0; i < 1000 && h.scheduler.HasWork(); ++i) {
+    StepPlan plan = h.Step();
+    int32_t total = 0;
+    for (const ScheduledChunk& c : plan.chunks) {
+      EXPECT_LE(c.count, 32);
+      total += c.count;
+    }
+    EXPECT_EQ(total, plan.num_batched_tokens);
+    EXPECT_LE(total, 64);
+  }
+  for (int64_t id = 1; id <= 3; ++id) {
+    EXPECT_EQ(h.outputs[id], Alone(Prompt(100, static_cast<int32_t>(id)), 5));
+  }
+  EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
+}
+
+TEST(SchedulerTest, DecodesComeFirstThenPrefillChunks) {
+  Harness h(256, SchedulerOptions{16, 8, 16, true});
+  h.scheduler.Add(MakeSeq(1, Prompt(6, 1)));
+  h.max_new[1] = 20;
+  h.Step();  // seq 1 prefilled, samples its first token
+  h.scheduler.Add(MakeSeq(2, Prompt(40, 2)));
+  h.max_new[2] = 2;
+  StepPlan plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].id, 1);
+  EXPECT_EQ(plan.chunks[0].count, 1);
+  EXPECT_TRUE(plan.chunks[0].samples);
+  EXPECT_EQ(plan.chunks[1].id, 2);
+  EXPECT_EQ(plan.chunks[1].count, 15);  // budget 16 minus the decode token
+  EXPECT_FALSE(plan.chunks[1].samples);
+}
+
+TEST(SchedulerTest, AdmissionIsFcfs) {
+  // Budget for one 8-token prompt per step: admissions follow arrival.
+  Harness h(256, SchedulerOptions{8, 8, 8, true});
+  for (int64_t id : {5, 3, 9}) {
+    h.scheduler.Add(MakeSeq(id, Prompt(8, static_cast<int32_t>(id))));
+    h.max_new[id] = 50;
+  }
+  std::vector<int64_t> admitted;
+  for (int i = 0; i < 3; ++i) {
+    for (const ScheduledChunk& c : h.Step().chunks) {
+      if (c.start == 0) admitted.push_back(c.id);
+    }
+  }
+  EXPECT_EQ(admitted, (std::vector<int64_t>{5, 3, 9}));
+}
+
+TEST(SchedulerTest, MaxNumSeqsCapsTheRunningSet) {
+  Harness h(256, SchedulerOptions{512, 2, 64, true});
+  for (int64_t id = 1; id <= 4; ++id) {
+    h.scheduler.Add(MakeSeq(id, Prompt(5, static_cast<int32_t>(id))));
+    h.max_new[id] = 3;
+  }
+  StepPlan plan = h.Step();
+  EXPECT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(h.scheduler.num_running(), 2u);
+  EXPECT_EQ(h.scheduler.num_waiting(), 2u);
+  h.RunToCompletion();
+  for (int64_t id = 1; id <= 4; ++id) {
+    EXPECT_EQ(h.outputs[id], Alone(Prompt(5, static_cast<int32_t>(id)), 3));
+  }
+}
+
+TEST(SchedulerTest, PreemptionByRecomputeGivesIdenticalTokens) {
+  // 8 blocks of 4 tokens = 32 slots; two sequences that each grow to 24
+  // tokens cannot both stay resident: the newer one is preempted and
+  // recomputes later.
+  Harness h(8, SchedulerOptions{64, 8, 64, /*enable_prefix_caching=*/false});
+  h.scheduler.Add(MakeSeq(1, Prompt(8, 1)));
+  h.scheduler.Add(MakeSeq(2, Prompt(8, 2)));
+  h.max_new[1] = 16;
+  h.max_new[2] = 16;
+  bool preempted = false;
+  for (int i = 0; i < 1000 && h.scheduler.HasWork(); ++i) {
+    StepPlan plan = h.Step();
+    for (int64_t id : plan.preempted) {
+      EXPECT_EQ(id, 2) << "the newest sequence is the victim";
+      preempted = true;
+    }
+    EXPECT_LE(h.kv.num_blocks_in_use(), 8);
+  }
+  EXPECT_TRUE(preempted);
+  EXPECT_EQ(h.outputs[1], Alone(Prompt(8, 1), 16));
+  EXPECT_EQ(h.outputs[2], Alone(Prompt(8, 2), 16));
+  EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
+}
+
+TEST(SchedulerTest, PreemptedSequenceResumesWithItsGeneratedTokens) {
+  Harness h(8, SchedulerOptions{64, 8, 64, false});
+  h.scheduler.Add(MakeSeq(1, Prompt(8, 1)));
+  h.scheduler.Add(MakeSeq(2, Prompt(8, 2)));
+  h.max_new[1] = 16;
+  h.max_new[2] = 16;
+  for (int i = 0; i < 1000; ++i) {
+    StepPlan plan = h.Step();
+    if (!plan.preempted.empty()) break;
+  }
+  const SeqState* victim = h.scheduler.Find(2);
+  ASSERT_NE(victim, nullptr);
+  EXPECT_EQ(victim->num_computed, 0);
+  EXPECT_EQ(victim->num_preemptions, 1);
+  EXPECT_GT(victim->tokens.size(), 8u) << "generated tokens are kept for recompute";
+  EXPECT_FALSE(h.kv.HasSequence(2));
+}
+
+TEST(SchedulerTest, PrefixHitSkipsCachedBlocksButComputesTheLastToken) {
+  Harness h(64, SchedulerOptions{256, 8, 256, true});
+  const std::vector<int32_t> prompt = Prompt(12, 4);  // exactly 3 blocks
+  h.scheduler.Add(MakeSeq(1, prompt));
+  h.max_new[1] = 1;
+  h.RunToCompletion();
+  h.scheduler.Add(MakeSeq(2, prompt));
+  h.max_new[2] = 1;
+  StepPlan plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 8);  // floor((12 - 1) / 4) * 4
+  EXPECT_EQ(plan.chunks[0].count, 4);
+  EXPECT_EQ(h.outputs[2], h.outputs[1]);
+  EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
+}
+
+TEST(SchedulerTest, CachedPromptTokensAreReportedOnce) {
+  Harness h(64, SchedulerOptions{256, 8, 256, true});
+  const std::vector<int32_t> prompt = Prompt(10, 6);
+  h.scheduler.Add(MakeSeq(1, prompt));
+  h.max_new[1] = 1;
+  h.RunToCompletion();
+  h.scheduler.Add(MakeSeq(2, prompt));
+  h.max_new[2] = 4;
+  h.Step();
+  const SeqState* s = h.scheduler.Find(2);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->num_cached_prompt_tokens, 8);
+}
+
+TEST(SchedulerTest, RemoveFreesBlocksAnywhere) {
+  Harness h(64, SchedulerOptions{8, 8, 8, true});
+  h.scheduler.Add(MakeSeq(1, Prompt(20, 1)));
+  h.scheduler.Add(MakeSeq(2, Prompt(20, 2)));
+  h.max_new[1] = h.max_new[2] = 5;
+  h.Step();  // 1 running (chunk of 8), 2 waiting
+  h.scheduler.Remove(2);
+  h.scheduler.Remove(1);
+  h.scheduler.Remove(7);  // unknown: no-op
+  EXPECT_FALSE(h.scheduler.HasWork());
+  EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
+}
+
+}  // namespace
+}  // namespace tandem::scheduler
