@@ -226,7 +226,10 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     return s;
   }
   if (const YAML::Node n = root["engine"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "engine", {"block_size", "num_kv_blocks", "max_num_seqs", "threads"});
+    if (s = CheckKeys(n, "engine",
+                      {"block_size", "num_kv_blocks", "max_num_seqs", "threads",
+                       "max_num_batched_tokens", "prefill_chunk_tokens",
+                       "enable_prefix_caching"});
         !s.ok()) {
       return s;
     }
@@ -235,8 +238,16 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
                  {{"block_size", &e.block_size, 1},
                   {"num_kv_blocks", &e.num_kv_blocks, 1},
                   {"max_num_seqs", &e.max_num_seqs, 1},
-                  {"threads", &e.threads, 1}});
+                  {"threads", &e.threads, 1},
+                  {"max_num_batched_tokens", &e.max_num_batched_tokens, 1},
+                  {"prefill_chunk_tokens", &e.prefill_chunk_tokens, 1}});
     if (!s.ok()) return s;
+    std::string caching = e.enable_prefix_caching ? "true" : "false";
+    if (s = ReadString(n, "enable_prefix_caching", "engine", &caching); !s.ok()) return s;
+    if (caching != "true" && caching != "false") {
+      return Invalid("engine.enable_prefix_caching", "expected true or false", n["enable_prefix_caching"]);
+    }
+    e.enable_prefix_caching = caching == "true";
   }
   if (const YAML::Node n = root["conditional"]; n.IsDefined()) {
     if (s = CheckKeys(n, "conditional", {"max_local_prefill_tokens", "on_prefill_failure"});

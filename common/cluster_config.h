@@ -10,7 +10,8 @@
 //   prefill_workers: [{name, listen}]
 //   decode_workers:  [{name, listen, kv_listen}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
-//            threads: 1}
+//            threads: 1, max_num_batched_tokens: 2048,
+//            prefill_chunk_tokens: 512, enable_prefix_caching: true}
 //   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000}
 //   shutdown_grace_s: 5
@@ -53,6 +54,9 @@ struct EngineConfig {
   int32_t num_kv_blocks = 2048;   // KV pool size per worker, blocks
   int32_t max_num_seqs = 64;      // decode batch cap, sequences
   int32_t threads = 1;            // compute threads per worker
+  int32_t max_num_batched_tokens = 2048;  // token budget per engine step
+  int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
+  bool enable_prefix_caching = true;      // reuse full KV blocks across requests
 };
 
 enum class OnPrefillFailure { kFail, kRetry, kLocal };

@@ -12,32 +12,30 @@ namespace tandem::decode {
 struct DecodeEngine::Sequence {
   DecodeRequest request;
   std::shared_ptr<DecodeSink> sink;
-  SeqState state = SeqState::kWaiting;
-  std::vector<int32_t> tokens;   // prompt, then generated tokens
-  int32_t num_computed = 0;      // tokens whose K/V is in the cache
+  SeqState state = SeqState::kNew;
+  int64_t seq_id = 0;            // the scheduler's and KV manager's key
   int32_t num_generated = 0;     // output indices produced so far
-  int32_t blocks_needed = 0;
-  std::vector<int32_t> block_table;
+  kv::PrefixHit remote_hit;      // remote: blocks D already holds
   std::unique_ptr<BlockTableWriter> writer;  // remote prefill only
-  absl::Status abort_status;  // why a kAborting sequence ends
+  absl::Status abort_status;     // why a kAborting sequence ends
 };
 
 // Receives K/V rows from the KV receiver straight into a sequence's blocks.
 // The loop leaves those blocks alone until the transfer's done callback.
 class DecodeEngine::BlockTableWriter : public kvtransfer::KvWriter {
  public:
-  BlockTableWriter(kv::BlockPool* pool, const std::vector<int32_t>* table)
-      : pool_(pool), table_(table) {}
+  BlockTableWriter(kv::BlockPool* pool, std::vector<int32_t> table)
+      : pool_(pool), table_(std::move(table)) {}
   void WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count,
                  const float* k, const float* v) override {
-    kv::WriteKvRows(*pool_, *table_, static_cast<int32_t>(layer),
+    kv::WriteKvRows(*pool_, table_, static_cast<int32_t>(layer),
                     static_cast<int32_t>(token_start),
                     static_cast<int32_t>(token_count), k, v);
   }
 
  private:
   kv::BlockPool* pool_;
-  const std::vector<int32_t>* table_;
+  const std::vector<int32_t> table_;  // a copy: the manager's may grow later
 };
 
 absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
@@ -60,17 +58,19 @@ DecodeEngine::DecodeEngine(const DecodeEngineOptions& options,
                            const model::LlamaModel* model)
     : options_(options),
       model_(model),
-      pool_(model->kv_shape(options.block_size), options.num_kv_blocks) {
+      pool_(model->kv_shape(options.block_size), options.num_kv_blocks),
+      kv_(&pool_, kv::KvCacheManagerOptions{options.enable_prefix_caching,
+                                            options.model_fingerprint}),
+      scheduler_(scheduler::SchedulerOptions{options.max_num_batched_tokens,
+                                             options.max_num_seqs,
+                                             options.prefill_chunk_tokens,
+                                             options.enable_prefix_caching},
+                 &kv_) {
   stats_.kv_blocks_total = static_cast<uint32_t>(options.num_kv_blocks);
 }
 
 DecodeEngine::~DecodeEngine() {
   Shutdown();
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    cv_.Signal();
-  }
   if (loop_.joinable()) loop_.join();
   // The receiver's destructor ends pending transfers; their callbacks only
   // post to the inbox, which nobody reads any more.
@@ -88,17 +88,16 @@ absl::Status DecodeEngine::Submit(DecodeRequest request,
       ValidateGeneration(request.prompt, request.max_tokens, config.context_length,
                          config.vocab_size, request.sampling);
   if (!valid.ok()) return valid;
+  // The largest KV a request can need: every token but the last sampled one.
   const int32_t kv_tokens =
       static_cast<int32_t>(request.prompt.size()) + request.max_tokens - 1;
   const int32_t blocks = kv::BlocksForTokens(kv_tokens, options_.block_size);
   if (blocks > options_.num_kv_blocks) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "request needs ", blocks, " KV blocks (", kv_tokens,
+        "request needs up to ", blocks, " KV blocks (", kv_tokens,
         " tokens) but the decode worker's pool has only ", options_.num_kv_blocks));
   }
   auto seq = std::make_unique<Sequence>();
-  seq->tokens = request.prompt;
-  seq->blocks_needed = blocks;
   seq->request = std::move(request);
   seq->sink = std::move(sink);
   absl::MutexLock lock(&mu_);
@@ -134,19 +133,21 @@ DecodeStats DecodeEngine::GetStats() const {
   return stats;
 }
 
+void DecodeEngine::UpdateKvStats() {
+  stats_.kv_blocks_in_use = static_cast<uint32_t>(kv_.num_blocks_in_use());
+  stats_.kv_blocks_cached = static_cast<uint32_t>(kv_.num_blocks_cached());
+}
+
 bool DecodeEngine::HasRunnableWork() const {
-  for (const auto& [id, seq] : sequences_) {
-    if (seq->state == SeqState::kPrefilling || seq->state == SeqState::kDecoding) {
-      return true;
-    }
-  }
-  // A step that finished sequences may have freed the blocks the FCFS head
-  // waits for; nothing else would wake the loop to admit it.
-  if (!waiting_.empty()) {
-    auto it = sequences_.find(waiting_.front());
-    if (it == sequences_.end() || it->second->blocks_needed <= pool_.num_free()) return true;
-  }
-  return false;
+  if (scheduler_.HasWork()) return true;
+  // New requests, or the admission head now fits (blocks were freed).
+  if (admission_.empty()) return false;
+  auto it = sequences_.find(admission_.front());
+  if (it == sequences_.end()) return true;
+  const Sequence& seq = *it->second;
+  if (seq.state == SeqState::kNew) return true;
+  return kv::BlocksForTokens(static_cast<int32_t>(seq.request.prompt.size()) + 1,
+                             options_.block_size) <= kv_.num_blocks_available();
 }
 
 void DecodeEngine::Loop() {
@@ -167,7 +168,9 @@ void DecodeEngine::Loop() {
       stopping = stop_;
     }
     for (auto& seq : arrivals) {
-      waiting_.push_back(seq->request.request_id);
+      seq->seq_id = next_seq_id_++;
+      by_seq_id_[seq->seq_id] = seq.get();
+      admission_.push_back(seq->request.request_id);
       sequences_[seq->request.request_id] = std::move(seq);
     }
     for (const TransferDone& done : dones) HandleTransferDone(done);
@@ -182,15 +185,9 @@ void DecodeEngine::Loop() {
       }
       // Sequences still receiving end when their transfer quiesces; the
       // receiver is torn down after this loop exits.
-      bool receiving = false;
-      for (const auto& [id, seq] : sequences_) {
-        receiving |= seq->state == SeqState::kAborting;
-      }
-      if (!receiving) return;
+      if (sequences_.empty()) return;
       absl::MutexLock lock(&mu_);
-      if (inbox_done_.empty()) {
-        cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
-      }
+      if (inbox_done_.empty()) cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
       continue;
     }
     Admit();
@@ -199,35 +196,64 @@ void DecodeEngine::Loop() {
 }
 
 void DecodeEngine::Admit() {
-  while (!waiting_.empty()) {
-    auto it = sequences_.find(waiting_.front());
+  while (!admission_.empty()) {
+    auto it = sequences_.find(admission_.front());
     if (it == sequences_.end()) {  // defensive: Abort already removes ids
-      waiting_.pop_front();
+      admission_.pop_front();
       continue;
     }
     Sequence& seq = *it->second;
-    auto blocks = pool_.Allocate(seq.blocks_needed);
-    if (!blocks.has_value()) return;  // FCFS: the head waits for blocks
-    seq.block_table = std::move(*blocks);
-    waiting_.pop_front();
-    StartSequence(seq);
+    const std::vector<int32_t>& prompt = seq.request.prompt;
+    const int32_t prompt_len = static_cast<int32_t>(prompt.size());
+    const int32_t bs = options_.block_size;
+    if (seq.state == SeqState::kNew) {
+      // D's own cache decides (DESIGN.md, step 3): a local prefill must
+      // compute at least the last prompt token; a remote hit may cover every
+      // full block, P then sends only [hit, L).
+      const kv::PrefixHit local_hit =
+          options_.enable_prefix_caching
+              ? kv_.FindCachedPrefix(prompt, (prompt_len - 1) / bs * bs)
+              : kv::PrefixHit{};
+      const bool local = seq.request.route == RouteChoice::kLocal ||
+                         (seq.request.route == RouteChoice::kAuto &&
+                          prompt_len - local_hit.num_tokens <=
+                              options_.max_local_prefill_tokens);
+      if (local) {
+        scheduler::SeqState s;
+        s.id = seq.seq_id;
+        s.tokens = prompt;
+        s.num_prompt_tokens = prompt_len;
+        scheduler_.Add(std::move(s));
+        seq.state = SeqState::kScheduled;
+        admission_.pop_front();
+        continue;
+      }
+      seq.state = SeqState::kWaitingForBlocks;
+    }
+    if (!StartRemote(seq)) return;  // FCFS: the head waits for blocks
+    admission_.pop_front();
   }
 }
 
-void DecodeEngine::StartSequence(Sequence& seq) {
-  const int32_t prompt_len = static_cast<int32_t>(seq.request.prompt.size());
-  bool local = seq.request.route == RouteChoice::kLocal ||
-               (seq.request.route == RouteChoice::kAuto &&
-                prompt_len <= options_.max_local_prefill_tokens);
-  if (local) {
-    seq.state = SeqState::kPrefilling;
-    return;
+bool DecodeEngine::StartRemote(Sequence& seq) {
+  const std::vector<int32_t>& prompt = seq.request.prompt;
+  const int32_t prompt_len = static_cast<int32_t>(prompt.size());
+  kv::PrefixHit hit;
+  if (options_.enable_prefix_caching) {
+    hit = kv_.FindCachedPrefix(prompt, prompt_len / options_.block_size * options_.block_size);
   }
-  seq.writer = std::make_unique<BlockTableWriter>(&pool_, &seq.block_table);
+  kv_.StartSequence(seq.seq_id, hit);
+  // Token 0's K/V (position L) is computed by D's first decode step.
+  if (!kv_.AllocateSlots(seq.seq_id, prompt_len + 1)) {
+    kv_.FreeSequence(seq.seq_id);
+    return false;
+  }
+  seq.remote_hit = hit;
+  seq.writer = std::make_unique<BlockTableWriter>(&pool_, kv_.BlockTable(seq.seq_id));
   const std::string id = seq.request.request_id;
   constexpr uint32_t kAttempt = 1;
   absl::Status expect = receiver_->Expect(
-      id, kAttempt, /*hit_tokens=*/0, static_cast<uint32_t>(prompt_len),
+      id, kAttempt, static_cast<uint32_t>(hit.num_tokens), static_cast<uint32_t>(prompt_len),
       seq.writer.get(),
       [this, id](absl::Status status, const kvtransfer::TransferResult& result) {
         absl::MutexLock lock(&mu_);
@@ -236,10 +262,11 @@ void DecodeEngine::StartSequence(Sequence& seq) {
       });
   if (!expect.ok()) {
     FinishSequence(id, expect, FinishReason::kNone);
-    return;
+    return true;
   }
   seq.state = SeqState::kWaitingForKv;
-  seq.sink->NeedRemotePrefill(kv_endpoint(), 0, kAttempt);
+  seq.sink->NeedRemotePrefill(kv_endpoint(), static_cast<uint32_t>(hit.num_tokens), kAttempt);
+  return true;
 }
 
 void DecodeEngine::HandleTransferDone(const TransferDone& done) {
@@ -266,19 +293,28 @@ void DecodeEngine::HandleTransferDone(const TransferDone& done) {
                    FinishReason::kNone);
     return;
   }
-  seq.num_computed = static_cast<int32_t>(seq.request.prompt.size());
-  seq.tokens.push_back(r.first_token);
+  seq.writer.reset();
   seq.num_generated = 1;
   // The router streams token 0 from P's reply; D streams from index 1.
   auto reason = static_cast<FinishReason>(r.finish_reason);
   if (reason == FinishReason::kNone && seq.num_generated >= seq.request.max_tokens) {
     reason = FinishReason::kLength;
   }
+  const int32_t prompt_len = static_cast<int32_t>(seq.request.prompt.size());
+  kv_.CommitComputed(seq.seq_id, seq.request.prompt, prompt_len);  // publish the prompt
   if (reason != FinishReason::kNone) {
     FinishSequence(done.request_id, absl::OkStatus(), reason);
     return;
   }
-  seq.state = SeqState::kDecoding;
+  scheduler::SeqState s;
+  s.id = seq.seq_id;
+  s.tokens = seq.request.prompt;
+  s.tokens.push_back(r.first_token);
+  s.num_prompt_tokens = prompt_len;
+  s.num_computed = prompt_len;
+  s.num_cached_prompt_tokens = seq.remote_hit.num_tokens;
+  scheduler_.AddRunning(std::move(s));
+  seq.state = SeqState::kScheduled;
 }
 
 void DecodeEngine::Abort(const std::string& request_id, const absl::Status& status) {
@@ -295,16 +331,9 @@ void DecodeEngine::Abort(const std::string& request_id, const absl::Status& stat
       return;
     case SeqState::kAborting:
       return;
-    case SeqState::kWaiting:
-      // Out of the FCFS queue now: a later request reusing the id must not
-      // be admitted through this stale entry as well as its own.
-      if (auto pos = std::find(waiting_.begin(), waiting_.end(), request_id);
-          pos != waiting_.end()) {
-        waiting_.erase(pos);
-      }
-      [[fallthrough]];
-    case SeqState::kPrefilling:
-    case SeqState::kDecoding:
+    case SeqState::kNew:
+    case SeqState::kWaitingForBlocks:
+    case SeqState::kScheduled:
       FinishSequence(request_id, status, FinishReason::kCancelled);
       return;
   }
@@ -316,12 +345,18 @@ void DecodeEngine::FinishSequence(const std::string& request_id,
   if (it == sequences_.end()) return;
   std::unique_ptr<Sequence> seq = std::move(it->second);
   sequences_.erase(it);
-  if (!seq->block_table.empty()) pool_.Free(seq->block_table);
+  by_seq_id_.erase(seq->seq_id);
+  // Out of the admission queue too: a later request reusing the id must not
+  // be admitted through a stale entry.
+  admission_.erase(std::remove(admission_.begin(), admission_.end(), request_id),
+                   admission_.end());
+  scheduler_.Remove(seq->seq_id);  // frees its blocks (no-op if not there)
+  kv_.FreeSequence(seq->seq_id);   // remote sequences never joined the scheduler
   {
     absl::MutexLock lock(&mu_);
     live_ids_.erase(request_id);
     stats_.running_requests = static_cast<uint32_t>(live_ids_.size());
-    stats_.kv_blocks_in_use = static_cast<uint32_t>(pool_.num_in_use());
+    UpdateKvStats();
   }
   // The sink hears last, so whoever reacts to Finish sees the blocks freed
   // in GetStats() and may reuse the request id.
@@ -329,75 +364,74 @@ void DecodeEngine::FinishSequence(const std::string& request_id,
 }
 
 void DecodeEngine::RunStep() {
-  // Decode sequences first (one token each), then local prefills.
-  std::vector<Sequence*> batch_seqs;
-  for (auto& [id, seq] : sequences_) {
-    if (seq->state == SeqState::kDecoding) batch_seqs.push_back(seq.get());
-  }
-  const size_t num_decode = batch_seqs.size();
-  for (auto& [id, seq] : sequences_) {
-    if (seq->state == SeqState::kPrefilling) batch_seqs.push_back(seq.get());
-  }
-  if (batch_seqs.size() > static_cast<size_t>(options_.max_num_seqs)) {
-    batch_seqs.resize(options_.max_num_seqs);
-  }
+  const scheduler::StepPlan plan = scheduler_.Schedule();
   {
     absl::MutexLock lock(&mu_);
-    stats_.kv_blocks_in_use = static_cast<uint32_t>(pool_.num_in_use());
+    UpdateKvStats();
+    stats_.preemptions_total += plan.preempted.size();
   }
-  if (batch_seqs.empty()) return;
+  if (plan.chunks.empty()) return;
 
   std::vector<model::SequenceBatch> batch;
-  batch.reserve(batch_seqs.size());
+  batch.reserve(plan.chunks.size());
   uint64_t prefill_tokens = 0;
-  for (Sequence* seq : batch_seqs) {
+  uint32_t num_decode = 0;
+  for (const scheduler::ScheduledChunk& chunk : plan.chunks) {
+    const scheduler::SeqState* s = scheduler_.Find(chunk.id);
     model::SequenceBatch entry;
-    const int32_t n = static_cast<int32_t>(seq->tokens.size()) - seq->num_computed;
-    entry.tokens = std::span<const int32_t>(seq->tokens.data() + seq->num_computed,
-                                            static_cast<size_t>(n));
-    entry.start_pos = seq->num_computed;
-    entry.block_table = &seq->block_table;
-    entry.want_logits = true;
-    if (seq->state == SeqState::kPrefilling) prefill_tokens += static_cast<uint64_t>(n);
+    entry.tokens = std::span<const int32_t>(s->tokens.data() + chunk.start,
+                                            static_cast<size_t>(chunk.count));
+    entry.start_pos = chunk.start;
+    entry.block_table = &kv_.BlockTable(chunk.id);
+    entry.want_logits = chunk.samples;
+    if (chunk.start >= s->num_prompt_tokens && chunk.count == 1) {
+      ++num_decode;
+    } else {
+      prefill_tokens += static_cast<uint64_t>(chunk.count);
+    }
     batch.push_back(entry);
   }
   model_->Forward(batch, pool_, &logits_);
 
   const int32_t vocab = model_->config().vocab_size;
   const int32_t context = model_->config().context_length;
+  std::vector<int32_t> sampled;
   std::vector<std::pair<std::string, FinishReason>> finished;
-  for (size_t i = 0; i < batch_seqs.size(); ++i) {
-    Sequence& seq = *batch_seqs[i];
-    const bool was_prefill = seq.state == SeqState::kPrefilling;
-    seq.num_computed = static_cast<int32_t>(seq.tokens.size());
-    std::span<const float> logits(logits_.data() + i * vocab, static_cast<size_t>(vocab));
+  size_t logit_row = 0;
+  for (const scheduler::ScheduledChunk& chunk : plan.chunks) {
+    if (!chunk.samples) continue;
+    Sequence& seq = *by_seq_id_.at(chunk.id);
+    const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
+    std::span<const float> logits(logits_.data() + logit_row * vocab,
+                                  static_cast<size_t>(vocab));
+    ++logit_row;
+    // A sequence recomputing after preemption reaches the end of its known
+    // tokens again: its next output index continues where it stopped.
     sampling::SampledToken t = sampling::Sample(
         logits, seq.request.sampling, static_cast<uint32_t>(seq.num_generated));
-    const uint32_t computed =
-        was_prefill ? static_cast<uint32_t>(seq.request.prompt.size()) : 0;
+    sampled.push_back(t.token_id);
+    const bool first = seq.num_generated == 0;
     seq.sink->Token(static_cast<uint32_t>(seq.num_generated), t.token_id, t.logprob,
-                    computed);
-    seq.tokens.push_back(t.token_id);
+                    first ? static_cast<uint32_t>(s.num_prompt_tokens -
+                                                  s.num_cached_prompt_tokens)
+                          : 0);
     ++seq.num_generated;
-    seq.state = SeqState::kDecoding;
     FinishReason reason = FinishReason::kNone;
     if (t.token_id == options_.eos_token_id) {
       reason = FinishReason::kStop;
     } else if (seq.num_generated >= seq.request.max_tokens) {
       reason = FinishReason::kLength;
-    } else if (static_cast<int32_t>(seq.tokens.size()) >= context) {
+    } else if (static_cast<int32_t>(s.tokens.size()) + 1 >= context) {
       reason = FinishReason::kContext;
     }
-    if (reason != FinishReason::kNone) {
-      finished.emplace_back(seq.request.request_id, reason);
-    }
+    if (reason != FinishReason::kNone) finished.emplace_back(seq.request.request_id, reason);
   }
+  scheduler_.OnStepDone(plan, sampled);
   {
     absl::MutexLock lock(&mu_);
     stats_.prefill_tokens_computed_total += prefill_tokens;
     stats_.decode_tokens_total += num_decode;
-    stats_.max_decode_batch_size =
-        std::max<uint32_t>(stats_.max_decode_batch_size, static_cast<uint32_t>(num_decode));
+    stats_.max_decode_batch_size = std::max(stats_.max_decode_batch_size, num_decode);
   }
   for (const auto& [id, reason] : finished) FinishSequence(id, absl::OkStatus(), reason);
 }

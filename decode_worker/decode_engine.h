@@ -10,13 +10,16 @@
 // threads write K/V rows into blocks reserved for a remote transfer (never
 // touched by the loop until the transfer is done) and post completions.
 //
-// Flow (DESIGN.md, steps 2-7): Submit validates and queues; the loop admits
-// in FCFS order once ceil((L + max_tokens - 1) / block_size) blocks are free
-// (v0 reserves a request's whole KV up front; preemption arrives with
-// issue #3). If L <= max_local_prefill_tokens (or route LOCAL) the prompt is
-// prefilled in the next step; otherwise the sink gets NeedRemotePrefill and
-// the sequence waits for the KV receiver. Each step runs one batched forward
-// over every prefilling and decoding sequence.
+// Flow (DESIGN.md, steps 2-7): Submit validates and queues. The loop looks
+// the prompt up in the prefix cache and decides: if L - hit <=
+// max_local_prefill_tokens (or route LOCAL) the sequence goes to the
+// scheduler for local (chunked) prefill; otherwise it reserves blocks for
+// L + 1 tokens (FCFS; the head waits for blocks), the sink gets
+// NeedRemotePrefill{hit} and the sequence waits for the KV receiver, then
+// joins the scheduler as a decoding sequence. Each step runs one batched
+// forward over what the scheduler planned (engine/scheduler: decode first,
+// prefill chunks under the token budget, preemption by recompute when
+// blocks run out).
 #ifndef TANDEM_DECODE_WORKER_DECODE_ENGINE_H_
 #define TANDEM_DECODE_WORKER_DECODE_ENGINE_H_
 
@@ -34,8 +37,10 @@
 #include "absl/synchronization/mutex.h"
 #include "common/serving_types.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/kv_cache_manager.h"
 #include "engine/model/llama_model.h"
 #include "engine/sampling/sampler.h"
+#include "engine/scheduler/scheduler.h"
 #include "kvtransfer/kv_transfer.h"
 
 namespace tandem::decode {
@@ -58,7 +63,8 @@ class DecodeSink {
   // prompt_tokens_computed: tokens this worker prefilled (first token only).
   virtual void Token(uint32_t index, int32_t token_id, float logprob,
                      uint32_t prompt_tokens_computed) = 0;
-  // status OK with a reason, or the error that ended the request.
+  // status OK with a reason, or the error that ended the request. Called
+  // after the request's blocks and id are released.
   virtual void Finish(const absl::Status& status, FinishReason reason) = 0;
 };
 
@@ -68,6 +74,9 @@ struct DecodeEngineOptions {
   int32_t block_size = 16;                 // tokens per KV block
   int32_t num_kv_blocks = 2048;            // pool size, blocks
   int32_t max_num_seqs = 64;               // max sequences per step
+  int32_t max_num_batched_tokens = 2048;   // token budget per step
+  int32_t prefill_chunk_tokens = 512;      // prefill tokens per sequence per step
+  bool enable_prefix_caching = true;
   int32_t max_local_prefill_tokens = 32;   // conditional disaggregation
   int32_t handshake_timeout_ms = 5000;
   int32_t transfer_timeout_ms = 5000;
@@ -77,13 +86,15 @@ struct DecodeEngineOptions {
 
 struct DecodeStats {
   uint32_t running_requests = 0;   // admitted or waiting, not finished
-  uint32_t kv_blocks_in_use = 0;
+  uint32_t kv_blocks_in_use = 0;   // ref count > 0
+  uint32_t kv_blocks_cached = 0;   // findable in the prefix cache
   uint32_t kv_blocks_total = 0;
   uint32_t transfers_in_flight = 0;
   uint64_t prefill_tokens_computed_total = 0;
   uint64_t kv_bytes_received_total = 0;
   uint64_t decode_tokens_total = 0;
   uint32_t max_decode_batch_size = 0;  // sequences in the largest step
+  uint64_t preemptions_total = 0;
 };
 
 class DecodeEngine {
@@ -112,11 +123,11 @@ class DecodeEngine {
 
  private:
   enum class SeqState {
-    kWaiting,      // queued for blocks
-    kPrefilling,   // local prefill in the next step
+    kNew,          // submitted; local/remote not decided yet
+    kWaitingForBlocks,  // remote: waiting for L + 1 tokens of blocks
+    kScheduled,    // owned by the scheduler (local prefill or decoding)
     kWaitingForKv, // remote prefill: KV transfer expected / receiving
     kAborting,     // cancelled while receiving; blocks freed at quiesce
-    kDecoding,
   };
   struct Sequence;
   struct TransferDone {
@@ -130,7 +141,7 @@ class DecodeEngine {
   void Loop();
   // Engine-thread helpers (no lock needed: only the loop touches these).
   void Admit();
-  void StartSequence(Sequence& seq);
+  bool StartRemote(Sequence& seq);
   void HandleTransferDone(const TransferDone& done);
   // Ends a request early with `status`, freeing its blocks once safe.
   void Abort(const std::string& request_id, const absl::Status& status);
@@ -138,16 +149,22 @@ class DecodeEngine {
   void FinishSequence(const std::string& request_id, const absl::Status& status,
                       FinishReason reason);
   bool HasRunnableWork() const;
+  void UpdateKvStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Const after construction.
   const DecodeEngineOptions options_;
   const model::LlamaModel* const model_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
 
-  // Engine-loop thread only.
+  // Engine-loop thread only (KV receiver threads write rows into blocks of
+  // kWaitingForKv sequences, which nothing else touches meanwhile).
   kv::BlockPool pool_;
+  kv::KvCacheManager kv_;
+  scheduler::Scheduler scheduler_;
+  int64_t next_seq_id_ = 1;
   std::map<std::string, std::unique_ptr<Sequence>> sequences_;
-  std::deque<std::string> waiting_;  // FCFS admission order
+  std::map<int64_t, Sequence*> by_seq_id_;
+  std::deque<std::string> admission_;  // kNew / kWaitingForBlocks, FCFS
   std::vector<float> logits_;
 
   mutable absl::Mutex mu_;

@@ -82,6 +82,8 @@ v1::WorkerStatus DecodeService::Status() {
   status.set_kv_bytes_received_total(stats.kv_bytes_received_total);
   status.set_decode_tokens_total(stats.decode_tokens_total);
   status.set_max_decode_batch_size(stats.max_decode_batch_size);
+  status.set_kv_blocks_cached(stats.kv_blocks_cached);
+  status.set_preemptions_total(stats.preemptions_total);
   return status;
 }
 

@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
         options.block_size = ctx.config->engine.block_size;
         options.num_kv_blocks = ctx.config->engine.num_kv_blocks;
         options.max_num_seqs = ctx.config->engine.max_num_seqs;
+        options.max_num_batched_tokens = ctx.config->engine.max_num_batched_tokens;
+        options.prefill_chunk_tokens = ctx.config->engine.prefill_chunk_tokens;
+        options.enable_prefix_caching = ctx.config->engine.enable_prefix_caching;
         options.max_local_prefill_tokens = ctx.config->conditional.max_local_prefill_tokens;
         options.handshake_timeout_ms = ctx.config->kv.handshake_timeout_ms;
         options.transfer_timeout_ms = ctx.config->kv.transfer_timeout_ms;
