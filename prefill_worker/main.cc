@@ -13,6 +13,10 @@ int main(int argc, char** argv) {
         prefill::PrefillEngineOptions options;
         options.block_size = ctx.config->engine.block_size;
         options.num_kv_blocks = ctx.config->engine.num_kv_blocks;
+        options.max_num_batched_tokens = ctx.config->engine.max_num_batched_tokens;
+        options.prefill_chunk_tokens = ctx.config->engine.prefill_chunk_tokens;
+        options.max_num_seqs = ctx.config->engine.max_num_seqs;
+        options.enable_prefix_caching = ctx.config->engine.enable_prefix_caching;
         options.transfer_timeout_ms = ctx.config->kv.transfer_timeout_ms;
         options.eos_token_id = ctx.model->tokenizer->eos_id();
         options.model_fingerprint = ctx.model->fingerprint;

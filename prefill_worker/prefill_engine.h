@@ -1,22 +1,28 @@
 // The prefill worker's engine: computes a prompt's KV cache, streams it to
 // the decode worker layer by layer, and samples token 0.
 //
-// Owns: its KV block pool, the prefill queue and the engine thread.
-// Does not touch: gRPC, routing, the decode worker's memory (only the KV
-// transfer protocol). Threads: one engine thread runs requests in FIFO
-// order (v0: one request per forward; batching arrives with issue #3);
-// Submit/Cancel/GetStats are thread-safe.
+// Owns: its KV block pool and prefix cache, the prefill scheduler and the
+// engine thread. Does not touch: gRPC, routing, the decode worker's memory
+// (only the KV transfer protocol). Threads: one engine thread runs every
+// forward step; Submit/Cancel/GetStats are thread-safe (inbox under mu_).
 //
 // Per request (DESIGN.md, steps 4-6): connect to D's KV endpoint (HELLO /
-// ACCEPT), run the forward over [0, L) with a per-layer hook that sends
-// frame (layer, [max(start, hit), end)) as soon as the layer's K/V is
-// written, sample token 0 with output index 0, send FINAL, free blocks.
+// ACCEPT), queue the prompt in the scheduler (several requests share a
+// step under the token budget, each in chunks of prefill_chunk_tokens; its
+// own prefix cache gives P_hit). Before its first chunk, K/V of
+// [D_hit, P_hit) go out from cached blocks; then the per-layer hook sends
+// frame (layer, [max(start, D_hit), end)) of each chunk as soon as that
+// layer is written. After the last chunk: sample token 0 (output index 0),
+// send FINAL, release the blocks (full blocks stay in the prefix cache).
+// Sequences here are never preempted (their K/V is already on the wire);
+// admission reserves a whole prompt's blocks instead.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_ENGINE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_ENGINE_H_
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -27,8 +33,11 @@
 #include "absl/synchronization/mutex.h"
 #include "common/serving_types.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/kv_cache_manager.h"
 #include "engine/model/llama_model.h"
 #include "engine/sampling/sampler.h"
+#include "engine/scheduler/scheduler.h"
+#include "kvtransfer/kv_transfer.h"
 
 namespace tandem::prefill {
 
@@ -52,6 +61,10 @@ struct PrefillResult {
 struct PrefillEngineOptions {
   int32_t block_size = 16;
   int32_t num_kv_blocks = 2048;
+  int32_t max_num_batched_tokens = 2048;  // token budget per step
+  int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
+  int32_t max_num_seqs = 64;
+  bool enable_prefix_caching = true;
   int32_t transfer_timeout_ms = 5000;  // per KV send / handshake
   int32_t eos_token_id = 2;
   std::string model_fingerprint;
@@ -63,6 +76,7 @@ struct PrefillEngineOptions {
 struct PrefillStats {
   uint32_t running_requests = 0;
   uint32_t kv_blocks_in_use = 0;
+  uint32_t kv_blocks_cached = 0;
   uint32_t kv_blocks_total = 0;
   uint32_t transfers_in_flight = 0;
   uint64_t prefill_tokens_computed_total = 0;
@@ -90,22 +104,40 @@ class PrefillEngine {
   struct Job {
     PrefillRequest request;
     Done done;
+    int64_t seq_id = 0;
+    std::unique_ptr<kvtransfer::KvSender> sender;
+    bool cached_rows_sent = false;  // [D_hit, P_hit) shipped
+    int64_t frames = 0;
+    absl::Status error;             // first send failure
   };
   void Loop();
-  absl::StatusOr<PrefillResult> Run(const PrefillRequest& request);
+  // Validates and connects; on failure runs `done` and returns false.
+  bool StartJob(Job& job);
+  void RunStep();
+  // Sends K/V of tokens [from, to) of every layer from the job's blocks.
+  void SendRows(Job& job, int32_t layer, int32_t from, int32_t to);
+  void FinishJob(int64_t seq_id, absl::StatusOr<PrefillResult> result);
   bool IsCancelled(const std::string& request_id) const;
+  void UpdateStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrefillEngineOptions options_;
   const model::LlamaModel* const model_;
-  kv::BlockPool pool_;  // engine thread only
+  // Engine thread only.
+  kv::BlockPool pool_;
+  kv::KvCacheManager kv_;
+  scheduler::Scheduler scheduler_;
+  std::map<int64_t, Job> jobs_;
+  int64_t next_seq_id_ = 1;
   std::vector<float> logits_;
+  std::vector<float> k_rows_, v_rows_;
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> inbox_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
   PrefillStats stats_ ABSL_GUARDED_BY(mu_);
+  size_t jobs_count_hint_ ABSL_GUARDED_BY(mu_) = 0;  // jobs_.size() for Submit
   std::thread thread_;
 };
 

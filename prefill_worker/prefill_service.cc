@@ -63,6 +63,7 @@ v1::WorkerStatus PrefillService::Status() {
   status.set_running_requests(stats.running_requests);
   status.set_kv_blocks_in_use(stats.kv_blocks_in_use);
   status.set_kv_blocks_total(stats.kv_blocks_total);
+  status.set_kv_blocks_cached(stats.kv_blocks_cached);
   status.set_transfers_in_flight(stats.transfers_in_flight);
   status.set_prefill_tokens_computed_total(stats.prefill_tokens_computed_total);
   status.set_kv_bytes_sent_total(stats.kv_bytes_sent_total);

@@ -4,12 +4,13 @@
 
 namespace tandem {
 
-absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
+                                                             int32_t num_threads) {
   auto bundle = std::make_unique<ModelBundle>();
   auto file = gguf::GgufFile::Open(path);
   if (!file.ok()) return file.status();
   bundle->file = std::move(*file);
-  auto model = model::LlamaModel::Load(*bundle->file);
+  auto model = model::LlamaModel::Load(*bundle->file, num_threads);
   if (!model.ok()) {
     return absl::Status(model.status().code(),
                         absl::StrCat(path, ": ", model.status().message()));

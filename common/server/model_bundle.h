@@ -20,9 +20,11 @@ struct ModelBundle {
   std::string fingerprint;  // hex XXH3-128 of the file
 };
 
-// Opens `path` and loads everything. Errors carry the path and the cause
+// Opens `path` and loads everything; the forward pass uses `num_threads`
+// compute threads (engine.threads). Errors carry the path and the cause
 // (NOT_FOUND, INVALID_ARGUMENT for a non-GGUF or truncated file, ...).
-absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path);
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
+                                                             int32_t num_threads = 1);
 
 }  // namespace tandem
 

@@ -97,7 +97,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   rpc::SetLogComponent(name);
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
-  auto bundle = LoadModelBundle(*model_path);
+  auto bundle = LoadModelBundle(*model_path, config->engine.threads);
   if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
   rpc::Log(absl::StrCat("loaded ", *model_path, " (", (*bundle)->model->config().name, ")"));
 

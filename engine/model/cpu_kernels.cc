@@ -4,23 +4,20 @@
 
 namespace tandem::model::internal {
 
-float Dot(const float* a, const float* b, size_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  const size_t n8 = n - n % 8;
-  for (size_t i = 0; i < n8; i += 8) {
-    for (size_t j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-  for (size_t i = n8; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y) {
+void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
+                   size_t o_begin, size_t o_end, float* y) {
   // Weight row outer: each row of w is read once per call, whatever `rows`.
-  for (size_t o = 0; o < out; ++o) {
+  for (size_t o = o_begin; o < o_end; ++o) {
     const float* wo = w + o * in;
     for (size_t r = 0; r < rows; ++r) y[r * out + o] = Dot(wo, x + r * in, in);
   }
+}
+
+void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
+            ThreadPool* pool, size_t min_work) {
+  MaybeParallelFor(pool, out, rows * in * out, min_work, [&](size_t begin, size_t end) {
+    MatMulColumns(x, w, rows, in, out, begin, end, y);
+  });
 }
 
 void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,

@@ -5,13 +5,18 @@
 // operations that depends only on that element's own inputs, never on how
 // many rows are in the batch (DESIGN.md, Engine: batch-invariant numerics):
 // no BLAS, no reduction split across threads or rows, no FMA contraction
-// (-ffp-contract=off). Matrices are row-major; a weight matrix W with GGUF
+// (-ffp-contract=off). Threads may split a kernel's output elements among
+// themselves (MatMul's `pool`), which changes who computes an element, never
+// how. Matrices are row-major; a weight matrix W with GGUF
 // dims [in, out] is `out` contiguous rows of `in` floats.
-// Threads: pure functions over caller-owned buffers.
+// Threads: pure functions over caller-owned buffers (MatMul with a pool
+// blocks until every thread is done).
 #ifndef TANDEM_ENGINE_MODEL_CPU_KERNELS_H_
 #define TANDEM_ENGINE_MODEL_CPU_KERNELS_H_
 
 #include <cstddef>
+
+#include "engine/model/thread_pool.h"
 
 namespace tandem::model::internal {
 
@@ -19,12 +24,39 @@ namespace tandem::model::internal {
 // the elements i = j mod 8 of the first n - n % 8), combined pairwise
 // ((0+4)+(2+6)) + ((1+5)+(3+7)), then the tail added in index order. The
 // order depends on n alone, and the lanes are independent, so the compiler
-// may vectorize it without reassociating anything.
-float Dot(const float* a, const float* b, size_t n);
+// may vectorize it without reassociating anything. Inline so that short
+// dots (attention's head_dim) inline into their loops.
+inline float Dot(const float* a, const float* b, size_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const size_t n8 = n - n % 8;
+  for (size_t i = 0; i < n8; i += 8) {
+    for (size_t j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  for (size_t i = n8; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Least work (multiply-adds, or a rough equivalent for other element
+// operations) for which the forward pass splits a kernel across threads;
+// below it, waking the workers costs about as much as it saves (64K
+// multiply-adds take ~10-20 us on one core). Never affects the bits.
+inline constexpr size_t kMinParallelWork = size_t{1} << 16;
+
+// y[r][o] = Dot(w[o], x[r], in) for r < rows and o in [o_begin, o_end);
+// other columns of y are left as they are.
+// x: [rows][in], w: [out][in], y: [rows][out].
+void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
+                   size_t o_begin, size_t o_end, float* y);
 
 // y[r][o] = Dot(w[o], x[r], in) for r < rows, o < out.
-// x: [rows][in], w: [out][in], y: [rows][out].
-void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y);
+// x: [rows][in], w: [out][in], y: [rows][out]. When `pool` has more than one
+// thread and rows * in * out >= min_work, the output columns are split into
+// contiguous ranges, one per thread (ThreadPool::ParallelFor); the reduction
+// over `in` never is. Each element is one Dot either way, so y's bits do not
+// depend on rows, the pool or min_work.
+void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
+            ThreadPool* pool = nullptr, size_t min_work = kMinParallelWork);
 
 // llama.cpp's ggml_rms_norm followed by the weight multiply, per row:
 // y = (x * (1 / sqrt(mean(x^2) + eps))) * weight, the sum of squares in

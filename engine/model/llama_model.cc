@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/cpu_kernels.h"
 #include "engine/model/llama_weights.h"
+#include "engine/model/thread_pool.h"
 #include "xxhash.h"
 
 namespace tandem::model {
@@ -35,52 +36,88 @@ struct Row {
   size_t entry;
 };
 
-// Causal attention of one query row over positions [0, pos] of its
-// sequence, reading K/V from the paged cache. q: [n_head][head_dim];
-// out: [n_head][head_dim]; scores: scratch of at least pos + 1 floats.
-// Per head: s_j = Dot(q, k_j) * scale; p_j = exp(s_j - max) / sum (sum in
-// double, j ascending); out = sum_j p_j * v_j (j ascending). The order
-// depends only on pos, so every batch shape gives the same bits.
-void AttendRow(const LlamaConfig& c, const kv::BlockPool& pool,
-               const std::vector<int32_t>& table, int32_t layer, int32_t pos,
-               const float* q, float* out, std::vector<float>& scores) {
+// Causal attention of one query head of one row over positions [0, pos]
+// of its sequence, reading K/V from the paged cache. q: the row's
+// [n_head][head_dim]; out: the row's [n_head][head_dim], of which head h is
+// written; scores: scratch of at least pos + 1 floats.
+// s_j = Dot(q_h, k_j) * scale; p_j = exp(s_j - max) / sum (sum in double, j
+// ascending); out_h = sum_j p_j * v_j (j ascending). The order depends only
+// on pos, so every batch shape and thread split gives the same bits.
+void AttendHead(const LlamaConfig& c, const kv::BlockPool& pool,
+                const std::vector<int32_t>& table, int32_t layer, int32_t pos, int32_t h,
+                const float* q, float* out, float* scores) {
   const size_t hd = static_cast<size_t>(c.head_dim);
   const size_t kv_dim = static_cast<size_t>(c.n_head_kv) * hd;
   const int32_t bs = pool.shape().block_size;
   const int32_t group = c.n_head / c.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  for (int32_t h = 0; h < c.n_head; ++h) {
-    const size_t kv_off = static_cast<size_t>(h / group) * hd;
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    float max = -INFINITY;
-    for (int32_t j = 0; j <= pos; ++j) {
-      const float* k = pool.K(table[static_cast<size_t>(j / bs)], layer) +
-                       static_cast<size_t>(j % bs) * kv_dim + kv_off;
+  const size_t kv_off = static_cast<size_t>(h / group) * hd;
+  const float* qh = q + static_cast<size_t>(h) * hd;
+  // Positions are walked block by block (j ascending), so the pool is
+  // asked for each block's rows once.
+  float max = -INFINITY;
+  for (int32_t j0 = 0; j0 <= pos; j0 += bs) {
+    const float* k = pool.K(table[static_cast<size_t>(j0 / bs)], layer) + kv_off;
+    const int32_t j1 = std::min(j0 + bs, pos + 1);
+    for (int32_t j = j0; j < j1; ++j, k += kv_dim) {
       const float s = internal::Dot(qh, k, hd) * scale;
-      scores[static_cast<size_t>(j)] = s;
+      scores[j] = s;
       max = std::max(max, s);
     }
-    double sum = 0.0;
-    for (int32_t j = 0; j <= pos; ++j) {
-      const float e = std::exp(scores[static_cast<size_t>(j)] - max);
-      scores[static_cast<size_t>(j)] = e;
-      sum += e;
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    float* oh = out + static_cast<size_t>(h) * hd;
-    std::fill(oh, oh + hd, 0.0f);
-    for (int32_t j = 0; j <= pos; ++j) {
-      const float p = scores[static_cast<size_t>(j)] * inv;
-      const float* v = pool.V(table[static_cast<size_t>(j / bs)], layer) +
-                       static_cast<size_t>(j % bs) * kv_dim + kv_off;
+  }
+  double sum = 0.0;
+  for (int32_t j = 0; j <= pos; ++j) {
+    const float e = std::exp(scores[j] - max);
+    scores[j] = e;
+    sum += e;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  float* oh = out + static_cast<size_t>(h) * hd;
+  std::fill(oh, oh + hd, 0.0f);
+  for (int32_t j0 = 0; j0 <= pos; j0 += bs) {
+    const float* v = pool.V(table[static_cast<size_t>(j0 / bs)], layer) + kv_off;
+    const int32_t j1 = std::min(j0 + bs, pos + 1);
+    for (int32_t j = j0; j < j1; ++j, v += kv_dim) {
+      const float p = scores[j] * inv;
       for (size_t d = 0; d < hd; ++d) oh[d] += p * v[d];
     }
   }
 }
 
+// Splits the (row, head) pairs, pair p = row p / n_head, head p % n_head,
+// into `parts` contiguous ranges of about equal attention cost (a pair at
+// position pos costs pos + 1), so causal prefill rows, whose cost grows with
+// position, still share the work evenly. Returns parts + 1 boundaries.
+std::vector<size_t> BalancedPairBounds(const std::vector<Row>& rows, size_t n_head,
+                                       size_t parts) {
+  size_t total = 0;
+  for (const Row& r : rows) total += (static_cast<size_t>(r.pos) + 1) * n_head;
+  std::vector<size_t> bounds(parts + 1, rows.size() * n_head);
+  bounds[0] = 0;
+  size_t part = 1, done = 0;
+  for (size_t p = 0; p < rows.size() * n_head && part < parts; ++p) {
+    // Pair p starts the next part once the parts before it hold their share.
+    while (part < parts && done >= total * part / parts) bounds[part++] = p;
+    done += static_cast<size_t>(rows[p / n_head].pos) + 1;
+  }
+  return bounds;
+}
+
 }  // namespace
 
+LlamaModel::LlamaModel() : min_parallel_work_(internal::kMinParallelWork) {}
+LlamaModel::~LlamaModel() = default;
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file) {
+  return Load(file, 1);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
+                                                             int32_t num_threads) {
+  if (num_threads < 1 || num_threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("num_threads is ", num_threads,
+                                                   ", expected 1 to ", kMaxThreads));
+  }
   absl::StatusOr<LlamaConfig> config = internal::ReadLlamaConfig(file);
   if (!config.ok()) return config.status();
   absl::StatusOr<std::unique_ptr<internal::ModelWeights>> weights =
@@ -89,6 +126,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->config_ = *std::move(config);
   model->w_ = std::move(*weights);
+  model->num_threads_ = num_threads;
+  if (num_threads > 1) model->pool_ = std::make_unique<ThreadPool>(num_threads);
   return model;
 }
 
@@ -101,6 +140,11 @@ kv::KvShape LlamaModel::kv_shape(int32_t block_size) const {
   return s;
 }
 
+void LlamaModel::For(size_t n, size_t work,
+                     const std::function<void(size_t, size_t)>& fn) const {
+  MaybeParallelFor(pool_.get(), n, work, min_parallel_work_, fn);
+}
+
 void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv,
                          std::vector<float>* logits, const LayerHook* hook) const {
   const LlamaConfig& c = config_;
@@ -111,7 +155,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
 
   // Flatten the batch; row r of every activation buffer is rows[r].
   std::vector<Row> rows;
-  size_t n_logits = 0;
+  std::vector<size_t> logit_rows;  // last row of each entry that wants logits
   for (size_t e = 0; e < batch.size(); ++e) {
     const SequenceBatch& sb = batch[e];
     const int32_t n = static_cast<int32_t>(sb.tokens.size());
@@ -128,43 +172,62 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
       Require(t >= 0 && t < c.vocab_size, "token id outside [0, vocab_size)");
       rows.push_back({t, sb.start_pos + i, e});
     }
-    if (sb.want_logits && n > 0) ++n_logits;
+    if (sb.want_logits && n > 0) logit_rows.push_back(rows.size() - 1);
   }
-  Require(logits != nullptr || n_logits == 0, "logits is null but an entry wants logits");
+  Require(logits != nullptr || logit_rows.empty(),
+          "logits is null but an entry wants logits");
 
   const size_t T = rows.size();
   const size_t embd = static_cast<size_t>(c.n_embd);
+  const size_t n_head = static_cast<size_t>(c.n_head);
   const size_t hd = static_cast<size_t>(c.head_dim);
-  const size_t q_dim = static_cast<size_t>(c.n_head) * hd;
+  const size_t q_dim = n_head * hd;
   const size_t kv_dim = static_cast<size_t>(c.n_head_kv) * hd;
   const size_t ff = static_cast<size_t>(c.n_ff);
   const size_t vocab = static_cast<size_t>(c.vocab_size);
   const internal::ModelWeights& w = *w_;
+  ThreadPool* const pool = pool_.get();
+  const size_t min_work = min_parallel_work_;
 
   std::vector<float> x(T * embd), norm(T * embd), tmp(T * embd);
   std::vector<float> q(T * q_dim), attn(T * q_dim), k(T * kv_dim), v(T * kv_dim);
   std::vector<float> gate(T * ff), up(T * ff);
   int32_t max_pos = 0;
+  size_t attn_work = 0;  // multiply-adds of one layer's attention
   for (size_t r = 0; r < T; ++r) {
     const float* emb = w.token_embd.data + static_cast<size_t>(rows[r].token) * embd;
     std::copy(emb, emb + embd, x.begin() + static_cast<std::ptrdiff_t>(r * embd));
     max_pos = std::max(max_pos, rows[r].pos);
+    attn_work += (static_cast<size_t>(rows[r].pos) + 1) * 2 * q_dim;
   }
-  std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
+  const size_t attn_parts = pool == nullptr ? 1 : static_cast<size_t>(num_threads_);
+  const std::vector<size_t> attn_bounds = BalancedPairBounds(rows, n_head, attn_parts);
+
+  // Row-wise RMSNorm of x into norm; each row is computed alone.
+  auto rms_norm = [&](const internal::Tensor& weight) {
+    For(T, T * embd, [&](size_t begin, size_t end) {
+      RmsNorm(&x[begin * embd], weight.data, end - begin, embd, c.rms_norm_eps,
+              &norm[begin * embd]);
+    });
+  };
 
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const internal::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    RmsNorm(x.data(), lw.attn_norm.data, T, embd, c.rms_norm_eps, norm.data());
-    MatMul(norm.data(), lw.wq.data, T, embd, q_dim, q.data());
-    MatMul(norm.data(), lw.wk.data, T, embd, kv_dim, k.data());
-    MatMul(norm.data(), lw.wv.data, T, embd, kv_dim, v.data());
-    for (size_t r = 0; r < T; ++r) {
-      internal::RopeNorm(&q[r * q_dim], static_cast<size_t>(c.n_head), hd,
-                         static_cast<size_t>(c.rope_dim), rows[r].pos, c.rope_freq_base);
-      internal::RopeNorm(&k[r * kv_dim], static_cast<size_t>(c.n_head_kv), hd,
-                         static_cast<size_t>(c.rope_dim), rows[r].pos, c.rope_freq_base);
-    }
-    // New K/V into the cache first, so rows attend to their own chunk.
+    rms_norm(lw.attn_norm);
+    MatMul(norm.data(), lw.wq.data, T, embd, q_dim, q.data(), pool, min_work);
+    MatMul(norm.data(), lw.wk.data, T, embd, kv_dim, k.data(), pool, min_work);
+    MatMul(norm.data(), lw.wv.data, T, embd, kv_dim, v.data(), pool, min_work);
+    // RoPE costs a pow, a cos and a sin per pair and row, ~16 multiply-adds.
+    For(T, T * static_cast<size_t>(c.rope_dim) * 8, [&](size_t begin, size_t end) {
+      for (size_t r = begin; r < end; ++r) {
+        internal::RopeNorm(&q[r * q_dim], n_head, hd, static_cast<size_t>(c.rope_dim),
+                           rows[r].pos, c.rope_freq_base);
+        internal::RopeNorm(&k[r * kv_dim], static_cast<size_t>(c.n_head_kv), hd,
+                           static_cast<size_t>(c.rope_dim), rows[r].pos, c.rope_freq_base);
+      }
+    });
+    // New K/V into the cache first, so rows attend to their own chunk; the
+    // hook then sees this layer complete. Both on the calling thread.
     size_t first = 0;
     for (size_t e = 0; e < batch.size(); ++e) {
       const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
@@ -177,32 +240,39 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
         (*hook)(e, l, batch[e].start_pos, static_cast<int32_t>(batch[e].tokens.size()));
       }
     }
-    for (size_t r = 0; r < T; ++r) {
-      AttendRow(c, kv, *batch[rows[r].entry].block_table, l, rows[r].pos, &q[r * q_dim],
-                &attn[r * q_dim], scores);
-    }
-    MatMul(attn.data(), lw.wo.data, T, q_dim, embd, tmp.data());
+    For(attn_parts, attn_work, [&](size_t part_begin, size_t part_end) {
+      std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
+      for (size_t p = attn_bounds[part_begin]; p < attn_bounds[part_end]; ++p) {
+        const Row& row = rows[p / n_head];
+        AttendHead(c, kv, *batch[row.entry].block_table, l, row.pos,
+                   static_cast<int32_t>(p % n_head), &q[(p / n_head) * q_dim],
+                   &attn[(p / n_head) * q_dim], scores.data());
+      }
+    });
+    MatMul(attn.data(), lw.wo.data, T, q_dim, embd, tmp.data(), pool, min_work);
     AddInPlace(x.data(), tmp.data(), T * embd);
 
-    RmsNorm(x.data(), lw.ffn_norm.data, T, embd, c.rms_norm_eps, norm.data());
-    MatMul(norm.data(), lw.w_gate.data, T, embd, ff, gate.data());
-    MatMul(norm.data(), lw.w_up.data, T, embd, ff, up.data());
-    internal::SwiGlu(gate.data(), up.data(), T * ff);
-    MatMul(gate.data(), lw.w_down.data, T, ff, embd, tmp.data());
+    rms_norm(lw.ffn_norm);
+    MatMul(norm.data(), lw.w_gate.data, T, embd, ff, gate.data(), pool, min_work);
+    MatMul(norm.data(), lw.w_up.data, T, embd, ff, up.data(), pool, min_work);
+    // SwiGLU costs an exp and a division per element, ~8 multiply-adds.
+    For(T * ff, T * ff * 8, [&](size_t begin, size_t end) {
+      internal::SwiGlu(&gate[begin], &up[begin], end - begin);
+    });
+    MatMul(gate.data(), lw.w_down.data, T, ff, embd, tmp.data(), pool, min_work);
     AddInPlace(x.data(), tmp.data(), T * embd);
   }
 
   if (logits == nullptr) return;
-  logits->assign(n_logits * vocab, 0.0f);
-  size_t first = 0, out = 0;
-  for (const SequenceBatch& sb : batch) {
-    first += sb.tokens.size();
-    if (!sb.want_logits || sb.tokens.empty()) continue;
-    const float* last = &x[(first - 1) * embd];
-    RmsNorm(last, w.output_norm.data, 1, embd, c.rms_norm_eps, norm.data());
-    MatMul(norm.data(), w.output.data, 1, embd, vocab, logits->data() + out * vocab);
-    ++out;
+  // The wanted rows, normed and projected together: each logit is still one
+  // Dot of its own row, so batching them changes no bit.
+  const size_t n_logits = logit_rows.size();
+  for (size_t i = 0; i < n_logits; ++i) {
+    RmsNorm(&x[logit_rows[i] * embd], w.output_norm.data, 1, embd, c.rms_norm_eps,
+            &norm[i * embd]);
   }
+  logits->resize(n_logits * vocab);
+  MatMul(norm.data(), w.output.data, n_logits, embd, vocab, logits->data(), pool, min_work);
 }
 
 absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {

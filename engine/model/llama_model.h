@@ -1,10 +1,20 @@
 // Llama forward pass on the CPU over a paged KV cache.
 //
 // Owns: the model's weights (F32 in memory: F32 tensors read in place from
-// the mapping, F16/BF16/Q8_0 converted at load) and the forward computation. Does not touch: allocation of KV blocks (the caller
+// the mapping, F16/BF16/Q8_0 converted at load), the forward computation and
+// its thread pool. Does not touch: allocation of KV blocks (the caller
 // passes block tables), sampling, scheduling.
-// Threads: Forward() is re-entrant for distinct KV blocks; the caller
-// serializes steps that share blocks.
+// Threads: a model built with num_threads = N owns a ThreadPool of N
+// threads (N - 1 workers plus the thread calling Forward). Forward splits
+// each MatMul over output columns, attention over (token, head) pairs and
+// the row/element-wise ops over rows/elements, each only when the kernel is
+// big enough to be worth waking the workers (cpu_kernels.h,
+// kMinParallelWork). No reduction is ever split, so the logits are
+// bit-identical for every N (DESIGN.md, batch-invariant numerics). The
+// caller serializes Forward calls on one model instance (the engine loop
+// does); a concurrent call is still computed correctly, but its parallel
+// sections wait for the other call's (the pool runs one loop at a time),
+// and the two must not use the same KV blocks.
 //
 // Graph (llama.cpp's llm_build_llama): x = token_embd[t];
 // per layer: h = x + Wo·Attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with
@@ -16,6 +26,7 @@
 #ifndef TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
 #define TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,6 +39,7 @@
 #include "engine/kv/block_pool.h"
 
 namespace tandem::model {
+class ThreadPool;
 namespace internal {
 struct ModelWeights;
 }  // namespace internal
@@ -72,9 +84,22 @@ class LlamaModel {
   // Builds from an open GGUF file (which must outlive the model). Errors:
   // INVALID_ARGUMENT for a non-llama architecture, a missing/ill-shaped
   // tensor or metadata key (named in the message), an unsupported type.
+  // Same as Load(file, 1): Forward runs on the calling thread alone.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file);
+  // As above, with a pool of num_threads threads for Forward (the calling
+  // thread counts as one, so 1 starts no thread). Errors as above, plus
+  // INVALID_ARGUMENT when num_threads is outside [1, kMaxThreads].
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
+                                                          int32_t num_threads);
+  static constexpr int32_t kMaxThreads = 256;
+
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
 
   const LlamaConfig& config() const { return config_; }
+  // Threads Forward uses, the caller's included (>= 1).
+  int32_t num_threads() const { return num_threads_; }
   kv::KvShape kv_shape(int32_t block_size) const;
 
   // Runs one forward step over all entries. Resizes `logits` to
@@ -84,16 +109,29 @@ class LlamaModel {
   // batch composition or chunking (DESIGN.md rules; see cpu_kernels.h).
   // For each layer, an entry's new K/V rows are written into `kv` before any
   // entry attends, then `hook` (if any) is called once per entry.
-  // Preconditions (programmer errors, abort): `kv` has kv_shape()'s layers,
-  // heads and head dim; every block table covers start_pos + n_tokens; token
-  // ids are in [0, vocab_size) (callers validate request tokens first).
+  // The hook runs on the calling thread, between layers, while no worker
+  // is busy. Preconditions (programmer errors, abort): `kv` has kv_shape()'s
+  // layers, heads and head dim; every block table covers start_pos +
+  // n_tokens; token ids are in [0, vocab_size) (callers validate request
+  // tokens first). See "Threads" above for concurrent calls.
   void Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv,
                std::vector<float>* logits, const LayerHook* hook = nullptr) const;
 
+  // Tests only: the least work for which Forward splits a kernel across
+  // threads (default internal::kMinParallelWork; 0 splits every kernel).
+  // Changes speed, never bits. Not to be called while Forward runs.
+  void set_min_parallel_work_for_testing(size_t work) { min_parallel_work_ = work; }
+
  private:
-  LlamaModel() = default;
+  LlamaModel();
+  // fn over [0, n) on the pool when `work` >= min_parallel_work_.
+  void For(size_t n, size_t work, const std::function<void(size_t, size_t)>& fn) const;
+
   LlamaConfig config_;
   std::shared_ptr<const internal::ModelWeights> w_;  // see llama_weights.h
+  int32_t num_threads_ = 1;
+  std::unique_ptr<ThreadPool> pool_;  // null when num_threads_ == 1
+  size_t min_parallel_work_;
 };
 
 // XXH3-128 (xxHash 0.8) of the whole model file, as 32 lowercase hex digits

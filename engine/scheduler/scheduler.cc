@@ -126,7 +126,10 @@ StepPlan Scheduler::Schedule() {
     if (seq.num_preemptions == 0) seq.num_cached_prompt_tokens = hit.num_tokens;
     const int32_t count = std::min({remaining(seq), options_.prefill_chunk_tokens,
                                     budget - plan.num_batched_tokens});
-    if (!kv_->AllocateSlots(id, seq.num_computed + count)) {
+    const int32_t reserve = options_.reserve_whole_sequence_at_admission
+                                ? static_cast<int32_t>(seq.tokens.size())
+                                : seq.num_computed + count;
+    if (!kv_->AllocateSlots(id, reserve)) {
       kv_->FreeSequence(id);  // the head waits for blocks (FCFS)
       seq.num_computed = 0;
       break;

@@ -40,6 +40,11 @@ struct SchedulerOptions {
   int32_t max_num_seqs = 64;              // running sequences at most
   int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
   bool enable_prefix_caching = true;
+  // Admission reserves blocks for the whole known sequence instead of its
+  // first chunk. For the prefill worker, whose sequences are not
+  // preemptible (their K/V is already on the wire): a sequence admitted
+  // can always finish, so non-preemptible sequences cannot deadlock.
+  bool reserve_whole_sequence_at_admission = false;
 };
 
 // The scheduler's view of one sequence. The engine keeps the rest of the

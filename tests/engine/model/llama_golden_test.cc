@@ -1,8 +1,9 @@
 // stories260K against llama.cpp's greedy goldens (F32 KV cache variant):
-// ../shared/goldens/stories260K_greedy.json.
+// ../shared/goldens/stories260K_greedy.json, with 1 and 2 threads.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/kv/block_pool.h"
@@ -53,10 +54,11 @@ void CheckCase(const LlamaModel& model, kv::BlockPool& pool,
   }
 }
 
-class StoriesGoldenTest : public ::testing::Test {
+// Parameter: the model's thread count (the goldens hold for any).
+class StoriesGoldenTest : public ::testing::TestWithParam<int32_t> {
  protected:
   void SetUp() override {
-    loaded_ = LoadSharedModel("stories260K.gguf");
+    loaded_ = LoadSharedModel("stories260K.gguf", GetParam());
     ASSERT_NE(loaded_.model, nullptr);
     goldens_ = testing::LoadStoriesGoldens();
     ASSERT_TRUE(goldens_.contains("cases"));
@@ -67,7 +69,7 @@ class StoriesGoldenTest : public ::testing::Test {
   nlohmann::json goldens_;
 };
 
-TEST_F(StoriesGoldenTest, GreedyIdsAndFirstLogitsMatchLlamaCpp) {
+TEST_P(StoriesGoldenTest, GreedyIdsAndFirstLogitsMatchLlamaCpp) {
   ASSERT_EQ(goldens_["cases"].size(), 6u);
   for (const nlohmann::json& c : goldens_["cases"]) {
     const size_t tokens = c["prompt_token_ids_with_bos"].size() +
@@ -81,7 +83,7 @@ TEST_F(StoriesGoldenTest, GreedyIdsAndFirstLogitsMatchLlamaCpp) {
 
 // The 313-token case greedily produces BOS (id 1) first; it is an ordinary
 // token and generation continues after it.
-TEST_F(StoriesGoldenTest, LongPromptGeneratesBosFirstAndContinues) {
+TEST_P(StoriesGoldenTest, LongPromptGeneratesBosFirstAndContinues) {
   for (const nlohmann::json& c : goldens_["cases"]) {
     if (c["name"] != "long_repeated_313tok") continue;
     ASSERT_EQ(c["prompt_token_ids_with_bos"].size(), 313u);
@@ -97,7 +99,7 @@ TEST_F(StoriesGoldenTest, LongPromptGeneratesBosFirstAndContinues) {
 
 // A fragmented pool hands out a non-monotonic block table; the paged
 // attention must still read every token from the right block.
-TEST_F(StoriesGoldenTest, FragmentedBlockTableGivesGoldenIds) {
+TEST_P(StoriesGoldenTest, FragmentedBlockTableGivesGoldenIds) {
   const int32_t kBlockSize = 4;
   const int32_t kBlocks = 128;
   kv::BlockPool pool(model().kv_shape(kBlockSize), kBlocks);
@@ -119,6 +121,11 @@ TEST_F(StoriesGoldenTest, FragmentedBlockTableGivesGoldenIds) {
     pool.Free(*table);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Stories, StoriesGoldenTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int32_t>& info) {
+                           return "Threads" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace tandem::model

@@ -8,7 +8,7 @@
 
 namespace tandem::model::testing {
 
-LoadedModel LoadSharedModel(const std::string& name) {
+LoadedModel LoadSharedModel(const std::string& name, int32_t num_threads) {
   LoadedModel out;
   absl::StatusOr<std::unique_ptr<gguf::GgufFile>> file =
       gguf::GgufFile::Open(tandem::testing::SharedPath("models/" + name));
@@ -17,7 +17,7 @@ LoadedModel LoadSharedModel(const std::string& name) {
     return out;
   }
   out.file = *std::move(file);
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(*out.file);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(*out.file, num_threads);
   if (!model.ok()) {
     ADD_FAILURE() << model.status();
     return out;

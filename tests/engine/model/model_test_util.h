@@ -21,9 +21,9 @@ struct LoadedModel {
   std::unique_ptr<LlamaModel> model;
 };
 
-// Opens and loads ../shared/models/<name>; fails the test (and returns
-// nulls) on error.
-LoadedModel LoadSharedModel(const std::string& name);
+// Opens and loads ../shared/models/<name> with a pool of `num_threads`
+// threads; fails the test (and returns nulls) on error.
+LoadedModel LoadSharedModel(const std::string& name, int32_t num_threads = 1);
 
 // ../shared/goldens/stories260K_greedy.json, parsed.
 nlohmann::json LoadStoriesGoldens();
