@@ -94,6 +94,8 @@ void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
     decode_ctx_.TryCancel();
     return;
   }
+  cached_prompt_tokens_ =
+      static_cast<uint32_t>(params_.prompt.size()) - resp.prompt_tokens_computed();
   Deliver(resp.first_token());
 }
 
@@ -144,7 +146,13 @@ void GenerateCall::Run() {
       });
     }
     absl::MutexLock lock(&mu_);
-    for (const v1::TokenOutput& t : msg.tokens()) Deliver(t);
+    for (const v1::TokenOutput& t : msg.tokens()) {
+      if (t.index() == 0 && route_ == "local") {
+        cached_prompt_tokens_ =
+            static_cast<uint32_t>(params_.prompt.size()) - msg.prompt_tokens_computed();
+      }
+      Deliver(t);
+    }
     if (msg.finish_reason() != v1::FINISH_NONE) finish = msg.finish_reason();
   }
   grpc::Status status = reader->Finish();
@@ -177,6 +185,7 @@ void GenerateCall::Run() {
   last.set_finish_reason(finish);
   last.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
   last.set_completion_tokens(next_index_);
+  last.set_cached_prompt_tokens(cached_prompt_tokens_);
   sink_->Write(std::move(last));
   sink_->Finish(grpc::Status::OK);
 }

@@ -69,6 +69,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   std::map<uint32_t, v1::TokenOutput> pending_ ABSL_GUARDED_BY(mu_);
   tokenizer::IncrementalDecoder decoder_ ABSL_GUARDED_BY(mu_);
   grpc::Status prefill_error_ ABSL_GUARDED_BY(mu_);
+  // Prompt tokens the prefilling worker did not compute (prefix-cache hit).
+  uint32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem::router

@@ -133,6 +133,7 @@ void GenerateResult::Add(const tandem::v1::GenerateResponse& r, absl::Duration s
   if (r.finish_reason() != tandem::v1::FINISH_NONE) finish_reason_ = r.finish_reason();
   if (r.prompt_tokens() != 0) prompt_tokens_ = r.prompt_tokens();
   if (r.completion_tokens() != 0) completion_tokens_ = r.completion_tokens();
+  if (r.cached_prompt_tokens() != 0) cached_prompt_tokens_ = r.cached_prompt_tokens();
 }
 
 nlohmann::ordered_json GenerateResult::ToJson() const {
@@ -149,7 +150,8 @@ nlohmann::ordered_json GenerateResult::ToJson() const {
   j["finish_reason"] = finish.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(finish);
   j["usage"] = {
       {"prompt_tokens", prompt_tokens_ != 0 ? prompt_tokens_ : meta_.prompt_token_ids_size()},
-      {"completion_tokens", completion_tokens_ != 0 ? completion_tokens_ : token_ids_.size()}};
+      {"completion_tokens", completion_tokens_ != 0 ? completion_tokens_ : token_ids_.size()},
+      {"cached_prompt_tokens", cached_prompt_tokens_}};
   auto ms = [](const std::optional<absl::Duration>& d) {
     return d.has_value() ? nlohmann::ordered_json(ToMs(*d)) : nlohmann::ordered_json(nullptr);
   };

@@ -79,6 +79,7 @@ class GenerateResult {
   tandem::v1::FinishReason finish_reason_ = tandem::v1::FINISH_NONE;
   uint32_t prompt_tokens_ = 0;
   uint32_t completion_tokens_ = 0;
+  uint32_t cached_prompt_tokens_ = 0;
   std::optional<absl::Duration> ttft_;
   std::optional<absl::Duration> e2e_;
 };

@@ -278,7 +278,7 @@ TEST_F(CliTest, GenerateJsonAndText) {
       "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
       "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100, 101, 102],
       "text": " t0 t1 t2", "finish_reason": "length",
-      "usage": {"prompt_tokens": 2, "completion_tokens": 3}, "seed": 9})").dump());
+      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})").dump());
 
   r = RunCommand({tandem_, "generate", "--router", address, "--max-tokens", "2", "--route", "local",
            "hello", "there"});

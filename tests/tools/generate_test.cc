@@ -127,7 +127,7 @@ TEST(GenerateResultTest, RemoteStreamToJsonLine) {
             R"({"request_id":"0123456789abcdef0123456789abcdef","route":"remote",)"
             R"("prefill_worker":"prefill-0","decode_worker":"decode-0",)"
             R"("prompt_token_ids":[1,500,600],"token_ids":[42,43,44],"text":"Once upon a",)"
-            R"("finish_reason":"length","usage":{"prompt_tokens":3,"completion_tokens":3},)"
+            R"("finish_reason":"length","usage":{"prompt_tokens":3,"completion_tokens":3,"cached_prompt_tokens":0},)"
             R"("timing":{"ttft_ms":5.0,"e2e_ms":10.25},"seed":7})");
 }
 
@@ -151,7 +151,7 @@ TEST(GenerateResultTest, TtftIsTheFirstMessageWithATokenAndCountsFallBack) {
   EXPECT_EQ(result.ToJsonLine(),
             R"({"request_id":"r1","route":"local","prefill_worker":"","decode_worker":"decode-0",)"
             R"("prompt_token_ids":[1,9],"token_ids":[5,6],"text":"ab","finish_reason":null,)"
-            R"("usage":{"prompt_tokens":2,"completion_tokens":2},)"
+            R"("usage":{"prompt_tokens":2,"completion_tokens":2,"cached_prompt_tokens":0},)"
             R"("timing":{"ttft_ms":4.0,"e2e_ms":6.0},"seed":0})");
 }
 
