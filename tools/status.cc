@@ -58,10 +58,12 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
       s.kv_endpoint().empty() ? "" : absl::StrCat(" kv=", s.kv_endpoint()),
       s.ready() ? " ready" : " not-ready", s.healthy() ? " healthy" : " unhealthy",
       " running=", s.running_requests(), " kv_blocks=", s.kv_blocks_in_use(), "/",
-      s.kv_blocks_total(), " transfers=", s.transfers_in_flight(),
+      s.kv_blocks_total(), " cached=", s.kv_blocks_cached(), " transfers=",
+      s.transfers_in_flight(),
       " prefill_tokens=", s.prefill_tokens_computed_total(),
       " decode_tokens=", s.decode_tokens_total(), " kv_sent=", s.kv_bytes_sent_total(),
-      " kv_received=", s.kv_bytes_received_total(), " max_batch=", s.max_decode_batch_size());
+      " kv_received=", s.kv_bytes_received_total(), " max_batch=", s.max_decode_batch_size(),
+      " preemptions=", s.preemptions_total());
 }
 
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
@@ -74,12 +76,14 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
           {"running_requests", s.running_requests()},
           {"kv_blocks_in_use", s.kv_blocks_in_use()},
           {"kv_blocks_total", s.kv_blocks_total()},
+          {"kv_blocks_cached", s.kv_blocks_cached()},
           {"transfers_in_flight", s.transfers_in_flight()},
           {"prefill_tokens_computed_total", s.prefill_tokens_computed_total()},
           {"kv_bytes_sent_total", s.kv_bytes_sent_total()},
           {"kv_bytes_received_total", s.kv_bytes_received_total()},
           {"decode_tokens_total", s.decode_tokens_total()},
           {"max_decode_batch_size", s.max_decode_batch_size()},
+          {"preemptions_total", s.preemptions_total()},
           {"model_fingerprint", s.model_fingerprint()}};
 }
 

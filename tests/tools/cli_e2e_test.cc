@@ -181,10 +181,10 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
   EXPECT_EQ(status.exit_code, 0) << status.err;
   EXPECT_EQ(status.out,
             "router router " + *address +
-                " ready healthy running=0 kv_blocks=0/0 transfers=0 prefill_tokens=0 "
-                "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0\n"
-                "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 transfers=0 "
-                "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0\n");
+                " ready healthy running=0 kv_blocks=0/0 cached=0 transfers=0 prefill_tokens=0 "
+                "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+                "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 transfers=0 "
+                "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
 
   ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
   EXPECT_EQ(AwaitExit(group), "exited with status 0");
