@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tools/cli_args.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "tools/router_client.h"
 
 namespace tandem::cli {
@@ -28,6 +29,7 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   if (!parsed.ok()) return parsed.status();
   GenerateOptions o;
   o.router = parsed->GetString("router", o.router);
+  if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
   o.json = parsed->Has("json");
 
   absl::StatusOr<int64_t> max_tokens = parsed->GetInt("max-tokens", o.max_tokens);
@@ -80,6 +82,10 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   }
   if (parsed->positional().empty()) return absl::InvalidArgumentError("missing PROMPT");
   o.prompt = absl::StrJoin(parsed->positional(), " ");
+  // A protobuf string must be UTF-8: catch it here with one clear line.
+  if (tandem::tokenizer::SanitizeUtf8(o.prompt) != o.prompt) {
+    return absl::InvalidArgumentError("PROMPT: not valid UTF-8");
+  }
   return o;
 }
 

@@ -1,5 +1,8 @@
 #include "tools/router_client.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/cluster_config.h"
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -8,7 +11,9 @@ namespace tandem::cli {
 std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays at gRPC's default (20 s): gRPC
+  // also uses it as the connect timeout, and 100 ms made busy-machine
+  // connects fail with "timed out before receiving SETTINGS frame".
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return tandem::v1::Generation::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
@@ -19,6 +24,16 @@ std::string GrpcErrorLine(const grpc::Status& status) {
   return absl::StrCat("tandem: ",
                       absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
                       ": ", status.error_message());
+}
+
+absl::Status CheckRouterAddress(const std::string& address) {
+  absl::StatusOr<HostPort> parsed = ParseHostPort(address, "--router");
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->port == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--router: port must be in 1..65535, got '", address, "'"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::cli

@@ -6,6 +6,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+
+#include "absl/status/status.h"
 #include <string>
 
 #include "tandem/v1/generation.grpc.pb.h"
@@ -19,6 +21,11 @@ inline constexpr char kDefaultRouter[] = "127.0.0.1:50051";
 // the short reconnect backoff of DESIGN.md (100 ms initial, 1 s max) so a
 // router that comes up a moment later is seen at once.
 std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::string& address);
+
+// OK when `address` is "host:port" with a port in 1..65535; otherwise
+// INVALID_ARGUMENT naming the --router flag (gRPC would silently wrap an
+// out-of-range port or log raw errors for an empty one).
+absl::Status CheckRouterAddress(const std::string& address);
 
 // "tandem: UNAVAILABLE: <message>": the CLI's one-line report of a failed
 // RPC, the code spelled as in grpc/absl ("DEADLINE_EXCEEDED").

@@ -25,6 +25,7 @@ absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& ar
   }
   StatusOptions o;
   o.router = parsed->GetString("router", o.router);
+  if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
   o.check_idle = parsed->Has("check-idle");
   o.json = parsed->Has("json");
   absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);

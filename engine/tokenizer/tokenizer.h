@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/gguf/gguf_file.h"
 
 namespace tandem::tokenizer {
@@ -79,15 +80,25 @@ class Tokenizer {
 
 // Incremental detokenizer: appends token bytes and releases only complete
 // UTF-8 characters; an incomplete tail is held until the next token (or
-// Flush(), which returns it as-is). Generated text is not stripped: a
-// first piece " Once" stays " Once" (as llama.cpp's server returns it).
+// Flush()). What it returns is always valid UTF-8 (RFC 3629): a byte that
+// cannot start or continue a well-formed sequence (a stray continuation
+// byte, an overlong form, a surrogate, a tail cut off at Flush) becomes
+// U+FFFD, so the text fits a protobuf `string` field. Generated text is not
+// stripped: a first piece " Once" stays " Once" (as llama.cpp's server
+// returns it).
+// `bytes` with every ill-formed UTF-8 subsequence replaced by U+FFFD, one
+// per offending byte (RFC 3629 well-formed sequences, Table 3-7 of the
+// Unicode Standard).
+std::string SanitizeUtf8(absl::string_view bytes);
+
 class IncrementalDecoder {
  public:
   // `tokenizer` must outlive the decoder.
   explicit IncrementalDecoder(const Tokenizer& tokenizer);
   // Appends the bytes of `token_id`; returns the newly completed text.
   std::string Push(int32_t token_id);
-  // Returns whatever is held back (possibly invalid UTF-8) and resets.
+  // Returns whatever is held back (an incomplete tail becomes U+FFFD) and
+  // resets.
   std::string Flush();
 
  private:

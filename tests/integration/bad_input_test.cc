@@ -59,7 +59,11 @@ TEST_P(BadInputTest, RefusedWhileAGoodStreamRuns) {
   // Alternate the good stream's route between cases.
   const bool remote = GetParam() % 2 == 0;
   const GoldenCase& good = Golden(remote ? "boundary_33tok" : "lily_and_ben");
-  GenerateStream stream(cluster().stub(), MakeRequest(good.prompt, kGoldenMaxTokens));
+  // The route is forced: with the suite's shared cluster the prefix cache
+  // may already hold the prompt, and AUTO would then prefill it locally.
+  GenerateStream stream(cluster().stub(),
+                        MakeRequest(good.prompt, kGoldenMaxTokens,
+                                    remote ? v1::ROUTE_REMOTE : v1::ROUTE_LOCAL));
   // The good stream is under way once its first message is here.
   ASSERT_TRUE(stream.ReadOne()) << stream.Finish().status.error_message();
 

@@ -28,13 +28,15 @@ namespace fs = std::filesystem;
 
 constexpr char kListening[] = "TANDEM_LISTENING ";
 
-// A channel with the short reconnect backoff the servers use themselves
-// (DESIGN.md: ~100 ms initial, ~1 s max), so a peer that comes up a moment
-// later is reached at once.
+// A channel with a short reconnect backoff (DESIGN.md: ~100 ms initial,
+// ~1 s max), so a peer that comes up a moment later is reached at once.
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left at gRPC's default on purpose:
+// gRPC uses it as the minimum *connect timeout* (subchannel.cc), and at
+// 100 ms a loopback connect on a loaded machine is abandoned ("tcp
+// handshaker shutdown") and calls fail with UNAVAILABLE.
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
@@ -88,9 +90,12 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "    kv_listen: 127.0.0.1:0\n"
       "engine:\n"
       "  block_size: ", o.block_size, "\n",
-      "  num_kv_blocks: 512\n"
-      "  max_num_seqs: 64\n"
-      "  threads: 1\n"
+      "  num_kv_blocks: ", o.num_kv_blocks, "\n",
+      "  max_num_seqs: ", o.max_num_seqs, "\n",
+      "  threads: ", o.threads, "\n",
+      "  max_num_batched_tokens: ", o.max_num_batched_tokens, "\n",
+      "  prefill_chunk_tokens: ", o.prefill_chunk_tokens, "\n",
+      "  enable_prefix_caching: ", o.enable_prefix_caching ? "true" : "false", "\n",
       "conditional:\n"
       "  max_local_prefill_tokens: ", o.max_local_prefill_tokens, "\n",
       "  on_prefill_failure: fail\n"
@@ -286,6 +291,15 @@ void ClusterSuite::SetUp() {
   ASSERT_NE(start_status_, nullptr) << "SetUpTestSuite did not call StartSuiteCluster";
   ASSERT_TRUE(start_status_->ok()) << "cluster start-up failed: " << *start_status_;
   ASSERT_NE(cluster_, nullptr);
+}
+
+// ---- OwnClusterTest -----------------------------------------------------------
+
+void OwnClusterTest::StartCluster(const ClusterOptions& options) {
+  cluster_.reset();
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << "cluster start-up failed: " << cluster.status();
+  cluster_ = std::move(*cluster);
 }
 
 // ---- RunProcess -------------------------------------------------------------

@@ -51,10 +51,17 @@ bool WriteFile(const std::string& path, const std::string& contents);
 
 // Knobs of the cluster YAML (common/cluster_config.h) the tests vary. The
 // defaults are the suite's: one prefill and one decode worker, block_size
-// 16, max_local_prefill_tokens 32, a 200 ms router poll period.
+// 16, 512 KV blocks per worker, max_local_prefill_tokens 32, a 200 ms
+// router poll period; the engine.* keys apply to both workers.
 struct ClusterOptions {
   std::string router_listen = "127.0.0.1:0";  // router.listen
   int32_t block_size = 16;                 // engine.block_size, tokens
+  int32_t num_kv_blocks = 512;             // engine.num_kv_blocks, blocks per worker
+  int32_t max_num_seqs = 64;               // engine.max_num_seqs, sequences
+  int32_t threads = 1;                     // engine.threads
+  int32_t max_num_batched_tokens = 2048;   // engine.max_num_batched_tokens, per step
+  int32_t prefill_chunk_tokens = 512;      // engine.prefill_chunk_tokens, per sequence
+  bool enable_prefix_caching = true;       // engine.enable_prefix_caching
   int32_t max_local_prefill_tokens = 32;   // conditional.max_local_prefill_tokens
   int32_t transfer_timeout_ms = 5000;      // kv.transfer_timeout_ms
   int32_t handshake_timeout_ms = 5000;     // kv.handshake_timeout_ms
@@ -170,6 +177,24 @@ class ClusterSuite : public ::testing::Test {
 class DefaultClusterSuite : public ClusterSuite {
  protected:
   static void SetUpTestSuite() { StartSuiteCluster(ClusterOptions()); }
+};
+
+// Base of tests that each start their own cluster in the test body (fresh
+// prefix caches and counters, also when the whole binary runs in one
+// process). Use as ASSERT_NO_FATAL_FAILURE(StartCluster(options)); the
+// cluster stops when the test ends.
+class OwnClusterTest : public ::testing::Test {
+ protected:
+  // Starts the cluster; a fatal test failure naming the error otherwise.
+  void StartCluster(const ClusterOptions& options);
+  // Stops the running cluster, if any (before starting another one).
+  void StopCluster() { cluster_.reset(); }
+
+  // The running cluster (valid after StartCluster succeeded).
+  LocalCluster& cluster() { return *cluster_; }
+
+ private:
+  std::unique_ptr<LocalCluster> cluster_;
 };
 
 // A finished child process run by RunProcess.

@@ -1,9 +1,14 @@
 #include "tests/integration/generate_client.h"
 
 #include <chrono>
+#include <cstring>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
@@ -72,6 +77,12 @@ v1::GenerateRequest MakeRequest(const std::string& prompt, uint32_t max_tokens,
   return request;
 }
 
+void SetSeededSampling(v1::GenerateRequest* request, float temperature, uint64_t seed) {
+  request->mutable_sampling()->set_temperature(temperature);
+  request->mutable_sampling()->set_seed(seed);
+  request->mutable_sampling()->set_has_seed(true);
+}
+
 std::string RouteName(v1::RouteOverride route) {
   return route == v1::ROUTE_REMOTE ? "remote" : "local";
 }
@@ -91,11 +102,13 @@ void StreamResult::Add(const v1::GenerateResponse& r) {
   for (const v1::TokenOutput& t : r.tokens()) {
     token_ids.push_back(t.token_id());
     indices.push_back(t.index());
+    logprobs.push_back(t.logprob());
   }
   text += r.text();
   if (r.finish_reason() != v1::FINISH_NONE) finish_reason = r.finish_reason();
   if (r.prompt_tokens() != 0) prompt_tokens = r.prompt_tokens();
   if (r.completion_tokens() != 0) completion_tokens = r.completion_tokens();
+  if (r.cached_prompt_tokens() != 0) cached_prompt_tokens = r.cached_prompt_tokens();
 }
 
 bool StreamResult::IndicesAreSequential() const {
@@ -165,6 +178,103 @@ StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& 
                          absl::Duration timeout) {
   GenerateStream stream(stub, request, timeout);
   return stream.Finish();
+}
+
+std::vector<StreamResult> RunConcurrently(v1::Generation::Stub& stub,
+                                          const std::vector<v1::GenerateRequest>& requests,
+                                          absl::Duration timeout) {
+  std::vector<std::unique_ptr<GenerateStream>> streams;
+  streams.reserve(requests.size());
+  for (const v1::GenerateRequest& request : requests) {
+    streams.push_back(std::make_unique<GenerateStream>(stub, request, timeout));
+  }
+  std::vector<std::thread> readers;
+  readers.reserve(streams.size());
+  for (auto& stream : streams) {
+    readers.emplace_back([s = stream.get()] { s->Finish(); });
+  }
+  for (std::thread& t : readers) t.join();
+  std::vector<StreamResult> results;
+  results.reserve(streams.size());
+  for (auto& stream : streams) results.push_back(stream->result());
+  return results;
+}
+
+uint32_t FloatBits(float f) {
+  uint32_t bits;
+  static_assert(sizeof(bits) == sizeof(f));
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenize(v1::Generation::Stub& stub,
+                                              const std::string& text) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::TokenizeRequest request;
+  request.set_text(text);
+  request.set_add_bos(true);
+  v1::TokenizeResponse response;
+  grpc::Status s = stub.Tokenize(&context, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("Tokenize: ", s.error_message()));
+  }
+  return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
+}
+
+absl::StatusOr<std::string> PromptWithTokenCount(v1::Generation::Stub& stub,
+                                                 size_t num_tokens) {
+  const std::vector<std::string> words =
+      absl::StrSplit(Golden("long_repeated_313tok").prompt, ' ', absl::SkipEmpty());
+  std::string best;  // the longest word prefix with <= num_tokens tokens
+  size_t count = 0;
+  for (size_t n = 1; n <= words.size(); ++n) {
+    const std::string text =
+        absl::StrJoin(words.begin(), words.begin() + static_cast<ptrdiff_t>(n), " ");
+    absl::StatusOr<std::vector<int32_t>> ids = Tokenize(stub, text);
+    if (!ids.ok()) return ids.status();
+    if (ids->size() > num_tokens) break;
+    best = text;
+    count = ids->size();
+  }
+  while (count < num_tokens) {
+    best += " a";
+    absl::StatusOr<std::vector<int32_t>> ids = Tokenize(stub, best);
+    if (!ids.ok()) return ids.status();
+    count = ids->size();
+  }
+  if (count != num_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no prompt of exactly ", num_tokens, " tokens: \"", best, "\" has ", count));
+  }
+  return best;
+}
+
+std::string RandomPrompt(std::mt19937_64& rng, size_t min_words, size_t max_words) {
+  static const std::vector<std::string>* words = [] {
+    auto* all = new std::vector<std::string>();
+    for (const GoldenCase& g : Goldens()) {
+      for (absl::string_view w : absl::StrSplit(g.prompt, ' ', absl::SkipEmpty())) {
+        all->emplace_back(w);
+      }
+    }
+    return all;
+  }();
+  if (words->empty()) return "Once upon a time";  // Goldens() has failed the test
+  std::uniform_int_distribution<size_t> length(min_words, max_words);
+  std::uniform_int_distribution<size_t> pick(0, words->size() - 1);
+  std::vector<std::string> chosen(length(rng));
+  for (std::string& w : chosen) w = (*words)[pick(rng)];
+  return absl::StrJoin(chosen, " ");
+}
+
+v1::GenerateRequest RandomRequest(std::mt19937_64& rng, v1::RouteOverride route) {
+  const std::string prompt = RandomPrompt(rng, 3, 60);
+  const uint32_t max_tokens = std::uniform_int_distribution<uint32_t>(8, 32)(rng);
+  v1::GenerateRequest request = MakeRequest(prompt, max_tokens, route);
+  if (std::bernoulli_distribution(0.5)(rng)) SetSeededSampling(&request, 0.8f, rng());
+  return request;
 }
 
 }  // namespace tandem::testing

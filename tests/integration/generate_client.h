@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -46,6 +48,10 @@ inline constexpr uint32_t kGoldenMaxTokens = 32;  // the golden file's n_predict
 v1::GenerateRequest MakeRequest(const std::string& prompt, uint32_t max_tokens,
                                 v1::RouteOverride route = v1::ROUTE_AUTO);
 
+// Switches `request` to temperature sampling with `seed` (SamplingParams
+// has_seed = true).
+void SetSeededSampling(v1::GenerateRequest* request, float temperature, uint64_t seed);
+
 // Route as the router names it: "local" / "remote".
 std::string RouteName(v1::RouteOverride route);
 
@@ -62,10 +68,12 @@ struct StreamResult {
   bool first_message_has_prompt_ids = false;
   std::vector<int32_t> token_ids;         // in stream order
   std::vector<uint32_t> indices;          // TokenOutput.index, stream order
+  std::vector<float> logprobs;            // TokenOutput.logprob, stream order
   uint64_t seed = 0;                      // from the first message
   v1::FinishReason finish_reason = v1::FINISH_NONE;
   uint32_t prompt_tokens = 0;      // last non-zero GenerateResponse.prompt_tokens
   uint32_t completion_tokens = 0;  // last non-zero completion_tokens
+  uint32_t cached_prompt_tokens = 0;  // last non-zero cached_prompt_tokens
   std::string text;
 
   // Folds one message in.
@@ -110,6 +118,40 @@ void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string&
 // A whole call: GenerateStream(...).Finish().
 StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
                          absl::Duration timeout = absl::Seconds(60));
+
+// All `requests` at once: every call is started before any is read, then
+// each stream is read to its end on its own thread. Results in request
+// order.
+std::vector<StreamResult> RunConcurrently(v1::Generation::Stub& stub,
+                                          const std::vector<v1::GenerateRequest>& requests,
+                                          absl::Duration timeout = absl::Seconds(60));
+
+// The IEEE-754 bits of `f`, so logprobs compare bit for bit (and print as
+// integers in failure messages).
+uint32_t FloatBits(float f);
+
+// Generation.Tokenize on the router with BOS: the prompt ids a Generate of
+// `text` would use.
+absl::StatusOr<std::vector<int32_t>> Tokenize(v1::Generation::Stub& stub,
+                                              const std::string& text);
+
+// Text whose tokenization (BOS included) has exactly `num_tokens` tokens:
+// the longest word prefix of the golden long_repeated_313tok prompt with at
+// most num_tokens tokens, padded with " a" words, each count checked with
+// Tokenize. FAILED_PRECONDITION when padding cannot reach the count.
+absl::StatusOr<std::string> PromptWithTokenCount(v1::Generation::Stub& stub,
+                                                 size_t num_tokens);
+
+// `min_words`..`max_words` words drawn by `rng` from the words of the
+// golden prompts, joined by spaces: roughly 1-3 tokens a word (about 1.7
+// on average), so 3-60 words make prompts of about 5-120 tokens.
+// Deterministic for a seeded rng.
+std::string RandomPrompt(std::mt19937_64& rng, size_t min_words, size_t max_words);
+
+// A request drawn by `rng` on `route`: RandomPrompt(rng, 3, 60), max_tokens
+// in [8, 32], and either greedy or temperature 0.8 with a drawn seed (even
+// odds), so the same rng state gives the same request.
+v1::GenerateRequest RandomRequest(std::mt19937_64& rng, v1::RouteOverride route);
 
 }  // namespace tandem::testing
 

@@ -211,13 +211,31 @@ TEST(IncrementalDecoderTest, HoldsBackSplitMultibyteChar) {
   EXPECT_EQ(d.Push(PieceId(f, "<0x9A>")), "");
   EXPECT_EQ(d.Push(PieceId(f, "<0x80>")), "\xF0\x9F\x9A\x80");
   EXPECT_EQ(d.Push(PieceId(f, "<0x41>")), "A");
-  // An incomplete tail comes out of Flush() as-is; control tokens add nothing.
+  // An incomplete tail comes out of Flush() as U+FFFD; control tokens add
+  // nothing.
   EXPECT_EQ(d.Push(PieceId(f, "<0xE2>")), "");
   EXPECT_EQ(d.Push(1), "");
-  EXPECT_EQ(d.Flush(), "\xE2");
+  EXPECT_EQ(d.Flush(), "\xEF\xBF\xBD");
   EXPECT_EQ(d.Flush(), "");
-  // A stray continuation byte is not held.
-  EXPECT_EQ(d.Push(PieceId(f, "<0x80>")), "\x80");
+  // A stray continuation byte is not held: it becomes U+FFFD.
+  EXPECT_EQ(d.Push(PieceId(f, "<0x80>")), "\xEF\xBF\xBD");
+}
+
+// Regression: sampled byte tokens that form no valid UTF-8 reached the
+// router's protobuf `text` field, which failed to serialize and hung the
+// client. Output is always valid UTF-8 (Unicode Table 3-7).
+TEST(SanitizeUtf8Test, ReplacesEachIllFormedByte) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(SanitizeUtf8("abc"), "abc");
+  EXPECT_EQ(SanitizeUtf8("caf\xC3\xA9"), "caf\xC3\xA9");
+  EXPECT_EQ(SanitizeUtf8("\xF0\x9F\x9A\x80"), "\xF0\x9F\x9A\x80");
+  EXPECT_EQ(SanitizeUtf8("\xFF"), r);
+  EXPECT_EQ(SanitizeUtf8("\x80x"), r + "x");
+  EXPECT_EQ(SanitizeUtf8("\xC0\xAF"), r + r);          // overlong '/'
+  EXPECT_EQ(SanitizeUtf8("\xED\xA0\x80"), r + r + r);  // surrogate U+D800
+  EXPECT_EQ(SanitizeUtf8("\xF4\x90\x80\x80"), r + r + r + r);  // > U+10FFFF
+  EXPECT_EQ(SanitizeUtf8("\xE2\x82"), r + r);          // cut short
+  EXPECT_EQ(SanitizeUtf8(std::string("a\0b", 3)), std::string("a\0b", 3));
 }
 
 TEST(IncrementalDecoderTest, EmojiByteFallbackRoundTrip) {
