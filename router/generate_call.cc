@@ -8,13 +8,20 @@
 namespace tandem::router {
 namespace {
 
-// Decrements a worker's active count when the request is done with it.
+// While a request uses a worker: counts it as active there, and fails the
+// request if the registry marks the worker unhealthy.
 struct ActiveGuard {
   std::shared_ptr<WorkerHandle> w;
-  explicit ActiveGuard(std::shared_ptr<WorkerHandle> worker) : w(std::move(worker)) {
+  uint64_t lost_token;
+  ActiveGuard(std::shared_ptr<WorkerHandle> worker, GenerateCall* call)
+      : w(std::move(worker)),
+        lost_token(w->AddLostCallback([call, name = w->name] { call->WorkerLost(name); })) {
     ++w->active_requests;
   }
-  ~ActiveGuard() { --w->active_requests; }
+  ~ActiveGuard() {
+    w->RemoveLostCallback(lost_token);
+    --w->active_requests;
+  }
 };
 
 }  // namespace
@@ -35,6 +42,14 @@ GenerateCall::GenerateCall(Params params, const WorkerRegistry* registry,
 void GenerateCall::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
+  decode_ctx_.TryCancel();
+  prefill_ctx_.TryCancel();
+}
+
+void GenerateCall::WorkerLost(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  lost_error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             absl::StrCat("worker ", name, " stopped answering status polls"));
   decode_ctx_.TryCancel();
   prefill_ctx_.TryCancel();
 }
@@ -74,7 +89,7 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
 
 void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
                               const v1::NeedRemotePrefill& need) {
-  ActiveGuard active(prefill);
+  ActiveGuard active(prefill, this);
   v1::PrefillRequest req;
   req.set_request_id(params_.request_id);
   req.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
@@ -105,7 +120,7 @@ void GenerateCall::Run() {
     sink_->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy decode worker"));
     return;
   }
-  ActiveGuard active(decode);
+  ActiveGuard active(decode, this);
   {
     absl::MutexLock lock(&mu_);
     decode_name_ = decode->name;
@@ -167,6 +182,7 @@ void GenerateCall::Run() {
   if (!prefill_error_.ok() && (status.ok() || status.error_code() == grpc::StatusCode::CANCELLED)) {
     status = prefill_error_;
   }
+  if (!lost_error_.ok()) status = lost_error_;
   if (cancelled_) status = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
   if (status.ok() && !pending_.empty()) {
     status = grpc::Status(grpc::StatusCode::INTERNAL,

@@ -43,6 +43,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void Run();
   // Client went away: cancels the calls to D and P.
   void Cancel();
+  // The registry marked a worker of this request unhealthy: the request
+  // ends with UNAVAILABLE naming it.
+  void WorkerLost(const std::string& name);
 
  private:
   // Runs P.Prefill; on success streams token 0, on failure records the
@@ -61,6 +64,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status lost_error_ ABSL_GUARDED_BY(mu_);  // a worker became unhealthy
   bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::string route_ ABSL_GUARDED_BY(mu_) = "local";
   std::string decode_name_ ABSL_GUARDED_BY(mu_);

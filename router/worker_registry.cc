@@ -20,6 +20,22 @@ grpc::Status QueryStatus(const WorkerHandle& w, int timeout_ms, v1::WorkerStatus
 
 }  // namespace
 
+uint64_t WorkerHandle::AddLostCallback(std::function<void()> callback) {
+  absl::MutexLock lock(&lost_mu_);
+  lost_callbacks_[next_lost_token_] = std::move(callback);
+  return next_lost_token_++;
+}
+
+void WorkerHandle::RemoveLostCallback(uint64_t token) {
+  absl::MutexLock lock(&lost_mu_);
+  lost_callbacks_.erase(token);
+}
+
+void WorkerHandle::NotifyLost() {
+  absl::MutexLock lock(&lost_mu_);
+  for (auto& [token, callback] : lost_callbacks_) callback();
+}
+
 WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
                                std::function<void(bool)> on_health_change)
     : options_(options), on_health_change_(std::move(on_health_change)) {
@@ -146,6 +162,7 @@ void WorkerRegistry::PollLoop() {
       // A draining worker answers with ready = false: route nothing new to it.
       const bool ok = QueryStatus(*h, options_.rpc_timeout_ms, &status).ok() && status.ready();
       bool before;
+      bool lost = false;
       {
         absl::MutexLock lock(&mu_);
         before = CanServeLocked();
@@ -157,10 +174,12 @@ void WorkerRegistry::PollLoop() {
           e.healthy = true;
         } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
           e.healthy = false;
+          lost = true;
           rpc::Log(absl::StrCat("worker ", h->name, " missed ", e.missed_polls,
                                 " polls: unhealthy"));
         }
       }
+      if (lost) h->NotifyLost();  // its in-flight requests fail now
       NotifyIfChanged(before);
     }
   }

@@ -38,6 +38,19 @@ struct WorkerHandle {
   std::unique_ptr<v1::DecodeWorker::Stub> decode_stub;    // decode workers
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub;  // prefill workers
   std::atomic<int> active_requests{0};  // routed by this router, not finished
+
+  // Requests using this worker register a callback that runs when the
+  // registry marks the worker unhealthy: a frozen worker would otherwise
+  // hold their streams until the client's deadline. Returns a token for
+  // RemoveLostCallback, which waits for a running callback to return.
+  uint64_t AddLostCallback(std::function<void()> callback);
+  void RemoveLostCallback(uint64_t token);
+  void NotifyLost();
+
+ private:
+  absl::Mutex lost_mu_;
+  uint64_t next_lost_token_ ABSL_GUARDED_BY(lost_mu_) = 0;
+  std::map<uint64_t, std::function<void()>> lost_callbacks_ ABSL_GUARDED_BY(lost_mu_);
 };
 
 struct RegistryOptions {

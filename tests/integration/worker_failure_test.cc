@@ -59,6 +59,31 @@ TEST(DecodeWorkerDownTest, InFlightRequestFailsUnavailable) {
   EXPECT_LT(absl::Now() - killed, kPrompt);
 }
 
+// Regression: a frozen (SIGSTOPped) decode worker kept its in-flight
+// streams open until the client's deadline, although the router had marked
+// it unhealthy. The router now fails them with UNAVAILABLE at that moment.
+TEST(DecodeWorkerDownTest, FrozenWorkerFailsInFlightRequestsWhenMarkedUnhealthy) {
+  std::unique_ptr<LocalCluster> cluster = StartCluster();
+  ASSERT_NE(cluster, nullptr);
+  const GoldenCase& g = Golden("long_repeated_313tok");
+  const uint32_t max_tokens = kContextLength - static_cast<uint32_t>(g.prompt_ids.size());
+  GenerateStream stream(cluster->stub(), MakeRequest(g.prompt, max_tokens, v1::ROUTE_LOCAL),
+                        absl::Seconds(60));
+  ASSERT_TRUE(stream.ReadUntilFirstToken()) << stream.Finish().status.error_message();
+  ASSERT_EQ(kill(cluster->decode_pid(), SIGSTOP), 0);
+  const absl::Time stopped = absl::Now();
+  const StreamResult& r = stream.Finish();
+  const absl::Duration took = absl::Now() - stopped;
+  kill(cluster->decode_pid(), SIGCONT);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_THAT(r.status.error_message(), HasSubstr("decode-0"));
+  // Each missed poll may wait a whole rpc_timeout on the frozen worker.
+  const ClusterOptions o;
+  EXPECT_LT(took, absl::Milliseconds((o.poll_interval_ms + o.rpc_timeout_ms) *
+                                     o.unhealthy_after_missed_polls) +
+                      absl::Seconds(2));
+}
+
 TEST(DecodeWorkerDownTest, NewRequestsFailUnavailablePromptly) {
   std::unique_ptr<LocalCluster> cluster = StartCluster();
   ASSERT_NE(cluster, nullptr);
