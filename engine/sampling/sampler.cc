@@ -43,11 +43,11 @@ float LogSoftmaxAt(std::span<const float> logits, int32_t id) {
 absl::Status Validate(const SamplingOptions& options) {
   if (!(std::isfinite(options.temperature) && options.temperature >= 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "temperature must be >= 0 and finite, got ", options.temperature));
+        "temperature: must be >= 0 and finite, got ", options.temperature));
   }
   if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("top_p must be in (0, 1], got ", options.top_p));
+        absl::StrCat("top_p: must be in (0, 1], got ", options.top_p));
   }
   return absl::OkStatus();
 }

@@ -33,11 +33,11 @@ TEST(SamplerValidateTest, RejectsBadTemperature) {
   o.temperature = std::numeric_limits<float>::quiet_NaN();
   absl::Status s = Validate(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "temperature must be >= 0 and finite, got nan");
+  EXPECT_EQ(s.message(), "temperature: must be >= 0 and finite, got nan");
   o.temperature = -0.5f;
-  EXPECT_EQ(Validate(o).message(), "temperature must be >= 0 and finite, got -0.5");
+  EXPECT_EQ(Validate(o).message(), "temperature: must be >= 0 and finite, got -0.5");
   o.temperature = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(Validate(o).message(), "temperature must be >= 0 and finite, got inf");
+  EXPECT_EQ(Validate(o).message(), "temperature: must be >= 0 and finite, got inf");
 }
 
 TEST(SamplerValidateTest, RejectsBadTopP) {
@@ -45,11 +45,11 @@ TEST(SamplerValidateTest, RejectsBadTopP) {
   o.top_p = 1.5f;
   absl::Status s = Validate(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "top_p must be in (0, 1], got 1.5");
+  EXPECT_EQ(s.message(), "top_p: must be in (0, 1], got 1.5");
   o.top_p = 0.0f;
-  EXPECT_EQ(Validate(o).message(), "top_p must be in (0, 1], got 0");
+  EXPECT_EQ(Validate(o).message(), "top_p: must be in (0, 1], got 0");
   o.top_p = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(Validate(o).message(), "top_p must be in (0, 1], got nan");
+  EXPECT_EQ(Validate(o).message(), "top_p: must be in (0, 1], got nan");
 }
 
 TEST(SamplerTest, GreedyTieGoesToLowestId) {
