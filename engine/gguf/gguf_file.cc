@@ -308,6 +308,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     if (!f->metadata_.emplace(key, std::move(value)).second) {
       return r.Error(absl::StrCat("duplicate metadata key '", key, "'"));
     }
+    f->metadata_keys_.push_back(std::move(key));
   }
 
   if (const MetadataValue* a = f->Find("general.alignment")) {

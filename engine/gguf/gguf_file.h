@@ -86,6 +86,9 @@ class GgufFile {
   uint32_t alignment() const { return alignment_; }
 
   const std::map<std::string, MetadataValue>& metadata() const { return metadata_; }
+  // Metadata keys in file order (metadata() is sorted by key), e.g. for
+  // rewriting a file with GgufWriter.
+  const std::vector<std::string>& metadata_keys() const { return metadata_keys_; }
   const MetadataValue* Find(std::string_view key) const;
 
   // Typed getters: NOT_FOUND if absent, INVALID_ARGUMENT on a type mismatch.
@@ -107,6 +110,7 @@ class GgufFile {
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
   std::map<std::string, MetadataValue> metadata_;
+  std::vector<std::string> metadata_keys_;  // file order
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };

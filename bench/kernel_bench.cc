@@ -1,0 +1,210 @@
+// Kernel and memory micro-benchmarks: the machine's FMA peak, the model's
+// MatMul (engine/model/cpu_kernels.h) GFLOP/s, memcpy GB/s and the KV copy
+// functions (engine/kv/block_pool.h) GB/s. Every benchmark uses real
+// (wall-clock) time, because the pooled ones run on more than one thread.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "bench/bench_util.h"
+#include "engine/kv/block_pool.h"
+#include "engine/model/cpu_kernels.h"
+#include "engine/model/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace tandem::bench {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Peak FMA throughput. kAcc independent accumulator registers, each updated
+// by one explicit fused multiply-add per step (explicit intrinsics, so
+// -ffp-contract=off does not apply), enough independent chains to cover the
+// FMA latency (4 cycles) on two FMA ports. FLOPs per step: kAcc * lanes * 2.
+// This is the machine's float32 compute ceiling for the roofline, not
+// something a real GEMM reaches.
+constexpr int kAcc = 12;
+constexpr int64_t kFmaSteps = 1 << 20;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t steps) {
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999999f);
+  const __m512 b = _mm512_set1_ps(1e-7f);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, sum);
+  float total = 0.0f;
+  for (float v : out) total += v;
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t steps) {
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999999f);
+  const __m256 b = _mm256_set1_ps(1e-7f);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, sum);
+  return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+#endif
+
+// Runs the widest FMA loop the CPU supports on one thread; returns the
+// float lanes per vector (0 when there is no FMA unit to measure).
+int FmaLoop(int64_t steps, float* sink) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) {
+    *sink = FmaLoopAvx512(steps);
+    return 16;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    *sink = FmaLoopAvx2(steps);
+    return 8;
+  }
+#endif
+  return 0;
+}
+
+// Arg 0: threads (each runs the loop; one is the benchmark's own thread).
+void BM_FmaPeak(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  float sinks[64] = {};
+  int lanes = 0;
+  for (auto _ : state) {
+    std::vector<std::thread> workers;
+    for (int t = 1; t < threads; ++t) {
+      workers.emplace_back([&sinks, t] { FmaLoop(kFmaSteps, &sinks[t]); });
+    }
+    lanes = FmaLoop(kFmaSteps, &sinks[0]);
+    for (auto& w : workers) w.join();
+    benchmark::DoNotOptimize(sinks);
+  }
+  if (lanes == 0) {
+    state.SkipWithError("no AVX2/AVX-512 FMA on this CPU");
+    return;
+  }
+  const double flops = 2.0 * kAcc * lanes * static_cast<double>(kFmaSteps) * threads;
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(lanes == 16 ? "avx512" : "avx2");
+}
+BENCHMARK(BM_FmaPeak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+
+// ---------------------------------------------------------------------------
+// MatMul (the model's kernel): y[M][N] = x[M][K] * W[N][K]^T.
+// Args: M, K, N, threads. Counters: GFLOP/s (2MKN per call) and GB/s of
+// the minimal traffic (x, W and y once each, 4 bytes a float).
+void BM_MatMul(benchmark::State& state) {
+  const size_t m = static_cast<size_t>(state.range(0));
+  const size_t k = static_cast<size_t>(state.range(1));
+  const size_t n = static_cast<size_t>(state.range(2));
+  const int32_t threads = static_cast<int32_t>(state.range(3));
+  const std::vector<float> x = RandomFloats(m * k, 1);
+  const std::vector<float> w = RandomFloats(n * k, 2);
+  std::vector<float> y(m * n);
+  model::ThreadPool pool(threads);
+  for (auto _ : state) {
+    model::internal::MatMul(x.data(), w.data(), m, k, n, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(m * k * n);
+  const double bytes = 4.0 * static_cast<double>(m * k + n * k + m * n);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["flop_per_byte"] = flops / bytes;
+}
+void MatMulArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "K", "N", "threads"});
+  for (int threads : {1, 2}) {
+    for (int m : {1, 32, 512}) {
+      b->Args({m, 768, 768, threads});
+      b->Args({m, 768, 2048, threads});
+    }
+  }
+}
+BENCHMARK(BM_MatMul)->Apply(MatMulArgs)->UseRealTime();
+
+// ---------------------------------------------------------------------------
+// memcpy of range(0) MiB between two buffers. GB/s counts the bytes copied
+// (the memory traffic is twice that: one read, one write).
+void BM_Memcpy(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0)) << 20;
+  std::vector<char> src(bytes, 1);
+  std::vector<char> dst(bytes, 0);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Memcpy)->ArgName("MiB")->Arg(1)->Arg(16)->Arg(256)->UseRealTime();
+
+// ---------------------------------------------------------------------------
+// KV copy: ReadKvRows / WriteKvRows of `count` tokens for every layer of a
+// cache of kv_dim floats a row (32 = stories260K, 768 = a 110M-class model),
+// block size 16, into/out of contiguous buffers, as the KV sender/receiver
+// do. GB/s counts the K and V bytes copied.
+constexpr int32_t kKvLayers = 12;
+constexpr int32_t kKvBlockSize = 16;
+
+template <bool kWrite>
+void BM_KvCopy(benchmark::State& state) {
+  const int32_t kv_dim = static_cast<int32_t>(state.range(0));
+  const int32_t count = static_cast<int32_t>(state.range(1));
+  kv::KvShape shape;
+  shape.n_layers = kKvLayers;
+  shape.n_kv_heads = kv_dim / 32;
+  shape.head_dim = 32;
+  shape.block_size = kKvBlockSize;
+  const int32_t blocks = kv::BlocksForTokens(count, kKvBlockSize);
+  kv::BlockPool pool(shape, blocks);
+  const std::vector<int32_t> table = *pool.Allocate(blocks);
+  std::vector<float> k = RandomFloats(static_cast<size_t>(count) * kv_dim, 3);
+  std::vector<float> v = RandomFloats(static_cast<size_t>(count) * kv_dim, 4);
+  for (auto _ : state) {
+    for (int32_t layer = 0; layer < kKvLayers; ++layer) {
+      if constexpr (kWrite) {
+        kv::WriteKvRows(pool, table, layer, 0, count, k.data(), v.data());
+      } else {
+        kv::ReadKvRows(pool, table, layer, 0, count, k.data(), v.data());
+      }
+    }
+    benchmark::DoNotOptimize(k.data());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = 2.0 * 4.0 * kKvLayers * static_cast<double>(count) * kv_dim;
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+void KvArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"kv_dim", "tokens"});
+  for (int kv_dim : {32, 768}) {
+    for (int count : {128, 2048}) b->Args({kv_dim, count});
+  }
+}
+BENCHMARK_TEMPLATE(BM_KvCopy, false)->Name("BM_ReadKvRows")->Apply(KvArgs)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_KvCopy, true)->Name("BM_WriteKvRows")->Apply(KvArgs)->UseRealTime();
+
+}  // namespace
+}  // namespace tandem::bench
+
+BENCHMARK_MAIN();
