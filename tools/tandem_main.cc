@@ -6,6 +6,7 @@
 
 #include "tools/generate.h"
 #include "tools/status.h"
+#include "tools/synth_model.h"
 #include "tools/up.h"
 
 namespace {
@@ -20,7 +21,10 @@ constexpr char kUsage[] =
     "            [--router H:P] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "            [--seed S] [--route auto|local|remote] [--json] [--timeout-ms MS] PROMPT\n"
     "  status    one line per process; exit 0 when the cluster can serve\n"
-    "            [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n";
+    "            [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n"
+    "  synth-model  write a Llama GGUF of a given shape with seeded random weights\n"
+    "            --out PATH (--vocab-from GGUF | --vocab byte) [--preset 15M|110M|1B | --dim N --layers N\n"
+    "            --heads N [--kv-heads N] --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n";
 
 }  // namespace
 
@@ -34,6 +38,7 @@ int main(int argc, char** argv) {
   if (command == "up") return tandem::cli::RunUp(args);
   if (command == "generate") return tandem::cli::RunGenerate(args);
   if (command == "status") return tandem::cli::RunStatus(args);
+  if (command == "synth-model") return tandem::cli::RunSynthModel(args);
   if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kUsage, stdout);
     return 2;

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "tools/cli_args.h"
 #include "tools/process_group.h"
 #include "tools/router_client.h"
+#include "tools/synth_model.h"
 
 namespace tandem::cli {
 namespace {
@@ -157,6 +159,24 @@ std::string DialAddress(const std::string& listening) {
   return hp->ToString();
 }
 
+absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
+                                           const ClusterConfig& config, std::string* notice) {
+  notice->clear();
+  absl::StatusOr<std::string> model = ResolveModelPath(flag_value, config);
+  if (model.ok() || !absl::IsNotFound(model.status())) return model;
+  const char* env = std::getenv("TANDEM_MODEL");
+  const bool explicit_choice =
+      !flag_value.empty() || (env != nullptr && *env != '\0') || !config.model.empty();
+  if (explicit_choice) return model;
+  absl::StatusOr<bool> wrote = EnsureSynthModel(OfflineModelOptions(kOfflineModelPath));
+  if (!wrote.ok()) return wrote.status();
+  *notice = absl::StrCat(
+      "tandem: no model found; serving a small synthetic model with random weights "
+      "(its text is random): ",
+      kOfflineModelPath);
+  return std::string(kOfflineModelPath);
+}
+
 int RunUp(const std::vector<std::string>& args) {
   absl::StatusOr<UpOptions> options = ParseUpArgs(args);
   if (!options.ok()) {
@@ -165,8 +185,10 @@ int RunUp(const std::vector<std::string>& args) {
   }
   absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options->config);
   if (!config.ok()) return Fail(config.status().message());
-  absl::StatusOr<std::string> model = ResolveModelPath(options->model, *config);
+  std::string notice;
+  absl::StatusOr<std::string> model = ResolveUpModel(options->model, *config, &notice);
   if (!model.ok()) return Fail(model.status().message());
+  if (!notice.empty()) std::cerr << notice << "\n";
   absl::StatusOr<std::filesystem::path> bin_dir = SelfDirectory();
   if (!bin_dir.ok()) return Fail(bin_dir.status().message());
   const std::string router_bin = *bin_dir / "tandem-router";

@@ -3,8 +3,8 @@
 // workers, all copied next to a copy of `tandem` in a temporary directory,
 // because `tandem up` runs the binaries beside /proc/self/exe. Checks the
 // command lines the children get, the ready line, generate/status output
-// and exit codes, shutdown on SIGTERM, a dying worker, and no orphans after
-// `tandem up` is SIGKILLed.
+// and exit codes, shutdown on SIGTERM, a dying worker, no orphans after
+// `tandem up` is SIGKILLed, and the offline path (no model anywhere).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -259,6 +259,64 @@ TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, StartsWith("tandem: --model /nonexistent.gguf: no such model file"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+}
+
+// Changes the working directory for the scope (children inherit it).
+class ScopedCwd {
+ public:
+  explicit ScopedCwd(const fs::path& dir) : old_(fs::current_path()) { fs::current_path(dir); }
+  ~ScopedCwd() { fs::current_path(old_); }
+
+ private:
+  fs::path old_;
+};
+
+// No model anywhere (no --model, $TANDEM_MODEL or `model:`, no default in a
+// fresh working directory): up writes the synthetic model under models/,
+// says so in one line, and gives the children that path.
+TEST_F(CliTest, UpWithNoModelServesTheSyntheticOne) {
+  const fs::path cwd = dir_ / "work";  // ../shared/models is then dir_/shared: absent
+  fs::create_directory(cwd);
+  ScopedCwd in(cwd);
+  unsetenv("TANDEM_MODEL");
+  const std::string kModel = "models/tandem-synthetic-byte.gguf";
+  const std::string notice =
+      "tandem: no model found; serving a small synthetic model with random weights "
+      "(its text is random): " + kModel + "\n";
+  fs::file_time_type written;
+  for (int run = 0; run < 2; ++run) {  // the second run reuses the file
+    ProcessGroup group;
+    ::testing::internal::CaptureStderr();
+    ASSERT_EQ(group.Spawn("tandem-up", {tandem_, "up", "--config", config_}).value_or(-1), 0);
+    absl::StatusOr<std::string> address = group.WaitForLine(0, kReady, absl::Seconds(30));
+    ASSERT_TRUE(address.ok()) << address.status();
+    const std::string common = " --config " + config_ + " --model " + kModel;
+    EXPECT_EQ(Slurp("router.args"), "--name router" + common + "\n");
+    EXPECT_EQ(Slurp("decode-0.args"), "--name decode-0" + common + " --router " + *address + "\n");
+    ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
+    EXPECT_EQ(AwaitExit(group), "exited with status 0");
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_THAT(err, StartsWith(notice));
+    EXPECT_EQ(err.find(notice, 1), std::string::npos) << err;  // once
+    ASSERT_TRUE(fs::is_regular_file(cwd / kModel));
+    if (run == 0) written = fs::last_write_time(cwd / kModel);
+    EXPECT_EQ(fs::last_write_time(cwd / kModel), written) << "rewritten on run " << run;
+    for (const char* f : {"router.args", "decode-0.args", "prefill-0.args"}) fs::remove(dir_ / f);
+  }
+  // An explicit choice that does not exist stays an error, files or not.
+  Result r = RunCommand({tandem_, "up", "--config", config_, "--model", "missing.gguf"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "tandem: --model missing.gguf: no such model file (pass --model PATH)\n");
+  {
+    ScopedEnv env("TANDEM_MODEL", "missing.gguf");
+    r = RunCommand({tandem_, "up", "--config", config_});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, StartsWith("tandem: $TANDEM_MODEL missing.gguf: no such model file"));
+  }
+  std::ofstream(config_, std::ios::app) << "model: missing.gguf\n";
+  r = RunCommand({tandem_, "up", "--config", config_});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, StartsWith("tandem: model (config) missing.gguf: no such model file"));
 }
 
 TEST_F(CliTest, GenerateJsonAndText) {

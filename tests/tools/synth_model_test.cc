@@ -1,0 +1,540 @@
+// tandem synth-model: flags, the number formats (checked against IEEE 754
+// binary16 and ggml's Q8_0 definitions), and small synthetic models that
+// load with LlamaModel and the tokenizer, whose F16 / Q8_0 logits stay close
+// to the F32 model's; the built-in byte vocabulary (round trip of UTF-8
+// text through the tokenizer) and the offline model of `tandem up`.
+#include "tools/synth_model.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/kv/block_pool.h"
+#include "engine/model/llama_model.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace tandem::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tandem::testing::ReadFileOrDie;
+using ::tandem::testing::SharedPath;
+
+std::string Vocab() { return SharedPath("models/ggml-vocab-llama-spm.gguf"); }
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          (name + "." + std::to_string(::getpid()) + ".gguf"))
+      .string();
+}
+
+// dim 64, 2 layers, 4 heads, 2 KV heads, ff 128 with the SPM vocabulary.
+std::vector<std::string> SmallArgs(const std::string& out, const std::string& type,
+                                   const std::string& seed) {
+  return {"--out", out, "--vocab-from", Vocab(), "--dim", "64", "--layers", "2",
+          "--heads", "4", "--kv-heads", "2", "--ff", "128", "--context", "64",
+          "--type", type, "--seed", seed};
+}
+
+std::string WriteSmall(const std::string& type, const std::string& seed) {
+  const std::string out = TempPath("synth_" + type + "_" + seed);
+  absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(SmallArgs(out, type, seed));
+  EXPECT_TRUE(o.ok()) << o.status();
+  if (!o.ok()) return "";
+  absl::Status s = WriteSynthModel(*o);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+float HalfToFloat(uint16_t h) {  // IEEE 754 binary16, by its definition
+  const int e = (h >> 10) & 0x1f;
+  const int m = h & 0x3ff;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -24);
+  if (e == 31) return m ? std::numeric_limits<float>::quiet_NaN()
+                        : sign * std::numeric_limits<float>::infinity();
+  return sign * std::ldexp(static_cast<float>(m + 1024), e - 25);
+}
+
+TEST(SynthModelFormatsTest, FloatToHalfMatchesBinary16) {
+  // Known encodings (IEEE 754-2008 binary16 table).
+  EXPECT_EQ(FloatToHalf(0.0f), 0x0000);
+  EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
+  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // rounds up to infinity
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);  // tie -> even (0)
+  EXPECT_EQ(FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);  // tie -> even (2)
+  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
+  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie -> even
+  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::quiet_NaN()) & 0x7e00, 0x7e00);
+  // Every finite half converts back to itself, and is the nearest half.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if (((h >> 10) & 0x1f) == 0x1f) continue;
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(FloatToHalf(f), h) << h;
+  }
+}
+
+TEST(SynthModelFormatsTest, QuantizeRowQ8_0FollowsGgml) {
+  std::vector<float> x(64);
+  for (int j = 0; j < 32; ++j) x[j] = (j - 16) * 0.01f;  // max |x| = 0.16
+  uint8_t out[68];
+  QuantizeRowQ8_0(x.data(), 64, out);  // second block all zero
+  uint16_t d0 = 0, d1 = 0;
+  std::memcpy(&d0, out, 2);
+  std::memcpy(&d1, out + 34, 2);
+  EXPECT_EQ(d0, FloatToHalf(0.16f / 127.0f));
+  EXPECT_EQ(d1, 0);
+  EXPECT_EQ(static_cast<int8_t>(out[2]), -127);      // -0.16 / d
+  EXPECT_EQ(static_cast<int8_t>(out[2 + 16]), 0);
+  EXPECT_EQ(static_cast<int8_t>(out[2 + 17]), 8);    // 0.01 / (0.16/127) = 7.94
+  EXPECT_EQ(static_cast<int8_t>(out[2 + 31]), 119);  // 0.15 / d = 119.06
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(out[36 + j], 0);
+}
+
+TEST(SynthModelFormatsTest, SynthWeightIsNormalWithStdDev002) {
+  double sum = 0, sum_sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double w = SynthWeight(7, 3, static_cast<uint64_t>(i));
+    sum += w;
+    sum_sq += w * w;
+  }
+  const double mean = sum / n;
+  const double sd = std::sqrt(sum_sq / n - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.0005);  // 5 standard errors (0.02 / sqrt(n))
+  EXPECT_NEAR(sd, 0.02, 0.0002);
+  EXPECT_EQ(SynthWeight(7, 3, 11), SynthWeight(7, 3, 11));
+  EXPECT_NE(SynthWeight(7, 3, 11), SynthWeight(8, 3, 11));
+  EXPECT_NE(SynthWeight(7, 3, 11), SynthWeight(7, 4, 11));
+}
+
+TEST(SynthModelArgsTest, PresetsAndDefaults) {
+  absl::StatusOr<SynthModelOptions> o =
+      ParseSynthModelArgs({"--out", "x", "--vocab-from", "v", "--preset", "1B", "--type", "q8_0"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shape.dim, 2048);
+  EXPECT_EQ(o->shape.layers, 16);
+  EXPECT_EQ(o->shape.heads, 32);
+  EXPECT_EQ(o->shape.kv_heads, 8);
+  EXPECT_EQ(o->shape.ff, 5632);
+  EXPECT_EQ(o->shape.context, 2048);
+  EXPECT_EQ(o->type, gguf::TensorType::kQ8_0);
+  EXPECT_EQ(o->seed, 0u);
+  o = ParseSynthModelArgs({"--out", "x", "--vocab-from", "v", "--preset", "15M"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shape.dim, 288);
+  EXPECT_EQ(o->shape.kv_heads, 6);
+  EXPECT_EQ(o->shape.context, 256);
+  o = ParseSynthModelArgs({"--out", "x", "--vocab-from", "v", "--preset", "110M"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shape.ff, 2048);
+  EXPECT_EQ(o->shape.layers, 12);
+  o = ParseSynthModelArgs(
+      {"--out", "x", "--vocab-from", "v", "--dim", "8", "--layers", "1", "--heads", "2",
+       "--ff", "4"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shape.kv_heads, 2);  // defaults to --heads
+  EXPECT_EQ(o->shape.context, 256);
+  EXPECT_EQ(o->type, gguf::TensorType::kF32);
+}
+
+TEST(SynthModelArgsTest, BadFlagsNameTheFlag) {
+  const std::vector<std::string> base = {"--out", "x", "--vocab-from", "v"};
+  auto parse = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return ParseSynthModelArgs(a).status();
+  };
+  const std::vector<std::string> shape = {"--dim", "64", "--layers", "2", "--heads", "4",
+                                          "--ff", "128"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = shape;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return parse(a);
+  };
+  struct Case {
+    absl::Status status;
+    std::string flag;
+  };
+  const Case cases[] = {
+      {ParseSynthModelArgs({"--vocab-from", "v", "--preset", "15M"}).status(), "--out"},
+      {ParseSynthModelArgs({"--out", "x", "--preset", "15M"}).status(), "--vocab-from"},
+      {parse({"--preset", "7B"}), "--preset"},
+      {parse({"--preset", "15M", "--dim", "8"}), "--dim"},
+      {parse({"--dim", "64", "--heads", "4", "--ff", "128"}), "--layers"},
+      {with({"--type", "q4_0"}), "--type"},
+      {with({"--seed", "-1"}), "--seed"},
+      {with({"--kv-heads", "3"}), "--kv-heads"},
+      {with({"--context", "0"}), "--context"},
+      {parse({"--dim", "60", "--layers", "2", "--heads", "8", "--ff", "128"}), "--heads"},
+      {parse({"--dim", "12", "--layers", "2", "--heads", "4", "--ff", "128"}), "--heads"},
+      {parse({"--dim", "48", "--layers", "2", "--heads", "4", "--ff", "128", "--type",
+              "q8_0"}),
+       "--dim"},
+      {parse({"--dim", "64", "--layers", "2", "--heads", "4", "--ff", "100", "--type",
+              "q8_0"}),
+       "--ff"},
+      {with({"--bogus", "1"}), "--bogus"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.flag;
+    EXPECT_THAT(c.status.message(), HasSubstr(c.flag)) << c.status;
+  }
+}
+
+TEST(SynthModelTest, MissingOrBadVocabFails) {
+  const std::string out = TempPath("synth_bad_vocab");
+  absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(SmallArgs(out, "f32", "1"));
+  ASSERT_TRUE(o.ok());
+  o->vocab_from = "/nonexistent/vocab.gguf";
+  EXPECT_EQ(WriteSynthModel(*o).code(), absl::StatusCode::kNotFound);
+  // A model without a tokenizer array: write one, then use it as the vocab.
+  o->vocab_from = Vocab();
+  ASSERT_TRUE(WriteSynthModel(*o).ok());
+  gguf::GgufWriter empty;
+  const std::string no_vocab = TempPath("synth_no_vocab");
+  ASSERT_TRUE(empty.WriteFile(no_vocab).ok());
+  o->vocab_from = no_vocab;
+  absl::Status s = WriteSynthModel(*o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tokenizer.ggml.tokens"));
+  std::filesystem::remove(out);
+  std::filesystem::remove(no_vocab);
+}
+
+TEST(SynthModelTest, SameSeedSameBytesOtherSeedOtherBytes) {
+  const std::string a = WriteSmall("q8_0", "5");
+  const std::string a_bytes = ReadFileOrDie(a);
+  std::filesystem::remove(a);
+  const std::string b = WriteSmall("q8_0", "5");
+  EXPECT_TRUE(ReadFileOrDie(b) == a_bytes);
+  std::filesystem::remove(b);
+  const std::string c = WriteSmall("q8_0", "6");
+  const std::string c_bytes = ReadFileOrDie(c);
+  EXPECT_EQ(c_bytes.size(), a_bytes.size());
+  EXPECT_FALSE(c_bytes == a_bytes);
+  std::filesystem::remove(c);
+}
+
+TEST(SynthModelTest, RunSynthModelExitStatus) {
+  const std::string out = TempPath("synth_run");
+  EXPECT_EQ(RunSynthModel({"--out", out}), 2);  // no --vocab-from
+  EXPECT_FALSE(std::filesystem::exists(out));
+  std::vector<std::string> args = SmallArgs(out, "f16", "3");
+  EXPECT_EQ(RunSynthModel(args), 0);
+  EXPECT_TRUE(std::filesystem::exists(out));
+  args[3] = "/nonexistent/vocab.gguf";
+  EXPECT_EQ(RunSynthModel(args), 1);
+  std::filesystem::remove(out);
+}
+
+// One small synthetic model, opened and loaded.
+struct Synth {
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<model::LlamaModel> model;
+};
+
+Synth LoadSmall(const std::string& type) {
+  Synth s;
+  const std::string path = WriteSmall(type, "42");
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(path);
+  std::filesystem::remove(path);  // the mapping stays valid
+  EXPECT_TRUE(f.ok()) << f.status();
+  if (!f.ok()) return s;
+  s.file = std::move(*f);
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(*s.file);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (m.ok()) s.model = std::move(*m);
+  return s;
+}
+
+// Logits of every step of `ids` fed one prefill (ids[0..n_prompt)) and then
+// one token at a time (teacher forcing, so all models see the same input).
+std::vector<std::vector<float>> StepLogits(const model::LlamaModel& m,
+                                           const std::vector<int32_t>& ids, size_t n_prompt) {
+  kv::BlockPool pool(m.kv_shape(16), 4);
+  const std::vector<int32_t> table = *pool.Allocate(4);
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits;
+  model::SequenceBatch e;
+  e.block_table = &table;
+  e.tokens = std::span<const int32_t>(ids.data(), n_prompt);
+  m.Forward(std::span<const model::SequenceBatch>(&e, 1), pool, &logits);
+  out.push_back(logits);
+  for (size_t i = n_prompt; i < ids.size(); ++i) {
+    e.tokens = std::span<const int32_t>(&ids[i], 1);
+    e.start_pos = static_cast<int32_t>(i);
+    m.Forward(std::span<const model::SequenceBatch>(&e, 1), pool, &logits);
+    out.push_back(logits);
+  }
+  return out;
+}
+
+int32_t Argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Top-1 minus top-2.
+float Margin(std::vector<float> v) {
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return v[0] - v[1];
+}
+
+TEST(SynthModelTest, QuantizedModelsTrackF32) {
+  Synth f32 = LoadSmall("f32");
+  Synth f16 = LoadSmall("f16");
+  Synth q8 = LoadSmall("q8_0");
+  ASSERT_TRUE(f32.model && f16.model && q8.model);
+  const model::LlamaConfig& c = f32.model->config();
+  EXPECT_EQ(c.n_embd, 64);
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_head_kv, 2);
+  EXPECT_EQ(c.n_ff, 128);
+  EXPECT_EQ(c.context_length, 64);
+  EXPECT_EQ(c.vocab_size, 32000);
+  EXPECT_EQ(f16.file->FindTensor("blk.1.ffn_down.weight")->type, gguf::TensorType::kF16);
+  EXPECT_EQ(q8.file->FindTensor("output.weight")->type, gguf::TensorType::kQ8_0);
+  EXPECT_EQ(q8.file->FindTensor("output_norm.weight")->type, gguf::TensorType::kF32);
+
+  // The tokenizer is the SPM vocabulary's (its .inp/.out reference pair).
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::FromGguf(*f32.file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> vocab = gguf::GgufFile::Open(Vocab());
+  ASSERT_TRUE(vocab.ok());
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> ref =
+      tokenizer::Tokenizer::FromGguf(**vocab);
+  ASSERT_TRUE(ref.ok());
+  const std::string prompt = "Once upon a time, there was a little";
+  std::vector<int32_t> ids = (*tok)->Encode(prompt, /*add_bos=*/true);
+  EXPECT_EQ(ids, (*ref)->Encode(prompt, true));
+  const size_t n_prompt = ids.size();
+
+  // Greedy continuation by the F32 model, then all three models see it.
+  const int kSteps = 8;
+  for (int i = 0; i < kSteps; ++i) {
+    ids.push_back(Argmax(StepLogits(*f32.model, ids, ids.size()).back()));
+  }
+  const auto ref_logits = StepLogits(*f32.model, ids, n_prompt);
+  // Tolerances on |logit - f32 logit| (the F32 logits have a spread of
+  // about 0.2 here): F16 rounds each weight by <= 2^-11 relative, Q8_0 by
+  // <= max|block| / 254 (about 1% of a weight of typical size).
+  struct Variant {
+    const char* name;
+    const model::LlamaModel* m;
+    float tol;
+  };
+  for (const Variant& v : {Variant{"f16", f16.model.get(), 2e-3f},
+                           Variant{"q8_0", q8.model.get(), 2e-2f}}) {
+    const auto logits = StepLogits(*v.m, ids, n_prompt);
+    ASSERT_EQ(logits.size(), ref_logits.size());
+    int compared_ids = 0;
+    float worst = 0;
+    for (size_t s = 0; s < logits.size(); ++s) {
+      float max_diff = 0;
+      for (size_t k = 0; k < logits[s].size(); ++k) {
+        max_diff = std::max(max_diff, std::fabs(logits[s][k] - ref_logits[s][k]));
+      }
+      EXPECT_LE(max_diff, v.tol) << v.name << " step " << s;
+      worst = std::max(worst, max_diff);
+      if (Margin(ref_logits[s]) > 2 * v.tol) {
+        EXPECT_EQ(Argmax(logits[s]), Argmax(ref_logits[s])) << v.name << " step " << s;
+        ++compared_ids;
+      }
+    }
+    std::printf("%s: max |logit diff| %g (tolerance %g); greedy ids compared at %d of %zu "
+                "steps\n",
+                v.name, worst, v.tol, compared_ids, logits.size());
+    EXPECT_GT(compared_ids, 0) << v.name;
+  }
+}
+
+// --- The built-in byte vocabulary and the offline model of `tandem up`. ---
+
+TEST(ByteVocabTest, ParsesAsAlternativeToVocabFrom) {
+  const std::vector<std::string> shape = {"--dim", "64", "--layers", "1", "--heads", "4",
+                                          "--ff", "64"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), shape.begin(), shape.end());
+    return ParseSynthModelArgs(extra);
+  };
+  absl::StatusOr<SynthModelOptions> o = with({"--out", "x.gguf", "--vocab", "byte"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->byte_vocab);
+  EXPECT_EQ(o->vocab_from, "");
+  EXPECT_THAT(with({"--out", "x", "--vocab", "word"}).status().message(), HasSubstr("--vocab:"));
+  EXPECT_THAT(with({"--out", "x", "--vocab", "byte", "--vocab-from", Vocab()}).status().message(),
+              HasSubstr("--vocab:"));
+  EXPECT_THAT(with({"--out", "x"}).status().message(), HasSubstr("--vocab-from:"));
+}
+
+// The pieces llama.cpp's SPM conventions call for (see synth_model.h).
+TEST(ByteVocabTest, PiecesTypesAndIds) {
+  const TokenizerMetadata m = ByteVocabMetadata();
+  auto find = [&](const std::string& key) -> const gguf::MetadataValue* {
+    for (const auto& [k, v] : m) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(find("tokenizer.ggml.tokens"), nullptr);
+  const auto& tokens = std::get<std::vector<std::string>>(*find("tokenizer.ggml.tokens"));
+  const auto& types = std::get<std::vector<int32_t>>(*find("tokenizer.ggml.token_type"));
+  const auto& scores = std::get<std::vector<float>>(*find("tokenizer.ggml.scores"));
+  ASSERT_EQ(tokens.size(), 260u);
+  ASSERT_EQ(types.size(), 260u);
+  EXPECT_EQ(scores, std::vector<float>(260, 0.0f));
+  EXPECT_EQ(tokens[0], "<unk>");
+  EXPECT_EQ(tokens[1], "<s>");
+  EXPECT_EQ(tokens[2], "</s>");
+  EXPECT_EQ(tokens[3], "<0x00>");
+  EXPECT_EQ(tokens[3 + 0x41], "<0x41>");
+  EXPECT_EQ(tokens[258], "<0xFF>");
+  EXPECT_EQ(tokens[259], "\xE2\x96\x81");
+  EXPECT_EQ(types[0], 2);
+  EXPECT_EQ(types[1], 3);
+  EXPECT_EQ(types[2], 3);
+  for (int i = 3; i < 259; ++i) EXPECT_EQ(types[i], 6) << i;
+  EXPECT_EQ(types[259], 1);
+  EXPECT_EQ(std::get<std::string>(*find("tokenizer.ggml.model")), "llama");
+  EXPECT_EQ(std::get<bool>(*find("tokenizer.ggml.add_bos_token")), true);
+}
+
+// `n` random code points (no surrogates, no U+2581) as UTF-8, 1 to 4 bytes.
+std::string RandomUtf8(std::mt19937* rng, int n) {
+  std::string out;
+  const uint32_t limits[] = {0x7f, 0x7ff, 0xffff, 0x10ffff};
+  for (int i = 0; i < n; ++i) {
+    uint32_t cp = std::uniform_int_distribution<uint32_t>(1, limits[(*rng)() % 4])(*rng);
+    if ((cp >= 0xd800 && cp <= 0xdfff) || cp == 0x2581) cp = 'x';
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xc0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xe0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+  }
+  return out;
+}
+
+// The offline model of `tandem up`, written into a fresh directory that
+// EnsureSynthModel has to create.
+class OfflineModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempPath("offline_model_dir");
+    path_ = dir_ + "/models/tandem-synthetic-byte.gguf";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_, path_;
+};
+
+TEST_F(OfflineModelTest, WritesOnceReusesAndRepairs) {
+  const SynthModelOptions o = OfflineModelOptions(path_);
+  absl::StatusOr<bool> wrote = EnsureSynthModel(o);
+  ASSERT_TRUE(wrote.ok()) << wrote.status();
+  EXPECT_TRUE(*wrote);
+  const std::string bytes = ReadFileOrDie(path_);
+  wrote = EnsureSynthModel(o);
+  ASSERT_TRUE(wrote.ok()) << wrote.status();
+  EXPECT_FALSE(*wrote);  // same bytes: reused
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(bytes.size() - 1));
+    f.put(static_cast<char>(bytes.back() ^ 1));
+  }
+  wrote = EnsureSynthModel(o);
+  ASSERT_TRUE(wrote.ok()) << wrote.status();
+  EXPECT_TRUE(*wrote);
+  EXPECT_TRUE(ReadFileOrDie(path_) == bytes);
+  // The same flags through the CLI give the same bytes.
+  const std::string cli = dir_ + "/cli.gguf";
+  EXPECT_EQ(RunSynthModel({"--out", cli, "--vocab", "byte", "--dim", "64", "--layers", "2",
+                           "--heads", "4", "--kv-heads", "2", "--ff", "128", "--context",
+                           "2048"}),
+            0);
+  EXPECT_TRUE(ReadFileOrDie(cli) == bytes);
+}
+
+TEST_F(OfflineModelTest, LoadsAndTokenizerRoundTripsUtf8) {
+  ASSERT_TRUE(EnsureSynthModel(OfflineModelOptions(path_)).ok());
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> file = gguf::GgufFile::Open(path_);
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(**file);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const model::LlamaConfig& c = (*m)->config();
+  EXPECT_EQ(c.n_embd, 64);
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_head_kv, 2);
+  EXPECT_EQ(c.n_ff, 128);
+  EXPECT_EQ(c.context_length, 2048);
+  EXPECT_EQ(c.vocab_size, 260);
+
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const tokenizer::Tokenizer& t = **tok;
+  EXPECT_EQ(t.vocab_size(), 260);
+  EXPECT_EQ(t.bos_id(), 1);
+  EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_TRUE(t.add_bos());
+  // UTF-8 bytes of "h\u00e9 \u4e16": each byte b is id 3 + b, a space U+2581's id.
+  EXPECT_EQ(t.Encode("h\xC3\xA9 \xE4\xB8\x96", true),
+            (std::vector<int32_t>{1, 3 + 0x68, 3 + 0xC3, 3 + 0xA9, 259, 3 + 0xE4, 3 + 0xB8,
+                                  3 + 0x96}));
+
+  std::mt19937 rng(7);
+  std::vector<std::string> texts = {"Once upon a time", " two  spaces ", "\n\t{}\x01",
+                                    "\xF0\x9F\x99\x82 smile"};
+  for (int i = 0; i < 50; ++i) texts.push_back(RandomUtf8(&rng, 1 + i));
+  for (const std::string& text : texts) {
+    const std::vector<int32_t> ids = t.Encode(text, /*add_bos=*/true);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids[0], 1);
+    tokenizer::IncrementalDecoder decoder(t);
+    std::string decoded;
+    for (size_t i = 1; i < ids.size(); ++i) decoded += decoder.Push(ids[i]);
+    decoded += decoder.Flush();
+    EXPECT_TRUE(decoded == text) << "text of " << text.size() << " bytes";
+  }
+
+  // One forward step gives finite logits over the 260 tokens.
+  const std::vector<float> logits = StepLogits(**m, t.Encode("hi", true), 3).back();
+  ASSERT_EQ(logits.size(), 260u);
+  for (float x : logits) EXPECT_TRUE(std::isfinite(x));
+}
+
+}  // namespace
+}  // namespace tandem::cli

@@ -1,0 +1,421 @@
+// `tandem synth-model` (see synth_model.h).
+#include "tools/synth_model.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <numbers>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tools/cli_args.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)\n"
+    "           [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]\n"
+    "            --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n";
+
+constexpr float kStdDev = 0.02f;
+constexpr float kRmsEps = 1e-5f;
+constexpr float kRopeFreqBase = 10000.0f;
+
+uint64_t Mix(uint64_t z) {  // SplitMix64 (Steele, Lea, Flood 2014)
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+absl::Status FlagError(const std::string& flag, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
+}
+
+// One weight tensor of the model, in file order.
+struct TensorSpec {
+  std::string name;
+  std::vector<uint64_t> dims;  // ne0 first
+  bool norm = false;
+};
+
+std::vector<TensorSpec> TensorSpecs(const SynthShape& s, uint64_t vocab) {
+  const uint64_t dim = static_cast<uint64_t>(s.dim);
+  const uint64_t kv_dim = dim / static_cast<uint64_t>(s.heads) * static_cast<uint64_t>(s.kv_heads);
+  const uint64_t ff = static_cast<uint64_t>(s.ff);
+  std::vector<TensorSpec> specs = {{"token_embd.weight", {dim, vocab}},
+                                   {"output_norm.weight", {dim}, true},
+                                   {"output.weight", {dim, vocab}}};
+  for (int32_t l = 0; l < s.layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    specs.push_back({p + "attn_q.weight", {dim, dim}});
+    specs.push_back({p + "attn_k.weight", {dim, kv_dim}});
+    specs.push_back({p + "attn_v.weight", {dim, kv_dim}});
+    specs.push_back({p + "attn_output.weight", {dim, dim}});
+    specs.push_back({p + "attn_norm.weight", {dim}, true});
+    specs.push_back({p + "ffn_gate.weight", {dim, ff}});
+    specs.push_back({p + "ffn_down.weight", {ff, dim}});
+    specs.push_back({p + "ffn_up.weight", {dim, ff}});
+    specs.push_back({p + "ffn_norm.weight", {dim}, true});
+  }
+  return specs;
+}
+
+// llama_ftype of an all-`type` model (llama.h: ALL_F32 0, MOSTLY_F16 1,
+// MOSTLY_Q8_0 7).
+uint32_t FileType(gguf::TensorType type) {
+  switch (type) {
+    case gguf::TensorType::kF16: return 1;
+    case gguf::TensorType::kQ8_0: return 7;
+    default: return 0;
+  }
+}
+
+absl::Status CheckShape(const SynthShape& s, gguf::TensorType type) {
+  const std::pair<const char*, int32_t> dims[] = {
+      {"dim", s.dim}, {"layers", s.layers}, {"heads", s.heads},
+      {"kv-heads", s.kv_heads}, {"ff", s.ff}, {"context", s.context}};
+  for (const auto& [flag, v] : dims) {
+    const int32_t max = std::string(flag) == "layers" ? 1024 : 65536;
+    if (v < 1 || v > max) return FlagError(flag, absl::StrCat("must be in [1, ", max, "], got ", v));
+  }
+  if (s.dim % s.heads != 0) {
+    return FlagError("heads", absl::StrCat("dim ", s.dim, " is not a multiple of heads ", s.heads));
+  }
+  if (s.heads % s.kv_heads != 0) {
+    return FlagError("kv-heads", absl::StrCat("heads ", s.heads,
+                                              " is not a multiple of kv-heads ", s.kv_heads));
+  }
+  if ((s.dim / s.heads) % 2 != 0) {
+    return FlagError("heads", absl::StrCat("head dim ", s.dim / s.heads,
+                                           " must be even (RoPE rotates pairs)"));
+  }
+  if (type == gguf::TensorType::kQ8_0) {
+    if (s.dim % 32 != 0) return FlagError("dim", "must be a multiple of 32 for --type q8_0");
+    if (s.ff % 32 != 0) return FlagError("ff", "must be a multiple of 32 for --type q8_0");
+  }
+  return absl::OkStatus();
+}
+
+// Fills `out` with tensor `index` of `spec` in `type`.
+void FillTensor(const TensorSpec& spec, uint64_t index, uint64_t seed, gguf::TensorType type,
+                uint8_t* out) {
+  uint64_t n = 1;
+  for (uint64_t d : spec.dims) n *= d;
+  std::vector<float> x(n);
+  for (uint64_t i = 0; i < n; ++i) x[i] = spec.norm ? 1.0f : SynthWeight(seed, index, i);
+  switch (type) {
+    case gguf::TensorType::kF16:
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalf(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return;
+    case gguf::TensorType::kQ8_0:
+      QuantizeRowQ8_0(x.data(), n, out);
+      return;
+    default:
+      std::memcpy(out, x.data(), n * sizeof(float));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
+  if (name == "15M") return SynthShape{288, 6, 6, 6, 768, 256};
+  if (name == "110M") return SynthShape{768, 12, 12, 12, 2048, 1024};
+  if (name == "1B") return SynthShape{2048, 16, 32, 8, 5632, 2048};
+  return FlagError("preset", absl::StrCat("unknown preset '", name, "' (15M, 110M or 1B)"));
+}
+
+absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedArgs> parsed =
+      ParseArgs(args, {{"out"}, {"vocab-from"}, {"vocab"}, {"preset"}, {"dim"}, {"layers"},
+                       {"heads"}, {"kv-heads"}, {"ff"}, {"context"}, {"type"}, {"seed"}});
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->positional().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", parsed->positional()[0], "'"));
+  }
+  SynthModelOptions o;
+  o.out = parsed->GetString("out", "");
+  if (o.out.empty()) return FlagError("out", "required");
+  o.vocab_from = parsed->GetString("vocab-from", "");
+  if (parsed->Has("vocab")) {
+    if (parsed->Has("vocab-from")) {
+      return FlagError("vocab", "cannot be combined with --vocab-from");
+    }
+    const std::string vocab = parsed->GetString("vocab", "");
+    if (vocab != "byte") {
+      return FlagError("vocab", absl::StrCat("expected byte, got '", vocab, "'"));
+    }
+    o.byte_vocab = true;
+  } else if (o.vocab_from.empty()) {
+    return FlagError("vocab-from", "required (a GGUF with a tokenizer), or --vocab byte");
+  }
+  const std::string type = parsed->GetString("type", "f32");
+  if (type == "f32") {
+    o.type = gguf::TensorType::kF32;
+  } else if (type == "f16") {
+    o.type = gguf::TensorType::kF16;
+  } else if (type == "q8_0") {
+    o.type = gguf::TensorType::kQ8_0;
+  } else {
+    return FlagError("type", absl::StrCat("expected f32, f16 or q8_0, got '", type, "'"));
+  }
+  absl::StatusOr<uint64_t> seed = parsed->GetUint("seed", 0);
+  if (!seed.ok()) return seed.status();
+  o.seed = *seed;
+
+  const char* kShapeFlags[] = {"dim", "layers", "heads", "kv-heads", "ff", "context"};
+  if (parsed->Has("preset")) {
+    for (const char* f : kShapeFlags) {
+      if (parsed->Has(f)) return FlagError(f, "cannot be combined with --preset");
+    }
+    o.preset = parsed->GetString("preset", "");
+    absl::StatusOr<SynthShape> shape = SynthPreset(o.preset);
+    if (!shape.ok()) return shape.status();
+    o.shape = *shape;
+  } else {
+    int32_t* fields[] = {&o.shape.dim, &o.shape.layers, &o.shape.heads,
+                         &o.shape.kv_heads, &o.shape.ff, &o.shape.context};
+    for (size_t i = 0; i < 6; ++i) {
+      const std::string f = kShapeFlags[i];
+      if (!parsed->Has(f) && f != "kv-heads" && f != "context") {
+        return FlagError(f, "required without --preset");
+      }
+      const int64_t fallback = f == "context" ? 256 : f == "kv-heads" ? o.shape.heads : 0;
+      absl::StatusOr<int64_t> v = parsed->GetInt(f, fallback);
+      if (!v.ok()) return v.status();
+      if (*v < 0 || *v > 1 << 30) return FlagError(f, absl::StrCat("out of range: ", *v));
+      *fields[i] = static_cast<int32_t>(*v);
+    }
+  }
+  if (absl::Status s = CheckShape(o.shape, o.type); !s.ok()) return s;
+  return o;
+}
+
+float SynthWeight(uint64_t seed, uint64_t tensor, uint64_t i) {
+  const uint64_t s = Mix(seed ^ Mix(tensor));
+  const uint64_t a = Mix(s + 2 * i);
+  const uint64_t b = Mix(s + 2 * i + 1);
+  const double u1 = static_cast<double>((a >> 11) + 1) * 0x1p-53;
+  const double u2 = static_cast<double>(b >> 11) * 0x1p-53;
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  return static_cast<float>(static_cast<double>(kStdDev) * z);
+}
+
+uint16_t FloatToHalf(float f) {
+  // After F. Giesen's float_to_half_fast3_rtne (public domain).
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  uint32_t h;
+  if (x >= 0x47800000u) {  // >= 65536 (or inf/NaN): inf, NaN stays NaN
+    h = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (x < 0x38800000u) {  // < 2^-14: subnormal or zero
+    // Adding 0.5 aligns the half's subnormal ulp (2^-24) to the float's
+    // last mantissa bit, so the FPU does the round-to-nearest-even.
+    const float magic = std::bit_cast<float>(126u << 23);
+    const float r = std::bit_cast<float>(x) + magic;
+    h = std::bit_cast<uint32_t>(r) - (126u << 23);
+  } else {
+    const uint32_t mant_odd = (x >> 13) & 1u;
+    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias, round
+    x += mant_odd;                                          // ties to even
+    h = x >> 13;  // carries into the exponent (up to inf) as they should
+  }
+  return static_cast<uint16_t>(h | sign);
+}
+
+void QuantizeRowQ8_0(const float* x, uint64_t n, uint8_t* out) {
+  for (uint64_t b = 0; b < n / 32; ++b, x += 32, out += 34) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = FloatToHalf(d);
+    std::memcpy(out, &dh, 2);
+    for (int j = 0; j < 32; ++j) {
+      out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[j] * id)));
+    }
+  }
+}
+
+TokenizerMetadata ByteVocabMetadata() {
+  // llama.cpp's llama_token_type: 1 normal, 2 unknown, 3 control, 6 byte.
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char piece[8];
+    std::snprintf(piece, sizeof(piece), "<0x%02X>", b);
+    tokens.push_back(piece);
+    types.push_back(6);
+  }
+  tokens.push_back("\xE2\x96\x81");  // U+2581, SPM's escaped space
+  types.push_back(1);
+  std::vector<float> scores(tokens.size(), 0.0f);
+  TokenizerMetadata m;
+  m.emplace_back("tokenizer.ggml.model", std::string("llama"));
+  m.emplace_back("tokenizer.ggml.tokens", std::move(tokens));
+  m.emplace_back("tokenizer.ggml.scores", std::move(scores));
+  m.emplace_back("tokenizer.ggml.token_type", std::move(types));
+  m.emplace_back("tokenizer.ggml.bos_token_id", uint32_t{1});
+  m.emplace_back("tokenizer.ggml.eos_token_id", uint32_t{2});
+  m.emplace_back("tokenizer.ggml.unknown_token_id", uint32_t{0});
+  m.emplace_back("tokenizer.ggml.add_bos_token", true);
+  m.emplace_back("tokenizer.ggml.add_space_prefix", false);
+  return m;
+}
+
+absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
+                                                 const gguf::GgufFile& vocab) {
+  TokenizerMetadata tokenizer;
+  for (const std::string& key : vocab.metadata_keys()) {
+    if (absl::StartsWith(key, "tokenizer.ggml.")) tokenizer.emplace_back(key, *vocab.Find(key));
+  }
+  absl::StatusOr<gguf::GgufWriter> w = BuildSynthModel(o, tokenizer);
+  if (!w.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(vocab.path(), ": --vocab-from ",
+                                                   w.status().message()));
+  }
+  return w;
+}
+
+absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
+                                                 const TokenizerMetadata& tokenizer) {
+  const std::vector<std::string>* tokens = nullptr;
+  for (const auto& [key, value] : tokenizer) {
+    if (key == "tokenizer.ggml.tokens") tokens = std::get_if<std::vector<std::string>>(&value);
+  }
+  if (tokens == nullptr || tokens->empty()) {
+    return absl::InvalidArgumentError("has no tokenizer.ggml.tokens string array");
+  }
+  const SynthShape& s = o.shape;
+  gguf::GgufWriter w;
+  auto add = [&](std::string key, gguf::MetadataValue v) {
+    absl::Status st = w.AddMetadata(std::move(key), std::move(v));
+    (void)st;  // fresh, distinct keys: cannot fail
+  };
+  const std::string shape_name =
+      o.preset.empty() ? absl::StrCat(s.dim, "d", s.layers, "l") : o.preset;
+  add("general.architecture", std::string("llama"));
+  add("general.name", absl::StrCat("tandem-synth-", shape_name));
+  add("general.file_type", FileType(o.type));
+  add("llama.context_length", static_cast<uint32_t>(s.context));
+  add("llama.embedding_length", static_cast<uint32_t>(s.dim));
+  add("llama.feed_forward_length", static_cast<uint32_t>(s.ff));
+  add("llama.attention.head_count", static_cast<uint32_t>(s.heads));
+  add("llama.attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  add("llama.block_count", static_cast<uint32_t>(s.layers));
+  add("llama.rope.dimension_count", static_cast<uint32_t>(s.dim / s.heads));
+  add("llama.rope.freq_base", kRopeFreqBase);
+  add("llama.attention.layer_norm_rms_epsilon", kRmsEps);
+  add("tandem.synth.seed", o.seed);
+  for (const auto& [key, value] : tokenizer) {
+    if (absl::StartsWith(key, "tokenizer.ggml.")) add(key, value);
+  }
+
+  const std::vector<TensorSpec> specs = TensorSpecs(s, tokens->size());
+  for (uint64_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& spec = specs[i];
+    const gguf::TensorType type = spec.norm ? gguf::TensorType::kF32 : o.type;
+    auto fill = [spec, i, seed = o.seed, type](uint8_t* out) {
+      FillTensor(spec, i, seed, type, out);
+    };
+    if (absl::Status st = w.AddTensorFill(spec.name, type, spec.dims, fill); !st.ok()) {
+      return st;
+    }
+  }
+  return w;
+}
+
+namespace {
+
+// The writer for `options`: its vocabulary from --vocab-from or built in.
+// `vocab` keeps the opened file alive as long as the writer.
+absl::StatusOr<gguf::GgufWriter> BuildFromOptions(const SynthModelOptions& options,
+                                                  std::unique_ptr<gguf::GgufFile>* vocab) {
+  if (options.byte_vocab) return BuildSynthModel(options, ByteVocabMetadata());
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> file = gguf::GgufFile::Open(options.vocab_from);
+  if (!file.ok()) return file.status();
+  *vocab = std::move(*file);
+  return BuildSynthModel(options, **vocab);
+}
+
+}  // namespace
+
+absl::Status WriteSynthModel(const SynthModelOptions& options) {
+  std::unique_ptr<gguf::GgufFile> vocab;
+  absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
+  if (!w.ok()) return w.status();
+  return w->WriteFile(options.out);
+}
+
+SynthModelOptions OfflineModelOptions(const std::string& out) {
+  SynthModelOptions o;
+  o.out = out;
+  o.byte_vocab = true;
+  o.shape = SynthShape{64, 2, 4, 2, 128, 2048};
+  o.type = gguf::TensorType::kF32;
+  o.seed = 0;
+  return o;
+}
+
+absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options) {
+  std::unique_ptr<gguf::GgufFile> vocab;
+  absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
+  if (!w.ok()) return w.status();
+  const std::filesystem::path out(options.out);
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec)) {
+    // Sizes first: a file of another size cannot hold the same bytes.
+    const uintmax_t size = std::filesystem::file_size(out, ec);
+    if (!ec && size == w->FileSize()) {
+      std::ifstream in(out, std::ios::binary);
+      if (!in) return absl::FailedPreconditionError(absl::StrCat(options.out, ": cannot read"));
+      const std::string have((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      if (have == w->Serialize()) return false;
+    }
+  } else if (out.has_parent_path()) {
+    std::filesystem::create_directories(out.parent_path(), ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(out.parent_path().string(), ": cannot create directory: ", ec.message()));
+    }
+  }
+  if (absl::Status s = w->WriteFile(options.out); !s.ok()) return s;
+  return true;
+}
+
+int RunSynthModel(const std::vector<std::string>& args) {
+  absl::StatusOr<SynthModelOptions> options = ParseSynthModelArgs(args);
+  if (!options.ok()) {
+    std::cerr << "tandem synth-model: " << options.status().message() << "\n" << kUsage;
+    return 2;
+  }
+  if (absl::Status s = WriteSynthModel(*options); !s.ok()) {
+    std::cerr << "tandem synth-model: " << s << "\n";
+    return 1;
+  }
+  const SynthShape& s = options->shape;
+  std::printf("tandem: wrote %s (dim %d, %d layers, %d heads, %d kv heads, ff %d, "
+              "context %d, %s, seed %llu%s; random weights: its text is noise)\n",
+              options->out.c_str(), s.dim, s.layers, s.heads, s.kv_heads, s.ff, s.context,
+              std::string(gguf::TensorTypeName(options->type)).c_str(),
+              static_cast<unsigned long long>(options->seed),
+              options->byte_vocab ? ", byte vocabulary" : "");
+  return 0;
+}
+
+}  // namespace tandem::cli

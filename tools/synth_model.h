@@ -1,0 +1,138 @@
+// `tandem synth-model`: writes a GGUF Llama model of a given shape with
+// seeded random weights and the tokenizer of another GGUF file.
+//
+//   tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)
+//       [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]
+//        --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]
+//
+// Metadata: general.architecture "llama", general.name, general.file_type,
+// the llama.* keys stories260K has (plus rope.freq_base), tandem.synth.seed,
+// then every tokenizer.ggml.* key of --vocab-from in its file order (or,
+// with --vocab byte, ByteVocabMetadata()).
+// Tensors, in stories260K's order: token_embd, output_norm, output, then
+// per layer attn_q, attn_k, attn_v, attn_output, attn_norm, ffn_gate,
+// ffn_down, ffn_up, ffn_norm. Norm weights are 1 and always F32; every
+// other weight is SynthWeight(seed, index of the tensor in that order, i),
+// stored as --type (F16: IEEE half, round to nearest even; Q8_0: ggml's
+// quantize_row_q8_0_ref). Same flags -> identical bytes.
+// Exit status: 0 written, 1 I/O or vocabulary error, 2 bad flag.
+#ifndef TANDEM_TOOLS_SYNTH_MODEL_H_
+#define TANDEM_TOOLS_SYNTH_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/gguf/gguf_writer.h"
+
+namespace tandem::cli {
+
+// A Llama shape. head_dim = dim / heads; rope dims = head_dim.
+struct SynthShape {
+  int32_t dim = 0;
+  int32_t layers = 0;
+  int32_t heads = 0;
+  int32_t kv_heads = 0;
+  int32_t ff = 0;
+  int32_t context = 0;
+};
+
+struct SynthModelOptions {
+  std::string out;
+  std::string vocab_from;   // "" when byte_vocab
+  bool byte_vocab = false;  // --vocab byte: ByteVocabMetadata() instead
+  std::string preset;  // "" for an explicit shape
+  SynthShape shape;
+  gguf::TensorType type = gguf::TensorType::kF32;
+  uint64_t seed = 0;
+};
+
+// The presets: "15M" and "110M" as llama2.c's stories15M / stories110M
+// (dim 288, 6 layers, 6 heads, ff 768, context 256; dim 768, 12 layers,
+// 12 heads, ff 2048, context 1024), "1B" a TinyLlama-1.1B-like shape
+// (dim 2048, 16 layers, 32 heads, 8 KV heads, ff 5632, context 2048).
+// INVALID_ARGUMENT naming --preset for another name.
+absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
+
+// Parses the arguments after "synth-model" and checks the shape:
+// INVALID_ARGUMENT naming the flag for a missing --out, neither or both of
+// --vocab-from and --vocab, a --vocab other than "byte", a
+// --preset mixed with shape flags, a missing shape flag, a value out of
+// [1, 65536] (layers [1, 1024]), dim % heads != 0, heads % kv-heads != 0,
+// an odd head dim (RoPE rotates pairs), or (--type q8_0) dim or ff not a
+// multiple of 32 (Q8_0 blocks run along each row).
+absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args);
+
+// Element i of the tensor with index `tensor` (order above): a normal
+// sample with mean 0 and standard deviation 0.02 from a counter-based
+// generator, so any element can be computed alone. With
+// mix(z) = SplitMix64's finalizer of z + 0x9e3779b97f4a7c15 and
+// s = mix(seed ^ mix(tensor)): a = mix(s + 2i), b = mix(s + 2i + 1),
+// u1 = ((a >> 11) + 1) / 2^53 in (0, 1], u2 = (b >> 11) / 2^53, and
+// (Box-Muller, in double) x = 0.02 * sqrt(-2 ln u1) * cos(2 pi u2),
+// rounded to float.
+float SynthWeight(uint64_t seed, uint64_t tensor, uint64_t i);
+
+// IEEE 754 binary16 bits of `x`, rounding to nearest even (overflow to
+// infinity, subnormals kept, NaN stays NaN).
+uint16_t FloatToHalf(float x);
+
+// Quantizes n floats (n a multiple of 32) to Q8_0 as ggml's
+// quantize_row_q8_0_ref: per block of 32, d = max|x| / 127, stored as f16,
+// q[j] = roundf(x[j] / d) (0 when d = 0); 34 bytes a block at `out`.
+void QuantizeRowQ8_0(const float* x, uint64_t n, uint8_t* out);
+
+// Tokenizer metadata, in file order: key and value.
+using TokenizerMetadata = std::vector<std::pair<std::string, gguf::MetadataValue>>;
+
+// Tandem's own byte-level SentencePiece vocabulary (no file needed), for
+// models whose text does not matter. 260 tokens: <unk> (id 0, type 2
+// unknown), <s> (1, type 3 control), </s> (2, control), <0x00>..<0xFF>
+// (ids 3..258, type 6 byte) and U+2581 "▁" (259, type 1 normal: the
+// SPM tokenizer escapes every space to it before byte fallback, so without
+// it a space would come back as the three bytes of U+2581). Scores 0.
+// Keys: tokenizer.ggml.model "llama", tokens, scores, token_type,
+// bos_token_id 1, eos_token_id 2, unknown_token_id 0 (uint32),
+// add_bos_token true, add_space_prefix false (so decode(encode(t)) == t
+// for any UTF-8 text without U+2581). Types and defaults as llama.cpp's
+// llama_token_type and llm_tokenizer_spm.
+TokenizerMetadata ByteVocabMetadata();
+
+// The model's writer (tensors are filled at write time). `vocab` is the
+// --vocab-from file; it must outlive the writer. Errors: INVALID_ARGUMENT
+// naming the file when it has no tokenizer.ggml.tokens string array.
+absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
+                                                 const gguf::GgufFile& vocab);
+// The same with the tokenizer.ggml.* pairs given directly (e.g.
+// ByteVocabMetadata()). INVALID_ARGUMENT when they hold no non-empty
+// tokenizer.ggml.tokens string array.
+absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
+                                                 const TokenizerMetadata& tokenizer);
+
+// Opens --vocab-from (unless byte_vocab), builds and writes --out. Errors
+// from GgufFile::Open, BuildSynthModel and GgufWriter::WriteFile.
+absl::Status WriteSynthModel(const SynthModelOptions& options);
+
+// The model `tandem up` serves when there is no model at all: dim 64,
+// 2 layers, 4 heads, 2 KV heads, ff 128, context 2048, F32, seed 0, byte
+// vocabulary, written to `out`.
+SynthModelOptions OfflineModelOptions(const std::string& out);
+
+// Makes sure `options.out` holds exactly the bytes WriteSynthModel would
+// write: leaves an identical file alone, otherwise (missing, or different
+// bytes) creates its parent directories and writes it. Returns whether it
+// wrote. Errors: FAILED_PRECONDITION naming the directory or file that
+// cannot be created or read, and those of WriteSynthModel.
+absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options);
+
+// The subcommand: parses, writes, prints one line "tandem: wrote PATH
+// (N bytes, ...)". Returns the exit status (see top of file).
+int RunSynthModel(const std::vector<std::string>& args);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_TOOLS_SYNTH_MODEL_H_
