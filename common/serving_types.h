@@ -22,9 +22,12 @@ enum class FinishReason : uint32_t {
 // Where the prompt is prefilled; values equal tandem.v1.RouteOverride.
 enum class RouteChoice : uint32_t { kAuto = 0, kLocal = 1, kRemote = 2 };
 
-// Identifies the numerics of this build's CPU engine: both ends of a KV
-// transfer must compute K/V the same way (DESIGN.md, KV transfer).
-inline constexpr char kCpuNumericsId[] = "tandem-cpu-scalar/f32-kv/v1";
+// Identifies the numerics of this process's CPU engine, including the
+// kernel ISA picked at start-up: both ends of a KV transfer must compute K/V
+// the same way (DESIGN.md, KV transfer), e.g. "tandem-cpu/avx512/f32-kv/v1".
+inline std::string CpuNumericsId() {
+  return std::string("tandem-cpu/") + model::KernelIsa() + "/f32-kv/v1";
+}
 
 // The KV layout this process offers or expects for `model`.
 inline kvtransfer::KvLayout KvLayoutForModel(const model::LlamaConfig& config,
@@ -38,7 +41,7 @@ inline kvtransfer::KvLayout KvLayoutForModel(const model::LlamaConfig& config,
   layout.rope_freq_base = config.rope_freq_base;
   layout.rope_dim = static_cast<uint32_t>(config.rope_dim);
   layout.rope_type = "norm";
-  layout.numerics_id = kCpuNumericsId;
+  layout.numerics_id = CpuNumericsId();
   return layout;
 }
 

@@ -1,16 +1,202 @@
 #include "engine/model/cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TANDEM_KERNELS_X86 1
+#endif
+
 namespace tandem::model::internal {
+namespace {
+
+// Portable path: every element is one Dot, so its bits are Dot's.
+struct GenericIsa {
+  static constexpr int kRows = 1;
+  static constexpr int kCols = 1;
+  template <int R, int C>
+  static void Tile(const float* x, const float* w, size_t in, size_t /*out*/, float* y) {
+    static_assert(R == 1 && C == 1);
+    *y = Dot(w, x, in);
+  }
+};
+
+#ifdef TANDEM_KERNELS_X86
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) of the 8 lanes of `a`,
+// the same combine as Dot.
+__attribute__((target("avx2,fma"))) inline float Combine8(__m256 a) {
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 h = _mm_add_ps(v, _mm_movehl_ps(v, v));  // [v0 + v2, v1 + v3, ...]
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+// AVX2 + FMA: 8 lanes, each a chain of fused multiply-adds (see KernelIsa in
+// cpu_kernels.h for the per-element order). 3 rows x 4 columns: 12
+// accumulators + 3 inputs + 1 weight vector fit the 16 ymm registers.
+struct Avx2Isa {
+  static constexpr int kRows = 3;
+  static constexpr int kCols = 4;
+  template <int R, int C>
+  __attribute__((target("avx2,fma"))) static void Tile(const float* x, const float* w,
+                                                        size_t in, size_t out, float* y) {
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    }
+    const size_t n8 = in - in % 8;
+    for (size_t i = 0; i < n8; i += 8) {
+      __m256 xv[R];
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * in + i);
+      for (int c = 0; c < C; ++c) {
+        const __m256 wv = _mm256_loadu_ps(w + c * in + i);
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) {
+        float sum = Combine8(acc[r][c]);
+        for (size_t i = n8; i < in; ++i) sum += w[c * in + i] * x[r * in + i];
+        y[r * out + c] = sum;
+      }
+    }
+  }
+};
+
+// AVX-512F: 16 lanes of fused multiply-adds, lanes j and j + 8 added, then
+// Combine8. 4 rows x 4 columns: 16 accumulators + 4 inputs + 1 weight
+// vector of the 32 zmm registers.
+struct Avx512Isa {
+  static constexpr int kRows = 4;
+  static constexpr int kCols = 4;
+  template <int R, int C>
+  __attribute__((target("avx512f,avx2,fma"))) static void Tile(const float* x, const float* w,
+                                                               size_t in, size_t out,
+                                                               float* y) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    const size_t n16 = in - in % 16;
+    for (size_t i = 0; i < n16; i += 16) {
+      __m512 xv[R];
+      for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * in + i);
+      for (int c = 0; c < C; ++c) {
+        const __m512 wv = _mm512_loadu_ps(w + c * in + i);
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv, xv[r], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) {
+        // Through memory: GCC 12's 512-bit extract intrinsics warn
+        // (-Wuninitialized on their undefined pass-through operand).
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, acc[r][c]);
+        float sum = Combine8(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
+        for (size_t i = n16; i < in; ++i) sum += w[c * in + i] * x[r * in + i];
+        y[r * out + c] = sum;
+      }
+    }
+  }
+};
+#endif  // TANDEM_KERNELS_X86
+
+// Runs the R' x C' tile for R' = nr <= R, C' = nc <= C. Each element's
+// arithmetic is the same whatever the tile size, so edge tiles (rows left
+// over when M is not a multiple of kRows, columns at a range's end) give
+// the bits a full tile would.
+template <typename Isa, int R, int C>
+void TileCols(int nc, const float* x, const float* w, size_t in, size_t out, float* y) {
+  if constexpr (C > 1) {
+    if (nc < C) return TileCols<Isa, R, C - 1>(nc, x, w, in, out, y);
+  }
+  Isa::template Tile<R, C>(x, w, in, out, y);
+}
+
+template <typename Isa, int R>
+void TileRows(int nr, int nc, const float* x, const float* w, size_t in, size_t out,
+              float* y) {
+  if constexpr (R > 1) {
+    if (nr < R) return TileRows<Isa, R - 1>(nr, nc, x, w, in, out, y);
+  }
+  TileCols<Isa, R, Isa::kCols>(nc, x, w, in, out, y);
+}
+
+// Column blocks outer, so a block of kCols weight rows stays in cache while
+// every input row passes over it.
+template <typename Isa>
+void ColumnsTiled(const float* x, const float* w, size_t rows, size_t in, size_t out,
+                  size_t o_begin, size_t o_end, float* y) {
+  for (size_t o = o_begin; o < o_end; o += Isa::kCols) {
+    const int nc = static_cast<int>(std::min<size_t>(Isa::kCols, o_end - o));
+    for (size_t r = 0; r < rows; r += Isa::kRows) {
+      const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
+      TileRows<Isa, Isa::kRows>(nr, nc, x + r * in, w + o * in, in, out, y + r * out + o);
+    }
+  }
+}
+
+KernelIsaKind DetectKernelIsa() {
+#ifdef TANDEM_KERNELS_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return KernelIsaKind::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return KernelIsaKind::kAvx2;
+  }
+#endif
+  return KernelIsaKind::kGeneric;
+}
+
+}  // namespace
+
+bool KernelIsaSupported(KernelIsaKind isa) {
+  switch (isa) {
+    case KernelIsaKind::kGeneric:
+      return true;
+    case KernelIsaKind::kAvx2:
+      return ActiveKernelIsa() != KernelIsaKind::kGeneric;
+    case KernelIsaKind::kAvx512:
+      return ActiveKernelIsa() == KernelIsaKind::kAvx512;
+  }
+  return false;
+}
+
+KernelIsaKind ActiveKernelIsa() {
+  static const KernelIsaKind isa = DetectKernelIsa();
+  return isa;
+}
+
+const char* KernelIsaName(KernelIsaKind isa) {
+  switch (isa) {
+    case KernelIsaKind::kGeneric:
+      return "generic";
+    case KernelIsaKind::kAvx2:
+      return "avx2";
+    case KernelIsaKind::kAvx512:
+      return "avx512";
+  }
+  return "generic";
+}
+
+const char* KernelIsa() { return KernelIsaName(ActiveKernelIsa()); }
+
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
+                          size_t in, size_t out, size_t o_begin, size_t o_end, float* y) {
+  switch (KernelIsaSupported(isa) ? isa : KernelIsaKind::kGeneric) {
+#ifdef TANDEM_KERNELS_X86
+    case KernelIsaKind::kAvx512:
+      return ColumnsTiled<Avx512Isa>(x, w, rows, in, out, o_begin, o_end, y);
+    case KernelIsaKind::kAvx2:
+      return ColumnsTiled<Avx2Isa>(x, w, rows, in, out, o_begin, o_end, y);
+#endif
+    default:
+      return ColumnsTiled<GenericIsa>(x, w, rows, in, out, o_begin, o_end, y);
+  }
+}
 
 void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
                    size_t o_begin, size_t o_end, float* y) {
-  // Weight row outer: each row of w is read once per call, whatever `rows`.
-  for (size_t o = o_begin; o < o_end; ++o) {
-    const float* wo = w + o * in;
-    for (size_t r = 0; r < rows; ++r) y[r * out + o] = Dot(wo, x + r * in, in);
-  }
+  MatMulColumnsWithIsa(ActiveKernelIsa(), x, w, rows, in, out, o_begin, o_end, y);
 }
 
 void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
@@ -19,7 +205,6 @@ void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, 
     MatMulColumns(x, w, rows, in, out, begin, end, y);
   });
 }
-
 void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
              float* y) {
   for (size_t r = 0; r < rows; ++r) {

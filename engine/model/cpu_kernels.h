@@ -5,9 +5,10 @@
 // operations that depends only on that element's own inputs, never on how
 // many rows are in the batch (DESIGN.md, Engine: batch-invariant numerics):
 // no BLAS, no reduction split across threads or rows, no FMA contraction
-// (-ffp-contract=off). Threads may split a kernel's output elements among
-// themselves (MatMul's `pool`), which changes who computes an element, never
-// how. Matrices are row-major; a weight matrix W with GGUF
+// (-ffp-contract=off; MatMul's fused multiply-adds are explicit, with one
+// ISA per process, see KernelIsaKind). Threads may split a kernel's output
+// elements among themselves (MatMul's `pool`), which changes who computes an
+// element, never how. Matrices are row-major; a weight matrix W with GGUF
 // dims [in, out] is `out` contiguous rows of `in` floats.
 // Threads: pure functions over caller-owned buffers (MatMul with a pool
 // blocks until every thread is done).
@@ -43,18 +44,53 @@ inline float Dot(const float* a, const float* b, size_t n) {
 // multiply-adds take ~10-20 us on one core). Never affects the bits.
 inline constexpr size_t kMinParallelWork = size_t{1} << 16;
 
-// y[r][o] = Dot(w[o], x[r], in) for r < rows and o in [o_begin, o_end);
-// other columns of y are left as they are.
+// The instruction set MatMul runs on. Each has its own per-element order,
+// fixed for n = in (w[o] and x[r] as a and b, i < n):
+//   kGeneric: Dot(w[o], x[r], in), exactly (products rounded, then added).
+//   kAvx2:    8 lanes, lane j = fma(a[i], b[i], lane j) for i = j mod 8 of
+//             the first n - n % 8 (fma: one rounding), combined as Dot's
+//             lanes; then the tail in index order as sum = sum + a[i] * b[i].
+//   kAvx512:  16 lanes of fma as above over the first n - n % 16; the 8
+//             values lane j + lane (j + 8), combined as Dot's lanes; then
+//             the tail as in kAvx2.
+// The ISAs differ in their bits (fma rounds once), so one process uses one
+// ISA for every MatMul (ActiveKernelIsa); within an ISA an element's bits
+// never depend on rows, tiling or threads.
+enum class KernelIsaKind { kGeneric, kAvx2, kAvx512 };
+
+// The best ISA this CPU and OS support (AVX-512F, else AVX2 with FMA, else
+// generic), detected once per process; MatMul and MatMulColumns use it.
+KernelIsaKind ActiveKernelIsa();
+
+// "generic", "avx2" or "avx512": the name of `isa`.
+const char* KernelIsaName(KernelIsaKind isa);
+
+// KernelIsaName(ActiveKernelIsa()): names the MatMul numerics of this
+// process (for the KV numerics id).
+const char* KernelIsa();
+
+// Whether MatMulColumnsWithIsa can run `isa` here (kGeneric always).
+bool KernelIsaSupported(KernelIsaKind isa);
+
+// y[r][o] = the `isa` order above of w[o] and x[r], for r < rows and o in
+// [o_begin, o_end); other columns of y are left as they are. Register tiles
+// of several rows and columns reuse each weight load across rows; every
+// element still follows its own order alone. An unsupported `isa` runs
+// kGeneric. For tests and benchmarks; the engine calls MatMul.
 // x: [rows][in], w: [out][in], y: [rows][out].
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
+                          size_t in, size_t out, size_t o_begin, size_t o_end, float* y);
+
+// MatMulColumnsWithIsa(ActiveKernelIsa(), ...).
 void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
                    size_t o_begin, size_t o_end, float* y);
 
-// y[r][o] = Dot(w[o], x[r], in) for r < rows, o < out.
-// x: [rows][in], w: [out][in], y: [rows][out]. When `pool` has more than one
-// thread and rows * in * out >= min_work, the output columns are split into
-// contiguous ranges, one per thread (ThreadPool::ParallelFor); the reduction
-// over `in` never is. Each element is one Dot either way, so y's bits do not
-// depend on rows, the pool or min_work.
+// y[r][o] = w[o] . x[r] in the ActiveKernelIsa() order, for r < rows,
+// o < out. x: [rows][in], w: [out][in], y: [rows][out]. When `pool` has more
+// than one thread and rows * in * out >= min_work, the output columns are
+// split into contiguous ranges, one per thread (ThreadPool::ParallelFor);
+// the reduction over `in` never is. Each element follows its ISA's order
+// either way, so y's bits do not depend on rows, the pool or min_work.
 void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
             ThreadPool* pool = nullptr, size_t min_work = kMinParallelWork);
 

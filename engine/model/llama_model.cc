@@ -264,8 +264,9 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   }
 
   if (logits == nullptr) return;
-  // The wanted rows, normed and projected together: each logit is still one
-  // Dot of its own row, so batching them changes no bit.
+  // The wanted rows, normed and projected together: each logit still follows
+  // MatMul's fixed per-element order over its own row, so batching them
+  // changes no bit.
   const size_t n_logits = logit_rows.size();
   for (size_t i = 0; i < n_logits; ++i) {
     RmsNorm(&x[logit_rows[i] * embd], w.output_norm.data, 1, embd, c.rms_norm_eps,
@@ -309,5 +310,7 @@ absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
   }
   return hex;
 }
+
+const char* KernelIsa() { return internal::KernelIsa(); }
 
 }  // namespace tandem::model

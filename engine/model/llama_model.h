@@ -134,6 +134,12 @@ class LlamaModel {
   size_t min_parallel_work_;
 };
 
+// The instruction set of the GEMM kernels this process uses ("avx512",
+// "avx2" or "generic"), chosen once at start-up from the CPU. Part of the
+// numerics id: results are bit-identical for every batch size and thread
+// count within one ISA, not across ISAs.
+const char* KernelIsa();
+
 // XXH3-128 (xxHash 0.8) of the whole model file, as 32 lowercase hex digits
 // in xxHash's canonical (big-endian) form, as `xxhsum -H2` prints it:
 // identifies the exact weights. Streams the file at file.path() again.

@@ -1,10 +1,13 @@
-// Batch-invariant kernels (DESIGN.md, Engine): Dot follows its documented
-// summation order, and a MatMul row is bit-identical whatever the batch
-// size (M = 1, 3, 4, 17, 64) and however many threads split the columns.
+// Batch-invariant kernels (DESIGN.md, Engine): Dot and every MatMul ISA path
+// follow their documented summation orders, a MatMul row is bit-identical
+// whatever the batch size (M = 1, 3, 4, 17, 64) and however many threads
+// split the columns, and the ISA paths agree within float rounding.
 #include "engine/model/cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -32,6 +35,31 @@ float DocumentedDot(const float* a, const float* b, size_t n) {
               ((lane[1] + lane[5]) + (lane[3] + lane[7]));
   for (size_t i = n8; i < n; ++i) sum = sum + a[i] * b[i];
   return sum;
+}
+
+// The per-element order cpu_kernels.h documents for `isa`, written out
+// independently (std::fma rounds once, as the hardware's fused multiply-add).
+float DocumentedIsaDot(KernelIsaKind isa, const float* a, const float* b, size_t n) {
+  if (isa == KernelIsaKind::kGeneric) return DocumentedDot(a, b, n);
+  const size_t lanes = isa == KernelIsaKind::kAvx512 ? 16 : 8;
+  float lane[16] = {};
+  const size_t nl = n / lanes * lanes;
+  for (size_t i = 0; i < nl; ++i) lane[i % lanes] = std::fma(a[i], b[i], lane[i % lanes]);
+  float l8[8];
+  for (size_t j = 0; j < 8; ++j) l8[j] = lanes == 16 ? lane[j] + lane[j + 8] : lane[j];
+  float sum = ((l8[0] + l8[4]) + (l8[2] + l8[6])) + ((l8[1] + l8[5]) + (l8[3] + l8[7]));
+  for (size_t i = nl; i < n; ++i) sum = sum + a[i] * b[i];
+  return sum;
+}
+
+// The ISAs this CPU runs (the generic one always).
+std::vector<KernelIsaKind> SupportedIsas() {
+  std::vector<KernelIsaKind> isas;
+  for (KernelIsaKind isa :
+       {KernelIsaKind::kGeneric, KernelIsaKind::kAvx2, KernelIsaKind::kAvx512}) {
+    if (KernelIsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
 }
 
 TEST(CpuKernelsTest, DotSumsInTheDocumentedOrder) {
@@ -92,8 +120,99 @@ TEST(CpuKernelsTest, MatMulColumnsWritesOnlyItsColumns) {
   MatMulColumns(x.data(), w.data(), rows, in, out, 1, 3, y.data());
   for (size_t r = 0; r < rows; ++r) {
     for (size_t o = 0; o < out; ++o) {
-      const float want = (o >= 1 && o < 3) ? Dot(&w[o * in], &x[r * in], in) : 7.0f;
+      const float want = (o >= 1 && o < 3) ? DocumentedIsaDot(ActiveKernelIsa(), &w[o * in],
+                                                              &x[r * in], in)
+                                            : 7.0f;
       EXPECT_EQ(std::memcmp(&y[r * out + o], &want, sizeof(float)), 0) << r << "," << o;
+    }
+  }
+}
+
+TEST(CpuKernelsTest, KernelIsaNamesTheActiveIsa) {
+  const std::string name = KernelIsa();
+  EXPECT_EQ(name, KernelIsaName(ActiveKernelIsa()));
+  EXPECT_TRUE(name == "generic" || name == "avx2" || name == "avx512") << name;
+  EXPECT_TRUE(KernelIsaSupported(ActiveKernelIsa()));
+  EXPECT_TRUE(KernelIsaSupported(KernelIsaKind::kGeneric));
+}
+
+// Every element of every ISA path, in full and edge tiles, equals the
+// documented order of that ISA bit for bit.
+TEST(CpuKernelsTest, EachIsaFollowsItsDocumentedOrder) {
+  std::mt19937 rng(11);
+  const size_t rows = 7, out = 9;
+  for (KernelIsaKind isa : SupportedIsas()) {
+    for (size_t in : {1, 7, 8, 9, 15, 16, 17, 64, 67, 172}) {
+      SCOPED_TRACE(::testing::Message() << KernelIsaName(isa) << " in " << in);
+      const std::vector<float> x = RandomFloats(rows * in, rng);
+      const std::vector<float> w = RandomFloats(out * in, rng);
+      std::vector<float> y(rows * out, -1.0f);
+      MatMulColumnsWithIsa(isa, x.data(), w.data(), rows, in, out, 0, out, y.data());
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t o = 0; o < out; ++o) {
+          const float want = DocumentedIsaDot(isa, &w[o * in], &x[r * in], in);
+          EXPECT_EQ(std::memcmp(&y[r * out + o], &want, sizeof(float)), 0) << r << "," << o;
+        }
+      }
+    }
+  }
+}
+
+// For each ISA: row r over M rows, with the columns cut into ranges of any
+// width, equals bit for bit row r computed alone over all columns.
+TEST(CpuKernelsTest, EachIsaRowsIdenticalForAnyBatchSizeAndColumnSplit) {
+  std::mt19937 rng(5);
+  const size_t in = 67, out = 37;
+  const std::vector<float> w = RandomFloats(out * in, rng);
+  const std::vector<float> x = RandomFloats(64 * in, rng);
+  for (KernelIsaKind isa : SupportedIsas()) {
+    std::vector<float> alone(64 * out);
+    for (size_t r = 0; r < 64; ++r) {
+      MatMulColumnsWithIsa(isa, &x[r * in], w.data(), 1, in, out, 0, out, &alone[r * out]);
+    }
+    for (size_t m : {1, 3, 4, 5, 17, 64}) {
+      for (size_t width : {1, 3, 5, 37}) {
+        SCOPED_TRACE(::testing::Message()
+                     << KernelIsaName(isa) << " M " << m << " width " << width);
+        std::vector<float> y(m * out, -1.0f);
+        for (size_t o = 0; o < out; o += width) {
+          MatMulColumnsWithIsa(isa, x.data(), w.data(), m, in, out, o,
+                               std::min(out, o + width), y.data());
+        }
+        for (size_t r = 0; r < m; ++r) {
+          EXPECT_EQ(std::memcmp(&y[r * out], &alone[r * out], out * sizeof(float)), 0)
+              << "row " << r;
+        }
+      }
+    }
+  }
+}
+
+// The ISA paths differ only by rounding: each is within the float dot-product
+// error bound n * 2^-24 * sum |w_i x_i| (Higham, Accuracy and Stability of
+// Numerical Algorithms, 3.1) of the sum in double.
+TEST(CpuKernelsTest, IsaPathsAgreeWithinRounding) {
+  std::mt19937 rng(9);
+  const size_t rows = 5, out = 13;
+  for (size_t in : {9, 64, 172, 1000}) {
+    const std::vector<float> x = RandomFloats(rows * in, rng);
+    const std::vector<float> w = RandomFloats(out * in, rng);
+    for (KernelIsaKind isa : SupportedIsas()) {
+      SCOPED_TRACE(::testing::Message() << KernelIsaName(isa) << " in " << in);
+      std::vector<float> y(rows * out);
+      MatMulColumnsWithIsa(isa, x.data(), w.data(), rows, in, out, 0, out, y.data());
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t o = 0; o < out; ++o) {
+          double exact = 0.0, magnitude = 0.0;
+          for (size_t i = 0; i < in; ++i) {
+            const double p = static_cast<double>(w[o * in + i]) * x[r * in + i];
+            exact += p;
+            magnitude += std::fabs(p);
+          }
+          const double bound = static_cast<double>(in) * std::ldexp(1.0, -24) * magnitude;
+          EXPECT_NEAR(y[r * out + o], exact, bound) << r << "," << o;
+        }
+      }
     }
   }
 }
