@@ -33,12 +33,7 @@ class DecodeEngineTest : public ::testing::Test {
   void SetUp() override {
     loaded_ = worker_testing::LoadStories();
     ASSERT_NE(loaded_.model, nullptr);
-    const model::LlamaConfig& c = loaded_.model->config();
-    ASSERT_EQ(c.n_layers, worker_testing::kStoriesLayers);
-    ASSERT_EQ(c.n_head_kv, worker_testing::kStoriesKvHeads);
-    ASSERT_EQ(c.head_dim, worker_testing::kStoriesHeadDim);
-    ASSERT_EQ(c.vocab_size, worker_testing::kStoriesVocab);
-    ASSERT_EQ(c.context_length, worker_testing::kStoriesContext);
+    worker_testing::ExpectStoriesShape(loaded_.model->config());
   }
 
   const model::LlamaModel& model() const { return *loaded_.model; }

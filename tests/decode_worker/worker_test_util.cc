@@ -10,6 +10,14 @@
 
 namespace tandem::worker_testing {
 
+void ExpectStoriesShape(const model::LlamaConfig& c) {
+  EXPECT_EQ(c.n_layers, kStoriesLayers);
+  EXPECT_EQ(c.n_head_kv, kStoriesKvHeads);
+  EXPECT_EQ(c.head_dim, kStoriesHeadDim);
+  EXPECT_EQ(c.vocab_size, kStoriesVocab);
+  EXPECT_EQ(c.context_length, kStoriesContext);
+}
+
 TestModel LoadStories() {
   TestModel out;
   auto file = gguf::GgufFile::Open(tandem::testing::SharedPath("models/stories260K.gguf"));

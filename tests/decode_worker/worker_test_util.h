@@ -52,6 +52,10 @@ struct TestModel {
 // (ADD_FAILURE) and returns nulls on error.
 TestModel LoadStories();
 
+// Checks (EXPECT) that `config` has stories260K's shape, which the byte
+// counts and token ids in the worker tests assume.
+void ExpectStoriesShape(const model::LlamaConfig& config);
+
 // One case of ../shared/goldens/stories260K_greedy.json (F32 KV variant).
 struct GoldenCase {
   std::string name;
