@@ -229,7 +229,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     if (s = CheckKeys(n, "engine",
                       {"block_size", "num_kv_blocks", "max_num_seqs", "threads",
                        "max_num_batched_tokens", "prefill_chunk_tokens",
-                       "enable_prefix_caching"});
+                       "enable_prefix_caching", "kernel_isa"});
         !s.ok()) {
       return s;
     }
@@ -248,6 +248,12 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
       return Invalid("engine.enable_prefix_caching", "expected true or false", n["enable_prefix_caching"]);
     }
     e.enable_prefix_caching = caching == "true";
+    if (s = ReadString(n, "kernel_isa", "engine", &e.kernel_isa); !s.ok()) return s;
+    if (e.kernel_isa != "auto" && e.kernel_isa != "avx512" && e.kernel_isa != "avx2" &&
+        e.kernel_isa != "generic") {
+      return Invalid("engine.kernel_isa", "expected auto, avx512, avx2 or generic",
+                     n["kernel_isa"]);
+    }
   }
   if (const YAML::Node n = root["conditional"]; n.IsDefined()) {
     if (s = CheckKeys(n, "conditional", {"max_local_prefill_tokens", "on_prefill_failure"});

@@ -11,7 +11,8 @@
 //   decode_workers:  [{name, listen, kv_listen}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
 //            threads: 1, max_num_batched_tokens: 2048,
-//            prefill_chunk_tokens: 512, enable_prefix_caching: true}
+//            prefill_chunk_tokens: 512, enable_prefix_caching: true,
+//            kernel_isa: auto}
 //   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000}
 //   shutdown_grace_s: 5
@@ -57,6 +58,10 @@ struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;  // token budget per engine step
   int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
   bool enable_prefix_caching = true;      // reuse full KV blocks across requests
+  // GEMM instruction set: auto (best this CPU runs), avx512, avx2 or
+  // generic. Part of the KV numerics id: pin it when workers run on
+  // different CPUs so prefill and decode compute K/V with the same bits.
+  std::string kernel_isa = "auto";
 };
 
 enum class OnPrefillFailure { kFail, kRetry, kLocal };

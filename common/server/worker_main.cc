@@ -97,6 +97,9 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   rpc::SetLogComponent(name);
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
+  if (absl::Status s = model::PinKernelIsa(config->engine.kernel_isa); !s.ok()) {
+    return Fail(absl::StrCat("engine.kernel_isa: ", s.message()));
+  }
   auto bundle = LoadModelBundle(*model_path, config->engine.threads);
   if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
   rpc::Log(absl::StrCat("loaded ", *model_path, " (", (*bundle)->model->config().name, ")"));

@@ -1,5 +1,7 @@
 #include "engine/model/cpu_kernels.h"
 
+#include <atomic>
+
 #include <algorithm>
 #include <cmath>
 
@@ -149,21 +151,39 @@ KernelIsaKind DetectKernelIsa() {
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_pinned_isa{-1};  // PinKernelIsa's choice; -1 = best
+
+KernelIsaKind BestKernelIsa() {
+  static const KernelIsaKind isa = DetectKernelIsa();
+  return isa;
+}
+}  // namespace
+
 bool KernelIsaSupported(KernelIsaKind isa) {
   switch (isa) {
     case KernelIsaKind::kGeneric:
       return true;
     case KernelIsaKind::kAvx2:
-      return ActiveKernelIsa() != KernelIsaKind::kGeneric;
+      return BestKernelIsa() != KernelIsaKind::kGeneric;
     case KernelIsaKind::kAvx512:
-      return ActiveKernelIsa() == KernelIsaKind::kAvx512;
+      return BestKernelIsa() == KernelIsaKind::kAvx512;
   }
   return false;
 }
 
 KernelIsaKind ActiveKernelIsa() {
-  static const KernelIsaKind isa = DetectKernelIsa();
+  static const KernelIsaKind isa = [] {
+    const int pinned = g_pinned_isa.load();
+    return pinned >= 0 ? static_cast<KernelIsaKind>(pinned) : BestKernelIsa();
+  }();
   return isa;
+}
+
+bool PinKernelIsa(KernelIsaKind isa) {
+  if (!KernelIsaSupported(isa)) return false;
+  g_pinned_isa.store(static_cast<int>(isa));
+  return ActiveKernelIsa() == isa;
 }
 
 const char* KernelIsaName(KernelIsaKind isa) {

@@ -72,6 +72,11 @@ const char* KernelIsa();
 // Whether MatMulColumnsWithIsa can run `isa` here (kGeneric always).
 bool KernelIsaSupported(KernelIsaKind isa);
 
+// Makes `isa` the process's ActiveKernelIsa (engine.kernel_isa). Must run
+// before the first MatMul/ActiveKernelIsa call; false when this CPU cannot
+// run `isa` or another ISA is already in use.
+bool PinKernelIsa(KernelIsaKind isa);
+
 // y[r][o] = the `isa` order above of w[o] and x[r], for r < rows and o in
 // [o_begin, o_end); other columns of y are left as they are. Register tiles
 // of several rows and columns reuse each weight load across rows; every

@@ -313,4 +313,29 @@ absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
 
 const char* KernelIsa() { return internal::KernelIsa(); }
 
+absl::Status PinKernelIsa(const std::string& name) {
+  using internal::KernelIsaKind;
+  if (name == "auto") return absl::OkStatus();
+  KernelIsaKind isa;
+  if (name == "avx512") {
+    isa = KernelIsaKind::kAvx512;
+  } else if (name == "avx2") {
+    isa = KernelIsaKind::kAvx2;
+  } else if (name == "generic") {
+    isa = KernelIsaKind::kGeneric;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kernel ISA must be auto, avx512, avx2 or generic, got '", name, "'"));
+  }
+  if (!internal::PinKernelIsa(isa)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kernel ISA ", name, " is not available (this CPU runs up to ",
+        internal::KernelIsaSupported(KernelIsaKind::kAvx512) ? "avx512"
+        : internal::KernelIsaSupported(KernelIsaKind::kAvx2) ? "avx2"
+                                                               : "generic",
+        "; in use: ", internal::KernelIsa(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::model

@@ -140,6 +140,12 @@ class LlamaModel {
 // count within one ISA, not across ISAs.
 const char* KernelIsa();
 
+// Pins the kernel ISA by name before any forward runs (engine.kernel_isa):
+// "auto" (the best this CPU runs: no-op), "avx512", "avx2" or "generic".
+// Errors: INVALID_ARGUMENT for another name, FAILED_PRECONDITION when this
+// CPU cannot run it or another ISA is already in use.
+absl::Status PinKernelIsa(const std::string& name);
+
 // XXH3-128 (xxHash 0.8) of the whole model file, as 32 lowercase hex digits
 // in xxHash's canonical (big-endian) form, as `xxhsum -H2` prints it:
 // identifies the exact weights. Streams the file at file.path() again.

@@ -113,6 +113,28 @@ shutdown_grace_s: 0
   EXPECT_EQ(local->conditional.on_prefill_failure, OnPrefillFailure::kLocal);
 }
 
+TEST(ClusterConfigTest, EngineBatchingAndIsaKeys) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
+      "engine: {max_num_batched_tokens: 64, prefill_chunk_tokens: 7,\n"
+      "         enable_prefix_caching: false, kernel_isa: generic}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.max_num_batched_tokens, 64);
+  EXPECT_EQ(c->engine.prefill_chunk_tokens, 7);
+  EXPECT_FALSE(c->engine.enable_prefix_caching);
+  EXPECT_EQ(c->engine.kernel_isa, "generic");
+  absl::StatusOr<ClusterConfig> bad = ParseClusterConfig(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
+      "engine: {kernel_isa: sse9}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("engine.kernel_isa"));
+  absl::StatusOr<ClusterConfig> bad_bool = ParseClusterConfig(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
+      "engine: {enable_prefix_caching: maybe}\n");
+  ASSERT_FALSE(bad_bool.ok());
+  EXPECT_THAT(bad_bool.status().message(), HasSubstr("engine.enable_prefix_caching"));
+}
+
 TEST(ClusterConfigTest, UnknownTopLevelKeyIsNamed) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "shutdown_grace: 3\n"),
               HasSubstr("unknown key 'shutdown_grace'"));

@@ -200,3 +200,22 @@ TEST(LlamaLoaderTest, FingerprintIsXxh128OfTheWholeFile) {
 
 }  // namespace
 }  // namespace tandem::model
+
+namespace tandem::model {
+namespace {
+
+// engine.kernel_isa: names are checked, and once the process has chosen
+// its ISA, only that one can be pinned (the numerics id must not change).
+TEST(KernelIsaPinTest, NamesAreCheckedAndTheChoiceIsFixed) {
+  EXPECT_EQ(PinKernelIsa("sse9").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(PinKernelIsa("auto").ok());
+  const std::string active = KernelIsa();  // fixes the process's choice
+  EXPECT_TRUE(PinKernelIsa(active).ok());
+  const std::string other = active == "generic" ? "avx512" : "generic";
+  absl::Status s = PinKernelIsa(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(std::string(KernelIsa()), active);
+}
+
+}  // namespace
+}  // namespace tandem::model
