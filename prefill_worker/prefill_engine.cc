@@ -44,7 +44,7 @@ void PrefillEngine::Submit(PrefillRequest request, Done done) {
       job.request = std::move(request);
       job.done = std::move(done);
       inbox_.push_back(std::move(job));
-      stats_.running_requests = static_cast<uint32_t>(inbox_.size() + jobs_count_hint_);
+      ++stats_.running_requests;  // UpdateStats recounts it on the engine thread
       cv_.Signal();
       return;
     }
@@ -75,7 +75,6 @@ bool PrefillEngine::IsCancelled(const std::string& request_id) const {
 }
 
 void PrefillEngine::UpdateStats() {
-  jobs_count_hint_ = jobs_.size();
   stats_.running_requests = static_cast<uint32_t>(inbox_.size() + jobs_.size());
   stats_.transfers_in_flight = static_cast<uint32_t>(jobs_.size());
   stats_.kv_blocks_in_use = static_cast<uint32_t>(kv_.num_blocks_in_use());

@@ -137,7 +137,6 @@ class PrefillEngine {
   std::deque<Job> inbox_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
   PrefillStats stats_ ABSL_GUARDED_BY(mu_);
-  size_t jobs_count_hint_ ABSL_GUARDED_BY(mu_) = 0;  // jobs_.size() for Submit
   std::thread thread_;
 };
 
