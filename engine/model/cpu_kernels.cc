@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -125,15 +126,30 @@ void TileRows(int nr, int nc, const float* x, const float* w, size_t in, size_t 
 }
 
 // Column blocks outer, so a block of kCols weight rows stays in cache while
-// every input row passes over it.
+// every input row passes over it. A non-F32 block is first dequantized into
+// a per-thread panel of kCols x in floats (exact, see weight_matrix.h), so
+// each element sees the same F32 weights, in the same order, as from the
+// matrix's F32 conversion.
 template <typename Isa>
-void ColumnsTiled(const float* x, const float* w, size_t rows, size_t in, size_t out,
-                  size_t o_begin, size_t o_end, float* y) {
+void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_begin,
+                  size_t o_end, float* y) {
+  const size_t in = w.in, out = w.out;
+  thread_local std::vector<float> panel;
+  if (w.type != gguf::TensorType::kF32 && panel.size() < Isa::kCols * in) {
+    panel.resize(Isa::kCols * in);
+  }
   for (size_t o = o_begin; o < o_end; o += Isa::kCols) {
     const int nc = static_cast<int>(std::min<size_t>(Isa::kCols, o_end - o));
+    const float* wo;
+    if (w.type == gguf::TensorType::kF32) {
+      wo = reinterpret_cast<const float*>(w.data) + o * in;
+    } else {
+      DequantizeRows(w, o, static_cast<size_t>(nc), panel.data());
+      wo = panel.data();
+    }
     for (size_t r = 0; r < rows; r += Isa::kRows) {
       const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
-      TileRows<Isa, Isa::kRows>(nr, nc, x + r * in, w + o * in, in, out, y + r * out + o);
+      TileRows<Isa, Isa::kRows>(nr, nc, x + r * in, wo, in, out, y + r * out + o);
     }
   }
 }
@@ -200,18 +216,23 @@ const char* KernelIsaName(KernelIsaKind isa) {
 
 const char* KernelIsa() { return KernelIsaName(ActiveKernelIsa()); }
 
-void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
-                          size_t in, size_t out, size_t o_begin, size_t o_end, float* y) {
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix& w,
+                          size_t rows, size_t o_begin, size_t o_end, float* y) {
   switch (KernelIsaSupported(isa) ? isa : KernelIsaKind::kGeneric) {
 #ifdef TANDEM_KERNELS_X86
     case KernelIsaKind::kAvx512:
-      return ColumnsTiled<Avx512Isa>(x, w, rows, in, out, o_begin, o_end, y);
+      return ColumnsTiled<Avx512Isa>(x, w, rows, o_begin, o_end, y);
     case KernelIsaKind::kAvx2:
-      return ColumnsTiled<Avx2Isa>(x, w, rows, in, out, o_begin, o_end, y);
+      return ColumnsTiled<Avx2Isa>(x, w, rows, o_begin, o_end, y);
 #endif
     default:
-      return ColumnsTiled<GenericIsa>(x, w, rows, in, out, o_begin, o_end, y);
+      return ColumnsTiled<GenericIsa>(x, w, rows, o_begin, o_end, y);
   }
+}
+
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
+                          size_t in, size_t out, size_t o_begin, size_t o_end, float* y) {
+  MatMulColumnsWithIsa(isa, x, WeightMatrix::F32(w, in, out), rows, o_begin, o_end, y);
 }
 
 void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
@@ -219,12 +240,19 @@ void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_
   MatMulColumnsWithIsa(ActiveKernelIsa(), x, w, rows, in, out, o_begin, o_end, y);
 }
 
-void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
-            ThreadPool* pool, size_t min_work) {
-  MaybeParallelFor(pool, out, rows * in * out, min_work, [&](size_t begin, size_t end) {
-    MatMulColumns(x, w, rows, in, out, begin, end, y);
+void MatMul(const float* x, const WeightMatrix& w, size_t rows, float* y, ThreadPool* pool,
+            size_t min_work) {
+  const KernelIsaKind isa = ActiveKernelIsa();
+  MaybeParallelFor(pool, w.out, rows * w.in * w.out, min_work, [&](size_t begin, size_t end) {
+    MatMulColumnsWithIsa(isa, x, w, rows, begin, end, y);
   });
 }
+
+void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
+            ThreadPool* pool, size_t min_work) {
+  MatMul(x, WeightMatrix::F32(w, in, out), rows, y, pool, min_work);
+}
+
 void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
              float* y) {
   for (size_t r = 0; r < rows; ++r) {

@@ -18,6 +18,7 @@
 #include <cstddef>
 
 #include "engine/model/thread_pool.h"
+#include "engine/model/weight_matrix.h"
 
 namespace tandem::model::internal {
 
@@ -77,25 +78,35 @@ bool KernelIsaSupported(KernelIsaKind isa);
 // run `isa` or another ISA is already in use.
 bool PinKernelIsa(KernelIsaKind isa);
 
-// y[r][o] = the `isa` order above of w[o] and x[r], for r < rows and o in
-// [o_begin, o_end); other columns of y are left as they are. Register tiles
-// of several rows and columns reuse each weight load across rows; every
-// element still follows its own order alone. An unsupported `isa` runs
-// kGeneric. For tests and benchmarks; the engine calls MatMul.
-// x: [rows][in], w: [out][in], y: [rows][out].
+// y[r][o] = the `isa` order above of W[o] (as F32, see weight_matrix.h)
+// and x[r], for r < rows and o in [o_begin, o_end); other columns of y are
+// left as they are. Register tiles of several rows and columns reuse each
+// weight load across rows; every element still follows its own order
+// alone. An unsupported `isa` runs kGeneric. For tests and benchmarks; the
+// engine calls MatMul. x: [rows][w.in], y: [rows][w.out].
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix& w,
+                          size_t rows, size_t o_begin, size_t o_end, float* y);
+
+// The same over an F32 matrix w: [out][in].
 void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
                           size_t in, size_t out, size_t o_begin, size_t o_end, float* y);
 
-// MatMulColumnsWithIsa(ActiveKernelIsa(), ...).
+// MatMulColumnsWithIsa(ActiveKernelIsa(), ...) over an F32 matrix.
 void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
                    size_t o_begin, size_t o_end, float* y);
 
-// y[r][o] = w[o] . x[r] in the ActiveKernelIsa() order, for r < rows,
-// o < out. x: [rows][in], w: [out][in], y: [rows][out]. When `pool` has more
-// than one thread and rows * in * out >= min_work, the output columns are
-// split into contiguous ranges, one per thread (ThreadPool::ParallelFor);
-// the reduction over `in` never is. Each element follows its ISA's order
-// either way, so y's bits do not depend on rows, the pool or min_work.
+// y[r][o] = W[o] . x[r] in the ActiveKernelIsa() order, for r < rows,
+// o < w.out, W in its storage type (F32, F16, BF16, Q8_0; each gives the
+// bits of its F32 conversion). x: [rows][w.in], y: [rows][w.out]. When
+// `pool` has more than one thread and rows * in * out >= min_work, the
+// output columns are split into contiguous ranges, one per thread
+// (ThreadPool::ParallelFor); the reduction over `in` never is. Each element
+// follows its ISA's order either way, so y's bits do not depend on rows,
+// the pool or min_work.
+void MatMul(const float* x, const WeightMatrix& w, size_t rows, float* y,
+            ThreadPool* pool = nullptr, size_t min_work = kMinParallelWork);
+
+// MatMul over an F32 matrix w: [out][in].
 void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, float* y,
             ThreadPool* pool = nullptr, size_t min_work = kMinParallelWork);
 

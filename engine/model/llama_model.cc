@@ -195,8 +195,8 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   int32_t max_pos = 0;
   size_t attn_work = 0;  // multiply-adds of one layer's attention
   for (size_t r = 0; r < T; ++r) {
-    const float* emb = w.token_embd.data + static_cast<size_t>(rows[r].token) * embd;
-    std::copy(emb, emb + embd, x.begin() + static_cast<std::ptrdiff_t>(r * embd));
+    internal::DequantizeRows(w.token_embd.view, static_cast<size_t>(rows[r].token), 1,
+                             &x[r * embd]);
     max_pos = std::max(max_pos, rows[r].pos);
     attn_work += (static_cast<size_t>(rows[r].pos) + 1) * 2 * q_dim;
   }
@@ -214,9 +214,9 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const internal::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     rms_norm(lw.attn_norm);
-    MatMul(norm.data(), lw.wq.data, T, embd, q_dim, q.data(), pool, min_work);
-    MatMul(norm.data(), lw.wk.data, T, embd, kv_dim, k.data(), pool, min_work);
-    MatMul(norm.data(), lw.wv.data, T, embd, kv_dim, v.data(), pool, min_work);
+    MatMul(norm.data(), lw.wq.view, T, q.data(), pool, min_work);
+    MatMul(norm.data(), lw.wk.view, T, k.data(), pool, min_work);
+    MatMul(norm.data(), lw.wv.view, T, v.data(), pool, min_work);
     // RoPE costs a pow, a cos and a sin per pair and row, ~16 multiply-adds.
     For(T, T * static_cast<size_t>(c.rope_dim) * 8, [&](size_t begin, size_t end) {
       for (size_t r = begin; r < end; ++r) {
@@ -249,17 +249,17 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
                    &attn[(p / n_head) * q_dim], scores.data());
       }
     });
-    MatMul(attn.data(), lw.wo.data, T, q_dim, embd, tmp.data(), pool, min_work);
+    MatMul(attn.data(), lw.wo.view, T, tmp.data(), pool, min_work);
     AddInPlace(x.data(), tmp.data(), T * embd);
 
     rms_norm(lw.ffn_norm);
-    MatMul(norm.data(), lw.w_gate.data, T, embd, ff, gate.data(), pool, min_work);
-    MatMul(norm.data(), lw.w_up.data, T, embd, ff, up.data(), pool, min_work);
+    MatMul(norm.data(), lw.w_gate.view, T, gate.data(), pool, min_work);
+    MatMul(norm.data(), lw.w_up.view, T, up.data(), pool, min_work);
     // SwiGLU costs an exp and a division per element, ~8 multiply-adds.
     For(T * ff, T * ff * 8, [&](size_t begin, size_t end) {
       internal::SwiGlu(&gate[begin], &up[begin], end - begin);
     });
-    MatMul(gate.data(), lw.w_down.data, T, ff, embd, tmp.data(), pool, min_work);
+    MatMul(gate.data(), lw.w_down.view, T, tmp.data(), pool, min_work);
     AddInPlace(x.data(), tmp.data(), T * embd);
   }
 
@@ -273,7 +273,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
             &norm[i * embd]);
   }
   logits->resize(n_logits * vocab);
-  MatMul(norm.data(), w.output.data, n_logits, embd, vocab, logits->data(), pool, min_work);
+  MatMul(norm.data(), w.output.view, n_logits, logits->data(), pool, min_work);
 }
 
 absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {

@@ -1,9 +1,9 @@
 // Llama forward pass on the CPU over a paged KV cache.
 //
-// Owns: the model's weights (F32 in memory: F32 tensors read in place from
-// the mapping, F16/BF16/Q8_0 converted at load), the forward computation and
-// its thread pool. Does not touch: allocation of KV blocks (the caller
-// passes block tables), sampling, scheduling.
+// Owns: the model's weights (matrices in their GGUF type, F32/F16/BF16/Q8_0,
+// read in place from the mapping; norm vectors as F32), the forward
+// computation and its thread pool. Does not touch: allocation of KV blocks
+// (the caller passes block tables), sampling, scheduling.
 // Threads: a model built with num_threads = N owns a ThreadPool of N
 // threads (N - 1 workers plus the thread calling Forward). Forward splits
 // each MatMul over output columns, attention over (token, head) pairs and

@@ -1,6 +1,5 @@
 #include "engine/model/llama_weights.h"
 
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -14,32 +13,10 @@
 namespace tandem::model::internal {
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "GGUF tensor data is little-endian; big-endian hosts need byte swaps");
-
 // Upper bound for hidden sizes and head counts: keeps every product of two
 // of them far inside int64 and each size inside int32.
 constexpr uint64_t kMaxDim = uint64_t{1} << 20;
 constexpr uint64_t kMaxVocab = uint64_t{1} << 24;
-
-// IEEE 754 binary16 -> binary32 (exact).
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign != 0 ? -v : v;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 // The metadata value under `key` as an int32 in [1, max], or INVALID_ARGUMENT
 // naming the key (a missing key included).
@@ -82,9 +59,11 @@ std::string ShapeString(const std::vector<uint64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
-// The tensor `name` with exactly `dims` (ne0 first), as F32.
-absl::StatusOr<Tensor> LoadTensor(const gguf::GgufFile& file, const std::string& name,
-                                  const std::vector<uint64_t>& dims) {
+// The tensor `name` with exactly `dims` (ne0 first), checked against its
+// type's byte size; INVALID_ARGUMENT naming it otherwise.
+absl::StatusOr<const gguf::TensorInfo*> FindTensor(const gguf::GgufFile& file,
+                                                   const std::string& name,
+                                                   const std::vector<uint64_t>& dims) {
   const gguf::TensorInfo* info = file.FindTensor(name);
   if (info == nullptr) {
     return absl::InvalidArgumentError(
@@ -95,53 +74,53 @@ absl::StatusOr<Tensor> LoadTensor(const gguf::GgufFile& file, const std::string&
                                                    "' has shape ", ShapeString(info->dims),
                                                    ", expected ", ShapeString(dims)));
   }
-  const uint64_t n = info->NumElements();
-  const std::optional<uint64_t> bytes = gguf::TensorBytes(info->type, n);
-  if (!bytes.has_value() || *bytes != info->n_bytes) {
+  // Rows must be whole blocks (ne0 a multiple of 32 for Q8_0) for a row to
+  // start at a block boundary; TensorBytes checks that of ne0 alone.
+  const std::optional<uint64_t> row_bytes = gguf::TensorBytes(info->type, dims[0]);
+  const std::optional<uint64_t> bytes = gguf::TensorBytes(info->type, info->NumElements());
+  if (!row_bytes.has_value() || !bytes.has_value() || *bytes != info->n_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": tensor '", name, "' of type ",
                      std::string(gguf::TensorTypeName(info->type)), " has ", info->n_bytes,
-                     " bytes, which does not match its shape"));
+                     " bytes and rows of ", dims[0],
+                     " elements, which do not match its type's block size"));
   }
+  return info;
+}
+
+absl::StatusOr<Tensor> LoadVector(const gguf::GgufFile& file, const std::string& name,
+                                  uint64_t n) {
+  absl::StatusOr<const gguf::TensorInfo*> info = FindTensor(file, name, {n});
+  if (!info.ok()) return info.status();
   Tensor t;
-  if (info->type == gguf::TensorType::kF32 &&
-      reinterpret_cast<uintptr_t>(info->data) % alignof(float) == 0) {
-    t.data = reinterpret_cast<const float*>(info->data);
+  if ((*info)->type == gguf::TensorType::kF32 &&
+      reinterpret_cast<uintptr_t>((*info)->data) % alignof(float) == 0) {
+    t.data = reinterpret_cast<const float*>((*info)->data);
     return t;
   }
   t.owned.resize(n);
-  ConvertToF32(info->type, info->data, n, t.owned.data());
+  ConvertToF32((*info)->type, (*info)->data, n, t.owned.data());
   t.data = t.owned.data();
   return t;
 }
 
-}  // namespace
-
-void ConvertToF32(gguf::TensorType type, const uint8_t* data, size_t n, float* out) {
-  switch (type) {
-    case gguf::TensorType::kF32:
-      std::memcpy(out, data, n * sizeof(float));
-      return;
-    case gguf::TensorType::kF16:
-      for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(LoadU16(data + 2 * i));
-      return;
-    case gguf::TensorType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        out[i] = std::bit_cast<float>(static_cast<uint32_t>(LoadU16(data + 2 * i)) << 16);
-      }
-      return;
-    case gguf::TensorType::kQ8_0:
-      // ggml block_q8_0: {f16 d; int8 q[32]}, x = q * d.
-      for (size_t b = 0; b < n / 32; ++b) {
-        const uint8_t* block = data + 34 * b;
-        const float d = HalfToFloat(LoadU16(block));
-        for (size_t j = 0; j < 32; ++j) {
-          out[32 * b + j] = static_cast<float>(static_cast<int8_t>(block[2 + j])) * d;
-        }
-      }
-      return;
+// The matrix `name` of GGUF dims [in, out], in its storage type.
+absl::StatusOr<Matrix> LoadMatrix(const gguf::GgufFile& file, const std::string& name,
+                                  uint64_t in, uint64_t out) {
+  absl::StatusOr<const gguf::TensorInfo*> info = FindTensor(file, name, {in, out});
+  if (!info.ok()) return info.status();
+  Matrix m;
+  m.view = {(*info)->type, (*info)->data, in, out};
+  if ((*info)->type == gguf::TensorType::kF32 &&
+      reinterpret_cast<uintptr_t>((*info)->data) % alignof(float) != 0) {
+    m.owned.resize(in * out);
+    std::memcpy(m.owned.data(), (*info)->data, in * out * sizeof(float));
+    m.view.data = reinterpret_cast<const uint8_t*>(m.owned.data());
   }
+  return m;
 }
+
+}  // namespace
 
 absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   LlamaConfig c;
@@ -233,35 +212,40 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
   auto w = std::make_unique<ModelWeights>();
   absl::Status status;
   // Loads one tensor into `dst`, remembering the first error.
-  auto load = [&](Tensor& dst, const std::string& name, std::vector<uint64_t> dims) {
+  auto keep = [&](auto& dst, auto loaded) {
     if (!status.ok()) return;
-    absl::StatusOr<Tensor> t = LoadTensor(file, name, dims);
-    if (t.ok()) {
-      dst = std::move(*t);
+    if (loaded.ok()) {
+      dst = *std::move(loaded);
     } else {
-      status = t.status();
+      status = loaded.status();
     }
   };
-  load(w->token_embd, "token_embd.weight", {embd, vocab});
-  load(w->output_norm, "output_norm.weight", {embd});
+  auto vec = [&](Tensor& dst, const std::string& name) {
+    if (status.ok()) keep(dst, LoadVector(file, name, embd));
+  };
+  auto mat = [&](Matrix& dst, const std::string& name, uint64_t in, uint64_t out) {
+    if (status.ok()) keep(dst, LoadMatrix(file, name, in, out));
+  };
+  mat(w->token_embd, "token_embd.weight", embd, vocab);
+  vec(w->output_norm, "output_norm.weight");
   if (file.FindTensor("output.weight") != nullptr) {
-    load(w->output, "output.weight", {embd, vocab});
+    mat(w->output, "output.weight", embd, vocab);
   } else {
-    w->output.data = w->token_embd.data;  // tied embeddings
+    w->output.view = w->token_embd.view;  // tied embeddings
   }
   w->layers.resize(static_cast<size_t>(c.n_layers));
   for (int32_t i = 0; i < c.n_layers; ++i) {
     LayerWeights& l = w->layers[static_cast<size_t>(i)];
     const std::string p = absl::StrCat("blk.", i, ".");
-    load(l.attn_norm, p + "attn_norm.weight", {embd});
-    load(l.wq, p + "attn_q.weight", {embd, q_dim});
-    load(l.wk, p + "attn_k.weight", {embd, kv_dim});
-    load(l.wv, p + "attn_v.weight", {embd, kv_dim});
-    load(l.wo, p + "attn_output.weight", {q_dim, embd});
-    load(l.ffn_norm, p + "ffn_norm.weight", {embd});
-    load(l.w_gate, p + "ffn_gate.weight", {embd, ff});
-    load(l.w_up, p + "ffn_up.weight", {embd, ff});
-    load(l.w_down, p + "ffn_down.weight", {ff, embd});
+    vec(l.attn_norm, p + "attn_norm.weight");
+    mat(l.wq, p + "attn_q.weight", embd, q_dim);
+    mat(l.wk, p + "attn_k.weight", embd, kv_dim);
+    mat(l.wv, p + "attn_v.weight", embd, kv_dim);
+    mat(l.wo, p + "attn_output.weight", q_dim, embd);
+    vec(l.ffn_norm, p + "ffn_norm.weight");
+    mat(l.w_gate, p + "ffn_gate.weight", embd, ff);
+    mat(l.w_up, p + "ffn_up.weight", embd, ff);
+    mat(l.w_down, p + "ffn_down.weight", ff, embd);
   }
   if (!status.ok()) return status;
   return w;

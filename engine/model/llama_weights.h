@@ -1,9 +1,9 @@
 // Loading a Llama model's hyperparameters and weights from GGUF (internal to
 // engine/model; LlamaModel::Load is the public entry point).
 //
-// Every weight ends up as F32 rows in memory: F32 tensors are read in place
-// from the mapping (when 4-byte aligned), F16 / BF16 are widened and Q8_0 is
-// dequantized at load (ggml's dequantize_row_q8_0: x = d * q).
+// Weight matrices stay in their GGUF type (F32, F16, BF16, Q8_0), read in
+// place from the mapping; MatMul dequantizes them a panel at a time
+// (weight_matrix.h). The small norm vectors are converted to F32 at load.
 // Threads: load once; the result is immutable.
 #ifndef TANDEM_ENGINE_MODEL_LLAMA_WEIGHTS_H_
 #define TANDEM_ENGINE_MODEL_LLAMA_WEIGHTS_H_
@@ -16,12 +16,13 @@
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/weight_matrix.h"
 
 namespace tandem::model::internal {
 
-// One weight as F32, row-major [ne1][ne0]. `data` points either into the
-// GGUF mapping, into `owned`, or into another Tensor (tied output). Move
-// keeps `data` valid (the vector's buffer moves with it); copying would not.
+// A norm weight vector as F32. `data` points either into the GGUF mapping
+// or into `owned`. Move keeps `data` valid (the vector's buffer moves with
+// it); copying would not.
 struct Tensor {
   Tensor() = default;
   Tensor(Tensor&&) = default;
@@ -33,22 +34,36 @@ struct Tensor {
   std::vector<float> owned;
 };
 
+// A weight matrix in its GGUF storage type. `view.data` points into the GGUF
+// mapping, or into `owned` for an F32 tensor that is not 4-byte aligned in
+// the file (copied at load), or into another Matrix (tied output).
+struct Matrix {
+  Matrix() = default;
+  Matrix(Matrix&&) = default;
+  Matrix& operator=(Matrix&&) = default;
+  Matrix(const Matrix&) = delete;
+  Matrix& operator=(const Matrix&) = delete;
+
+  WeightMatrix view;
+  std::vector<float> owned;
+};
+
 struct LayerWeights {
   Tensor attn_norm;  // [n_embd]
-  Tensor wq;         // [n_head * head_dim][n_embd]
-  Tensor wk;         // [n_head_kv * head_dim][n_embd]
-  Tensor wv;         // [n_head_kv * head_dim][n_embd]
-  Tensor wo;         // [n_embd][n_head * head_dim]
+  Matrix wq;         // [n_head * head_dim][n_embd]
+  Matrix wk;         // [n_head_kv * head_dim][n_embd]
+  Matrix wv;         // [n_head_kv * head_dim][n_embd]
+  Matrix wo;         // [n_embd][n_head * head_dim]
   Tensor ffn_norm;   // [n_embd]
-  Tensor w_gate;     // [n_ff][n_embd]
-  Tensor w_up;       // [n_ff][n_embd]
-  Tensor w_down;     // [n_embd][n_ff]
+  Matrix w_gate;     // [n_ff][n_embd]
+  Matrix w_up;       // [n_ff][n_embd]
+  Matrix w_down;     // [n_embd][n_ff]
 };
 
 struct ModelWeights {
-  Tensor token_embd;   // [vocab][n_embd]
+  Matrix token_embd;   // [vocab][n_embd]
   Tensor output_norm;  // [n_embd]
-  Tensor output;       // [vocab][n_embd]; token_embd's rows when tied
+  Matrix output;       // [vocab][n_embd]; token_embd's rows when tied
   std::vector<LayerWeights> layers;
 };
 
@@ -57,14 +72,11 @@ struct ModelWeights {
 // required key, or an out-of-range / inconsistent value.
 absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
 
-// Finds, checks (presence, shape) and converts every tensor `config` needs.
-// Errors: INVALID_ARGUMENT naming the tensor and the file.
+// Finds and checks (presence, shape, byte size, Q8_0 rows whole blocks)
+// every tensor `config` needs. Errors: INVALID_ARGUMENT naming the tensor
+// and the file.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
                                                                const LlamaConfig& config);
-
-// Writes n elements of `type` starting at `data` (GGUF little-endian bytes,
-// n a multiple of the type's block size) as floats to `out`.
-void ConvertToF32(gguf::TensorType type, const uint8_t* data, size_t n, float* out);
 
 }  // namespace tandem::model::internal
 
