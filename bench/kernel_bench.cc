@@ -1,14 +1,18 @@
 // Kernel and memory micro-benchmarks: the machine's FMA peak, the model's
 // MatMul (engine/model/cpu_kernels.h) GFLOP/s, memcpy GB/s and the KV copy
-// functions (engine/kv/block_pool.h) GB/s. Every benchmark uses real
+// functions (engine/kv/block_pool.h) GB/s, and paged attention GB/s. Every benchmark uses real
 // (wall-clock) time, because the pooled ones run on more than one thread.
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "bench/bench_util.h"
+#include "engine/gguf/gguf_file.h"
 #include "engine/kv/block_pool.h"
+#include "engine/model/attention.h"
 #include "engine/model/cpu_kernels.h"
 #include "engine/model/thread_pool.h"
 
@@ -106,24 +110,62 @@ BENCHMARK(BM_FmaPeak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
 // ---------------------------------------------------------------------------
 // MatMul (the model's kernel): y[M][N] = x[M][K] * W[N][K]^T.
-// Args: M, K, N, threads. Counters: GFLOP/s (2MKN per call) and GB/s of
-// the minimal traffic (x, W and y once each, 4 bytes a float).
+// W of n rows x k as GGUF `type` bytes (k a multiple of 32): F32 and F16
+// values from RandomFloats, Q8_0 blocks of random int8 with scale 2^-7.
+std::vector<uint8_t> RandomWeights(gguf::TensorType type, size_t n, size_t k) {
+  const std::vector<float> w = RandomFloats(n * k, 2);
+  const model::internal::WeightMatrix shape{type, nullptr, k, n};
+  std::vector<uint8_t> bytes(shape.RowBytes() * n);
+  for (size_t i = 0; i < n * k; ++i) {
+    switch (type) {
+      case gguf::TensorType::kF32:
+        std::memcpy(&bytes[4 * i], &w[i], 4);
+        break;
+      case gguf::TensorType::kF16: {
+        // Truncated to binary16 (|w| < 1; tiny values flush to zero).
+        const uint32_t b = std::bit_cast<uint32_t>(w[i]);
+        const int e = static_cast<int>((b >> 23) & 0xff) - 127;
+        const uint16_t h = e < -14 ? static_cast<uint16_t>((b >> 16) & 0x8000)
+                                   : static_cast<uint16_t>(((b >> 16) & 0x8000) |
+                                                           (e + 15) << 10 | ((b >> 13) & 0x3ff));
+        std::memcpy(&bytes[2 * i], &h, 2);
+        break;
+      }
+      case gguf::TensorType::kQ8_0: {
+        const size_t block = i / 32, j = i % 32;
+        const uint16_t d = 0x2000;  // 2^-7
+        if (j == 0) std::memcpy(&bytes[34 * block], &d, 2);
+        bytes[34 * block + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(w[i] * 127.0f));
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return bytes;
+}
+
+// Args: M, K, N, threads, wtype (GGUF type id: 0 F32, 1 F16, 8 Q8_0).
+// Counters: GFLOP/s (2MKN per call) and GB/s of the minimal traffic (x, W
+// as stored and y once each).
 void BM_MatMul(benchmark::State& state) {
   const size_t m = static_cast<size_t>(state.range(0));
   const size_t k = static_cast<size_t>(state.range(1));
   const size_t n = static_cast<size_t>(state.range(2));
   const int32_t threads = static_cast<int32_t>(state.range(3));
+  const auto type = static_cast<gguf::TensorType>(state.range(4));
   const std::vector<float> x = RandomFloats(m * k, 1);
-  const std::vector<float> w = RandomFloats(n * k, 2);
+  const std::vector<uint8_t> w = RandomWeights(type, n, k);
+  const model::internal::WeightMatrix matrix{type, w.data(), k, n};
   std::vector<float> y(m * n);
   model::ThreadPool pool(threads);
   for (auto _ : state) {
-    model::internal::MatMul(x.data(), w.data(), m, k, n, y.data(), &pool);
+    model::internal::MatMul(x.data(), matrix, m, y.data(), &pool);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
   const double flops = 2.0 * static_cast<double>(m * k * n);
-  const double bytes = 4.0 * static_cast<double>(m * k + n * k + m * n);
+  const double bytes = 4.0 * static_cast<double>(m * k + m * n) + static_cast<double>(w.size());
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GB/s"] =
@@ -131,11 +173,14 @@ void BM_MatMul(benchmark::State& state) {
   state.counters["flop_per_byte"] = flops / bytes;
 }
 void MatMulArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"M", "K", "N", "threads"});
+  b->ArgNames({"M", "K", "N", "threads", "wtype"});
   for (int threads : {1, 2}) {
     for (int m : {1, 32, 512}) {
-      b->Args({m, 768, 768, threads});
-      b->Args({m, 768, 2048, threads});
+      b->Args({m, 768, 768, threads, 0});
+      b->Args({m, 768, 2048, threads, 0});
+    }
+    for (int type : {1, 8}) {
+      for (int m : {1, 512}) b->Args({m, 768, 2048, threads, type});
     }
   }
 }
@@ -203,6 +248,43 @@ void KvArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK_TEMPLATE(BM_KvCopy, false)->Name("BM_ReadKvRows")->Apply(KvArgs)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_KvCopy, true)->Name("BM_WriteKvRows")->Apply(KvArgs)->UseRealTime();
+
+// ---------------------------------------------------------------------------
+// Paged attention (engine/model/attention.h): one decode step's attention,
+// every query head of one token at position ctx - 1 over ctx cached tokens,
+// 110M-class shape (12 heads of 64, no GQA), block size 16, one thread.
+// GB/s counts the K and V bytes read (2 x 4 x ctx x 768 per step), the
+// traffic that bounds decode attention; FLOPs are 4 x ctx x 768.
+void BM_Attention(benchmark::State& state) {
+  const int32_t ctx = static_cast<int32_t>(state.range(0));
+  kv::KvShape shape;
+  shape.n_layers = 1;
+  shape.n_kv_heads = 12;
+  shape.head_dim = 64;
+  shape.block_size = kKvBlockSize;
+  const int32_t blocks = kv::BlocksForTokens(ctx, kKvBlockSize);
+  kv::BlockPool pool(shape, blocks);
+  const std::vector<int32_t> table = *pool.Allocate(blocks);
+  const std::vector<float> kv_rows = RandomFloats(static_cast<size_t>(ctx) * 768, 5);
+  kv::WriteKvRows(pool, table, 0, 0, ctx, kv_rows.data(), kv_rows.data());
+  const std::vector<float> q = RandomFloats(768, 6);
+  std::vector<float> out(768), scores(static_cast<size_t>(ctx));
+  const float scale = 0.125f;
+  for (auto _ : state) {
+    for (int32_t h = 0; h < 12; ++h) {
+      model::internal::AttentionSpan span{&pool, table, 0, h, ctx - 1};
+      model::internal::AttendHead(span, q.data() + 64 * h, scale, out.data() + 64 * h,
+                                  scores.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes = 2.0 * 4.0 * ctx * 768;
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * ctx * 768 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Attention)->ArgName("ctx")->Arg(128)->Arg(512)->Arg(2048)->UseRealTime();
 
 }  // namespace
 }  // namespace tandem::bench

@@ -91,11 +91,12 @@ struct Avx512Isa {
     }
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
-        // Through memory: GCC 12's 512-bit extract intrinsics warn
-        // (-Wuninitialized on their undefined pass-through operand).
-        alignas(64) float lanes[16];
-        _mm512_store_ps(lanes, acc[r][c]);
-        float sum = Combine8(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
+        // Lanes 0..7 + lanes 8..15, in registers (GCC 12's 512-bit extract
+        // intrinsics warn: -Wuninitialized on their pass-through operand).
+        const __v16sf a = reinterpret_cast<__v16sf>(acc[r][c]);
+        const __v8sf low = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
+        const __v8sf high = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+        float sum = Combine8(reinterpret_cast<__m256>(low + high));
         for (size_t i = n16; i < in; ++i) sum += w[c * in + i] * x[r * in + i];
         y[r * out + c] = sum;
       }
@@ -266,19 +267,24 @@ void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float e
   }
 }
 
-void RopeNorm(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, int pos,
-              float freq_base) {
+void RopeAngles(int pos, size_t rope_dim, float freq_base, float* cs) {
   for (size_t i = 0; 2 * i + 1 < rope_dim; ++i) {
     const double theta =
         pos * std::pow(static_cast<double>(freq_base),
                        -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
-    const float c = static_cast<float>(std::cos(theta));
-    const float s = static_cast<float>(std::sin(theta));
-    for (size_t h = 0; h < n_heads; ++h) {
-      float* p = x + h * head_dim + 2 * i;
-      const float x0 = p[0], x1 = p[1];
-      p[0] = x0 * c - x1 * s;
-      p[1] = x0 * s + x1 * c;
+    cs[2 * i] = static_cast<float>(std::cos(theta));
+    cs[2 * i + 1] = static_cast<float>(std::sin(theta));
+  }
+}
+
+void RopeApply(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const float* cs) {
+  for (size_t h = 0; h < n_heads; ++h) {
+    float* xh = x + h * head_dim;
+    for (size_t i = 0; 2 * i + 1 < rope_dim; ++i) {
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      const float x0 = xh[2 * i], x1 = xh[2 * i + 1];
+      xh[2 * i] = x0 * c - x1 * s;
+      xh[2 * i + 1] = x0 * s + x1 * c;
     }
   }
 }

@@ -116,13 +116,18 @@ void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, 
 void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
              float* y);
 
-// RoPE, NORM mode (llama.cpp GGML_ROPE_TYPE_NORM): for each of n_heads
-// heads of head_dim floats in `x`, rotates the pairs (2i, 2i + 1) for
-// 2i < rope_dim by theta_i = pos * freq_base^(-2i / rope_dim):
+// RoPE, NORM mode (llama.cpp GGML_ROPE_TYPE_NORM), split in two so that the
+// angles of a position are computed once for all layers:
+// RopeAngles writes cs[2i] = cos(theta_i), cs[2i + 1] = sin(theta_i) for
+// 2i < rope_dim, theta_i = pos * freq_base^(-2i / rope_dim) (in double,
+// rounded to float). cs: [rope_dim].
+void RopeAngles(int pos, size_t rope_dim, float freq_base, float* cs);
+
+// For each of n_heads heads of head_dim floats in `x`, rotates the pairs
+// (2i, 2i + 1) for 2i < rope_dim by the angles of RopeAngles:
 //   x0' = x0 cos - x1 sin,  x1' = x0 sin + x1 cos.
-// Dimensions >= rope_dim are left as they are. Angles in double.
-void RopeNorm(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, int pos,
-              float freq_base);
+// Dimensions >= rope_dim are left as they are.
+void RopeApply(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const float* cs);
 
 // a[i] = SiLU(a[i]) * b[i], SiLU(v) = v / (1 + exp(-v)).
 void SwiGlu(float* a, const float* b, size_t n);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/attention.h"
 #include "engine/model/cpu_kernels.h"
 #include "engine/model/llama_weights.h"
 #include "engine/model/thread_pool.h"
@@ -36,58 +37,12 @@ struct Row {
   size_t entry;
 };
 
-// Causal attention of one query head of one row over positions [0, pos]
-// of its sequence, reading K/V from the paged cache. q: the row's
-// [n_head][head_dim]; out: the row's [n_head][head_dim], of which head h is
-// written; scores: scratch of at least pos + 1 floats.
-// s_j = Dot(q_h, k_j) * scale; p_j = exp(s_j - max) / sum (sum in double, j
-// ascending); out_h = sum_j p_j * v_j (j ascending). The order depends only
-// on pos, so every batch shape and thread split gives the same bits.
-void AttendHead(const LlamaConfig& c, const kv::BlockPool& pool,
-                const std::vector<int32_t>& table, int32_t layer, int32_t pos, int32_t h,
-                const float* q, float* out, float* scores) {
-  const size_t hd = static_cast<size_t>(c.head_dim);
-  const size_t kv_dim = static_cast<size_t>(c.n_head_kv) * hd;
-  const int32_t bs = pool.shape().block_size;
-  const int32_t group = c.n_head / c.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  const size_t kv_off = static_cast<size_t>(h / group) * hd;
-  const float* qh = q + static_cast<size_t>(h) * hd;
-  // Positions are walked block by block (j ascending), so the pool is
-  // asked for each block's rows once.
-  float max = -INFINITY;
-  for (int32_t j0 = 0; j0 <= pos; j0 += bs) {
-    const float* k = pool.K(table[static_cast<size_t>(j0 / bs)], layer) + kv_off;
-    const int32_t j1 = std::min(j0 + bs, pos + 1);
-    for (int32_t j = j0; j < j1; ++j, k += kv_dim) {
-      const float s = internal::Dot(qh, k, hd) * scale;
-      scores[j] = s;
-      max = std::max(max, s);
-    }
-  }
-  double sum = 0.0;
-  for (int32_t j = 0; j <= pos; ++j) {
-    const float e = std::exp(scores[j] - max);
-    scores[j] = e;
-    sum += e;
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  float* oh = out + static_cast<size_t>(h) * hd;
-  std::fill(oh, oh + hd, 0.0f);
-  for (int32_t j0 = 0; j0 <= pos; j0 += bs) {
-    const float* v = pool.V(table[static_cast<size_t>(j0 / bs)], layer) + kv_off;
-    const int32_t j1 = std::min(j0 + bs, pos + 1);
-    for (int32_t j = j0; j < j1; ++j, v += kv_dim) {
-      const float p = scores[j] * inv;
-      for (size_t d = 0; d < hd; ++d) oh[d] += p * v[d];
-    }
-  }
-}
-
-// Splits the (row, head) pairs, pair p = row p / n_head, head p % n_head,
-// into `parts` contiguous ranges of about equal attention cost (a pair at
-// position pos costs pos + 1), so causal prefill rows, whose cost grows with
-// position, still share the work evenly. Returns parts + 1 boundaries.
+// Splits the (head, row) pairs, pair p = head p / rows.size(), row
+// p % rows.size(), into `parts` contiguous ranges of about equal attention
+// cost (a pair at position pos costs pos + 1), so causal prefill rows, whose
+// cost grows with position, still share the work evenly. Head-major order
+// keeps one head's K/V slice (of every row's sequence) in cache while all
+// rows read it. Returns parts + 1 boundaries.
 std::vector<size_t> BalancedPairBounds(const std::vector<Row>& rows, size_t n_head,
                                        size_t parts) {
   size_t total = 0;
@@ -98,7 +53,7 @@ std::vector<size_t> BalancedPairBounds(const std::vector<Row>& rows, size_t n_he
   for (size_t p = 0; p < rows.size() * n_head && part < parts; ++p) {
     // Pair p starts the next part once the parts before it hold their share.
     while (part < parts && done >= total * part / parts) bounds[part++] = p;
-    done += static_cast<size_t>(rows[p / n_head].pos) + 1;
+    done += static_cast<size_t>(rows[p % rows.size()].pos) + 1;
   }
   return bounds;
 }
@@ -201,6 +156,17 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
     attn_work += (static_cast<size_t>(rows[r].pos) + 1) * 2 * q_dim;
   }
   const size_t attn_parts = pool == nullptr ? 1 : static_cast<size_t>(num_threads_);
+  const size_t group = n_head / static_cast<size_t>(c.n_head_kv);
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // RoPE's cos/sin per row, once for all layers (a pow and a sincos per
+  // pair, ~16 multiply-adds).
+  const size_t rope_dim = static_cast<size_t>(c.rope_dim);
+  std::vector<float> rope(T * rope_dim);
+  For(T, T * rope_dim * 8, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      internal::RopeAngles(rows[r].pos, rope_dim, c.rope_freq_base, &rope[r * rope_dim]);
+    }
+  });
   const std::vector<size_t> attn_bounds = BalancedPairBounds(rows, n_head, attn_parts);
 
   // Row-wise RMSNorm of x into norm; each row is computed alone.
@@ -217,13 +183,11 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
     MatMul(norm.data(), lw.wq.view, T, q.data(), pool, min_work);
     MatMul(norm.data(), lw.wk.view, T, k.data(), pool, min_work);
     MatMul(norm.data(), lw.wv.view, T, v.data(), pool, min_work);
-    // RoPE costs a pow, a cos and a sin per pair and row, ~16 multiply-adds.
-    For(T, T * static_cast<size_t>(c.rope_dim) * 8, [&](size_t begin, size_t end) {
+    For(T, T * (q_dim + kv_dim), [&](size_t begin, size_t end) {
       for (size_t r = begin; r < end; ++r) {
-        internal::RopeNorm(&q[r * q_dim], n_head, hd, static_cast<size_t>(c.rope_dim),
-                           rows[r].pos, c.rope_freq_base);
-        internal::RopeNorm(&k[r * kv_dim], static_cast<size_t>(c.n_head_kv), hd,
-                           static_cast<size_t>(c.rope_dim), rows[r].pos, c.rope_freq_base);
+        internal::RopeApply(&q[r * q_dim], n_head, hd, rope_dim, &rope[r * rope_dim]);
+        internal::RopeApply(&k[r * kv_dim], static_cast<size_t>(c.n_head_kv), hd, rope_dim,
+                            &rope[r * rope_dim]);
       }
     });
     // New K/V into the cache first, so rows attend to their own chunk; the
@@ -243,10 +207,16 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
     For(attn_parts, attn_work, [&](size_t part_begin, size_t part_end) {
       std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
       for (size_t p = attn_bounds[part_begin]; p < attn_bounds[part_end]; ++p) {
-        const Row& row = rows[p / n_head];
-        AttendHead(c, kv, *batch[row.entry].block_table, l, row.pos,
-                   static_cast<int32_t>(p % n_head), &q[(p / n_head) * q_dim],
-                   &attn[(p / n_head) * q_dim], scores.data());
+        const size_t r = p % T, h = p / T;
+        const Row& row = rows[r];
+        internal::AttentionSpan span;
+        span.pool = &kv;
+        span.block_table = *batch[row.entry].block_table;
+        span.layer = l;
+        span.kv_head = static_cast<int32_t>(h / group);
+        span.pos = row.pos;
+        internal::AttendHead(span, &q[r * q_dim + h * hd], attn_scale,
+                             &attn[r * q_dim + h * hd], scores.data());
       }
     });
     MatMul(attn.data(), lw.wo.view, T, tmp.data(), pool, min_work);

@@ -1,0 +1,51 @@
+// Causal self-attention of one query head over a paged KV cache (internal
+// to engine/model): the decode and prefill attention of LlamaModel::Forward.
+//
+// Numerics (batch-invariant, DESIGN.md): for a query at position `pos`,
+//   s_j = Dot(q, k_j) * scale            (cpu_kernels.h Dot order), j <= pos
+//   e_j = exp(s_j - max_j s_j); sum = sum_j e_j in double, j ascending
+//   out[d] = sum_j (e_j * (1 / sum)) * v_j[d], j ascending from 0.0f
+// Every step depends only on pos and the values, never on the batch, the
+// thread or the instruction set: the AVX2 / AVX-512 builds of this code
+// keep each output element's products and sums (no FMA: -ffp-contract=off)
+// and differ from the portable build only in holding `out` in vector
+// registers, so all three give the same bits.
+// Threads: pure function over caller-owned memory; the pool is read only.
+#ifndef TANDEM_ENGINE_MODEL_ATTENTION_H_
+#define TANDEM_ENGINE_MODEL_ATTENTION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "engine/kv/block_pool.h"
+#include "engine/model/cpu_kernels.h"
+
+namespace tandem::model::internal {
+
+// Where one query head reads its keys and values: KV head `kv_head` of
+// layer `layer`, positions [0, pos] of the sequence whose block table is
+// `block_table` (which must cover pos + 1 tokens).
+struct AttentionSpan {
+  const kv::BlockPool* pool = nullptr;
+  std::span<const int32_t> block_table;
+  int32_t layer = 0;
+  int32_t kv_head = 0;
+  int32_t pos = 0;
+};
+
+// out[0, head_dim) = the attention above of query q[0, head_dim) (head_dim =
+// the pool's head_dim) over `kv`, with scale = 1/sqrt(head_dim) given by
+// the caller. scores: scratch of at least pos + 1 floats.
+// Runs on the widest vector ISA this CPU has (any gives the same bits).
+void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
+                float* scores);
+
+// AttendHead built for `isa` (kGeneric when this CPU cannot run it); for
+// tests and benchmarks.
+void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
+                       float scale, float* out, float* scores);
+
+}  // namespace tandem::model::internal
+
+#endif  // TANDEM_ENGINE_MODEL_ATTENTION_H_
