@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -14,21 +15,101 @@
 namespace tandem::model::internal {
 namespace {
 
+// Weight rows as the micro-kernels read them: column c of a tile is row
+// o + c of W. Every source yields exactly the matrix's F32 values
+// (weight_matrix.h), so a tile's bits do not depend on which one feeds it.
+struct F32Rows {
+  const float* w;  // row o
+  size_t in;
+  float At(int c, size_t i) const { return w[static_cast<size_t>(c) * in + i]; }
+};
+
 // Portable path: every element is one Dot, so its bits are Dot's.
 struct GenericIsa {
   static constexpr int kRows = 1;
   static constexpr int kCols = 1;
+  static constexpr bool kFusedDequant = false;
   template <int R, int C>
-  static void Tile(const float* x, const float* w, size_t in, size_t /*out*/, float* y) {
+  static void Tile(const float* x, const F32Rows& w, size_t in, size_t /*out*/, float* y) {
     static_assert(R == 1 && C == 1);
-    *y = Dot(w, x, in);
+    *y = Dot(w.w, x, in);
   }
 };
 
 #ifdef TANDEM_KERNELS_X86
+#define TANDEM_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define TANDEM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
+
+uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// F32: plain loads.
+struct F32Loads : F32Rows {
+  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
+    return _mm256_loadu_ps(w + static_cast<size_t>(c) * in + i);
+  }
+  TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
+    return _mm512_loadu_ps(w + static_cast<size_t>(c) * in + i);
+  }
+};
+
+// F16: widened by F16C / AVX-512F's vcvtph2ps (exact).
+struct F16Loads {
+  const uint8_t* w;  // row o
+  size_t row_bytes;
+  const uint8_t* P(int c, size_t i) const {
+    return w + static_cast<size_t>(c) * row_bytes + 2 * i;
+  }
+  float At(int c, size_t i) const { return HalfToFloat(LoadU16(P(c, i))); }
+  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(P(c, i))));
+  }
+  // Two 8-wide conversions joined (GCC 12's _mm512_cvtph_ps warns:
+  // -Wmaybe-uninitialized on its pass-through operand).
+  TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
+    const __v8sf low = reinterpret_cast<__v8sf>(Load8(c, i));
+    const __v8sf high = reinterpret_cast<__v8sf>(Load8(c, i + 8));
+    return reinterpret_cast<__m512>(__builtin_shufflevector(
+        low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+};
+
+// Q8_0: float(q) * d, one rounded product, as ggml's dequantize_row_q8_0.
+// i is a multiple of 8 (16) inside one 32-weight block.
+struct Q8Loads {
+  const uint8_t* w;  // row o
+  size_t row_bytes;
+  const uint8_t* Block(int c, size_t i) const {
+    return w + static_cast<size_t>(c) * row_bytes + i / 32 * 34;
+  }
+  float At(int c, size_t i) const {
+    const uint8_t* b = Block(c, i);
+    return static_cast<float>(static_cast<int8_t>(b[2 + i % 32])) * HalfToFloat(LoadU16(b));
+  }
+  TANDEM_AVX2 __m128 Scale(const uint8_t* b) const {
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU16(b)));
+  }
+  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
+    const uint8_t* b = Block(c, i);
+    int64_t q8;
+    std::memcpy(&q8, b + 2 + i % 32, sizeof q8);
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(q8)));
+    return _mm256_mul_ps(q, _mm256_broadcastss_ps(Scale(b)));
+  }
+  TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
+    const uint8_t* b = Block(c, i);
+    const __m512 q = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + i % 32))));
+    return _mm512_mul_ps(q, _mm512_broadcastss_ps(Scale(b)));
+  }
+};
+
 // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) of the 8 lanes of `a`,
 // the same combine as Dot.
-__attribute__((target("avx2,fma"))) inline float Combine8(__m256 a) {
+TANDEM_AVX2 float Combine8(__m256 a) {
   const __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   const __m128 h = _mm_add_ps(v, _mm_movehl_ps(v, v));  // [v0 + v2, v1 + v3, ...]
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
@@ -40,9 +121,10 @@ __attribute__((target("avx2,fma"))) inline float Combine8(__m256 a) {
 struct Avx2Isa {
   static constexpr int kRows = 3;
   static constexpr int kCols = 4;
-  template <int R, int C>
-  __attribute__((target("avx2,fma"))) static void Tile(const float* x, const float* w,
-                                                        size_t in, size_t out, float* y) {
+  static constexpr bool kFusedDequant = true;
+  template <int R, int C, typename Rows>
+  __attribute__((target("avx2,fma,f16c"))) static void Tile(const float* x, const Rows& w,
+                                                             size_t in, size_t out, float* y) {
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -52,14 +134,14 @@ struct Avx2Isa {
       __m256 xv[R];
       for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * in + i);
       for (int c = 0; c < C; ++c) {
-        const __m256 wv = _mm256_loadu_ps(w + c * in + i);
+        const __m256 wv = w.Load8(c, i);
         for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
       }
     }
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
         float sum = Combine8(acc[r][c]);
-        for (size_t i = n8; i < in; ++i) sum += w[c * in + i] * x[r * in + i];
+        for (size_t i = n8; i < in; ++i) sum += w.At(c, i) * x[r * in + i];
         y[r * out + c] = sum;
       }
     }
@@ -72,23 +154,35 @@ struct Avx2Isa {
 struct Avx512Isa {
   static constexpr int kRows = 4;
   static constexpr int kCols = 4;
-  template <int R, int C>
-  __attribute__((target("avx512f,avx2,fma"))) static void Tile(const float* x, const float* w,
-                                                               size_t in, size_t out,
-                                                               float* y) {
+  static constexpr bool kFusedDequant = true;
+  // acc[r][c] += W[c][i, i + 16) * x[r][i, i + 16), lane by lane.
+  template <int R, int C, typename Rows>
+  TANDEM_AVX512 static void Step(const float* x, const Rows& w, size_t in, size_t i,
+                                 __m512 (&acc)[R][C]) {
+    __m512 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * in + i);
+    for (int c = 0; c < C; ++c) {
+      const __m512 wv = w.Load16(c, i);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv, xv[r], acc[r][c]);
+    }
+  }
+
+  template <int R, int C, typename Rows>
+  __attribute__((target("avx512f,avx2,fma,f16c"))) static void Tile(const float* x,
+                                                                    const Rows& w, size_t in,
+                                                                    size_t out, float* y) {
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     }
     const size_t n16 = in - in % 16;
-    for (size_t i = 0; i < n16; i += 16) {
-      __m512 xv[R];
-      for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * in + i);
-      for (int c = 0; c < C; ++c) {
-        const __m512 wv = _mm512_loadu_ps(w + c * in + i);
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv, xv[r], acc[r][c]);
-      }
+    // Two steps per iteration (a Q8_0 block: its scale is read once).
+    size_t i = 0;
+    for (; i + 32 <= n16; i += 32) {
+      Step<R, C>(x, w, in, i, acc);
+      Step<R, C>(x, w, in, i + 16, acc);
     }
+    if (i < n16) Step<R, C>(x, w, in, i, acc);
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
         // Lanes 0..7 + lanes 8..15, in registers (GCC 12's 512-bit extract
@@ -97,7 +191,7 @@ struct Avx512Isa {
         const __v8sf low = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
         const __v8sf high = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
         float sum = Combine8(reinterpret_cast<__m256>(low + high));
-        for (size_t i = n16; i < in; ++i) sum += w[c * in + i] * x[r * in + i];
+        for (size_t i = n16; i < in; ++i) sum += w.At(c, i) * x[r * in + i];
         y[r * out + c] = sum;
       }
     }
@@ -105,20 +199,27 @@ struct Avx512Isa {
 };
 #endif  // TANDEM_KERNELS_X86
 
+// F32 rows with the vector loads where there are vector kernels.
+#ifdef TANDEM_KERNELS_X86
+F32Loads F32Source(const float* w, size_t in) { return F32Loads{{w, in}}; }
+#else
+F32Rows F32Source(const float* w, size_t in) { return F32Rows{w, in}; }
+#endif
+
 // Runs the R' x C' tile for R' = nr <= R, C' = nc <= C. Each element's
 // arithmetic is the same whatever the tile size, so edge tiles (rows left
 // over when M is not a multiple of kRows, columns at a range's end) give
 // the bits a full tile would.
-template <typename Isa, int R, int C>
-void TileCols(int nc, const float* x, const float* w, size_t in, size_t out, float* y) {
+template <typename Isa, int R, int C, typename Rows>
+void TileCols(int nc, const float* x, const Rows& w, size_t in, size_t out, float* y) {
   if constexpr (C > 1) {
     if (nc < C) return TileCols<Isa, R, C - 1>(nc, x, w, in, out, y);
   }
   Isa::template Tile<R, C>(x, w, in, out, y);
 }
 
-template <typename Isa, int R>
-void TileRows(int nr, int nc, const float* x, const float* w, size_t in, size_t out,
+template <typename Isa, int R, typename Rows>
+void TileRows(int nr, int nc, const float* x, const Rows& w, size_t in, size_t out,
               float* y) {
   if constexpr (R > 1) {
     if (nr < R) return TileRows<Isa, R - 1>(nr, nc, x, w, in, out, y);
@@ -127,37 +228,65 @@ void TileRows(int nr, int nc, const float* x, const float* w, size_t in, size_t 
 }
 
 // Column blocks outer, so a block of kCols weight rows stays in cache while
-// every input row passes over it. A non-F32 block is first dequantized into
-// a per-thread panel of kCols x in floats (exact, see weight_matrix.h), so
-// each element sees the same F32 weights, in the same order, as from the
-// matrix's F32 conversion.
+// every input row passes over it. `rows_at(o, nc)` gives the weight source
+// of rows [o, o + nc).
+template <typename Isa, typename RowsAt>
+void Columns(const float* x, size_t rows, size_t in, size_t out, size_t o_begin,
+             size_t o_end, float* y, RowsAt rows_at) {
+  for (size_t o = o_begin; o < o_end; o += Isa::kCols) {
+    const int nc = static_cast<int>(std::min<size_t>(Isa::kCols, o_end - o));
+    const auto w = rows_at(o, nc);
+    for (size_t r = 0; r < rows; r += Isa::kRows) {
+      const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
+      TileRows<Isa, Isa::kRows>(nr, nc, x + r * in, w, in, out, y + r * out + o);
+    }
+  }
+}
+
+// Up to this many input rows, an F16 / Q8_0 matrix is widened inside the
+// vector kernels as it is read (its bytes stream once, the decode case);
+// above it, each block of kCols rows is dequantized once into a per-thread
+// F32 panel that every input row then reads (prefill). Both give the F32
+// conversion's values, hence the same bits.
+constexpr size_t kFusedDequantMaxRows = 8;
+
 template <typename Isa>
 void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_begin,
                   size_t o_end, float* y) {
   const size_t in = w.in, out = w.out;
+  if (w.type == gguf::TensorType::kF32) {
+    const float* f = reinterpret_cast<const float*>(w.data);
+    return Columns<Isa>(x, rows, in, out, o_begin, o_end, y,
+                        [&](size_t o, int) { return F32Source(f + o * in, in); });
+  }
+#ifdef TANDEM_KERNELS_X86
+  if constexpr (Isa::kFusedDequant) {
+    const size_t row_bytes = w.RowBytes();
+    if (rows <= kFusedDequantMaxRows && w.type == gguf::TensorType::kF16) {
+      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
+        return F16Loads{w.data + o * row_bytes, row_bytes};
+      });
+    }
+    if (rows <= kFusedDequantMaxRows && w.type == gguf::TensorType::kQ8_0) {
+      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
+        return Q8Loads{w.data + o * row_bytes, row_bytes};
+      });
+    }
+  }
+#endif
   thread_local std::vector<float> panel;
-  if (w.type != gguf::TensorType::kF32 && panel.size() < Isa::kCols * in) {
-    panel.resize(Isa::kCols * in);
-  }
-  for (size_t o = o_begin; o < o_end; o += Isa::kCols) {
-    const int nc = static_cast<int>(std::min<size_t>(Isa::kCols, o_end - o));
-    const float* wo;
-    if (w.type == gguf::TensorType::kF32) {
-      wo = reinterpret_cast<const float*>(w.data) + o * in;
-    } else {
-      DequantizeRows(w, o, static_cast<size_t>(nc), panel.data());
-      wo = panel.data();
-    }
-    for (size_t r = 0; r < rows; r += Isa::kRows) {
-      const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
-      TileRows<Isa, Isa::kRows>(nr, nc, x + r * in, wo, in, out, y + r * out + o);
-    }
-  }
+  if (panel.size() < Isa::kCols * in) panel.resize(Isa::kCols * in);
+  Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int nc) {
+    DequantizeRows(w, o, static_cast<size_t>(nc), panel.data());
+    return F32Source(panel.data(), in);
+  });
 }
 
 KernelIsaKind DetectKernelIsa() {
 #ifdef TANDEM_KERNELS_X86
   __builtin_cpu_init();
+  // Every AVX2 / AVX-512 CPU has F16C; checked all the same (F16 loads).
+  if (!__builtin_cpu_supports("f16c")) return KernelIsaKind::kGeneric;
   if (__builtin_cpu_supports("avx512f")) return KernelIsaKind::kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     return KernelIsaKind::kAvx2;
