@@ -58,6 +58,16 @@ std::vector<size_t> BalancedPairBounds(const std::vector<Row>& rows, size_t n_he
   return bounds;
 }
 
+// Forward's activation buffers, reused from call to call on one thread.
+struct ForwardScratch {
+  std::vector<float> buffers[10];
+  // Buffer i with at least n elements (contents unspecified).
+  std::vector<float>& Get(size_t i, size_t n) {
+    if (buffers[i].size() < n) buffers[i].resize(n);
+    return buffers[i];
+  }
+};
+
 }  // namespace
 
 LlamaModel::LlamaModel() : min_parallel_work_(internal::kMinParallelWork) {}
@@ -144,9 +154,19 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   ThreadPool* const pool = pool_.get();
   const size_t min_work = min_parallel_work_;
 
-  std::vector<float> x(T * embd), norm(T * embd), tmp(T * embd);
-  std::vector<float> q(T * q_dim), attn(T * q_dim), k(T * kv_dim), v(T * kv_dim);
-  std::vector<float> gate(T * ff), up(T * ff);
+  // Activations, kept per calling thread across calls: large prefills would
+  // otherwise map (and page-fault in) fresh buffers every step. Every
+  // element used is written before it is read.
+  thread_local ForwardScratch scratch;
+  std::vector<float>& x = scratch.Get(0, T * embd);
+  std::vector<float>& norm = scratch.Get(1, T * embd);
+  std::vector<float>& tmp = scratch.Get(2, T * embd);
+  std::vector<float>& q = scratch.Get(3, T * q_dim);
+  std::vector<float>& attn = scratch.Get(4, T * q_dim);
+  std::vector<float>& k = scratch.Get(5, T * kv_dim);
+  std::vector<float>& v = scratch.Get(6, T * kv_dim);
+  std::vector<float>& gate = scratch.Get(7, T * ff);
+  std::vector<float>& up = scratch.Get(8, T * ff);
   int32_t max_pos = 0;
   size_t attn_work = 0;  // multiply-adds of one layer's attention
   for (size_t r = 0; r < T; ++r) {
@@ -161,7 +181,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   // RoPE's cos/sin per row, once for all layers (a pow and a sincos per
   // pair, ~16 multiply-adds).
   const size_t rope_dim = static_cast<size_t>(c.rope_dim);
-  std::vector<float> rope(T * rope_dim);
+  std::vector<float>& rope = scratch.Get(9, T * rope_dim);
   For(T, T * rope_dim * 8, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
       internal::RopeAngles(rows[r].pos, rope_dim, c.rope_freq_base, &rope[r * rope_dim]);
