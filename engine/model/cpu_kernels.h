@@ -59,7 +59,8 @@ inline constexpr size_t kMinParallelWork = size_t{1} << 16;
 // never depend on rows, tiling or threads.
 enum class KernelIsaKind { kGeneric, kAvx2, kAvx512 };
 
-// The best ISA this CPU and OS support (AVX-512F, else AVX2 with FMA, else
+// The best ISA this CPU and OS support (AVX-512F, else AVX2 with FMA; both
+// with F16C, which every such CPU has; else
 // generic), detected once per process; MatMul and MatMulColumns use it.
 KernelIsaKind ActiveKernelIsa();
 
