@@ -8,6 +8,10 @@
 #define TANDEM_ATTENTION_X86 1
 #endif
 
+// The 8-float vector type below is only passed between inlined functions
+// of this file, so GCC's note on its ABI (-Wpsabi) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace tandem::model::internal {
 namespace {
 
@@ -69,6 +73,60 @@ template <int kKeys>
   }
 }
 
+typedef int32_t Int8 __attribute__((vector_size(32)));
+typedef double Double4 __attribute__((vector_size(32)));
+
+// Lane-wise exp(x) for x <= 0 (scores minus their max): Cody-Waite
+// reduction x = n ln2 + r, then Cephes expf's degree-6 polynomial in r (no
+// FMA), times 2^n; x < -87 (or NaN) gives 0. Error within 2 ulp of exp;
+// exp(0) = 1 exactly. Every lane runs the same float operations, so the
+// bits do not depend on the vector width or on a value's lane.
+[[gnu::always_inline]] inline Float8 ExpNonPositive(Float8 x) {
+  const Int8 valid = x > -87.0f;
+  x = valid ? x : Float8{} - 87.0f;
+  const Float8 fx = x * 1.44269504088896341f + 0.5f;
+  Int8 n = __builtin_convertvector(fx, Int8);  // toward zero
+  n = n + (__builtin_convertvector(n, Float8) > fx);  // -1: floor for fx < 0
+  const Float8 nf = __builtin_convertvector(n, Float8);
+  Float8 r = x - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  Float8 p = Float8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const Int8 two_n = (n + 127) << 23;  // 2^n, n in [-126, 0]
+  const Float8 y = p * reinterpret_cast<Float8>(two_n);
+  return reinterpret_cast<Float8>(reinterpret_cast<Int8>(y) & valid);
+}
+
+// scores[j] = exp(scores[j] - max) for j < n (ExpNonPositive, 8 at a time,
+// the last group padded); returns their sum in double: 4 lanes, lane l
+// adding j = l mod 4 in ascending j, combined (l0 + l2) + (l1 + l3).
+[[gnu::always_inline]] inline double ExpAndSum(float* scores, int32_t n, float max) {
+  Double4 acc = {0, 0, 0, 0};
+  for (int32_t j = 0; j < n; j += 8) {
+    const int32_t m = std::min<int32_t>(8, n - j);
+    Float8 v;
+    if (m == 8) {
+      v = Load8(scores + j);
+    } else {
+      v = Float8{} + max;  // padding: exp(0), masked out below
+      std::memcpy(&v, scores + j, static_cast<size_t>(m) * sizeof(float));
+    }
+    Float8 e = ExpNonPositive(v - max);
+    if (m < 8) {
+      for (int32_t t = m; t < 8; ++t) e[t] = 0.0f;
+    }
+    std::memcpy(scores + j, &e, static_cast<size_t>(m) * sizeof(float));
+    acc = acc + __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), Double4);
+    acc = acc + __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), Double4);
+  }
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
 [[gnu::always_inline]] inline void Attend(const AttentionSpan& kv, const float* q,
                                           float scale, float* out, float* scores) {
   const kv::KvShape& s = kv.pool->shape();
@@ -93,13 +151,7 @@ template <int kKeys>
       max = std::max(max, scores[j]);
     }
   }
-  double sum = 0.0;
-  for (int32_t j = 0; j <= kv.pos; ++j) {
-    const float e = std::exp(scores[j] - max);
-    scores[j] = e;
-    sum += e;
-  }
-  const float inv = static_cast<float>(1.0 / sum);
+  const float inv = static_cast<float>(1.0 / ExpAndSum(scores, kv.pos + 1, max));
   // Chunks of 64, 32, 16, 8 and 1 output elements; each element's sum is
   // the same whichever chunk holds it.
   size_t d = 0;

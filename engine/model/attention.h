@@ -3,7 +3,9 @@
 //
 // Numerics (batch-invariant, DESIGN.md): for a query at position `pos`,
 //   s_j = Dot(q, k_j) * scale            (cpu_kernels.h Dot order), j <= pos
-//   e_j = exp(s_j - max_j s_j); sum = sum_j e_j in double, j ascending
+//   e_j = exp(s_j - max_j s_j)           (Cephes expf polynomial, no FMA)
+//   sum = sum_j e_j in double, 4 lanes (lane l: j = l mod 4, ascending),
+//         combined (l0 + l2) + (l1 + l3)
 //   out[d] = sum_j (e_j * (1 / sum)) * v_j[d], j ascending from 0.0f
 // Every step depends only on pos and the values, never on the batch, the
 // thread or the instruction set: the AVX2 / AVX-512 builds of this code

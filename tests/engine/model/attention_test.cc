@@ -15,9 +15,38 @@
 namespace tandem::model::internal {
 namespace {
 
+// exp as attention.h documents it, one float at a time: Cody-Waite
+// reduction with ln2 = 0.693359375 - 2.12194440e-4, Cephes expf's
+// polynomial, times 2^n; 0 below -87.
+float CephesExp(float x) {
+  if (!(x > -87.0f)) return 0.0f;
+  const float fx = x * 1.44269504088896341f + 0.5f;
+  const float n = std::floor(fx);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+TEST(AttentionTest, CephesExpIsWithinTwoUlpOfExp) {
+  EXPECT_EQ(CephesExp(0.0f), 1.0f);
+  for (float x = -86.9f; x <= 0.0f; x += 0.0137f) {
+    const float got = CephesExp(x), want = std::exp(x);
+    EXPECT_LE(std::fabs(got - want), 2.0f * (std::nextafter(want, INFINITY) - want)) << x;
+  }
+  EXPECT_EQ(CephesExp(-88.0f), 0.0f);
+}
+
 // The order attention.h documents: s_j = Dot(q, k_j) * scale (Dot: 8 lanes
 // (i mod 8), combined ((0+4)+(2+6))+((1+5)+(3+7)), tail in index order);
-// e_j = exp(s_j - max), sum in double; out[d] = sum_j (e_j * inv) v_j[d].
+// e_j = CephesExp(s_j - max); sum in double over 4 lanes (j mod 4),
+// combined (0+2)+(1+3); out[d] = sum_j (e_j * inv) v_j[d].
 std::vector<float> Reference(const std::vector<std::vector<float>>& keys,
                              const std::vector<std::vector<float>>& values,
                              const std::vector<float>& q, float scale) {
@@ -33,11 +62,12 @@ std::vector<float> Reference(const std::vector<std::vector<float>>& keys,
     s[j] = dot * scale;
     max = std::max(max, s[j]);
   }
-  double sum = 0.0;
-  for (float& e : s) {
-    e = std::exp(e - max);
-    sum += e;
+  double lanes[4] = {};
+  for (size_t j = 0; j < s.size(); ++j) {
+    s[j] = CephesExp(s[j] - max);
+    lanes[j % 4] += s[j];
   }
+  const double sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
   const float inv = static_cast<float>(1.0 / sum);
   std::vector<float> out(n, 0.0f);
   for (size_t j = 0; j < keys.size(); ++j) {
