@@ -24,9 +24,11 @@ enum class RouteChoice : uint32_t { kAuto = 0, kLocal = 1, kRemote = 2 };
 
 // Identifies the numerics of this process's CPU engine, including the
 // kernel ISA picked at start-up: both ends of a KV transfer must compute K/V
-// the same way (DESIGN.md, KV transfer), e.g. "tandem-cpu/avx512/f32-kv/v1".
+// the same way (DESIGN.md, KV transfer), e.g. "tandem-cpu/avx512/f32-kv/v2".
+// The trailing version changes whenever the engine's arithmetic does
+// (v2: attention's vectorized exp and 4-lane softmax sum).
 inline std::string CpuNumericsId() {
-  return std::string("tandem-cpu/") + model::KernelIsa() + "/f32-kv/v1";
+  return std::string("tandem-cpu/") + model::KernelIsa() + "/f32-kv/v2";
 }
 
 // The KV layout this process offers or expects for `model`.
