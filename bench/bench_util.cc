@@ -3,8 +3,12 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
+#include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "engine/gguf/gguf_file.h"
 
 namespace tandem::bench {
@@ -37,6 +41,54 @@ absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads) {
   const model::LlamaModel* result = loaded.model.get();
   cache->emplace(num_threads, std::move(loaded));
   return result;
+}
+
+absl::StatusOr<MatMulWeights> GetMatMulWeights(const model::LlamaConfig& config) {
+  static auto* cache = new std::optional<MatMulWeights>();
+  if (cache->has_value()) return **cache;
+  auto file = gguf::GgufFile::Open(ModelPath());
+  if (!file.ok()) return file.status();
+  const int64_t embd = config.n_embd;
+  const int64_t q_dim = static_cast<int64_t>(config.n_head) * config.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(config.n_head_kv) * config.head_dim;
+  const int64_t ff = config.n_ff;
+  MatMulWeights out;
+  // Adds tensor `name` of `elements` weights (the shape `config` implies).
+  auto add = [&](const std::string& name, int64_t elements) -> absl::Status {
+    const gguf::TensorInfo* t = (*file)->FindTensor(name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(ModelPath(), ": tensor ", name, " missing"));
+    }
+    if (static_cast<int64_t>(t->NumElements()) != elements) {
+      return absl::InvalidArgumentError(absl::StrCat(ModelPath(), ": tensor ", name, " has ",
+                                                     t->NumElements(), " elements, config implies ",
+                                                     elements));
+    }
+    if (out.type.empty()) out.type = std::string(gguf::TensorTypeName(t->type));
+    out.params += elements;
+    out.bytes += static_cast<int64_t>(t->n_bytes);
+    return absl::OkStatus();
+  };
+  for (int32_t l = 0; l < config.n_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    for (const auto& [name, elements] :
+         {std::pair<std::string, int64_t>{"attn_q.weight", embd * q_dim},
+          {"attn_k.weight", embd * kv_dim},
+          {"attn_v.weight", embd * kv_dim},
+          {"attn_output.weight", q_dim * embd},
+          {"ffn_gate.weight", embd * ff},
+          {"ffn_up.weight", embd * ff},
+          {"ffn_down.weight", ff * embd}}) {
+      if (absl::Status s = add(p + name, elements); !s.ok()) return s;
+    }
+  }
+  const std::string output =
+      (*file)->FindTensor("output.weight") != nullptr ? "output.weight" : "token_embd.weight";
+  if (absl::Status s = add(output, static_cast<int64_t>(config.vocab_size) * embd); !s.ok()) {
+    return s;
+  }
+  *cache = out;
+  return out;
 }
 
 std::vector<int32_t> RandomTokens(size_t n, int32_t vocab_size, uint32_t seed) {
