@@ -46,13 +46,27 @@ uint16_t LoadU16(const uint8_t* p) {
   return v;
 }
 
+// Every vector load also prefetches `ahead` bytes further: one column block
+// on, where the next tile will read. At decode's single row a tile is too
+// short for the hardware prefetcher to run ahead of it; 0 for a panel
+// (already in L1). Prefetches never fault, so the last block's run past
+// the matrix is harmless.
+TANDEM_AVX2 void PrefetchAhead(const void* p, size_t ahead) {
+  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
+}
+
 // F32: plain loads.
 struct F32Loads : F32Rows {
+  size_t ahead;
   TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
-    return _mm256_loadu_ps(w + static_cast<size_t>(c) * in + i);
+    const float* p = w + static_cast<size_t>(c) * in + i;
+    PrefetchAhead(p, ahead);
+    return _mm256_loadu_ps(p);
   }
   TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
-    return _mm512_loadu_ps(w + static_cast<size_t>(c) * in + i);
+    const float* p = w + static_cast<size_t>(c) * in + i;
+    PrefetchAhead(p, ahead);
+    return _mm512_loadu_ps(p);
   }
 };
 
@@ -60,20 +74,20 @@ struct F32Loads : F32Rows {
 struct F16Loads {
   const uint8_t* w;  // row o
   size_t row_bytes;
+  size_t ahead;  // see PrefetchAhead
   const uint8_t* P(int c, size_t i) const {
     return w + static_cast<size_t>(c) * row_bytes + 2 * i;
   }
   float At(int c, size_t i) const { return HalfToFloat(LoadU16(P(c, i))); }
   TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
+    PrefetchAhead(P(c, i), ahead);
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(P(c, i))));
   }
-  // Two 8-wide conversions joined (GCC 12's _mm512_cvtph_ps warns:
-  // -Wmaybe-uninitialized on its pass-through operand).
+  // maskz with a full mask: see Q8Loads::Load16.
   TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
-    const __v8sf low = reinterpret_cast<__v8sf>(Load8(c, i));
-    const __v8sf high = reinterpret_cast<__v8sf>(Load8(c, i + 8));
-    return reinterpret_cast<__m512>(__builtin_shufflevector(
-        low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    PrefetchAhead(P(c, i), ahead);
+    return _mm512_maskz_cvtph_ps(
+        0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(P(c, i))));
   }
 };
 
@@ -82,6 +96,7 @@ struct F16Loads {
 struct Q8Loads {
   const uint8_t* w;  // row o
   size_t row_bytes;
+  size_t ahead;  // see PrefetchAhead
   const uint8_t* Block(int c, size_t i) const {
     return w + static_cast<size_t>(c) * row_bytes + i / 32 * 34;
   }
@@ -89,23 +104,24 @@ struct Q8Loads {
     const uint8_t* b = Block(c, i);
     return static_cast<float>(static_cast<int8_t>(b[2 + i % 32])) * HalfToFloat(LoadU16(b));
   }
-  TANDEM_AVX2 __m128 Scale(const uint8_t* b) const {
-    return _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU16(b)));
-  }
+  TANDEM_AVX2 float Scale(const uint8_t* b) const { return _cvtsh_ss(LoadU16(b)); }
   TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
     const uint8_t* b = Block(c, i);
     int64_t q8;
     std::memcpy(&q8, b + 2 + i % 32, sizeof q8);
+    PrefetchAhead(b + 2 + i % 32, ahead);
     const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(q8)));
-    return _mm256_mul_ps(q, _mm256_broadcastss_ps(Scale(b)));
+    return _mm256_mul_ps(q, _mm256_set1_ps(Scale(b)));
   }
-  // Two 8-wide loads joined (GCC 12's 512-bit widening intrinsics warn:
-  // -Wmaybe-uninitialized on their pass-through operand).
+  // The maskz forms with a full mask are the plain instructions (GCC 12's
+  // unmasked 512-bit widening intrinsics warn: -Wmaybe-uninitialized on
+  // their undefined pass-through operand).
   TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
-    const __v8sf low = reinterpret_cast<__v8sf>(Load8(c, i));
-    const __v8sf high = reinterpret_cast<__v8sf>(Load8(c, i + 8));
-    return reinterpret_cast<__m512>(__builtin_shufflevector(
-        low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const uint8_t* b = Block(c, i);
+    PrefetchAhead(b + 2 + i % 32, ahead);
+    const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + i % 32));
+    const __m512 q = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, q8));
+    return _mm512_mul_ps(q, _mm512_set1_ps(Scale(b)));
   }
 };
 
@@ -203,9 +219,11 @@ struct Avx512Isa {
 
 // F32 rows with the vector loads where there are vector kernels.
 #ifdef TANDEM_KERNELS_X86
-F32Loads F32Source(const float* w, size_t in) { return F32Loads{{w, in}}; }
+F32Loads F32Source(const float* w, size_t in, size_t ahead) {
+  return F32Loads{{w, in}, ahead};
+}
 #else
-F32Rows F32Source(const float* w, size_t in) { return F32Rows{w, in}; }
+F32Rows F32Source(const float* w, size_t in, size_t /*ahead*/) { return F32Rows{w, in}; }
 #endif
 
 // Runs the R' x C' tile for R' = nr <= R, C' = nc <= C. Each element's
@@ -259,19 +277,21 @@ void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_b
   if (w.type == gguf::TensorType::kF32) {
     const float* f = reinterpret_cast<const float*>(w.data);
     return Columns<Isa>(x, rows, in, out, o_begin, o_end, y,
-                        [&](size_t o, int) { return F32Source(f + o * in, in); });
+                        [&](size_t o, int) {
+      return F32Source(f + o * in, in, Isa::kCols * in * sizeof(float));
+    });
   }
 #ifdef TANDEM_KERNELS_X86
   if constexpr (Isa::kFusedDequant) {
     const size_t row_bytes = w.RowBytes();
     if (rows <= kFusedDequantMaxRows && w.type == gguf::TensorType::kF16) {
       return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
-        return F16Loads{w.data + o * row_bytes, row_bytes};
+        return F16Loads{w.data + o * row_bytes, row_bytes, Isa::kCols * row_bytes};
       });
     }
     if (rows <= kFusedDequantMaxRows && w.type == gguf::TensorType::kQ8_0) {
       return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
-        return Q8Loads{w.data + o * row_bytes, row_bytes};
+        return Q8Loads{w.data + o * row_bytes, row_bytes, Isa::kCols * row_bytes};
       });
     }
   }
@@ -280,7 +300,7 @@ void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_b
   if (panel.size() < Isa::kCols * in) panel.resize(Isa::kCols * in);
   Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int nc) {
     DequantizeRows(w, o, static_cast<size_t>(nc), panel.data());
-    return F32Source(panel.data(), in);
+    return F32Source(panel.data(), in, 0);
   });
 }
 

@@ -13,12 +13,15 @@
 // serialized (one loop runs at a time). The body must not call ParallelFor
 // on the same pool (it would deadlock) and must not throw.
 //
+// Workers and the caller spin briefly (atomics) before sleeping on a
+// condition variable, so back-to-back loops do not pay a wake-up each.
 // Synchronization uses std::mutex / std::condition_variable rather than
 // absl::Mutex so that ThreadSanitizer sees it (Debian's Abseil is not
 // TSan-instrumented; see scripts/sanitize).
 #ifndef TANDEM_ENGINE_MODEL_THREAD_POOL_H_
 #define TANDEM_ENGINE_MODEL_THREAD_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -65,12 +68,17 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_;  // workers wait for a new generation
   std::condition_variable done_cv_;  // the caller waits for pending_ == 0
-  // The current loop: bumped once per ParallelFor that uses workers.
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  const RangeFn* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
-  size_t n_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t parts_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // worker ranges not yet done
+  // The current loop: bumped once per ParallelFor that uses workers, with
+  // release order after fn_, n_, parts_ and pending_ are set, so a worker
+  // that sees a new generation (acquire) sees that loop. Workers spin on it
+  // for up to 50 us (kSpin) before sleeping on work_cv_ (under mu_), because
+  // a forward pass runs dozens of short loops back to back and a futex
+  // wake-up per loop costs about as much as a small loop itself.
+  std::atomic<uint64_t> generation_{0};
+  const RangeFn* fn_ = nullptr;  // written only between loops (call_mu_)
+  size_t n_ = 0;
+  size_t parts_ = 0;
+  std::atomic<size_t> pending_{0};  // workers not yet done with this loop
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
