@@ -182,6 +182,9 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
     for (int type : {1, 8}) {
       for (int m : {1, 512}) b->Args({m, 768, 2048, threads, type});
     }
+    // A 110M-class output matrix (32000 x 768): batch-1 decode streams it
+    // from memory, in each storage type.
+    for (int type : {0, 1, 8}) b->Args({1, 768, 32000, threads, type});
   }
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs)->UseRealTime();

@@ -37,23 +37,47 @@ struct Row {
   size_t entry;
 };
 
-// Splits the (head, row) pairs, pair p = head p / rows.size(), row
-// p % rows.size(), into `parts` contiguous ranges of about equal attention
+// One query head of one row: the unit of attention work.
+struct HeadRow {
+  uint32_t row;
+  uint32_t head;
+};
+
+// Every (row, head) pair, entry by entry, and within an entry head-major:
+// a prefill chunk's rows then read one head's K/V slice while it is in
+// cache, and decode entries (one row each) read their whole K/V rows head
+// after head.
+std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head) {
+  std::vector<HeadRow> order;
+  order.reserve(rows.size() * n_head);
+  for (size_t first = 0; first < rows.size();) {
+    size_t last = first;
+    while (last < rows.size() && rows[last].entry == rows[first].entry) ++last;
+    for (size_t h = 0; h < n_head; ++h) {
+      for (size_t r = first; r < last; ++r) {
+        order.push_back({static_cast<uint32_t>(r), static_cast<uint32_t>(h)});
+      }
+    }
+    first = last;
+  }
+  return order;
+}
+
+// Splits `order` into `parts` contiguous ranges of about equal attention
 // cost (a pair at position pos costs pos + 1), so causal prefill rows, whose
-// cost grows with position, still share the work evenly. Head-major order
-// keeps one head's K/V slice (of every row's sequence) in cache while all
-// rows read it. Returns parts + 1 boundaries.
-std::vector<size_t> BalancedPairBounds(const std::vector<Row>& rows, size_t n_head,
-                                       size_t parts) {
+// cost grows with position, still share the work evenly. Returns parts + 1
+// boundaries.
+std::vector<size_t> BalancedBounds(const std::vector<HeadRow>& order,
+                                   const std::vector<Row>& rows, size_t parts) {
   size_t total = 0;
-  for (const Row& r : rows) total += (static_cast<size_t>(r.pos) + 1) * n_head;
-  std::vector<size_t> bounds(parts + 1, rows.size() * n_head);
+  for (const HeadRow& p : order) total += static_cast<size_t>(rows[p.row].pos) + 1;
+  std::vector<size_t> bounds(parts + 1, order.size());
   bounds[0] = 0;
   size_t part = 1, done = 0;
-  for (size_t p = 0; p < rows.size() * n_head && part < parts; ++p) {
+  for (size_t p = 0; p < order.size() && part < parts; ++p) {
     // Pair p starts the next part once the parts before it hold their share.
     while (part < parts && done >= total * part / parts) bounds[part++] = p;
-    done += static_cast<size_t>(rows[p % rows.size()].pos) + 1;
+    done += static_cast<size_t>(rows[order[p].row].pos) + 1;
   }
   return bounds;
 }
@@ -187,7 +211,8 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
       internal::RopeAngles(rows[r].pos, rope_dim, c.rope_freq_base, &rope[r * rope_dim]);
     }
   });
-  const std::vector<size_t> attn_bounds = BalancedPairBounds(rows, n_head, attn_parts);
+  const std::vector<HeadRow> attn_order = AttentionOrder(rows, n_head);
+  const std::vector<size_t> attn_bounds = BalancedBounds(attn_order, rows, attn_parts);
 
   // Row-wise RMSNorm of x into norm; each row is computed alone.
   auto rms_norm = [&](const internal::Tensor& weight) {
@@ -227,7 +252,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
     For(attn_parts, attn_work, [&](size_t part_begin, size_t part_end) {
       std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
       for (size_t p = attn_bounds[part_begin]; p < attn_bounds[part_end]; ++p) {
-        const size_t r = p % T, h = p / T;
+        const size_t r = attn_order[p].row, h = attn_order[p].head;
         const Row& row = rows[r];
         internal::AttentionSpan span;
         span.pool = &kv;
