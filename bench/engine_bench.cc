@@ -60,7 +60,7 @@ bool SetWeightCounters(benchmark::State& state, const model::LlamaModel& m) {
 
 // Prefill: one Forward over a 512-token prompt of random ids (clamped to
 // the context length) at positions [0, 512), logits of the last token only.
-// Arg: threads.
+// Arg: threads. Counters: tokens/s, GFLOP/s (the pass's exact work, below).
 void BM_Prefill(benchmark::State& state) {
   const model::LlamaModel* m = ModelOrSkip(state, static_cast<int32_t>(state.range(0)));
   if (m == nullptr) return;
@@ -78,6 +78,19 @@ void BM_Prefill(benchmark::State& state) {
   }
   state.counters["tokens/s"] =
       benchmark::Counter(n, benchmark::Counter::kIsIterationInvariantRate);
+  // The pass's floating-point work: 2 per multiply-add of every MatMul but
+  // the output projection for n tokens, the output projection for the last
+  // token, and attention (QK and PV: 4 q_dim per key, token t has t + 1
+  // keys, every layer).
+  const model::LlamaConfig& c = m->config();
+  const double output = static_cast<double>(c.vocab_size) * c.n_embd;
+  const double q_dim = static_cast<double>(c.n_head) * c.head_dim;
+  if (auto w = GetMatMulWeights(c); w.ok()) {
+    const double flops = 2.0 * n * (static_cast<double>(w->params) - output) + 2.0 * output +
+                         4.0 * q_dim * c.n_layers * (static_cast<double>(n) * (n + 1) / 2);
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  }
   SetWeightCounters(state, *m);
 }
 BENCHMARK(BM_Prefill)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(

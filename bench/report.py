@@ -26,7 +26,7 @@ REF_SGEMM = 205.0                    # OpenBLAS SGEMM GFLOP/s, 2 threads
 REF_MEMCPY = 27.0                    # GB/s
 # Issue #4 targets.
 TARGET_BATCH_GAIN = 8.0   # decode tokens/s at batch 32 over batch 1
-TARGET_PEAK_SHARE = 0.5   # prefill GFLOP/s over the FMA peak
+TARGET_PEAK_SHARE = 0.5   # prefill GFLOP/s over the GEMM peak
 TARGET_BW_SHARE = 0.5     # batch-1 decode weight GB/s over memcpy GB/s
 
 # GGUF tensor type numbers (ggml.h enum ggml_type), for a weight type
@@ -179,7 +179,8 @@ def engine_table(model, runs):
 
 def target_table(model, runs, peaks, memcpy_bw):
     """Issue #4 targets of one model: batching gain (every model); for all
-    but REF_MODEL also prefill GFLOP/s against half the FMA peak and batch-1
+    but REF_MODEL also prefill GFLOP/s against half the GEMM peak (the
+    issue's OpenBLAS SGEMM; the FMA loop's peak as a stricter line) and batch-1
     decode weight GB/s against half the memcpy bandwidth (measured, and the
     issue's)."""
     params, wbytes, _ = weights_of(runs)
@@ -210,13 +211,19 @@ def target_table(model, runs, peaks, memcpy_bw):
         out += ["", "(no params_matmul / weight_bytes counters in this JSON: GFLOP/s and GB/s rows left out)"]
         return out
     for t in (1, 2):
-        g = mb(pick(runs, "BM_Prefill", threads=t), 2.0 * params * 1e-9)
+        b = pick(runs, "BM_Prefill", threads=t)
+        g = (b["GFLOP/s"], best(b, "GFLOP/s")) if b and b.get("GFLOP/s") else (None, None)
+        # The issue's GEMM peak is OpenBLAS SGEMM on 2 threads; one thread
+        # gets half of it.
+        target = TARGET_PEAK_SHARE * REF_SGEMM * t / 2
+        out.append("| prefill pp512 GFLOP/s (MatMuls + attention, exact count) | %d | %s | ≥ %.1f (half the OpenBLAS SGEMM peak %.0f GFLOP/s%s) | %s |" % (
+            t, cell(g, 1), target, REF_SGEMM * t / 2, " at 2 threads" if t == 2 else ", 1 of 2 threads",
+            ratio_pair(g, (target, target))))
         peak = peaks.get(t)
-        target = TARGET_PEAK_SHARE * peak if peak else None
-        out.append("| prefill pp512 GFLOP/s (tokens/s × 2 × %.1f M) | %d | %s | %s | %s |" % (
-            params / 1e6, t, cell(g, 1),
-            "≥ %.0f (half the %d-thread FMA peak %.0f)" % (target, t, peak) if target else "n/a",
-            ratio_pair(g, (target, target)) if target else ""))
+        if peak:
+            out.append("| prefill pp512 GFLOP/s, against the FMA loop | %d | %s | ≥ %.0f (half the %d-thread FMA peak %.0f) | %s |" % (
+                t, cell(g, 1), TARGET_PEAK_SHARE * peak, t, peak,
+                ratio_pair(g, (TARGET_PEAK_SHARE * peak, TARGET_PEAK_SHARE * peak))))
     for t in (1, 2):
         gbs = mb(pick(runs, "BM_Decode", batch=1, threads=t), wbytes * 1e-9)
         targets = []
