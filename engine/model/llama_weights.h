@@ -21,15 +21,18 @@
 namespace tandem::model::internal {
 
 // A norm weight vector as F32. `data` points either into the GGUF mapping
-// or into `owned`. Move keeps `data` valid (the vector's buffer moves with
-// it); copying would not.
-struct Tensor {
-  Tensor() = default;
-  Tensor(Tensor&&) = default;
-  Tensor& operator=(Tensor&&) = default;
-  Tensor(const Tensor&) = delete;
-  Tensor& operator=(const Tensor&) = delete;
+// or into `owned`.
+// Moves keep pointers into the owned vectors valid (their buffers move
+// with them); copies would not, so the weights are move-only.
+struct MoveOnly {
+  MoveOnly() = default;
+  MoveOnly(MoveOnly&&) = default;
+  MoveOnly& operator=(MoveOnly&&) = default;
+  MoveOnly(const MoveOnly&) = delete;
+  MoveOnly& operator=(const MoveOnly&) = delete;
+};
 
+struct Tensor : MoveOnly {
   const float* data = nullptr;
   std::vector<float> owned;
 };
@@ -37,13 +40,7 @@ struct Tensor {
 // A weight matrix in its GGUF storage type. `view.data` points into the GGUF
 // mapping, or into `owned` for an F32 tensor that is not 4-byte aligned in
 // the file (copied at load), or into another Matrix (tied output).
-struct Matrix {
-  Matrix() = default;
-  Matrix(Matrix&&) = default;
-  Matrix& operator=(Matrix&&) = default;
-  Matrix(const Matrix&) = delete;
-  Matrix& operator=(const Matrix&) = delete;
-
+struct Matrix : MoveOnly {
   WeightMatrix view;
   std::vector<float> owned;
 };
