@@ -47,8 +47,17 @@ float HalfToFloat(uint16_t h);
 
 // Writes n elements of `type` starting at `data` (GGUF little-endian bytes,
 // n a multiple of the type's block size, 32 for Q8_0) as floats to `out`.
-// Uses F16C / AVX2 when the CPU has them; the bits are the same either way.
+// Uses AVX-512F or F16C / AVX2 when the CPU has them; the bits are the
+// same either way.
 void ConvertToF32(gguf::TensorType type, const uint8_t* data, size_t n, float* out);
+
+// The code paths of ConvertToF32, for tests: each must give the same bits.
+enum class DequantIsa { kGeneric, kAvx2, kAvx512 };
+
+// ConvertToF32 on `isa`'s code path; false (nothing written) when this CPU
+// cannot run it.
+bool ConvertToF32With(DequantIsa isa, gguf::TensorType type, const uint8_t* data, size_t n,
+                      float* out);
 
 // out[i][k] = W[o_begin + i][k] as F32 for i < count, k < w.in
 // (ConvertToF32 of each row). out: [count][w.in].

@@ -37,14 +37,21 @@ TEST(WeightMatrixTest, F16DecodesEveryNonNanBitPattern) {
   for (uint32_t h = 0; h <= 0xffff; ++h) {
     if (!IsNan16(static_cast<uint16_t>(h))) halves.push_back(static_cast<uint16_t>(h));
   }
-  std::vector<float> out(halves.size());
-  ConvertToF32(TensorType::kF16, reinterpret_cast<const uint8_t*>(halves.data()),
-               halves.size(), out.data());
-  for (size_t i = 0; i < halves.size(); ++i) {
-    const float want = Binary16Value(halves[i]);
-    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want))
-        << "half 0x" << std::hex << halves[i];
-    ASSERT_EQ(std::bit_cast<uint32_t>(HalfToFloat(halves[i])), std::bit_cast<uint32_t>(want));
+  for (DequantIsa isa : {DequantIsa::kGeneric, DequantIsa::kAvx2, DequantIsa::kAvx512}) {
+    std::vector<float> out(halves.size());
+    if (!ConvertToF32With(isa, TensorType::kF16,
+                          reinterpret_cast<const uint8_t*>(halves.data()), halves.size(),
+                          out.data())) {
+      continue;  // not on this CPU
+    }
+    for (size_t i = 0; i < halves.size(); ++i) {
+      const float want = Binary16Value(halves[i]);
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want))
+          << "half 0x" << std::hex << halves[i] << " path " << static_cast<int>(isa);
+    }
+  }
+  for (uint16_t h : halves) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(HalfToFloat(h)), std::bit_cast<uint32_t>(Binary16Value(h)));
   }
 }
 
@@ -63,15 +70,17 @@ std::vector<uint8_t> RandomQ8(size_t blocks, std::mt19937& rng) {
 TEST(WeightMatrixTest, Q8_0DecodesAsQTimesD) {
   std::mt19937 rng(5);
   const std::vector<uint8_t> q8 = RandomQ8(5, rng);
-  std::vector<float> out(5 * 32);
-  ConvertToF32(TensorType::kQ8_0, q8.data(), out.size(), out.data());
-  for (size_t k = 0; k < 5; ++k) {
-    uint16_t d;
-    std::memcpy(&d, &q8[34 * k], 2);
-    for (size_t j = 0; j < 32; ++j) {
-      const float want = static_cast<float>(static_cast<int8_t>(q8[34 * k + 2 + j])) *
-                         Binary16Value(d);
-      ASSERT_EQ(out[32 * k + j], want) << "block " << k << " weight " << j;
+  for (DequantIsa isa : {DequantIsa::kGeneric, DequantIsa::kAvx2, DequantIsa::kAvx512}) {
+    std::vector<float> out(5 * 32);
+    if (!ConvertToF32With(isa, TensorType::kQ8_0, q8.data(), out.size(), out.data())) continue;
+    for (size_t k = 0; k < 5; ++k) {
+      uint16_t d;
+      std::memcpy(&d, &q8[34 * k], 2);
+      for (size_t j = 0; j < 32; ++j) {
+        const float want = static_cast<float>(static_cast<int8_t>(q8[34 * k + 2 + j])) *
+                           Binary16Value(d);
+        ASSERT_EQ(out[32 * k + j], want) << "block " << k << " weight " << j;
+      }
     }
   }
 }
