@@ -86,6 +86,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
                             request.address(), " registered"));
     }
     entry.healthy = true;
+    entry.draining = false;
     entry.missed_polls = 0;
   }
   NotifyIfChanged(before);
@@ -96,7 +97,7 @@ std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role) const {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<WorkerHandle> best;
   for (const auto& [name, entry] : workers_) {
-    if (!entry.healthy || entry.handle->role != role) continue;
+    if (!entry.Routable() || entry.handle->role != role) continue;
     if (best == nullptr || entry.handle->active_requests < best->active_requests) {
       best = entry.handle;
     }
@@ -107,7 +108,7 @@ std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role) const {
 bool WorkerRegistry::CanServeLocked() const {
   bool decode = false, prefill = false;
   for (const auto& [name, entry] : workers_) {
-    if (!entry.healthy) continue;
+    if (!entry.Routable()) continue;
     decode |= entry.handle->role == v1::ROLE_DECODE;
     prefill |= entry.handle->role == v1::ROLE_PREFILL;
   }
@@ -159,8 +160,7 @@ void WorkerRegistry::PollLoop() {
     }
     for (const auto& h : handles) {
       v1::WorkerStatus status;
-      // A draining worker answers with ready = false: route nothing new to it.
-      const bool ok = QueryStatus(*h, options_.rpc_timeout_ms, &status).ok() && status.ready();
+      const bool ok = QueryStatus(*h, options_.rpc_timeout_ms, &status).ok();
       bool before;
       bool lost = false;
       {
@@ -172,6 +172,12 @@ void WorkerRegistry::PollLoop() {
         if (ok) {
           e.missed_polls = 0;
           e.healthy = true;
+          // A draining worker answers with ready = false: route nothing new
+          // to it, but let its requests finish.
+          if (!status.ready() && !e.draining) {
+            rpc::Log(absl::StrCat("worker ", h->name, " is draining"));
+          }
+          e.draining = !status.ready();
         } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
           e.healthy = false;
           lost = true;

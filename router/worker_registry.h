@@ -7,9 +7,10 @@
 // Threads: a poll thread; every public method is thread-safe (mu_).
 //
 // Health: a worker is healthy from a successful registration or poll until
-// `unhealthy_after_missed_polls` polls in a row fail (DESIGN.md, Router).
-// A poll answered with ready = false (the worker is draining) counts as
-// failed.
+// `unhealthy_after_missed_polls` polls in a row fail (DESIGN.md, Router);
+// then its in-flight requests fail (NotifyLost). A poll answered with
+// ready = false (the worker is draining) is not a failure: the worker gets
+// no new requests but keeps finishing the ones it has.
 #ifndef TANDEM_ROUTER_WORKER_REGISTRY_H_
 #define TANDEM_ROUTER_WORKER_REGISTRY_H_
 
@@ -90,7 +91,10 @@ class WorkerRegistry {
   struct Entry {
     std::shared_ptr<WorkerHandle> handle;
     bool healthy = true;
+    bool draining = false;  // last poll answered ready = false
     int missed_polls = 0;
+    // Takes new requests.
+    bool Routable() const { return healthy && !draining; }
   };
   void PollLoop();
   bool CanServeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

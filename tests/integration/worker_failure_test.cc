@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -147,6 +148,46 @@ TEST(ClusterShutdownTest, SigtermStopsEveryProcessCleanly) {
   for (pid_t pid : pids) {
     errno = 0;
     EXPECT_TRUE(kill(pid, 0) != 0 && errno == ESRCH) << "pid " << pid << " still exists";
+  }
+}
+
+// SIGTERM to the decode worker alone: it drains. The router stops routing
+// to it (GetStatus ready = false) but must not fail its in-flight streams,
+// which run longer than the router's missed-poll window (64 streams of 400
+// tokens at a 100 ms poll period), and the worker exits 0 once they are
+// done.
+TEST(ClusterShutdownTest, DrainingDecodeWorkerFinishesItsStreams) {
+  ClusterOptions o;
+  o.poll_interval_ms = 100;
+  o.shutdown_grace_s = 30;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const GoldenCase& g = Golden("boundary_33tok");
+  std::vector<std::unique_ptr<GenerateStream>> streams;
+  for (int i = 0; i < 64; ++i) {
+    streams.push_back(std::make_unique<GenerateStream>(
+        (*cluster)->stub(), MakeRequest(g.prompt, 400, v1::ROUTE_LOCAL), absl::Seconds(60)));
+  }
+  for (auto& s : streams) ASSERT_TRUE(s->ReadUntilFirstToken()) << s->Finish().status.error_message();
+  ASSERT_EQ(kill((*cluster)->decode_pid(), SIGTERM), 0);
+
+  // New work is refused once the router has seen the drain.
+  const bool noticed = PollUntil(absl::Seconds(10), [&] {
+    absl::StatusOr<v1::ClusterStatus> s = (*cluster)->ClusterStatus(absl::Seconds(3));
+    return s.ok() && !s->can_serve();
+  });
+  EXPECT_TRUE(noticed) << "router still routes to the draining decode worker";
+  for (auto& s : streams) {
+    const StreamResult& r = s->Finish();
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_NE(r.finish_reason, v1::FINISH_NONE);
+  }
+  EXPECT_THAT((*cluster)->Stop(absl::Seconds(10)), IsEmpty()) << "had to SIGKILL these";
+  const cli::ProcessGroup& group = (*cluster)->group();
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int index = static_cast<int>(i);
+    EXPECT_TRUE(WIFEXITED(group.wait_status(index)) && WEXITSTATUS(group.wait_status(index)) == 0)
+        << group.name(index) << " " << cli::DescribeWaitStatus(group.wait_status(index));
   }
 }
 
