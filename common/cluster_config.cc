@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "engine/model/llama_model.h"
 
 namespace tandem {
 
@@ -125,11 +126,12 @@ absl::Status ReadString(const YAML::Node& map, absl::string_view key, const std:
   return absl::OkStatus();
 }
 
-// An int32 field with its inclusive lower bound.
+// An int32 field with its inclusive bounds.
 struct IntField {
   absl::string_view key;
   int32_t* out;
   int32_t min;
+  int32_t max = INT32_MAX;
 };
 
 // Reads each present field of `fields` from map, checking type and range.
@@ -145,8 +147,8 @@ absl::Status ReadInts(const YAML::Node& map, const std::string& path,
                                          node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
                      node);
     }
-    if (value < f.min || value > INT32_MAX) {
-      return Invalid(field, absl::StrCat("must be ", f.min == 0 ? ">= 0" : "> 0", ", got ", value),
+    if (value < f.min || value > f.max) {
+      return Invalid(field, absl::StrCat("must be in [", f.min, ", ", f.max, "], got ", value),
                      node);
     }
     *f.out = static_cast<int32_t>(value);
@@ -238,7 +240,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
                  {{"block_size", &e.block_size, 1},
                   {"num_kv_blocks", &e.num_kv_blocks, 1},
                   {"max_num_seqs", &e.max_num_seqs, 1},
-                  {"threads", &e.threads, 1},
+                  {"threads", &e.threads, 1, model::LlamaModel::kMaxThreads},
                   {"max_num_batched_tokens", &e.max_num_batched_tokens, 1},
                   {"prefill_chunk_tokens", &e.prefill_chunk_tokens, 1}});
     if (!s.ok()) return s;

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "tools/cli_args.h"
 
 namespace tandem::cli {
@@ -279,6 +280,14 @@ TokenizerMetadata ByteVocabMetadata() {
 
 absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
                                                  const gguf::GgufFile& vocab) {
+  // The tokenizer the servers will build from the model: refuse one they
+  // cannot (e.g. a gpt2 BPE vocabulary) now, not at serving time.
+  if (absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> t =
+          tokenizer::Tokenizer::FromGguf(vocab);
+      !t.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        vocab.path(), ": --vocab-from: its tokenizer cannot be served: ", t.status().message()));
+  }
   TokenizerMetadata tokenizer;
   for (const std::string& key : vocab.metadata_keys()) {
     if (absl::StartsWith(key, "tokenizer.ggml.")) tokenizer.emplace_back(key, *vocab.Find(key));

@@ -173,18 +173,21 @@ TEST(ClusterConfigTest, BadTypesNameTheField) {
   EXPECT_THAT(ErrorOf("decode_workers: {name: d}\n"), HasSubstr("decode_workers: expected a list"));
   EXPECT_THAT(ErrorOf("- a\n- b\n"), HasSubstr("cluster config: expected a mapping"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {transfer_timeout_ms: 99999999999}\n"),
-              HasSubstr("kv.transfer_timeout_ms: must be > 0, got 99999999999"));
+              HasSubstr("kv.transfer_timeout_ms: must be in [1, 2147483647], got 99999999999"));
 }
 
 TEST(ClusterConfigTest, RangesAreChecked) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 0}\n"),
-              HasSubstr("engine.block_size: must be > 0, got 0"));
+              HasSubstr("engine.block_size: must be in [1, 2147483647], got 0"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {num_kv_blocks: -1}\n"),
-              HasSubstr("engine.num_kv_blocks: must be > 0, got -1"));
+              HasSubstr("engine.num_kv_blocks: must be in [1, 2147483647], got -1"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: -1}\n"),
-              HasSubstr("conditional.max_local_prefill_tokens: must be >= 0, got -1"));
+              HasSubstr("conditional.max_local_prefill_tokens: must be in [0, 2147483647], got -1"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "shutdown_grace_s: -2\n"),
-              HasSubstr("shutdown_grace_s: must be >= 0, got -2"));
+              HasSubstr("shutdown_grace_s: must be in [0, 2147483647], got -2"));
+  // The engine's thread pool takes 1 to 256 threads (LlamaModel::kMaxThreads).
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {threads: 257}\n"),
+              HasSubstr("engine.threads: must be in [1, 256], got 257"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {on_prefill_failure: panic}\n"),
               HasSubstr("conditional.on_prefill_failure: must be one of fail, retry, local; got "
                         "'panic'"));

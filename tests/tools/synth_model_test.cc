@@ -218,7 +218,13 @@ TEST(SynthModelTest, MissingOrBadVocabFails) {
   o->vocab_from = no_vocab;
   absl::Status s = WriteSynthModel(*o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("tokenizer.ggml.tokens"));
+  EXPECT_THAT(s.message(), HasSubstr("--vocab-from"));
+  // A tokenizer the servers cannot build (gpt2 BPE) is refused up front.
+  o->vocab_from = SharedPath("models/ggml-vocab-gpt-2.gguf");
+  s = WriteSynthModel(*o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--vocab-from"));
+  EXPECT_THAT(s.message(), HasSubstr("gpt2"));
   std::filesystem::remove(out);
   std::filesystem::remove(no_vocab);
 }
