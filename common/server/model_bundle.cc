@@ -1,8 +1,19 @@
 #include "common/server/model_bundle.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
+namespace {
+
+// `status` with its message prefixed by the model path, unless the message
+// already names the file (the GGUF and weight loaders do).
+absl::Status WithPath(const std::string& path, const absl::Status& status) {
+  if (absl::StartsWith(status.message(), path)) return status;
+  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
                                                              int32_t num_threads) {
@@ -11,16 +22,10 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& 
   if (!file.ok()) return file.status();
   bundle->file = std::move(*file);
   auto model = model::LlamaModel::Load(*bundle->file, num_threads);
-  if (!model.ok()) {
-    return absl::Status(model.status().code(),
-                        absl::StrCat(path, ": ", model.status().message()));
-  }
+  if (!model.ok()) return WithPath(path, model.status());
   bundle->model = std::move(*model);
   auto tok = tokenizer::Tokenizer::FromGguf(*bundle->file);
-  if (!tok.ok()) {
-    return absl::Status(tok.status().code(),
-                        absl::StrCat(path, ": ", tok.status().message()));
-  }
+  if (!tok.ok()) return WithPath(path, tok.status());
   bundle->tokenizer = std::move(*tok);
   auto fp = model::ModelFingerprint(*bundle->file);
   if (!fp.ok()) return fp.status();
