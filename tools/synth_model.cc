@@ -361,13 +361,33 @@ absl::StatusOr<gguf::GgufWriter> BuildFromOptions(const SynthModelOptions& optio
   return BuildSynthModel(options, **vocab);
 }
 
+// Writes `w` to `out` through a temporary file beside it, renamed into
+// place once complete: a failed or interrupted write leaves no partial
+// model under `out`.
+absl::Status WriteAtomically(const gguf::GgufWriter& w, const std::string& out) {
+  const std::string tmp = out + ".tmp";
+  if (absl::Status s = w.WriteFile(tmp); !s.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return s;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, out, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return absl::FailedPreconditionError(absl::StrCat(out, ": cannot rename ", tmp,
+                                                      " into place: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status WriteSynthModel(const SynthModelOptions& options) {
   std::unique_ptr<gguf::GgufFile> vocab;
   absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
   if (!w.ok()) return w.status();
-  return w->WriteFile(options.out);
+  return WriteAtomically(*w, options.out);
 }
 
 SynthModelOptions OfflineModelOptions(const std::string& out) {
@@ -403,7 +423,7 @@ absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options) {
           absl::StrCat(out.parent_path().string(), ": cannot create directory: ", ec.message()));
     }
   }
-  if (absl::Status s = w->WriteFile(options.out); !s.ok()) return s;
+  if (absl::Status s = WriteAtomically(*w, options.out); !s.ok()) return s;
   return true;
 }
 
