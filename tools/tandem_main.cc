@@ -1,5 +1,6 @@
 // tandem: the command-line tool of a Tandem cluster. Thin dispatch on the
 // subcommand; each lives in its own file (up.cc, generate.cc, status.cc).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -35,14 +36,20 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  // `tandem --help`, `tandem help` and `tandem <command> --help`: the usage
+  // of every command, on stdout, exit 0.
+  const bool help = command == "--help" || command == "-h" || command == "help" ||
+                    std::find_if(args.begin(), args.end(), [](const std::string& a) {
+                      return a == "--help" || a == "-h";
+                    }) != args.end();
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   if (command == "up") return tandem::cli::RunUp(args);
   if (command == "generate") return tandem::cli::RunGenerate(args);
   if (command == "status") return tandem::cli::RunStatus(args);
   if (command == "synth-model") return tandem::cli::RunSynthModel(args);
-  if (command == "--help" || command == "-h" || command == "help") {
-    std::fputs(kUsage, stdout);
-    return 2;
-  }
   std::fprintf(stderr, "tandem: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }

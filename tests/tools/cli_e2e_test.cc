@@ -387,11 +387,15 @@ TEST_F(CliTest, StatusExitCodes) {
   EXPECT_THAT(r.err, StartsWith("tandem: UNAVAILABLE: "));
 }
 
-TEST_F(CliTest, UsageExitsTwo) {
+TEST_F(CliTest, UsageExitsTwoAndHelpZero) {
   EXPECT_EQ(RunCommand({tandem_}).exit_code, 2);
-  Result help = RunCommand({tandem_, "--help"});
-  EXPECT_EQ(help.exit_code, 2);
-  EXPECT_THAT(help.out, StartsWith("usage: tandem <command>"));
+  for (std::vector<std::string> argv : {std::vector<std::string>{tandem_, "--help"},
+                                        {tandem_, "up", "--help"},
+                                        {tandem_, "synth-model", "-h"}}) {
+    Result help = RunCommand(argv);
+    EXPECT_EQ(help.exit_code, 0) << argv[1];
+    EXPECT_THAT(help.out, StartsWith("usage: tandem <command>")) << argv[1];
+  }
   Result unknown = RunCommand({tandem_, "launch"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, StartsWith("tandem: unknown command 'launch'\nusage:"));
