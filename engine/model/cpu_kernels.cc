@@ -55,17 +55,20 @@ TANDEM_AVX2 void PrefetchAhead(const void* p, size_t ahead) {
   _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 }
 
-// F32: plain loads.
+// F32: plain loads; with kPrefetch (decode's few rows) each also
+// prefetches the next column block. Without it (many rows, or a panel in
+// L1) the tile keeps every address in a register.
+template <bool kPrefetch>
 struct F32Loads : F32Rows {
   size_t ahead;
   TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
     const float* p = w + static_cast<size_t>(c) * in + i;
-    PrefetchAhead(p, ahead);
+    if constexpr (kPrefetch) PrefetchAhead(p, ahead);
     return _mm256_loadu_ps(p);
   }
   TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
     const float* p = w + static_cast<size_t>(c) * in + i;
-    PrefetchAhead(p, ahead);
+    if constexpr (kPrefetch) PrefetchAhead(p, ahead);
     return _mm512_loadu_ps(p);
   }
 };
@@ -148,11 +151,14 @@ struct Avx2Isa {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     }
     const size_t n8 = in - in % 8;
+    const Rows wl = w;  // in locals: every address stays in a register
+    const float* xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = x + r * in;
     for (size_t i = 0; i < n8; i += 8) {
       __m256 xv[R];
-      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * in + i);
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xr[r] + i);
       for (int c = 0; c < C; ++c) {
-        const __m256 wv = w.Load8(c, i);
+        const __m256 wv = wl.Load8(c, i);
         for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
       }
     }
@@ -175,10 +181,10 @@ struct Avx512Isa {
   static constexpr bool kFusedDequant = true;
   // acc[r][c] += W[c][i, i + 16) * x[r][i, i + 16), lane by lane.
   template <int R, int C, typename Rows>
-  TANDEM_AVX512 static void Step(const float* x, const Rows& w, size_t in, size_t i,
+  TANDEM_AVX512 static void Step(const float* const (&xr)[R], const Rows& w, size_t i,
                                  __m512 (&acc)[R][C]) {
     __m512 xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * in + i);
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(xr[r] + i);
     for (int c = 0; c < C; ++c) {
       const __m512 wv = w.Load16(c, i);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv, xv[r], acc[r][c]);
@@ -194,13 +200,18 @@ struct Avx512Isa {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     }
     const size_t n16 = in - in % 16;
+    // Row pointers and the weight source in locals, so the loop keeps every
+    // address in a register.
+    const Rows wl = w;
+    const float* xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = x + r * in;
     // Two steps per iteration (a Q8_0 block: its scale is read once).
     size_t i = 0;
     for (; i + 32 <= n16; i += 32) {
-      Step<R, C>(x, w, in, i, acc);
-      Step<R, C>(x, w, in, i + 16, acc);
+      Step<R, C>(xr, wl, i, acc);
+      Step<R, C>(xr, wl, i + 16, acc);
     }
-    if (i < n16) Step<R, C>(x, w, in, i, acc);
+    if (i < n16) Step<R, C>(xr, wl, i, acc);
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
         // Lanes 0..7 + lanes 8..15, in registers (GCC 12's 512-bit extract
@@ -219,11 +230,15 @@ struct Avx512Isa {
 
 // F32 rows with the vector loads where there are vector kernels.
 #ifdef TANDEM_KERNELS_X86
-F32Loads F32Source(const float* w, size_t in, size_t ahead) {
-  return F32Loads{{w, in}, ahead};
+template <bool kPrefetch>
+F32Loads<kPrefetch> F32Source(const float* w, size_t in, size_t ahead) {
+  return F32Loads<kPrefetch>{{w, in}, ahead};
 }
 #else
-F32Rows F32Source(const float* w, size_t in, size_t /*ahead*/) { return F32Rows{w, in}; }
+template <bool kPrefetch>
+F32Rows F32Source(const float* w, size_t in, size_t /*ahead*/) {
+  return F32Rows{w, in};
+}
 #endif
 
 // Runs the R' x C' tile for R' = nr <= R, C' = nc <= C. Each element's
@@ -276,10 +291,14 @@ void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_b
   const size_t in = w.in, out = w.out;
   if (w.type == gguf::TensorType::kF32) {
     const float* f = reinterpret_cast<const float*>(w.data);
+    const size_t ahead = Isa::kCols * in * sizeof(float);
+    if (rows <= kFusedDequantMaxRows) {
+      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
+        return F32Source<true>(f + o * in, in, ahead);
+      });
+    }
     return Columns<Isa>(x, rows, in, out, o_begin, o_end, y,
-                        [&](size_t o, int) {
-      return F32Source(f + o * in, in, Isa::kCols * in * sizeof(float));
-    });
+                        [&](size_t o, int) { return F32Source<false>(f + o * in, in, 0); });
   }
 #ifdef TANDEM_KERNELS_X86
   if constexpr (Isa::kFusedDequant) {
@@ -300,7 +319,7 @@ void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_b
   if (panel.size() < Isa::kCols * in) panel.resize(Isa::kCols * in);
   Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int nc) {
     DequantizeRows(w, o, static_cast<size_t>(nc), panel.data());
-    return F32Source(panel.data(), in, 0);
+    return F32Source<false>(panel.data(), in, 0);
   });
 }
 
