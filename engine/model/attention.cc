@@ -55,11 +55,35 @@ typedef float Float8 __attribute__((vector_size(32)));
   return v;
 }
 
-// out[t] = Dot(a, b[t], n) for t < kKeys: kKeys independent lane sets in
-// one pass over a, so their add chains overlap.
+typedef float Float16 __attribute__((vector_size(64)));
+
+// out[t] = a . b[t] for t < kKeys in the order attention.h documents
+// (16 lanes when n >= 16, else 8): kKeys independent lane sets in one pass
+// over a, so their add chains overlap.
 template <int kKeys>
 [[gnu::always_inline]] inline void DotLanes(const float* a, const float* const* b, size_t n,
                                             float* out) {
+  if (n >= 16) {
+    Float16 acc[kKeys] = {};
+    const size_t n16 = n - n % 16;
+    for (size_t i = 0; i < n16; i += 16) {
+      Float16 va;
+      std::memcpy(&va, a + i, sizeof va);
+      for (int t = 0; t < kKeys; ++t) {
+        Float16 vb;
+        std::memcpy(&vb, b[t] + i, sizeof vb);
+        acc[t] = acc[t] + va * vb;
+      }
+    }
+    for (int t = 0; t < kKeys; ++t) {
+      const Float8 folded = __builtin_shufflevector(acc[t], acc[t], 0, 1, 2, 3, 4, 5, 6, 7) +
+                            __builtin_shufflevector(acc[t], acc[t], 8, 9, 10, 11, 12, 13, 14, 15);
+      float sum = CombineLanes(folded);
+      for (size_t i = n16; i < n; ++i) sum += a[i] * b[t][i];
+      out[t] = sum;
+    }
+    return;
+  }
   Float8 acc[kKeys] = {};
   const size_t n8 = n - n % 8;
   for (size_t i = 0; i < n8; i += 8) {

@@ -2,7 +2,11 @@
 // to engine/model): the decode and prefill attention of LlamaModel::Forward.
 //
 // Numerics (batch-invariant, DESIGN.md): for a query at position `pos`,
-//   s_j = Dot(q, k_j) * scale            (cpu_kernels.h Dot order), j <= pos
+//   s_j = (q . k_j) * scale, j <= pos: for head_dim >= 16, 16 lanes (lane l
+//         sums q[i] k[i] for i = l mod 16 over the first head_dim -
+//         head_dim % 16, multiply then add), folded as lane l + lane l + 8,
+//         the 8 combined ((0+4)+(2+6))+((1+5)+(3+7)), then the tail in index
+//         order; for head_dim < 16, cpu_kernels.h's Dot (8 lanes)
 //   e_j = exp(s_j - max_j s_j)           (Cephes expf polynomial, no FMA)
 //   sum = sum_j e_j in double, 4 lanes (lane l: j = l mod 4, ascending),
 //         combined (l0 + l2) + (l1 + l3)

@@ -43,22 +43,25 @@ TEST(AttentionTest, CephesExpIsWithinTwoUlpOfExp) {
   EXPECT_EQ(CephesExp(-88.0f), 0.0f);
 }
 
-// The order attention.h documents: s_j = Dot(q, k_j) * scale (Dot: 8 lanes
-// (i mod 8), combined ((0+4)+(2+6))+((1+5)+(3+7)), tail in index order);
+// The order attention.h documents: s_j = (q . k_j) * scale (16 lanes (i mod
+// 16) folded l + l+8 for head_dim >= 16, else 8 lanes (i mod 8); combined
+// ((0+4)+(2+6))+((1+5)+(3+7)); tail in index order);
 // e_j = CephesExp(s_j - max); sum in double over 4 lanes (j mod 4),
 // combined (0+2)+(1+3); out[d] = sum_j (e_j * inv) v_j[d].
 std::vector<float> Reference(const std::vector<std::vector<float>>& keys,
                              const std::vector<std::vector<float>>& values,
                              const std::vector<float>& q, float scale) {
-  const size_t n = q.size(), n8 = n / 8 * 8;
+  const size_t n = q.size();
   std::vector<float> s(keys.size());
   float max = -INFINITY;
+  const size_t width = n >= 16 ? 16 : 8, nl = n / width * width;
   for (size_t j = 0; j < keys.size(); ++j) {
-    float lane[8] = {};
-    for (size_t i = 0; i < n8; ++i) lane[i % 8] = lane[i % 8] + q[i] * keys[j][i];
-    float dot = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
-                ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-    for (size_t i = n8; i < n; ++i) dot = dot + q[i] * keys[j][i];
+    float lane[16] = {};
+    for (size_t i = 0; i < nl; ++i) lane[i % width] = lane[i % width] + q[i] * keys[j][i];
+    float l8[8];
+    for (size_t t = 0; t < 8; ++t) l8[t] = width == 16 ? lane[t] + lane[t + 8] : lane[t];
+    float dot = ((l8[0] + l8[4]) + (l8[2] + l8[6])) + ((l8[1] + l8[5]) + (l8[3] + l8[7]));
+    for (size_t i = nl; i < n; ++i) dot = dot + q[i] * keys[j][i];
     s[j] = dot * scale;
     max = std::max(max, s[j]);
   }
