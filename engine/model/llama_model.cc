@@ -84,13 +84,14 @@ std::vector<size_t> BalancedBounds(const std::vector<HeadRow>& order,
 
 // Forward's activation buffers, reused from call to call on one thread.
 struct ForwardScratch {
-  std::vector<float> buffers[10];
-  // Buffer i with at least n elements (contents unspecified).
-  std::vector<float>& Get(size_t i, size_t n) {
-    if (buffers[i].size() < n) buffers[i].resize(n);
-    return buffers[i];
-  }
+  std::vector<float> x, norm, tmp, q, attn, k, v, gate, up, rope;
 };
+
+// `buffer` with at least n elements (contents unspecified).
+std::vector<float>& AtLeast(std::vector<float>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer;
+}
 
 }  // namespace
 
@@ -182,15 +183,15 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   // otherwise map (and page-fault in) fresh buffers every step. Every
   // element used is written before it is read.
   thread_local ForwardScratch scratch;
-  std::vector<float>& x = scratch.Get(0, T * embd);
-  std::vector<float>& norm = scratch.Get(1, T * embd);
-  std::vector<float>& tmp = scratch.Get(2, T * embd);
-  std::vector<float>& q = scratch.Get(3, T * q_dim);
-  std::vector<float>& attn = scratch.Get(4, T * q_dim);
-  std::vector<float>& k = scratch.Get(5, T * kv_dim);
-  std::vector<float>& v = scratch.Get(6, T * kv_dim);
-  std::vector<float>& gate = scratch.Get(7, T * ff);
-  std::vector<float>& up = scratch.Get(8, T * ff);
+  std::vector<float>& x = AtLeast(scratch.x, T * embd);
+  std::vector<float>& norm = AtLeast(scratch.norm, T * embd);
+  std::vector<float>& tmp = AtLeast(scratch.tmp, T * embd);
+  std::vector<float>& q = AtLeast(scratch.q, T * q_dim);
+  std::vector<float>& attn = AtLeast(scratch.attn, T * q_dim);
+  std::vector<float>& k = AtLeast(scratch.k, T * kv_dim);
+  std::vector<float>& v = AtLeast(scratch.v, T * kv_dim);
+  std::vector<float>& gate = AtLeast(scratch.gate, T * ff);
+  std::vector<float>& up = AtLeast(scratch.up, T * ff);
   int32_t max_pos = 0;
   size_t attn_work = 0;  // multiply-adds of one layer's attention
   for (size_t r = 0; r < T; ++r) {
@@ -205,7 +206,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv
   // RoPE's cos/sin per row, once for all layers (a pow and a sincos per
   // pair, ~16 multiply-adds).
   const size_t rope_dim = static_cast<size_t>(c.rope_dim);
-  std::vector<float>& rope = scratch.Get(9, T * rope_dim);
+  std::vector<float>& rope = AtLeast(scratch.rope, T * rope_dim);
   For(T, T * rope_dim * 8, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
       internal::RopeAngles(rows[r].pos, rope_dim, c.rope_freq_base, &rope[r * rope_dim]);
