@@ -278,11 +278,13 @@ void Columns(const float* x, size_t rows, size_t in, size_t out, size_t o_begin,
   }
 }
 
-// Up to this many input rows, an F16 / Q8_0 matrix is widened inside the
-// vector kernels as it is read (its bytes stream once, the decode case);
-// above it, each block of kCols rows is dequantized once into a per-thread
-// F32 panel that every input row then reads (prefill). Both give the F32
-// conversion's values, hence the same bits.
+// Up to this many input rows (decode), the weights stream from memory once
+// per MatMul: an F16 / Q8_0 matrix is widened inside the vector kernels as
+// it is read, and every weight load prefetches the next column block.
+// Above it (prefill), each block of kCols rows of a non-F32 matrix is
+// dequantized once into a per-thread F32 panel that every input row then
+// reads (BF16 always takes this path). All paths give the F32 conversion's
+// values, hence the same bits.
 constexpr size_t kFusedDequantMaxRows = 8;
 
 template <typename Isa>
