@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 
 namespace tandem::gguf {
@@ -349,8 +350,9 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
       // ggml stores ne as int64; products must fit in int64 too.
       const uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
       if (t.dims[d] > kMax || (t.dims[d] != 0 && n_elements > kMax / t.dims[d])) {
-        return r.Error(absl::StrCat(field, " element count overflows (ne[", d,
-                                    "] = ", t.dims[d], ")"));
+        return r.Error(absl::StrCat(
+            field, " element count overflows int64: ne[0..", d, "] = [",
+            absl::StrJoin(t.dims.begin(), t.dims.begin() + d + 1, ", "), "]"));
       }
       n_elements *= t.dims[d];
     }

@@ -387,7 +387,10 @@ TEST_F(GgufFileTest, TooManyDims) {
 
 TEST_F(GgufFileTest, ElementCountOverflow) {
   ExpectInvalid(Craft(3, 0, "", {{"w", {1ull << 32, 1ull << 32}, 0, 0}}, 64),
-                {"'w'", "overflow"});
+                {"'w'", "overflow", "ne[0..1] = [4294967296, 4294967296]"});
+  // The dims read so far are all named, the huge one first here.
+  ExpectInvalid(Craft(3, 0, "", {{"w", {1ull << 62, 288}, 0, 0}}, 64),
+                {"'w'", "ne[0..1] = [4611686018427387904, 288]"});
 }
 
 TEST_F(GgufFileTest, Q8RowNotWholeBlocks) {
