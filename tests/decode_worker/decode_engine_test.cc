@@ -465,20 +465,25 @@ TEST_F(DecodeEngineTest, PreemptionUnderMemoryPressureKeepsGoldenIds) {
 // the FCFS queue; a resubmitted request with that id was then admitted
 // twice (once per queue entry), leaking the first block table.
 TEST_F(DecodeEngineTest, ResubmitAfterCancelWhileQueuedDoesNotLeakBlocks) {
+  // holder: a remote request (313 prompt tokens, 1 new) waiting for KV that
+  // nobody sends reserves prompt + 1 = 314 tokens, i.e. all 20 blocks,
+  // until cancelled. So head
+  // cannot be admitted (no block is free) and x stays queued behind it,
+  // whatever the timing of the engine loop.
   DecodeEngineOptions options = Options();
-  options.num_kv_blocks = 5;
+  options.num_kv_blocks = 20;
   auto engine = MakeEngine(options);
   ASSERT_NE(engine, nullptr);
-  // holder: 3 blocks until cancelled (remote, nobody sends).
   auto holder = std::make_shared<RecordingSink>();
   ASSERT_TRUE(engine
-                  ->Submit(Request("holder", Golden("once_upon_a_time"), 32,
+                  ->Submit(Request("holder", Golden("long_repeated_313tok"), 1,
                                    RouteChoice::kRemote),
                            holder)
                   .ok());
   ASSERT_TRUE(holder->WaitNeedRemotePrefill());
-  // head: 3 blocks, queued. x: 1 block (12 + 2 - 1 = 13 tokens), queued
-  // behind head.
+  ASSERT_EQ(engine->GetStats().kv_blocks_in_use, 20u);
+  // head: queued (no free block). x: 1 block (12 + 2 - 1 = 13 tokens),
+  // queued behind head.
   const GoldenCase x = Golden("lily_and_ben");
   auto head = std::make_shared<RecordingSink>();
   auto x1 = std::make_shared<RecordingSink>();
