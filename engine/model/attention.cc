@@ -57,44 +57,46 @@ typedef float Float8 __attribute__((vector_size(32)));
 
 typedef float Float16 __attribute__((vector_size(64)));
 
-// out[t] = a . b[t] for t < kKeys in the order attention.h documents
-// (16 lanes when n >= 16, else 8): kKeys independent lane sets in one pass
-// over a, so their add chains overlap.
+// The 8 lanes Combine8 reduces: an 8-lane sum as it is, a 16-lane one
+// folded as lane l + lane l + 8.
+[[gnu::always_inline]] inline Float8 Fold(Float8 v) { return v; }
+[[gnu::always_inline]] inline Float8 Fold(Float16 v) {
+  return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// out[t] = a . b[t] for t < kKeys with the lanes of V (Float8 or Float16):
+// kKeys independent lane sets in one pass over a, so their add chains
+// overlap.
+template <typename V, int kKeys>
+[[gnu::always_inline]] inline void DotLanesOf(const float* a, const float* const* b, size_t n,
+                                              float* out) {
+  constexpr size_t kWidth = sizeof(V) / sizeof(float);
+  V acc[kKeys] = {};
+  const size_t nw = n - n % kWidth;
+  for (size_t i = 0; i < nw; i += kWidth) {
+    V va;
+    std::memcpy(&va, a + i, sizeof va);
+    for (int t = 0; t < kKeys; ++t) {
+      V vb;
+      std::memcpy(&vb, b[t] + i, sizeof vb);
+      acc[t] = acc[t] + va * vb;
+    }
+  }
+  for (int t = 0; t < kKeys; ++t) {
+    float sum = CombineLanes(Fold(acc[t]));
+    for (size_t i = nw; i < n; ++i) sum += a[i] * b[t][i];
+    out[t] = sum;
+  }
+}
+
+// out[t] = a . b[t] for t < kKeys in the order attention.h documents:
+// 16 lanes when n >= 16, else 8.
 template <int kKeys>
 [[gnu::always_inline]] inline void DotLanes(const float* a, const float* const* b, size_t n,
                                             float* out) {
-  if (n >= 16) {
-    Float16 acc[kKeys] = {};
-    const size_t n16 = n - n % 16;
-    for (size_t i = 0; i < n16; i += 16) {
-      Float16 va;
-      std::memcpy(&va, a + i, sizeof va);
-      for (int t = 0; t < kKeys; ++t) {
-        Float16 vb;
-        std::memcpy(&vb, b[t] + i, sizeof vb);
-        acc[t] = acc[t] + va * vb;
-      }
-    }
-    for (int t = 0; t < kKeys; ++t) {
-      const Float8 folded = __builtin_shufflevector(acc[t], acc[t], 0, 1, 2, 3, 4, 5, 6, 7) +
-                            __builtin_shufflevector(acc[t], acc[t], 8, 9, 10, 11, 12, 13, 14, 15);
-      float sum = CombineLanes(folded);
-      for (size_t i = n16; i < n; ++i) sum += a[i] * b[t][i];
-      out[t] = sum;
-    }
-    return;
-  }
-  Float8 acc[kKeys] = {};
-  const size_t n8 = n - n % 8;
-  for (size_t i = 0; i < n8; i += 8) {
-    const Float8 va = Load8(a + i);
-    for (int t = 0; t < kKeys; ++t) acc[t] = acc[t] + va * Load8(b[t] + i);
-  }
-  for (int t = 0; t < kKeys; ++t) {
-    float sum = CombineLanes(acc[t]);
-    for (size_t i = n8; i < n; ++i) sum += a[i] * b[t][i];
-    out[t] = sum;
-  }
+  if (n >= 16) return DotLanesOf<Float16, kKeys>(a, b, n, out);
+  DotLanesOf<Float8, kKeys>(a, b, n, out);
 }
 
 typedef int32_t Int8 __attribute__((vector_size(32)));
