@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/kv_transfer.h"
 #include "prefill_worker/prefill_engine.h"
@@ -481,6 +483,12 @@ TEST_F(DecodeEngineTest, ResubmitAfterCancelWhileQueuedDoesNotLeakBlocks) {
                            holder)
                   .ok());
   ASSERT_TRUE(holder->WaitNeedRemotePrefill());
+  // Stats are published at the end of the engine step that sent
+  // NeedRemotePrefill: wait (bounded) for that step to end.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (engine->GetStats().kv_blocks_in_use != 20u && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   ASSERT_EQ(engine->GetStats().kv_blocks_in_use, 20u);
   // head: queued (no free block). x: 1 block (12 + 2 - 1 = 13 tokens),
   // queued behind head.
