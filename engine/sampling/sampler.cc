@@ -3,10 +3,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <numeric>
-#include <vector>
-
-#include "absl/strings/str_cat.h"
 
 namespace tandem::sampling {
 namespace {
@@ -20,104 +16,74 @@ uint64_t Mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Lowest id among the largest logits (NaN never wins).
-int32_t Argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
-  }
-  return best;
-}
+// The index in view.candidates of the token to emit (see SampleFromView).
+size_t Draw(const SamplingView& view, const SamplingOptions& options, uint32_t output_index) {
+  const std::vector<Candidate>& c = view.candidates;
+  if (options.temperature == 0.0f) return 0;
 
-// log softmax(logits)[id], accumulated in double in index order.
-float LogSoftmaxAt(std::span<const float> logits, int32_t id) {
-  const double max = logits[static_cast<size_t>(Argmax(logits))];
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
-  return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - max -
-                            std::log(sum));
+  const double l0 = c[0].logit;
+  const auto p = [&c, l0](size_t i) { return std::exp(static_cast<double>(c[i].logit) - l0); };
+  size_t kept = c.size();
+  double total = view.normaliser;
+  if (options.top_k > 0) {
+    kept = std::min(static_cast<size_t>(options.top_k), c.size());
+    assert(kept == static_cast<size_t>(options.top_k) || view.complete);
+    total = 0.0;
+    for (size_t i = 0; i < kept; ++i) total += p(i);
+  } else {
+    assert(view.complete || options.top_p < 1.0f);
+  }
+
+  double kept_mass = 0.0;
+  if (options.top_p < 1.0f) {
+    // Nucleus: the walk's cumulative sum is kept_mass when it stops.
+    const double target = static_cast<double>(options.top_p) * total;
+    size_t n = 0;
+    while (n < kept) {
+      kept_mass += p(n);
+      ++n;
+      if (kept_mass >= target) break;
+    }
+    // With top_k off the view was widened until this walk stops inside it.
+    assert(kept_mass >= target || options.top_k > 0 || view.complete);
+    kept = n;
+  } else if (options.top_k > 0) {
+    kept_mass = total;
+  } else {
+    for (size_t i = 0; i < kept; ++i) kept_mass += p(i);
+  }
+
+  const double threshold = UniformDraw(options.seed, output_index) * kept_mass;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < kept; ++i) {
+    cumulative += p(i);
+    if (cumulative > threshold) return i;
+  }
+  return kept - 1;
 }
 
 }  // namespace
-
-absl::Status Validate(const SamplingOptions& options) {
-  if (!(std::isfinite(options.temperature) && options.temperature >= 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "temperature: must be >= 0 and finite, got ", options.temperature));
-  }
-  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_p: must be in (0, 1], got ", options.top_p));
-  }
-  return absl::OkStatus();
-}
 
 double UniformDraw(uint64_t seed, uint32_t output_index) {
   const uint64_t z = Mix64(seed + (static_cast<uint64_t>(output_index) + 1) * kGoldenGamma);
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
+SampledToken SampleFromView(const SamplingView& view, const SamplingOptions& options,
+                            uint32_t output_index) {
+  assert(!view.candidates.empty());
+  const Candidate& chosen = view.candidates[Draw(view, options, output_index)];
+  return {chosen.id,
+          static_cast<float>(static_cast<double>(chosen.raw_logit) - view.raw_max -
+                             view.raw_log_sum),
+          view.raw_top};
+}
+
 SampledToken Sample(std::span<const float> logits, const SamplingOptions& options,
                     uint32_t output_index) {
-  assert(!logits.empty());
-  if (options.temperature == 0.0f) {
-    const int32_t id = Argmax(logits);
-    return {id, LogSoftmaxAt(logits, id)};
-  }
-
-  // Tempered probabilities (unnormalized: exp((l - max) / T), max -> 1).
-  const double max = logits[static_cast<size_t>(Argmax(logits))];
-  const double temperature = options.temperature;
-  std::vector<double> p(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    p[i] = std::exp((static_cast<double>(logits[i]) - max) / temperature);
-  }
-
-  // Candidates by descending probability, ties by ascending id, so the order
-  // (and hence the result) never depends on the sort implementation.
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  const auto before = [&p](int32_t a, int32_t b) {
-    const double pa = p[static_cast<size_t>(a)], pb = p[static_cast<size_t>(b)];
-    return pa > pb || (pa == pb && a < b);
-  };
-  size_t kept = order.size();
-  if (options.top_k > 0 && static_cast<size_t>(options.top_k) < kept) {
-    kept = static_cast<size_t>(options.top_k);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept),
-                      order.end(), before);
-  } else {
-    std::sort(order.begin(), order.end(), before);
-  }
-
-  // Nucleus: smallest prefix whose mass reaches top_p of the top-k mass.
-  double top_k_mass = 0.0;
-  for (size_t i = 0; i < kept; ++i) top_k_mass += p[static_cast<size_t>(order[i])];
-  if (options.top_p < 1.0f) {
-    const double target = static_cast<double>(options.top_p) * top_k_mass;
-    double cumulative = 0.0;
-    size_t n = 0;
-    while (n < kept) {
-      cumulative += p[static_cast<size_t>(order[n])];
-      ++n;
-      if (cumulative >= target) break;
-    }
-    kept = n;
-  }
-
-  double kept_mass = 0.0;
-  for (size_t i = 0; i < kept; ++i) kept_mass += p[static_cast<size_t>(order[i])];
-  const double threshold = UniformDraw(options.seed, output_index) * kept_mass;
-  int32_t id = order[kept - 1];
-  double cumulative = 0.0;
-  for (size_t i = 0; i < kept; ++i) {
-    cumulative += p[static_cast<size_t>(order[i])];
-    if (cumulative > threshold) {
-      id = order[i];
-      break;
-    }
-  }
-  return {id, LogSoftmaxAt(logits, id)};
+  SamplingView view;
+  BuildSamplingView(logits, options, &view);
+  return SampleFromView(view, options, output_index);
 }
 
 }  // namespace tandem::sampling

@@ -1,43 +1,67 @@
 // Token sampling: greedy, temperature, top-k, top-p with counter-based
 // randomness (DESIGN.md, Engine: Sampling).
 //
-// Owns: turning one logit vector into one token. Does not touch: logits
-// production, stop conditions. Threads: pure functions; thread-safe.
+// Owns: drawing one token from a sequence's SamplingView (sampling_view.h).
+// Does not touch: logits production, the logits processors' rules, stop
+// conditions. Threads: pure functions; thread-safe.
+//
+// Pipeline per sequence and step: ApplyLogitsProcessors over the full row
+// -> the backend reduces the row to a SamplingView (BuildSamplingView on
+// the CPU) -> SampleFromView on the host. Sample() runs all three.
 #ifndef TANDEM_ENGINE_SAMPLING_SAMPLER_H_
 #define TANDEM_ENGINE_SAMPLING_SAMPLER_H_
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
-#include "absl/status/status.h"
+#include "engine/sampling/sampling_options.h"
+#include "engine/sampling/sampling_view.h"
 
 namespace tandem::sampling {
 
-struct SamplingOptions {
-  float temperature = 0.0f;  // 0 = greedy argmax, ties -> lowest id; >= 0
-  int32_t top_k = 0;         // <= 0 = off
-  float top_p = 1.0f;        // in (0, 1]
-  uint64_t seed = 0;         // randomness for output index i = f(seed, i)
-};
-
-// INVALID_ARGUMENT naming the field and its limit for temperature < 0 or
-// NaN/inf, top_p outside (0, 1] or NaN.
-absl::Status Validate(const SamplingOptions& options);
-
 struct SampledToken {
   int32_t token_id;
-  float logprob;  // log-softmax of the raw (untempered) logits
+  float logprob;  // log-softmax of the raw (unprocessed) logits
+  // view.raw_top: the options.top_logprobs most likely raw alternatives,
+  // empty when top_logprobs == 0.
+  std::vector<TokenLogprob> top_logprobs;
 };
 
-// Samples output index `output_index` from `logits` (vocab entries, at
-// least one). temperature == 0: argmax, ties -> lowest id. Otherwise
-// p = softmax(logits / temperature); keep the top_k most probable ids (ties
-// ordered by lower id first), then the smallest prefix of those (descending
-// p) whose renormalized cumulative mass reaches top_p (at least one id);
-// draw u = UniformDraw(seed, output_index) and return the first kept id
-// whose cumulative mass exceeds u * (kept mass). The draw is a pure
-// function of (seed, output_index), so a P -> D handoff or a recompute gives
-// the same token. `options` must pass Validate().
+// Draws output index `output_index` of a request from `view`, built for the
+// same `options` (which must pass Validate()). This is the contract a
+// backend's view must satisfy; every sum is in double, in the order given:
+//
+//   logprob of the chosen id = float(double(raw_logit) - view.raw_max -
+//     view.raw_log_sum) (bit-identical to the log-softmax in double, in
+//     index order, that Sample has always reported).
+//   temperature == 0: candidates[0] (argmax, ties -> lowest id).
+//   Otherwise, with p_i = exp(double(l'_i) - double(l'_0)) for candidate i
+//   (l' the processed logits, l'_0 = candidates[0].logit):
+//     top_k > 0: kept = the first min(top_k, vocab) candidates, total = the
+//       sum of their p in candidate order. top_k off: kept = all
+//       candidates, total = view.normaliser.
+//     top_p < 1: target = double(top_p) * total; walk kept in order
+//       accumulating p; kept = the shortest prefix whose cumulative mass is
+//       >= target (at least one; all of kept if none is).
+//     top_p == 1 with top_k off: kept = all candidates (the view is then
+//       complete).
+//     kept_mass = the sum of p over kept in order; threshold =
+//       UniformDraw(seed, output_index) * kept_mass; return the first kept
+//       candidate whose cumulative mass is > threshold (the last kept one
+//       if none is).
+// BuildSamplingView guarantees kept never needs a candidate the view lacks
+// (top_k <= candidates or complete; with top_k off the candidates' mass
+// reaches the top_p target or the view is complete); this asserts it. The
+// draw is a pure function of (seed, output_index), so a P -> D handoff or a
+// recompute gives the same token. Cost: O(kept) double exps (three passes
+// at most), no allocation unless top_logprobs > 0.
+SampledToken SampleFromView(const SamplingView& view, const SamplingOptions& options,
+                            uint32_t output_index);
+
+// Convenience for one row: BuildSamplingView + SampleFromView. Allocates a
+// row and a view per call; loops over many sequences should keep a view
+// and scratch and call the two steps.
 SampledToken Sample(std::span<const float> logits, const SamplingOptions& options,
                     uint32_t output_index);
 

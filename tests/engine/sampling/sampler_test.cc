@@ -26,6 +26,8 @@ TEST(SamplerValidateTest, AcceptsDefaultsAndLimits) {
   EXPECT_TRUE(Validate(o).ok());
   o.top_p = 1e-6f;
   EXPECT_TRUE(Validate(o).ok());
+  o.top_logprobs = 20;
+  EXPECT_TRUE(Validate(o).ok());
 }
 
 TEST(SamplerValidateTest, RejectsBadTemperature) {
@@ -50,6 +52,16 @@ TEST(SamplerValidateTest, RejectsBadTopP) {
   EXPECT_EQ(Validate(o).message(), "top_p: must be in (0, 1], got 0");
   o.top_p = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(Validate(o).message(), "top_p: must be in (0, 1], got nan");
+}
+
+TEST(SamplerValidateTest, RejectsBadTopLogprobs) {
+  SamplingOptions o;
+  o.top_logprobs = 21;
+  absl::Status s = Validate(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "top_logprobs: must be in [0, 20], got 21");
+  o.top_logprobs = -1;
+  EXPECT_EQ(Validate(o).message(), "top_logprobs: must be in [0, 20], got -1");
 }
 
 TEST(SamplerTest, GreedyTieGoesToLowestId) {
