@@ -1,6 +1,7 @@
 // Engine micro-benchmarks on stories260K (or $TANDEM_MODEL): prefill and
 // decode tokens/s of the raw LlamaModel::Forward over a paged KV cache, and
-// the decode worker's serving loop (DecodeEngine, no gRPC, no-op sink) at
+// the decode worker's serving loop (the engine core over the CPU backend,
+// no gRPC, no-op output) at
 // the same batch sizes, so that the difference is the loop's own overhead
 // (admission, scheduling, sampling, block-table bookkeeping, sink calls).
 // All use real (wall-clock) time: Forward may run on a thread pool.
@@ -20,8 +21,10 @@
 #include "absl/synchronization/mutex.h"
 #include "benchmark/benchmark.h"
 #include "bench/bench_util.h"
-#include "decode_worker/decode_engine.h"
+#include "engine/backend/cpu_backend.h"
+#include "engine/core/engine_core.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 
 namespace tandem::bench {
@@ -65,15 +68,17 @@ void BM_Prefill(benchmark::State& state) {
   const model::LlamaModel* m = ModelOrSkip(state, static_cast<int32_t>(state.range(0)));
   if (m == nullptr) return;
   const int32_t n = std::min(kPrefillTokens, m->config().context_length);
-  kv::BlockPool pool(m->kv_shape(kBlockSize), kv::BlocksForTokens(n, kBlockSize));
-  const std::vector<int32_t> table = *pool.Allocate(pool.num_blocks());
+  const int32_t num_blocks = kv::BlocksForTokens(n, kBlockSize);
+  kv::CpuKvStorage kv(m->kv_shape(kBlockSize), num_blocks);
+  kv::BlockPool blocks(num_blocks);
+  const std::vector<int32_t> table = *blocks.Allocate(num_blocks);
   const std::vector<int32_t> tokens = RandomTokens(n, m->config().vocab_size, 7);
   model::SequenceBatch seq;
   seq.tokens = tokens;
   seq.block_table = &table;
   std::vector<float> logits;
   for (auto _ : state) {
-    m->Forward({&seq, 1}, pool, &logits);
+    m->Forward({&seq, 1}, kv, &logits);
     benchmark::DoNotOptimize(logits.data());
   }
   state.counters["tokens/s"] =
@@ -106,7 +111,7 @@ BENCHMARK(BM_Prefill)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(
 // `batch` of them. Built once per batch size and kept for the process
 // (every thread count loads the same file, so the cache is the same).
 struct DecodeCache {
-  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<kv::CpuKvStorage> storage;
   std::vector<std::vector<int32_t>> tables;
 };
 
@@ -116,23 +121,24 @@ DecodeCache& GetDecodeCache(const model::LlamaModel& m, int32_t batch) {
   if (it != caches->end()) return it->second;
   const int32_t per_seq = kv::BlocksForTokens(kDecodeContext, kBlockSize);
   DecodeCache c;
-  c.pool = std::make_unique<kv::BlockPool>(m.kv_shape(kBlockSize), batch * per_seq);
-  for (int32_t b = 0; b < batch; ++b) c.tables.push_back(*c.pool->Allocate(per_seq));
+  c.storage = std::make_unique<kv::CpuKvStorage>(m.kv_shape(kBlockSize), batch * per_seq);
+  kv::BlockPool blocks(batch * per_seq);
+  for (int32_t b = 0; b < batch; ++b) c.tables.push_back(*blocks.Allocate(per_seq));
   const std::vector<int32_t> history =
       RandomTokens(kDecodeContext - 1, m.config().vocab_size, 100);
   model::SequenceBatch prefill;
   prefill.tokens = history;
   prefill.block_table = &c.tables[0];
   prefill.want_logits = false;
-  m.Forward({&prefill, 1}, *c.pool, nullptr);
-  const kv::KvShape& shape = c.pool->shape();
+  m.Forward({&prefill, 1}, *c.storage, nullptr);
+  const kv::KvShape& shape = c.storage->shape();
   const size_t block_floats = static_cast<size_t>(shape.block_size) * shape.kv_dim();
   for (int32_t b = 1; b < batch; ++b) {
     for (int32_t i = 0; i < per_seq; ++i) {
       const int32_t from = c.tables[0][i], to = c.tables[b][i];
       for (int32_t l = 0; l < shape.n_layers; ++l) {
-        std::memcpy(c.pool->K(to, l), c.pool->K(from, l), block_floats * sizeof(float));
-        std::memcpy(c.pool->V(to, l), c.pool->V(from, l), block_floats * sizeof(float));
+        std::memcpy(c.storage->K(to, l), c.storage->K(from, l), block_floats * sizeof(float));
+        std::memcpy(c.storage->V(to, l), c.storage->V(from, l), block_floats * sizeof(float));
       }
     }
   }
@@ -160,7 +166,7 @@ void BM_Decode(benchmark::State& state) {
   }
   std::vector<float> logits;
   for (auto _ : state) {
-    m->Forward(step, *cache.pool, &logits);
+    m->Forward(step, *cache.storage, &logits);
     benchmark::DoNotOptimize(logits.data());
   }
   state.counters["tokens/s"] =
@@ -176,7 +182,7 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Decode)->Apply(DecodeArgs)->UseRealTime();
 
 // Serving loop: collects the time of every request's first and last token.
-class TimingSink : public decode::DecodeSink {
+class TimingSink : public core::RequestOutput {
  public:
   using Clock = std::chrono::steady_clock;
   struct Shared {
@@ -193,8 +199,8 @@ class TimingSink : public decode::DecodeSink {
   };
   // Every sink of a round holds `shared`, so it outlives the last Finish.
   explicit TimingSink(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  void NeedRemotePrefill(const std::string&, uint32_t, uint32_t) override {}
-  void Token(uint32_t index, int32_t, float, uint32_t) override {
+  void OnRemotePrefill(const core::RemotePrefillTarget&) override {}
+  void OnToken(uint32_t index, const sampling::SampledToken&, uint32_t) override {
     const Clock::time_point now = Clock::now();
     absl::MutexLock lock(&shared_->mu);
     if (index == 0) {
@@ -204,7 +210,7 @@ class TimingSink : public decode::DecodeSink {
     }
     shared_->last_token = std::max(shared_->last_token, now);
   }
-  void Finish(const absl::Status& status, FinishReason) override {
+  void OnFinish(const absl::Status& status, core::FinishReason) override {
     absl::MutexLock lock(&shared_->mu);
     ++shared_->finished;
     if (!status.ok()) ++shared_->errors;
@@ -216,7 +222,7 @@ class TimingSink : public decode::DecodeSink {
 
 // `batch` requests, each a random prompt of kPromptTokens and
 // kServeNewTokens greedy tokens (EOS disabled, local prefill), submitted
-// together to a DecodeEngine. The timed window (manual time) runs from the
+// together to an engine core. The timed window (manual time) runs from the
 // last request's first token to the last token of all, so it covers decode
 // steps with the whole batch running (mean context ~kDecodeContext, as
 // BM_Decode). tokens/s counts the tokens after each request's first.
@@ -228,32 +234,27 @@ void BM_ServingLoop(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(0));
   const model::LlamaModel* m = ModelOrSkip(state, static_cast<int32_t>(state.range(1)));
   if (m == nullptr) return;
-  decode::DecodeEngineOptions options;
-  options.block_size = kBlockSize;
-  options.num_kv_blocks =
-      batch * kv::BlocksForTokens(kPromptTokens + kServeNewTokens, kBlockSize) + 8;
-  options.max_num_seqs = std::max(batch, 1);
-  options.enable_prefix_caching = false;
-  options.max_local_prefill_tokens = kPromptTokens;
+  core::EngineCoreOptions options;
+  options.scheduler.max_num_seqs = std::max(batch, 1);
+  options.scheduler.enable_prefix_caching = false;
   options.eos_token_id = -1;  // never stop early
-  auto engine = decode::DecodeEngine::Create(options, m);
-  if (!engine.ok()) {
-    state.SkipWithError(engine.status().ToString().c_str());
-    return;
-  }
+  const int32_t num_blocks =
+      batch * kv::BlocksForTokens(kPromptTokens + kServeNewTokens, kBlockSize) + 8;
+  auto engine = std::make_unique<core::EngineCore>(
+      options, std::make_unique<backend::CpuBackend>(m, kBlockSize, num_blocks), nullptr);
   uint32_t round = 0;
   int64_t tokens = 0;
   for (auto _ : state) {
     auto shared = std::make_shared<TimingSink::Shared>();
     shared->expected = batch;
     for (int32_t b = 0; b < batch; ++b) {
-      decode::DecodeRequest request;
+      core::EngineRequest request;
       request.request_id = absl::StrCat("r", round, "-", b);
       request.prompt = RandomTokens(kPromptTokens, m->config().vocab_size, round * 1000 + b);
       request.max_tokens = kServeNewTokens;
-      request.route = RouteChoice::kLocal;
-      const absl::Status st =
-          (*engine)->Submit(std::move(request), std::make_shared<TimingSink>(shared));
+      request.route = core::RouteChoice::kLocal;
+      request.output = std::make_shared<TimingSink>(shared);
+      const absl::Status st = engine->Submit(std::move(request));
       if (!st.ok()) {
         state.SkipWithError(st.ToString().c_str());
         return;

@@ -1,6 +1,6 @@
 // Kernel and memory micro-benchmarks: the machine's FMA peak, the model's
 // MatMul (engine/model/cpu_kernels.h) GFLOP/s, memcpy GB/s and the KV copy
-// functions (engine/kv/block_pool.h) GB/s, and paged attention GB/s. Every benchmark uses real
+// functions (engine/kv/cpu_kv_storage.h) GB/s, and paged attention GB/s. Every benchmark uses real
 // (wall-clock) time, because the pooled ones run on more than one thread.
 #include <bit>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "bench/bench_util.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/attention.h"
 #include "engine/model/cpu_kernels.h"
 #include "engine/model/thread_pool.h"
@@ -223,17 +224,18 @@ void BM_KvCopy(benchmark::State& state) {
   shape.n_kv_heads = kv_dim / 32;
   shape.head_dim = 32;
   shape.block_size = kKvBlockSize;
-  const int32_t blocks = kv::BlocksForTokens(count, kKvBlockSize);
-  kv::BlockPool pool(shape, blocks);
-  const std::vector<int32_t> table = *pool.Allocate(blocks);
+  const int32_t num_blocks = kv::BlocksForTokens(count, kKvBlockSize);
+  kv::CpuKvStorage kv(shape, num_blocks);
+  kv::BlockPool blocks(num_blocks);
+  const std::vector<int32_t> table = *blocks.Allocate(num_blocks);
   std::vector<float> k = RandomFloats(static_cast<size_t>(count) * kv_dim, 3);
   std::vector<float> v = RandomFloats(static_cast<size_t>(count) * kv_dim, 4);
   for (auto _ : state) {
     for (int32_t layer = 0; layer < kKvLayers; ++layer) {
       if constexpr (kWrite) {
-        kv::WriteKvRows(pool, table, layer, 0, count, k.data(), v.data());
+        kv::WriteKvRows(kv, table, layer, 0, count, k.data(), v.data());
       } else {
-        kv::ReadKvRows(pool, table, layer, 0, count, k.data(), v.data());
+        kv::ReadKvRows(kv, table, layer, 0, count, k.data(), v.data());
       }
     }
     benchmark::DoNotOptimize(k.data());
@@ -265,17 +267,18 @@ void BM_Attention(benchmark::State& state) {
   shape.n_kv_heads = 12;
   shape.head_dim = 64;
   shape.block_size = kKvBlockSize;
-  const int32_t blocks = kv::BlocksForTokens(ctx, kKvBlockSize);
-  kv::BlockPool pool(shape, blocks);
-  const std::vector<int32_t> table = *pool.Allocate(blocks);
+  const int32_t num_blocks = kv::BlocksForTokens(ctx, kKvBlockSize);
+  kv::CpuKvStorage kv(shape, num_blocks);
+  kv::BlockPool blocks(num_blocks);
+  const std::vector<int32_t> table = *blocks.Allocate(num_blocks);
   const std::vector<float> kv_rows = RandomFloats(static_cast<size_t>(ctx) * 768, 5);
-  kv::WriteKvRows(pool, table, 0, 0, ctx, kv_rows.data(), kv_rows.data());
+  kv::WriteKvRows(kv, table, 0, 0, ctx, kv_rows.data(), kv_rows.data());
   const std::vector<float> q = RandomFloats(768, 6);
   std::vector<float> out(768), scores(static_cast<size_t>(ctx));
   const float scale = 0.125f;
   for (auto _ : state) {
     for (int32_t h = 0; h < 12; ++h) {
-      model::internal::AttentionSpan span{&pool, table, 0, h, ctx - 1};
+      model::internal::AttentionSpan span{&kv, table, 0, h, ctx - 1};
       model::internal::AttendHead(span, q.data() + 64 * h, scale, out.data() + 64 * h,
                                   scores.data());
     }

@@ -237,8 +237,8 @@ def target_table(model, runs, peaks, memcpy_bw):
 
 
 def serving_table(model, runs):
-    out = ["", "### Serving loop overhead: %s (DecodeEngine, no gRPC, no-op sink)" % model, "",
-           "| threads | batch | raw Forward tokens/s: median ±cv (best) | DecodeEngine tokens/s: median ±cv (best) | loop overhead: medians, bests |",
+    out = ["", "### Serving loop overhead: %s (EngineCore, no gRPC, no-op output)" % model, "",
+           "| threads | batch | raw Forward tokens/s: median ±cv (best) | EngineCore tokens/s: median ±cv (best) | loop overhead: medians, bests |",
            "|---|---|---|---|---|"]
     for t in (1, 2):
         for batch in (1, 8, 32):

@@ -5,39 +5,39 @@
 #include "common/server/proto_convert.h"
 #include "common/server/status_util.h"
 #include "common/server/stream_sink.h"
+#include "common/server/worker_engine.h"
 
 namespace tandem::decode {
 namespace {
 
 using Sink = rpc::StreamSink<v1::DecodeGenerateResponse>;
 
-// Adapts engine events to stream messages.
-class GrpcDecodeSink : public DecodeSink {
+// Engine-core results as stream messages.
+class GrpcDecodeOutput : public core::RequestOutput {
  public:
-  explicit GrpcDecodeSink(std::shared_ptr<Sink> sink) : sink_(std::move(sink)) {}
-  void NeedRemotePrefill(const std::string& kv_endpoint, uint32_t hit_tokens,
-                         uint32_t attempt) override {
+  explicit GrpcDecodeOutput(std::shared_ptr<Sink> sink) : sink_(std::move(sink)) {}
+  void OnRemotePrefill(const core::RemotePrefillTarget& target) override {
     v1::DecodeGenerateResponse msg;
     auto* need = msg.mutable_need_remote_prefill();
-    need->set_kv_endpoint(kv_endpoint);
-    need->set_hit_tokens(hit_tokens);
-    need->set_attempt(attempt);
+    need->set_kv_endpoint(target.kv_endpoint);
+    need->set_hit_tokens(static_cast<uint32_t>(target.hit_tokens));
+    need->set_attempt(target.attempt);
     sink_->Write(std::move(msg));
   }
-  void Token(uint32_t index, int32_t token_id, float logprob,
-             uint32_t prompt_tokens_computed) override {
+  void OnToken(uint32_t index, const sampling::SampledToken& token,
+               uint32_t prompt_tokens_computed) override {
     v1::DecodeGenerateResponse msg;
     auto* t = msg.add_tokens();
     t->set_index(index);
-    t->set_token_id(token_id);
-    t->set_logprob(logprob);
+    t->set_token_id(token.token_id);
+    t->set_logprob(token.logprob);
     msg.set_prompt_tokens_computed(prompt_tokens_computed);
     sink_->Write(std::move(msg));
   }
-  void Finish(const absl::Status& status, FinishReason reason) override {
+  void OnFinish(const absl::Status& status, core::FinishReason reason) override {
     if (status.ok()) {
       v1::DecodeGenerateResponse msg;
-      msg.set_finish_reason(static_cast<v1::FinishReason>(reason));
+      msg.set_finish_reason(FinishReasonToProto(reason));
       sink_->Write(std::move(msg));
     }
     sink_->Finish(rpc::ToGrpc(status));
@@ -49,41 +49,40 @@ class GrpcDecodeSink : public DecodeSink {
 
 }  // namespace
 
-DecodeService::DecodeService(std::unique_ptr<DecodeEngine> engine,
+DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
+                             const ReceiverKvLoader* receiver, std::string bit_exact_class,
                              std::function<v1::WorkerStatus()> status)
-    : engine_(std::move(engine)), status_(std::move(status)) {}
+    : core_(std::move(core)),
+      receiver_(receiver),
+      bit_exact_class_(std::move(bit_exact_class)),
+      status_(std::move(status)) {}
 
 grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const v1::DecodeGenerateRequest* request) {
-  DecodeEngine* engine = engine_.get();
+  core::EngineCore* core = core_.get();
   const std::string id = request->request_id();
-  auto [reactor, sink] = Sink::Create([engine, id] { engine->Cancel(id); });
-  DecodeRequest req;
+  auto [reactor, sink] = Sink::Create([core, id] { core->Cancel(id); });
+  absl::StatusOr<core::RouteChoice> route = RouteFromProto(request->route_override());
+  if (!route.ok()) {
+    sink->Finish(rpc::ToGrpc(route.status()));
+    return reactor;
+  }
+  core::EngineRequest req;
   req.request_id = id;
   req.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
   req.max_tokens = MaxTokensFromProto(request->max_tokens());
   req.sampling = SamplingFromProto(request->sampling());
-  req.route = static_cast<RouteChoice>(request->route_override());
-  absl::Status submitted =
-      engine->Submit(std::move(req), std::make_shared<GrpcDecodeSink>(sink));
+  req.route = *route;
+  req.output = std::make_shared<GrpcDecodeOutput>(sink);
+  absl::Status submitted = core->Submit(std::move(req));
   if (!submitted.ok()) sink->Finish(rpc::ToGrpc(submitted));
   return reactor;
 }
 
 v1::WorkerStatus DecodeService::Status() {
-  DecodeStats stats = engine_->GetStats();
-  v1::WorkerStatus status;
-  status.set_kv_endpoint(engine_->kv_endpoint());
-  status.set_running_requests(stats.running_requests);
-  status.set_kv_blocks_in_use(stats.kv_blocks_in_use);
-  status.set_kv_blocks_total(stats.kv_blocks_total);
-  status.set_transfers_in_flight(stats.transfers_in_flight);
-  status.set_prefill_tokens_computed_total(stats.prefill_tokens_computed_total);
-  status.set_kv_bytes_received_total(stats.kv_bytes_received_total);
-  status.set_decode_tokens_total(stats.decode_tokens_total);
-  status.set_max_decode_batch_size(stats.max_decode_batch_size);
-  status.set_kv_blocks_cached(stats.kv_blocks_cached);
-  status.set_preemptions_total(stats.preemptions_total);
+  v1::WorkerStatus status =
+      StatusFromCore(core_->GetStats(), receiver_->layout().LayoutId(), bit_exact_class_);
+  status.set_kv_endpoint(receiver_->endpoint());
   return status;
 }
 

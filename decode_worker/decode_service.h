@@ -1,15 +1,18 @@
 // gRPC face of the decode worker: tandem.v1.DecodeWorker (callback API).
-// One StreamSink-backed reactor per Generate call; all logic lives in
-// DecodeEngine. Threads: gRPC callback threads; the engine loop writes
+// One StreamSink-backed reactor per Generate call; all logic lives in the
+// engine core (engine/core), with the KV receiver as its remote KV loader.
+// Threads: gRPC callback threads submit and cancel; the core's loop writes
 // into the streams.
 #ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 #define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "common/server/worker_main.h"
-#include "decode_worker/decode_engine.h"
+#include "decode_worker/remote_kv_loader.h"
+#include "engine/core/engine_core.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::decode {
@@ -17,9 +20,10 @@ namespace tandem::decode {
 class DecodeService final : public v1::DecodeWorker::CallbackService,
                             public WorkerRuntime {
  public:
-  // `status` fills name/role/address for GetStatus (from RunWorkerMain).
-  DecodeService(std::unique_ptr<DecodeEngine> engine,
-                std::function<v1::WorkerStatus()> status);
+  // `receiver` is the core's loader (owned by the core). `status` fills
+  // name/role/address for GetStatus (from RunWorkerMain).
+  DecodeService(std::unique_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
+                std::string bit_exact_class, std::function<v1::WorkerStatus()> status);
 
   grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
@@ -31,10 +35,12 @@ class DecodeService final : public v1::DecodeWorker::CallbackService,
   // WorkerRuntime
   grpc::Service* service() override { return this; }
   v1::WorkerStatus Status() override;
-  void Shutdown() override { engine_->Shutdown(); }
+  void Shutdown() override { core_->Shutdown(); }
 
  private:
-  std::unique_ptr<DecodeEngine> engine_;
+  std::unique_ptr<core::EngineCore> core_;
+  const ReceiverKvLoader* const receiver_;
+  const std::string bit_exact_class_;
   std::function<v1::WorkerStatus()> status_;
 };
 

@@ -1,5 +1,6 @@
 // KV transfer between a prefill worker (sender) and a decode worker
-// (receiver) over TCP (DESIGN.md, KV transfer).
+// (receiver) over TCP, protocol v2 (DESIGN.md, KV transfer; README.md has
+// the message table and the receiver's decisions).
 //
 // Owns: the wire protocol, sockets, per-transfer state and deadlines.
 // Does not touch: KV memory directly (writes go through KvWriter), model
@@ -8,16 +9,28 @@
 //
 // Wire format (all little-endian; wire.h has the type numbers and the
 // exact field layout), every message = u32 type | u32 length | payload:
-//   HELLO  {request_id str, attempt u32, KvLayout}
+//   HELLO  {protocol_version u32 (= 2, first so that a receiver can refuse
+//           another version unparsed), request_id str, attempt u32,
+//           model_fingerprint str, n_layers u32, n_kv_heads u32,
+//           head_dim u32, kv_dtype u32 (KvDtype), bit_exact_class str}
 //   ACCEPT {}                 REJECT {status code u32, reason str}
 //   FRAME  {request_id str, attempt u32, layer u32, token_start u32,
-//           token_count u32, K f32[token_count][kv_dim], V (same)}
+//           token_count u32, K bytes[token_count * RowBytes()], V (same)}
 //   FINAL  {token0 i32, logprob f32, finish_reason u32, frames u64,
 //           kv_bytes u64}
 //   (str = u32 length | bytes). D checks every frame before placing it:
 //   layer < n_layers, token_start >= D_hit, end <= L, exact payload size.
 // D may also send REJECT mid-transfer (cancel, bad frame, superseded
 // attempt) just before it closes the connection; the sender reports it.
+//
+// Two things describe an end's KV, and only the first is enforced:
+//   - the layout id (KvLayout::LayoutId): model fingerprint, shape and KV
+//     dtype. Two ends exchange KV iff their layout ids are equal.
+//   - the bit-exact class (a string such as "tandem-cpu/avx512/v2":
+//     backend, ISA, build options). Carried in HELLO and reported to D's
+//     caller (TransferResult::peer_bit_exact_class) but never refused: ends
+//     with equal layout ids and different classes still transfer; their
+//     results are then equivalent, not bit-identical.
 #ifndef TANDEM_KVTRANSFER_KV_TRANSFER_H_
 #define TANDEM_KVTRANSFER_KV_TRANSFER_H_
 
@@ -28,45 +41,79 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv/kv_dtype.h"
 
 namespace tandem::kvtransfer {
 
+// The protocol version this build speaks; HELLO carries it first. Later
+// features (top-n logprobs in FINAL, attempt > 1, ...) come as a new
+// version number or optional trailing data, never as a new meaning of v2.
+inline constexpr uint32_t kKvProtocolVersion = 2;
+
+// Element type of the K/V rows on the wire: the engine's kv::KvDtype
+// (engine/kv/kv_dtype.h, header only), whose values are ggml's
+// `enum ggml_type` numbers (GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1,
+// GGML_TYPE_BF16 = 30), so a GGUF/ggml tensor type maps over unchanged.
+// HELLO carries the number as a u32; a value outside the enum is refused.
+using kv::IsKnownKvDtype;
+using kv::KvDtype;
+using kv::KvDtypeBytes;
+using kv::KvDtypeName;
+
 // What both ends must agree on before any KV byte moves. A mismatch in any
 // field -> REJECT with FAILED_PRECONDITION naming the field and both values.
+// (The RoPE parameters are pinned by the model fingerprint; numerics are
+// described by the bit-exact class, which is not part of the layout.)
 struct KvLayout {
   std::string model_fingerprint;
   uint32_t n_layers = 0;
   uint32_t n_kv_heads = 0;
   uint32_t head_dim = 0;
-  std::string dtype = "f32";
-  float rope_freq_base = 10000.0f;
-  uint32_t rope_dim = 0;
-  std::string rope_type = "norm";
-  std::string numerics_id;  // build + ISA + KV dtype
+  KvDtype dtype = KvDtype::kF32;
+
+  // Elements in one token's K (or V) row of one layer: n_kv_heads * head_dim.
   uint32_t kv_dim() const { return n_kv_heads * head_dim; }
-  // Bytes of one frame's payload: 2 (K, V) * token_count * kv_dim * 4.
+  // Bytes of one token's K (or V) row of one layer: kv_dim * dtype bytes.
+  uint64_t RowBytes() const;
+  // Bytes of one frame's K+V payload: 2 (K, V) * token_count * RowBytes().
   uint64_t FrameBytes(uint32_t token_count) const;
+  // A stable, printable name of everything in the layout:
+  // "kv<version>/<model_fingerprint>/L<n_layers>.H<n_kv_heads>.D<head_dim>/
+  // <dtype name>", e.g. "kv2/3f0a.../L5.H4.D8/f32". Two ends can exchange
+  // KV iff their layout ids are equal (CheckCompatible is OK exactly then).
+  // The fingerprint may contain '/': the fields after it never do, so the
+  // id still determines the layout.
+  std::string LayoutId() const;
 };
-// OK, or FAILED_PRECONDITION naming the first differing field.
+// OK, or FAILED_PRECONDITION naming the first differing field (in wire
+// order) and both values, e.g. "KV layout mismatch in field 'dtype': local
+// f32, remote f16" (strings are quoted, dtypes printed by name).
 absl::Status CheckCompatible(const KvLayout& local, const KvLayout& remote);
 
 // Destination of received K/V rows (D implements it over its block table).
 class KvWriter {
  public:
   virtual ~KvWriter() = default;
-  // k, v: [token_count][kv_dim] floats for tokens [token_start, +count).
+  // k, v: token_count * layout.RowBytes() bytes each, rows of
+  // [token_count][kv_dim] elements of the layout's dtype (raw bytes as P
+  // sent them) for tokens [token_start, token_start + token_count) of
+  // `layer`. Both buffers are aligned to alignof(std::max_align_t).
   virtual void WriteRows(uint32_t layer, uint32_t token_start,
-                         uint32_t token_count, const float* k,
-                         const float* v) = 0;
+                         uint32_t token_count, const char* k,
+                         const char* v) = 0;
 };
 
-// The FINAL message's content.
+// The FINAL message's content, plus what D learnt from the HELLO.
 struct TransferResult {
   int32_t first_token = -1;
   float first_logprob = 0.0f;
   uint32_t finish_reason = 0;  // tandem.v1.FinishReason value
-  uint64_t frames = 0;
-  uint64_t kv_bytes = 0;
+  uint64_t frames = 0;         // FRAME messages
+  uint64_t kv_bytes = 0;       // K+V payload bytes of those frames
+  // Not on the wire in FINAL: the bit-exact class from the HELLO of the
+  // accepted attempt (empty if none was accepted). Differs from D's own
+  // class -> the KV is equivalent, not bit-identical, to a local prefill.
+  std::string peer_bit_exact_class;
 };
 
 // Decode-worker side. Listens on a TCP port; each expected transfer is
@@ -79,9 +126,10 @@ class KvReceiver {
     int handshake_timeout_ms = 5000;    // Expect() -> HELLO
     int transfer_timeout_ms = 5000;     // max silence between messages
   };
-  // Binds and starts the acceptor. Errors: UNAVAILABLE if the bind fails,
-  // INVALID_ARGUMENT for a layout with zero layers/heads/head_dim or a dtype
-  // other than "f32", or non-positive timeouts.
+  // Binds and starts the acceptor. Any known KvDtype is fine (D only moves
+  // bytes). Errors: UNAVAILABLE if the bind fails, INVALID_ARGUMENT for a
+  // layout with zero layers/heads/head_dim or a dtype outside KvDtype, or
+  // non-positive timeouts.
   static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
                                                            const KvLayout& layout);
   // Stops all threads; pending transfers end with CANCELLED and their `done`
@@ -94,7 +142,8 @@ class KvReceiver {
 
   // Called exactly once per Expect(), from a receiver thread: OK with the
   // FINAL content once every layer covers [hit_tokens, prompt_len) and the
-  // totals match; otherwise DEADLINE_EXCEEDED / UNAVAILABLE / DATA_LOSS /
+  // totals match; otherwise FAILED_PRECONDITION (HELLO with another layout
+  // or an unknown dtype) / DEADLINE_EXCEEDED / UNAVAILABLE / DATA_LOSS /
   // CANCELLED. When it runs, nothing writes into `writer` any more, so the
   // caller may free the blocks (state QUIESCED -> FREED).
   using DoneCallback = std::function<void(absl::Status, const TransferResult&)>;
@@ -123,23 +172,30 @@ class KvReceiver {
 // Prefill-worker side: one connection per transfer.
 class KvSender {
  public:
-  // Connects, sends HELLO and waits for ACCEPT within timeout_ms. Errors:
-  // UNAVAILABLE (connect), FAILED_PRECONDITION / ABORTED (REJECT, with the
-  // peer's reason), DEADLINE_EXCEEDED.
+  // Connects to endpoint ("host:port"), sends a v2 HELLO with `layout` and
+  // `bit_exact_class` (this end's backend/ISA/build, see the top of this
+  // file) and waits for ACCEPT within timeout_ms (milliseconds, > 0).
+  // Errors: INVALID_ARGUMENT (bad endpoint, timeout_ms <= 0, a dtype
+  // outside KvDtype, or a HELLO over wire::kMaxControlPayload bytes),
+  // UNAVAILABLE (connect), the code of a REJECT with the peer's reason
+  // (FAILED_PRECONDITION for a layout mismatch or a version/dtype D does not
+  // speak, NOT_FOUND, ABORTED), DEADLINE_EXCEEDED.
   static absl::StatusOr<std::unique_ptr<KvSender>> Connect(
       const std::string& endpoint, const std::string& request_id,
-      uint32_t attempt, const KvLayout& layout, int timeout_ms);
+      uint32_t attempt, const KvLayout& layout,
+      const std::string& bit_exact_class, int timeout_ms);
   ~KvSender();  // closes the connection
   KvSender(const KvSender&) = delete;
   KvSender& operator=(const KvSender&) = delete;
 
-  // k, v: [token_count][kv_dim] floats. Each call has its own deadline of
-  // timeout_ms. Errors: UNAVAILABLE / DEADLINE_EXCEEDED, INVALID_ARGUMENT
+  // k, v: token_count * layout.RowBytes() bytes each ([token_count][kv_dim]
+  // elements of the layout's dtype; no alignment needed), sent as they are.
+  // Each call has its own deadline of timeout_ms. Errors: UNAVAILABLE / DEADLINE_EXCEEDED, INVALID_ARGUMENT
   // for layer >= n_layers or token_count == 0, or the code of a REJECT the
   // receiver sent mid-transfer (CANCELLED, DATA_LOSS, ABORTED, ...). After
   // an error every later call returns the same error.
   absl::Status SendFrame(uint32_t layer, uint32_t token_start,
-                         uint32_t token_count, const float* k, const float* v);
+                         uint32_t token_count, const void* k, const void* v);
   // Sends FINAL with the frame and byte totals of the SendFrame calls so far.
   // OK means it was handed to the kernel; D's verdict reaches D's caller.
   absl::Status SendFinal(int32_t first_token, float first_logprob,

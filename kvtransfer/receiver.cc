@@ -231,9 +231,11 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(
         "KV layout needs n_layers, n_kv_heads, head_dim > 0, got ",
         layout.n_layers, ", ", layout.n_kv_heads, ", ", layout.head_dim));
   }
-  if (layout.dtype != "f32") {
+  // Any known dtype will do: D only moves the bytes into its writer.
+  if (!IsKnownKvDtype(static_cast<uint32_t>(layout.dtype))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "KV layout dtype '", layout.dtype, "' unsupported (only f32)"));
+        "KV layout dtype ", static_cast<uint32_t>(layout.dtype),
+        " is not a known KvDtype (f32 = 0, f16 = 1, bf16 = 30)"));
   }
   if (options.handshake_timeout_ms <= 0 || options.transfer_timeout_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -16,6 +17,10 @@
 namespace tandem::kvtransfer {
 
 using receiver_internal::kControlSendMs;
+
+// KvWriter::WriteRows promises max_align_t alignment; std::vector<char>
+// gets its buffer from ::operator new, which aligns to this.
+static_assert(__STDCPP_DEFAULT_NEW_ALIGNMENT__ >= alignof(std::max_align_t));
 
 void KvReceiver::Impl::Serve(Conn* c, int fd) {
   std::string payload;
@@ -58,10 +63,26 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, int fd,
     return absl::DataLossError(absl::StrCat(
         "KV connection must start with HELLO, got ", wire::MessageTypeName(type)));
   }
-  absl::StatusOr<wire::Hello> h = wire::DecodeHello(*payload);
-  if (!h.ok()) return h.status();
-  *hello = std::move(*h);
+  absl::StatusOr<wire::Hello> decoded = wire::DecodeHello(*payload, hello);
+  // A HELLO refused for its content (an unknown dtype) was read in full, so
+  // it still names a transfer; every other decode failure (another protocol
+  // version, malformed bytes) names nothing we can trust.
+  const bool named = decoded.ok() ||
+                     (absl::IsFailedPrecondition(decoded.status()) &&
+                      hello->protocol_version == kKvProtocolVersion);
+  if (!named) return decoded.status();
   const std::string& id = hello->request_id;
+  absl::Status refused;
+  if (!decoded.ok()) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "KV receiver rejects request ", id, " attempt ", hello->attempt, ": ",
+        decoded.status().message()));
+  }
+  // The peer hears about a refused HELLO whatever else is wrong with it;
+  // the transfer is ended by it only below, where this attempt may take it.
+  auto unless_refused = [&](absl::Status s) {
+    return refused.ok() ? s : refused;
+  };
 
   absl::MutexLock l(&mu_);
   if (stopping_) return absl::UnavailableError("KV receiver is shutting down");
@@ -69,13 +90,13 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, int fd,
   if (it == transfers_.end()) {
     auto f = finished_.find(id);
     if (f != finished_.end()) {
-      return absl::AbortedError(absl::StrCat(
+      return unless_refused(absl::AbortedError(absl::StrCat(
           "KV transfer for request ", id, " attempt ", f->second.attempt,
-          " already finished (", absl::StatusCodeToString(f->second.code), ")"));
+          " already finished (", absl::StatusCodeToString(f->second.code), ")")));
     }
-    return absl::NotFoundError(absl::StrCat(
+    return unless_refused(absl::NotFoundError(absl::StrCat(
         "no KV transfer expected for request ", id, " (attempt ",
-        hello->attempt, ")"));
+        hello->attempt, ")")));
   }
   std::shared_ptr<Transfer> t = it->second;
   switch (t->state) {
@@ -85,18 +106,24 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, int fd,
     case TransferState::kAborting:
     case TransferState::kQuiesced:
     case TransferState::kFreed:
-      return absl::AbortedError(
-          absl::StrCat("KV transfer for request ", id, " is being aborted"));
+      return unless_refused(absl::AbortedError(
+          absl::StrCat("KV transfer for request ", id, " is being aborted")));
   }
+  // A stale or duplicate sender must not end the live transfer, whatever
+  // it says.
   if (hello->attempt < t->attempt) {
-    return absl::AbortedError(absl::StrCat(
+    return unless_refused(absl::AbortedError(absl::StrCat(
         "KV transfer for request ", id, ": attempt ", hello->attempt,
-        " is older than attempt ", t->attempt));
+        " is older than attempt ", t->attempt)));
   }
   if (hello->attempt == t->attempt && t->conn_id != 0) {
-    return absl::AbortedError(absl::StrCat(
+    return unless_refused(absl::AbortedError(absl::StrCat(
         "KV transfer for request ", id, " attempt ", hello->attempt,
-        " already has a live connection"));
+        " already has a live connection")));
+  }
+  if (!refused.ok()) {
+    EndLocked(t, refused);
+    return refused;
   }
   absl::Status compatible = CheckCompatible(layout_, hello->layout);
   if (!compatible.ok()) {
@@ -115,6 +142,8 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, int fd,
   while (t->writing) writer_idle_.Wait(&mu_);
   if (!OwnsLocked(*t, c)) return LostLocked(*t, *hello);
   t->progress.Reset(layout_.n_layers, t->prompt_len - t->hit_tokens);
+  t->result = TransferResult{};
+  t->result.peer_bit_exact_class = hello->bit_exact_class;
   *out = std::move(t);
   return absl::OkStatus();
 }
@@ -184,12 +213,16 @@ absl::Status KvReceiver::Impl::Receive(const Conn& c, int fd,
                                        const wire::Hello& hello,
                                        const std::shared_ptr<Transfer>& t,
                                        std::string* payload) {
-  // The largest legal message is a FRAME over all of [hit, L).
+  // The largest legal message is a FRAME over all of [hit, L) (FrameBytes
+  // is in the layout's dtype).
   const uint64_t max_payload = std::max<uint64_t>(
       wire::kMaxControlPayload,
       wire::FrameFieldsBytes(hello.request_id.size()) +
           layout_.FrameBytes(t->prompt_len - t->hit_tokens));
-  std::vector<float> k, v;
+  // K and V are copied out of the payload (where they sit at an offset
+  // that depends on the request_id length) so that the writer gets them
+  // aligned for any element type (KvWriter::WriteRows).
+  std::vector<char> k, v;
   for (;;) {
     uint32_t type = 0;
     absl::Status s = tcp::ReadMessage(
@@ -211,7 +244,12 @@ absl::Status KvReceiver::Impl::Receive(const Conn& c, int fd,
       if (!OwnsLocked(*t, c)) return LostLocked(*t, hello);
       s = final_msg.ok() ? CheckFinalLocked(*t, hello, *final_msg)
                          : final_msg.status();
-      if (s.ok()) t->result = *final_msg;
+      if (s.ok()) {
+        // FINAL carries no class: keep the one from this attempt's HELLO.
+        std::string peer_class = std::move(t->result.peer_bit_exact_class);
+        t->result = *final_msg;
+        t->result.peer_bit_exact_class = std::move(peer_class);
+      }
       EndLocked(t, s);
       return s;
     } else if (s.ok() &&
@@ -233,8 +271,8 @@ absl::Status KvReceiver::Impl::Receive(const Conn& c, int fd,
     // write with the lock released but `writing` set, so an abort waits.
     const wire::FrameHeader& h = frame->header;
     const size_t half = frame->kv.size() / 2;
-    k.resize(half / sizeof(float));
-    v.resize(half / sizeof(float));
+    k.resize(half);
+    v.resize(half);
     std::memcpy(k.data(), frame->kv.data(), half);
     std::memcpy(v.data(), frame->kv.data() + half, half);
     {

@@ -146,8 +146,10 @@ class KvReceiver::Impl {
   void AcceptLoop();
   void ReaperLoop();
   void Serve(Conn* c, int fd);
-  // Reads and answers the HELLO. OK: *out owns the transfer now. Otherwise
-  // the status to REJECT with.
+  // Reads and answers the HELLO into *hello. OK: *out owns the transfer
+  // now. Otherwise the status to REJECT with; a HELLO refused for its
+  // content (unknown dtype, layout mismatch) also ends the transfer it
+  // names if that attempt could have taken it.
   absl::Status Handshake(const Conn& c, int fd, std::string* payload,
                          wire::Hello* hello, std::shared_ptr<Transfer>* out);
   // Receives FRAMEs until FINAL or an error; returns the status to REJECT

@@ -1,7 +1,7 @@
-// KvSender (kv_transfer.h): HELLO -> ACCEPT, then FRAME* and FINAL, each
-// write under its own deadline. Before every write it peeks for a REJECT
-// that the receiver sends when it ends the transfer early (cancel, bad
-// frame, newer attempt), so the caller learns the receiver's reason.
+// KvSender (kv_transfer.h): HELLO (protocol v2) -> ACCEPT, then FRAME* and
+// FINAL, each write under its own deadline. Before every write it peeks for
+// a REJECT that the receiver sends when it ends the transfer early (cancel,
+// bad frame, newer attempt), so the caller learns the receiver's reason.
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -73,10 +73,26 @@ class KvSender::Impl {
 
 absl::StatusOr<std::unique_ptr<KvSender>> KvSender::Connect(
     const std::string& endpoint, const std::string& request_id,
-    uint32_t attempt, const KvLayout& layout, int timeout_ms) {
+    uint32_t attempt, const KvLayout& layout,
+    const std::string& bit_exact_class, int timeout_ms) {
   if (timeout_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvSender timeout_ms must be > 0, got ", timeout_ms));
+  }
+  // Frame sizes come from the dtype: an unknown one would size them 0.
+  if (!IsKnownKvDtype(static_cast<uint32_t>(layout.dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvSender: KV layout dtype ", static_cast<uint32_t>(layout.dtype),
+        " is not a known KvDtype (f32 = 0, f16 = 1, bf16 = 30)"));
+  }
+  const std::string hello = wire::EncodeHello(
+      {kKvProtocolVersion, request_id, attempt, layout, bit_exact_class});
+  if (hello.size() - wire::kHeaderBytes > wire::kMaxControlPayload) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvSender: HELLO for request ", request_id, " would be ",
+        hello.size() - wire::kHeaderBytes, " bytes, over the ",
+        wire::kMaxControlPayload, "-byte limit (request id, fingerprint or "
+        "bit-exact class too long)"));
   }
   auto impl = std::make_unique<Impl>();
   impl->endpoint = endpoint;
@@ -95,8 +111,7 @@ absl::StatusOr<std::unique_ptr<KvSender>> KvSender::Connect(
                                      " for request ", request_id, ": ",
                                      s.message()));
   };
-  absl::Status s = tcp::SendAll(
-      impl->fd.get(), wire::EncodeHello({request_id, attempt, layout}), deadline);
+  absl::Status s = tcp::SendAll(impl->fd.get(), hello, deadline);
   if (!s.ok()) return fail(s);
   uint32_t type = 0;
   std::string payload;
@@ -126,22 +141,23 @@ KvSender::KvSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 KvSender::~KvSender() = default;
 
 absl::Status KvSender::SendFrame(uint32_t layer, uint32_t token_start,
-                                 uint32_t token_count, const float* k,
-                                 const float* v) {
+                                 uint32_t token_count, const void* k,
+                                 const void* v) {
   Impl& s = *impl_;
   if (layer >= s.layout.n_layers || token_count == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KvSender::SendFrame: layer ", layer, " (n_layers ", s.layout.n_layers,
         "), token_count ", token_count, " (must be > 0)"));
   }
+  // token_count rows of K, then of V, in the layout's dtype.
   const uint64_t kv_bytes = s.layout.FrameBytes(token_count);
   absl::StatusOr<std::string> prefix = wire::EncodeFramePrefix(
       {s.request_id, s.attempt, layer, token_start, token_count}, kv_bytes);
   if (!prefix.ok()) return prefix.status();
   struct iovec iov[3] = {
       {prefix->data(), prefix->size()},
-      {const_cast<float*>(k), kv_bytes / 2},
-      {const_cast<float*>(v), kv_bytes / 2},
+      {const_cast<void*>(k), kv_bytes / 2},
+      {const_cast<void*>(v), kv_bytes / 2},
   };
   absl::Status st = s.Send(iov, 3);
   if (st.ok()) {
@@ -154,8 +170,13 @@ absl::Status KvSender::SendFrame(uint32_t layer, uint32_t token_start,
 absl::Status KvSender::SendFinal(int32_t first_token, float first_logprob,
                                  uint32_t finish_reason) {
   Impl& s = *impl_;
-  std::string msg = wire::EncodeFinal(TransferResult{
-      first_token, first_logprob, finish_reason, s.frames_sent, s.bytes_sent});
+  TransferResult final_msg;
+  final_msg.first_token = first_token;
+  final_msg.first_logprob = first_logprob;
+  final_msg.finish_reason = finish_reason;
+  final_msg.frames = s.frames_sent;
+  final_msg.kv_bytes = s.bytes_sent;
+  std::string msg = wire::EncodeFinal(final_msg);
   struct iovec iov = {msg.data(), msg.size()};
   return s.Send(&iov, 1);
 }

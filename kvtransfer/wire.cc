@@ -126,17 +126,15 @@ void GetHeader(const char* in, uint32_t* type, uint32_t* payload_bytes) {
 std::string EncodeHello(const Hello& hello) {
   return Message(MessageType::kHello, [&](Writer& w) {
     const KvLayout& l = hello.layout;
+    w.U32(hello.protocol_version);
     w.Str(hello.request_id);
     w.U32(hello.attempt);
     w.Str(l.model_fingerprint);
     w.U32(l.n_layers);
     w.U32(l.n_kv_heads);
     w.U32(l.head_dim);
-    w.Str(l.dtype);
-    w.F32(l.rope_freq_base);
-    w.U32(l.rope_dim);
-    w.Str(l.rope_type);
-    w.Str(l.numerics_id);
+    w.U32(static_cast<uint32_t>(l.dtype));
+    w.Str(hello.bit_exact_class);
   });
 }
 
@@ -181,30 +179,46 @@ absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h,
 }
 
 absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
-                                        const float* k, const float* v,
-                                        size_t floats_each) {
-  const uint64_t bytes_each = uint64_t{floats_each} * sizeof(float);
-  absl::StatusOr<std::string> out = EncodeFramePrefix(header, 2 * bytes_each);
+                                        const void* k, const void* v,
+                                        size_t bytes_each) {
+  absl::StatusOr<std::string> out =
+      EncodeFramePrefix(header, 2 * uint64_t{bytes_each});
   if (!out.ok()) return out;
-  out->append(reinterpret_cast<const char*>(k), bytes_each);
-  out->append(reinterpret_cast<const char*>(v), bytes_each);
+  out->append(static_cast<const char*>(k), bytes_each);
+  out->append(static_cast<const char*>(v), bytes_each);
   return out;
 }
 
-absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
   Reader r(payload, "HELLO");
-  Hello h;
+  Hello local;
+  Hello& h = fields != nullptr ? *fields : local;
+  h = Hello{};
+  // The version decides how the rest is laid out: check it before anything
+  // else, and read nothing more from a version this build does not speak.
+  if (!r.U32("protocol_version", &h.protocol_version)) return r.status();
+  if (h.protocol_version != kKvProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV protocol version ", h.protocol_version,
+        " is not supported (this worker speaks ", kKvProtocolVersion, ")"));
+  }
   KvLayout& l = h.layout;
-  if (r.Str("request_id", &h.request_id) && r.U32("attempt", &h.attempt) &&
+  uint32_t dtype = 0;
+  const bool read =
+      r.Str("request_id", &h.request_id) && r.U32("attempt", &h.attempt) &&
       r.Str("model_fingerprint", &l.model_fingerprint) &&
       r.U32("n_layers", &l.n_layers) && r.U32("n_kv_heads", &l.n_kv_heads) &&
-      r.U32("head_dim", &l.head_dim) && r.Str("dtype", &l.dtype) &&
-      r.F32("rope_freq_base", &l.rope_freq_base) &&
-      r.U32("rope_dim", &l.rope_dim) && r.Str("rope_type", &l.rope_type) &&
-      r.Str("numerics_id", &l.numerics_id) && r.End()) {
-    return h;
+      r.U32("head_dim", &l.head_dim) && r.U32("kv_dtype", &dtype) &&
+      r.Str("bit_exact_class", &h.bit_exact_class) && r.End();
+  // KvDtype has a fixed u32 underlying type, so any value is representable;
+  // callers that get `fields` back see the raw number.
+  l.dtype = static_cast<KvDtype>(dtype);
+  if (!read) return r.status();
+  if (!IsKnownKvDtype(dtype)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unknown KV dtype ", dtype));
   }
-  return r.status();
+  return h;
 }
 
 absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {

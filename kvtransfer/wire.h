@@ -1,21 +1,27 @@
-// KV transfer wire messages: encoding and bounds-checked decoding
-// (kv_transfer.h has the protocol overview, README.md the table).
+// KV transfer wire messages, protocol v2: encoding and bounds-checked
+// decoding (kv_transfer.h has the protocol overview, README.md the table).
 //
 // Every message is   u32 type | u32 length | payload[length]   with all
 // integers and floats little-endian (the host must be little-endian; a
 // static_assert in wire.cc guards it). A `str` is u32 length | bytes.
 //
-//   type 1 HELLO   str request_id, u32 attempt, str model_fingerprint,
-//                  u32 n_layers, u32 n_kv_heads, u32 head_dim, str dtype,
-//                  f32 rope_freq_base, u32 rope_dim, str rope_type,
-//                  str numerics_id
+//   type 1 HELLO   u32 protocol_version (= kKvProtocolVersion, 2),
+//                  str request_id, u32 attempt, str model_fingerprint,
+//                  u32 n_layers, u32 n_kv_heads, u32 head_dim,
+//                  u32 kv_dtype (KvDtype = ggml_type number),
+//                  str bit_exact_class
 //   type 2 ACCEPT  (empty)
 //   type 3 REJECT  u32 absl::StatusCode, str reason
 //   type 4 FRAME   str request_id, u32 attempt, u32 layer, u32 token_start,
-//                  u32 token_count, f32 K[token_count][kv_dim],
-//                  f32 V[token_count][kv_dim]
+//                  u32 token_count, K bytes[token_count * RowBytes],
+//                  V bytes[token_count * RowBytes]
+//                  (RowBytes = n_kv_heads * head_dim * dtype bytes)
 //   type 5 FINAL   i32 first_token, f32 first_logprob, u32 finish_reason,
 //                  u64 frames, u64 kv_bytes
+//
+// HELLO's version comes first so that a receiver refuses a version it does
+// not speak without reading further. (A v1 HELLO had no version: its first
+// u32 is the request_id length, refused here as "version <length>".)
 //
 // Decoders never read past the payload they are given and fail with
 // DATA_LOSS naming the message and field on truncated or trailing bytes.
@@ -57,9 +63,11 @@ inline size_t FrameFieldsBytes(size_t request_id_size) {
 }
 
 struct Hello {
+  uint32_t protocol_version = kKvProtocolVersion;
   std::string request_id;
   uint32_t attempt = 0;
   KvLayout layout;
+  std::string bit_exact_class;  // not enforced; see kv_transfer.h
 };
 
 // FRAME fields without the K/V rows.
@@ -94,6 +102,8 @@ void PutHeader(MessageType type, uint32_t payload_bytes, char* out);
 void GetHeader(const char* in, uint32_t* type, uint32_t* payload_bytes);
 
 // Whole messages, prefix included.
+// HELLO: every field as given, protocol_version and layout.dtype included
+// (no check: tests build HELLOs of other versions and dtypes with it).
 std::string EncodeHello(const Hello& hello);
 std::string EncodeAccept();
 // `status` must not be OK; its code and message travel.
@@ -104,14 +114,28 @@ std::string EncodeFinal(const TransferResult& result);
 // payload would not fit the u32 length.
 absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& header,
                                               uint64_t kv_bytes);
-// Whole FRAME with `floats_each` floats of K and of V (no check against
-// token_count: tests use it to build malformed frames too).
+// Whole FRAME with `bytes_each` bytes of K and of V (no check against
+// token_count or a layout: tests use it to build malformed frames too).
 absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
-                                        const float* k, const float* v,
-                                        size_t floats_each);
+                                        const void* k, const void* v,
+                                        size_t bytes_each);
 
-// Payload decoders (prefix already stripped). Errors: DATA_LOSS.
-absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
+// Payload decoders (prefix already stripped). Errors: DATA_LOSS naming the
+// message and field, unless said otherwise.
+//
+// HELLO: reads protocol_version first. Errors:
+//   - FAILED_PRECONDITION "KV protocol version N is not supported (this
+//     worker speaks 2)" for N != kKvProtocolVersion; nothing after the
+//     version is read, so the rest may be anything.
+//   - DATA_LOSS for truncated or trailing bytes (checked before the dtype).
+//   - FAILED_PRECONDITION "unknown KV dtype N" for a kv_dtype outside
+//     KvDtype.
+// `fields` (optional) receives every field read, also on failure: after an
+// unknown dtype it is the whole HELLO (layout.dtype holding the raw value),
+// so the receiver can tell which transfer the refused HELLO was for; after
+// a version error only protocol_version is set.
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload,
+                                  Hello* fields = nullptr);
 // code is never OK: 0 and codes outside 1..16 become UNKNOWN.
 absl::StatusOr<Reject> DecodeReject(absl::string_view payload);
 absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);

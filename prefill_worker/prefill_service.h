@@ -1,6 +1,7 @@
 // gRPC face of the prefill worker: tandem.v1.PrefillWorker (callback API).
-// All logic lives in PrefillEngine. Threads: gRPC callback threads submit;
-// the engine thread finishes each call.
+// Each Prefill call becomes a prefill-only request of the engine core
+// (prefill_call.h) whose KV goes out through the KV sender. Threads: gRPC
+// callback threads submit and cancel; the core's loop finishes each call.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 
@@ -8,7 +9,8 @@
 #include <memory>
 
 #include "common/server/worker_main.h"
-#include "prefill_worker/prefill_engine.h"
+#include "engine/core/engine_core.h"
+#include "prefill_worker/kv_export.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::prefill {
@@ -16,7 +18,8 @@ namespace tandem::prefill {
 class PrefillService final : public v1::PrefillWorker::CallbackService,
                              public WorkerRuntime {
  public:
-  PrefillService(std::unique_ptr<PrefillEngine> engine,
+  // `send`: the KV layout, bit-exact class and timeouts of every transfer.
+  PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
                  std::function<v1::WorkerStatus()> status);
 
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
@@ -28,10 +31,11 @@ class PrefillService final : public v1::PrefillWorker::CallbackService,
 
   grpc::Service* service() override { return this; }
   v1::WorkerStatus Status() override;
-  void Shutdown() override { engine_->Shutdown(); }
+  void Shutdown() override { core_->Shutdown(); }
 
  private:
-  std::unique_ptr<PrefillEngine> engine_;
+  const KvSendOptions send_;
+  std::unique_ptr<core::EngineCore> core_;
   std::function<v1::WorkerStatus()> status_;
 };
 

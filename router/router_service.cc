@@ -6,7 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_format.h"
 #include "common/server/proto_convert.h"
-#include "common/server/request_validation.h"
+#include "engine/core/request_validation.h"
 #include "common/server/status_util.h"
 #include "router/generate_call.h"
 
@@ -36,7 +36,7 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
   std::vector<int32_t> prompt =
       model_->tokenizer->Encode(request.prompt(), model_->tokenizer->add_bos());
   const model::LlamaConfig& config = model_->model->config();
-  absl::Status s = ValidateGeneration(prompt, request.max_tokens(), config.context_length,
+  absl::Status s = core::ValidateGeneration(prompt, request.max_tokens(), config.context_length,
                                       config.vocab_size, SamplingFromProto(request.sampling()));
   if (!s.ok()) return s;
   return prompt;

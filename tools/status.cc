@@ -64,7 +64,9 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
       " prefill_tokens=", s.prefill_tokens_computed_total(),
       " decode_tokens=", s.decode_tokens_total(), " kv_sent=", s.kv_bytes_sent_total(),
       " kv_received=", s.kv_bytes_received_total(), " max_batch=", s.max_decode_batch_size(),
-      " preemptions=", s.preemptions_total());
+      " preemptions=", s.preemptions_total(),
+      s.kv_layout_id().empty() ? "" : absl::StrCat(" kv_layout=", s.kv_layout_id()),
+      s.bit_exact_class().empty() ? "" : absl::StrCat(" bit_exact=", s.bit_exact_class()));
 }
 
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
@@ -85,7 +87,9 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
           {"decode_tokens_total", s.decode_tokens_total()},
           {"max_decode_batch_size", s.max_decode_batch_size()},
           {"preemptions_total", s.preemptions_total()},
-          {"model_fingerprint", s.model_fingerprint()}};
+          {"model_fingerprint", s.model_fingerprint()},
+          {"kv_layout_id", s.kv_layout_id()},
+          {"bit_exact_class", s.bit_exact_class()}};
 }
 
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status) {

@@ -52,15 +52,18 @@ std::vector<BlockHash> HashFullBlocks(std::span<const int32_t> tokens, int32_t b
 KvCacheManager::KvCacheManager(BlockPool* pool, const KvCacheManagerOptions& options)
     : pool_(pool),
       options_(options),
-      block_size_(pool->shape().block_size),
+      block_size_(options.block_size),
       meta_(static_cast<size_t>(pool->num_blocks())) {
   // The manager is the pool's only user, so it must start with every block free.
-  assert(pool->num_free() == pool->num_blocks());
+  assert(pool->num_free() == pool->num_blocks() && options.block_size > 0);
 }
 
 PrefixHit KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt,
                                            int32_t max_hit_tokens) const {
   PrefixHit hit;
+  ++stats_.lookups;
+  stats_.queried_tokens += static_cast<uint64_t>(
+      std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(prompt.size()), max_hit_tokens)));
   if (!options_.enable_prefix_caching || max_hit_tokens < block_size_) return hit;
   const size_t bs = static_cast<size_t>(block_size_);
   const size_t max_blocks =
@@ -73,6 +76,7 @@ PrefixHit KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt,
     hit.blocks.push_back(it->second);
   }
   hit.num_tokens = static_cast<int32_t>(hit.blocks.size()) * block_size_;
+  stats_.hit_tokens += static_cast<uint64_t>(hit.num_tokens);
   return hit;
 }
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "engine/kv/block_pool.h"
+#include "engine/kv/kv_storage.h"
 
 namespace tandem::kv {
 
@@ -55,6 +56,17 @@ struct KvCacheManagerOptions {
   // Mixed into every block hash, so K/V from another model (or another
   // numerics) never matches. Default empty.
   std::string model_fingerprint;
+  // Tokens per block (> 0). Default 16.
+  int32_t block_size = 16;
+};
+
+// Counters of FindCachedPrefix since construction (vLLM's
+// PrefixCacheStats): one lookup per call, tokens asked for (the cap) and
+// tokens found.
+struct PrefixCacheStats {
+  uint64_t lookups = 0;
+  uint64_t queried_tokens = 0;
+  uint64_t hit_tokens = 0;
 };
 
 // A prefix of the prompt found in the cache: `blocks` hold tokens
@@ -66,14 +78,16 @@ struct PrefixHit {
 
 class KvCacheManager {
  public:
-  // `pool` (memory) must outlive the manager; the manager is its only user.
+  // `pool` (the free list) must outlive the manager, start with every
+  // block free, and have no other user.
   KvCacheManager(BlockPool* pool, const KvCacheManagerOptions& options);
 
   // Longest cached prefix of `prompt` (whole blocks, hash chain match),
   // capped at max_hit_tokens (rounded down to a block multiple). Callers cap
   // so the last prompt token is always computed: local prefill
   // floor((L-1)/bs)*bs; a decode worker's remote hit may cover all full
-  // blocks of L. Takes no references.
+  // blocks of L. Takes no references. Counts one lookup in
+  // prefix_cache_stats().
   PrefixHit FindCachedPrefix(std::span<const int32_t> prompt, int32_t max_hit_tokens) const;
 
   // Creates sequence `seq_id`'s block table starting with `hit`'s blocks,
@@ -123,6 +137,7 @@ class KvCacheManager {
   int32_t RefCount(int32_t block) const;
   // Whether `block` is published in the prefix cache (any ref count).
   bool IsCached(int32_t block) const;
+  const PrefixCacheStats& prefix_cache_stats() const { return stats_; }
 
  private:
   struct BlockHashHasher {
@@ -165,6 +180,7 @@ class KvCacheManager {
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> cache_;
   std::unordered_map<int64_t, Sequence> seqs_;
   int32_t num_in_use_ = 0;  // blocks with ref > 0
+  mutable PrefixCacheStats stats_;  // FindCachedPrefix is a const query
 };
 
 }  // namespace tandem::kv

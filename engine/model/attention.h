@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/cpu_kernels.h"
 
 namespace tandem::model::internal {
@@ -33,7 +33,7 @@ namespace tandem::model::internal {
 // layer `layer`, positions [0, pos] of the sequence whose block table is
 // `block_table` (which must cover pos + 1 tokens).
 struct AttentionSpan {
-  const kv::BlockPool* pool = nullptr;
+  const kv::CpuKvStorage* pool = nullptr;  // the KV cache memory
   std::span<const int32_t> block_table;
   int32_t layer = 0;
   int32_t kv_head = 0;

@@ -135,7 +135,7 @@ void LlamaModel::For(size_t n, size_t work,
   MaybeParallelFor(pool_.get(), n, work, min_parallel_work_, fn);
 }
 
-void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv,
+void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage& kv,
                          std::vector<float>* logits, const LayerHook* hook) const {
   const LlamaConfig& c = config_;
   const kv::KvShape& ks = kv.shape();

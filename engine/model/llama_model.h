@@ -36,7 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
-#include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 
 namespace tandem::model {
 class ThreadPool;
@@ -114,7 +114,7 @@ class LlamaModel {
   // layers, heads and head dim; every block table covers start_pos +
   // n_tokens; token ids are in [0, vocab_size) (callers validate request
   // tokens first). See "Threads" above for concurrent calls.
-  void Forward(std::span<const SequenceBatch> batch, kv::BlockPool& kv,
+  void Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage& kv,
                std::vector<float>* logits, const LayerHook* hook = nullptr) const;
 
   // Tests only: the least work for which Forward splits a kernel across

@@ -2,9 +2,19 @@
 
 #include <algorithm>
 #include <cassert>
-#include <limits>
+#include <cstdlib>
 
 namespace tandem::scheduler {
+
+const char* SeqStatusName(SeqStatus status) {
+  switch (status) {
+    case SeqStatus::kWaiting: return "WAITING";
+    case SeqStatus::kWaitingForRemoteKv: return "WAITING_FOR_REMOTE_KV";
+    case SeqStatus::kAbortingRemoteKv: return "ABORTING_REMOTE_KV";
+    case SeqStatus::kRunning: return "RUNNING";
+  }
+  return "?";
+}
 
 Scheduler::Scheduler(const SchedulerOptions& options, kv::KvCacheManager* kv)
     : options_(options), kv_(kv) {}
@@ -14,16 +24,9 @@ void Scheduler::Add(SeqState seq) {
   assert(seqs_.count(id) == 0);
   seq.arrival = next_arrival_++;
   seq.num_computed = 0;
+  seq.status = SeqStatus::kWaiting;
   seqs_.emplace(id, std::move(seq));
   waiting_.push_back(id);
-}
-
-void Scheduler::AddRunning(SeqState seq) {
-  const int64_t id = seq.id;
-  assert(seqs_.count(id) == 0 && kv_->HasSequence(id));
-  seq.arrival = next_arrival_++;
-  seqs_.emplace(id, std::move(seq));
-  running_.push_back(id);  // newest arrival: the end keeps arrival order
 }
 
 void Scheduler::Remove(int64_t id) {
@@ -38,17 +41,46 @@ const SeqState* Scheduler::Find(int64_t id) const {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
-SeqState* Scheduler::FindMutable(int64_t id) {
-  auto it = seqs_.find(id);
-  return it == seqs_.end() ? nullptr : &it->second;
+size_t Scheduler::num_waiting_for_remote_kv() const {
+  return seqs_.size() - waiting_.size() - running_.size();
 }
 
 bool Scheduler::HasWork() const { return !waiting_.empty() || !running_.empty(); }
+
+void Scheduler::InsertRunning(int64_t id) {
+  // Keep running_ in arrival order (a resumed or remote sequence is older
+  // than those that arrived after it).
+  const uint64_t arrival = seqs_.at(id).arrival;
+  auto pos = std::upper_bound(running_.begin(), running_.end(), arrival,
+                              [&](uint64_t a, int64_t other) {
+                                return a < seqs_.at(other).arrival;
+                              });
+  running_.insert(pos, id);
+  seqs_.at(id).status = SeqStatus::kRunning;
+}
+
+void Scheduler::FinishRemoteKv(int64_t id, int32_t first_token) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second.status != SeqStatus::kWaitingForRemoteKv) std::abort();
+  SeqState& seq = it->second;
+  seq.num_computed = seq.num_prompt_tokens;
+  kv_->CommitComputed(id, seq.tokens, seq.num_computed);  // publish the prompt
+  seq.tokens.push_back(first_token);
+  InsertRunning(id);
+}
+
+void Scheduler::AbortRemoteKv(int64_t id) {
+  auto it = seqs_.find(id);
+  if (it != seqs_.end() && it->second.status == SeqStatus::kWaitingForRemoteKv) {
+    it->second.status = SeqStatus::kAbortingRemoteKv;
+  }
+}
 
 void Scheduler::Preempt(int64_t id, StepPlan* plan) {
   SeqState& seq = seqs_.at(id);
   kv_->FreeSequence(id);
   seq.num_computed = 0;
+  seq.status = SeqStatus::kWaiting;
   ++seq.num_preemptions;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   waiting_.push_front(id);
@@ -78,17 +110,74 @@ bool Scheduler::AllocateOrPreempt(SeqState& seq, int32_t num_tokens, StepPlan* p
   return true;
 }
 
+bool Scheduler::AdmitHead(StepPlan* plan) {
+  const int64_t id = waiting_.front();
+  SeqState& seq = seqs_.at(id);
+  const int32_t budget = options_.max_num_batched_tokens;
+  const bool has_slot = running_.size() < static_cast<size_t>(options_.max_num_seqs) &&
+                        plan->num_batched_tokens < budget;
+  // Only a prompt that never ran here may be prefilled elsewhere: a
+  // preempted sequence recomputes its prompt and generated tokens itself.
+  const bool may_go_remote = options_.remote_prefill_available &&
+                             seq.route != RouteChoice::kLocal && seq.num_preemptions == 0 &&
+                             static_cast<int32_t>(seq.tokens.size()) == seq.num_prompt_tokens;
+  if (!has_slot && !may_go_remote) return false;
+
+  // One prefix lookup per admission. A remote hit may cover every full block
+  // of L (P then sends only [hit, L)); a local prefill keeps the blocks
+  // before the last token, which it must compute for its logits.
+  const int32_t len = static_cast<int32_t>(seq.tokens.size());
+  const int32_t bs = kv_->block_size();
+  const int32_t local_cap = (len - 1) / bs * bs;
+  kv::PrefixHit hit;
+  if (options_.enable_prefix_caching) {
+    hit = kv_->FindCachedPrefix(seq.tokens, may_go_remote ? len / bs * bs : local_cap);
+  }
+  kv::PrefixHit local_hit = hit;
+  if (local_hit.num_tokens > local_cap) {
+    local_hit.blocks.resize(static_cast<size_t>(local_cap / bs));
+    local_hit.num_tokens = local_cap;
+  }
+
+  if (may_go_remote && PrefillRemotely(seq.route, len, local_hit.num_tokens,
+                                       options_.max_local_prefill_tokens)) {
+    kv_->StartSequence(id, hit);
+    if (!kv_->AllocateSlots(id, len + 1)) {
+      kv_->FreeSequence(id);  // the head waits for blocks (FCFS)
+      return false;
+    }
+    waiting_.pop_front();
+    seq.status = SeqStatus::kWaitingForRemoteKv;
+    seq.num_computed = hit.num_tokens;
+    seq.num_cached_prompt_tokens = hit.num_tokens;
+    plan->remote_kv_starts.push_back(RemoteKvStart{id, hit.num_tokens});
+    return true;
+  }
+  if (!has_slot) return false;
+
+  kv_->StartSequence(id, local_hit);
+  seq.num_computed = local_hit.num_tokens;
+  if (seq.num_preemptions == 0) seq.num_cached_prompt_tokens = local_hit.num_tokens;
+  const int32_t count = std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
+                                  budget - plan->num_batched_tokens});
+  // A non-preemptible sequence reserves all its known tokens now, so every
+  // admitted one can finish (they can never deadlock each other).
+  const int32_t reserve = seq.preemptible ? seq.num_computed + count : len;
+  if (!kv_->AllocateSlots(id, reserve)) {
+    kv_->FreeSequence(id);  // the head waits for blocks (FCFS)
+    seq.num_computed = 0;
+    return false;
+  }
+  waiting_.pop_front();
+  InsertRunning(id);
+  plan->chunks.push_back(ScheduledChunk{id, seq.num_computed, count, seq.num_computed + count == len});
+  plan->num_batched_tokens += count;
+  return true;
+}
+
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   const int32_t budget = options_.max_num_batched_tokens;
-  auto remaining = [](const SeqState& s) {
-    return static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-  };
-  auto plan_chunk = [&](SeqState& seq, int32_t count) {
-    const bool samples = seq.num_computed + count == static_cast<int32_t>(seq.tokens.size());
-    plan.chunks.push_back(ScheduledChunk{seq.id, seq.num_computed, count, samples});
-    plan.num_batched_tokens += count;
-  };
 
   // 1. Decodes, oldest first; 2. running prefills. A sequence preempted
   // during the pass is skipped when its turn comes.
@@ -97,51 +186,19 @@ StepPlan Scheduler::Schedule() {
     for (int64_t id : order) {
       if (std::find(running_.begin(), running_.end(), id) == running_.end()) continue;
       SeqState& seq = seqs_.at(id);
-      const int32_t left = remaining(seq);
+      const int32_t left = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
       if (left <= 0 || (left == 1) != decode_pass) continue;
       const int32_t count = std::min({left, options_.prefill_chunk_tokens,
                                       budget - plan.num_batched_tokens});
       if (count <= 0) continue;
       if (!AllocateOrPreempt(seq, seq.num_computed + count, &plan)) continue;
-      plan_chunk(seq, count);
+      plan.chunks.push_back(ScheduledChunk{id, seq.num_computed, count, count == left});
+      plan.num_batched_tokens += count;
     }
   }
 
   // 3. Admissions in FCFS order, not in a step that had to preempt.
-  while (plan.preempted.empty() && !waiting_.empty() &&
-         running_.size() < static_cast<size_t>(options_.max_num_seqs) &&
-         plan.num_batched_tokens < budget) {
-    const int64_t id = waiting_.front();
-    SeqState& seq = seqs_.at(id);
-    kv::PrefixHit hit;
-    if (options_.enable_prefix_caching) {
-      // The last token is always computed: it yields the logits.
-      const int32_t bs = kv_->block_size();
-      int32_t cap = (static_cast<int32_t>(seq.tokens.size()) - 1) / bs * bs;
-      if (seq.max_hit_tokens > 0) cap = std::min(cap, seq.max_hit_tokens);
-      hit = kv_->FindCachedPrefix(seq.tokens, cap);
-    }
-    kv_->StartSequence(id, hit);
-    seq.num_computed = hit.num_tokens;
-    if (seq.num_preemptions == 0) seq.num_cached_prompt_tokens = hit.num_tokens;
-    const int32_t count = std::min({remaining(seq), options_.prefill_chunk_tokens,
-                                    budget - plan.num_batched_tokens});
-    const int32_t reserve = options_.reserve_whole_sequence_at_admission
-                                ? static_cast<int32_t>(seq.tokens.size())
-                                : seq.num_computed + count;
-    if (!kv_->AllocateSlots(id, reserve)) {
-      kv_->FreeSequence(id);  // the head waits for blocks (FCFS)
-      seq.num_computed = 0;
-      break;
-    }
-    waiting_.pop_front();
-    // Keep running_ in arrival order (a resumed sequence is older).
-    auto pos = std::upper_bound(running_.begin(), running_.end(), seq.arrival,
-                                [&](uint64_t a, int64_t other) {
-                                  return a < seqs_.at(other).arrival;
-                                });
-    running_.insert(pos, id);
-    plan_chunk(seq, count);
+  while (plan.preempted.empty() && !waiting_.empty() && AdmitHead(&plan)) {
   }
   return plan;
 }

@@ -1,28 +1,41 @@
-// Token-budget scheduler with chunked prefill and preemption by recompute
-// (vLLM v1's Scheduler; Sarathi-Serve's chunked prefill, Agrawal et al.
-// 2024; DESIGN.md, Engine: Scheduler).
+// Token-budget scheduler with chunked prefill, preemption by recompute and
+// remote prefill as a waiting state (vLLM v1's Scheduler with its
+// WAITING_FOR_REMOTE_KVS state; Sarathi-Serve's chunked prefill, Agrawal et
+// al. 2024; DESIGN.md, Engine: Scheduler).
 //
-// Owns: the waiting queue and running list, which sequences run in the next
-// step and with how many new tokens, and which are preempted. Does not
-// touch: KV memory or block ids (asks KvCacheManager for slots), model
-// execution, sampling, request I/O.
+// Owns: every sequence's lifecycle state (SeqStatus), the waiting queue and
+// running list, which sequences run in the next step and with how many new
+// tokens, which are preempted, and where a new prompt is prefilled
+// (prefill_placement.h). Does not touch: KV memory or block ids (asks
+// KvCacheManager for slots), model execution, sampling, KV transfer,
+// request I/O.
 // Threads: not thread-safe; the engine-loop thread calls it.
 //
 // One step: Schedule() -> the engine runs the forward over the returned
-// entries -> OnStepDone() with what each entry produced. Policy per step,
-// with a budget of max_num_batched_tokens:
+// chunks and starts the returned remote KV loads -> OnStepDone() with what
+// each chunk produced. Policy per step, with a budget of
+// max_num_batched_tokens:
 //   1. running decode sequences first, one token each (oldest first);
 //   2. then running sequences still prefilling, a chunk of at most
 //      prefill_chunk_tokens each;
-//   3. then waiting sequences in arrival order (FCFS): prefix-cache lookup,
-//      then their first chunk; the queue head blocks those behind it.
-// When KV blocks run out for a running sequence, the newest running
-// sequence is preempted (its blocks freed, its num_computed reset to 0, and
-// it goes back to the head of the waiting queue to recompute prompt +
-// generated tokens), repeatedly, until the allocation fits or the sequence
-// itself is the newest. Sequences marked non-preemptible (e.g. receiving a
-// KV transfer) are skipped as victims. No admissions in a step that
-// preempted.
+//   3. then waiting sequences in arrival order (FCFS; the queue head blocks
+//      those behind it). Admission looks the prompt up in the prefix cache
+//      once, then places it (PrefillRemotely):
+//      - local: its first chunk joins this step (needs a running slot and
+//        budget). Non-preemptible sequences reserve blocks for every known
+//        token at admission, so one admitted can always finish.
+//      - remote (only with remote_prefill_available, and only for a prompt
+//        that has never run here): blocks for L + 1 tokens are reserved
+//        (token 0's K/V is computed here by the first decode step), with
+//        every cached full block of L as the hit, and the sequence becomes
+//        kWaitingForRemoteKv; no budget, no running slot. The engine starts
+//        the transfer; FinishRemoteKv() later makes it a running, decoding
+//        sequence with its first token appended.
+// When KV blocks run out for a running sequence, the newest preemptible
+// running sequence is preempted (its blocks freed, num_computed reset to 0,
+// back to the head of the waiting queue to recompute prompt + generated
+// tokens locally), repeatedly, until the allocation fits or the sequence
+// itself is the newest. No admissions in a step that preempted.
 #ifndef TANDEM_ENGINE_SCHEDULER_SCHEDULER_H_
 #define TANDEM_ENGINE_SCHEDULER_SCHEDULER_H_
 
@@ -32,6 +45,7 @@
 #include <vector>
 
 #include "engine/kv/kv_cache_manager.h"
+#include "engine/scheduler/prefill_placement.h"
 
 namespace tandem::scheduler {
 
@@ -39,24 +53,40 @@ struct SchedulerOptions {
   int32_t max_num_batched_tokens = 2048;  // token budget per step
   int32_t max_num_seqs = 64;              // running sequences at most
   int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
-  bool enable_prefix_caching = true;
-  // Admission reserves blocks for the whole known sequence instead of its
-  // first chunk. For the prefill worker, whose sequences are not
-  // preemptible (their K/V is already on the wire): a sequence admitted
-  // can always finish, so non-preemptible sequences cannot deadlock.
-  bool reserve_whole_sequence_at_admission = false;
+  bool enable_prefix_caching = true;      // false: admission never looks up
+  // Whether prompts may be prefilled elsewhere (the engine has a remote KV
+  // loader). false: every prompt is prefilled locally.
+  bool remote_prefill_available = false;
+  // kAuto prompts with more than this many tokens to compute after the
+  // local prefix hit are prefilled remotely (conditional disaggregation).
+  int32_t max_local_prefill_tokens = 32;
 };
 
+// A sequence's lifecycle; transitions happen only in this class.
+//   kWaiting --admit local--> kRunning --preempt--> kWaiting
+//   kWaiting --admit remote--> kWaitingForRemoteKv --FinishRemoteKv--> kRunning
+//   kWaitingForRemoteKv --AbortRemoteKv--> kAbortingRemoteKv
+//   any state --Remove--> gone (blocks freed)
+enum class SeqStatus {
+  kWaiting,             // queued for admission (new, or preempted)
+  kWaitingForRemoteKv,  // WAITING_FOR_REMOTE_KV: blocks reserved, KV incoming
+  kAbortingRemoteKv,    // cancelled while receiving: blocks kept until the
+                        // transfer has quiesced (then Remove)
+  kRunning,             // prefilling or decoding
+};
+const char* SeqStatusName(SeqStatus status);
+
 // The scheduler's view of one sequence. The engine keeps the rest of the
-// request (sampling, sinks) keyed by `id`.
+// request (sampling, outputs) keyed by `id`.
 struct SeqState {
   int64_t id = 0;
   std::vector<int32_t> tokens;  // prompt + generated so far
   int32_t num_prompt_tokens = 0;
   int32_t num_computed = 0;     // tokens whose K/V are in the cache
-  int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at admission
-  int32_t max_hit_tokens = 0;   // cap for the prefix lookup (see KvCacheManager)
+  int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
+  RouteChoice route = RouteChoice::kLocal;  // where the prompt is prefilled
   bool preemptible = true;
+  SeqStatus status = SeqStatus::kWaiting;
   uint64_t arrival = 0;         // FCFS order, set by Add
   int32_t num_preemptions = 0;
 };
@@ -69,10 +99,23 @@ struct ScheduledChunk {
   bool samples;  // start + count == tokens.size(): the step yields a token
 };
 
+// A sequence admitted for remote prefill this step: its blocks cover L + 1
+// tokens, the first hit_tokens of them already hold cached K/V.
+struct RemoteKvStart {
+  int64_t id;
+  int32_t hit_tokens;
+};
+
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;  // decodes first, then prefill chunks
+  std::vector<RemoteKvStart> remote_kv_starts;  // now kWaitingForRemoteKv
   std::vector<int64_t> preempted;      // moved back to waiting this step
   int32_t num_batched_tokens = 0;
+  // Whether anything changed: a step that does nothing will do nothing
+  // again until a sequence is added, removed or finishes its remote load.
+  bool progress() const {
+    return !chunks.empty() || !remote_kv_starts.empty() || !preempted.empty();
+  }
 };
 
 class Scheduler {
@@ -80,12 +123,9 @@ class Scheduler {
   // `kv` must outlive the scheduler.
   Scheduler(const SchedulerOptions& options, kv::KvCacheManager* kv);
 
-  // Queues a sequence (FCFS). Its id must be new.
+  // Queues a sequence (FCFS) in kWaiting. Its id must be new.
   void Add(SeqState seq);
-  // Adds a sequence that is already running (e.g. its KV arrived by
-  // transfer): its block table already exists in the KV manager.
-  void AddRunning(SeqState seq);
-  // Removes a sequence wherever it is and frees its blocks. No-op if unknown.
+  // Removes a sequence in any state and frees its blocks. No-op if unknown.
   void Remove(int64_t id);
 
   // Plans the next step and reserves the KV slots it needs.
@@ -96,15 +136,31 @@ class Scheduler {
   // blocks to the prefix cache.
   void OnStepDone(const StepPlan& plan, const std::vector<int32_t>& sampled);
 
+  // kWaitingForRemoteKv -> kRunning: every prompt token's K/V is in the
+  // sequence's blocks. Publishes the prompt's full blocks and appends
+  // `first_token` (sampled by the prefill worker); the next step decodes.
+  // Other states: a caller bug (aborts).
+  void FinishRemoteKv(int64_t id, int32_t first_token);
+  // kWaitingForRemoteKv -> kAbortingRemoteKv (the engine has cancelled the
+  // transfer and calls Remove once it quiesced). Other states: no-op.
+  void AbortRemoteKv(int64_t id);
+
   const SeqState* Find(int64_t id) const;
-  SeqState* FindMutable(int64_t id);
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
+  // Sequences in kWaitingForRemoteKv or kAbortingRemoteKv.
+  size_t num_waiting_for_remote_kv() const;
+  // Whether Schedule() may have something to do: sequences waiting or
+  // running (those waiting for remote KV wait for FinishRemoteKv).
   bool HasWork() const;
 
  private:
   bool AllocateOrPreempt(SeqState& seq, int32_t num_tokens, StepPlan* plan);
   void Preempt(int64_t id, StepPlan* plan);
+  // Admits the waiting head if it can be; false when it must wait (the
+  // queue stops there).
+  bool AdmitHead(StepPlan* plan);
+  void InsertRunning(int64_t id);
 
   const SchedulerOptions options_;
   kv::KvCacheManager* const kv_;

@@ -4,6 +4,7 @@
 #include <span>
 #include <utility>
 
+#include "engine/backend/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
@@ -34,6 +35,12 @@ TestModel LoadStories() {
   }
   out.model = *std::move(model);
   return out;
+}
+
+void StoriesTest::SetUp() {
+  loaded_ = LoadStories();
+  ASSERT_NE(loaded_.model, nullptr);
+  ExpectStoriesShape(loaded_.model->config());
 }
 
 namespace {
@@ -81,8 +88,8 @@ PromptKv ComputePromptKv(const model::LlamaModel& model, const std::vector<int32
                          int32_t block_size) {
   PromptKv out;
   const int32_t blocks = kv::BlocksForTokens(static_cast<int32_t>(prompt.size()), block_size);
-  out.pool = std::make_unique<kv::BlockPool>(model.kv_shape(block_size), blocks);
-  out.table = *out.pool->Allocate(blocks);
+  out.pool = std::make_unique<kv::CpuKvStorage>(model.kv_shape(block_size), blocks);
+  for (int32_t b = 0; b < blocks; ++b) out.table.push_back(b);
   model::SequenceBatch entry;
   entry.tokens = prompt;
   entry.start_pos = 0;
@@ -92,7 +99,7 @@ PromptKv ComputePromptKv(const model::LlamaModel& model, const std::vector<int32
   return out;
 }
 
-std::vector<float> LayerRows(const kv::BlockPool& pool, const std::vector<int32_t>& table,
+std::vector<float> LayerRows(const kv::KvStorage& pool, const std::vector<int32_t>& table,
                              int32_t layer, int32_t start, int32_t count) {
   const size_t n = static_cast<size_t>(count) * static_cast<size_t>(pool.shape().kv_dim());
   std::vector<float> rows(2 * n);
@@ -116,12 +123,70 @@ absl::Status SendPromptKv(kvtransfer::KvSender& sender, const PromptKv& kv,
 }
 
 void PoolKvWriter::WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count,
-                             const float* k, const float* v) {
-  kv::WriteKvRows(*pool_, table_, static_cast<int32_t>(layer),
-                  static_cast<int32_t>(token_start), static_cast<int32_t>(token_count), k, v);
+                             const char* k, const char* v) {
+  pool_->WriteTokens(table_, static_cast<int32_t>(layer), static_cast<int32_t>(token_start),
+                     static_cast<int32_t>(token_count), k, v);
 }
 
-prefill::PrefillEngine::Done PrefillDoneRecorder::Callback() {
+kvtransfer::KvLayout StoriesLayout(const model::LlamaModel& model,
+                                   const std::string& fingerprint) {
+  kvtransfer::KvLayout layout;
+  layout.model_fingerprint = fingerprint;
+  layout.n_layers = static_cast<uint32_t>(model.config().n_layers);
+  layout.n_kv_heads = static_cast<uint32_t>(model.config().n_head_kv);
+  layout.head_dim = static_cast<uint32_t>(model.config().head_dim);
+  layout.dtype = kvtransfer::KvDtype::kF32;
+  return layout;
+}
+
+core::EngineCoreOptions CoreOptions(const WorkerOptions& o, const std::string& label) {
+  core::EngineCoreOptions c;
+  c.scheduler.max_local_prefill_tokens = o.max_local_prefill_tokens;
+  c.eos_token_id = 2;  // stories260K's tokenizer.ggml.eos_token_id
+  c.model_fingerprint = o.fingerprint;
+  c.worker_label = label;
+  return c;
+}
+
+std::unique_ptr<TestDecodeWorker> TestDecodeWorker::Create(const WorkerOptions& options,
+                                                           const model::LlamaModel* model) {
+  kvtransfer::KvReceiver::Options r;
+  r.handshake_timeout_ms = options.handshake_timeout_ms;
+  r.transfer_timeout_ms = options.transfer_timeout_ms;
+  auto receiver =
+      decode::ReceiverKvLoader::Start(r, StoriesLayout(*model, options.fingerprint));
+  if (!receiver.ok()) {
+    ADD_FAILURE() << receiver.status();
+    return nullptr;
+  }
+  auto worker = std::make_unique<TestDecodeWorker>();
+  worker->receiver_ = receiver->get();
+  worker->core_ = std::make_unique<core::EngineCore>(
+      CoreOptions(options, "decode worker"),
+      std::make_unique<backend::CpuBackend>(model, options.block_size, options.num_kv_blocks),
+      *std::move(receiver));
+  return worker;
+}
+
+absl::Status TestDecodeWorker::Submit(core::EngineRequest request,
+                                      std::shared_ptr<core::RequestOutput> output) {
+  request.output = std::move(output);
+  return core_->Submit(std::move(request));
+}
+
+TestPrefillWorker::TestPrefillWorker(const WorkerOptions& options,
+                                     const model::LlamaModel* model) {
+  send_.layout = StoriesLayout(*model, options.fingerprint);
+  send_.bit_exact_class = backend::CpuBitExactClass();
+  send_.transfer_timeout_ms = options.transfer_timeout_ms;
+  send_.fault_stall_after_frames = options.fault_stall_after_frames;
+  core_ = std::make_unique<core::EngineCore>(
+      CoreOptions(options, "prefill worker"),
+      std::make_unique<backend::CpuBackend>(model, options.block_size, options.num_kv_blocks),
+      nullptr);
+}
+
+prefill::PrefillDone PrefillDoneRecorder::Callback() {
   return [this](absl::StatusOr<prefill::PrefillResult> result) {
     absl::MutexLock lock(&mu_);
     ++calls_;

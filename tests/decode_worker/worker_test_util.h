@@ -1,7 +1,8 @@
-// Helpers shared by the decode and prefill worker engine tests: the
-// stories260K model and its greedy goldens (../shared), reference K/V
-// computed by a plain LlamaModel::Forward, a KvWriter over a test BlockPool,
-// and recorders for the asynchronous `done` callbacks of PrefillEngine and
+// Helpers shared by the decode and prefill worker tests: the stories260K
+// model and its greedy goldens (../shared), reference K/V computed by a
+// plain LlamaModel::Forward, a KvWriter over a test KV storage, each
+// worker's engine without gRPC (built as the worker mains build them), and
+// recorders for the asynchronous `done` callbacks of SubmitPrefill and
 // KvReceiver.
 #ifndef TANDEM_TESTS_DECODE_WORKER_WORKER_TEST_UTIL_H_
 #define TANDEM_TESTS_DECODE_WORKER_WORKER_TEST_UTIL_H_
@@ -17,11 +18,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "decode_worker/remote_kv_loader.h"
+#include "engine/core/engine_core.h"
 #include "engine/gguf/gguf_file.h"
-#include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "kvtransfer/kv_transfer.h"
-#include "prefill_worker/prefill_engine.h"
+#include "prefill_worker/prefill_call.h"
 
 namespace tandem::worker_testing {
 
@@ -56,6 +60,16 @@ TestModel LoadStories();
 // counts and token ids in the worker tests assume.
 void ExpectStoriesShape(const model::LlamaConfig& config);
 
+// Fixture: stories260K loaded for each test and its shape checked.
+class StoriesTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  const model::LlamaModel& model() const { return *loaded_.model; }
+
+ private:
+  TestModel loaded_;
+};
+
 // One case of ../shared/goldens/stories260K_greedy.json (F32 KV variant).
 struct GoldenCase {
   std::string name;
@@ -74,10 +88,10 @@ GoldenCase Golden(const std::string& name);
 // The first `n` entries of `ids` (all of them when shorter).
 std::vector<int32_t> Prefix(const std::vector<int32_t>& ids, size_t n);
 
-// A prompt's KV cache computed by one plain forward in a private pool:
+// A prompt's KV cache computed by one plain forward in a private storage:
 // the reference both for what P must send and for what D must hold.
 struct PromptKv {
-  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<kv::CpuKvStorage> pool;
   std::vector<int32_t> table;
   std::vector<float> logits;  // last prompt token's logits, vocab entries
 };
@@ -86,31 +100,88 @@ PromptKv ComputePromptKv(const model::LlamaModel& model,
 
 // K and V rows of tokens [start, start + count) of one layer, concatenated
 // (K then V), [count][kv_dim] floats each, for memcmp comparisons.
-std::vector<float> LayerRows(const kv::BlockPool& pool, const std::vector<int32_t>& table,
+std::vector<float> LayerRows(const kv::KvStorage& pool, const std::vector<int32_t>& table,
                              int32_t layer, int32_t start, int32_t count);
+
+// The KV layout of stories260K's F32 cache under `fingerprint` (what both
+// workers of a test offer).
+kvtransfer::KvLayout StoriesLayout(const model::LlamaModel& model,
+                                   const std::string& fingerprint);
 
 // Sends tokens [start, end) of every layer of `kv` as one frame per layer.
 absl::Status SendPromptKv(kvtransfer::KvSender& sender, const PromptKv& kv,
                           int32_t n_layers, int32_t start, int32_t end);
 
-// KvWriter over a test BlockPool and a block table (what D does).
+// KvWriter over a test KV storage and a block table (what D does).
 class PoolKvWriter : public kvtransfer::KvWriter {
  public:
-  PoolKvWriter(kv::BlockPool* pool, std::vector<int32_t> table)
+  PoolKvWriter(kv::KvStorage* pool, std::vector<int32_t> table)
       : pool_(pool), table_(std::move(table)) {}
   void WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count,
-                 const float* k, const float* v) override;
+                 const char* k, const char* v) override;
   const std::vector<int32_t>& table() const { return table_; }
 
  private:
-  kv::BlockPool* pool_;
+  kv::KvStorage* pool_;
   std::vector<int32_t> table_;
 };
 
-// Records the one call of a PrefillEngine::Done (any thread).
+// What a worker's config sets for its engine, with the tests' defaults.
+struct WorkerOptions {
+  int32_t block_size = 16;
+  int32_t num_kv_blocks = 256;
+  int32_t max_local_prefill_tokens = 32;
+  int32_t handshake_timeout_ms = 2000;
+  int32_t transfer_timeout_ms = 2000;
+  int32_t fault_stall_after_frames = -1;  // prefill only
+  std::string fingerprint = "stories260K-test-fingerprint";
+};
+
+// The engine core's options for `o` (the config defaults otherwise: token
+// budget 2048, 64 sequences, chunks of 512, prefix caching on), EOS 2.
+core::EngineCoreOptions CoreOptions(const WorkerOptions& o, const std::string& label);
+
+// The decode worker's engine without gRPC, as decode_worker/main.cc builds
+// it: the engine core over the CPU backend with the KV receiver as its
+// remote KV loader. Submit sets the request's output.
+class TestDecodeWorker {
+ public:
+  // Null (with ADD_FAILURE) when the receiver cannot start.
+  static std::unique_ptr<TestDecodeWorker> Create(const WorkerOptions& options,
+                                                  const model::LlamaModel* model);
+  absl::Status Submit(core::EngineRequest request, std::shared_ptr<core::RequestOutput> output);
+  void Cancel(const std::string& id) { core_->Cancel(id); }
+  void Shutdown() { core_->Shutdown(); }
+  core::CoreStats GetStats() const { return core_->GetStats(); }
+  std::string kv_endpoint() const { return receiver_->endpoint(); }
+
+ private:
+  std::unique_ptr<core::EngineCore> core_;
+  const decode::ReceiverKvLoader* receiver_ = nullptr;
+};
+
+// The prefill worker's engine without gRPC, as prefill_worker/main.cc
+// builds it: the engine core over the CPU backend, Prefill calls through
+// prefill::SubmitPrefill.
+class TestPrefillWorker {
+ public:
+  TestPrefillWorker(const WorkerOptions& options, const model::LlamaModel* model);
+  void Submit(prefill::PrefillRequest request, prefill::PrefillDone done) {
+    prefill::SubmitPrefill(*core_, send_, std::move(request), std::move(done));
+  }
+  void Cancel(const std::string& id) { core_->Cancel(id); }
+  void Shutdown() { core_->Shutdown(); }
+  core::CoreStats GetStats() const { return core_->GetStats(); }
+
+ private:
+  prefill::KvSendOptions send_;
+  std::unique_ptr<core::EngineCore> core_;
+};
+
+// Records the one call of a prefill::PrefillDone (any thread).
 class PrefillDoneRecorder {
  public:
-  prefill::PrefillEngine::Done Callback();
+  prefill::PrefillDone Callback();
   // The result, or nullopt when `done` has not run within `timeout`.
   std::optional<absl::StatusOr<prefill::PrefillResult>> Wait(
       absl::Duration timeout = absl::Seconds(3));

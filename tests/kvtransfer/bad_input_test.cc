@@ -18,6 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::DoneRecorder;
+using testing::kTestBitExactClass;
 using testing::RawPeer;
 using testing::RefKv;
 using testing::SendRange;
@@ -54,10 +55,11 @@ class KvBadInputTest : public ::testing::Test {
     return std::move(*peer);
   }
 
-  // A FRAME with `floats_each` floats of K and of V (zeros).
+  // A FRAME with `floats_each` f32 elements of K and of V (zeros).
   static std::string Frame(const wire::FrameHeader& h, size_t floats_each) {
     std::vector<float> zeros(floats_each, 0.0f);
-    auto msg = wire::EncodeFrame(h, zeros.data(), zeros.data(), floats_each);
+    auto msg = wire::EncodeFrame(h, zeros.data(), zeros.data(),
+                                 floats_each * sizeof(float));
     EXPECT_TRUE(msg.ok());
     return *msg;
   }
@@ -86,7 +88,8 @@ class KvBadInputTest : public ::testing::Test {
     ASSERT_TRUE(receiver_->Expect("req-ok", 1, 0, 4, &writer, done.Callback()).ok());
     const RefKv ref(layout_, 4, 11);
     auto sender = KvSender::Connect(absl::StrCat("127.0.0.1:", receiver_->port()),
-                                    "req-ok", 1, layout_, 2000);
+                                    "req-ok", 1, layout_, kTestBitExactClass,
+                                    2000);
     ASSERT_TRUE(sender.ok()) << sender.status();
     ASSERT_TRUE(SendRange(**sender, ref, 2, 0, 4, 4).ok());
     ASSERT_TRUE((*sender)->SendFinal(0, 0.0f, 0).ok());
@@ -141,7 +144,9 @@ TEST_F(KvBadInputTest, HugeLengthPrefixMidTransfer) {
 }
 
 TEST_F(KvBadInputTest, UnexpectedMessageMidTransfer) {
-  ExpectDataLoss(wire::EncodeHello({"req", 1, layout_}), "unexpected KV message HELLO");
+  ExpectDataLoss(wire::EncodeHello({kKvProtocolVersion, "req", 1, layout_,
+                                    kTestBitExactClass}),
+                 "unexpected KV message HELLO");
 }
 
 TEST_F(KvBadInputTest, TruncatedFinalPayload) {
@@ -166,7 +171,10 @@ TEST_F(KvBadInputTest, GarbageBeforeHello) {
   const std::vector<std::string> inputs = {
       std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),   // length "/ HT" huge
       std::string("\x07\0\0\0\x04\0\0\0abcd", 12),         // unknown type 7
-      std::string("\x01\0\0\0\x05\0\0\0\xff\xff\xff\xff\x01", 13),  // bad HELLO
+      // v2 HELLO cut inside request_id's length.
+      std::string("\x01\0\0\0\x05\0\0\0\x02\0\0\0\x01", 13),
+      // v2 HELLO whose request_id length runs past the payload.
+      std::string("\x01\0\0\0\x09\0\0\0\x02\0\0\0\xff\xff\xff\xff\x01", 17),
   };
   for (const std::string& bytes : inputs) {
     auto peer = RawPeer::Connect(receiver_->port());

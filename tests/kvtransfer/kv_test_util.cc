@@ -11,50 +11,47 @@
 namespace tandem::kvtransfer::testing {
 namespace {
 
-std::vector<float> RandomBits(size_t n, std::mt19937* rng) {
-  std::vector<float> out(n);
-  for (float& f : out) {
-    uint32_t bits = (*rng)();
-    std::memcpy(&f, &bits, sizeof(f));
+std::vector<char> RandomBytes(size_t n, std::mt19937* rng) {
+  std::vector<char> out(n);
+  for (size_t i = 0; i < n; i += 4) {
+    const uint32_t bits = (*rng)();
+    std::memcpy(out.data() + i, &bits, std::min<size_t>(4, n - i));
   }
   return out;
 }
 
-size_t RowIndex(uint32_t layer, uint32_t token, uint32_t prompt_len,
-                uint32_t kv_dim) {
-  return (size_t{layer} * prompt_len + token) * kv_dim;
+size_t RowOffset(uint32_t layer, uint32_t token, uint32_t prompt_len,
+                 uint64_t row_bytes) {
+  return (size_t{layer} * prompt_len + token) * row_bytes;
 }
 
 }  // namespace
 
-KvLayout TestLayout(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim) {
+KvLayout TestLayout(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                    KvDtype dtype) {
   KvLayout l;
   l.model_fingerprint = "test-model-fp";
   l.n_layers = n_layers;
   l.n_kv_heads = n_kv_heads;
   l.head_dim = head_dim;
-  l.dtype = "f32";
-  l.rope_freq_base = 10000.0f;
-  l.rope_dim = head_dim;
-  l.rope_type = "norm";
-  l.numerics_id = "test-build/x86_64/f32";
+  l.dtype = dtype;
   return l;
 }
 
 RefKv::RefKv(const KvLayout& layout, uint32_t prompt_len, uint32_t seed)
-    : kv_dim_(layout.kv_dim()), prompt_len_(prompt_len) {
+    : row_bytes_(layout.RowBytes()), prompt_len_(prompt_len) {
   std::mt19937 rng(seed);
-  const size_t n = size_t{layout.n_layers} * prompt_len * kv_dim_;
-  k_ = RandomBits(n, &rng);
-  v_ = RandomBits(n, &rng);
+  const size_t n = size_t{layout.n_layers} * prompt_len * row_bytes_;
+  k_ = RandomBytes(n, &rng);
+  v_ = RandomBytes(n, &rng);
 }
 
-const float* RefKv::K(uint32_t layer, uint32_t token) const {
-  return k_.data() + RowIndex(layer, token, prompt_len_, kv_dim_);
+const char* RefKv::K(uint32_t layer, uint32_t token) const {
+  return k_.data() + RowOffset(layer, token, prompt_len_, row_bytes_);
 }
 
-const float* RefKv::V(uint32_t layer, uint32_t token) const {
-  return v_.data() + RowIndex(layer, token, prompt_len_, kv_dim_);
+const char* RefKv::V(uint32_t layer, uint32_t token) const {
+  return v_.data() + RowOffset(layer, token, prompt_len_, row_bytes_);
 }
 
 absl::Status SendRange(KvSender& sender, const RefKv& ref, uint32_t n_layers,
@@ -71,14 +68,14 @@ absl::Status SendRange(KvSender& sender, const RefKv& ref, uint32_t n_layers,
 }
 
 VectorKvWriter::VectorKvWriter(const KvLayout& layout, uint32_t prompt_len)
-    : kv_dim_(layout.kv_dim()),
+    : row_bytes_(layout.RowBytes()),
       prompt_len_(prompt_len),
-      k_(size_t{layout.n_layers} * prompt_len * kv_dim_, 0.0f),
-      v_(k_.size(), 0.0f) {}
+      k_(size_t{layout.n_layers} * prompt_len * row_bytes_, 0),
+      v_(k_.size(), 0) {}
 
 void VectorKvWriter::WriteRows(uint32_t layer, uint32_t token_start,
-                               uint32_t token_count, const float* k,
-                               const float* v) {
+                               uint32_t token_count, const char* k,
+                               const char* v) {
   {
     absl::MutexLock l(&mu_);
     ++started_;
@@ -89,20 +86,20 @@ void VectorKvWriter::WriteRows(uint32_t layer, uint32_t token_start,
       blocked_ = false;
     }
   }
-  const size_t at = RowIndex(layer, token_start, prompt_len_, kv_dim_);
-  const size_t n = size_t{token_count} * kv_dim_;
-  std::memcpy(k_.data() + at, k, n * sizeof(float));
-  std::memcpy(v_.data() + at, v, n * sizeof(float));
+  const size_t at = RowOffset(layer, token_start, prompt_len_, row_bytes_);
+  const size_t n = size_t{token_count} * row_bytes_;
+  std::memcpy(k_.data() + at, k, n);
+  std::memcpy(v_.data() + at, v, n);
   absl::MutexLock l(&mu_);
   ++finished_;
 }
 
-const float* VectorKvWriter::K(uint32_t layer, uint32_t token) const {
-  return k_.data() + RowIndex(layer, token, prompt_len_, kv_dim_);
+const char* VectorKvWriter::K(uint32_t layer, uint32_t token) const {
+  return k_.data() + RowOffset(layer, token, prompt_len_, row_bytes_);
 }
 
-const float* VectorKvWriter::V(uint32_t layer, uint32_t token) const {
-  return v_.data() + RowIndex(layer, token, prompt_len_, kv_dim_);
+const char* VectorKvWriter::V(uint32_t layer, uint32_t token) const {
+  return v_.data() + RowOffset(layer, token, prompt_len_, row_bytes_);
 }
 
 void VectorKvWriter::ArmGate() {
@@ -131,12 +128,12 @@ int VectorKvWriter::writes_finished() const {
   return finished_;
 }
 
-void BlockPoolWriter::WriteRows(uint32_t layer, uint32_t token_start,
-                                uint32_t token_count, const float* k,
-                                const float* v) {
-  kv::WriteKvRows(*pool_, table_, static_cast<int32_t>(layer),
-                  static_cast<int32_t>(token_start),
-                  static_cast<int32_t>(token_count), k, v);
+void StorageWriter::WriteRows(uint32_t layer, uint32_t token_start,
+                              uint32_t token_count, const char* k,
+                              const char* v) {
+  pool_->WriteTokens(table_, static_cast<int32_t>(layer),
+                     static_cast<int32_t>(token_start),
+                     static_cast<int32_t>(token_count), k, v);
 }
 
 KvReceiver::DoneCallback DoneRecorder::Callback(std::function<void()> on_done) {
@@ -206,9 +203,41 @@ absl::StatusOr<wire::Reject> RawPeer::ReadVerdict() {
 absl::StatusOr<wire::Reject> RawPeer::Hello(const std::string& request_id,
                                             uint32_t attempt,
                                             const KvLayout& layout) {
-  absl::Status s = Send(wire::EncodeHello({request_id, attempt, layout}));
+  wire::Hello hello;
+  hello.request_id = request_id;
+  hello.attempt = attempt;
+  hello.layout = layout;
+  hello.bit_exact_class = kTestBitExactClass;
+  return Hello(hello);
+}
+
+absl::StatusOr<wire::Reject> RawPeer::Hello(const wire::Hello& hello) {
+  absl::Status s = Send(wire::EncodeHello(hello));
   if (!s.ok()) return s;
   return ReadVerdict();
+}
+
+void ReceiverTest::Start(const KvLayout& layout, int handshake_ms, int transfer_ms) {
+  layout_ = layout;
+  KvReceiver::Options o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.handshake_timeout_ms = handshake_ms;
+  o.transfer_timeout_ms = transfer_ms;
+  absl::StatusOr<std::unique_ptr<KvReceiver>> r = KvReceiver::Start(o, layout);
+  ASSERT_TRUE(r.ok()) << r.status();
+  receiver_ = std::move(*r);
+  ASSERT_GT(receiver_->port(), 0);
+}
+
+std::string ReceiverTest::Endpoint() const {
+  return absl::StrCat("127.0.0.1:", receiver_->port());
+}
+
+absl::StatusOr<std::unique_ptr<KvSender>> ReceiverTest::Connect(const std::string& id,
+                                                                uint32_t attempt) {
+  return KvSender::Connect(Endpoint(), id, attempt, layout_, kTestBitExactClass,
+                           kSenderTimeoutMs);
 }
 
 }  // namespace tandem::kvtransfer::testing

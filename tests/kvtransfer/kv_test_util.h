@@ -7,35 +7,47 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "kvtransfer/kv_transfer.h"
 #include "kvtransfer/tcp.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem::kvtransfer::testing {
 
-// Layout with the given shape; the other fields are fixed test values.
-KvLayout TestLayout(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim);
+// The bit-exact class the test senders announce unless a test says else.
+inline constexpr char kTestBitExactClass[] = "tandem-test/x86_64/v2";
+// Deadline of the test senders' handshakes and sends.
+inline constexpr int kSenderTimeoutMs = 2000;
 
-// K and V for every (layer, token) of a prompt: random 32-bit patterns
-// (NaNs and denormals included), so any bit flip or misplacement shows.
+// Layout with the given shape and dtype; the fingerprint is a fixed test
+// value ("test-model-fp").
+KvLayout TestLayout(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                    KvDtype dtype = KvDtype::kF32);
+
+// K and V for every (layer, token) of a prompt as raw bytes in the layout's
+// dtype: random bit patterns (for f32 NaNs and denormals included), so any
+// bit flip or misplacement shows. Each row is layout.RowBytes() bytes.
 class RefKv {
  public:
   RefKv(const KvLayout& layout, uint32_t prompt_len, uint32_t seed);
-  const float* K(uint32_t layer, uint32_t token) const;
-  const float* V(uint32_t layer, uint32_t token) const;
-  uint32_t kv_dim() const { return kv_dim_; }
+  // Row of (layer, token); rows of consecutive tokens are contiguous.
+  const char* K(uint32_t layer, uint32_t token) const;
+  const char* V(uint32_t layer, uint32_t token) const;
+  uint64_t row_bytes() const { return row_bytes_; }
 
  private:
-  uint32_t kv_dim_;
+  uint64_t row_bytes_;
   uint32_t prompt_len_;
-  std::vector<float> k_, v_;  // [layer][token][kv_dim]
+  std::vector<char> k_, v_;  // [layer][token][row_bytes]
 };
 
 // Sends tokens [start, end) of every layer in chunks of `chunk` tokens,
@@ -44,15 +56,16 @@ class RefKv {
 absl::Status SendRange(KvSender& sender, const RefKv& ref, uint32_t n_layers,
                        uint32_t start, uint32_t end, uint32_t chunk);
 
-// KvWriter over dense [layer][token][kv_dim] vectors. If a gate is armed,
-// WriteRows blocks until Release() (to cancel during a write).
+// KvWriter over dense [layer][token][row_bytes] byte vectors (zeros until
+// written). If a gate is armed, WriteRows blocks until Release() (to cancel
+// during a write).
 class VectorKvWriter : public KvWriter {
  public:
   VectorKvWriter(const KvLayout& layout, uint32_t prompt_len);
   void WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count,
-                 const float* k, const float* v) override;
-  const float* K(uint32_t layer, uint32_t token) const;
-  const float* V(uint32_t layer, uint32_t token) const;
+                 const char* k, const char* v) override;
+  const char* K(uint32_t layer, uint32_t token) const;
+  const char* V(uint32_t layer, uint32_t token) const;
 
   void ArmGate();
   // Waits until a write is blocked at the gate.
@@ -62,9 +75,9 @@ class VectorKvWriter : public KvWriter {
   int writes_finished() const;
 
  private:
-  uint32_t kv_dim_;
+  uint64_t row_bytes_;
   uint32_t prompt_len_;
-  std::vector<float> k_, v_;
+  std::vector<char> k_, v_;
   mutable absl::Mutex mu_;
   bool gate_armed_ ABSL_GUARDED_BY(mu_) = false;
   bool blocked_ ABSL_GUARDED_BY(mu_) = false;
@@ -72,17 +85,18 @@ class VectorKvWriter : public KvWriter {
   int finished_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// KvWriter over a BlockPool and a block table (what D does).
-class BlockPoolWriter : public KvWriter {
+// KvWriter over a KV storage and a block table (what D does); the
+// storage's dtype must be the layout's.
+class StorageWriter : public KvWriter {
  public:
-  BlockPoolWriter(kv::BlockPool* pool, std::vector<int32_t> block_table)
+  StorageWriter(kv::KvStorage* pool, std::vector<int32_t> block_table)
       : pool_(pool), table_(std::move(block_table)) {}
   void WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count,
-                 const float* k, const float* v) override;
+                 const char* k, const char* v) override;
   const std::vector<int32_t>& block_table() const { return table_; }
 
  private:
-  kv::BlockPool* pool_;
+  kv::KvStorage* pool_;
   std::vector<int32_t> table_;
 };
 
@@ -115,13 +129,29 @@ class RawPeer {
   // Reads the next message: a REJECT as is, an ACCEPT as code OK; anything
   // else is INTERNAL.
   absl::StatusOr<wire::Reject> ReadVerdict();
-  // Sends HELLO and returns the verdict (code OK for ACCEPT).
+  // Sends HELLO (v2, class kTestBitExactClass) and returns the verdict
+  // (code OK for ACCEPT).
   absl::StatusOr<wire::Reject> Hello(const std::string& request_id,
                                      uint32_t attempt, const KvLayout& layout);
+  // Sends `hello` as it is (any version or dtype) and returns the verdict.
+  absl::StatusOr<wire::Reject> Hello(const wire::Hello& hello);
 
  private:
   explicit RawPeer(tcp::ScopedFd fd) : fd_(std::move(fd)) {}
   tcp::ScopedFd fd_;
+};
+
+// Fixture with one KvReceiver on 127.0.0.1 (ephemeral port) per test.
+class ReceiverTest : public ::testing::Test {
+ protected:
+  // Starts the receiver for `layout` with the given timeouts (ms).
+  void Start(const KvLayout& layout, int handshake_ms = 2000, int transfer_ms = 2000);
+  std::string Endpoint() const;
+  // A sender of layout_ and kTestBitExactClass for (id, attempt).
+  absl::StatusOr<std::unique_ptr<KvSender>> Connect(const std::string& id, uint32_t attempt);
+
+  KvLayout layout_;
+  std::unique_ptr<KvReceiver> receiver_;
 };
 
 }  // namespace tandem::kvtransfer::testing

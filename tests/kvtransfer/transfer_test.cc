@@ -1,6 +1,7 @@
 // KvReceiver + KvSender over real sockets on 127.0.0.1 (ephemeral ports):
 // full transfers, byte counts, handshake outcomes, timeouts, cancel and
-// attempts. Expected byte counts are worked out by hand in the comments.
+// attempts. protocol_v2_test.cc (same binary) has the v2 handshake cases:
+// protocol version, dtype, bit-exact class, f16 end to end. Expected byte counts are worked out by hand in the comments.
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/kv_transfer.h"
 #include "kvtransfer/wire.h"
@@ -18,37 +20,18 @@ namespace tandem::kvtransfer {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::BlockPoolWriter;
+using testing::StorageWriter;
 using testing::DoneRecorder;
+using testing::kTestBitExactClass;
 using testing::RefKv;
 using testing::SendRange;
 using testing::TestLayout;
 using testing::VectorKvWriter;
 
-constexpr int kSenderTimeoutMs = 2000;
+using testing::kSenderTimeoutMs;
 
-class KvTransferTest : public ::testing::Test {
+class KvTransferTest : public testing::ReceiverTest {
  protected:
-  void Start(const KvLayout& layout, int handshake_ms = 2000,
-             int transfer_ms = 2000) {
-    layout_ = layout;
-    KvReceiver::Options o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.handshake_timeout_ms = handshake_ms;
-    o.transfer_timeout_ms = transfer_ms;
-    absl::StatusOr<std::unique_ptr<KvReceiver>> r = KvReceiver::Start(o, layout);
-    ASSERT_TRUE(r.ok()) << r.status();
-    receiver_ = std::move(*r);
-    ASSERT_GT(receiver_->port(), 0);
-  }
-  std::string Endpoint() const {
-    return absl::StrCat("127.0.0.1:", receiver_->port());
-  }
-  absl::StatusOr<std::unique_ptr<KvSender>> Connect(const std::string& id,
-                                                    uint32_t attempt) {
-    return KvSender::Connect(Endpoint(), id, attempt, layout_, kSenderTimeoutMs);
-  }
   // Sends frames until one fails (the receiver ended the transfer), at most
   // for 3 s; returns the error (OK if none came).
   static absl::Status SendUntilError(KvSender& s, const RefKv& ref) {
@@ -60,20 +43,18 @@ class KvTransferTest : public ::testing::Test {
     }
     return absl::OkStatus();
   }
-
-  KvLayout layout_;
-  std::unique_ptr<KvReceiver> receiver_;
 };
 
-TEST_F(KvTransferTest, FullTransferIsBitExactInBlockPool) {
+TEST_F(KvTransferTest, FullTransferIsBitExactInKvStorage) {
   // 3 layers, kv_dim 2 x 4 = 8. Prompt 37 tokens, D already holds 5, so P
   // sends [5, 37) = 32 tokens in chunks 13, 13, 6: 9 frames,
   // 3 x 32 x 2 x 8 x 4 = 6,144 bytes.
   Start(TestLayout(3, 2, 4));
-  kv::BlockPool pool(kv::KvShape{3, 2, 4, 16}, 8);
-  auto blocks = pool.Allocate(3);  // ceil(38 / 16)
+  kv::CpuKvStorage pool(kv::KvShape{3, 2, 4, 16}, 8);
+  kv::BlockPool ids(8);
+  auto blocks = ids.Allocate(3);  // ceil(38 / 16)
   ASSERT_TRUE(blocks.has_value());
-  BlockPoolWriter writer(&pool, *blocks);
+  StorageWriter writer(&pool, *blocks);
   DoneRecorder done;
   ASSERT_TRUE(receiver_->Expect("req-full", 1, 5, 37, &writer, done.Callback()).ok());
   EXPECT_EQ(receiver_->transfers_in_flight(), 1u);
@@ -94,6 +75,7 @@ TEST_F(KvTransferTest, FullTransferIsBitExactInBlockPool) {
   EXPECT_EQ(r.finish_reason, 2u);
   EXPECT_EQ(r.frames, 9u);
   EXPECT_EQ(r.kv_bytes, 6144u);
+  EXPECT_EQ(r.peer_bit_exact_class, kTestBitExactClass);  // from HELLO
   EXPECT_EQ(receiver_->kv_bytes_received_total(), 6144u);
   EXPECT_EQ(receiver_->transfers_in_flight(), 0u);
 
@@ -102,14 +84,16 @@ TEST_F(KvTransferTest, FullTransferIsBitExactInBlockPool) {
   for (uint32_t layer = 0; layer < 3; ++layer) {
     for (uint32_t t = 0; t < 37; ++t) {
       kv::ReadKvRows(pool, *blocks, layer, t, 1, k.data(), v.data());
-      const float* want_k = t < 5 ? zeros.data() : ref.K(layer, t);
-      const float* want_v = t < 5 ? zeros.data() : ref.V(layer, t);
+      const void* want_k = t < 5 ? static_cast<const void*>(zeros.data())
+                                 : ref.K(layer, t);
+      const void* want_v = t < 5 ? static_cast<const void*>(zeros.data())
+                                 : ref.V(layer, t);
       ASSERT_EQ(std::memcmp(k.data(), want_k, 32), 0) << layer << " " << t;
       ASSERT_EQ(std::memcmp(v.data(), want_v, 32), 0) << layer << " " << t;
     }
   }
-  pool.Free(*blocks);
-  EXPECT_EQ(pool.num_in_use(), 0);
+  ids.Free(*blocks);
+  EXPECT_EQ(ids.num_in_use(), 0);
 }
 
 TEST_F(KvTransferTest, ByteCountsForReferenceShape) {
@@ -143,7 +127,8 @@ TEST_F(KvTransferTest, LayoutMismatchIsRefusedOnBothSides) {
   DoneRecorder done;
   ASSERT_TRUE(receiver_->Expect("req-layout", 1, 0, 10, &writer, done.Callback()).ok());
   KvLayout other = TestLayout(2, 4, 16);
-  auto sender = KvSender::Connect(Endpoint(), "req-layout", 1, other, kSenderTimeoutMs);
+  auto sender = KvSender::Connect(Endpoint(), "req-layout", 1, other,
+                                  kTestBitExactClass, kSenderTimeoutMs);
   ASSERT_FALSE(sender.ok());
   EXPECT_EQ(sender.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(sender.status().message().find("'head_dim': local 8, remote 16"),
@@ -156,11 +141,12 @@ TEST_F(KvTransferTest, LayoutMismatchIsRefusedOnBothSides) {
 
 TEST_F(KvTransferTest, StalledSenderTimesOutAndBlocksCanBeFreed) {
   Start(TestLayout(2, 2, 4), /*handshake_ms=*/2000, /*transfer_ms=*/300);
-  kv::BlockPool pool(kv::KvShape{2, 2, 4, 4}, 16);
-  auto blocks = pool.Allocate(kv::BlocksForTokens(41, 4));
+  kv::CpuKvStorage pool(kv::KvShape{2, 2, 4, 4}, 16);
+  kv::BlockPool ids(16);
+  auto blocks = ids.Allocate(kv::BlocksForTokens(41, 4));
   ASSERT_TRUE(blocks.has_value());
-  EXPECT_EQ(pool.num_in_use(), 11);
-  BlockPoolWriter writer(&pool, *blocks);
+  EXPECT_EQ(ids.num_in_use(), 11);
+  StorageWriter writer(&pool, *blocks);
   DoneRecorder done;
   ASSERT_TRUE(receiver_->Expect("req-stall", 1, 0, 40, &writer,
                                 done.Callback()).ok());
@@ -175,8 +161,8 @@ TEST_F(KvTransferTest, StalledSenderTimesOutAndBlocksCanBeFreed) {
   EXPECT_EQ(done.status().message(),
             "KV transfer for request req-stall stalled for 300 ms");
   // QUIESCED: nothing writes any more, so D frees the reservation.
-  pool.Free(writer.block_table());
-  EXPECT_EQ(pool.num_in_use(), 0);
+  ids.Free(writer.block_table());
+  EXPECT_EQ(ids.num_in_use(), 0);
   EXPECT_EQ(receiver_->transfers_in_flight(), 0u);
   EXPECT_EQ(receiver_->kv_bytes_received_total(), 2u * 8 * 2 * 8 * 4);
   // The sender learns it too.
@@ -196,7 +182,7 @@ TEST_F(KvTransferTest, SlowButSteadyFrameIsNotAStall) {
   ASSERT_TRUE(verdict.ok() && verdict->code == absl::StatusCode::kOk);
   const RefKv ref(layout_, 4, 21);
   auto frame = wire::EncodeFrame({"req-slow", 1, 0, 0, 4}, ref.K(0, 0),
-                                 ref.V(0, 0), 16);
+                                 ref.V(0, 0), 64);  // 4 tokens x 4 x 4 bytes
   ASSERT_TRUE(frame.ok());
   const size_t piece = (frame->size() + 7) / 8;
   for (size_t at = 0; at < frame->size(); at += piece) {
@@ -402,9 +388,10 @@ TEST(KvSenderTest, ConnectToClosedPortIsUnavailable) {
     ASSERT_TRUE(fd.ok());
   }
   auto s = KvSender::Connect(absl::StrCat("127.0.0.1:", port), "r", 1,
-                             TestLayout(1, 1, 4), 1000);
+                             TestLayout(1, 1, 4), kTestBitExactClass, 1000);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
-  auto bad = KvSender::Connect("no-port", "r", 1, TestLayout(1, 1, 4), 1000);
+  auto bad = KvSender::Connect("no-port", "r", 1, TestLayout(1, 1, 4),
+                               kTestBitExactClass, 1000);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,10 +1,14 @@
-// Wire format: byte layouts written out by hand from the table in
-// kvtransfer/wire.h, round trips, and DATA_LOSS on every truncation.
+// Wire format v2: byte layouts written out by hand from the table in
+// kvtransfer/wire.h, round trips, DATA_LOSS on every truncation,
+// FAILED_PRECONDITION for another protocol version or an unknown dtype, and
+// the KvLayout helpers (sizes, layout id, mismatch messages).
 #include "kvtransfer/wire.h"
 
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/kvtransfer/kv_test_util.h"
 
@@ -56,7 +60,7 @@ TEST(KvWireTest, FrameByteLayoutAndRoundTrip) {
   FrameHeader h{"ab", 7, 2, 300, 1};
   const float k[2] = {1.0f, -2.0f};  // 0x3f800000, 0xc0000000
   const float v[2] = {0.0f, 0.5f};   // 0, 0x3f000000
-  absl::StatusOr<std::string> msg = EncodeFrame(h, k, v, 2);
+  absl::StatusOr<std::string> msg = EncodeFrame(h, k, v, sizeof(k));
   ASSERT_TRUE(msg.ok()) << msg.status();
   const std::string want =
       U32(4) + U32(6 + 16 + 16) + U32(2) + "ab" + U32(7) + U32(2) + U32(300) +
@@ -74,25 +78,106 @@ TEST(KvWireTest, FrameByteLayoutAndRoundTrip) {
   EXPECT_EQ(f->kv, want.substr(8 + 22));
 }
 
-TEST(KvWireTest, HelloRoundTrip) {
+TEST(KvWireTest, HelloV2ByteLayout) {
+  Hello h;
+  h.request_id = "r1";
+  h.attempt = 3;
+  h.layout.model_fingerprint = "fp";
+  h.layout.n_layers = 5;
+  h.layout.n_kv_heads = 4;
+  h.layout.head_dim = 8;
+  h.layout.dtype = KvDtype::kF16;
+  h.bit_exact_class = "c";
+  EXPECT_EQ(h.protocol_version, 2u);  // the default
+  // version 4 + "r1" 6 + attempt 4 + "fp" 6 + 3 x 4 + dtype 4 + "c" 5 = 41.
+  const std::string want = U32(1) + U32(41) + U32(2) + U32(2) + "r1" + U32(3) +
+                           U32(2) + "fp" + U32(5) + U32(4) + U32(8) + U32(1) +
+                           U32(1) + "c";
+  EXPECT_EQ(EncodeHello(h), want);
+}
+
+TEST(KvWireTest, HelloV2RoundTrip) {
   Hello h;
   h.request_id = "0123456789abcdef0123456789abcdef";
   h.attempt = 3;
-  h.layout = TestLayout(5, 4, 8);
-  h.layout.rope_freq_base = 500000.0f;
-  h.layout.rope_type = "neox";
+  h.layout = TestLayout(5, 4, 8, KvDtype::kF16);
+  h.layout.model_fingerprint = "sha256:0f1e2d";
+  h.bit_exact_class = "tandem-cpu/avx512/v2";
   const std::string msg = EncodeHello(h);
   uint32_t type = 0, len = 0;
   GetHeader(msg.data(), &type, &len);
   EXPECT_EQ(type, 1u);
   EXPECT_EQ(len, msg.size() - kHeaderBytes);
+  EXPECT_EQ(msg.substr(kHeaderBytes, 4), U32(2));  // version first
   absl::StatusOr<Hello> back = DecodeHello(Payload(msg));
   ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->protocol_version, 2u);
   EXPECT_EQ(back->request_id, h.request_id);
   EXPECT_EQ(back->attempt, 3u);
+  EXPECT_EQ(back->layout.model_fingerprint, "sha256:0f1e2d");
+  EXPECT_EQ(back->layout.n_layers, 5u);
+  EXPECT_EQ(back->layout.n_kv_heads, 4u);
+  EXPECT_EQ(back->layout.head_dim, 8u);
+  EXPECT_EQ(back->layout.dtype, KvDtype::kF16);
+  EXPECT_EQ(back->bit_exact_class, "tandem-cpu/avx512/v2");
   EXPECT_TRUE(CheckCompatible(h.layout, back->layout).ok());
-  EXPECT_EQ(back->layout.rope_type, "neox");
-  EXPECT_EQ(back->layout.rope_freq_base, 500000.0f);
+  // The optional out-parameter sees the same fields.
+  Hello fields;
+  ASSERT_TRUE(DecodeHello(Payload(msg), &fields).ok());
+  EXPECT_EQ(fields.request_id, h.request_id);
+  EXPECT_EQ(fields.bit_exact_class, h.bit_exact_class);
+  EXPECT_EQ(fields.layout.LayoutId(), h.layout.LayoutId());
+}
+
+// The version is read first and nothing after it: a v1 or future HELLO is
+// FAILED_PRECONDITION whatever follows, never DATA_LOSS.
+TEST(KvWireTest, HelloWithOtherVersionIsFailedPrecondition) {
+  const std::string v2 =
+      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "c"}));
+  for (uint32_t version : {1u, 7u}) {
+    const std::string want =
+        absl::StrCat("KV protocol version ", version,
+                     " is not supported (this worker speaks 2)");
+    for (const std::string& payload :
+         {U32(version) + v2.substr(4), U32(version), U32(version) + "\xff"}) {
+      Hello fields;
+      absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
+      EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
+          << h.status();
+      EXPECT_EQ(h.status().message(), want);
+      EXPECT_EQ(fields.protocol_version, version);
+      EXPECT_EQ(fields.request_id, "");  // not read
+    }
+  }
+  // The encoder writes whatever version it is given (tests use that).
+  EXPECT_EQ(Payload(EncodeHello({7, "req", 1, TestLayout(2, 2, 4), "c"}))
+                .substr(0, 4),
+            U32(7));
+}
+
+TEST(KvWireTest, HelloWithUnknownDtypeIsFailedPreconditionNamingIt) {
+  for (uint32_t dtype : {2u, 29u, 99u}) {  // 2 = ggml Q4_0: not a KV dtype
+    KvLayout l = TestLayout(2, 2, 4);
+    l.dtype = static_cast<KvDtype>(dtype);
+    const std::string payload =
+        Payload(EncodeHello({2, "req-dt", 4, l, "cls"}));
+    Hello fields;
+    absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
+        << h.status();
+    EXPECT_EQ(h.status().message(), absl::StrCat("unknown KV dtype ", dtype));
+    // Read in full, so the receiver knows which transfer it was for.
+    EXPECT_EQ(fields.protocol_version, 2u);
+    EXPECT_EQ(fields.request_id, "req-dt");
+    EXPECT_EQ(fields.attempt, 4u);
+    EXPECT_EQ(static_cast<uint32_t>(fields.layout.dtype), dtype);
+    EXPECT_EQ(fields.bit_exact_class, "cls");
+    // Framing errors still win: truncated or trailing bytes are DATA_LOSS.
+    EXPECT_EQ(DecodeHello(payload.substr(0, payload.size() - 1)).status().code(),
+              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(DecodeHello(payload + "x").status().code(),
+              absl::StatusCode::kDataLoss);
+  }
 }
 
 TEST(KvWireTest, RejectRoundTripAndUnknownCode) {
@@ -114,7 +199,7 @@ TEST(KvWireTest, RejectRoundTripAndUnknownCode) {
 // read past the end; so is one trailing byte.
 TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
   const std::string hello =
-      Payload(EncodeHello({"req", 1, TestLayout(2, 2, 4)}));
+      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "class"}));
   const std::string final_msg = Payload(EncodeFinal(TransferResult{}));
   const std::string reject = Payload(EncodeReject(absl::AbortedError("old")));
   for (size_t n = 0; n < hello.size(); ++n) {
@@ -141,19 +226,101 @@ TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
 }
 
 TEST(KvWireTest, HugeStringLengthIsDataLossNamingField) {
-  absl::StatusOr<Hello> h = DecodeHello(U32(0xfffffff0u) + "abc");
+  absl::StatusOr<Hello> h = DecodeHello(U32(2) + U32(0xfffffff0u) + "abc");
   EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(h.status().message().find("request_id"), std::string::npos)
       << h.status();
+  // A payload too short for the version names that field.
+  h = DecodeHello(std::string("\x02\0", 2));
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(h.status().message().find("protocol_version"), std::string::npos)
+      << h.status();
+}
+
+TEST(KvLayoutTest, DtypesAreGgmlTypeNumbers) {
+  // ggml.h, enum ggml_type: GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1,
+  // GGML_TYPE_BF16 = 30.
+  EXPECT_EQ(static_cast<uint32_t>(KvDtype::kF32), 0u);
+  EXPECT_EQ(static_cast<uint32_t>(KvDtype::kF16), 1u);
+  EXPECT_EQ(static_cast<uint32_t>(KvDtype::kBF16), 30u);
+  EXPECT_STREQ(KvDtypeName(KvDtype::kF32), "f32");
+  EXPECT_STREQ(KvDtypeName(KvDtype::kF16), "f16");
+  EXPECT_STREQ(KvDtypeName(KvDtype::kBF16), "bf16");
+  EXPECT_STREQ(KvDtypeName(static_cast<KvDtype>(99)), "unknown");
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kF32), 4u);
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kF16), 2u);
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kBF16), 2u);
+  EXPECT_EQ(KvDtypeBytes(static_cast<KvDtype>(99)), 0u);
+  for (uint32_t v : {0u, 1u, 30u}) EXPECT_TRUE(IsKnownKvDtype(v)) << v;
+  for (uint32_t v : {2u, 3u, 29u, 31u, 99u, 0xffffffffu}) {
+    EXPECT_FALSE(IsKnownKvDtype(v)) << v;
+  }
 }
 
 TEST(KvLayoutTest, FrameBytesMatchesReferenceCount) {
-  // 313 tokens x 2 (K, V) x 4 heads x 8 dims x 4 bytes = 80,128 per layer;
-  // x 5 layers = 400,640.
+  // f32: 313 tokens x 2 (K, V) x 4 heads x 8 dims x 4 bytes = 80,128 per
+  // layer; x 5 layers = 400,640.
   KvLayout l = TestLayout(5, 4, 8);
   EXPECT_EQ(l.kv_dim(), 32u);
+  EXPECT_EQ(l.RowBytes(), 128u);  // 32 x 4
   EXPECT_EQ(l.FrameBytes(313), 80128u);
   EXPECT_EQ(l.FrameBytes(1), 256u);
+  // f16 (and bf16): half of that, 2 bytes an element.
+  for (KvDtype d : {KvDtype::kF16, KvDtype::kBF16}) {
+    l.dtype = d;
+    EXPECT_EQ(l.kv_dim(), 32u);
+    EXPECT_EQ(l.RowBytes(), 64u);  // 32 x 2
+    EXPECT_EQ(l.FrameBytes(313), 40064u);  // 313 x 2 x 64
+    EXPECT_EQ(l.FrameBytes(1), 128u);
+  }
+  // 64-bit arithmetic: 65536 x 65536 x 4 bytes does not wrap.
+  KvLayout big = TestLayout(1, 65536, 65536);
+  EXPECT_EQ(big.RowBytes(), 17179869184ull);
+  EXPECT_EQ(big.FrameBytes(2), 68719476736ull);
+}
+
+TEST(KvLayoutTest, LayoutIdSpellsEveryField) {
+  EXPECT_EQ(TestLayout(5, 4, 8).LayoutId(), "kv2/test-model-fp/L5.H4.D8/f32");
+  EXPECT_EQ(TestLayout(1, 2, 64, KvDtype::kBF16).LayoutId(),
+            "kv2/test-model-fp/L1.H2.D64/bf16");
+}
+
+// Two ends can exchange KV iff their layout ids are equal: every field
+// changes the id, and CheckCompatible agrees with the id comparison.
+TEST(KvLayoutTest, LayoutIdEqualIffLayoutsEqual) {
+  const KvLayout a = TestLayout(5, 4, 8);
+  std::vector<KvLayout> variants;
+  KvLayout b = a;
+  b.model_fingerprint = "other-fp";
+  variants.push_back(b);
+  b = a;
+  b.n_layers = 6;
+  variants.push_back(b);
+  b = a;
+  b.n_kv_heads = 2;
+  variants.push_back(b);
+  b = a;
+  b.head_dim = 16;
+  variants.push_back(b);
+  b = a;
+  b.dtype = KvDtype::kF16;
+  variants.push_back(b);
+  b = a;
+  b.dtype = KvDtype::kBF16;
+  variants.push_back(b);
+  // Same kv_dim (4 x 8 = 8 x 4) is still another layout.
+  variants.push_back(TestLayout(5, 8, 4));
+  EXPECT_EQ(KvLayout(a).LayoutId(), a.LayoutId());
+  EXPECT_TRUE(CheckCompatible(a, KvLayout(a)).ok());
+  for (size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_NE(variants[i].LayoutId(), a.LayoutId()) << variants[i].LayoutId();
+    EXPECT_FALSE(CheckCompatible(a, variants[i]).ok()) << i;
+    for (size_t j = 0; j < variants.size(); ++j) {
+      EXPECT_EQ(variants[i].LayoutId() == variants[j].LayoutId(), i == j)
+          << variants[i].LayoutId() << " vs " << variants[j].LayoutId();
+      EXPECT_EQ(CheckCompatible(variants[i], variants[j]).ok(), i == j);
+    }
+  }
 }
 
 TEST(KvLayoutTest, MismatchNamesFieldAndBothValues) {
@@ -166,15 +333,29 @@ TEST(KvLayoutTest, MismatchNamesFieldAndBothValues) {
   EXPECT_EQ(s.message(),
             "KV layout mismatch in field 'head_dim': local 8, remote 16");
   b = a;
-  b.numerics_id = "other";
+  b.model_fingerprint = "other";
   s = CheckCompatible(a, b);
   EXPECT_EQ(s.message(),
-            "KV layout mismatch in field 'numerics_id': local "
-            "\"test-build/x86_64/f32\", remote \"other\"");
+            "KV layout mismatch in field 'model_fingerprint': local "
+            "\"test-model-fp\", remote \"other\"");
   b = a;
-  b.rope_freq_base = 1e6f;
-  EXPECT_NE(CheckCompatible(a, b).message().find("rope_freq_base"),
-            std::string::npos);
+  b.n_layers = 7;
+  b.head_dim = 16;  // first difference in wire order wins
+  EXPECT_EQ(CheckCompatible(a, b).message(),
+            "KV layout mismatch in field 'n_layers': local 5, remote 7");
+}
+
+TEST(KvLayoutTest, DtypeMismatchNamesBothDtypes) {
+  const KvLayout a = TestLayout(5, 4, 8);
+  KvLayout b = a;
+  b.dtype = KvDtype::kF16;
+  absl::Status s = CheckCompatible(a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "KV layout mismatch in field 'dtype': local f32, remote f16");
+  s = CheckCompatible(b, TestLayout(5, 4, 8, KvDtype::kBF16));
+  EXPECT_EQ(s.message(),
+            "KV layout mismatch in field 'dtype': local f16, remote bf16");
 }
 
 }  // namespace

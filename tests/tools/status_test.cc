@@ -38,6 +38,13 @@ TEST(StatusFormatTest, OneLinePerProcess) {
   EXPECT_EQ(FormatStatusLine(p),
             "prefill-0 prefill - not-ready unhealthy running=0 kv_blocks=0/0 cached=0 transfers=0 "
             "prefill_tokens=300 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0");
+  // Workers report what a KV transfer peer must match and what must match
+  // for bit-identical results.
+  p.set_kv_layout_id("kv2/abc/L5.H4.D8/f32");
+  p.set_bit_exact_class("tandem-cpu/avx2/v2");
+  EXPECT_THAT(FormatStatusLine(p),
+              ::testing::EndsWith(
+                  " preemptions=0 kv_layout=kv2/abc/L5.H4.D8/f32 bit_exact=tandem-cpu/avx2/v2"));
 }
 
 TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
@@ -56,7 +63,8 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
             R"("kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,"transfers_in_flight":1,)"
             R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
             R"("kv_bytes_received_total":8589934592,"decode_tokens_total":77,)"
-            R"("max_decode_batch_size":2,"preemptions_total":0,"model_fingerprint":""})");
+            R"("max_decode_batch_size":2,"preemptions_total":0,"model_fingerprint":"",)"
+            R"("kv_layout_id":"","bit_exact_class":""})");
 }
 
 TEST(StatusExitCodeTest, Rules) {

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
@@ -279,19 +280,20 @@ Synth LoadSmall(const std::string& type) {
 // one token at a time (teacher forcing, so all models see the same input).
 std::vector<std::vector<float>> StepLogits(const model::LlamaModel& m,
                                            const std::vector<int32_t>& ids, size_t n_prompt) {
-  kv::BlockPool pool(m.kv_shape(16), 4);
-  const std::vector<int32_t> table = *pool.Allocate(4);
+  kv::CpuKvStorage kv(m.kv_shape(16), 4);
+  kv::BlockPool blocks(4);
+  const std::vector<int32_t> table = *blocks.Allocate(4);
   std::vector<std::vector<float>> out;
   std::vector<float> logits;
   model::SequenceBatch e;
   e.block_table = &table;
   e.tokens = std::span<const int32_t>(ids.data(), n_prompt);
-  m.Forward(std::span<const model::SequenceBatch>(&e, 1), pool, &logits);
+  m.Forward(std::span<const model::SequenceBatch>(&e, 1), kv, &logits);
   out.push_back(logits);
   for (size_t i = n_prompt; i < ids.size(); ++i) {
     e.tokens = std::span<const int32_t>(&ids[i], 1);
     e.start_pos = static_cast<int32_t>(i);
-    m.Forward(std::span<const model::SequenceBatch>(&e, 1), pool, &logits);
+    m.Forward(std::span<const model::SequenceBatch>(&e, 1), kv, &logits);
     out.push_back(logits);
   }
   return out;

@@ -1,6 +1,9 @@
 #include "engine/kv/block_pool.h"
 
+#include "engine/kv/cpu_kv_storage.h"
+
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -22,7 +25,7 @@ KvShape SmallShape() {
 }
 
 TEST(BlockPoolTest, AllocatesInFifoOrder) {
-  BlockPool pool(SmallShape(), 5);
+  BlockPool pool(5);
   EXPECT_EQ(pool.num_blocks(), 5);
   EXPECT_EQ(pool.num_free(), 5);
   auto a = pool.Allocate(2);
@@ -44,7 +47,7 @@ TEST(BlockPoolTest, AllocatesInFifoOrder) {
 }
 
 TEST(BlockPoolTest, ZeroBlocksIsEmptyAllocation) {
-  BlockPool pool(SmallShape(), 2);
+  BlockPool pool(2);
   auto a = pool.Allocate(0);
   ASSERT_TRUE(a.has_value());
   EXPECT_TRUE(a->empty());
@@ -52,7 +55,7 @@ TEST(BlockPoolTest, ZeroBlocksIsEmptyAllocation) {
 }
 
 TEST(BlockPoolTest, FailedAllocationLeavesPoolUnchanged) {
-  BlockPool pool(SmallShape(), 3);
+  BlockPool pool(3);
   ASSERT_TRUE(pool.Allocate(1).has_value());  // takes 0
   EXPECT_FALSE(pool.Allocate(3).has_value());
   EXPECT_EQ(pool.num_free(), 2);
@@ -62,9 +65,9 @@ TEST(BlockPoolTest, FailedAllocationLeavesPoolUnchanged) {
   EXPECT_THAT(*a, ElementsAre(1, 2));
 }
 
-TEST(BlockPoolTest, StartsZeroedAndBlocksDoNotOverlap) {
+TEST(CpuKvStorageTest, StartsZeroedAndBlocksDoNotOverlap) {
   const KvShape shape = SmallShape();
-  BlockPool pool(shape, 3);
+  CpuKvStorage pool(shape, 3);
   const int32_t slab = shape.block_size * shape.kv_dim();
   for (int32_t b = 0; b < 3; ++b) {
     for (int32_t l = 0; l < shape.n_layers; ++l) {
@@ -81,7 +84,7 @@ TEST(BlockPoolTest, StartsZeroedAndBlocksDoNotOverlap) {
       std::fill(pool.V(b, l), pool.V(b, l) + slab, static_cast<float>(b * 10 + l * 2 + 1));
     }
   }
-  const BlockPool& cpool = pool;
+  const CpuKvStorage& cpool = pool;
   for (int32_t b = 0; b < 3; ++b) {
     for (int32_t l = 0; l < shape.n_layers; ++l) {
       for (int32_t i = 0; i < slab; ++i) {
@@ -92,7 +95,7 @@ TEST(BlockPoolTest, StartsZeroedAndBlocksDoNotOverlap) {
   }
 }
 
-TEST(BlockPoolTest, BlocksForTokens) {
+TEST(KvStorageTest, BlocksForTokens) {
   EXPECT_EQ(BlocksForTokens(0, 16), 0);
   EXPECT_EQ(BlocksForTokens(1, 16), 1);
   EXPECT_EQ(BlocksForTokens(16, 16), 1);
@@ -100,9 +103,9 @@ TEST(BlockPoolTest, BlocksForTokens) {
   EXPECT_EQ(BlocksForTokens(313, 16), 20);
 }
 
-TEST(BlockPoolTest, KvRowsRoundTripAcrossBlockBoundaries) {
+TEST(CpuKvStorageTest, KvRowsRoundTripAcrossBlockBoundaries) {
   const KvShape shape = SmallShape();  // block_size 4, kv_dim 6
-  BlockPool pool(shape, 6);
+  CpuKvStorage pool(shape, 6);
   const std::vector<int32_t> table = {5, 1, 3};  // tokens 0..11
   const int32_t dim = shape.kv_dim();
   const int32_t start = 2, count = 7;  // spans all three blocks
@@ -130,8 +133,31 @@ TEST(BlockPoolTest, KvRowsRoundTripAcrossBlockBoundaries) {
   EXPECT_EQ(v3, std::vector<float>(v.begin() + dim, v.begin() + 3 * dim));
 }
 
+// The byte interface (what KV transfer and other backends use) moves the
+// same bytes as the float helpers: row_bytes() per token and layer.
+TEST(CpuKvStorageTest, TokenBytesAreTheF32Rows) {
+  const KvShape shape = SmallShape();
+  CpuKvStorage storage(shape, 4);
+  const KvStorage& as_interface = storage;
+  EXPECT_EQ(as_interface.dtype(), KvDtype::kF32);
+  EXPECT_EQ(as_interface.row_bytes(), 6u * sizeof(float));
+  EXPECT_STREQ(KvDtypeName(as_interface.dtype()), "f32");
+  const std::vector<int32_t> table = {2, 0};
+  std::vector<float> k(3 * 6), v(3 * 6);
+  std::iota(k.begin(), k.end(), 1.0f);
+  std::iota(v.begin(), v.end(), 50.0f);
+  storage.WriteTokens(table, 0, 3, 3, reinterpret_cast<const char*>(k.data()),
+                      reinterpret_cast<const char*>(v.data()));
+  EXPECT_EQ(storage.K(2, 0)[3 * 6], 1.0f);  // token 3: block 2, slot 3
+  EXPECT_EQ(storage.V(0, 0)[0], 50.0f + 6);  // token 4: block 0, slot 0
+  std::vector<char> kb(k.size() * sizeof(float)), vb(kb.size());
+  storage.ReadTokens(table, 0, 3, 3, kb.data(), vb.data());
+  EXPECT_EQ(std::memcmp(kb.data(), k.data(), kb.size()), 0);
+  EXPECT_EQ(std::memcmp(vb.data(), v.data(), vb.size()), 0);
+}
+
 TEST(BlockPoolDeathTest, DoubleFreeAborts) {
-  BlockPool pool(SmallShape(), 2);
+  BlockPool pool(2);
   auto a = pool.Allocate(1);
   ASSERT_TRUE(a.has_value());
   pool.Free(*a);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,15 +29,6 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
 constexpr int32_t kBs = 4;
-
-KvShape TinyShape() {
-  KvShape shape;
-  shape.n_layers = 1;
-  shape.n_kv_heads = 1;
-  shape.head_dim = 1;
-  shape.block_size = kBs;
-  return shape;
-}
 
 // n consecutive token ids from `first`.
 std::vector<int32_t> Tokens(int32_t first, int32_t n) {
@@ -71,10 +63,11 @@ BlockHash RefHash(const BlockHash& parent, const std::vector<int32_t>& block,
 class KvCacheManagerTest : public ::testing::Test {
  protected:
   void Init(int32_t num_blocks, bool caching = true) {
-    pool_ = std::make_unique<BlockPool>(TinyShape(), num_blocks);
+    pool_ = std::make_unique<BlockPool>(num_blocks);
     KvCacheManagerOptions options;
     options.enable_prefix_caching = caching;
     options.model_fingerprint = "test-model";
+    options.block_size = kBs;
     mgr_ = std::make_unique<KvCacheManager>(pool_.get(), options);
   }
 
@@ -414,7 +407,7 @@ struct LiveSeq {
 
 class RandomDriver {
  public:
-  RandomDriver() : pool_(TinyShape(), kBlocks), mgr_(&pool_, Options()), rng_(20240611) {
+  RandomDriver() : pool_(kBlocks), mgr_(&pool_, Options()), rng_(20240611) {
     std::uniform_int_distribution<int32_t> tok(0, 49);
     for (auto& base : bases_) {
       for (int32_t i = 0; i < 20; ++i) base.push_back(tok(rng_));
@@ -452,6 +445,7 @@ class RandomDriver {
   static KvCacheManagerOptions Options() {
     KvCacheManagerOptions o;
     o.model_fingerprint = "rand";
+    o.block_size = kBs;
     return o;
   }
   int32_t Rand(int32_t lo, int32_t hi) {
@@ -478,7 +472,7 @@ class RandomDriver {
     for (int32_t t = 0; t < hit.num_tokens; ++t) {
       const int32_t b = hit.blocks[static_cast<size_t>(t / kBs)];
       ASSERT_TRUE(mgr_.IsCached(b));
-      ASSERT_EQ(pool_.K(b, 0)[t % kBs], static_cast<float>(prompt[static_cast<size_t>(t)]));
+      ASSERT_EQ(memory_.K(b, 0)[t % kBs], static_cast<float>(prompt[static_cast<size_t>(t)]));
     }
   }
 
@@ -519,7 +513,7 @@ class RandomDriver {
       // Only this sequence may write, and never into a published block.
       ASSERT_FALSE(mgr_.IsCached(b)) << "write into published block " << b;
       ASSERT_EQ(mgr_.RefCount(b), 1 + PinCount(b));
-      pool_.K(b, 0)[t % kBs] = static_cast<float>(s.tokens[static_cast<size_t>(t)]);
+      memory_.K(b, 0)[t % kBs] = static_cast<float>(s.tokens[static_cast<size_t>(t)]);
     }
     s.computed = end;
     mgr_.CommitComputed(id, s.tokens, end);
@@ -599,7 +593,8 @@ class RandomDriver {
     ASSERT_EQ(cached, mgr_.num_blocks_cached());
     ASSERT_EQ(free + evictable, mgr_.num_blocks_available());
   }
-
+  // K of each token slot holds the token id written there (1 layer, dim 1).
+  CpuKvStorage memory_{KvShape{1, 1, 1, kBs}, kBlocks};
   BlockPool pool_;
   KvCacheManager mgr_;
   std::mt19937 rng_;
@@ -619,6 +614,22 @@ TEST(KvCacheManagerRandomTest, InvariantsHoldOverRandomOperations) {
   EXPECT_GT(driver.hits, 100);
   EXPECT_GT(driver.evictions, 100);
   EXPECT_GT(driver.failed_allocations, 10);
+}
+
+// vLLM's prefix-cache counters: every lookup counts, with the tokens it
+// was allowed to match (the cap, at most the prompt) and those it did.
+TEST_F(KvCacheManagerTest, PrefixCacheStatsCountLookupsAndTokens) {
+  Init(16);
+  const std::vector<int32_t> prompt = Tokens(100, 10);  // two full blocks + 2
+  EXPECT_EQ(mgr_->prefix_cache_stats().lookups, 0u);
+  Run(1, prompt, LocalCap(prompt.size()));  // misses: caps 8
+  mgr_->FreeSequence(1);
+  EXPECT_EQ(mgr_->FindCachedPrefix(prompt, RemoteCap(prompt.size())).num_tokens, 8);
+  EXPECT_EQ(mgr_->FindCachedPrefix(prompt, 4).num_tokens, 4);
+  const PrefixCacheStats& stats = mgr_->prefix_cache_stats();
+  EXPECT_EQ(stats.lookups, 3u);
+  EXPECT_EQ(stats.queried_tokens, 8u + 10u + 4u);
+  EXPECT_EQ(stats.hit_tokens, 0u + 8u + 4u);
 }
 
 }  // namespace

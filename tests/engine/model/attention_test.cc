@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "gtest/gtest.h"
 
 namespace tandem::model::internal {
@@ -89,15 +90,16 @@ TEST(AttentionTest, EveryIsaEqualsTheScalarReference) {
     shape.n_kv_heads = 2;
     shape.head_dim = head_dim;
     shape.block_size = 16;
-    kv::BlockPool pool(shape, 8);
-    std::vector<int32_t> table = *pool.Allocate(5);
-    std::swap(table[0], table[3]);  // blocks out of order in the pool
+    kv::CpuKvStorage kv(shape, 8);
+    kv::BlockPool blocks(8);
+    std::vector<int32_t> table = *blocks.Allocate(5);
+    std::swap(table[0], table[3]);  // blocks out of order in the storage
     const size_t kv_dim = 2 * static_cast<size_t>(head_dim);
     for (int32_t b : table) {
       for (int32_t l = 0; l < 2; ++l) {
         for (size_t i = 0; i < 16 * kv_dim; ++i) {
-          pool.K(b, l)[i] = normal(rng);
-          pool.V(b, l)[i] = normal(rng);
+          kv.K(b, l)[i] = normal(rng);
+          kv.V(b, l)[i] = normal(rng);
         }
       }
     }
@@ -111,11 +113,11 @@ TEST(AttentionTest, EveryIsaEqualsTheScalarReference) {
           const size_t row = static_cast<size_t>(j % 16) * kv_dim +
                              static_cast<size_t>(kv_head * head_dim);
           const int32_t b = table[static_cast<size_t>(j / 16)];
-          keys.emplace_back(pool.K(b, 1) + row, pool.K(b, 1) + row + head_dim);
-          values.emplace_back(pool.V(b, 1) + row, pool.V(b, 1) + row + head_dim);
+          keys.emplace_back(kv.K(b, 1) + row, kv.K(b, 1) + row + head_dim);
+          values.emplace_back(kv.V(b, 1) + row, kv.V(b, 1) + row + head_dim);
         }
         const std::vector<float> want = Reference(keys, values, q, scale);
-        AttentionSpan span{&pool, table, 1, kv_head, pos};
+        AttentionSpan span{&kv, table, 1, kv_head, pos};
         for (KernelIsaKind isa :
              {KernelIsaKind::kGeneric, KernelIsaKind::kAvx2, KernelIsaKind::kAvx512}) {
           if (!KernelIsaSupported(isa)) continue;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -43,10 +44,12 @@ struct Seq {
 
 // Steps every sequence forward together (continuous batching: prefill
 // chunks of some sequences beside decode tokens of others) until each has
-// kDecodeSteps tokens.
-void RunSchedule(const LlamaModel& model, kv::BlockPool& pool, std::vector<Seq>& seqs) {
+// kDecodeSteps tokens. Block tables come from `blocks`, the K/V memory
+// from `kv`.
+void RunSchedule(const LlamaModel& model, kv::CpuKvStorage& kv, kv::BlockPool& blocks,
+                 std::vector<Seq>& seqs) {
   for (Seq& s : seqs) {
-    auto t = pool.Allocate(kv::BlocksForTokens(
+    auto t = blocks.Allocate(kv::BlocksForTokens(
         static_cast<int32_t>(s.prompt.size()) + kDecodeSteps, kBlockSize));
     ASSERT_TRUE(t.has_value());
     s.table = *t;
@@ -76,7 +79,7 @@ void RunSchedule(const LlamaModel& model, kv::BlockPool& pool, std::vector<Seq>&
     }
     if (batch.empty()) return;
     std::vector<float> logits;
-    model.Forward(batch, pool, &logits);
+    model.Forward(batch, kv, &logits);
     const size_t vocab = static_cast<size_t>(model.config().vocab_size);
     size_t out = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -135,10 +138,11 @@ class LlamaBatchTest : public ::testing::Test {
   std::vector<std::vector<float>> Alone(size_t i) { return Alone(model(), prompts_[i]); }
   static std::vector<std::vector<float>> Alone(const LlamaModel& m,
                                                const std::vector<int32_t>& prompt) {
-    kv::BlockPool pool(m.kv_shape(kBlockSize), 64);
+    kv::CpuKvStorage kv(m.kv_shape(kBlockSize), 64);
+    kv::BlockPool blocks(64);
     std::vector<Seq> seqs(1);
     seqs[0].prompt = prompt;
-    RunSchedule(m, pool, seqs);
+    RunSchedule(m, kv, blocks, seqs);
     return seqs[0].logits;
   }
 
@@ -155,7 +159,8 @@ TEST_F(LlamaBatchTest, LogitsIdenticalAloneBatchedAndChunked) {
 
   for (int32_t chunk : {1, 7, 0}) {
     SCOPED_TRACE(::testing::Message() << "chunk " << chunk);
-    kv::BlockPool pool(model().kv_shape(kBlockSize), 64);
+    kv::CpuKvStorage kv(model().kv_shape(kBlockSize), 64);
+    kv::BlockPool blocks(64);
     std::vector<Seq> seqs(which.size());
     for (size_t j = 0; j < which.size(); ++j) {
       seqs[j].prompt = prompts_[which[j]];
@@ -163,7 +168,7 @@ TEST_F(LlamaBatchTest, LogitsIdenticalAloneBatchedAndChunked) {
       // others are still prefilling.
       seqs[j].chunk = j == 0 ? 0 : chunk;
     }
-    RunSchedule(model(), pool, seqs);
+    RunSchedule(model(), kv, blocks, seqs);
     for (size_t j = 0; j < which.size(); ++j) {
       ASSERT_EQ(seqs[j].logits.size(), alone[j].size());
       for (size_t step = 0; step < alone[j].size(); ++step) {
@@ -183,9 +188,10 @@ TEST_F(LlamaBatchTest, HookSeesEveryLayerAfterItsKvIsWritten) {
     ASSERT_NE(loaded.model, nullptr);
     const LlamaModel& m = *loaded.model;
     const kv::KvShape shape = m.kv_shape(4);
-    kv::BlockPool pool(shape, 16);
-    const std::vector<int32_t> table_a = *pool.Allocate(2);  // blocks 0, 1
-    const std::vector<int32_t> table_b = *pool.Allocate(3);  // blocks 2, 3, 4
+    kv::CpuKvStorage kv(shape, 16);
+    kv::BlockPool blocks(16);
+    const std::vector<int32_t> table_a = *blocks.Allocate(2);  // blocks 0, 1
+    const std::vector<int32_t> table_b = *blocks.Allocate(3);  // blocks 2, 3, 4
     const std::vector<int32_t>& prompt_a = prompts_[0];      // 5 tokens
     const std::vector<int32_t>& prompt_b = prompts_[1];      // 12 tokens
     std::vector<float> logits;
@@ -195,7 +201,7 @@ TEST_F(LlamaBatchTest, HookSeesEveryLayerAfterItsKvIsWritten) {
     first.tokens = std::span<const int32_t>(prompt_b).first(3);
     first.block_table = &table_b;
     first.want_logits = false;
-    m.Forward(std::span<const SequenceBatch>(&first, 1), pool, &logits);
+    m.Forward(std::span<const SequenceBatch>(&first, 1), kv, &logits);
     EXPECT_TRUE(logits.empty());
 
     std::vector<SequenceBatch> batch(2);
@@ -214,14 +220,14 @@ TEST_F(LlamaBatchTest, HookSeesEveryLayerAfterItsKvIsWritten) {
       // This layer's rows are in the cache; the next layer's are not yet.
       const std::vector<int32_t>& table = seq == 0 ? table_a : table_b;
       std::vector<float> k(static_cast<size_t>(count) * dim), v(k.size());
-      kv::ReadKvRows(pool, table, layer, start, count, k.data(), v.data());
+      kv::ReadKvRows(kv, table, layer, start, count, k.data(), v.data());
       EXPECT_TRUE(std::any_of(k.begin(), k.end(), [](float x) { return x != 0.0f; }));
       if (layer + 1 < shape.n_layers) {
-        kv::ReadKvRows(pool, table, layer + 1, start, count, k.data(), v.data());
+        kv::ReadKvRows(kv, table, layer + 1, start, count, k.data(), v.data());
         EXPECT_TRUE(std::all_of(k.begin(), k.end(), [](float x) { return x == 0.0f; }));
       }
     };
-    m.Forward(batch, pool, &logits, &hook);
+    m.Forward(batch, kv, &logits, &hook);
     EXPECT_EQ(logits.size(), 2u * static_cast<size_t>(m.config().vocab_size));
 
     std::vector<std::tuple<size_t, int32_t, int32_t, int32_t>> expected;
@@ -281,13 +287,14 @@ TEST_F(LlamaBatchTest, LogitsIdenticalBatchedWithRandomPromptsChunkedAndThreaded
     ASSERT_NE(m.model, nullptr);
     for (int32_t chunk : {1, 7, 64}) {
       SCOPED_TRACE(::testing::Message() << Describe(t) << ", chunk " << chunk);
-      kv::BlockPool pool(m.model->kv_shape(kBlockSize), 256);
+      kv::CpuKvStorage kv(m.model->kv_shape(kBlockSize), 256);
+      kv::BlockPool blocks(256);
       std::vector<Seq> seqs(prompts.size());
       for (size_t j = 0; j < prompts.size(); ++j) {
         seqs[j].prompt = prompts[j];
         seqs[j].chunk = chunk;
       }
-      RunSchedule(*m.model, pool, seqs);
+      RunSchedule(*m.model, kv, blocks, seqs);
       for (size_t j = 0; j < prompts.size(); ++j) {
         ASSERT_EQ(seqs[j].logits.size(), reference[j].size());
         for (size_t step = 0; step < reference[j].size(); ++step) {

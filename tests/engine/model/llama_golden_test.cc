@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "gtest/gtest.h"
 #include "tests/engine/model/model_test_util.h"
@@ -21,8 +22,8 @@ using testing::LoadSharedModel;
 constexpr double kLogitTolerance = 1e-3;
 
 // Checks one golden case's F32-KV ids and first-token top-5 logits, decoding
-// through `table` in `pool`.
-void CheckCase(const LlamaModel& model, kv::BlockPool& pool,
+// through `table` of blocks in `kv`.
+void CheckCase(const LlamaModel& model, kv::CpuKvStorage& kv,
                const std::vector<int32_t>& table, const nlohmann::json& c) {
   SCOPED_TRACE(c["name"].get<std::string>());
   const auto prompt = c["prompt_token_ids_with_bos"].get<std::vector<int32_t>>();
@@ -32,7 +33,7 @@ void CheckCase(const LlamaModel& model, kv::BlockPool& pool,
 
   std::vector<std::vector<float>> logits;
   const std::vector<int32_t> got =
-      GreedyDecode(model, pool, table, prompt, static_cast<int>(expected.size()), &logits);
+      GreedyDecode(model, kv, table, prompt, static_cast<int>(expected.size()), &logits);
   EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + strict),
             std::vector<int32_t>(expected.begin(), expected.begin() + strict));
   for (const nlohmann::json& top : c["first_token_top5_f32kv"]) {
@@ -74,10 +75,11 @@ TEST_P(StoriesGoldenTest, GreedyIdsAndFirstLogitsMatchLlamaCpp) {
   for (const nlohmann::json& c : goldens_["cases"]) {
     const size_t tokens = c["prompt_token_ids_with_bos"].size() +
                           c["generated_token_ids_f32kv"].size();
-    kv::BlockPool pool(model().kv_shape(16), 32);
-    auto table = pool.Allocate(kv::BlocksForTokens(static_cast<int32_t>(tokens), 16));
+    kv::CpuKvStorage kv(model().kv_shape(16), 32);
+    kv::BlockPool blocks(32);
+    auto table = blocks.Allocate(kv::BlocksForTokens(static_cast<int32_t>(tokens), 16));
     ASSERT_TRUE(table.has_value());
-    CheckCase(model(), pool, *table, c);
+    CheckCase(model(), kv, *table, c);
   }
 }
 
@@ -88,10 +90,11 @@ TEST_P(StoriesGoldenTest, LongPromptGeneratesBosFirstAndContinues) {
     if (c["name"] != "long_repeated_313tok") continue;
     ASSERT_EQ(c["prompt_token_ids_with_bos"].size(), 313u);
     ASSERT_EQ(c["generated_token_ids_f32kv"][0], 1);
-    kv::BlockPool pool(model().kv_shape(16), 22);
-    auto table = pool.Allocate(22);
+    kv::CpuKvStorage kv(model().kv_shape(16), 22);
+    kv::BlockPool blocks(22);
+    auto table = blocks.Allocate(22);
     ASSERT_TRUE(table.has_value());
-    CheckCase(model(), pool, *table, c);
+    CheckCase(model(), kv, *table, c);
     return;
   }
   FAIL() << "case long_repeated_313tok not in goldens";
@@ -102,23 +105,24 @@ TEST_P(StoriesGoldenTest, LongPromptGeneratesBosFirstAndContinues) {
 TEST_P(StoriesGoldenTest, FragmentedBlockTableGivesGoldenIds) {
   const int32_t kBlockSize = 4;
   const int32_t kBlocks = 128;
-  kv::BlockPool pool(model().kv_shape(kBlockSize), kBlocks);
-  auto all = pool.Allocate(kBlocks);
+  kv::CpuKvStorage kv(model().kv_shape(kBlockSize), kBlocks);
+  kv::BlockPool blocks(kBlocks);
+  auto all = blocks.Allocate(kBlocks);
   ASSERT_TRUE(all.has_value());
   // Free all blocks in a scrambled order (stride 37), so FIFO allocation
   // hands out tables like [7, 44, 81, 118, 27, ...].
   std::vector<int32_t> order;
   for (int32_t i = 0; i < kBlocks; ++i) order.push_back((i * 37 + 7) % kBlocks);
-  pool.Free(order);
+  blocks.Free(order);
 
   for (const nlohmann::json& c : goldens_["cases"]) {
     const int32_t tokens = static_cast<int32_t>(c["prompt_token_ids_with_bos"].size() +
                                                 c["generated_token_ids_f32kv"].size());
-    auto table = pool.Allocate(kv::BlocksForTokens(tokens, kBlockSize));
+    auto table = blocks.Allocate(kv::BlocksForTokens(tokens, kBlockSize));
     ASSERT_TRUE(table.has_value());
     ASSERT_FALSE(std::is_sorted(table->begin(), table->end()));
-    CheckCase(model(), pool, *table, c);
-    pool.Free(*table);
+    CheckCase(model(), kv, *table, c);
+    blocks.Free(*table);
   }
 }
 

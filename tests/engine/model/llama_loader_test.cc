@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "engine/gguf/gguf_file.h"
+#include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/llama_weights.h"
 #include "gmock/gmock.h"
@@ -61,14 +63,15 @@ TEST(LlamaLoaderTest, TinyRandomF16LoadsAndRunsWithoutNaN) {
   EXPECT_EQ(c.head_dim, 4);
   EXPECT_EQ(c.vocab_size, 32000);
 
-  kv::BlockPool pool(m.model->kv_shape(16), 4);
-  const std::vector<int32_t> table = *pool.Allocate(1);
+  kv::CpuKvStorage kv(m.model->kv_shape(16), 4);
+  kv::BlockPool blocks(4);
+  const std::vector<int32_t> table = *blocks.Allocate(1);
   const std::vector<int32_t> prompt = {1, 9038, 2501, 263, 931, 31999};
   SequenceBatch entry;
   entry.tokens = prompt;
   entry.block_table = &table;
   std::vector<float> logits;
-  m.model->Forward(std::span<const SequenceBatch>(&entry, 1), pool, &logits);
+  m.model->Forward(std::span<const SequenceBatch>(&entry, 1), kv, &logits);
   ASSERT_EQ(logits.size(), 32000u);
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
   // Random weights still give a non-constant logit vector.

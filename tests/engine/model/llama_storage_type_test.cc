@@ -17,6 +17,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/gguf/gguf_writer.h"
 #include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "gtest/gtest.h"
 #include "tests/engine/model/model_test_util.h"
@@ -141,12 +142,13 @@ Opened Open(const std::string& path, int32_t threads) {
 
 // Greedy prefill of a 20-token prompt and 12 decode steps; every step's logits.
 std::vector<std::vector<float>> StepLogits(const LlamaModel& m) {
-  kv::BlockPool pool(m.kv_shape(16), 2);
-  const std::vector<int32_t> table = *pool.Allocate(2);
+  kv::CpuKvStorage kv(m.kv_shape(16), 2);
+  kv::BlockPool blocks(2);
+  const std::vector<int32_t> table = *blocks.Allocate(2);
   std::vector<int32_t> prompt = {1};
   for (int32_t i = 0; i < 19; ++i) prompt.push_back(20 + 23 * i % 480);
   std::vector<std::vector<float>> logits;
-  testing::GreedyDecode(m, pool, table, prompt, 12, &logits);
+  testing::GreedyDecode(m, kv, table, prompt, 12, &logits);
   return logits;
 }
 

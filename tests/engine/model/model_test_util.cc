@@ -36,7 +36,7 @@ int32_t Argmax(const std::vector<float>& logits) {
                               logits.begin());
 }
 
-std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::BlockPool& pool,
+std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::CpuKvStorage& kv,
                                   const std::vector<int32_t>& table,
                                   const std::vector<int32_t>& prompt, int n_new,
                                   std::vector<std::vector<float>>* step_logits) {
@@ -46,13 +46,13 @@ std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::BlockPool& pool,
   entry.tokens = prompt;
   entry.start_pos = 0;
   entry.block_table = &table;
-  model.Forward(std::span<const SequenceBatch>(&entry, 1), pool, &logits);
+  model.Forward(std::span<const SequenceBatch>(&entry, 1), kv, &logits);
   generated.push_back(Argmax(logits));
   if (step_logits != nullptr) step_logits->push_back(logits);
   while (static_cast<int>(generated.size()) < n_new) {
     entry.tokens = std::span<const int32_t>(&generated.back(), 1);
     entry.start_pos = static_cast<int32_t>(prompt.size() + generated.size() - 1);
-    model.Forward(std::span<const SequenceBatch>(&entry, 1), pool, &logits);
+    model.Forward(std::span<const SequenceBatch>(&entry, 1), kv, &logits);
     generated.push_back(Argmax(logits));
     if (step_logits != nullptr) step_logits->push_back(logits);
   }

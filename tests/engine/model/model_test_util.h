@@ -1,5 +1,5 @@
 // Helpers shared by the Llama model tests: loading the shared test models
-// and goldens, and a small greedy driver over a block pool.
+// and goldens, and a small greedy driver over a KV cache.
 #ifndef TANDEM_TESTS_ENGINE_MODEL_MODEL_TEST_UTIL_H_
 #define TANDEM_TESTS_ENGINE_MODEL_MODEL_TEST_UTIL_H_
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/gguf/gguf_file.h"
-#include "engine/kv/block_pool.h"
+#include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "nlohmann/json.hpp"
 
@@ -32,10 +32,11 @@ nlohmann::json LoadStoriesGoldens();
 int32_t Argmax(const std::vector<float>& logits);
 
 // Greedy decoding of one sequence alone: prefills `prompt` in one step
-// through `table` (which must cover prompt + n_new tokens), then decodes
+// through `table` of blocks in `kv` (which must cover prompt + n_new
+// tokens), then decodes
 // until n_new tokens exist. Returns the generated ids; `step_logits`, when
 // not null, receives the logits that chose each of them.
-std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::BlockPool& pool,
+std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::CpuKvStorage& kv,
                                   const std::vector<int32_t>& table,
                                   const std::vector<int32_t>& prompt, int n_new,
                                   std::vector<std::vector<float>>* step_logits = nullptr);

@@ -37,8 +37,8 @@ SeqState MakeSeq(int64_t id, std::vector<int32_t> prompt) {
 
 struct Harness {
   Harness(int32_t num_blocks, SchedulerOptions options)
-      : pool(kv::KvShape{1, 1, 1, kBlockSize}, num_blocks),
-        kv(&pool, kv::KvCacheManagerOptions{true, "test-model"}),
+      : pool(num_blocks),
+        kv(&pool, kv::KvCacheManagerOptions{true, "test-model", kBlockSize}),
         scheduler(options, &kv) {}
 
   // One step: plan, "run", feed back; returns the plan. Finished sequences
@@ -241,6 +241,144 @@ TEST(SchedulerTest, RemoveFreesBlocksAnywhere) {
   h.scheduler.Remove(1);
   h.scheduler.Remove(7);  // unknown: no-op
   EXPECT_FALSE(h.scheduler.HasWork());
+  EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
+}
+
+// ---- Remote prefill as a scheduler state (WAITING_FOR_REMOTE_KV) ----
+
+SchedulerOptions RemoteOptions() {
+  SchedulerOptions o{64, 8, 64, true};
+  o.remote_prefill_available = true;
+  o.max_local_prefill_tokens = 8;
+  return o;
+}
+
+SeqState MakeRouted(int64_t id, std::vector<int32_t> prompt, RouteChoice route) {
+  SeqState s = MakeSeq(id, std::move(prompt));
+  s.route = route;
+  return s;
+}
+
+TEST(SchedulerRemoteTest, LongPromptWaitsForRemoteKvWithBlocksForLPlusOne) {
+  Harness h(64, RemoteOptions());
+  h.scheduler.Add(MakeRouted(1, Prompt(20, 1), RouteChoice::kAuto));  // 20 > 8
+  h.scheduler.Add(MakeRouted(2, Prompt(6, 2), RouteChoice::kAuto));   // 6 <= 8
+  StepPlan plan = h.scheduler.Schedule();
+  ASSERT_EQ(plan.remote_kv_starts.size(), 1u);
+  EXPECT_EQ(plan.remote_kv_starts[0].id, 1);
+  EXPECT_EQ(plan.remote_kv_starts[0].hit_tokens, 0);
+  ASSERT_EQ(plan.chunks.size(), 1u);  // the short one prefills here
+  EXPECT_EQ(plan.chunks[0].id, 2);
+  EXPECT_TRUE(plan.progress());
+  const SeqState* s = h.scheduler.Find(1);
+  EXPECT_EQ(s->status, SeqStatus::kWaitingForRemoteKv);
+  EXPECT_EQ(h.kv.BlockTable(1).size(), 6u);  // ceil(21 / 4)
+  EXPECT_EQ(h.scheduler.num_waiting_for_remote_kv(), 1u);
+  h.scheduler.OnStepDone(plan, {FakeModel(h.scheduler.Find(2)->tokens)});
+
+  // Nothing runs for it until the KV is there.
+  plan = h.scheduler.Schedule();
+  for (const ScheduledChunk& c : plan.chunks) EXPECT_NE(c.id, 1);
+  h.scheduler.OnStepDone(plan, {FakeModel(h.scheduler.Find(2)->tokens)});
+
+  h.scheduler.FinishRemoteKv(1, FakeModel(Prompt(20, 1)));
+  EXPECT_EQ(h.scheduler.Find(1)->status, SeqStatus::kRunning);
+  EXPECT_EQ(h.scheduler.Find(1)->num_computed, 20);
+  EXPECT_EQ(h.scheduler.Find(1)->tokens.size(), 21u);
+  // The prompt's full blocks are published.
+  EXPECT_EQ(h.kv.FindCachedPrefix(Prompt(20, 1), 20).num_tokens, 20);
+  plan = h.scheduler.Schedule();
+  bool decoded = false;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.id != 1) continue;
+    decoded = true;
+    EXPECT_EQ(c.start, 20);
+    EXPECT_EQ(c.count, 1);
+    EXPECT_TRUE(c.samples);
+  }
+  EXPECT_TRUE(decoded);
+}
+
+TEST(SchedulerRemoteTest, RoutesAndThreshold) {
+  Harness h(64, RemoteOptions());
+  h.scheduler.Add(MakeRouted(1, Prompt(3, 1), RouteChoice::kRemote));   // short but forced
+  h.scheduler.Add(MakeRouted(2, Prompt(30, 2), RouteChoice::kLocal));   // long but forced
+  h.scheduler.Add(MakeRouted(3, Prompt(9, 3), RouteChoice::kAuto));     // 9 > 8
+  StepPlan plan = h.scheduler.Schedule();
+  std::vector<int64_t> remote;
+  for (const RemoteKvStart& r : plan.remote_kv_starts) remote.push_back(r.id);
+  EXPECT_EQ(remote, (std::vector<int64_t>{1, 3}));
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].id, 2);
+  // Without remote prefill, every prompt is prefilled here.
+  Harness local(64, SchedulerOptions{64, 8, 64, true});
+  local.scheduler.Add(MakeRouted(1, Prompt(30, 1), RouteChoice::kAuto));
+  EXPECT_TRUE(local.scheduler.Schedule().remote_kv_starts.empty());
+}
+
+TEST(SchedulerRemoteTest, RemoteHitCoversEveryFullBlockAndLocalHitLeavesTheLastToken) {
+  Harness h(64, RemoteOptions());
+  const std::vector<int32_t> prompt = Prompt(12, 5);  // 3 full blocks
+  h.scheduler.Add(MakeRouted(1, prompt, RouteChoice::kLocal));
+  h.max_new[1] = 1;
+  h.RunToCompletion();
+  h.scheduler.Add(MakeRouted(2, prompt, RouteChoice::kRemote));
+  h.scheduler.Add(MakeRouted(3, prompt, RouteChoice::kLocal));
+  StepPlan plan = h.scheduler.Schedule();
+  ASSERT_EQ(plan.remote_kv_starts.size(), 1u);
+  EXPECT_EQ(plan.remote_kv_starts[0].hit_tokens, 12);  // a zero-byte transfer
+  EXPECT_EQ(h.scheduler.Find(2)->num_cached_prompt_tokens, 12);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 8);  // local: floor(11 / 4) * 4
+  EXPECT_EQ(h.kv.prefix_cache_stats().lookups, 3u);  // one per admission
+}
+
+TEST(SchedulerRemoteTest, RemoteHeadWaitsForBlocksInOrder) {
+  // 8 blocks: a 20-token remote prompt needs 6; a second needs 6 more.
+  Harness h(8, RemoteOptions());
+  h.scheduler.Add(MakeRouted(1, Prompt(20, 1), RouteChoice::kRemote));
+  h.scheduler.Add(MakeRouted(2, Prompt(20, 2), RouteChoice::kRemote));
+  h.scheduler.Add(MakeRouted(3, Prompt(4, 3), RouteChoice::kLocal));
+  StepPlan plan = h.scheduler.Schedule();
+  ASSERT_EQ(plan.remote_kv_starts.size(), 1u);
+  EXPECT_TRUE(plan.chunks.empty()) << "FCFS: 3 waits behind the blocked head";
+  EXPECT_EQ(h.scheduler.Find(2)->status, SeqStatus::kWaiting);
+  EXPECT_FALSE(h.kv.HasSequence(2));
+  // Nothing changes until blocks come back.
+  plan = h.scheduler.Schedule();
+  EXPECT_FALSE(plan.progress());
+  h.scheduler.AbortRemoteKv(1);
+  EXPECT_EQ(h.scheduler.Find(1)->status, SeqStatus::kAbortingRemoteKv);
+  EXPECT_EQ(h.kv.num_blocks_in_use(), 6) << "aborting keeps the blocks until quiesced";
+  h.scheduler.Remove(1);
+  plan = h.scheduler.Schedule();
+  ASSERT_EQ(plan.remote_kv_starts.size(), 1u);
+  EXPECT_EQ(plan.remote_kv_starts[0].id, 2);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].id, 3);
+}
+
+TEST(SchedulerRemoteTest, PreemptedSequenceNeverGoesRemoteAgain) {
+  // 13 blocks of 4: the remote sequence (16 tokens + decode) and a local
+  // one cannot both grow to 40 tokens.
+  Harness h(13, RemoteOptions());
+  h.scheduler.Add(MakeRouted(1, Prompt(6, 1), RouteChoice::kLocal));
+  h.max_new[1] = 30;
+  h.Step();
+  h.scheduler.Add(MakeRouted(2, Prompt(16, 2), RouteChoice::kAuto));
+  h.max_new[2] = 24;
+  StepPlan plan = h.Step();
+  ASSERT_EQ(plan.remote_kv_starts.size(), 1u);
+  h.scheduler.FinishRemoteKv(2, FakeModel(Prompt(16, 2)));
+  bool preempted = false;
+  for (int i = 0; i < 1000 && h.scheduler.HasWork(); ++i) {
+    plan = h.Step();
+    EXPECT_TRUE(plan.remote_kv_starts.empty());
+    for (int64_t id : plan.preempted) preempted |= id == 2;
+  }
+  EXPECT_TRUE(preempted);
+  EXPECT_EQ(h.outputs[1], Alone(Prompt(6, 1), 30));
+  EXPECT_EQ(h.outputs[2], Alone(Prompt(16, 2), 24));
   EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
 }
 

@@ -1,8 +1,10 @@
-// PrefillEngine with a real KvReceiver in the test playing the decode
-// worker: token 0 against stories260K's goldens, the K/V bytes against a
-// plain LlamaModel::Forward, and the failure paths (no listener, layout
-// mismatch, cancel during a stalled transfer).
-#include "prefill_worker/prefill_engine.h"
+// The prefill worker's engine (the engine core with Prefill calls through
+// SubmitPrefill and the KV sender as their export, as
+// prefill_worker/main.cc builds it) with a real KvReceiver in the test
+// playing the decode worker: token 0 against stories260K's goldens, the K/V
+// bytes against a plain LlamaModel::Forward, and the failure paths (no
+// listener, layout mismatch, cancel during a stalled transfer).
+#include "prefill_worker/prefill_call.h"
 
 #include <cstring>
 #include <memory>
@@ -24,17 +26,21 @@ using worker_testing::GoldenCase;
 using worker_testing::KvDoneRecorder;
 using worker_testing::PrefillDoneRecorder;
 using worker_testing::StoriesKvBytes;
+using core::FinishReason;
+using PrefillStats = core::CoreStats;
+using PrefillEngine = worker_testing::TestPrefillWorker;
+using PrefillEngineOptions = worker_testing::WorkerOptions;
 
 constexpr char kFingerprint[] = "stories260K-test-fingerprint";
 // D's block size differs from P's (16) on purpose: the wire format is
 // token-addressed.
 constexpr int32_t kReceiverBlockSize = 7;
 
-// The test's decode side: a KvReceiver writing into its own BlockPool.
+// The test's decode side: a KvReceiver writing into its own KV storage.
 // `receiver` is declared last so it is destroyed first: its destructor runs
 // `done` for a pending transfer, which needs the writer and the recorder.
 struct TestReceiver {
-  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<kv::CpuKvStorage> pool;
   std::unique_ptr<worker_testing::PoolKvWriter> writer;
   KvDoneRecorder done;
   std::unique_ptr<kvtransfer::KvReceiver> receiver;
@@ -42,22 +48,14 @@ struct TestReceiver {
   std::string endpoint() const { return absl::StrCat("127.0.0.1:", receiver->port()); }
 };
 
-class PrefillEngineTest : public ::testing::Test {
+class PrefillWorkerTest : public worker_testing::StoriesTest {
  protected:
-  void SetUp() override {
-    loaded_ = worker_testing::LoadStories();
-    ASSERT_NE(loaded_.model, nullptr);
-    worker_testing::ExpectStoriesShape(loaded_.model->config());
-  }
-
-  const model::LlamaModel& model() const { return *loaded_.model; }
-
   static PrefillEngineOptions Options() {
     PrefillEngineOptions o;
     o.block_size = 16;
     o.num_kv_blocks = 64;
     o.transfer_timeout_ms = 2000;
-    o.model_fingerprint = kFingerprint;
+    o.fingerprint = kFingerprint;
     return o;
   }
 
@@ -70,15 +68,16 @@ class PrefillEngineTest : public ::testing::Test {
     options.handshake_timeout_ms = 2000;
     options.transfer_timeout_ms = 2000;
     auto receiver = kvtransfer::KvReceiver::Start(
-        options, KvLayoutForModel(model().config(), fingerprint));
+        options, worker_testing::StoriesLayout(model(), fingerprint));
     EXPECT_TRUE(receiver.ok()) << receiver.status();
     if (!receiver.ok()) return nullptr;
     r->receiver = *std::move(receiver);
     const int32_t blocks =
         kv::BlocksForTokens(static_cast<int32_t>(prompt_len), kReceiverBlockSize);
-    r->pool = std::make_unique<kv::BlockPool>(model().kv_shape(kReceiverBlockSize), blocks);
-    r->writer = std::make_unique<worker_testing::PoolKvWriter>(r->pool.get(),
-                                                               *r->pool->Allocate(blocks));
+    r->pool = std::make_unique<kv::CpuKvStorage>(model().kv_shape(kReceiverBlockSize), blocks);
+    std::vector<int32_t> table;
+    for (int32_t b = blocks - 1; b >= 0; --b) table.push_back(b);  // any order works
+    r->writer = std::make_unique<worker_testing::PoolKvWriter>(r->pool.get(), table);
     absl::Status s = r->receiver->Expect(id, 1, hit_tokens, prompt_len, r->writer.get(),
                                          r->done.Callback());
     EXPECT_TRUE(s.ok()) << s;
@@ -118,11 +117,9 @@ class PrefillEngineTest : public ::testing::Test {
       }
     }
   }
-
-  worker_testing::TestModel loaded_;
 };
 
-TEST_F(PrefillEngineTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
+TEST_F(PrefillWorkerTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
   PrefillEngine engine(Options(), &model());
   uint64_t bytes_total = 0;
   for (const char* name : {"once_upon_a_time", "long_repeated_313tok"}) {
@@ -162,7 +159,7 @@ TEST_F(PrefillEngineTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
   EXPECT_EQ(stats.kv_bytes_sent_total, bytes_total);
 }
 
-TEST_F(PrefillEngineTest, HitTokensLimitWhatIsSent) {
+TEST_F(PrefillWorkerTest, HitTokensLimitWhatIsSent) {
   PrefillEngine engine(Options(), &model());
   const GoldenCase c = Golden("boundary_33tok");
   const uint32_t len = static_cast<uint32_t>(c.prompt.size());
@@ -184,7 +181,7 @@ TEST_F(PrefillEngineTest, HitTokensLimitWhatIsSent) {
   ExpectReceivedRowsMatch(*r, c, 16);
 }
 
-TEST_F(PrefillEngineTest, MaxTokensOneFinishesWithLength) {
+TEST_F(PrefillWorkerTest, MaxTokensOneFinishesWithLength) {
   PrefillEngine engine(Options(), &model());
   const GoldenCase c = Golden("lily_and_ben");
   auto r = StartReceiver("one", static_cast<uint32_t>(c.prompt.size()), 0);
@@ -201,7 +198,7 @@ TEST_F(PrefillEngineTest, MaxTokensOneFinishesWithLength) {
   EXPECT_EQ(r->done.result().finish_reason, static_cast<uint32_t>(FinishReason::kLength));
 }
 
-TEST_F(PrefillEngineTest, NothingListeningIsUnavailable) {
+TEST_F(PrefillWorkerTest, NothingListeningIsUnavailable) {
   PrefillEngine engine(Options(), &model());
   std::string endpoint;
   {
@@ -219,7 +216,7 @@ TEST_F(PrefillEngineTest, NothingListeningIsUnavailable) {
   EXPECT_EQ(engine.GetStats().transfers_in_flight, 0u);
 }
 
-TEST_F(PrefillEngineTest, LayoutMismatchIsFailedPrecondition) {
+TEST_F(PrefillWorkerTest, LayoutMismatchIsFailedPrecondition) {
   PrefillEngine engine(Options(), &model());
   const GoldenCase c = Golden("once_upon_a_time");
   auto r = StartReceiver("mismatch", static_cast<uint32_t>(c.prompt.size()), 0,
@@ -235,7 +232,7 @@ TEST_F(PrefillEngineTest, LayoutMismatchIsFailedPrecondition) {
   EXPECT_EQ(r->receiver->kv_bytes_received_total(), 0u);
 }
 
-TEST_F(PrefillEngineTest, InvalidRequestsFailWithoutConnecting) {
+TEST_F(PrefillWorkerTest, InvalidRequestsFailWithoutConnecting) {
   PrefillEngine engine(Options(), &model());
   const GoldenCase c = Golden("once_upon_a_time");
   auto r = StartReceiver("never", static_cast<uint32_t>(c.prompt.size()), 0);
@@ -260,7 +257,7 @@ TEST_F(PrefillEngineTest, InvalidRequestsFailWithoutConnecting) {
   EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
 }
 
-TEST_F(PrefillEngineTest, CancelDuringStalledTransferIsCancelled) {
+TEST_F(PrefillWorkerTest, CancelDuringStalledTransferIsCancelled) {
   PrefillEngineOptions options = Options();
   options.fault_stall_after_frames = 1;
   PrefillEngine engine(options, &model());
@@ -289,7 +286,7 @@ TEST_F(PrefillEngineTest, CancelDuringStalledTransferIsCancelled) {
   EXPECT_FALSE(r->done.status().ok());
 }
 
-TEST_F(PrefillEngineTest, ShutdownEndsQueuedRequestsWithUnavailable) {
+TEST_F(PrefillWorkerTest, ShutdownEndsQueuedRequestsWithUnavailable) {
   PrefillEngineOptions options = Options();
   options.fault_stall_after_frames = 1;
   PrefillEngine engine(options, &model());

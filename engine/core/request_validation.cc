@@ -1,8 +1,8 @@
-#include "common/server/request_validation.h"
+#include "engine/core/request_validation.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace tandem {
+namespace tandem::core {
 
 absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
                                 int32_t context_length, int32_t vocab_size,
@@ -31,4 +31,4 @@ absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tok
   return sampling::Validate(sampling);
 }
 
-}  // namespace tandem
+}  // namespace tandem::core

@@ -1,7 +1,8 @@
-// Checks on a generation request shared by the router and both workers, so
-// a bad field gets the same INVALID_ARGUMENT message wherever it is caught.
-#ifndef TANDEM_COMMON_SERVER_REQUEST_VALIDATION_H_
-#define TANDEM_COMMON_SERVER_REQUEST_VALIDATION_H_
+// Checks on a generation request shared by the router and the engine core
+// of both workers, so a bad field gets the same INVALID_ARGUMENT message
+// wherever it is caught. Threads: pure function.
+#ifndef TANDEM_ENGINE_CORE_REQUEST_VALIDATION_H_
+#define TANDEM_ENGINE_CORE_REQUEST_VALIDATION_H_
 
 #include <cstdint>
 #include <span>
@@ -9,7 +10,7 @@
 #include "absl/status/status.h"
 #include "engine/sampling/sampler.h"
 
-namespace tandem {
+namespace tandem::core {
 
 // INVALID_ARGUMENT naming the field and the limit when: the prompt is empty;
 // max_tokens < 1; prompt + max_tokens > context_length (all three numbers
@@ -19,6 +20,6 @@ absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tok
                                 int32_t context_length, int32_t vocab_size,
                                 const sampling::SamplingOptions& sampling);
 
-}  // namespace tandem
+}  // namespace tandem::core
 
-#endif  // TANDEM_COMMON_SERVER_REQUEST_VALIDATION_H_
+#endif  // TANDEM_ENGINE_CORE_REQUEST_VALIDATION_H_

@@ -1,8 +1,9 @@
-// A DecodeSink for tests: records every event (thread-safe), lets the test
-// wait for one with a timeout, and can hold the engine loop inside a Token
-// call (a gate) so a test can act at an exact point of a request's life.
-#ifndef TANDEM_TESTS_DECODE_WORKER_RECORDING_SINK_H_
-#define TANDEM_TESTS_DECODE_WORKER_RECORDING_SINK_H_
+// A core::RequestOutput for tests: records every event (thread-safe), lets
+// the test wait for one with a timeout, and can hold the engine loop inside
+// an OnToken call (a gate) so a test can act at an exact point of a
+// request's life.
+#ifndef TANDEM_TESTS_ENGINE_CORE_RECORDING_SINK_H_
+#define TANDEM_TESTS_ENGINE_CORE_RECORDING_SINK_H_
 
 #include <cstdint>
 #include <functional>
@@ -13,9 +14,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "decode_worker/decode_engine.h"
+#include "engine/core/request.h"
 
-namespace tandem::decode::testing {
+namespace tandem::core::testing {
 
 // One sink call. `seq` orders events across every sink of the process.
 struct SinkEvent {
@@ -36,24 +37,23 @@ struct SinkEvent {
   FinishReason reason = FinishReason::kNone;
 };
 
-class RecordingSink : public DecodeSink {
+class RecordingSink : public RequestOutput {
  public:
-  void NeedRemotePrefill(const std::string& kv_endpoint, uint32_t hit_tokens,
-                         uint32_t attempt) override;
-  void Token(uint32_t index, int32_t token_id, float logprob,
-             uint32_t prompt_tokens_computed) override;
-  void Finish(const absl::Status& status, FinishReason reason) override;
+  void OnRemotePrefill(const RemotePrefillTarget& target) override;
+  void OnToken(uint32_t index, const sampling::SampledToken& token,
+               uint32_t prompt_tokens_computed) override;
+  void OnFinish(const absl::Status& status, FinishReason reason) override;
 
-  // Makes the Token call with `index` block (on the engine loop thread)
+  // Makes the OnToken call with `index` block (on the engine loop thread)
   // until Release(). Set before the request is submitted.
   void GateAtToken(uint32_t index);
   // True once the gated Token call is blocked (within `timeout`).
   bool WaitGated(absl::Duration timeout = absl::Seconds(3));
   void Release();
-  // Runs inside Finish (engine loop thread), before the event is recorded.
-  void OnFinish(std::function<void()> fn);
+  // Runs inside OnFinish (engine loop thread), before the event is recorded.
+  void RunAtFinish(std::function<void()> fn);
 
-  // True once Finish / NeedRemotePrefill has been called (within `timeout`).
+  // True once OnFinish / OnRemotePrefill has been called (within `timeout`).
   bool WaitFinish(absl::Duration timeout = absl::Seconds(3));
   bool WaitNeedRemotePrefill(absl::Duration timeout = absl::Seconds(3));
 
@@ -77,6 +77,6 @@ class RecordingSink : public DecodeSink {
   std::function<void()> on_finish_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace tandem::decode::testing
+}  // namespace tandem::core::testing
 
-#endif  // TANDEM_TESTS_DECODE_WORKER_RECORDING_SINK_H_
+#endif  // TANDEM_TESTS_ENGINE_CORE_RECORDING_SINK_H_

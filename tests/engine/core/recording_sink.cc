@@ -1,9 +1,9 @@
-#include "tests/decode_worker/recording_sink.h"
+#include "tests/engine/core/recording_sink.h"
 
 #include <atomic>
 #include <utility>
 
-namespace tandem::decode::testing {
+namespace tandem::core::testing {
 namespace {
 
 std::atomic<uint64_t> next_seq{1};
@@ -23,23 +23,22 @@ void RecordingSink::Record(SinkEvent event) {
   events_.push_back(std::move(event));
 }
 
-void RecordingSink::NeedRemotePrefill(const std::string& kv_endpoint, uint32_t hit_tokens,
-                                      uint32_t attempt) {
+void RecordingSink::OnRemotePrefill(const RemotePrefillTarget& target) {
   SinkEvent e;
   e.kind = SinkEvent::Kind::kNeedRemotePrefill;
-  e.kv_endpoint = kv_endpoint;
-  e.hit_tokens = hit_tokens;
-  e.attempt = attempt;
+  e.kv_endpoint = target.kv_endpoint;
+  e.hit_tokens = static_cast<uint32_t>(target.hit_tokens);
+  e.attempt = target.attempt;
   Record(std::move(e));
 }
 
-void RecordingSink::Token(uint32_t index, int32_t token_id, float logprob,
-                          uint32_t prompt_tokens_computed) {
+void RecordingSink::OnToken(uint32_t index, const sampling::SampledToken& token,
+                            uint32_t prompt_tokens_computed) {
   SinkEvent e;
   e.kind = SinkEvent::Kind::kToken;
   e.index = index;
-  e.token_id = token_id;
-  e.logprob = logprob;
+  e.token_id = token.token_id;
+  e.logprob = token.logprob;
   e.prompt_tokens_computed = prompt_tokens_computed;
   Record(std::move(e));
   absl::MutexLock lock(&mu_);
@@ -50,7 +49,7 @@ void RecordingSink::Token(uint32_t index, int32_t token_id, float logprob,
   }
 }
 
-void RecordingSink::Finish(const absl::Status& status, FinishReason reason) {
+void RecordingSink::OnFinish(const absl::Status& status, FinishReason reason) {
   std::function<void()> fn;
   {
     absl::MutexLock lock(&mu_);
@@ -79,7 +78,7 @@ void RecordingSink::Release() {
   released_ = true;
 }
 
-void RecordingSink::OnFinish(std::function<void()> fn) {
+void RecordingSink::RunAtFinish(std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   on_finish_ = std::move(fn);
 }
@@ -143,4 +142,4 @@ int RecordingSink::finish_calls() const {
   return n;
 }
 
-}  // namespace tandem::decode::testing
+}  // namespace tandem::core::testing

@@ -1,7 +1,8 @@
-// DecodeEngine against stories260K's greedy goldens: local prefill, AUTO
-// routing, remote prefill with the test (or a real PrefillEngine) as P,
-// continuous batching, cancel, timeouts, admission and validation.
-#include "decode_worker/decode_engine.h"
+// The decode worker's engine (the engine core with the KV receiver as its
+// remote KV loader, as decode_worker/main.cc builds it) against
+// stories260K's greedy goldens: local prefill, AUTO routing, remote prefill
+// with the test (or a real prefill worker engine) as P, continuous
+// batching, cancel, timeouts, admission and validation.
 
 #include <cmath>
 #include <limits>
@@ -13,16 +14,23 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "engine/backend/cpu_backend.h"
+#include "engine/core/engine_core.h"
 #include "kvtransfer/kv_transfer.h"
-#include "prefill_worker/prefill_engine.h"
-#include "tests/decode_worker/recording_sink.h"
 #include "tests/decode_worker/worker_test_util.h"
+#include "tests/engine/core/recording_sink.h"
 
 namespace tandem::decode {
 namespace {
 
-using testing::RecordingSink;
-using testing::SinkEvent;
+using core::CoreStats;
+using core::EngineRequest;
+using core::FinishReason;
+using core::RouteChoice;
+using core::testing::RecordingSink;
+using core::testing::SinkEvent;
+using worker_testing::TestDecodeWorker;
+using worker_testing::WorkerOptions;
 using worker_testing::Golden;
 using worker_testing::GoldenCase;
 using worker_testing::Prefix;
@@ -30,36 +38,26 @@ using worker_testing::StoriesKvBytes;
 
 constexpr char kFingerprint[] = "stories260K-test-fingerprint";
 
-class DecodeEngineTest : public ::testing::Test {
+class DecodeWorkerTest : public worker_testing::StoriesTest {
  protected:
-  void SetUp() override {
-    loaded_ = worker_testing::LoadStories();
-    ASSERT_NE(loaded_.model, nullptr);
-    worker_testing::ExpectStoriesShape(loaded_.model->config());
-  }
-
-  const model::LlamaModel& model() const { return *loaded_.model; }
-
-  static DecodeEngineOptions Options() {
-    DecodeEngineOptions o;
+  static WorkerOptions Options() {
+    WorkerOptions o;
     o.block_size = 16;
     o.num_kv_blocks = 256;
     o.max_local_prefill_tokens = 32;
     o.handshake_timeout_ms = 2000;
     o.transfer_timeout_ms = 2000;
-    o.model_fingerprint = kFingerprint;
+    o.fingerprint = kFingerprint;
     return o;
   }
 
-  std::unique_ptr<DecodeEngine> MakeEngine(const DecodeEngineOptions& options) {
-    auto engine = DecodeEngine::Create(options, loaded_.model.get());
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return engine.ok() ? *std::move(engine) : nullptr;
+  std::unique_ptr<TestDecodeWorker> MakeEngine(const WorkerOptions& options) {
+    return TestDecodeWorker::Create(options, &model());
   }
 
-  static DecodeRequest Request(const std::string& id, const GoldenCase& c, int32_t max_tokens,
+  static EngineRequest Request(const std::string& id, const GoldenCase& c, int32_t max_tokens,
                                RouteChoice route) {
-    DecodeRequest r;
+    EngineRequest r;
     r.request_id = id;
     r.prompt = c.prompt;
     r.max_tokens = max_tokens;
@@ -74,15 +72,13 @@ class DecodeEngineTest : public ::testing::Test {
     const int32_t len = static_cast<int32_t>(c.prompt.size());
     worker_testing::PromptKv kv = worker_testing::ComputePromptKv(model(), c.prompt, 16);
     auto sender = kvtransfer::KvSender::Connect(
-        need.kv_endpoint, id, need.attempt, KvLayoutForModel(model().config(), kFingerprint),
+        need.kv_endpoint, id, need.attempt, worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(),
         2000);
     ASSERT_TRUE(sender.ok()) << sender.status();
     ASSERT_TRUE(worker_testing::SendPromptKv(**sender, kv, model().config().n_layers, 0, len)
                     .ok());
     ASSERT_TRUE((*sender)->SendFinal(token0, 0.0f, static_cast<uint32_t>(reason)).ok());
   }
-
-  worker_testing::TestModel loaded_;
 };
 
 // Indices 0..n-1 in order.
@@ -100,7 +96,7 @@ void ExpectFinishedOk(const RecordingSink& sink, FinishReason reason) {
   EXPECT_EQ(sink.finish_calls(), 1);
 }
 
-TEST_F(DecodeEngineTest, LocalPrefillStreamsGoldenIds) {
+TEST_F(DecodeWorkerTest, LocalPrefillStreamsGoldenIds) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   uint64_t prompt_tokens = 0;
@@ -119,7 +115,7 @@ TEST_F(DecodeEngineTest, LocalPrefillStreamsGoldenIds) {
       EXPECT_EQ(e.prompt_tokens_computed, e.index == 0 ? c.prompt.size() : 0u);
     }
     prompt_tokens += c.prompt.size();
-    DecodeStats stats = engine->GetStats();
+    CoreStats stats = engine->GetStats();
     EXPECT_EQ(stats.kv_blocks_in_use, 0u);
     EXPECT_EQ(stats.running_requests, 0u);
     EXPECT_EQ(stats.prefill_tokens_computed_total, prompt_tokens);
@@ -130,15 +126,15 @@ TEST_F(DecodeEngineTest, LocalPrefillStreamsGoldenIds) {
 // Regression: FinishSequence told the sink before it freed the request's
 // id and published the freed blocks, so a caller reacting to Finish saw
 // stale stats and got ALREADY_EXISTS when it reused the id.
-TEST_F(DecodeEngineTest, StatsAndIdReleasedBeforeFinishIsDelivered) {
+TEST_F(DecodeWorkerTest, StatsAndIdReleasedBeforeFinishIsDelivered) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("once_upon_a_time");
   auto first = std::make_shared<RecordingSink>();
   auto second = std::make_shared<RecordingSink>();
-  DecodeStats at_finish;
+  CoreStats at_finish;
   absl::Status resubmit = absl::UnknownError("not called");
-  first->OnFinish([&] {
+  first->RunAtFinish([&] {
     at_finish = engine->GetStats();
     resubmit = engine->Submit(Request("same-id", c, 2, RouteChoice::kLocal), second);
   });
@@ -153,7 +149,7 @@ TEST_F(DecodeEngineTest, StatsAndIdReleasedBeforeFinishIsDelivered) {
   }
 }
 
-TEST_F(DecodeEngineTest, AutoRoutingAtThresholdThenRealPrefillEngine) {
+TEST_F(DecodeWorkerTest, AutoRoutingAtThresholdThenRealPrefillEngine) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
 
@@ -181,10 +177,8 @@ TEST_F(DecodeEngineTest, AutoRoutingAtThresholdThenRealPrefillEngine) {
   EXPECT_EQ(need.hit_tokens, 0u);
   EXPECT_EQ(need.attempt, 1u);
 
-  // A real prefill engine in this process plays P.
-  prefill::PrefillEngineOptions p_options;
-  p_options.model_fingerprint = kFingerprint;
-  prefill::PrefillEngine p(p_options, &model());
+  // A real prefill worker engine in this process plays P.
+  worker_testing::TestPrefillWorker p(Options(), &model());
   prefill::PrefillRequest pr;
   pr.request_id = "b33";
   pr.prompt = remote.prompt;
@@ -206,13 +200,13 @@ TEST_F(DecodeEngineTest, AutoRoutingAtThresholdThenRealPrefillEngine) {
   ids.insert(ids.begin(), (*p_result)->first_token.token_id);
   EXPECT_EQ(Prefix(ids, remote.strict), Prefix(remote.generated, remote.strict));
   ExpectFinishedOk(*sink, FinishReason::kLength);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_bytes_received_total, StoriesKvBytes(33));
   EXPECT_EQ(stats.prefill_tokens_computed_total, 32u);  // b32 only
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
 }
 
-TEST_F(DecodeEngineTest, RemotePrefillFromTestSenderStreamsFromIndexOne) {
+TEST_F(DecodeWorkerTest, RemotePrefillFromTestSenderStreamsFromIndexOne) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("long_repeated_313tok");
@@ -236,7 +230,7 @@ TEST_F(DecodeEngineTest, RemotePrefillFromTestSenderStreamsFromIndexOne) {
     }
   }
   ExpectFinishedOk(*sink, FinishReason::kLength);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_bytes_received_total, StoriesKvBytes(len));
   EXPECT_EQ(stats.prefill_tokens_computed_total, 0u);
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
@@ -244,7 +238,7 @@ TEST_F(DecodeEngineTest, RemotePrefillFromTestSenderStreamsFromIndexOne) {
   EXPECT_EQ(stats.running_requests, 0u);
 }
 
-TEST_F(DecodeEngineTest, RemoteFinalWithLengthFinishesWithoutTokens) {
+TEST_F(DecodeWorkerTest, RemoteFinalWithLengthFinishesWithoutTokens) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("once_upon_a_time");
@@ -259,7 +253,7 @@ TEST_F(DecodeEngineTest, RemoteFinalWithLengthFinishesWithoutTokens) {
   EXPECT_EQ(engine->GetStats().kv_blocks_in_use, 0u);
 }
 
-TEST_F(DecodeEngineTest, FinalWithTokenOutsideVocabularyIsDataLoss) {
+TEST_F(DecodeWorkerTest, FinalWithTokenOutsideVocabularyIsDataLoss) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("once_upon_a_time");
@@ -274,7 +268,7 @@ TEST_F(DecodeEngineTest, FinalWithTokenOutsideVocabularyIsDataLoss) {
   EXPECT_EQ(engine->GetStats().kv_blocks_in_use, 0u);
 }
 
-TEST_F(DecodeEngineTest, SenderVanishingMidTransferIsUnavailable) {
+TEST_F(DecodeWorkerTest, SenderVanishingMidTransferIsUnavailable) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("lily_and_ben");
@@ -286,7 +280,7 @@ TEST_F(DecodeEngineTest, SenderVanishingMidTransferIsUnavailable) {
     worker_testing::PromptKv kv = worker_testing::ComputePromptKv(model(), c.prompt, 16);
     auto sender = kvtransfer::KvSender::Connect(
         need.kv_endpoint, "vanish", need.attempt,
-        KvLayoutForModel(model().config(), kFingerprint), 2000);
+        worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(), 2000);
     ASSERT_TRUE(sender.ok()) << sender.status();
     // Two of five layers, then the connection closes.
     ASSERT_TRUE(worker_testing::SendPromptKv(**sender, kv, 2, 0,
@@ -296,12 +290,12 @@ TEST_F(DecodeEngineTest, SenderVanishingMidTransferIsUnavailable) {
   ASSERT_TRUE(sink->WaitFinish());
   EXPECT_TRUE(sink->token_ids().empty());
   EXPECT_EQ(sink->finish()->status.code(), absl::StatusCode::kUnavailable);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.transfers_in_flight, 0u);
 }
 
-TEST_F(DecodeEngineTest, ConcurrentLocalRequestsAreBatched) {
+TEST_F(DecodeWorkerTest, ConcurrentLocalRequestsAreBatched) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   // Hold the loop inside a Token call so all four requests arrive together.
@@ -330,7 +324,7 @@ TEST_F(DecodeEngineTest, ConcurrentLocalRequestsAreBatched) {
     EXPECT_EQ(Prefix(sinks[i]->token_ids(), c.strict), Prefix(c.generated, c.strict));
     ExpectFinishedOk(*sinks[i], FinishReason::kLength);
   }
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   // All four were prefilled in one step and decoded together: 31 decode
   // steps of 4 sequences each.
   EXPECT_EQ(stats.max_decode_batch_size, 4u);
@@ -339,7 +333,7 @@ TEST_F(DecodeEngineTest, ConcurrentLocalRequestsAreBatched) {
   EXPECT_EQ(stats.running_requests, 0u);
 }
 
-TEST_F(DecodeEngineTest, CancelWhileDecodingFreesBlocks) {
+TEST_F(DecodeWorkerTest, CancelWhileDecodingFreesBlocks) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("lily_and_ben");
@@ -355,12 +349,12 @@ TEST_F(DecodeEngineTest, CancelWhileDecodingFreesBlocks) {
   EXPECT_EQ(sink->token_ids(), Prefix(c.generated, 4));
   EXPECT_EQ(sink->finish()->status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(sink->finish()->reason, FinishReason::kCancelled);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.running_requests, 0u);
 }
 
-TEST_F(DecodeEngineTest, CancelWhileWaitingForKvFreesBlocks) {
+TEST_F(DecodeWorkerTest, CancelWhileWaitingForKvFreesBlocks) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("long_repeated_313tok");
@@ -371,19 +365,19 @@ TEST_F(DecodeEngineTest, CancelWhileWaitingForKvFreesBlocks) {
   ASSERT_TRUE(sink->WaitFinish());
   EXPECT_TRUE(sink->token_ids().empty());
   EXPECT_EQ(sink->finish()->status.code(), absl::StatusCode::kCancelled);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.transfers_in_flight, 0u);
   EXPECT_EQ(stats.running_requests, 0u);
   // A late P is turned away.
   auto late = kvtransfer::KvSender::Connect(sink->need_remote_prefill()->kv_endpoint, "waiting",
-                                            1, KvLayoutForModel(model().config(), kFingerprint),
+                                            1, worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(),
                                             1000);
   EXPECT_FALSE(late.ok());
 }
 
-TEST_F(DecodeEngineTest, HandshakeTimeoutEndsWithUnavailable) {
-  DecodeEngineOptions options = Options();
+TEST_F(DecodeWorkerTest, HandshakeTimeoutEndsWithUnavailable) {
+  WorkerOptions options = Options();
   options.handshake_timeout_ms = 300;
   auto engine = MakeEngine(options);
   ASSERT_NE(engine, nullptr);
@@ -398,14 +392,14 @@ TEST_F(DecodeEngineTest, HandshakeTimeoutEndsWithUnavailable) {
   ASSERT_TRUE(sink->WaitFinish(absl::Milliseconds(1500)));
   EXPECT_TRUE(sink->token_ids().empty());
   EXPECT_EQ(sink->finish()->status.code(), absl::StatusCode::kUnavailable);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.transfers_in_flight, 0u);
   EXPECT_EQ(stats.running_requests, 0u);
 }
 
-TEST_F(DecodeEngineTest, RequestLargerThanPoolIsResourceExhausted) {
-  DecodeEngineOptions options = Options();
+TEST_F(DecodeWorkerTest, RequestLargerThanPoolIsResourceExhausted) {
+  WorkerOptions options = Options();
   options.num_kv_blocks = 4;  // 64 token slots
   auto engine = MakeEngine(options);
   ASSERT_NE(engine, nullptr);
@@ -428,8 +422,8 @@ TEST_F(DecodeEngineTest, RequestLargerThanPoolIsResourceExhausted) {
 // Blocks are allocated as sequences grow; when the pool runs out the newest
 // sequence is preempted (freed, recomputed later) and every request still
 // ends with exactly the tokens it gives alone (issue #3: preemption).
-TEST_F(DecodeEngineTest, PreemptionUnderMemoryPressureKeepsGoldenIds) {
-  DecodeEngineOptions options = Options();
+TEST_F(DecodeWorkerTest, PreemptionUnderMemoryPressureKeepsGoldenIds) {
+  WorkerOptions options = Options();
   options.num_kv_blocks = 4;
   auto engine = MakeEngine(options);
   ASSERT_NE(engine, nullptr);
@@ -457,7 +451,7 @@ TEST_F(DecodeEngineTest, PreemptionUnderMemoryPressureKeepsGoldenIds) {
   ExpectFinishedOk(*sa, FinishReason::kLength);
   ExpectFinishedOk(*sb, FinishReason::kLength);
   ExpectFinishedOk(*sc, FinishReason::kLength);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_GT(stats.preemptions_total, 0u);
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.running_requests, 0u);
@@ -466,13 +460,13 @@ TEST_F(DecodeEngineTest, PreemptionUnderMemoryPressureKeepsGoldenIds) {
 // Regression: cancelling a request queued behind another left its id in
 // the FCFS queue; a resubmitted request with that id was then admitted
 // twice (once per queue entry), leaking the first block table.
-TEST_F(DecodeEngineTest, ResubmitAfterCancelWhileQueuedDoesNotLeakBlocks) {
+TEST_F(DecodeWorkerTest, ResubmitAfterCancelWhileQueuedDoesNotLeakBlocks) {
   // holder: a remote request (313 prompt tokens, 1 new) waiting for KV that
   // nobody sends reserves prompt + 1 = 314 tokens, i.e. all 20 blocks,
   // until cancelled. So head
   // cannot be admitted (no block is free) and x stays queued behind it,
   // whatever the timing of the engine loop.
-  DecodeEngineOptions options = Options();
+  WorkerOptions options = Options();
   options.num_kv_blocks = 20;
   auto engine = MakeEngine(options);
   ASSERT_NE(engine, nullptr);
@@ -512,23 +506,23 @@ TEST_F(DecodeEngineTest, ResubmitAfterCancelWhileQueuedDoesNotLeakBlocks) {
   EXPECT_EQ(x2->token_ids(), Prefix(x.generated, 2));
   ExpectFinishedOk(*x2, FinishReason::kLength);
   ExpectFinishedOk(*head, FinishReason::kLength);
-  DecodeStats stats = engine->GetStats();
+  CoreStats stats = engine->GetStats();
   EXPECT_EQ(stats.kv_blocks_in_use, 0u);
   EXPECT_EQ(stats.running_requests, 0u);
 }
 
-TEST_F(DecodeEngineTest, SubmitValidation) {
+TEST_F(DecodeWorkerTest, SubmitValidation) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("once_upon_a_time");
   std::vector<std::shared_ptr<RecordingSink>> rejected;
-  auto expect_invalid = [&](DecodeRequest r, const std::string& what) {
+  auto expect_invalid = [&](EngineRequest r, const std::string& what) {
     auto sink = std::make_shared<RecordingSink>();
     rejected.push_back(sink);
     absl::Status s = engine->Submit(std::move(r), sink);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what << ": " << s;
   };
-  DecodeRequest r = Request("v", c, 4, RouteChoice::kLocal);
+  EngineRequest r = Request("v", c, 4, RouteChoice::kLocal);
   r.prompt.clear();
   expect_invalid(r, "empty prompt");
   r = Request("v", c, 0, RouteChoice::kLocal);
@@ -565,7 +559,7 @@ TEST_F(DecodeEngineTest, SubmitValidation) {
   EXPECT_EQ(engine->GetStats().running_requests, 0u);
 }
 
-TEST_F(DecodeEngineTest, ShutdownEndsRunningRequestsWithUnavailable) {
+TEST_F(DecodeWorkerTest, ShutdownEndsRunningRequestsWithUnavailable) {
   auto engine = MakeEngine(Options());
   ASSERT_NE(engine, nullptr);
   const GoldenCase c = Golden("once_upon_a_time");

@@ -1,0 +1,57 @@
+#include "common/server/worker_engine.h"
+
+#include "engine/backend/cpu_backend.h"
+
+namespace tandem {
+
+core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
+                                              const ModelBundle& model,
+                                              const std::string& worker_label) {
+  core::EngineCoreOptions o;
+  o.scheduler.max_num_batched_tokens = config.engine.max_num_batched_tokens;
+  o.scheduler.max_num_seqs = config.engine.max_num_seqs;
+  o.scheduler.prefill_chunk_tokens = config.engine.prefill_chunk_tokens;
+  o.scheduler.enable_prefix_caching = config.engine.enable_prefix_caching;
+  o.scheduler.max_local_prefill_tokens = config.conditional.max_local_prefill_tokens;
+  o.eos_token_id = model.tokenizer->eos_id();
+  o.model_fingerprint = model.fingerprint;
+  o.worker_label = worker_label;
+  return o;
+}
+
+std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig& config,
+                                                            const ModelBundle& model) {
+  return std::make_unique<backend::CpuBackend>(model.model.get(), config.engine.block_size,
+                                               config.engine.num_kv_blocks);
+}
+
+kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string& fingerprint) {
+  kvtransfer::KvLayout layout;
+  layout.model_fingerprint = fingerprint;
+  layout.n_layers = static_cast<uint32_t>(storage.shape().n_layers);
+  layout.n_kv_heads = static_cast<uint32_t>(storage.shape().n_kv_heads);
+  layout.head_dim = static_cast<uint32_t>(storage.shape().head_dim);
+  layout.dtype = storage.dtype();
+  return layout;
+}
+
+v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string& kv_layout_id,
+                                const std::string& bit_exact_class) {
+  v1::WorkerStatus status;
+  status.set_running_requests(stats.running_requests);
+  status.set_kv_blocks_in_use(stats.kv_blocks_in_use);
+  status.set_kv_blocks_total(stats.kv_blocks_total);
+  status.set_kv_blocks_cached(stats.kv_blocks_cached);
+  status.set_transfers_in_flight(stats.transfers_in_flight);
+  status.set_prefill_tokens_computed_total(stats.prefill_tokens_computed_total);
+  status.set_kv_bytes_sent_total(stats.kv_bytes_sent_total);
+  status.set_kv_bytes_received_total(stats.kv_bytes_received_total);
+  status.set_decode_tokens_total(stats.decode_tokens_total);
+  status.set_max_decode_batch_size(stats.max_decode_batch_size);
+  status.set_preemptions_total(stats.preemptions_total);
+  status.set_kv_layout_id(kv_layout_id);
+  status.set_bit_exact_class(bit_exact_class);
+  return status;
+}
+
+}  // namespace tandem

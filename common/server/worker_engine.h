@@ -1,0 +1,49 @@
+// What both workers build from the cluster config and the loaded model,
+// written once: the engine core's options, the CPU backend (model + KV
+// pool), the KV layout a KV transfer must agree on, and the status fields
+// that come from the core's counters.
+//
+// Owns: these mappings. Does not touch: the engine's behaviour (engine/),
+// sockets (kvtransfer/), gRPC serving (the services).
+// Threads: pure functions.
+#ifndef TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
+#define TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
+
+#include <memory>
+#include <string>
+
+#include "common/cluster_config.h"
+#include "common/server/model_bundle.h"
+#include "engine/backend/model_backend.h"
+#include "engine/core/engine_core.h"
+#include "kvtransfer/kv_transfer.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem {
+
+// engine.{max_num_batched_tokens, max_num_seqs, prefill_chunk_tokens,
+// enable_prefix_caching}, conditional.max_local_prefill_tokens, the
+// tokenizer's EOS and the model fingerprint. `worker_label` names the
+// worker in errors ("decode worker").
+core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
+                                              const ModelBundle& model,
+                                              const std::string& worker_label);
+
+// The CPU backend over model.model with a KV pool of engine.num_kv_blocks
+// blocks of engine.block_size tokens.
+std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig& config,
+                                                            const ModelBundle& model);
+
+// The KV layout of `storage` for the model with `fingerprint` (layers, KV
+// heads, head dim, dtype): both ends of a KV transfer must have equal ones.
+kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string& fingerprint);
+
+// The status fields a worker's engine core counts (running requests, KV
+// blocks, transfers, token and byte counters), plus the KV layout id and
+// the bit-exact class; name/role/address/ready are the caller's.
+v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string& kv_layout_id,
+                                const std::string& bit_exact_class);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVER_WORKER_ENGINE_H_

@@ -1,0 +1,63 @@
+// The decode worker's KV receiver (kvtransfer::KvReceiver) as the engine
+// core's RemoteKvLoader: a remote prefill's K/V arrives over TCP straight
+// into the blocks the scheduler reserved (DESIGN.md, steps 3-6).
+//
+// Owns: the KV receiver (listening socket, transfers, their threads).
+// Does not touch: which blocks a request holds (the core passes its block
+// table), scheduling, gRPC.
+// Threads: StartLoad/CancelLoad on the core's loop thread; receiver
+// threads write rows into the reserved blocks (nothing else touches them
+// until `done`) and run `done`.
+#ifndef TANDEM_DECODE_WORKER_REMOTE_KV_LOADER_H_
+#define TANDEM_DECODE_WORKER_REMOTE_KV_LOADER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/cluster_config.h"
+#include "engine/core/request.h"
+#include "kvtransfer/kv_transfer.h"
+
+namespace tandem::decode {
+
+class ReceiverKvLoader final : public core::RemoteKvLoader {
+ public:
+  // Binds the KV receiver. `layout` is what every prefill worker's HELLO
+  // must match. Errors: UNAVAILABLE when the port cannot be bound,
+  // INVALID_ARGUMENT for a bad layout or timeouts.
+  static absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> Start(
+      const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout);
+  // The receiver's options from decode_workers[i].kv_listen and kv.*.
+  static kvtransfer::KvReceiver::Options OptionsFromConfig(const HostPort& kv_listen,
+                                                            const KvConfig& kv);
+
+  // host:port prefill workers connect to.
+  std::string endpoint() const;
+  const kvtransfer::KvLayout& layout() const { return layout_; }
+
+  // core::RemoteKvLoader. A load is transfer (request_id, attempt 1). The
+  // result's finish reason must be a tandem.v1.FinishReason a prefill
+  // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS.
+  absl::StatusOr<core::RemotePrefillTarget> StartLoad(const std::string& request_id,
+                                                      int32_t hit_tokens, int32_t prompt_tokens,
+                                                      kv::KvStorage* storage,
+                                                      std::vector<int32_t> block_table,
+                                                      Done done) override;
+  void CancelLoad(const std::string& request_id) override;
+  uint32_t loads_in_flight() const override;
+  uint64_t bytes_received_total() const override;
+
+ private:
+  ReceiverKvLoader(std::unique_ptr<kvtransfer::KvReceiver> receiver, std::string host,
+                   kvtransfer::KvLayout layout);
+
+  const std::unique_ptr<kvtransfer::KvReceiver> receiver_;
+  const std::string host_;
+  const kvtransfer::KvLayout layout_;
+};
+
+}  // namespace tandem::decode
+
+#endif  // TANDEM_DECODE_WORKER_REMOTE_KV_LOADER_H_

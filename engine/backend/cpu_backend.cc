@@ -1,0 +1,38 @@
+#include "engine/backend/cpu_backend.h"
+
+namespace tandem::backend {
+
+std::string CpuBitExactClass() {
+  return std::string("tandem-cpu/") + model::KernelIsa() + "/v2";
+}
+
+CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size,
+                       int32_t num_blocks)
+    : model_(model), storage_(model->kv_shape(block_size), num_blocks) {}
+
+void CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                         std::vector<sampling::SamplingView>* views) {
+  entries_.clear();
+  size_t num_views = 0;
+  for (const ForwardEntry& e : batch) {
+    model::SequenceBatch sb;
+    sb.tokens = e.tokens;
+    sb.start_pos = e.start_pos;
+    sb.block_table = e.block_table;
+    sb.want_logits = e.sampling != nullptr;
+    num_views += sb.want_logits ? 1 : 0;
+    entries_.push_back(sb);
+  }
+  model_->Forward(entries_, storage_, num_views > 0 ? &logits_ : nullptr, hook);
+  views->resize(num_views);
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  size_t row = 0;
+  for (const ForwardEntry& e : batch) {
+    if (e.sampling == nullptr) continue;
+    sampling::BuildSamplingView(std::span<const float>(logits_.data() + row * vocab, vocab),
+                                *e.sampling, &(*views)[row], &scratch_);
+    ++row;
+  }
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,48 @@
+// The CPU backend: LlamaModel's batch-invariant forward (engine/model) over
+// an F32 CpuKvStorage, and the sampling reduction computed from the full
+// logits on the host (sampling::BuildSamplingView).
+//
+// Owns: the KV memory, the logits buffer. Does not touch: the model's
+// weights (borrowed, shared by every user of the loaded model).
+// Threads: the engine loop calls Forward; the model's thread pool does the
+// parallel work (engine.threads).
+#ifndef TANDEM_ENGINE_BACKEND_CPU_BACKEND_H_
+#define TANDEM_ENGINE_BACKEND_CPU_BACKEND_H_
+
+#include <string>
+#include <vector>
+
+#include "engine/backend/model_backend.h"
+#include "engine/kv/cpu_kv_storage.h"
+
+namespace tandem::backend {
+
+// The bit-exact class of this process's CPU backend:
+// "tandem-cpu/<kernel ISA>/v2" (model::KernelIsa()). The trailing version
+// changes whenever the engine's arithmetic does (v2: attention's vectorized
+// exp and 4-lane softmax sum).
+std::string CpuBitExactClass();
+
+class CpuBackend final : public ModelBackend {
+ public:
+  // `model` must outlive the backend. Allocates num_blocks zeroed blocks of
+  // block_size tokens (model->kv_shape(block_size), F32).
+  CpuBackend(const model::LlamaModel* model, int32_t block_size, int32_t num_blocks);
+
+  const model::LlamaConfig& config() const override { return model_->config(); }
+  kv::KvStorage& kv_storage() override { return storage_; }
+  std::string bit_exact_class() const override { return CpuBitExactClass(); }
+  void Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+               std::vector<sampling::SamplingView>* views) override;
+
+ private:
+  const model::LlamaModel* const model_;
+  kv::CpuKvStorage storage_;
+  std::vector<model::SequenceBatch> entries_;  // reused per step
+  std::vector<float> logits_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace tandem::backend
+
+#endif  // TANDEM_ENGINE_BACKEND_CPU_BACKEND_H_

@@ -1,0 +1,163 @@
+// The engine core both workers run (vLLM v1's EngineCore): one loop thread
+// that admits requests, schedules a step, runs it on the backend and
+// updates every request from the step's output, with the wait for a remote
+// prefill's KV as a scheduler state (WAITING_FOR_REMOTE_KV).
+//
+// Owns: the requests (their outputs, sampling, stop decisions), the KV
+// cache manager and block free list, the scheduler, the loop thread, the
+// counters; it owns the backend and the remote KV loader it is given.
+// Does not touch: gRPC, sockets (a RemoteKvLoader or KvExport moves KV in
+// or out), routing, detokenization.
+// Threads: Submit/Cancel/Shutdown/GetStats are thread-safe and only touch
+// the inbox and counters under mu_. The loop thread alone runs steps and
+// calls RequestOutput, KvExport, RemoteKvLoader (StartLoad, CancelLoad)
+// and the backend. A loader's `done` may run on any thread: it only posts
+// to the inbox. Remote loads write into blocks of sequences in
+// WAITING_FOR_REMOTE_KV, which the loop leaves alone until `done`.
+//
+// One step (DESIGN.md, Engine; engine/scheduler/scheduler.h has the
+// policy): Schedule() -> start the remote loads it admitted -> one
+// backend Forward over the planned chunks (a per-layer hook streams the KV
+// of prefill-only requests out) -> for each chunk that samples: draw from
+// the backend's SamplingView, stream the token, check stops (one place:
+// stop_checker.h) -> scheduler.OnStepDone -> finish what stopped.
+// A prefill-only request (EngineRequest::kv_export) ends after token 0.
+// A remote prefill's token 0 comes from the prefill worker (the router
+// streams it); this core streams from index 1 and computes token 0's K/V
+// in its first decode step.
+#ifndef TANDEM_ENGINE_CORE_ENGINE_CORE_H_
+#define TANDEM_ENGINE_CORE_ENGINE_CORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/backend/model_backend.h"
+#include "engine/core/request.h"
+#include "engine/core/stop_checker.h"
+#include "engine/kv/block_pool.h"
+#include "engine/kv/kv_cache_manager.h"
+#include "engine/scheduler/scheduler.h"
+
+namespace tandem::core {
+
+struct EngineCoreOptions {
+  // Token budget, running-set cap, chunk size, prefix caching, and the
+  // conditional-disaggregation threshold. remote_prefill_available is set
+  // by the core (a loader was given), whatever this says.
+  scheduler::SchedulerOptions scheduler;
+  int32_t eos_token_id = 2;       // ends generation (FinishReason::kStop)
+  std::string model_fingerprint;  // mixed into every prefix-cache block hash
+  // Names this worker in errors ("decode worker", "prefill worker").
+  std::string worker_label = "engine";
+};
+
+struct CoreStats {
+  uint32_t running_requests = 0;  // accepted, not finished
+  uint32_t kv_blocks_in_use = 0;  // ref count > 0
+  uint32_t kv_blocks_cached = 0;  // findable in the prefix cache
+  uint32_t kv_blocks_total = 0;
+  // Remote KV loads in flight (loader) plus open KV exports.
+  uint32_t transfers_in_flight = 0;
+  uint64_t prefill_tokens_computed_total = 0;
+  uint64_t decode_tokens_total = 0;
+  uint32_t max_decode_batch_size = 0;  // decode sequences in the largest step
+  uint64_t preemptions_total = 0;
+  uint64_t kv_bytes_sent_total = 0;      // by finished KV exports
+  uint64_t kv_bytes_received_total = 0;  // by the remote KV loader
+  kv::PrefixCacheStats prefix_cache;     // lookups, queried and hit tokens
+};
+
+class EngineCore {
+ public:
+  // Starts the loop. `backend` holds the model and the KV memory (its
+  // storage's block count and size are the pool's); `loader` (may be null:
+  // then every prompt is prefilled here) brings remote prefills' KV in.
+  EngineCore(const EngineCoreOptions& options, std::unique_ptr<backend::ModelBackend> backend,
+             std::unique_ptr<RemoteKvLoader> loader);
+  // Shutdown(), joins the loop (which waits for aborted remote loads to
+  // quiesce), then destroys the loader and the backend.
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  // Queues a request. Errors (nothing queued, output untouched):
+  // INVALID_ARGUMENT for an empty prompt, max_tokens < 1, prompt +
+  // max_tokens over the context length, a token id outside the vocabulary,
+  // bad sampling options; FAILED_PRECONDITION for route kRemote without a
+  // loader or with a kv_export; RESOURCE_EXHAUSTED when its KV can never
+  // fit the pool; ALREADY_EXISTS for a live request id; UNAVAILABLE after
+  // Shutdown.
+  absl::Status Submit(EngineRequest request);
+  // Ends the request with CANCELLED (FinishReason::kCancelled) and frees
+  // its blocks once nothing writes into them; a running KvExport gives up
+  // at its next layer. Unknown ids are ignored.
+  void Cancel(const std::string& request_id);
+  // Ends every request with UNAVAILABLE and refuses new ones.
+  void Shutdown();
+
+  CoreStats GetStats() const;
+  // The loader given at construction (null if none); lives as long as the
+  // core.
+  RemoteKvLoader* loader() const { return loader_.get(); }
+
+ private:
+  struct Request;
+  struct RemoteDone {
+    int64_t seq_id;
+    absl::Status status;
+    RemotePrefillResult result;
+  };
+
+  void Loop();
+  // Loop-thread helpers.
+  void Arrive(std::unique_ptr<Request> request);
+  void HandleRemoteDone(RemoteDone done);
+  void Abort(const std::string& request_id, const absl::Status& status);
+  // Returns whether the step changed anything (see StepPlan::progress).
+  bool Step();
+  void StartRemoteLoad(const scheduler::RemoteKvStart& start);
+  // Sends K/V of tokens [from, to) of `layer` through the request's export.
+  void ExportRows(Request& r, int32_t layer, int32_t from, int32_t to);
+  void Finish(int64_t seq_id, const absl::Status& status, FinishReason reason);
+  void UpdateKvStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Const after construction.
+  const EngineCoreOptions options_;
+  const StopCriteria stop_;
+  std::unique_ptr<backend::ModelBackend> backend_;
+  std::unique_ptr<RemoteKvLoader> loader_;
+
+  // Loop thread only.
+  kv::BlockPool pool_;
+  kv::KvCacheManager kv_;
+  scheduler::Scheduler scheduler_;
+  int64_t next_seq_id_ = 1;
+  std::map<int64_t, std::unique_ptr<Request>> requests_;  // by seq id
+  std::map<std::string, int64_t> seq_ids_;                // request id -> seq id
+  std::vector<backend::ForwardEntry> entries_;
+  std::vector<sampling::SamplingView> views_;
+  std::vector<char> k_rows_, v_rows_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Request>> inbox_new_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> inbox_cancel_ ABSL_GUARDED_BY(mu_);
+  std::vector<RemoteDone> inbox_done_ ABSL_GUARDED_BY(mu_);
+  // Live request ids and their cancel flags.
+  std::map<std::string, std::shared_ptr<CancelFlag>> live_ ABSL_GUARDED_BY(mu_);
+  uint32_t open_exports_ ABSL_GUARDED_BY(mu_) = 0;
+  CoreStats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::thread loop_;
+};
+
+}  // namespace tandem::core
+
+#endif  // TANDEM_ENGINE_CORE_ENGINE_CORE_H_

@@ -1,0 +1,146 @@
+// What a worker hands the engine core for one request, and the small
+// interfaces through which the core reports back and moves KV in or out of
+// the worker (vLLM v1's EngineCoreRequest / KVConnector, split by role).
+//
+// Threads: the core calls RequestOutput, KvExport and RemoteKvLoader on its
+// loop thread only, except where a method says otherwise.
+#ifndef TANDEM_ENGINE_CORE_REQUEST_H_
+#define TANDEM_ENGINE_CORE_REQUEST_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/kv/kv_storage.h"
+#include "engine/sampling/sampler.h"
+#include "engine/scheduler/prefill_placement.h"
+
+namespace tandem::core {
+
+using scheduler::RouteChoice;
+
+// Why a request stopped; values equal tandem.v1.FinishReason.
+enum class FinishReason : uint32_t {
+  kNone = 0,       // still running (for a prefill-only request: the decode
+                   // worker continues)
+  kLength = 1,     // max_tokens reached
+  kStop = 2,       // EOS
+  kContext = 3,    // context length reached
+  kCancelled = 4,
+};
+
+// Where a remote prefill worker must send a prompt's KV.
+struct RemotePrefillTarget {
+  std::string kv_endpoint;  // host:port of this worker's KV receiver
+  int32_t hit_tokens = 0;   // tokens already here: P sends [hit_tokens, L)
+  uint32_t attempt = 1;
+};
+
+// Results of one request, in this order: [OnRemotePrefill] OnToken*
+// OnFinish (exactly once).
+class RequestOutput {
+ public:
+  virtual ~RequestOutput() = default;
+  // The prompt waits for a remote prefill (never called for requests whose
+  // prompt is prefilled here).
+  virtual void OnRemotePrefill(const RemotePrefillTarget& target) = 0;
+  // Output token `index` (0-based). prompt_tokens_computed: prompt tokens
+  // this worker prefilled, on the first token it streams (else 0).
+  virtual void OnToken(uint32_t index, const sampling::SampledToken& token,
+                       uint32_t prompt_tokens_computed) = 0;
+  // OK with the reason, or the error that ended the request. Called after
+  // the request's KV blocks and id are released (a new request may reuse
+  // the id at once).
+  virtual void OnFinish(const absl::Status& status, FinishReason reason) = 0;
+};
+
+// Set from any thread when a request is cancelled or the core shuts down;
+// read by long-running KvExport calls that must give up.
+using CancelFlag = std::atomic<bool>;
+
+// Where a prefill-only request's KV goes (the prefill worker's KV sender).
+// The core sends K/V of tokens [first_token_to_send(), L) of every layer:
+// first the rows its prefix cache already holds, then each layer of each
+// chunk as soon as the forward has written it; after token 0 is sampled it
+// calls Finish, then Close. Bytes are in the KV storage's dtype.
+class KvExport {
+ public:
+  virtual ~KvExport() = default;
+  // Tokens the receiver already holds (D_hit): nothing before it is sent.
+  virtual int32_t first_token_to_send() const = 0;
+  // Opens the transfer (handshake); called once when the request reaches
+  // the loop, before it is scheduled. An error ends the request with it.
+  // `cancelled` outlives the export.
+  virtual absl::Status Open(std::shared_ptr<const CancelFlag> cancelled) = 0;
+  // K and V of tokens [token_start, token_start + count) of `layer`,
+  // count * row_bytes bytes each. An error ends the request at the end of
+  // the step (no later call but Close).
+  virtual absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
+                                 const char* k, const char* v) = 0;
+  // Token 0 and why generation ends with it (kNone: the receiver decodes on).
+  virtual absl::Status Finish(const sampling::SampledToken& first_token,
+                              FinishReason reason) = 0;
+  // Ends the transfer (after Finish, or early on any failure or cancel).
+  virtual void Close() = 0;
+  // K+V payload bytes sent so far.
+  virtual uint64_t bytes_sent() const = 0;
+};
+
+// What a remote prefill delivers besides the KV: token 0 (sampled by the
+// prefill worker), why generation ends with it (kNone: decode on), and the
+// prefill worker's bit-exact class.
+struct RemotePrefillResult {
+  sampling::SampledToken first_token{};
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string peer_bit_exact_class;
+};
+
+// Brings a prompt's KV in from a prefill worker (the decode worker's KV
+// receiver). Methods are called on the core's loop thread.
+class RemoteKvLoader {
+ public:
+  // Runs exactly once per successful StartLoad, from any thread, once
+  // nothing writes into the load's blocks any more.
+  using Done = std::function<void(absl::Status status, RemotePrefillResult result)>;
+
+  virtual ~RemoteKvLoader() = default;
+  // Expects K/V of tokens [hit_tokens, prompt_tokens) of request
+  // `request_id`, written into `storage` through `block_table` (which covers
+  // them). Returns where the prefill worker must send it. Errors: the load
+  // did not start (`done` will not run), e.g. ALREADY_EXISTS.
+  virtual absl::StatusOr<RemotePrefillTarget> StartLoad(
+      const std::string& request_id, int32_t hit_tokens, int32_t prompt_tokens,
+      kv::KvStorage* storage, std::vector<int32_t> block_table, Done done) = 0;
+  // Aborts a load; its `done` still runs (CANCELLED) once nothing writes
+  // any more. No-op for unknown ids.
+  virtual void CancelLoad(const std::string& request_id) = 0;
+  // Loads started whose `done` has not been queued yet. Any thread.
+  virtual uint32_t loads_in_flight() const = 0;
+  // K+V payload bytes received so far. Any thread.
+  virtual uint64_t bytes_received_total() const = 0;
+};
+
+// One request for the engine core.
+struct EngineRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;  // BOS included; L = prompt.size()
+  int32_t max_tokens = 1;       // >= 1
+  sampling::SamplingOptions sampling;
+  // Where the prompt is prefilled: kRemote needs a RemoteKvLoader.
+  RouteChoice route = RouteChoice::kAuto;
+  std::shared_ptr<RequestOutput> output;  // required
+  // Set: a prefill-only request (the prefill worker): its KV goes out
+  // through the export, it is prefilled here, never preempted, and it ends
+  // after token 0 with the reason the stop checks give (kNone: the decode
+  // worker continues).
+  std::shared_ptr<KvExport> kv_export;
+};
+
+}  // namespace tandem::core
+
+#endif  // TANDEM_ENGINE_CORE_REQUEST_H_

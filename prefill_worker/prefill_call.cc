@@ -1,0 +1,63 @@
+#include "prefill_worker/prefill_call.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::prefill {
+namespace {
+
+// Collects token 0 and turns the finish into the call's one result.
+class PrefillOutput : public core::RequestOutput {
+ public:
+  PrefillOutput(std::shared_ptr<const SenderKvExport> kv_export, PrefillDone done)
+      : export_(std::move(kv_export)), done_(std::move(done)) {}
+  void OnRemotePrefill(const core::RemotePrefillTarget&) override {}  // never: P prefills
+  void OnToken(uint32_t, const sampling::SampledToken& token,
+               uint32_t prompt_tokens_computed) override {
+    result_.first_token = token;
+    result_.prompt_tokens_computed = prompt_tokens_computed;
+  }
+  void OnFinish(const absl::Status& status, core::FinishReason reason) override {
+    if (!status.ok()) {
+      done_(status);
+      return;
+    }
+    result_.finish_reason = reason;
+    result_.kv_bytes_sent = export_->bytes_sent();
+    done_(result_);
+  }
+
+ private:
+  const std::shared_ptr<const SenderKvExport> export_;
+  const PrefillDone done_;
+  PrefillResult result_;
+};
+
+}  // namespace
+
+void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillRequest request,
+                   PrefillDone done) {
+  if (request.hit_tokens > request.prompt.size()) {
+    done(absl::InvalidArgumentError(absl::StrCat("kv_target.hit_tokens: ", request.hit_tokens,
+                                                 " exceeds the prompt length ",
+                                                 request.prompt.size())));
+    return;
+  }
+  auto kv_export = std::make_shared<SenderKvExport>(
+      send, request.kv_endpoint, request.request_id, request.attempt,
+      static_cast<int32_t>(request.hit_tokens));
+  core::EngineRequest req;
+  req.request_id = std::move(request.request_id);
+  req.prompt = std::move(request.prompt);
+  req.max_tokens = request.max_tokens;
+  req.sampling = request.sampling;
+  req.route = core::RouteChoice::kLocal;
+  req.output = std::make_shared<PrefillOutput>(kv_export, done);
+  req.kv_export = std::move(kv_export);
+  absl::Status submitted = core.Submit(std::move(req));
+  if (!submitted.ok()) done(submitted);
+}
+
+}  // namespace tandem::prefill
