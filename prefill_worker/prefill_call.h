@@ -23,7 +23,7 @@ namespace tandem::prefill {
 struct PrefillRequest {
   std::string request_id;
   std::vector<int32_t> prompt;  // BOS included
-  int32_t max_tokens = 1;
+  int64_t max_tokens = 1;
   sampling::SamplingOptions sampling;
   std::string kv_endpoint;      // D's KV receiver
   uint32_t attempt = 1;

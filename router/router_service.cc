@@ -6,8 +6,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_format.h"
 #include "common/server/proto_convert.h"
-#include "engine/core/request_validation.h"
 #include "common/server/status_util.h"
+#include "engine/core/request_validation.h"
 #include "router/generate_call.h"
 
 namespace tandem::router {
@@ -32,6 +32,10 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
     const v1::GenerateRequest& request) const {
   if (request.prompt().empty()) {
     return absl::InvalidArgumentError("prompt: must not be empty");
+  }
+  if (absl::StatusOr<core::RouteChoice> route = RouteFromProto(request.route_override());
+      !route.ok()) {
+    return route.status();
   }
   std::vector<int32_t> prompt =
       model_->tokenizer->Encode(request.prompt(), model_->tokenizer->add_bos());

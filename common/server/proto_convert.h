@@ -3,7 +3,6 @@
 #ifndef TANDEM_COMMON_SERVER_PROTO_CONVERT_H_
 #define TANDEM_COMMON_SERVER_PROTO_CONVERT_H_
 
-#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -48,11 +47,9 @@ inline sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) 
   return o;
 }
 
-// max_tokens from the wire, clamped so int32 arithmetic cannot overflow
-// (anything this large fails the context-length check anyway).
-inline int32_t MaxTokensFromProto(uint32_t max_tokens) {
-  return static_cast<int32_t>(std::min<uint32_t>(max_tokens, 1u << 30));
-}
+// max_tokens from the wire, kept whole so an error names the value sent
+// (core::ValidateGeneration checks it against the context length).
+inline int64_t MaxTokensFromProto(uint32_t max_tokens) { return max_tokens; }
 
 }  // namespace tandem
 

@@ -69,7 +69,9 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   // The most KV this request can hold here: every token but the last sampled
   // one; a prefill-only request holds its prompt; a remote prefill reserves
   // token 0's slot too.
-  int32_t kv_tokens = exports ? prompt_len : prompt_len + request.max_tokens - 1;
+  // (Validated: prompt + max_tokens fits the context length, an int32.)
+  int32_t kv_tokens =
+      exports ? prompt_len : prompt_len + static_cast<int32_t>(request.max_tokens) - 1;
   if (!exports && loader_ != nullptr && request.route != RouteChoice::kLocal) {
     kv_tokens = std::max(kv_tokens, prompt_len + 1);
   }
@@ -327,14 +329,16 @@ bool EngineCore::Step() {
   }
   for (const scheduler::RemoteKvStart& start : plan.remote_kv_starts) StartRemoteLoad(start);
   if (plan.chunks.empty()) return plan.progress();
+  Execute(plan);
+  UpdateFromOutput(plan);
+  return true;
+}
 
-  // The batch, and which entries export their KV.
+void EngineCore::Execute(const scheduler::StepPlan& plan) {
   const int32_t n_layers = backend_->config().n_layers;
-  std::vector<Request*> entry_requests;
   bool any_export = false;
-  uint64_t prefill_tokens = 0;
-  uint32_t num_decode = 0;
   entries_.clear();
+  entry_requests_.clear();
   for (const scheduler::ScheduledChunk& chunk : plan.chunks) {
     Request& r = *requests_.at(chunk.id);
     const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
@@ -349,11 +353,6 @@ bool EngineCore::Step() {
         }
       }
     }
-    if (chunk.start >= s.num_prompt_tokens && chunk.count == 1) {
-      ++num_decode;
-    } else {
-      prefill_tokens += static_cast<uint64_t>(chunk.count);
-    }
     backend::ForwardEntry entry;
     entry.tokens = std::span<const int32_t>(s.tokens.data() + chunk.start,
                                             static_cast<size_t>(chunk.count));
@@ -361,32 +360,46 @@ bool EngineCore::Step() {
     entry.block_table = &kv_.BlockTable(chunk.id);
     entry.sampling = chunk.samples ? &r.req.sampling : nullptr;
     entries_.push_back(entry);
-    entry_requests.push_back(&r);
+    entry_requests_.push_back(&r);
   }
   // Per-layer hook: ship [max(start, D_hit), end) of each exporting chunk
   // as soon as that layer is written.
-  const backend::LayerHook hook = [&](size_t entry, int32_t layer, int32_t start,
-                                      int32_t count) {
-    Request& r = *entry_requests[entry];
+  const backend::LayerHook hook = [this](size_t entry, int32_t layer, int32_t start,
+                                         int32_t count) {
+    Request& r = *entry_requests_[entry];
     if (r.req.kv_export == nullptr) return;
     ExportRows(r, layer, std::max(start, r.req.kv_export->first_token_to_send()),
                start + count);
   };
   backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
+}
 
+void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
+  struct Finished {
+    int64_t seq_id;
+    absl::Status status;
+    FinishReason reason;
+  };
   std::vector<int32_t> sampled;
-  std::vector<std::pair<int64_t, std::pair<absl::Status, FinishReason>>> finished;
+  std::vector<Finished> finished;
+  uint64_t prefill_tokens = 0;
+  uint32_t num_decode = 0;
   size_t view = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduler::ScheduledChunk& chunk = plan.chunks[i];
-    Request& r = *entry_requests[i];
+    Request& r = *entry_requests_[i];
+    const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
+    if (chunk.start >= s.num_prompt_tokens && chunk.count == 1) {
+      ++num_decode;
+    } else {
+      prefill_tokens += static_cast<uint64_t>(chunk.count);
+    }
     if (!chunk.samples) {
       if (!r.export_error.ok()) {
-        finished.push_back({chunk.id, {r.export_error, FinishReason::kNone}});
+        finished.push_back({chunk.id, r.export_error, FinishReason::kNone});
       }
       continue;
     }
-    const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
     // A sequence recomputing after preemption reaches the end of its known
     // tokens again: its next output index continues where it stopped.
     const sampling::SampledToken t = sampling::SampleFromView(
@@ -405,16 +418,16 @@ bool EngineCore::Step() {
       // decode worker to go on.
       if (r.export_error.ok()) r.export_error = r.req.kv_export->Finish(t, reason);
       if (!r.export_error.ok()) {
-        finished.push_back({chunk.id, {r.export_error, FinishReason::kNone}});
+        finished.push_back({chunk.id, r.export_error, FinishReason::kNone});
         continue;
       }
       r.req.output->OnToken(index, t, prompt_computed);
-      finished.push_back({chunk.id, {absl::OkStatus(), reason}});
+      finished.push_back({chunk.id, absl::OkStatus(), reason});
       continue;
     }
     r.req.output->OnToken(index, t, prompt_computed);
     if (reason != FinishReason::kNone) {
-      finished.push_back({chunk.id, {absl::OkStatus(), reason}});
+      finished.push_back({chunk.id, absl::OkStatus(), reason});
     }
   }
   scheduler_.OnStepDone(plan, sampled);  // publishes completed blocks
@@ -424,8 +437,7 @@ bool EngineCore::Step() {
     stats_.decode_tokens_total += num_decode;
     stats_.max_decode_batch_size = std::max(stats_.max_decode_batch_size, num_decode);
   }
-  for (const auto& [seq_id, result] : finished) Finish(seq_id, result.first, result.second);
-  return true;
+  for (const Finished& f : finished) Finish(f.seq_id, f.status, f.reason);
 }
 
 }  // namespace tandem::core

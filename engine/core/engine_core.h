@@ -119,8 +119,14 @@ class EngineCore {
   void Arrive(std::unique_ptr<Request> request);
   void HandleRemoteDone(RemoteDone done);
   void Abort(const std::string& request_id, const absl::Status& status);
-  // Returns whether the step changed anything (see StepPlan::progress).
+  // schedule -> execute -> update from output. Returns whether the step
+  // changed anything (see StepPlan::progress).
   bool Step();
+  // Runs the backend forward over the plan's chunks (exporting KV of
+  // prefill-only requests as it goes); views_ holds the sampled rows.
+  void Execute(const scheduler::StepPlan& plan);
+  // Samples, streams, checks stops, tells the scheduler, finishes.
+  void UpdateFromOutput(const scheduler::StepPlan& plan);
   void StartRemoteLoad(const scheduler::RemoteKvStart& start);
   // Sends K/V of tokens [from, to) of `layer` through the request's export.
   void ExportRows(Request& r, int32_t layer, int32_t from, int32_t to);
@@ -140,8 +146,9 @@ class EngineCore {
   int64_t next_seq_id_ = 1;
   std::map<int64_t, std::unique_ptr<Request>> requests_;  // by seq id
   std::map<std::string, int64_t> seq_ids_;                // request id -> seq id
-  std::vector<backend::ForwardEntry> entries_;
-  std::vector<sampling::SamplingView> views_;
+  std::vector<backend::ForwardEntry> entries_;   // this step's batch
+  std::vector<Request*> entry_requests_;          // the request of each entry
+  std::vector<sampling::SamplingView> views_;     // one per sampled entry
   std::vector<char> k_rows_, v_rows_;
 
   mutable absl::Mutex mu_;

@@ -129,7 +129,7 @@ class RemoteKvLoader {
 struct EngineRequest {
   std::string request_id;
   std::vector<int32_t> prompt;  // BOS included; L = prompt.size()
-  int32_t max_tokens = 1;       // >= 1
+  int64_t max_tokens = 1;       // >= 1; prompt + max_tokens <= context length
   sampling::SamplingOptions sampling;
   // Where the prompt is prefilled: kRemote needs a RemoteKvLoader.
   RouteChoice route = RouteChoice::kAuto;

@@ -8,7 +8,9 @@ absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tok
                                 int32_t context_length, int32_t vocab_size,
                                 const sampling::SamplingOptions& sampling) {
   if (prompt.empty()) {
-    return absl::InvalidArgumentError("prompt: must not be empty");
+    // The router refuses an empty prompt text first; an empty token list
+    // reaches here only through a worker's API.
+    return absl::InvalidArgumentError("prompt_token_ids: must not be empty");
   }
   if (max_tokens < 1) {
     return absl::InvalidArgumentError(

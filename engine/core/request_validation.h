@@ -12,7 +12,8 @@
 
 namespace tandem::core {
 
-// INVALID_ARGUMENT naming the field and the limit when: the prompt is empty;
+// INVALID_ARGUMENT naming the field and the limit when: the prompt is empty
+// ("prompt_token_ids");
 // max_tokens < 1; prompt + max_tokens > context_length (all three numbers
 // named); a token id is outside [0, vocab_size); sampling options are out of
 // range (sampling::Validate).

@@ -3,7 +3,7 @@
 namespace tandem::core {
 
 FinishReason CheckStop(const StopCriteria& criteria, int32_t token, int32_t num_generated,
-                       int32_t max_tokens, int32_t sequence_tokens) {
+                       int64_t max_tokens, int32_t sequence_tokens) {
   if (token == criteria.eos_token_id) return FinishReason::kStop;
   if (num_generated >= max_tokens) return FinishReason::kLength;
   if (sequence_tokens >= criteria.context_length) return FinishReason::kContext;

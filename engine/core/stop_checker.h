@@ -21,7 +21,7 @@ struct StopCriteria {
 // count including `token`); the sequence, `token` included, holds
 // sequence_tokens >= context_length tokens (kContext); else kNone.
 FinishReason CheckStop(const StopCriteria& criteria, int32_t token, int32_t num_generated,
-                       int32_t max_tokens, int32_t sequence_tokens);
+                       int64_t max_tokens, int32_t sequence_tokens);
 
 }  // namespace tandem::core
 

@@ -48,6 +48,10 @@ std::vector<BadCase> BadCases() {
        {"top_p"}},
       {"TopPOverOne", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); },
        {"top_p"}},
+      // proto3 keeps unknown enum numbers: the router must not pass them on.
+      {"RouteOverrideUnknown",
+       [](v1::GenerateRequest& r) { r.set_route_override(static_cast<v1::RouteOverride>(7)); },
+       {"route_override", "7"}},
   };
 }
 
