@@ -26,6 +26,8 @@
 #include "engine/kv/block_pool.h"
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/sampling_view.h"
 
 namespace tandem::bench {
 namespace {
@@ -180,6 +182,43 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_Decode)->Apply(DecodeArgs)->UseRealTime();
+
+// Sampling on the host: BuildSamplingView + SampleFromView of one row of
+// the model's own logits (the last token of a random 32-token prompt), as
+// the CPU backend and the engine core do for every sampled sequence each
+// step. Args: mode 0 greedy, 1 temperature 0.8 + top_k 40, 2 temperature
+// 0.8 + top_p 0.95, 3 temperature 1 (top_k off, top_p 1: the whole
+// vocabulary is sorted). rows/s = sampled sequences per second.
+void BM_Sample(benchmark::State& state) {
+  const model::LlamaModel* m = ModelOrSkip(state, 1);
+  if (m == nullptr) return;
+  const std::vector<int32_t> prompt = RandomTokens(32, m->config().vocab_size, 5);
+  kv::CpuKvStorage storage(m->kv_shape(kBlockSize), kv::BlocksForTokens(32, kBlockSize));
+  std::vector<int32_t> table;
+  for (int32_t b = 0; b < storage.num_blocks(); ++b) table.push_back(b);
+  model::SequenceBatch entry;
+  entry.tokens = prompt;
+  entry.block_table = &table;
+  std::vector<float> logits;
+  m->Forward({&entry, 1}, storage, &logits);
+  sampling::SamplingOptions options;
+  switch (state.range(0)) {
+    case 0: break;
+    case 1: options.temperature = 0.8f; options.top_k = 40; break;
+    case 2: options.temperature = 0.8f; options.top_p = 0.95f; break;
+    default: options.temperature = 1.0f; break;
+  }
+  sampling::SamplingView view;
+  std::vector<float> scratch;
+  uint32_t index = 0;
+  for (auto _ : state) {
+    sampling::BuildSamplingView(logits, options, &view, &scratch);
+    benchmark::DoNotOptimize(sampling::SampleFromView(view, options, index++).token_id);
+  }
+  state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(absl::StrCat("vocab ", m->config().vocab_size));
+}
+BENCHMARK(BM_Sample)->ArgName("mode")->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 
 // Serving loop: collects the time of every request's first and last token.
 class TimingSink : public core::RequestOutput {

@@ -13,4 +13,8 @@ void ApplyLogitsProcessors(const SamplingOptions& options, std::span<float> logi
   }
 }
 
+bool LogitsProcessorsAreIdentity(const SamplingOptions& options) {
+  return options.temperature == 0.0f || options.temperature == 1.0f;
+}
+
 }  // namespace tandem::sampling

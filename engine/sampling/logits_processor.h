@@ -28,6 +28,11 @@ namespace tandem::sampling {
 // pass over the row. `options` must pass Validate().
 void ApplyLogitsProcessors(const SamplingOptions& options, std::span<float> logits);
 
+// True when ApplyLogitsProcessors leaves every row bit for bit as it is
+// (temperature 0 or 1, no other processor), so a caller may skip the copy:
+// x / 1.0f == x exactly for every float, NaN and infinities included.
+bool LogitsProcessorsAreIdentity(const SamplingOptions& options);
+
 }  // namespace tandem::sampling
 
 #endif  // TANDEM_ENGINE_SAMPLING_LOGITS_PROCESSOR_H_

@@ -24,6 +24,10 @@ constexpr size_t kWidenFactor = 4;
 // for the second widening already).
 constexpr size_t kHeapMaxCount = 1024;
 constexpr size_t kHeapRatio = 16;
+// ... except that up to this many ids left, count <= kHeapMaxCount picks
+// with nth_element + a sort of the kept ids instead of radix-sorting all
+// of them (a vocabulary of a few hundred ids, read every decode step).
+constexpr size_t kSelectMaxIds = 4096;
 
 // Sort key: NaN ranks as -inf, so the candidate order is total.
 inline float Key(float logit) {
@@ -92,6 +96,10 @@ void RadixSort(Candidate* data, Candidate* tmp, size_t n) {
 // a bounded heap whose front is the worst kept: O(V + m log count), m the
 // replacements (about count * ln(V / count) for logits in no particular
 // order); almost every id fails one comparison against the front.
+// Small count over few ids left (kSelectMaxIds): nth_element over every id
+// left and a sort of the count kept, O(V + count log count) whatever the
+// order of the logits (a heap degrades when they rise with the id, as a
+// small SPM vocabulary's byte pieces then words make them).
 // Otherwise appends every id left, radix-sorted: O(V), with a temporary
 // second half of `out` (its capacity reaches 2V).
 void AppendNext(std::span<const float> processed, std::span<const float> raw, size_t count,
@@ -108,6 +116,31 @@ void AppendNext(std::span<const float> processed, std::span<const float> raw, si
     return !bounded || Before(bound_key, bound_id, key, id);
   };
 
+  if (count <= kHeapMaxCount && count * kHeapRatio > left && left <= kSelectMaxIds) {
+    // A small vocabulary: partition every id left around the count-th
+    // (introselect, O(left) whatever the order of the logits) and sort only
+    // the kept ones. Each id is packed as DescendingKey << 32 | id, so the
+    // candidate order is plain unsigned order (no NaN branches).
+    thread_local std::vector<uint64_t> keys;
+    keys.clear();
+    for (size_t i = 0; i < vocab; ++i) {
+      const int32_t id = static_cast<int32_t>(i);
+      if (after_bound(Key(processed[i]), id)) {
+        keys.push_back(static_cast<uint64_t>(DescendingKey(processed[i])) << 32 |
+                       static_cast<uint32_t>(id));
+      }
+    }
+    assert(keys.size() == left);
+    const auto nth = keys.begin() + static_cast<std::ptrdiff_t>(count);
+    std::nth_element(keys.begin(), nth, keys.end());
+    std::sort(keys.begin(), nth);
+    out->reserve(base + count);
+    for (auto it = keys.begin(); it != nth; ++it) {
+      const size_t id = static_cast<size_t>(*it & 0xffffffffu);
+      out->push_back({static_cast<int32_t>(id), processed[id], raw[id]});
+    }
+    return;
+  }
   if (count > kHeapMaxCount || count * kHeapRatio > left) {
     out->reserve(base + 2 * left);
     for (size_t i = 0; i < vocab; ++i) {
@@ -177,30 +210,21 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
                        SamplingView* view, std::vector<float>* scratch) {
   assert(!raw_logits.empty());
   const size_t vocab = raw_logits.size();
+  // The processed row: the raw one itself when the processors would not
+  // change a bit (greedy, temperature 1), else a processed copy.
+  const bool identity = LogitsProcessorsAreIdentity(options);
   std::vector<float> local;
-  std::vector<float>& processed = scratch != nullptr ? *scratch : local;
-  processed.assign(raw_logits.begin(), raw_logits.end());
-  ApplyLogitsProcessors(options, processed);
-
-  // Raw statistics. The max is the first id of the raw order, which is
-  // today's argmax (first strictly greater, lowest id) for NaN-free rows
-  // (a NaN compares false, i.e. ranks as -inf); the sum reproduces the
-  // log-softmax the sampler has always reported.
-  size_t best = 0;
-  float best_key = Key(raw_logits[0]);
-  for (size_t i = 1; i < vocab; ++i) {
-    if (raw_logits[i] > best_key) {
-      best = i;
-      best_key = raw_logits[i];
-    }
+  std::span<const float> processed = raw_logits;
+  if (!identity) {
+    std::vector<float>& copy = scratch != nullptr ? *scratch : local;
+    copy.assign(raw_logits.begin(), raw_logits.end());
+    ApplyLogitsProcessors(options, copy);
+    processed = copy;
   }
-  view->raw_max = raw_logits[best];
-  double raw_sum = 0.0;
-  for (float l : raw_logits) raw_sum += std::exp(static_cast<double>(l) - view->raw_max);
-  view->raw_log_sum = std::log(raw_sum);
 
-  // Candidates. `candidates` may run ahead of k with more ids of the order,
-  // already sorted (AppendNext's radix path); it is cut back to k at the end.
+  // Candidates: the first k ids of the processed order (widened below).
+  // `candidates` may run ahead of k with more ids of the order, already
+  // sorted (AppendNext's radix path); it is cut back to k at the end.
   std::vector<Candidate>& candidates = view->candidates;
   const auto ensure = [&](size_t want) {
     if (want > candidates.size()) {
@@ -209,8 +233,10 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
   };
   const bool top_k_on = options.top_k > 0;
   const bool widen = !top_k_on && options.temperature > 0.0f;
-  size_t k = kMinViewCandidates;
-  if (top_k_on) k = std::max(k, static_cast<size_t>(options.top_k));
+  // Greedy takes the first id; a draw needs room for its nucleus.
+  const bool greedy = options.temperature == 0.0f;
+  size_t k = greedy ? 1 : kMinViewCandidates;
+  if (top_k_on && !greedy) k = std::max(k, static_cast<size_t>(options.top_k));
   // top_p == 1 keeps every id (the draw sums p over the whole sorted
   // vocabulary), so no smaller view could serve it.
   if (widen && options.top_p == 1.0f) k = vocab;
@@ -218,12 +244,32 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
   candidates.clear();
   ensure(k);
 
+  // Raw statistics. The max is the first id of the raw order, which is
+  // today's argmax (first strictly greater, lowest id) for NaN-free rows
+  // (a NaN compares false, i.e. ranks as -inf); the sum reproduces the
+  // log-softmax the sampler has always reported. With identity processors
+  // the first candidate is that id already.
+  size_t best = identity ? static_cast<size_t>(candidates[0].id) : 0;
+  if (!identity) {
+    float best_key = Key(raw_logits[0]);
+    for (size_t i = 1; i < vocab; ++i) {
+      if (raw_logits[i] > best_key) {
+        best = i;
+        best_key = raw_logits[i];
+      }
+    }
+  }
+  view->raw_max = raw_logits[best];
+  double raw_sum = 0.0;
+  for (float l : raw_logits) raw_sum += std::exp(static_cast<double>(l) - view->raw_max);
+  view->raw_log_sum = std::log(raw_sum);
+
   view->normaliser = 0.0;
   if (widen) {
     const double l0 = candidates[0].logit;
-    if (std::memcmp(processed.data(), raw_logits.data(), vocab * sizeof(float)) == 0) {
-      // The processors were the identity (temperature 1): candidates[0] is
-      // the raw first id, l0 == raw_max, and this is the same sum.
+    if (identity) {
+      // Temperature 1: candidates[0] is the raw first id, l0 == raw_max,
+      // and this is the same sum.
       view->normaliser = raw_sum;
     } else {
       double sum = 0.0;

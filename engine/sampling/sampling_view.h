@@ -47,8 +47,9 @@ inline constexpr size_t kMinViewCandidates = 64;
 
 struct SamplingView {
   // The first K ids of the whole vocabulary in the candidate order of the
-  // processed logits (exactly those, sorted). K = min(vocab,
-  // max(top_k, kMinViewCandidates)); when top_k is off and temperature > 0,
+  // processed logits (exactly those, sorted). Greedy (temperature 0) draws
+  // nothing, so K = 1 (a GPU backend sends one id). Otherwise K =
+  // min(vocab, max(top_k, kMinViewCandidates)); when top_k is off,
   // K is then widened x4 (capped at vocab) until the candidates' mass
   // reaches top_p * normaliser (see BuildSamplingView), and K = vocab when
   // top_p == 1.
@@ -70,9 +71,10 @@ struct SamplingView {
 
 // Builds the view of one row of raw logits (vocab entries, at least one)
 // for a request with `options` (which must pass Validate()):
-//   1. copies the row into `scratch` and runs ApplyLogitsProcessors on it;
+//   1. copies the row into `scratch` and runs ApplyLogitsProcessors on it
+//      (no copy when LogitsProcessorsAreIdentity: greedy, temperature 1);
 //   2. selects the first K = min(vocab, max(top_k, 64)) ids of the candidate
-//      order (64 when top_k is off);
+//      order (64 when top_k is off; 1 for greedy);
 //   3. when top_k is off and temperature > 0: computes the normaliser, and
 //      while the view is not complete and the candidates' mass
 //      sum_i exp(double(l'_i) - double(l'_0)) (summed in candidate order)
@@ -82,9 +84,10 @@ struct SamplingView {
 //      candidates: it walks the same sums in the same order;
 //   4. raw_max, raw_log_sum and raw_top from the raw row.
 //
-// Cost, vocab V: one copy, the processors' pass, one double exp per id
-// for raw_log_sum and one more for the normaliser (skipped when the
-// processors left the row unchanged, as at temperature 1), and a selection:
+// Cost, vocab V: one copy and the processors' pass (neither for identity
+// processors), an argmax pass (likewise), one double exp per id for
+// raw_log_sum and one more for the normaliser (skipped for identity
+// processors), and a selection:
 // a bounded heap, O(V + K log K) typical, while K is small next to V (at
 // most 1024 ids and a sixteenth of the vocabulary), otherwise an O(V)
 // radix sort of the ids left. Nothing sorts the vocabulary with
@@ -93,7 +96,8 @@ struct SamplingView {
 // 1 at temperature > 0 (the contract then sums p over the whole sorted
 // vocabulary). Measured at V = 152064 on one core: about 1.2 ms for greedy
 // or top_k, 3 to 4 ms when the view is (nearly) complete, of which the
-// exps are a third to a half.
+// exps are a third to a half; bench/engine_bench.cc BM_Sample measures it
+// on a model's own logits (docs/benchmarks.md).
 //
 // `view` is overwritten; reuse one view and one `scratch` per thread and no
 // call allocates once their capacities have grown (scratch: V floats;

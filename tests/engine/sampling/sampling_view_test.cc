@@ -187,8 +187,11 @@ void ExpectViewMatches(const Reference& ref, const SamplingView& view, const Sam
   const size_t n = view.candidates.size();
   bool ok = n >= 1 && n <= vocab && view.complete == (n == vocab) &&
             SameBits(view.raw_max, ref.raw_max) && SameBits(view.raw_log_sum, ref.raw_log_sum);
+  // Greedy: the first id only; otherwise max(top_k, 64) before widening.
   const size_t base_k =
-      std::min(vocab, std::max<size_t>(kMinViewCandidates, o.top_k > 0 ? o.top_k : 0));
+      o.temperature == 0.0f
+          ? 1
+          : std::min(vocab, std::max<size_t>(kMinViewCandidates, o.top_k > 0 ? o.top_k : 0));
   if (o.top_k > 0 || o.temperature == 0.0f) {
     ok = ok && n == base_k && view.normaliser == 0.0;
   } else {
@@ -333,7 +336,7 @@ TEST(SamplingViewTest, GreedyViewHasReferenceRawStats) {
     EXPECT_TRUE(SameBits(view.raw_max, ref.raw_max)) << row;
     EXPECT_TRUE(SameBits(view.raw_log_sum, ref.raw_log_sum)) << row;
     EXPECT_EQ(view.normaliser, 0.0);
-    ASSERT_EQ(view.candidates.size(), kMinViewCandidates);
+    ASSERT_EQ(view.candidates.size(), 1u);  // greedy draws nothing
     EXPECT_FALSE(view.complete);
     EXPECT_EQ(view.candidates[0].id, ref.order[0]);
     EXPECT_TRUE(view.raw_top.empty());
@@ -418,8 +421,17 @@ TEST(SamplingViewTest, CandidateCountFollowsTopK) {
   o.top_k = 0;  // top_p == 1: every id is kept
   BuildSamplingView(l, o, &view);
   EXPECT_TRUE(view.complete);
+  // Greedy: the first id only, whatever top_k says.
+  o.temperature = 0.0f;
+  o.top_k = 300;
+  BuildSamplingView(l, o, &view);
+  ASSERT_EQ(view.candidates.size(), 1u);
+  EXPECT_FALSE(view.complete);
   // Vocab below 64: always complete.
-  BuildSamplingView(std::vector<float>{1.0f, 3.0f, 2.0f}, SamplingOptions{}, &view);
+  o.temperature = 0.5f;
+  o.top_k = 0;
+  o.top_p = 0.9f;
+  BuildSamplingView(std::vector<float>{1.0f, 3.0f, 2.0f}, o, &view);
   ASSERT_EQ(view.candidates.size(), 3u);
   EXPECT_TRUE(view.complete);
   EXPECT_EQ(view.candidates[0].id, 1);
