@@ -1,27 +1,26 @@
-// SPM tokenizer: the algorithm of llama.cpp's llm_tokenizer_spm_session
-// (src/llama-vocab.cpp), reimplemented; see tokenizer.h.
+// Tokenizer: loading, added-token partition, SPM/BPE dispatch and token
+// rendering, following llama.cpp's llama_vocab::impl (src/llama-vocab.cpp at
+// c392e50); see tokenizer.h.
 #include "engine/tokenizer/tokenizer.h"
 
-#include <cstdio>
-#include <limits>
-#include <queue>
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/bpe.h"
+#include "engine/tokenizer/pre_tokenizer.h"
+#include "engine/tokenizer/spm.h"
+#include "engine/tokenizer/unicode.h"
+#include "engine/tokenizer/vocab.h"
 
 namespace tandem::tokenizer {
 namespace {
 
+using internal::Vocab;
+
 constexpr char kSpaceEscape[] = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
 constexpr size_t kSpaceEscapeLen = 3;
-
-// Length of the UTF-8 sequence starting with `lead`, by its high nibble (as
-// llama.cpp's unicode_len_utf8: continuation and invalid bytes count as 1).
-size_t Utf8Len(uint8_t lead) {
-  static constexpr size_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-  return kLen[lead >> 4];
-}
 
 std::string EscapeSpaces(std::string_view text) {
   std::string out;
@@ -66,246 +65,177 @@ int ParseByteToken(const std::string& piece) {
   return value;
 }
 
-absl::Status KeyError(const gguf::GgufFile& file, std::string_view key,
-                      const absl::Status& status) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      file.path(), ": tokenizer key '", absl::string_view(key.data(), key.size()),
-      "': ", status.message()));
-}
-
-// Reads an optional token id: `fallback` when absent, INVALID_ARGUMENT when
-// it is not an integer or not a valid id. `none_ok`: UINT32_MAX means "none"
-// and yields -1.
-absl::StatusOr<int32_t> OptionalId(const gguf::GgufFile& file, std::string_view key,
-                                   int32_t fallback, size_t n_vocab, bool none_ok) {
-  absl::StatusOr<uint64_t> v = file.GetUint(key);
-  if (absl::IsNotFound(v.status())) return fallback;
-  if (!v.ok()) return KeyError(file, key, v.status());
-  if (none_ok && *v == std::numeric_limits<uint32_t>::max()) return -1;
-  if (*v >= n_vocab) {
-    return KeyError(file, key,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "token id ", *v, " is out of range for a vocabulary of ", n_vocab)));
+// llama.cpp's token_to_piece(special = false) for one token.
+std::string RenderToken(const Vocab& v, VocabType type, int32_t id) {
+  const std::string& text = v.text[id];
+  switch (v.types[id]) {
+    case TokenType::kNormal:
+      return type == VocabType::kSpm ? UnescapeSpaces(text) : internal::DecodeByteLevel(text);
+    case TokenType::kUserDefined:
+      return text;
+    case TokenType::kByte:
+      if (type == VocabType::kSpm) {
+        const int byte = ParseByteToken(text);
+        if (byte >= 0) return std::string(1, static_cast<char>(byte));
+      }
+      return "";
+    case TokenType::kUndefined:
+    case TokenType::kUnknown:
+    case TokenType::kControl:
+    case TokenType::kUnused:
+      return "";  // rendered as nothing
   }
-  return static_cast<int32_t>(*v);
+  return "";
 }
-
-absl::StatusOr<bool> OptionalBool(const gguf::GgufFile& file, std::string_view key,
-                                  bool fallback) {
-  absl::StatusOr<bool> v = file.GetBool(key);
-  if (absl::IsNotFound(v.status())) return fallback;
-  if (!v.ok()) return KeyError(file, key, v.status());
-  return *v;
-}
-
-// Optional per-token array of `n` elements of T; empty when absent.
-template <typename T>
-absl::StatusOr<const std::vector<T>*> OptionalArray(const gguf::GgufFile& file,
-                                                    std::string_view key, size_t n) {
-  const gguf::MetadataValue* v = file.Find(key);
-  if (v == nullptr) return nullptr;
-  const auto* arr = std::get_if<std::vector<T>>(v);
-  if (arr == nullptr) {
-    return KeyError(file, key, absl::InvalidArgumentError("has the wrong array type"));
-  }
-  if (arr->size() != n) {
-    return KeyError(file, key, absl::InvalidArgumentError(absl::StrCat(
-                                   "has ", arr->size(), " entries but there are ", n,
-                                   " tokens")));
-  }
-  return arr;
-}
-
-// One symbol of the SPM merge: a byte range of the text, linked to its
-// live neighbours. n == 0 marks a symbol merged into its left neighbour.
-struct Symbol {
-  size_t start;
-  size_t n;
-  int prev;
-  int next;
-};
-
-struct Bigram {
-  int left;
-  int right;
-  float score;
-  size_t size;  // bytes of the merged text, to detect stale entries
-};
-
-// Highest score first; equal scores: leftmost first.
-struct BigramLess {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  }
-};
 
 }  // namespace
 
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& file) {
-  absl::StatusOr<std::string> model = file.GetString("tokenizer.ggml.model");
-  if (!model.ok()) return KeyError(file, "tokenizer.ggml.model", model.status());
-  if (*model != "llama") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": tokenizer.ggml.model is '", *model,
-        "'; only 'llama' (SentencePiece) is supported"));
-  }
-  const gguf::MetadataValue* tokens_value = file.Find("tokenizer.ggml.tokens");
-  const auto* tokens = tokens_value == nullptr
-                           ? nullptr
-                           : std::get_if<std::vector<std::string>>(tokens_value);
-  if (tokens == nullptr || tokens->empty() ||
-      tokens->size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": tokenizer.ggml.tokens is missing, empty or not a string array"));
-  }
-  const size_t n = tokens->size();
+  constexpr char kModelKey[] = "tokenizer.ggml.model";
+  constexpr char kPreKey[] = "tokenizer.ggml.pre";
+  absl::StatusOr<std::string> model = file.GetString(kModelKey);
+  if (!model.ok()) return internal::KeyError(file, kModelKey, model.status().message());
 
   std::unique_ptr<Tokenizer> t(new Tokenizer());
-  t->pieces_ = *tokens;
+  internal::VocabDefaults defaults;
+  std::unique_ptr<internal::PreTokenizer> pre;
+  if (*model == "llama") {
+    t->vocab_type_ = VocabType::kSpm;
+    t->pre_tokenizer_ = "default";
+    defaults = {/*bos=*/1, /*eos=*/2, /*unk=*/0, /*add_bos=*/true, /*add_space_prefix=*/true};
+  } else if (*model == "gpt2") {
+    t->vocab_type_ = VocabType::kBpe;
+    std::string pre_name;
+    if (file.Find(kPreKey) != nullptr) {
+      absl::StatusOr<std::string> p = file.GetString(kPreKey);
+      if (!p.ok()) return internal::KeyError(file, kPreKey, p.status().message());
+      pre_name = *p;
+    }
+    absl::StatusOr<std::unique_ptr<internal::PreTokenizer>> p =
+        internal::PreTokenizer::Create(pre_name);
+    if (absl::IsNotFound(p.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.path(), ": tokenizer.ggml.pre is '", pre_name,
+          "', a pre-tokenizer Tandem does not support; supported: ",
+          internal::PreTokenizer::SupportedNames()));
+    }
+    if (!p.ok()) return p.status();
+    pre = std::move(*p);
+    t->pre_tokenizer_ = pre_name.empty() ? "default" : pre_name;
+    defaults = {/*bos=*/11, /*eos=*/11, /*unk=*/-1, /*add_bos=*/pre->default_add_bos(),
+                /*add_space_prefix=*/false};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tokenizer.ggml.model is '", *model,
+        "'; supported: 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)"));
+  }
 
-  // Scores and types are optional in llama.cpp (defaults 0 and NORMAL).
-  absl::StatusOr<const std::vector<float>*> scores =
-      OptionalArray<float>(file, "tokenizer.ggml.scores", n);
-  if (!scores.ok()) return scores.status();
-  t->scores_ = *scores != nullptr ? **scores : std::vector<float>(n, 0.0f);
-  absl::StatusOr<const std::vector<int32_t>*> types =
-      OptionalArray<int32_t>(file, "tokenizer.ggml.token_type", n);
-  if (!types.ok()) return types.status();
-  t->types_.assign(n, TokenType::kNormal);
-  if (*types != nullptr) {
-    for (size_t i = 0; i < n; ++i) {
-      const int32_t ty = (**types)[i];
-      if (ty < 0 || ty > static_cast<int32_t>(TokenType::kByte)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            file.path(), ": tokenizer.ggml.token_type[", i, "] = ", ty, " is not a token type"));
-      }
-      t->types_[i] = static_cast<TokenType>(ty);
+  absl::StatusOr<Vocab> vocab = internal::LoadVocab(file, defaults);
+  if (!vocab.ok()) return vocab.status();
+  t->vocab_ = std::make_unique<Vocab>(std::move(*vocab));
+  const Vocab& v = *t->vocab_;
+
+  if (t->vocab_type_ == VocabType::kSpm) {
+    t->spm_ = std::make_unique<internal::SpmEncoder>(&v);
+  } else {
+    absl::StatusOr<std::unique_ptr<internal::BpeEncoder>> bpe =
+        internal::BpeEncoder::Create(file, &v, std::move(pre));
+    if (!bpe.ok()) return bpe.status();
+    t->bpe_ = std::move(*bpe);
+  }
+
+  // llama.cpp's cache_special_tokens, sorted by text length, longest first.
+  // llama.cpp's std::sort leaves equal lengths in an unspecified order; the
+  // stable sort here keeps them by id.
+  for (int32_t id = 0; id < v.size(); ++id) {
+    const TokenType ty = v.types[id];
+    if (ty == TokenType::kControl || ty == TokenType::kUserDefined ||
+        ty == TokenType::kUnknown) {
+      t->special_tokens_.push_back(id);
     }
   }
+  std::stable_sort(t->special_tokens_.begin(), t->special_tokens_.end(),
+                   [&v](int32_t a, int32_t b) { return v.text[a].size() > v.text[b].size(); });
 
-  // SPM defaults from llama.cpp: BOS 1, EOS 2, UNK 0.
-  absl::StatusOr<int32_t> bos = OptionalId(file, "tokenizer.ggml.bos_token_id", 1, n, false);
-  if (!bos.ok()) return bos.status();
-  absl::StatusOr<int32_t> eos = OptionalId(file, "tokenizer.ggml.eos_token_id", 2, n, false);
-  if (!eos.ok()) return eos.status();
-  absl::StatusOr<int32_t> unk = OptionalId(file, "tokenizer.ggml.unknown_token_id", 0, n, true);
-  if (!unk.ok()) return unk.status();
-  t->bos_id_ = *bos;
-  t->eos_id_ = *eos;
-  t->unk_id_ = *unk;
-  absl::StatusOr<bool> add_bos = OptionalBool(file, "tokenizer.ggml.add_bos_token", true);
-  if (!add_bos.ok()) return add_bos.status();
-  absl::StatusOr<bool> add_space =
-      OptionalBool(file, "tokenizer.ggml.add_space_prefix", true);
-  if (!add_space.ok()) return add_space.status();
-  t->add_bos_ = *add_bos;
-  t->add_space_prefix_ = *add_space;
-
-  // As llama.cpp's token_to_id map: a duplicated piece resolves to its last id.
-  t->piece_to_id_.reserve(n);
-  for (size_t i = 0; i < n; ++i) t->piece_to_id_[t->pieces_[i]] = static_cast<int32_t>(i);
-
-  for (int b = 0; b < 256; ++b) {
-    char hex[8];
-    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
-    int32_t id = t->Lookup(hex);
-    if (id < 0) id = t->Lookup(std::string(1, static_cast<char>(b)));
-    t->byte_tokens_[b] = id >= 0 ? id : t->unk_id_;
-  }
-
-  t->bytes_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::string& piece = t->pieces_[i];
-    switch (t->types_[i]) {
-      case TokenType::kUndefined:
-      case TokenType::kNormal:
-        t->bytes_[i] = UnescapeSpaces(piece);
-        break;
-      case TokenType::kUserDefined:
-        t->bytes_[i] = piece;
-        break;
-      case TokenType::kByte: {
-        const int byte = ParseByteToken(piece);
-        if (byte >= 0) t->bytes_[i] = std::string(1, static_cast<char>(byte));
-        break;
-      }
-      case TokenType::kUnknown:
-      case TokenType::kControl:
-      case TokenType::kUnused:
-        break;  // rendered as nothing
-    }
-  }
+  t->bytes_.resize(v.text.size());
+  for (int32_t id = 0; id < v.size(); ++id) t->bytes_[id] = RenderToken(v, t->vocab_type_, id);
   return t;
 }
 
-int32_t Tokenizer::Lookup(const std::string& piece) const {
-  auto it = piece_to_id_.find(piece);
-  return it == piece_to_id_.end() ? -1 : it->second;
+std::vector<Tokenizer::Fragment> Tokenizer::Partition(std::string_view text,
+                                                      bool parse_special) const {
+  std::vector<Fragment> fragments;
+  if (text.empty()) return fragments;
+  fragments.push_back({-1, text});
+  std::vector<Fragment> next;
+  for (const int32_t id : special_tokens_) {
+    const TokenType ty = vocab_->types[id];
+    if (!parse_special && (ty == TokenType::kControl || ty == TokenType::kUnknown)) continue;
+    const std::string_view token = vocab_->text[id];
+    if (token.empty()) continue;  // cannot happen: empty texts are renamed at load
+    next.clear();
+    bool split = false;
+    for (const Fragment& f : fragments) {
+      if (f.id >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      std::string_view rest = f.text;
+      for (size_t at; (at = rest.find(token)) != std::string_view::npos;) {
+        if (at > 0) next.push_back({-1, rest.substr(0, at)});
+        next.push_back({id, {}});
+        rest.remove_prefix(at + token.size());
+        split = true;
+      }
+      if (!rest.empty()) next.push_back({-1, rest});
+    }
+    if (split) fragments.swap(next);
+  }
+  return fragments;
 }
 
-int32_t Tokenizer::ByteToken(uint8_t byte) const { return byte_tokens_[byte]; }
-
-std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) const {
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, const EncodeOptions& options) const {
+  const Vocab& v = *vocab_;
   std::vector<int32_t> out;
-  if (add_bos) out.push_back(bos_id_);
-  // As sentencepiece: encoding "" yields no pieces, not a lone space.
-  if (text.empty()) return out;
-  std::string prefixed;
-  if (add_space_prefix_) prefixed = " ";
-  prefixed.append(text.data(), text.size());
-  EncodeFragment(EscapeSpaces(prefixed), &out);
+  if (options.add_bos && v.bos >= 0) out.push_back(v.bos);
+  const std::vector<Fragment> fragments = Partition(text, options.parse_special);
+  switch (vocab_type_) {
+    case VocabType::kSpm: {
+      // A space goes before the first raw fragment and before each one that
+      // follows a special token (llama.cpp's is_prev_special).
+      bool prev_special = true;
+      for (const Fragment& f : fragments) {
+        if (f.id >= 0) {
+          out.push_back(f.id);
+          prev_special = true;
+          continue;
+        }
+        std::string raw;
+        if (v.add_space_prefix && prev_special) raw = " ";
+        raw.append(f.text);
+        spm_->Encode(EscapeSpaces(raw), &out);
+        prev_special = false;
+      }
+      break;
+    }
+    case VocabType::kBpe:
+      for (const Fragment& f : fragments) {
+        if (f.id >= 0) {
+          out.push_back(f.id);
+        } else {
+          bpe_->Encode(f.text, &out);
+        }
+      }
+      break;
+  }
   return out;
 }
 
-void Tokenizer::EncodeFragment(std::string_view text, std::vector<int32_t>* out) const {
-  // Split into UTF-8 characters (a truncated last sequence is clipped).
-  std::vector<Symbol> symbols;
-  symbols.reserve(text.size());
-  for (size_t offs = 0; offs < text.size();) {
-    const size_t len =
-        std::min(Utf8Len(static_cast<uint8_t>(text[offs])), text.size() - offs);
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({offs, len, index - 1, offs + len == text.size() ? -1 : index + 1});
-    offs += len;
-  }
-
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue;
-  auto try_add = [&](int left, int right) {
-    if (left < 0 || right < 0) return;
-    const size_t size = symbols[left].n + symbols[right].n;
-    const int32_t id = Lookup(std::string(text.substr(symbols[left].start, size)));
-    if (id < 0) return;
-    queue.push({left, right, scores_[id], size});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
-
-  // Merge the best-scoring adjacent pair until no pair is in the vocab.
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& left = symbols[b.left];
-    Symbol& right = symbols[b.right];
-    if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale
-    left.n += right.n;
-    right.n = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
-
-  // Every merged symbol is a vocab piece by construction; a lone character
-  // that is not falls back to its bytes.
-  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[i].next) {
-    const Symbol& s = symbols[i];
-    const std::string piece(text.substr(s.start, s.n));
-    const int32_t id = Lookup(piece);
-    if (id >= 0) {
-      out->push_back(id);
-      continue;
-    }
-    for (char c : piece) out->push_back(ByteToken(static_cast<uint8_t>(c)));
-  }
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) const {
+  return Encode(text, EncodeOptions{add_bos, /*parse_special=*/false});
 }
 
 std::string Tokenizer::TokenBytes(int32_t id) const {
@@ -313,70 +243,19 @@ std::string Tokenizer::TokenBytes(int32_t id) const {
   return bytes_[id];
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(pieces_.size()); }
-int32_t Tokenizer::bos_id() const { return bos_id_; }
-int32_t Tokenizer::eos_id() const { return eos_id_; }
-bool Tokenizer::add_bos() const { return add_bos_; }
+int32_t Tokenizer::vocab_size() const { return vocab_->size(); }
+int32_t Tokenizer::bos_id() const { return vocab_->bos; }
+int32_t Tokenizer::eos_id() const { return vocab_->eos; }
+bool Tokenizer::add_bos() const { return vocab_->add_bos; }
+const std::vector<int32_t>& Tokenizer::eog_ids() const { return vocab_->eog_ids; }
 
-IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
-
-std::string SanitizeUtf8(absl::string_view bytes) {
-  static constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
-  std::string out;
-  out.reserve(bytes.size());
-  const size_t n = bytes.size();
-  auto at = [&](size_t i) { return static_cast<uint8_t>(bytes[i]); };
-  auto cont = [&](size_t i, uint8_t lo = 0x80, uint8_t hi = 0xBF) {
-    return i < n && at(i) >= lo && at(i) <= hi;
-  };
-  for (size_t i = 0; i < n;) {
-    const uint8_t c = at(i);
-    size_t len = 0;  // 0 = ill-formed at i
-    if (c < 0x80) {
-      len = 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = cont(i + 1) ? 2 : 0;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      const uint8_t lo = c == 0xE0 ? 0xA0 : 0x80;
-      const uint8_t hi = c == 0xED ? 0x9F : 0xBF;  // no surrogates
-      len = cont(i + 1, lo, hi) && cont(i + 2) ? 3 : 0;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      const uint8_t lo = c == 0xF0 ? 0x90 : 0x80;
-      const uint8_t hi = c == 0xF4 ? 0x8F : 0xBF;  // <= U+10FFFF
-      len = cont(i + 1, lo, hi) && cont(i + 2) && cont(i + 3) ? 4 : 0;
-    }
-    if (len == 0) {
-      out += kReplacement;
-      ++i;
-    } else {
-      out.append(bytes.data() + i, len);
-      i += len;
-    }
-  }
-  return out;
+bool Tokenizer::IsEog(int32_t id) const {
+  return std::binary_search(vocab_->eog_ids.begin(), vocab_->eog_ids.end(), id);
 }
 
-std::string IncrementalDecoder::Push(int32_t token_id) {
-  pending_ += tokenizer_->TokenBytes(token_id);
-  // Find the last lead byte within the final 4 bytes; hold it back if its
-  // sequence is not complete yet. Stray continuation bytes are released.
-  size_t keep = 0;
-  const size_t size = pending_.size();
-  for (size_t back = 1; back <= 4 && back <= size; ++back) {
-    const uint8_t c = static_cast<uint8_t>(pending_[size - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte
-    if (c >= 0xC0 && Utf8Len(c) > back) keep = back;
-    break;
-  }
-  std::string ready = SanitizeUtf8(absl::string_view(pending_).substr(0, size - keep));
-  pending_.erase(0, size - keep);
-  return ready;
-}
-
-std::string IncrementalDecoder::Flush() {
-  std::string rest = SanitizeUtf8(pending_);
-  pending_.clear();
-  return rest;
+TokenType Tokenizer::token_type(int32_t id) const {
+  if (id < 0 || id >= vocab_->size()) return TokenType::kUndefined;
+  return vocab_->types[id];
 }
 
 }  // namespace tandem::tokenizer

@@ -5,10 +5,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/tokenizer/tokenizer_test_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::tokenizer {
@@ -25,65 +26,15 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::tandem::testing::ReadFileOrDie;
 using ::tandem::testing::SharedPath;
+using ::tandem::tokenizer::testing::Decode;
+using ::tandem::tokenizer::testing::kNumVocabCases;
+using ::tandem::tokenizer::testing::Load;
+using ::tandem::tokenizer::testing::Loaded;
 
-constexpr int kNumVocabCases = 46;  // models/README.md
-const char kSeparator[] = "\n__ggml_vocab_test__\n";
+constexpr char kSpmVocab[] = "ggml-vocab-llama-spm.gguf";
 
-struct Loaded {
-  std::unique_ptr<gguf::GgufFile> file;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
-
-// Opens a shared model and builds its tokenizer; fails the test on error.
-Loaded Load(const std::string& relative) {
-  Loaded l;
-  auto f = gguf::GgufFile::Open(SharedPath(relative));
-  if (!f.ok()) {
-    ADD_FAILURE() << f.status();
-    return l;
-  }
-  l.file = std::move(*f);
-  auto t = Tokenizer::FromGguf(*l.file);
-  if (!t.ok()) {
-    ADD_FAILURE() << t.status();
-    return l;
-  }
-  l.tokenizer = std::move(*t);
-  return l;
-}
-
-// The .inp strings, split on the exact separator without trimming.
-std::vector<std::string> VocabInputs() {
-  const std::string inp = ReadFileOrDie(SharedPath("models/ggml-vocab-llama-spm.gguf.inp"));
-  std::vector<std::string> cases;
-  size_t start = 0;
-  const size_t sep_len = sizeof(kSeparator) - 1;
-  for (size_t at; (at = inp.find(kSeparator, start)) != std::string::npos; start = at + sep_len) {
-    cases.push_back(inp.substr(start, at - start));
-  }
-  cases.push_back(inp.substr(start));  // after the last separator: ""
-  return cases;
-}
-
-// The .out lines as id lists.
-std::vector<std::vector<int32_t>> VocabOutputs() {
-  std::istringstream out(ReadFileOrDie(SharedPath("models/ggml-vocab-llama-spm.gguf.out")));
-  std::vector<std::vector<int32_t>> lines;
-  for (std::string line; std::getline(out, line);) {
-    std::istringstream ids(line);
-    std::vector<int32_t> v;
-    for (int32_t id; ids >> id;) v.push_back(id);
-    lines.push_back(v);
-  }
-  return lines;
-}
-
-std::string Decode(const Tokenizer& t, const std::vector<int32_t>& ids) {
-  IncrementalDecoder d(t);
-  std::string text;
-  for (int32_t id : ids) text += d.Push(id);
-  return text + d.Flush();
-}
+std::vector<std::string> VocabInputs() { return testing::VocabInputs(kSpmVocab); }
+std::vector<std::vector<int32_t>> VocabOutputs() { return testing::VocabOutputs(kSpmVocab); }
 
 // Id of `piece` read straight from the file's token list.
 int32_t PieceId(const gguf::GgufFile& f, const std::string& piece) {
@@ -127,7 +78,7 @@ TEST_P(LlamaSpmCaseTest, MatchesLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(
     VocabCases, LlamaSpmCaseTest,
-    ::testing::Combine(::testing::Values("models/ggml-vocab-llama-spm.gguf",
+    ::testing::Combine(::testing::Values(std::string("models/") + kSpmVocab,
                                          "models/llama-2-tiny-random.gguf"),
                        ::testing::Range(0, kNumVocabCases)),
     [](const ::testing::TestParamInfo<LlamaSpmCaseTest::ParamType>& info) {
@@ -156,6 +107,36 @@ TEST(Stories260KTest, Properties) {
   EXPECT_EQ(l.tokenizer->TokenBytes(512), "");
   EXPECT_EQ(l.tokenizer->Encode("", true), std::vector<int32_t>{1});
   EXPECT_TRUE(l.tokenizer->Encode("", false).empty());
+  EXPECT_EQ(l.tokenizer->vocab_type(), VocabType::kSpm);
+  EXPECT_EQ(l.tokenizer->pre_tokenizer(), "default");
+  // llama.cpp's end-of-generation set: only eos (no end-marker texts here).
+  EXPECT_EQ(l.tokenizer->eog_ids(), std::vector<int32_t>{2});
+  EXPECT_TRUE(l.tokenizer->IsEog(2));
+  EXPECT_FALSE(l.tokenizer->IsEog(1));
+  EXPECT_TRUE(l.tokenizer->IsControl(1));
+  EXPECT_FALSE(l.tokenizer->IsControl(PieceId(*l.file, "<0x0A>")));
+  EXPECT_EQ(l.tokenizer->token_type(0), TokenType::kUnknown);
+  EXPECT_EQ(l.tokenizer->token_type(PieceId(*l.file, "<0x0A>")), TokenType::kByte);
+}
+
+// llama.cpp's SPM partition: with parse_special, <s> and </s> written in the
+// text become their ids and each raw fragment after a special token gets
+// its own space prefix; without it they are plain text.
+TEST(SpmSpecialTokensTest, ParseSpecialSplitsControlTokens) {
+  Loaded l = Load(std::string("models/") + kSpmVocab);
+  ASSERT_NE(l.tokenizer, nullptr);
+  const Tokenizer& t = *l.tokenizer;
+  std::vector<int32_t> want = {1};
+  for (int32_t id : t.Encode("Hello", false)) want.push_back(id);
+  want.push_back(2);
+  for (int32_t id : t.Encode("world", false)) want.push_back(id);
+  EXPECT_EQ(t.Encode("<s>Hello</s>world", EncodeOptions{false, true}), want);
+  const std::vector<int32_t> plain = t.Encode("<s>Hello</s>world", EncodeOptions{});
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 1), 0);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 2), 0);
+  EXPECT_EQ(Decode(t, plain), " <s>Hello</s>world");
+  // BOS from the options comes before a parsed one.
+  EXPECT_EQ(t.Encode("<s>", EncodeOptions{true, true}), (std::vector<int32_t>{1, 1}));
 }
 
 TEST(Stories260KTest, GoldenPrompts) {
@@ -255,15 +236,6 @@ TEST(IncrementalDecoderTest, EmojiByteFallbackRoundTrip) {
   }
   got += d.Flush();
   EXPECT_EQ(got, " " + text);
-}
-
-TEST(TokenizerErrorTest, RejectsNonLlamaModel) {
-  auto f = gguf::GgufFile::Open(SharedPath("models/ggml-vocab-gpt-2.gguf"));
-  ASSERT_TRUE(f.ok()) << f.status();
-  auto t = Tokenizer::FromGguf(**f);
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(t.status().message()), HasSubstr("tokenizer.ggml.model"));
-  EXPECT_THAT(std::string(t.status().message()), HasSubstr("gpt2"));
 }
 
 TEST(TokenizerErrorTest, RejectsMissingKeys) {
