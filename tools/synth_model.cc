@@ -24,12 +24,26 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)\n"
+    "           [--arch llama|qwen2]\n"
     "           [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]\n"
     "            --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n";
 
 constexpr float kStdDev = 0.02f;
-constexpr float kRmsEps = 1e-5f;
-constexpr float kRopeFreqBase = 10000.0f;
+
+// Hyperparameters that are not flags, per architecture: llama's are
+// stories260K's (rope base: llama.cpp's default), qwen2's Qwen2.5's.
+struct ArchConstants {
+  float rms_eps;
+  float rope_freq_base;
+};
+
+ArchConstants ConstantsOf(SynthArch arch) {
+  switch (arch) {
+    case SynthArch::kLlama: return {1e-5f, 10000.0f};
+    case SynthArch::kQwen2: return {1e-6f, 1000000.0f};
+  }
+  return {1e-5f, 10000.0f};
+}
 
 uint64_t Mix(uint64_t z) {  // SplitMix64 (Steele, Lea, Flood 2014)
   z += 0x9e3779b97f4a7c15ull;
@@ -46,21 +60,26 @@ absl::Status FlagError(const std::string& flag, const std::string& what) {
 struct TensorSpec {
   std::string name;
   std::vector<uint64_t> dims;  // ne0 first
-  bool norm = false;
+  bool norm = false;           // all ones, F32
+  bool bias = false;           // random, F32
 };
 
-std::vector<TensorSpec> TensorSpecs(const SynthShape& s, uint64_t vocab) {
+std::vector<TensorSpec> TensorSpecs(SynthArch arch, const SynthShape& s, uint64_t vocab) {
   const uint64_t dim = static_cast<uint64_t>(s.dim);
   const uint64_t kv_dim = dim / static_cast<uint64_t>(s.heads) * static_cast<uint64_t>(s.kv_heads);
   const uint64_t ff = static_cast<uint64_t>(s.ff);
+  const bool qwen2 = arch == SynthArch::kQwen2;
   std::vector<TensorSpec> specs = {{"token_embd.weight", {dim, vocab}},
-                                   {"output_norm.weight", {dim}, true},
-                                   {"output.weight", {dim, vocab}}};
+                                   {"output_norm.weight", {dim}, true}};
+  if (!qwen2) specs.push_back({"output.weight", {dim, vocab}});  // qwen2: tied
   for (int32_t l = 0; l < s.layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     specs.push_back({p + "attn_q.weight", {dim, dim}});
+    if (qwen2) specs.push_back({p + "attn_q.bias", {dim}, false, true});
     specs.push_back({p + "attn_k.weight", {dim, kv_dim}});
+    if (qwen2) specs.push_back({p + "attn_k.bias", {kv_dim}, false, true});
     specs.push_back({p + "attn_v.weight", {dim, kv_dim}});
+    if (qwen2) specs.push_back({p + "attn_v.bias", {kv_dim}, false, true});
     specs.push_back({p + "attn_output.weight", {dim, dim}});
     specs.push_back({p + "attn_norm.weight", {dim}, true});
     specs.push_back({p + "ffn_gate.weight", {dim, ff}});
@@ -131,6 +150,14 @@ void FillTensor(const TensorSpec& spec, uint64_t index, uint64_t seed, gguf::Ten
 
 }  // namespace
 
+const char* SynthArchName(SynthArch arch) {
+  switch (arch) {
+    case SynthArch::kLlama: return "llama";
+    case SynthArch::kQwen2: return "qwen2";
+  }
+  return "llama";
+}
+
 absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
   if (name == "15M") return SynthShape{288, 6, 6, 6, 768, 256};
   if (name == "110M") return SynthShape{768, 12, 12, 12, 2048, 1024};
@@ -140,8 +167,9 @@ absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
 
 absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed =
-      ParseArgs(args, {{"out"}, {"vocab-from"}, {"vocab"}, {"preset"}, {"dim"}, {"layers"},
-                       {"heads"}, {"kv-heads"}, {"ff"}, {"context"}, {"type"}, {"seed"}});
+      ParseArgs(args, {{"out"}, {"vocab-from"}, {"vocab"}, {"arch"}, {"preset"}, {"dim"},
+                       {"layers"}, {"heads"}, {"kv-heads"}, {"ff"}, {"context"}, {"type"},
+                       {"seed"}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -162,6 +190,14 @@ absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::str
     o.byte_vocab = true;
   } else if (o.vocab_from.empty()) {
     return FlagError("vocab-from", "required (a GGUF with a tokenizer), or --vocab byte");
+  }
+  const std::string arch = parsed->GetString("arch", "llama");
+  if (arch == "llama") {
+    o.arch = SynthArch::kLlama;
+  } else if (arch == "qwen2") {
+    o.arch = SynthArch::kQwen2;
+  } else {
+    return FlagError("arch", absl::StrCat("expected llama or qwen2, got '", arch, "'"));
   }
   const std::string type = parsed->GetString("type", "f32");
   if (type == "f32") {
@@ -278,21 +314,25 @@ TokenizerMetadata ByteVocabMetadata() {
   return m;
 }
 
+TokenizerMetadata TokenizerMetadataOf(const gguf::GgufFile& vocab) {
+  TokenizerMetadata tokenizer;
+  for (const std::string& key : vocab.metadata_keys()) {
+    if (absl::StartsWith(key, "tokenizer.")) tokenizer.emplace_back(key, *vocab.Find(key));
+  }
+  return tokenizer;
+}
+
 absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
                                                  const gguf::GgufFile& vocab) {
   // The tokenizer the servers will build from the model: refuse one they
-  // cannot (e.g. a gpt2 BPE vocabulary) now, not at serving time.
+  // cannot (e.g. a WordPiece "bert" vocabulary) now, not at serving time.
   if (absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> t =
           tokenizer::Tokenizer::FromGguf(vocab);
       !t.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         vocab.path(), ": --vocab-from: its tokenizer cannot be served: ", t.status().message()));
   }
-  TokenizerMetadata tokenizer;
-  for (const std::string& key : vocab.metadata_keys()) {
-    if (absl::StartsWith(key, "tokenizer.ggml.")) tokenizer.emplace_back(key, *vocab.Find(key));
-  }
-  absl::StatusOr<gguf::GgufWriter> w = BuildSynthModel(o, tokenizer);
+  absl::StatusOr<gguf::GgufWriter> w = BuildSynthModel(o, TokenizerMetadataOf(vocab));
   if (!w.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(vocab.path(), ": --vocab-from ",
                                                    w.status().message()));
@@ -310,6 +350,8 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
     return absl::InvalidArgumentError("has no tokenizer.ggml.tokens string array");
   }
   const SynthShape& s = o.shape;
+  const std::string arch = SynthArchName(o.arch);
+  const ArchConstants constants = ConstantsOf(o.arch);
   gguf::GgufWriter w;
   auto add = [&](std::string key, gguf::MetadataValue v) {
     absl::Status st = w.AddMetadata(std::move(key), std::move(v));
@@ -317,27 +359,32 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
   };
   const std::string shape_name =
       o.preset.empty() ? absl::StrCat(s.dim, "d", s.layers, "l") : o.preset;
-  add("general.architecture", std::string("llama"));
-  add("general.name", absl::StrCat("tandem-synth-", shape_name));
+  add("general.architecture", arch);
+  // llama keeps the name it always had, so its files stay byte-identical.
+  add("general.name", absl::StrCat("tandem-synth-", o.arch == SynthArch::kLlama ? "" : arch + "-",
+                                   shape_name));
   add("general.file_type", FileType(o.type));
-  add("llama.context_length", static_cast<uint32_t>(s.context));
-  add("llama.embedding_length", static_cast<uint32_t>(s.dim));
-  add("llama.feed_forward_length", static_cast<uint32_t>(s.ff));
-  add("llama.attention.head_count", static_cast<uint32_t>(s.heads));
-  add("llama.attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
-  add("llama.block_count", static_cast<uint32_t>(s.layers));
-  add("llama.rope.dimension_count", static_cast<uint32_t>(s.dim / s.heads));
-  add("llama.rope.freq_base", kRopeFreqBase);
-  add("llama.attention.layer_norm_rms_epsilon", kRmsEps);
+  add(arch + ".context_length", static_cast<uint32_t>(s.context));
+  add(arch + ".embedding_length", static_cast<uint32_t>(s.dim));
+  add(arch + ".feed_forward_length", static_cast<uint32_t>(s.ff));
+  add(arch + ".attention.head_count", static_cast<uint32_t>(s.heads));
+  add(arch + ".attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  add(arch + ".block_count", static_cast<uint32_t>(s.layers));
+  if (o.arch == SynthArch::kLlama) {
+    add(arch + ".rope.dimension_count", static_cast<uint32_t>(s.dim / s.heads));
+  }
+  add(arch + ".rope.freq_base", constants.rope_freq_base);
+  add(arch + ".attention.layer_norm_rms_epsilon", constants.rms_eps);
   add("tandem.synth.seed", o.seed);
   for (const auto& [key, value] : tokenizer) {
-    if (absl::StartsWith(key, "tokenizer.ggml.")) add(key, value);
+    if (absl::StartsWith(key, "tokenizer.")) add(key, value);
   }
 
-  const std::vector<TensorSpec> specs = TensorSpecs(s, tokens->size());
+  const std::vector<TensorSpec> specs = TensorSpecs(o.arch, s, tokens->size());
   for (uint64_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& spec = specs[i];
-    const gguf::TensorType type = spec.norm ? gguf::TensorType::kF32 : o.type;
+    const gguf::TensorType type =
+        spec.norm || spec.bias ? gguf::TensorType::kF32 : o.type;
     auto fill = [spec, i, seed = o.seed, type](uint8_t* out) {
       FillTensor(spec, i, seed, type, out);
     };
@@ -438,9 +485,10 @@ int RunSynthModel(const std::vector<std::string>& args) {
     return 1;
   }
   const SynthShape& s = options->shape;
-  std::printf("tandem: wrote %s (dim %d, %d layers, %d heads, %d kv heads, ff %d, "
+  std::printf("tandem: wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ff %d, "
               "context %d, %s, seed %llu%s; random weights: its text is noise)\n",
-              options->out.c_str(), s.dim, s.layers, s.heads, s.kv_heads, s.ff, s.context,
+              options->out.c_str(), SynthArchName(options->arch), s.dim, s.layers, s.heads,
+              s.kv_heads, s.ff, s.context,
               std::string(gguf::TensorTypeName(options->type)).c_str(),
               static_cast<unsigned long long>(options->seed),
               options->byte_vocab ? ", byte vocabulary" : "");

@@ -1,20 +1,29 @@
-// `tandem synth-model`: writes a GGUF Llama model of a given shape with
-// seeded random weights and the tokenizer of another GGUF file.
+// `tandem synth-model`: writes a GGUF model (llama or qwen2 architecture)
+// of a given shape with seeded random weights and the tokenizer of another
+// GGUF file.
 //
 //   tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)
+//       [--arch llama|qwen2]
 //       [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]
 //        --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]
 //
-// Metadata: general.architecture "llama", general.name, general.file_type,
-// the llama.* keys stories260K has (plus rope.freq_base), tandem.synth.seed,
-// then every tokenizer.ggml.* key of --vocab-from in its file order (or,
-// with --vocab byte, ByteVocabMetadata()).
-// Tensors, in stories260K's order: token_embd, output_norm, output, then
-// per layer attn_q, attn_k, attn_v, attn_output, attn_norm, ffn_gate,
-// ffn_down, ffn_up, ffn_norm. Norm weights are 1 and always F32; every
-// other weight is SynthWeight(seed, index of the tensor in that order, i),
-// stored as --type (F16: IEEE half, round to nearest even; Q8_0: ggml's
-// quantize_row_q8_0_ref). Same flags -> identical bytes.
+// Metadata: general.architecture (--arch, default llama), general.name,
+// general.file_type, the architecture's keys (llama: the llama.* keys
+// stories260K has plus rope.freq_base 10000 and rms eps 1e-5; qwen2: the
+// qwen2.* keys llama.cpp's converter writes for Qwen2, no
+// rope.dimension_count, rope.freq_base 1e6, rms eps 1e-6),
+// tandem.synth.seed, then every tokenizer.* key of --vocab-from in its file
+// order (tokenizer.ggml.* and e.g. tokenizer.chat_template; or, with
+// --vocab byte, ByteVocabMetadata()).
+// Tensors, in stories260K's order: token_embd, output_norm, output (llama
+// only: qwen2 ties the output to token_embd, as Qwen2.5-0.5B), then per
+// layer attn_q, attn_k, attn_v (qwen2: each followed by its .bias),
+// attn_output, attn_norm, ffn_gate, ffn_down, ffn_up, ffn_norm. Norm
+// weights are 1 and always F32; biases are always F32; every other value is
+// SynthWeight(seed, index of the tensor in that order, i), stored as --type
+// (F16: IEEE half, round to nearest even; Q8_0: ggml's
+// quantize_row_q8_0_ref). Same flags -> identical bytes (and --arch llama
+// writes what the tool wrote before --arch existed).
 // Exit status: 0 written, 1 I/O or vocabulary error, 2 bad flag.
 #ifndef TANDEM_TOOLS_SYNTH_MODEL_H_
 #define TANDEM_TOOLS_SYNTH_MODEL_H_
@@ -31,7 +40,15 @@
 
 namespace tandem::cli {
 
-// A Llama shape. head_dim = dim / heads; rope dims = head_dim.
+// The architecture written (general.architecture): the llama graph, or
+// qwen2 (Q/K/V biases, NEOX RoPE, tied output). engine/model's table has
+// the rules of each; this enum only picks what to write.
+enum class SynthArch { kLlama, kQwen2 };
+
+// "llama" or "qwen2".
+const char* SynthArchName(SynthArch arch);
+
+// A model shape. head_dim = dim / heads; rope dims = head_dim.
 struct SynthShape {
   int32_t dim = 0;
   int32_t layers = 0;
@@ -45,6 +62,7 @@ struct SynthModelOptions {
   std::string out;
   std::string vocab_from;   // "" when byte_vocab
   bool byte_vocab = false;  // --vocab byte: ByteVocabMetadata() instead
+  SynthArch arch = SynthArch::kLlama;  // --arch
   std::string preset;  // "" for an explicit shape
   SynthShape shape;
   gguf::TensorType type = gguf::TensorType::kF32;
@@ -60,7 +78,8 @@ absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
 
 // Parses the arguments after "synth-model" and checks the shape:
 // INVALID_ARGUMENT naming the flag for a missing --out, neither or both of
-// --vocab-from and --vocab, a --vocab other than "byte", a
+// --vocab-from and --vocab, a --vocab other than "byte", an --arch other
+// than llama or qwen2, a
 // --preset mixed with shape flags, a missing shape flag, a value out of
 // [1, 65536] (layers [1, 1024]), dim % heads != 0, heads % kv-heads != 0,
 // an odd head dim (RoPE rotates pairs), or (--type q8_0) dim or ff not a
@@ -89,6 +108,12 @@ void QuantizeRowQ8_0(const float* x, uint64_t n, uint8_t* out);
 // Tokenizer metadata, in file order: key and value.
 using TokenizerMetadata = std::vector<std::pair<std::string, gguf::MetadataValue>>;
 
+// Every tokenizer.* pair of `vocab` in file order: tokenizer.ggml.* (model,
+// pre, tokens, scores or merges, token_type, which marks added tokens as
+// control / user-defined, special ids, add_bos/add_eos) and the others,
+// e.g. tokenizer.chat_template, so a BPE vocabulary is copied whole.
+TokenizerMetadata TokenizerMetadataOf(const gguf::GgufFile& vocab);
+
 // Tandem's own byte-level SentencePiece vocabulary (no file needed), for
 // models whose text does not matter. 260 tokens: <unk> (id 0, type 2
 // unknown), <s> (1, type 3 control), </s> (2, control), <0x00>..<0xFF>
@@ -103,12 +128,16 @@ using TokenizerMetadata = std::vector<std::pair<std::string, gguf::MetadataValue
 TokenizerMetadata ByteVocabMetadata();
 
 // The model's writer (tensors are filled at write time). `vocab` is the
-// --vocab-from file; it must outlive the writer. Errors: INVALID_ARGUMENT
-// naming the file when it has no tokenizer.ggml.tokens string array.
+// --vocab-from file; it must outlive the writer; its tokenizer.* pairs are
+// TokenizerMetadataOf(vocab). Errors: INVALID_ARGUMENT naming the file when
+// the servers cannot build its tokenizer (tokenizer::Tokenizer::FromGguf,
+// e.g. a WordPiece "bert" vocabulary) or it has no tokenizer.ggml.tokens
+// string array.
 absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
                                                  const gguf::GgufFile& vocab);
-// The same with the tokenizer.ggml.* pairs given directly (e.g.
-// ByteVocabMetadata()). INVALID_ARGUMENT when they hold no non-empty
+// The same with the tokenizer.* pairs given directly (e.g.
+// ByteVocabMetadata(), TokenizerMetadataOf(file); pairs with another
+// prefix are skipped). INVALID_ARGUMENT when they hold no non-empty
 // tokenizer.ggml.tokens string array.
 absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
                                                  const TokenizerMetadata& tokenizer);

@@ -439,11 +439,13 @@ void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float e
   }
 }
 
-void RopeAngles(int pos, size_t rope_dim, float freq_base, float* cs) {
+void RopeAngles(int pos, size_t rope_dim, float freq_base, const float* freq_factors,
+                float* cs) {
   for (size_t i = 0; 2 * i + 1 < rope_dim; ++i) {
-    const double theta =
+    double theta =
         pos * std::pow(static_cast<double>(freq_base),
                        -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+    if (freq_factors != nullptr) theta /= static_cast<double>(freq_factors[i]);
     cs[2 * i] = static_cast<float>(std::cos(theta));
     cs[2 * i + 1] = static_cast<float>(std::sin(theta));
   }
@@ -458,6 +460,26 @@ void RopeApply(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const
       xh[2 * i] = x0 * c - x1 * s;
       xh[2 * i + 1] = x0 * s + x1 * c;
     }
+  }
+}
+
+void RopeApplyNeox(float* x, size_t n_heads, size_t head_dim, size_t rope_dim,
+                   const float* cs) {
+  const size_t half = rope_dim / 2;
+  for (size_t h = 0; h < n_heads; ++h) {
+    float* xh = x + h * head_dim;
+    for (size_t i = 0; i < half; ++i) {
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      const float x0 = xh[i], x1 = xh[i + half];
+      xh[i] = x0 * c - x1 * s;
+      xh[i + half] = x0 * s + x1 * c;
+    }
+  }
+}
+
+void AddBias(float* x, const float* b, size_t rows, size_t n) {
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t i = 0; i < n; ++i) x[r * n + i] += b[i];
   }
 }
 

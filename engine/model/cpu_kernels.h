@@ -117,18 +117,34 @@ void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, 
 void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
              float* y);
 
-// RoPE, NORM mode (llama.cpp GGML_ROPE_TYPE_NORM), split in two so that the
-// angles of a position are computed once for all layers:
+// RoPE (llama.cpp's ggml_rope_ext without YaRN: freq_scale 1, ext_factor
+// 0, attn_factor 1), split in two so that the angles of a position are
+// computed once for all layers:
 // RopeAngles writes cs[2i] = cos(theta_i), cs[2i + 1] = sin(theta_i) for
-// 2i < rope_dim, theta_i = pos * freq_base^(-2i / rope_dim) (in double,
-// rounded to float). cs: [rope_dim].
-void RopeAngles(int pos, size_t rope_dim, float freq_base, float* cs);
+// 2i < rope_dim, theta_i = pos * freq_base^(-2i / rope_dim) / f_i, with
+// f_i = freq_factors[i] when freq_factors is not null (rope_freqs.weight,
+// rope_dim / 2 values > 0; ggml's rope cache divides theta by them the same
+// way), else no division; in double, rounded to float. cs: [rope_dim].
+void RopeAngles(int pos, size_t rope_dim, float freq_base, const float* freq_factors,
+                float* cs);
 
-// For each of n_heads heads of head_dim floats in `x`, rotates the pairs
-// (2i, 2i + 1) for 2i < rope_dim by the angles of RopeAngles:
+// NORM mode (GGML_ROPE_TYPE_NORM): for each of n_heads heads of head_dim
+// floats in `x`, rotates the pairs (2i, 2i + 1) for 2i < rope_dim by the
+// angles of RopeAngles:
 //   x0' = x0 cos - x1 sin,  x1' = x0 sin + x1 cos.
 // Dimensions >= rope_dim are left as they are.
 void RopeApply(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const float* cs);
+
+// NEOX mode (GGML_ROPE_TYPE_NEOX): the same rotation of pair i by
+// theta_i, but pair i is (i, i + rope_dim / 2) for i < rope_dim / 2 (ggml's
+// rotate_pairs with stride n_dims / 2). Dimensions >= rope_dim are left as
+// they are.
+void RopeApplyNeox(float* x, size_t n_heads, size_t head_dim, size_t rope_dim,
+                   const float* cs);
+
+// x[r * n + i] += b[i] for r < rows, i < n: a bias vector added to every
+// row (ggml_add broadcasting b), one rounding per element.
+void AddBias(float* x, const float* b, size_t rows, size_t n);
 
 // a[i] = SiLU(a[i]) * b[i], SiLU(v) = v / (1 + exp(-v)).
 void SwiGlu(float* a, const float* b, size_t n);

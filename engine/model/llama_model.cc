@@ -17,6 +17,7 @@
 namespace tandem::model {
 namespace {
 
+using internal::AddBias;
 using internal::AddInPlace;
 using internal::MatMul;
 using internal::RmsNorm;
@@ -206,14 +207,24 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
   // RoPE's cos/sin per row, once for all layers (a pow and a sincos per
   // pair, ~16 multiply-adds).
   const size_t rope_dim = static_cast<size_t>(c.rope_dim);
+  const float* const freq_factors = c.rope_freq_factors ? w.rope_freqs.data : nullptr;
   std::vector<float>& rope = AtLeast(scratch.rope, T * rope_dim);
   For(T, T * rope_dim * 8, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
-      internal::RopeAngles(rows[r].pos, rope_dim, c.rope_freq_base, &rope[r * rope_dim]);
+      internal::RopeAngles(rows[r].pos, rope_dim, c.rope_freq_base, freq_factors,
+                           &rope[r * rope_dim]);
     }
   });
   const std::vector<HeadRow> attn_order = AttentionOrder(rows, n_head);
   const std::vector<size_t> attn_bounds = BalancedBounds(attn_order, rows, attn_parts);
+
+  // RoPE of one row's n heads in the architecture's pairing.
+  auto rope_apply = [&](float* x, size_t n, const float* cs) {
+    switch (c.rope_type) {
+      case RopeType::kNorm: internal::RopeApply(x, n, hd, rope_dim, cs); return;
+      case RopeType::kNeox: internal::RopeApplyNeox(x, n, hd, rope_dim, cs); return;
+    }
+  };
 
   // Row-wise RMSNorm of x into norm; each row is computed alone.
   auto rms_norm = [&](const internal::Tensor& weight) {
@@ -229,11 +240,16 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
     MatMul(norm.data(), lw.wq.view, T, q.data(), pool, min_work);
     MatMul(norm.data(), lw.wk.view, T, k.data(), pool, min_work);
     MatMul(norm.data(), lw.wv.view, T, v.data(), pool, min_work);
-    For(T, T * (q_dim + kv_dim), [&](size_t begin, size_t end) {
+    // Biases, then RoPE: elementwise, row by row.
+    For(T, T * (q_dim + 2 * kv_dim), [&](size_t begin, size_t end) {
+      if (c.qkv_bias) {
+        AddBias(&q[begin * q_dim], lw.bq.data, end - begin, q_dim);
+        AddBias(&k[begin * kv_dim], lw.bk.data, end - begin, kv_dim);
+        AddBias(&v[begin * kv_dim], lw.bv.data, end - begin, kv_dim);
+      }
       for (size_t r = begin; r < end; ++r) {
-        internal::RopeApply(&q[r * q_dim], n_head, hd, rope_dim, &rope[r * rope_dim]);
-        internal::RopeApply(&k[r * kv_dim], static_cast<size_t>(c.n_head_kv), hd, rope_dim,
-                            &rope[r * rope_dim]);
+        rope_apply(&q[r * q_dim], n_head, &rope[r * rope_dim]);
+        rope_apply(&k[r * kv_dim], static_cast<size_t>(c.n_head_kv), &rope[r * rope_dim]);
       }
     });
     // New K/V into the cache first, so rows attend to their own chunk; the

@@ -1,9 +1,11 @@
-// Llama forward pass on the CPU over a paged KV cache.
+// The forward pass of Llama-family models (llama, qwen2: the table in
+// model_arch.h) on the CPU over a paged KV cache.
 //
 // Owns: the model's weights (matrices in their GGUF type, F32/F16/BF16/Q8_0,
-// read in place from the mapping; norm vectors as F32), the forward
-// computation and its thread pool. Does not touch: allocation of KV blocks
-// (the caller passes block tables), sampling, scheduling.
+// read in place from the mapping; norm, bias and RoPE frequency-factor
+// vectors as F32), the forward computation and its thread pool. Does not
+// touch: allocation of KV blocks (the caller passes block tables),
+// sampling, scheduling.
 // Threads: a model built with num_threads = N owns a ThreadPool of N
 // threads (N - 1 workers plus the thread calling Forward). Forward splits
 // each MatMul over output columns, attention over (token, head) pairs and
@@ -16,13 +18,28 @@
 // sections wait for the other call's (the pool runs one loop at a time),
 // and the two must not use the same KV blocks.
 //
-// Graph (llama.cpp's llm_build_llama): x = token_embd[t];
-// per layer: h = x + Wo·Attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with
-// n = RMSNorm(x)·attn_norm; x = h + Wdown·(SiLU(Wgate·m) ⊙ Wup·m) with
-// m = RMSNorm(h)·ffn_norm; logits = output·(RMSNorm(x)·output_norm).
-// RoPE: NORM mode (rotates consecutive pairs (2i, 2i+1)), theta_i =
-// pos · freq_base^(-2i/rope_dim). GQA: query head h reads KV head
-// h / (n_head / n_head_kv). Attention scale 1/sqrt(head_dim), causal.
+// Graph: one forward for every architecture of the table (model_arch.h),
+// llama.cpp's llm_build_llama and llm_build_qwen2, which differ only in the
+// row's choices. x = token_embd[t]; per layer:
+//   n = RMSNorm(x)·attn_norm
+//   q = Wq·n (+ bq), k = Wk·n (+ bk), v = Wv·n (+ bv)   biases: qkv_bias
+//   h = x + Wo·Attn(RoPE(q), RoPE(k), v)
+//   m = RMSNorm(h)·ffn_norm
+//   x = h + Wdown·(SiLU(Wgate·m) ⊙ Wup·m)
+// logits = output·(RMSNorm(x)·output_norm), output = token_embd when the
+// file has no output.weight (tied).
+//   llama: RoPE NORM, Q/K/V biases used when the file has them, optional
+//          rope_freqs.weight (Llama 3.1 scaling).
+//   qwen2: RoPE NEOX, Q/K/V biases required, no rope_freqs.
+// RoPE rotates pair i (0 <= i < rope_dim / 2) of every head of q and k by
+//   theta_i = pos · freq_base^(-2i/rope_dim) / freq_factors[i]
+// (freq_factors = rope_freqs.weight, else 1; ggml's rope_f32 with src2),
+// (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos), where the pair is
+// (2i, 2i + 1) in NORM mode and (i, i + rope_dim/2) in NEOX mode;
+// dimensions >= rope_dim are left as they are. GQA: query head h reads KV
+// head h / (n_head / n_head_kv). Attention scale 1/sqrt(head_dim), causal.
+// The bias adds and both rotations are elementwise, so they keep the
+// batch-invariant numerics (cpu_kernels.h).
 #ifndef TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
 #define TANDEM_ENGINE_MODEL_LLAMA_MODEL_H_
 
@@ -37,6 +54,7 @@
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/cpu_kv_storage.h"
+#include "engine/model/model_arch.h"
 
 namespace tandem::model {
 class ThreadPool;
@@ -44,11 +62,22 @@ namespace internal {
 struct ModelWeights;
 }  // namespace internal
 
-// Hyperparameters from GGUF metadata ("llama.*" keys), with llama.cpp's
-// defaults where a key is absent (rope.freq_base 10000, rope dims =
-// head_dim, n_head_kv = n_head, vocab = tokenizer.ggml.tokens size).
+// Hyperparameters from GGUF metadata ("<arch>.*" keys, e.g. llama.* or
+// qwen2.*), with llama.cpp's defaults where a key is absent
+// (rope.freq_base 10000, rope dims = head_dim, n_head_kv = n_head, vocab =
+// tokenizer.ggml.tokens size), plus the architecture's row (model_arch.h)
+// and which optional tensors the file has. Default-constructed: llama with
+// no optional tensors.
 struct LlamaConfig {
-  std::string architecture;  // "llama"
+  std::string architecture;  // general.architecture: "llama" or "qwen2"
+  ModelArch arch = ModelArch::kLlama;    // the table row of `architecture`
+  RopeType rope_type = RopeType::kNorm;  // the row's RoPE pairing
+  // blk.N.attn_{q,k,v}.bias are in the file (qwen2: always; llama: when
+  // present) and are added after Wq/Wk/Wv.
+  bool qkv_bias = false;
+  // rope_freqs.weight is in the file (llama only): theta_i is divided by
+  // its element i.
+  bool rope_freq_factors = false;
   std::string name;          // general.name
   int32_t context_length = 0;
   int32_t n_embd = 0;
@@ -82,8 +111,12 @@ using LayerHook = std::function<void(size_t seq_index, int32_t layer,
 class LlamaModel {
  public:
   // Builds from an open GGUF file (which must outlive the model). Errors:
-  // INVALID_ARGUMENT for a non-llama architecture, a missing/ill-shaped
-  // tensor or metadata key (named in the message), an unsupported type.
+  // INVALID_ARGUMENT for an architecture outside the table (the message
+  // names it and lists the supported ones), a missing/ill-shaped tensor or
+  // metadata key, a key whose value changes the math in a way not
+  // supported (key_length/value_length other than n_embd / n_head, RoPE
+  // scaling other than none, experts), a tensor the architecture does not
+  // use, an unsupported type (each named in the message).
   // Same as Load(file, 1): Forward runs on the calling thread alone.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file);
   // As above, with a pool of num_threads threads for Forward (the calling

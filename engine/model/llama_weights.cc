@@ -2,13 +2,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <set>
 #include <string>
 #include <variant>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/model_arch.h"
 
 namespace tandem::model::internal {
 namespace {
@@ -53,6 +56,50 @@ absl::StatusOr<float> PositiveFloat(const gguf::GgufFile& file, const std::strin
 
 absl::Status ConfigError(const gguf::GgufFile& file, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", what));
+}
+
+constexpr char kRopeFreqs[] = "rope_freqs.weight";
+
+// RoPE scaling keys (llama.cpp's load_hparams): the type defaults to
+// "linear" when absent, and then rope.scaling.factor (or the older
+// rope.scale_linear) f scales every angle by 1/f; "none" never scales;
+// rope.scaling.attn_factor multiplies cos and sin. Only unscaled RoPE is
+// supported: anything that would scale is refused, naming the key.
+absl::Status CheckNoRopeScaling(const gguf::GgufFile& file, const ArchInfo& arch) {
+  const std::string type_key = ArchKey(arch, "rope.scaling.type");
+  bool type_absent = true;
+  if (file.Find(type_key) != nullptr) {
+    absl::StatusOr<std::string> type = file.GetString(type_key);
+    if (!type.ok()) return absl::InvalidArgumentError(type.status().message());
+    if (*type != "none") {
+      return ConfigError(file, absl::StrCat("metadata key '", type_key, "' is '", *type,
+                                            "': only 'none' (or no key) is supported"));
+    }
+    type_absent = false;
+  }
+  for (const char* suffix : {"rope.scaling.factor", "rope.scale_linear"}) {
+    const std::string key = ArchKey(arch, suffix);
+    if (file.Find(key) == nullptr) continue;
+    absl::StatusOr<float> factor = file.GetFloat(key);
+    if (!factor.ok()) return absl::InvalidArgumentError(factor.status().message());
+    // llama.cpp reads 0 as "no scaling"; with type "none" the factor is unused.
+    if (type_absent && *factor != 0.0f && *factor != 1.0f) {
+      return ConfigError(file, absl::StrCat("metadata key '", key, "' is ", *factor,
+                                            " (linear RoPE scaling, llama.cpp's default when ",
+                                            type_key, " is absent): only 1 is supported"));
+    }
+    break;  // llama.cpp reads rope.scale_linear only without rope.scaling.factor
+  }
+  const std::string attn_key = ArchKey(arch, "rope.scaling.attn_factor");
+  if (file.Find(attn_key) != nullptr) {
+    absl::StatusOr<float> attn = file.GetFloat(attn_key);
+    if (!attn.ok()) return absl::InvalidArgumentError(attn.status().message());
+    if (*attn != 1.0f) {
+      return ConfigError(file, absl::StrCat("metadata key '", attn_key, "' is ", *attn,
+                                            ": only 1 is supported"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string ShapeString(const std::vector<uint64_t>& dims) {
@@ -124,19 +171,25 @@ absl::StatusOr<Matrix> LoadMatrix(const gguf::GgufFile& file, const std::string&
 
 absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   LlamaConfig c;
-  absl::StatusOr<std::string> arch = file.GetString("general.architecture");
-  if (!arch.ok()) return absl::InvalidArgumentError(arch.status().message());
-  if (*arch != "llama") {
-    return ConfigError(file, absl::StrCat("metadata key 'general.architecture' is '", *arch,
-                                          "', expected 'llama'"));
+  absl::StatusOr<std::string> arch_name = file.GetString("general.architecture");
+  if (!arch_name.ok()) return absl::InvalidArgumentError(arch_name.status().message());
+  const ArchInfo* arch = FindArch(*arch_name);
+  if (arch == nullptr) {
+    return ConfigError(file, absl::StrCat("metadata key 'general.architecture' is '", *arch_name,
+                                          "', not a supported architecture (",
+                                          SupportedArchNames(), ")"));
   }
-  c.architecture = *arch;
+  c.architecture = *arch_name;
+  c.arch = arch->arch;
+  c.rope_type = arch->rope_type;
   if (absl::StatusOr<std::string> name = file.GetString("general.name"); name.ok()) {
     c.name = *name;
   }
+  // "<arch>.<suffix>", e.g. "qwen2.context_length".
+  auto key = [&](const char* suffix) { return ArchKey(*arch, suffix); };
 
   auto dim = [&](const char* suffix, uint64_t max) {
-    return RequiredDim(file, absl::StrCat("llama.", suffix), max);
+    return RequiredDim(file, key(suffix), max);
   };
   absl::StatusOr<int32_t> v = dim("context_length", std::numeric_limits<int32_t>::max());
   if (!v.ok()) return v.status();
@@ -149,38 +202,60 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   c.n_ff = *v;
   if (!(v = dim("attention.head_count", kMaxDim)).ok()) return v.status();
   c.n_head = *v;
-  if (!(v = OptionalDim(file, "llama.attention.head_count_kv", kMaxDim, c.n_head)).ok()) {
+  if (!(v = OptionalDim(file, key("attention.head_count_kv"), kMaxDim, c.n_head)).ok()) {
     return v.status();
   }
   c.n_head_kv = *v;
   if (c.n_embd % c.n_head != 0) {
-    return ConfigError(file, absl::StrCat("llama.embedding_length ", c.n_embd,
-                                          " is not a multiple of llama.attention.head_count ",
-                                          c.n_head));
+    return ConfigError(file, absl::StrCat(key("embedding_length"), " ", c.n_embd,
+                                          " is not a multiple of ", key("attention.head_count"),
+                                          " ", c.n_head));
   }
   if (c.n_head % c.n_head_kv != 0) {
-    return ConfigError(file, absl::StrCat("llama.attention.head_count ", c.n_head,
-                                          " is not a multiple of "
-                                          "llama.attention.head_count_kv ",
-                                          c.n_head_kv));
+    return ConfigError(file, absl::StrCat(key("attention.head_count"), " ", c.n_head,
+                                          " is not a multiple of ",
+                                          key("attention.head_count_kv"), " ", c.n_head_kv));
   }
   c.head_dim = c.n_embd / c.n_head;
-  if (!(v = OptionalDim(file, "llama.rope.dimension_count", kMaxDim, c.head_dim)).ok()) {
+  // llama.cpp reads explicit head sizes (n_embd_head_k / n_embd_head_v);
+  // the forward assumes n_embd / n_head for both, so any other value is
+  // refused rather than ignored.
+  for (const char* suffix : {"attention.key_length", "attention.value_length"}) {
+    if (file.Find(key(suffix)) == nullptr) continue;
+    absl::StatusOr<uint64_t> len = file.GetUint(key(suffix));
+    if (!len.ok()) return absl::InvalidArgumentError(len.status().message());
+    if (*len != static_cast<uint64_t>(c.head_dim)) {
+      return ConfigError(file, absl::StrCat("metadata key '", key(suffix), "' is ", *len,
+                                            ": only n_embd / n_head = ", c.head_dim,
+                                            " is supported"));
+    }
+  }
+  if (!(v = OptionalDim(file, key("rope.dimension_count"), kMaxDim, c.head_dim)).ok()) {
     return v.status();
   }
   c.rope_dim = *v;
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
-    return ConfigError(file, absl::StrCat("llama.rope.dimension_count ", c.rope_dim,
+    return ConfigError(file, absl::StrCat(key("rope.dimension_count"), " ", c.rope_dim,
                                           " must be even and <= head dim ", c.head_dim));
   }
-  absl::StatusOr<float> f = PositiveFloat(file, "llama.rope.freq_base", 10000.0f);
+  absl::StatusOr<float> f = PositiveFloat(file, key("rope.freq_base"), 10000.0f);
   if (!f.ok()) return f.status();
   c.rope_freq_base = *f;
-  f = PositiveFloat(file, "llama.attention.layer_norm_rms_epsilon", std::nullopt);
+  f = PositiveFloat(file, key("attention.layer_norm_rms_epsilon"), std::nullopt);
   if (!f.ok()) return f.status();
   c.rms_norm_eps = *f;
+  if (absl::Status s = CheckNoRopeScaling(file, *arch); !s.ok()) return s;
+  if (file.Find(key("expert_count")) != nullptr) {
+    absl::StatusOr<uint64_t> experts = file.GetUint(key("expert_count"));
+    if (!experts.ok()) return absl::InvalidArgumentError(experts.status().message());
+    if (*experts > 0) {
+      return ConfigError(file, absl::StrCat("metadata key '", key("expert_count"), "' is ",
+                                            *experts, ": mixture-of-experts models are not "
+                                            "supported"));
+    }
+  }
 
-  // Vocabulary: the tokenizer's token list, else llama.vocab_size.
+  // Vocabulary: the tokenizer's token list, else <arch>.vocab_size.
   const gguf::MetadataValue* tokens = file.Find("tokenizer.ggml.tokens");
   if (tokens != nullptr) {
     const auto* list = std::get_if<std::vector<std::string>>(tokens);
@@ -194,8 +269,27 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
     }
     c.vocab_size = static_cast<int32_t>(list->size());
   } else {
-    if (!(v = RequiredDim(file, "llama.vocab_size", kMaxVocab)).ok()) return v.status();
+    if (!(v = RequiredDim(file, key("vocab_size"), kMaxVocab)).ok()) return v.status();
     c.vocab_size = *v;
+  }
+
+  // Optional tensors of the row (LoadLlamaWeights checks their shapes).
+  switch (arch->qkv_bias) {
+    case TensorRule::kAbsent: c.qkv_bias = false; break;
+    case TensorRule::kOptional: c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr; break;
+    case TensorRule::kRequired: c.qkv_bias = true; break;
+  }
+  const bool has_rope_freqs = file.FindTensor(kRopeFreqs) != nullptr;
+  switch (arch->rope_freqs) {
+    case TensorRule::kAbsent:
+      if (has_rope_freqs) {
+        return ConfigError(file, absl::StrCat("tensor '", kRopeFreqs, "' is not used by "
+                                              "architecture '", arch->name, "'"));
+      }
+      c.rope_freq_factors = false;
+      break;
+    case TensorRule::kOptional: c.rope_freq_factors = has_rope_freqs; break;
+    case TensorRule::kRequired: c.rope_freq_factors = true; break;
   }
   return c;
 }
@@ -211,6 +305,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
 
   auto w = std::make_unique<ModelWeights>();
   absl::Status status;
+  std::set<std::string, std::less<>> used;  // tensor names the graph reads
   // Loads one tensor into `dst`, remembering the first error.
   auto keep = [&](auto& dst, auto loaded) {
     if (!status.ok()) return;
@@ -220,34 +315,63 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
       status = loaded.status();
     }
   };
-  auto vec = [&](Tensor& dst, const std::string& name) {
-    if (status.ok()) keep(dst, LoadVector(file, name, embd));
+  auto vec = [&](Tensor& dst, const std::string& name, uint64_t n) {
+    used.insert(name);
+    if (status.ok()) keep(dst, LoadVector(file, name, n));
   };
   auto mat = [&](Matrix& dst, const std::string& name, uint64_t in, uint64_t out) {
+    used.insert(name);
     if (status.ok()) keep(dst, LoadMatrix(file, name, in, out));
   };
   mat(w->token_embd, "token_embd.weight", embd, vocab);
-  vec(w->output_norm, "output_norm.weight");
-  if (file.FindTensor("output.weight") != nullptr) {
+  vec(w->output_norm, "output_norm.weight", embd);
+  if (file.FindTensor("output.weight") != nullptr ||
+      !GetArchInfo(c.arch).output_may_be_tied) {
     mat(w->output, "output.weight", embd, vocab);
   } else {
     w->output.view = w->token_embd.view;  // tied embeddings
+  }
+  if (c.rope_freq_factors) {
+    const uint64_t pairs = static_cast<uint64_t>(c.rope_dim) / 2;
+    vec(w->rope_freqs, kRopeFreqs, pairs);
+    // Divisors of the angle: 0, a negative or a non-finite value would give
+    // NaN or reversed rotations.
+    for (uint64_t i = 0; status.ok() && i < pairs; ++i) {
+      const float x = w->rope_freqs.data[i];
+      if (!(std::isfinite(x) && x > 0.0f)) {
+        status = ConfigError(file, absl::StrCat("tensor '", kRopeFreqs, "' element ", i,
+                                                " is ", x, ", expected finite and > 0"));
+      }
+    }
   }
   w->layers.resize(static_cast<size_t>(c.n_layers));
   for (int32_t i = 0; i < c.n_layers; ++i) {
     LayerWeights& l = w->layers[static_cast<size_t>(i)];
     const std::string p = absl::StrCat("blk.", i, ".");
-    vec(l.attn_norm, p + "attn_norm.weight");
+    vec(l.attn_norm, p + "attn_norm.weight", embd);
     mat(l.wq, p + "attn_q.weight", embd, q_dim);
     mat(l.wk, p + "attn_k.weight", embd, kv_dim);
     mat(l.wv, p + "attn_v.weight", embd, kv_dim);
+    if (c.qkv_bias) {
+      vec(l.bq, p + "attn_q.bias", q_dim);
+      vec(l.bk, p + "attn_k.bias", kv_dim);
+      vec(l.bv, p + "attn_v.bias", kv_dim);
+    }
     mat(l.wo, p + "attn_output.weight", q_dim, embd);
-    vec(l.ffn_norm, p + "ffn_norm.weight");
+    vec(l.ffn_norm, p + "ffn_norm.weight", embd);
     mat(l.w_gate, p + "ffn_gate.weight", embd, ff);
     mat(l.w_up, p + "ffn_up.weight", embd, ff);
     mat(l.w_down, p + "ffn_down.weight", ff, embd);
   }
   if (!status.ok()) return status;
+  // A tensor the graph does not read would change the math if it were
+  // meant to be used (an output bias, FFN biases, experts): refuse it.
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    if (!used.contains(t.name)) {
+      return ConfigError(file, absl::StrCat("tensor '", t.name, "' is not used by the '",
+                                            c.architecture, "' graph (unsupported feature)"));
+    }
+  }
   return w;
 }
 

@@ -1,9 +1,12 @@
-// Loading a Llama model's hyperparameters and weights from GGUF (internal to
-// engine/model; LlamaModel::Load is the public entry point).
+// Loading a model's hyperparameters and weights from GGUF, for every
+// architecture of the table (model_arch.h); internal to engine/model,
+// LlamaModel::Load is the public entry point.
 //
 // Weight matrices stay in their GGUF type (F32, F16, BF16, Q8_0), read in
-// place from the mapping; MatMul dequantizes them a panel at a time
-// (weight_matrix.h). The small norm vectors are converted to F32 at load.
+// place from the mapping (a tied output is a second view of token_embd, not
+// a copy); MatMul dequantizes them a panel at a time (weight_matrix.h). The
+// small vectors (norms, Q/K/V biases, RoPE frequency factors) are used in
+// place when F32 and aligned, else converted to F32 at load.
 // Threads: load once; the result is immutable.
 #ifndef TANDEM_ENGINE_MODEL_LLAMA_WEIGHTS_H_
 #define TANDEM_ENGINE_MODEL_LLAMA_WEIGHTS_H_
@@ -20,8 +23,9 @@
 
 namespace tandem::model::internal {
 
-// A norm weight vector as F32. `data` points either into the GGUF mapping
-// or into `owned`.
+// A weight vector (norm, bias, frequency factors) as F32, or absent
+// (data null) for an optional tensor the file does not have. `data` points
+// either into the GGUF mapping or into `owned`.
 // Moves keep pointers into the owned vectors valid (their buffers move
 // with them); copies would not, so the weights are move-only.
 struct MoveOnly {
@@ -50,6 +54,9 @@ struct LayerWeights {
   Matrix wq;         // [n_head * head_dim][n_embd]
   Matrix wk;         // [n_head_kv * head_dim][n_embd]
   Matrix wv;         // [n_head_kv * head_dim][n_embd]
+  Tensor bq;         // [n_head * head_dim]     } when config.qkv_bias,
+  Tensor bk;         // [n_head_kv * head_dim]  } else data null
+  Tensor bv;         // [n_head_kv * head_dim]  }
   Matrix wo;         // [n_embd][n_head * head_dim]
   Tensor ffn_norm;   // [n_embd]
   Matrix w_gate;     // [n_ff][n_embd]
@@ -61,17 +68,30 @@ struct ModelWeights {
   Matrix token_embd;   // [vocab][n_embd]
   Tensor output_norm;  // [n_embd]
   Matrix output;       // [vocab][n_embd]; token_embd's rows when tied
+  Tensor rope_freqs;   // [rope_dim / 2] when config.rope_freq_factors, else null
   std::vector<LayerWeights> layers;
 };
 
-// Reads LlamaConfig from general.* and llama.* metadata. Errors:
-// INVALID_ARGUMENT naming the key for a non-llama architecture, a missing
-// required key, or an out-of-range / inconsistent value.
+// Reads LlamaConfig from general.* and the architecture's "<arch>.*"
+// metadata keys (llama.cpp's llama_model::load_hparams), and which optional
+// tensors of its row the file has (qkv_bias, rope_freq_factors). Errors:
+// INVALID_ARGUMENT naming the key or tensor for an architecture outside the
+// table (with the supported names), a missing required key, an
+// out-of-range / inconsistent value, a key whose value changes the math in
+// a way not supported ("<arch>.attention.key_length" / "value_length" other
+// than n_embd / n_head, "<arch>.rope.scaling.type" other than "none", a
+// linear "<arch>.rope.scaling.factor" or "rope.scale_linear" other than 1
+// while the type is absent (llama.cpp then scales linearly),
+// "<arch>.rope.scaling.attn_factor" other than 1, "<arch>.expert_count" >
+// 0), or rope_freqs.weight in an architecture that does not use it.
 absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
 
 // Finds and checks (presence, shape, byte size, Q8_0 rows whole blocks)
-// every tensor `config` needs. Errors: INVALID_ARGUMENT naming the tensor
-// and the file.
+// every tensor `config` needs, and that the file has no other tensor
+// (llama.cpp's loader refuses a tensor count that differs from what it
+// created, too). Q/K/V biases: all of q, k, v in every layer when
+// config.qkv_bias. rope_freqs.weight: rope_dim / 2 finite values > 0.
+// Errors: INVALID_ARGUMENT naming the tensor and the file.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
                                                                const LlamaConfig& config);
 

@@ -2,7 +2,9 @@
 // binary16 and ggml's Q8_0 definitions), and small synthetic models that
 // load with LlamaModel and the tokenizer, whose F16 / Q8_0 logits stay close
 // to the F32 model's; the built-in byte vocabulary (round trip of UTF-8
-// text through the tokenizer) and the offline model of `tandem up`.
+// text through the tokenizer) and the offline model of `tandem up`; --arch
+// qwen2 (its keys, Q/K/V biases, tied output; it loads, runs and is batch
+// invariant) and the copy of every tokenizer.* key of a BPE vocabulary.
 #include "tools/synth_model.h"
 
 #include <unistd.h>
@@ -158,6 +160,11 @@ TEST(SynthModelArgsTest, PresetsAndDefaults) {
   EXPECT_EQ(o->shape.kv_heads, 2);  // defaults to --heads
   EXPECT_EQ(o->shape.context, 256);
   EXPECT_EQ(o->type, gguf::TensorType::kF32);
+  EXPECT_EQ(o->arch, SynthArch::kLlama);
+  o = ParseSynthModelArgs({"--out", "x", "--vocab", "byte", "--arch", "qwen2", "--preset", "15M"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->arch, SynthArch::kQwen2);
+  EXPECT_STREQ(SynthArchName(o->arch), "qwen2");
 }
 
 TEST(SynthModelArgsTest, BadFlagsNameTheFlag) {
@@ -197,6 +204,7 @@ TEST(SynthModelArgsTest, BadFlagsNameTheFlag) {
               "q8_0"}),
        "--ff"},
       {with({"--bogus", "1"}), "--bogus"},
+      {with({"--arch", "qwen3"}), "--arch"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.flag;
@@ -220,14 +228,26 @@ TEST(SynthModelTest, MissingOrBadVocabFails) {
   absl::Status s = WriteSynthModel(*o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("--vocab-from"));
-  // A tokenizer the servers cannot build (gpt2 BPE) is refused up front.
-  o->vocab_from = SharedPath("models/ggml-vocab-gpt-2.gguf");
+  // A tokenizer the servers cannot build (a WordPiece "bert" vocabulary) is
+  // refused up front, naming its type.
+  gguf::GgufWriter bert;
+  ASSERT_TRUE(bert.AddMetadata("tokenizer.ggml.model", std::string("bert")).ok());
+  ASSERT_TRUE(bert.AddMetadata("tokenizer.ggml.tokens",
+                               std::vector<std::string>{"[PAD]", "a", "b"})
+                  .ok());
+  const std::string bert_vocab = TempPath("synth_bert_vocab");
+  ASSERT_TRUE(bert.WriteFile(bert_vocab).ok());
+  o->vocab_from = bert_vocab;
   s = WriteSynthModel(*o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("--vocab-from"));
-  EXPECT_THAT(s.message(), HasSubstr("gpt2"));
+  EXPECT_THAT(s.message(), HasSubstr("bert"));
+  // A byte-level BPE vocabulary (gpt2) is served, so it is taken.
+  o->vocab_from = SharedPath("models/ggml-vocab-gpt-2.gguf");
+  EXPECT_TRUE(WriteSynthModel(*o).ok());
   std::filesystem::remove(out);
   std::filesystem::remove(no_vocab);
+  std::filesystem::remove(bert_vocab);
 }
 
 TEST(SynthModelTest, SameSeedSameBytesOtherSeedOtherBytes) {
@@ -542,6 +562,205 @@ TEST_F(OfflineModelTest, LoadsAndTokenizerRoundTripsUtf8) {
   const std::vector<float> logits = StepLogits(**m, t.Encode("hi", true), 3).back();
   ASSERT_EQ(logits.size(), 260u);
   for (float x : logits) EXPECT_TRUE(std::isfinite(x));
+}
+
+// --- --arch qwen2 and the tokenizer.* copy. ---
+
+// dim 64, 2 layers, 4 heads, 2 KV heads, ff 128, byte vocabulary.
+std::vector<std::string> Qwen2Args(const std::string& out) {
+  return {"--out", out, "--vocab", "byte", "--arch", "qwen2", "--dim", "64", "--layers", "2",
+          "--heads", "4", "--kv-heads", "2", "--ff", "128", "--context", "512", "--seed", "9"};
+}
+
+// Logits of `prompt` prefilled in chunks of `chunk` tokens, in the same
+// Forward calls as `other` (prefilled at once, then decoding its greedy
+// tokens), with `threads` threads; the last logits of `prompt`.
+std::vector<float> LastLogitsBeside(const gguf::GgufFile& file, int32_t threads,
+                                    const std::vector<int32_t>& prompt, size_t chunk,
+                                    const std::vector<int32_t>* other) {
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(file, threads);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  if (threads > 1) (*m)->set_min_parallel_work_for_testing(0);
+  kv::CpuKvStorage kv((*m)->kv_shape(16), 16);
+  kv::BlockPool blocks(16);
+  const std::vector<int32_t> table = *blocks.Allocate(8);  // 128 tokens each
+  const std::vector<int32_t> other_table = *blocks.Allocate(8);
+  std::vector<float> logits, last;
+  int32_t other_fed = 0, other_next = 0;
+  const size_t vocab = static_cast<size_t>((*m)->config().vocab_size);
+  for (size_t fed = 0; fed < prompt.size();) {
+    const size_t n = std::min(chunk, prompt.size() - fed);
+    std::vector<model::SequenceBatch> batch(1);
+    batch[0].tokens = std::span<const int32_t>(prompt).subspan(fed, n);
+    batch[0].start_pos = static_cast<int32_t>(fed);
+    batch[0].block_table = &table;
+    batch[0].want_logits = fed + n == prompt.size();
+    if (other != nullptr) {
+      model::SequenceBatch o;
+      o.block_table = &other_table;
+      if (other_fed == 0) {
+        o.tokens = *other;
+      } else {
+        o.tokens = std::span<const int32_t>(&other_next, 1);
+      }
+      o.start_pos = other_fed;
+      batch.push_back(o);
+    }
+    (*m)->Forward(batch, kv, &logits);
+    if (batch[0].want_logits) last.assign(logits.begin(), logits.begin() + vocab);
+    if (other != nullptr) {
+      const size_t row = batch[0].want_logits ? 1 : 0;
+      const auto begin = logits.begin() + static_cast<std::ptrdiff_t>(row * vocab);
+      other_next = static_cast<int32_t>(std::max_element(begin, begin + vocab) - begin);
+      other_fed += static_cast<int32_t>(batch.back().tokens.size());
+    }
+    fed += n;
+  }
+  return last;
+}
+
+TEST(SynthQwen2Test, WritesQwen2KeysBiasesAndATiedOutput) {
+  const std::string out = TempPath("synth_qwen2_keys");
+  absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(Qwen2Args(out));
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE(WriteSynthModel(*o).ok());
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(out);
+  std::filesystem::remove(out);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const gguf::GgufFile& file = **f;
+  EXPECT_EQ(*file.GetString("general.architecture"), "qwen2");
+  EXPECT_EQ(*file.GetUint("qwen2.block_count"), 2u);
+  EXPECT_EQ(*file.GetUint("qwen2.attention.head_count_kv"), 2u);
+  EXPECT_EQ(*file.GetFloat("qwen2.rope.freq_base"), 1e6f);
+  EXPECT_EQ(*file.GetFloat("qwen2.attention.layer_norm_rms_epsilon"), 1e-6f);
+  EXPECT_EQ(file.Find("qwen2.rope.dimension_count"), nullptr);
+  EXPECT_EQ(file.Find("llama.block_count"), nullptr);
+  EXPECT_EQ(file.FindTensor("output.weight"), nullptr);
+  for (const char* name : {"blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias"}) {
+    const gguf::TensorInfo* t = file.FindTensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->type, gguf::TensorType::kF32) << name;
+    EXPECT_EQ(t->dims, (std::vector<uint64_t>{std::string(name).find("_q") != std::string::npos
+                                                  ? 64u
+                                                  : 32u}))
+        << name;
+  }
+  // Tensors in the documented order: each bias right after its weight.
+  std::vector<std::string> names;
+  for (const gguf::TensorInfo& t : file.tensors()) names.push_back(t.name);
+  ASSERT_GE(names.size(), 8u);
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 8),
+            (std::vector<std::string>{"token_embd.weight", "output_norm.weight",
+                                      "blk.0.attn_q.weight", "blk.0.attn_q.bias",
+                                      "blk.0.attn_k.weight", "blk.0.attn_k.bias",
+                                      "blk.0.attn_v.weight", "blk.0.attn_v.bias"}));
+  EXPECT_EQ(names.size(), 2u + 2u * 12u);
+}
+
+TEST(SynthQwen2Test, LoadsRunsAndIsBatchInvariant) {
+  const std::string out = TempPath("synth_qwen2_run");
+  absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(Qwen2Args(out));
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE(WriteSynthModel(*o).ok());
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(out);
+  std::filesystem::remove(out);
+  ASSERT_TRUE(f.ok()) << f.status();
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(**f);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const model::LlamaConfig& c = (*m)->config();
+  EXPECT_EQ(c.architecture, "qwen2");
+  EXPECT_EQ(c.arch, model::ModelArch::kQwen2);
+  EXPECT_EQ(c.rope_type, model::RopeType::kNeox);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.n_embd, 64);
+  EXPECT_EQ(c.n_head_kv, 2);
+  EXPECT_EQ(c.rope_dim, 16);
+  EXPECT_EQ(c.vocab_size, 260);
+
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::FromGguf(**f);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::vector<int32_t> prompt = (*tok)->Encode("Once upon a time, in a qwen2 graph", true);
+  const std::vector<int32_t> other = (*tok)->Encode("another sequence beside it", true);
+  ASSERT_GT(prompt.size(), 20u);
+
+  const std::vector<float> alone = LastLogitsBeside(**f, 1, prompt, prompt.size(), nullptr);
+  ASSERT_EQ(alone.size(), 260u);
+  for (float x : alone) EXPECT_TRUE(std::isfinite(x));
+  EXPECT_NE(*std::min_element(alone.begin(), alone.end()),
+            *std::max_element(alone.begin(), alone.end()));
+  for (int32_t threads : {1, 2}) {
+    for (size_t chunk : {size_t{1}, size_t{7}, prompt.size()}) {
+      const std::vector<float> got = LastLogitsBeside(**f, threads, prompt, chunk, &other);
+      ASSERT_EQ(got.size(), alone.size());
+      EXPECT_EQ(std::memcmp(got.data(), alone.data(), alone.size() * sizeof(float)), 0)
+          << threads << " threads, chunk " << chunk;
+    }
+  }
+}
+
+// A BPE vocabulary (the Qwen one of qwen2-tiny-synth.gguf) keeps every
+// tokenizer.* key: merges, pre, token types (its added tokens), special
+// ids, add_bos, and the chat template. (--vocab-from still refuses it until
+// the servers build BPE tokenizers; the writer underneath copies it whole.)
+TEST(SynthQwen2Test, CopiesEveryTokenizerKeyOfABpeVocabulary) {
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> vocab =
+      gguf::GgufFile::Open(SharedPath("models/qwen2-tiny-synth.gguf"));
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  const TokenizerMetadata copied = TokenizerMetadataOf(**vocab);
+  std::vector<std::string> want;
+  for (const std::string& key : (*vocab)->metadata_keys()) {
+    if (key.rfind("tokenizer.", 0) == 0) want.push_back(key);
+  }
+  std::vector<std::string> got;
+  for (const auto& [key, value] : copied) got.push_back(key);
+  EXPECT_EQ(got, want);
+  for (const char* key : {"tokenizer.ggml.merges", "tokenizer.ggml.pre",
+                          "tokenizer.ggml.token_type", "tokenizer.chat_template"}) {
+    EXPECT_NE(std::find(got.begin(), got.end(), key), got.end()) << key;
+  }
+
+  const std::string out = TempPath("synth_bpe_vocab");
+  absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(
+      {"--out", out, "--vocab", "byte", "--arch", "qwen2", "--dim", "32", "--layers", "1",
+       "--heads", "2", "--ff", "32", "--type", "f16"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<gguf::GgufWriter> w = BuildSynthModel(*o, copied);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(w->WriteFile(out).ok());
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(out);
+  std::filesystem::remove(out);
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (const std::string& key : want) {
+    ASSERT_NE((*f)->Find(key), nullptr) << key;
+    EXPECT_TRUE(*(*f)->Find(key) == *(*vocab)->Find(key)) << key;
+  }
+  // And the model loads with the full vocabulary (tied F16 token_embd).
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(**f);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().vocab_size, 151669);
+}
+
+TEST(SynthQwen2Test, DefaultArchIsLlamaWithTheSameBytes) {
+  const std::string a = TempPath("synth_default_arch");
+  const std::string b = TempPath("synth_llama_arch");
+  std::vector<std::string> args = Qwen2Args(a);
+  args.erase(args.begin() + 4, args.begin() + 6);  // drop --arch qwen2
+  EXPECT_EQ(RunSynthModel(args), 0);
+  args[1] = b;
+  args.push_back("--arch");
+  args.push_back("llama");
+  EXPECT_EQ(RunSynthModel(args), 0);
+  const std::string bytes = ReadFileOrDie(a);
+  EXPECT_TRUE(bytes == ReadFileOrDie(b));
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(a);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(*(*f)->GetString("general.architecture"), "llama");
+  EXPECT_NE((*f)->FindTensor("output.weight"), nullptr);
+  EXPECT_EQ((*f)->FindTensor("blk.0.attn_q.bias"), nullptr);
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Batch-invariant kernels (DESIGN.md, Engine): Dot and every MatMul ISA path
 // follow their documented summation orders, a MatMul row is bit-identical
 // whatever the batch size (M = 1, 3, 4, 17, 64) and however many threads
-// split the columns, and the ISA paths agree within float rounding.
+// split the columns, and the ISA paths agree within float rounding; RoPE's
+// two pairings (NORM, NEOX) with and without frequency factors, and the bias
+// add, on hand-computed values.
 #include "engine/model/cpu_kernels.h"
 
 #include <algorithm>
@@ -215,6 +217,50 @@ TEST(CpuKernelsTest, IsaPathsAgreeWithinRounding) {
       }
     }
   }
+}
+
+// Angles of 90 and 180 degrees make every product exact: the expected
+// values follow from the pairings in cpu_kernels.h by hand.
+TEST(RopeTest, NormRotatesConsecutivePairsNeoxTheTwoHalves) {
+  const float cs[] = {0.0f, 1.0f, -1.0f, 0.0f};  // pair 0: 90 deg, pair 1: 180 deg
+  // Two heads of head_dim 6, rope_dim 4: dimensions 4 and 5 stay.
+  std::vector<float> norm = {1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};
+  std::vector<float> neox = norm;
+  RopeApply(norm.data(), 2, 6, 4, cs);
+  // NORM: pair 0 = (x0, x1), pair 1 = (x2, x3).
+  EXPECT_EQ(norm, (std::vector<float>{-2, 1, -3, -4, 5, 6, -20, 10, -30, -40, 50, 60}));
+  RopeApplyNeox(neox.data(), 2, 6, 4, cs);
+  // NEOX: pair 0 = (x0, x2), pair 1 = (x1, x3).
+  EXPECT_EQ(neox, (std::vector<float>{-3, -2, 1, -4, 5, 6, -30, -20, 10, -40, 50, 60}));
+}
+
+TEST(RopeTest, AnglesDivideByTheFrequencyFactors) {
+  // pos 3, rope_dim 4, base 100: theta_0 = 3, theta_1 = 3 * 100^(-1/2) = 0.3.
+  float cs[4];
+  RopeAngles(3, 4, 100.0f, nullptr, cs);
+  EXPECT_FLOAT_EQ(cs[0], std::cos(3.0f));
+  EXPECT_FLOAT_EQ(cs[1], std::sin(3.0f));
+  EXPECT_FLOAT_EQ(cs[2], std::cos(0.3f));
+  EXPECT_FLOAT_EQ(cs[3], std::sin(0.3f));
+  const float factors[] = {2.0f, 0.5f};  // theta_0 = 1.5, theta_1 = 0.6
+  RopeAngles(3, 4, 100.0f, factors, cs);
+  EXPECT_FLOAT_EQ(cs[0], std::cos(1.5f));
+  EXPECT_FLOAT_EQ(cs[1], std::sin(1.5f));
+  EXPECT_FLOAT_EQ(cs[2], std::cos(0.6f));
+  EXPECT_FLOAT_EQ(cs[3], std::sin(0.6f));
+  // Factors of 1 change no bit (x / 1 is exact).
+  const float ones[] = {1.0f, 1.0f};
+  float plain[4], with_ones[4];
+  RopeAngles(1234, 4, 10000.0f, nullptr, plain);
+  RopeAngles(1234, 4, 10000.0f, ones, with_ones);
+  EXPECT_EQ(std::memcmp(plain, with_ones, sizeof(plain)), 0);
+}
+
+TEST(AddBiasTest, AddsTheVectorToEveryRow) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const float b[] = {0.5f, -1.0f, 10.0f};
+  AddBias(x.data(), b, 2, 3);
+  EXPECT_EQ(x, (std::vector<float>{1.5f, 1, 13, 4.5f, 4, 16}));
 }
 
 }  // namespace

@@ -24,78 +24,18 @@
 namespace tandem::model {
 namespace {
 
-using testing::Argmax;
 using testing::LoadedModel;
 using testing::LoadSharedModel;
 
 constexpr int32_t kBlockSize = 16;
 constexpr int kDecodeSteps = 6;
 
-// One sequence driven by RunSchedule: prefill in chunks of `chunk` tokens
-// (0 = all at once), then greedy decode.
-struct Seq {
-  std::vector<int32_t> prompt;
-  int32_t chunk = 0;
-  std::vector<int32_t> table;
-  int32_t fed = 0;
-  std::vector<int32_t> generated;
-  std::vector<std::vector<float>> logits;  // one per generated token
-};
+using Seq = testing::ScheduledSeq;
+using testing::BitIdentical;
 
-// Steps every sequence forward together (continuous batching: prefill
-// chunks of some sequences beside decode tokens of others) until each has
-// kDecodeSteps tokens. Block tables come from `blocks`, the K/V memory
-// from `kv`.
 void RunSchedule(const LlamaModel& model, kv::CpuKvStorage& kv, kv::BlockPool& blocks,
                  std::vector<Seq>& seqs) {
-  for (Seq& s : seqs) {
-    auto t = blocks.Allocate(kv::BlocksForTokens(
-        static_cast<int32_t>(s.prompt.size()) + kDecodeSteps, kBlockSize));
-    ASSERT_TRUE(t.has_value());
-    s.table = *t;
-  }
-  for (;;) {
-    std::vector<SequenceBatch> batch;
-    std::vector<Seq*> owners;
-    for (Seq& s : seqs) {
-      if (static_cast<int>(s.generated.size()) == kDecodeSteps) continue;
-      SequenceBatch e;
-      e.block_table = &s.table;
-      const int32_t prompt_len = static_cast<int32_t>(s.prompt.size());
-      if (s.fed < prompt_len) {
-        const int32_t n = s.chunk > 0 ? std::min(s.chunk, prompt_len - s.fed)
-                                      : prompt_len - s.fed;
-        e.tokens = std::span<const int32_t>(s.prompt).subspan(static_cast<size_t>(s.fed),
-                                                               static_cast<size_t>(n));
-        e.start_pos = s.fed;
-        e.want_logits = (s.fed + n == prompt_len);
-        s.fed += n;
-      } else {
-        e.tokens = std::span<const int32_t>(&s.generated.back(), 1);
-        e.start_pos = prompt_len + static_cast<int32_t>(s.generated.size()) - 1;
-      }
-      batch.push_back(e);
-      owners.push_back(&s);
-    }
-    if (batch.empty()) return;
-    std::vector<float> logits;
-    model.Forward(batch, kv, &logits);
-    const size_t vocab = static_cast<size_t>(model.config().vocab_size);
-    size_t out = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (!batch[i].want_logits) continue;
-      std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(out * vocab),
-                             logits.begin() + static_cast<std::ptrdiff_t>((out + 1) * vocab));
-      ++out;
-      owners[i]->generated.push_back(Argmax(row));
-      owners[i]->logits.push_back(std::move(row));
-    }
-    ASSERT_EQ(out * vocab, logits.size());
-  }
-}
-
-bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  testing::RunSchedule(model, kv, blocks, seqs, kBlockSize, kDecodeSteps);
 }
 
 // A model configuration for the thread tests: thread count, and whether

@@ -1,6 +1,7 @@
 #include "tests/engine/model/model_test_util.h"
 
 #include <algorithm>
+#include <cstring>
 #include <span>
 
 #include "gtest/gtest.h"
@@ -26,9 +27,11 @@ LoadedModel LoadSharedModel(const std::string& name, int32_t num_threads) {
   return out;
 }
 
-nlohmann::json LoadStoriesGoldens() {
-  return nlohmann::json::parse(tandem::testing::ReadFileOrDie(
-      tandem::testing::SharedPath("goldens/stories260K_greedy.json")));
+nlohmann::json LoadStoriesGoldens() { return LoadGoldens("stories260K_greedy.json"); }
+
+nlohmann::json LoadGoldens(const std::string& name) {
+  return nlohmann::json::parse(
+      tandem::testing::ReadFileOrDie(tandem::testing::SharedPath("goldens/" + name)));
 }
 
 int32_t Argmax(const std::vector<float>& logits) {
@@ -57,6 +60,58 @@ std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::CpuKvStorage& kv,
     if (step_logits != nullptr) step_logits->push_back(logits);
   }
   return generated;
+}
+
+void RunSchedule(const LlamaModel& model, kv::CpuKvStorage& kv, kv::BlockPool& blocks,
+                 std::vector<ScheduledSeq>& seqs, int32_t block_size, int decode_steps) {
+  for (ScheduledSeq& s : seqs) {
+    auto t = blocks.Allocate(kv::BlocksForTokens(
+        static_cast<int32_t>(s.prompt.size()) + decode_steps, block_size));
+    ASSERT_TRUE(t.has_value());
+    s.table = *t;
+  }
+  for (;;) {
+    std::vector<SequenceBatch> batch;
+    std::vector<ScheduledSeq*> owners;
+    for (ScheduledSeq& s : seqs) {
+      if (static_cast<int>(s.generated.size()) == decode_steps) continue;
+      SequenceBatch e;
+      e.block_table = &s.table;
+      const int32_t prompt_len = static_cast<int32_t>(s.prompt.size());
+      if (s.fed < prompt_len) {
+        const int32_t n = s.chunk > 0 ? std::min(s.chunk, prompt_len - s.fed)
+                                      : prompt_len - s.fed;
+        e.tokens = std::span<const int32_t>(s.prompt).subspan(static_cast<size_t>(s.fed),
+                                                               static_cast<size_t>(n));
+        e.start_pos = s.fed;
+        e.want_logits = (s.fed + n == prompt_len);
+        s.fed += n;
+      } else {
+        e.tokens = std::span<const int32_t>(&s.generated.back(), 1);
+        e.start_pos = prompt_len + static_cast<int32_t>(s.generated.size()) - 1;
+      }
+      batch.push_back(e);
+      owners.push_back(&s);
+    }
+    if (batch.empty()) return;
+    std::vector<float> logits;
+    model.Forward(batch, kv, &logits);
+    const size_t vocab = static_cast<size_t>(model.config().vocab_size);
+    size_t out = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!batch[i].want_logits) continue;
+      std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(out * vocab),
+                             logits.begin() + static_cast<std::ptrdiff_t>((out + 1) * vocab));
+      ++out;
+      owners[i]->generated.push_back(Argmax(row));
+      owners[i]->logits.push_back(std::move(row));
+    }
+    ASSERT_EQ(out * vocab, logits.size());
+  }
+}
+
+bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace tandem::model::testing

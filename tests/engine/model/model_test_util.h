@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/gguf/gguf_file.h"
+#include "engine/kv/block_pool.h"
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +29,9 @@ LoadedModel LoadSharedModel(const std::string& name, int32_t num_threads = 1);
 // ../shared/goldens/stories260K_greedy.json, parsed.
 nlohmann::json LoadStoriesGoldens();
 
+// ../shared/goldens/<name>, parsed.
+nlohmann::json LoadGoldens(const std::string& name);
+
 // Lowest id among the largest values.
 int32_t Argmax(const std::vector<float>& logits);
 
@@ -40,6 +44,27 @@ std::vector<int32_t> GreedyDecode(const LlamaModel& model, kv::CpuKvStorage& kv,
                                   const std::vector<int32_t>& table,
                                   const std::vector<int32_t>& prompt, int n_new,
                                   std::vector<std::vector<float>>* step_logits = nullptr);
+
+// One sequence driven by RunSchedule: prefill in chunks of `chunk` tokens
+// (0 = all at once), then greedy decode.
+struct ScheduledSeq {
+  std::vector<int32_t> prompt;
+  int32_t chunk = 0;
+  std::vector<int32_t> table;
+  int32_t fed = 0;
+  std::vector<int32_t> generated;
+  std::vector<std::vector<float>> logits;  // one per generated token
+};
+
+// Steps every sequence forward together (continuous batching: prefill
+// chunks of some sequences beside decode tokens of others) until each has
+// `decode_steps` tokens. Block tables (of `block_size` tokens) come from
+// `blocks`, the K/V memory from `kv`.
+void RunSchedule(const LlamaModel& model, kv::CpuKvStorage& kv, kv::BlockPool& blocks,
+                 std::vector<ScheduledSeq>& seqs, int32_t block_size, int decode_steps);
+
+// Same size and same bytes.
+bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace tandem::model::testing
 
