@@ -212,10 +212,20 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
 absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   if (root.IsNull()) return Invalid("", "the file is empty", root);
   absl::Status s = CheckKeys(root, "",
-                             {"model", "router", "prefill_workers", "decode_workers", "engine",
-                              "conditional", "kv", "shutdown_grace_s"});
+                             {"model", "chat_template", "router", "prefill_workers",
+                              "decode_workers", "engine", "conditional", "kv",
+                              "shutdown_grace_s"});
   if (!s.ok()) return s;
   if (s = ReadString(root, "model", "", &c->model); !s.ok()) return s;
+  if (s = ReadString(root, "chat_template", "", &c->chat_template); !s.ok()) return s;
+  if (!c->chat_template.empty() &&
+      std::find(kChatTemplateNames.begin(), kChatTemplateNames.end(), c->chat_template) ==
+          kChatTemplateNames.end()) {
+    return Invalid("chat_template",
+                   absl::StrCat("unknown chat format '", c->chat_template, "'; expected one of ",
+                                absl::StrJoin(kChatTemplateNames, ", ")),
+                   root["chat_template"]);
+  }
   if (const YAML::Node n = root["router"]; n.IsDefined() && !(s = ParseRouter(n, &c->router)).ok()) {
     return s;
   }

@@ -5,6 +5,7 @@
 //
 // Schema (unknown keys anywhere are errors naming the key path):
 //   model: PATH                       # optional; --model / $TANDEM_MODEL win
+//   chat_template: NAME               # optional; one of kChatTemplateNames
 //   router: {name, listen: "host:port", poll_interval_ms: 500,
 //            unhealthy_after_missed_polls: 3, rpc_timeout_ms: 2000}
 //   prefill_workers: [{name, listen}]
@@ -20,11 +21,13 @@
 #ifndef TANDEM_COMMON_CLUSTER_CONFIG_H_
 #define TANDEM_COMMON_CLUSTER_CONFIG_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tandem {
 
@@ -76,8 +79,21 @@ struct KvConfig {
   int32_t handshake_timeout_ms = 5000;  // NeedRemotePrefill -> HELLO
 };
 
+// The chat formats the router renders (router/chat_template.h, whose
+// ChatFormatName() spells each of them; tests/router checks the two lists
+// agree). The config's `chat_template` must be one of them.
+inline constexpr std::array<absl::string_view, 12> kChatTemplateNames = {
+    "chatml",         "qwen3",            "llama3",     "llama2",
+    "llama2-sys",     "llama2-sys-bos",   "llama2-sys-strip",
+    "mistral-v1",     "mistral-v3",       "mistral-v3-tekken",
+    "mistral-v7",     "mistral-v7-tekken"};
+
 struct ClusterConfig {
   std::string model;  // as written in the file (may be empty)
+  // The chat format GenerateRequest.messages are rendered with, overriding
+  // the router's detection from the model's tokenizer.chat_template; empty
+  // (default) = detect.
+  std::string chat_template;
   RouterConfig router;
   std::vector<WorkerConfig> prefill_workers;
   std::vector<WorkerConfig> decode_workers;

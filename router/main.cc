@@ -1,5 +1,5 @@
-// tandem-router: flags -> config -> model (tokenizer, context length) ->
-// gRPC server (Generation, Registry, health) -> wait for SIGTERM -> drain.
+// tandem-router: flags -> config -> model (tokenizer, context length, chat
+// template) -> gRPC server (Generation, Registry, health) -> wait for SIGTERM -> drain.
 #include <cstdio>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -42,6 +42,16 @@ int main(int argc, char** argv) {
   auto bundle = LoadModelBundle(*model_path);
   if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
 
+  // An unrecognised template is no start-up error: prompt requests are
+  // served, and chat requests get FAILED_PRECONDITION with this same line.
+  auto chat_template = router::ChatTemplate::FromGguf(*(*bundle)->file, config->chat_template);
+  if (!chat_template.ok()) return Fail(std::string(chat_template.status().message()));
+  if (chat_template->status().ok()) {
+    rpc::Log(absl::StrCat("chat format: ", chat_template->format_name()));
+  } else {
+    rpc::Log(absl::StrCat("chat format: none (", chat_template->status().message(), ")"));
+  }
+
   router::RegistryOptions options;
   options.model_fingerprint = (*bundle)->fingerprint;
   options.poll_interval_ms = config->router.poll_interval_ms;
@@ -53,7 +63,8 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::HealthCheckServiceInterface* health = nullptr;
   absl::Mutex health_mu;
-  router::RouterService service(bundle->get(), options, name, [&](bool serving) {
+  router::RouterService service(bundle->get(), *std::move(chat_template), options, name,
+                                [&](bool serving) {
     absl::MutexLock lock(&health_mu);
     rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
     if (health != nullptr) health->SetServingStatus(serving);

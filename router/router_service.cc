@@ -9,6 +9,7 @@
 #include "common/server/status_util.h"
 #include "engine/core/request_validation.h"
 #include "router/generate_call.h"
+#include "router/request_prompt.h"
 
 namespace tandem::router {
 namespace {
@@ -21,26 +22,27 @@ std::string MintRequestId(absl::BitGen& gen) {
 
 }  // namespace
 
-RouterService::RouterService(const ModelBundle* model, const RegistryOptions& registry_options,
-                             std::string name, std::function<void(bool)> on_health_change)
+RouterService::RouterService(const ModelBundle* model, ChatTemplate chat_template,
+                             const RegistryOptions& registry_options, std::string name,
+                             std::function<void(bool)> on_health_change)
     : model_(model),
+      chat_template_(std::move(chat_template)),
+      bos_text_(BosTokenText(*model->file, model->tokenizer->bos_id())),
       name_(std::move(name)),
       registry_(registry_options, std::move(on_health_change)),
       registry_service_(&registry_) {}
 
 absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
     const v1::GenerateRequest& request) const {
-  if (request.prompt().empty()) {
-    return absl::InvalidArgumentError("prompt: must not be empty");
-  }
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      TokenizeRequestPrompt(request, *model_->tokenizer, chat_template_, bos_text_);
+  if (!prompt.ok()) return prompt.status();
   if (absl::StatusOr<core::RouteChoice> route = RouteFromProto(request.route_override());
       !route.ok()) {
     return route.status();
   }
-  std::vector<int32_t> prompt =
-      model_->tokenizer->Encode(request.prompt(), model_->tokenizer->add_bos());
   const model::LlamaConfig& config = model_->model->config();
-  absl::Status s = core::ValidateGeneration(prompt, request.max_tokens(), config.context_length,
+  absl::Status s = core::ValidateGeneration(*prompt, request.max_tokens(), config.context_length,
                                       config.vocab_size, SamplingFromProto(request.sampling()));
   if (!s.ok()) return s;
   return prompt;
@@ -97,7 +99,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
 grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* context,
                                                   const v1::TokenizeRequest* request,
                                                   v1::TokenizeResponse* response) {
-  for (int32_t id : model_->tokenizer->Encode(request->text(), request->add_bos())) {
+  // The same tokenization as Generate's `prompt` (with BOS if asked).
+  tokenizer::EncodeOptions options;
+  options.add_bos = request->add_bos();
+  options.parse_special = !request->split_special_tokens();
+  for (int32_t id : model_->tokenizer->Encode(request->text(), options)) {
     response->add_token_ids(id);
   }
   return rpc::FinishUnary(context, grpc::Status::OK);
@@ -114,6 +120,8 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   response->set_fingerprint(model_->fingerprint);
   response->set_bos_token_id(model_->tokenizer->bos_id());
   response->set_eos_token_id(model_->tokenizer->eos_id());
+  for (int32_t id : model_->tokenizer->eog_ids()) response->add_eog_token_ids(id);
+  response->set_chat_format(std::string(chat_template_.format_name()));
   return rpc::FinishUnary(context, grpc::Status::OK);
 }
 

@@ -1,7 +1,8 @@
 // The router's gRPC services: public tandem.v1.Generation and internal
-// tandem.v1.Registry (callback API). Generate validates and tokenizes once,
-// mints the request id and seed, then hands the request to a GenerateCall
-// on its own thread.
+// tandem.v1.Registry (callback API). Generate validates and tokenizes once
+// (a `messages` request is first rendered with the model's chat template,
+// router/chat_template.h), mints the request id and seed, then hands the
+// request to a GenerateCall on its own thread.
 //
 // Owns: request admission at the router, the worker registry, health
 // status. Does not touch: engine state (workers own it).
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/server/model_bundle.h"
+#include "router/chat_template.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -24,8 +26,11 @@ namespace tandem::router {
 
 class RouterService final : public v1::Generation::CallbackService {
  public:
-  RouterService(const ModelBundle* model, const RegistryOptions& registry_options,
-                std::string name, std::function<void(bool)> on_health_change);
+  // `chat_template`: what `messages` are rendered with (ChatTemplate::FromGguf
+  // of the model file and the config's chat_template).
+  RouterService(const ModelBundle* model, ChatTemplate chat_template,
+                const RegistryOptions& registry_options, std::string name,
+                std::function<void(bool)> on_health_change);
 
   void set_address(const std::string& address) { address_ = address; }
   // SIGTERM: new Generate calls get UNAVAILABLE; running ones continue.
@@ -33,8 +38,13 @@ class RouterService final : public v1::Generation::CallbackService {
   WorkerRegistry& registry() { return registry_; }
   int running_requests() const { return running_; }
 
-  // Validates a request and tokenizes its prompt (BOS included).
-  // INVALID_ARGUMENT naming the field and limit.
+  // Validates a request and tokenizes its prompt (TokenizeRequestPrompt:
+  // `prompt`, or `messages` rendered with the chat template). Errors:
+  // TokenizeRequestPrompt's (INVALID_ARGUMENT for prompt/messages both or
+  // neither set, a bad role, split_special_tokens with messages;
+  // FAILED_PRECONDITION for messages without a chat format), then
+  // INVALID_ARGUMENT naming the field and limit (route_override,
+  // max_tokens, context length, sampling values).
   absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
@@ -63,7 +73,10 @@ class RouterService final : public v1::Generation::CallbackService {
   RegistryService* registry_service() { return &registry_service_; }
 
  private:
+  // Const after construction.
   const ModelBundle* const model_;
+  const ChatTemplate chat_template_;
+  const std::string bos_text_;  // BOS's vocabulary text ("<s>"), "" when unknown
   const std::string name_;
   std::string address_;
   WorkerRegistry registry_;

@@ -15,8 +15,9 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: tandem generate [--router H:P] [--max-tokens N] [--temperature T] [--top-k K]\n"
-    "                       [--top-p P] [--seed S] [--route auto|local|remote] [--json]\n"
-    "                       [--timeout-ms MS] PROMPT\n";
+    "                       [--top-p P] [--seed S] [--route auto|local|remote] [--chat]\n"
+    "                       [--json] [--timeout-ms MS] PROMPT\n"
+    "  --chat: send PROMPT as one user message, rendered with the model's chat template\n";
 
 double ToMs(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
@@ -25,12 +26,13 @@ double ToMs(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed =
       ParseArgs(args, {{"router"}, {"max-tokens"}, {"temperature"}, {"top-k"}, {"top-p"},
-                       {"seed"}, {"route"}, {"json", false}, {"timeout-ms"}});
+                       {"seed"}, {"route"}, {"chat", false}, {"json", false}, {"timeout-ms"}});
   if (!parsed.ok()) return parsed.status();
   GenerateOptions o;
   o.router = parsed->GetString("router", o.router);
   if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
   o.json = parsed->Has("json");
+  o.chat = parsed->Has("chat");
 
   absl::StatusOr<int64_t> max_tokens = parsed->GetInt("max-tokens", o.max_tokens);
   if (!max_tokens.ok()) return max_tokens.status();
@@ -91,7 +93,13 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
 
 tandem::v1::GenerateRequest BuildGenerateRequest(const GenerateOptions& options) {
   tandem::v1::GenerateRequest request;
-  request.set_prompt(options.prompt);
+  if (options.chat) {
+    tandem::v1::ChatMessage* message = request.add_messages();
+    message->set_role("user");
+    message->set_content(options.prompt);
+  } else {
+    request.set_prompt(options.prompt);
+  }
   request.set_max_tokens(options.max_tokens);
   request.set_route_override(options.route);
   tandem::v1::SamplingParams* sampling = request.mutable_sampling();

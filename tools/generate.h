@@ -2,8 +2,12 @@
 //
 //   tandem generate [--router H:P] [--max-tokens N] [--temperature T]
 //                   [--top-k K] [--top-p P] [--seed S]
-//                   [--route auto|local|remote] [--json] [--timeout-ms MS]
-//                   PROMPT...
+//                   [--route auto|local|remote] [--chat] [--json]
+//                   [--timeout-ms MS] PROMPT...
+//
+// --chat sends PROMPT as one user message (GenerateRequest.messages), which
+// the router renders with the model's chat template; without it PROMPT is
+// the raw prompt text.
 //
 // Without --json the text is written to stdout as it arrives (then a
 // newline). With --json exactly one JSON line is printed at the end (see
@@ -36,6 +40,7 @@ struct GenerateOptions {
   bool json = false;
   int64_t timeout_ms = 300000;             // RPC deadline; 0 = none
   std::string prompt;                      // positional arguments joined by ' '
+  bool chat = false;                       // --chat: send `prompt` as one user message
 };
 
 // Parses the arguments after "generate". INVALID_ARGUMENT naming the flag
@@ -44,7 +49,8 @@ struct GenerateOptions {
 // to the router, one place for every client.
 absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args);
 
-// The request `options` describe (has_seed set iff --seed was given).
+// The request `options` describe (has_seed set iff --seed was given):
+// `prompt`, or with --chat `messages` = [{role: "user", content: prompt}].
 tandem::v1::GenerateRequest BuildGenerateRequest(const GenerateOptions& options);
 
 // "length" | "stop" | "context" | "cancelled"; "" for FINISH_NONE.

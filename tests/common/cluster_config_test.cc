@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -133,6 +134,22 @@ TEST(ClusterConfigTest, EngineBatchingAndIsaKeys) {
       "engine: {enable_prefix_caching: maybe}\n");
   ASSERT_FALSE(bad_bool.ok());
   EXPECT_THAT(bad_bool.status().message(), HasSubstr("engine.enable_prefix_caching"));
+}
+
+TEST(ClusterConfigTest, ChatTemplateOverride) {
+  absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->chat_template, "");  // detect from the model
+  for (absl::string_view name : kChatTemplateNames) {
+    absl::StatusOr<ClusterConfig> c =
+        ParseClusterConfig(absl::StrCat(kMinimal, "chat_template: ", name, "\n"));
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+    EXPECT_EQ(c->chat_template, name);
+  }
+  const std::string error = ErrorOf(std::string(kMinimal) + "chat_template: chatml2\n");
+  EXPECT_THAT(error, HasSubstr("chat_template: unknown chat format 'chatml2'"));
+  EXPECT_THAT(error, HasSubstr("mistral-v7"));  // the known names are listed
+  EXPECT_THAT(error, HasSubstr("line 3"));
 }
 
 TEST(ClusterConfigTest, UnknownTopLevelKeyIsNamed) {

@@ -1,6 +1,8 @@
 // Bad requests are refused with INVALID_ARGUMENT naming the field, while a
 // good stream is running, and neither that stream nor the next request is
-// disturbed.
+// disturbed. A chat request to a model without a chat template is refused
+// with FAILED_PRECONDITION.
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -92,6 +94,35 @@ INSTANTIATE_TEST_SUITE_P(Cases, BadInputTest, ::testing::Range<size_t>(0, BadCas
                          [](const ::testing::TestParamInfo<size_t>& info) {
                            return BadCases()[info.param].name;
                          });
+
+// stories260K.gguf has no tokenizer.chat_template: a chat request is
+// refused with FAILED_PRECONDITION naming that, GetModelInfo reports no chat
+// format, and a prompt request is served as before.
+class ChatWithoutTemplateTest : public DefaultClusterSuite {};
+
+TEST_F(ChatWithoutTemplateTest, MessagesAreRefusedWithFailedPrecondition) {
+  v1::GenerateRequest chat = MakeRequest("", kGoldenMaxTokens);
+  v1::ChatMessage* message = chat.add_messages();
+  message->set_role("user");
+  message->set_content("Once upon a time");
+  StreamResult refused = RunGenerate(cluster().stub(), chat, absl::Seconds(10));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << refused.status.error_message();
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("chat template"));
+  EXPECT_TRUE(refused.token_ids.empty());
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(cluster().stub().GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.chat_format(), "");
+  // tokenizer.ggml.eos_token_id = 2 is the vocabulary's only end-of-generation token.
+  EXPECT_THAT(info.eog_token_ids(), ::testing::ElementsAre(2));
+
+  const GoldenCase& next = Golden("the_little_dog");
+  ExpectGolden(RunGenerate(cluster().stub(), MakeRequest(next.prompt, kGoldenMaxTokens)), next,
+               "local");
+}
 
 }  // namespace
 }  // namespace tandem::testing

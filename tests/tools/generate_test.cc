@@ -61,6 +61,25 @@ TEST(GenerateArgsTest, EveryFlag) {
   EXPECT_EQ(zero.sampling().seed(), 0u);
 }
 
+TEST(GenerateArgsTest, ChatSendsOneUserMessage) {
+  absl::StatusOr<GenerateOptions> o =
+      ParseGenerateArgs({"--chat", "What is", "the capital?", "--max-tokens", "4"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->chat);
+  const tandem::v1::GenerateRequest r = BuildGenerateRequest(*o);
+  EXPECT_EQ(r.prompt(), "");  // exactly one of prompt and messages
+  ASSERT_EQ(r.messages_size(), 1);
+  EXPECT_EQ(r.messages(0).role(), "user");
+  EXPECT_EQ(r.messages(0).content(), "What is the capital?");
+  EXPECT_EQ(r.max_tokens(), 4u);
+  EXPECT_FALSE(r.split_special_tokens());
+  // Without --chat the text is the prompt and there are no messages.
+  const tandem::v1::GenerateRequest plain = BuildGenerateRequest(*ParseGenerateArgs({"hi"}));
+  EXPECT_FALSE(ParseGenerateArgs({"hi"})->chat);
+  EXPECT_EQ(plain.prompt(), "hi");
+  EXPECT_EQ(plain.messages_size(), 0);
+}
+
 TEST(GenerateArgsTest, Errors) {
   struct Case {
     std::vector<std::string> args;
@@ -68,6 +87,8 @@ TEST(GenerateArgsTest, Errors) {
   } cases[] = {
       {{}, "missing PROMPT"},
       {{"--json"}, "missing PROMPT"},
+      {{"--chat"}, "missing PROMPT"},
+      {{"--chat=yes", "p"}, "--chat: takes no value"},
       {{"--route", "sideways", "p"}, "--route: expected auto, local or remote, got 'sideways'"},
       {{"--max-tokens", "-1", "p"}, "--max-tokens: must be in 0..4294967295, got -1"},
       {{"--max-tokens", "4294967296", "p"}, "--max-tokens: must be in 0..4294967295, got 4294967296"},

@@ -1,0 +1,50 @@
+#include "router/request_prompt.h"
+
+#include <variant>
+
+#include "absl/strings/match.h"
+
+namespace tandem::router {
+
+std::string BosTokenText(const gguf::GgufFile& file, int32_t bos_id) {
+  const gguf::MetadataValue* tokens = file.Find("tokenizer.ggml.tokens");
+  const auto* list = tokens == nullptr ? nullptr : std::get_if<std::vector<std::string>>(tokens);
+  if (list == nullptr || bos_id < 0 || static_cast<size_t>(bos_id) >= list->size()) return "";
+  return (*list)[bos_id];
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
+    const v1::GenerateRequest& request, const tokenizer::Tokenizer& tokenizer,
+    const ChatTemplate& chat_template, absl::string_view bos_text) {
+  const bool chat = request.messages_size() > 0;
+  if (!chat && request.prompt().empty()) {
+    return absl::InvalidArgumentError(
+        "prompt: must not be empty (set exactly one of prompt and messages)");
+  }
+  if (chat && !request.prompt().empty()) {
+    return absl::InvalidArgumentError("prompt, messages: set exactly one of them, got both");
+  }
+  tokenizer::EncodeOptions options;
+  if (!chat) {
+    options.add_bos = tokenizer.add_bos();
+    options.parse_special = !request.split_special_tokens();
+    return tokenizer.Encode(request.prompt(), options);
+  }
+  if (request.split_special_tokens()) {
+    // Splitting the template's own control tokens would give the model a
+    // conversation it was never trained on.
+    return absl::InvalidArgumentError(
+        "split_special_tokens: applies to prompt only, not to messages");
+  }
+  std::vector<ChatMessage> messages;
+  messages.reserve(request.messages_size());
+  for (const v1::ChatMessage& m : request.messages()) messages.push_back({m.role(), m.content()});
+  absl::StatusOr<std::string> text = chat_template.Apply(messages, /*add_generation_prompt=*/true);
+  if (!text.ok()) return text.status();
+  options.add_bos =
+      tokenizer.add_bos() && !(!bos_text.empty() && absl::StartsWith(*text, bos_text));
+  options.parse_special = true;
+  return tokenizer.Encode(*text, options);
+}
+
+}  // namespace tandem::router
