@@ -276,7 +276,7 @@ void BM_ServingLoop(benchmark::State& state) {
   core::EngineCoreOptions options;
   options.scheduler.max_num_seqs = std::max(batch, 1);
   options.scheduler.enable_prefix_caching = false;
-  options.eos_token_id = -1;  // never stop early
+  options.eog_token_ids = {};  // never stop early
   const int32_t num_blocks =
       batch * kv::BlocksForTokens(kPromptTokens + kServeNewTokens, kBlockSize) + 8;
   auto engine = std::make_unique<core::EngineCore>(

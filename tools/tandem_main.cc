@@ -20,12 +20,14 @@ constexpr char kUsage[] =
     "            [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n"
     "  generate  stream one generation from the router\n"
     "            [--router H:P] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "            [--seed S] [--route auto|local|remote] [--json] [--timeout-ms MS] PROMPT\n"
+    "            [--seed S] [--route auto|local|remote] [--json] [--timeout-ms MS]\n"
+    "            [--chat] PROMPT   (--chat: send PROMPT as one user message)\n"
     "  status    one line per process; exit 0 when the cluster can serve\n"
     "            [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n"
-    "  synth-model  write a Llama GGUF of a given shape with seeded random weights\n"
+    "  synth-model  write a llama or qwen2 GGUF of a given shape with seeded random weights\n"
     "            --out PATH (--vocab-from GGUF | --vocab byte) [--preset 15M|110M|1B | --dim N --layers N\n"
-    "            --heads N [--kv-heads N] --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n";
+    "            --heads N [--kv-heads N] --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n"
+    "            [--arch llama|qwen2]\n";
 
 }  // namespace
 

@@ -13,7 +13,7 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
   o.scheduler.prefill_chunk_tokens = config.engine.prefill_chunk_tokens;
   o.scheduler.enable_prefix_caching = config.engine.enable_prefix_caching;
   o.scheduler.max_local_prefill_tokens = config.conditional.max_local_prefill_tokens;
-  o.eos_token_id = model.tokenizer->eos_id();
+  o.eog_token_ids = model.tokenizer->eog_ids();
   o.model_fingerprint = model.fingerprint;
   o.worker_label = worker_label;
   return o;

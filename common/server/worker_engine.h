@@ -23,7 +23,7 @@ namespace tandem {
 
 // engine.{max_num_batched_tokens, max_num_seqs, prefill_chunk_tokens,
 // enable_prefix_caching}, conditional.max_local_prefill_tokens, the
-// tokenizer's EOS and the model fingerprint. `worker_label` names the
+// tokenizer's end-of-generation ids and the model fingerprint. `worker_label` names the
 // worker in errors ("decode worker").
 core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
                                               const ModelBundle& model,

@@ -11,6 +11,12 @@ namespace {
 
 using scheduler::SeqStatus;
 
+std::vector<int32_t> SortedUnique(std::vector<int32_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 scheduler::SchedulerOptions WithLoader(scheduler::SchedulerOptions options, bool loader) {
   options.remote_prefill_available = loader;
   return options;
@@ -33,7 +39,7 @@ EngineCore::EngineCore(const EngineCoreOptions& options,
                        std::unique_ptr<backend::ModelBackend> backend,
                        std::unique_ptr<RemoteKvLoader> loader)
     : options_(options),
-      stop_{options.eos_token_id, backend->config().context_length},
+      stop_{SortedUnique(options.eog_token_ids), backend->config().context_length},
       backend_(std::move(backend)),
       loader_(std::move(loader)),
       pool_(backend_->kv_storage().num_blocks()),

@@ -51,7 +51,9 @@ struct EngineCoreOptions {
   // conditional-disaggregation threshold. remote_prefill_available is set
   // by the core (a loader was given), whatever this says.
   scheduler::SchedulerOptions scheduler;
-  int32_t eos_token_id = 2;       // ends generation (FinishReason::kStop)
+  // End-of-generation ids (any ends generation with FinishReason::kStop);
+  // sorted by the core. Default: {2}, SPM's EOS.
+  std::vector<int32_t> eog_token_ids = {2};
   std::string model_fingerprint;  // mixed into every prefix-cache block hash
   // Names this worker in errors ("decode worker", "prefill worker").
   std::string worker_label = "engine";

@@ -6,18 +6,23 @@
 #define TANDEM_ENGINE_CORE_STOP_CHECKER_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/core/request.h"
 
 namespace tandem::core {
 
 struct StopCriteria {
-  int32_t eos_token_id = -1;   // the tokenizer's EOS; BOS is an ordinary token
+  // End-of-generation ids (the tokenizer's eog_ids(): EOS, EOT and the end
+  // markers llama.cpp recognises), sorted ascending. BOS is an ordinary
+  // token unless listed.
+  std::vector<int32_t> eog_token_ids;
   int32_t context_length = 0;  // the model's, in tokens
 };
 
-// Why generation ends with `token`, checked in this order: it is EOS
-// (kStop); it is output number num_generated >= max_tokens (kLength, 1-based
+// Why generation ends with `token`, checked in this order: it is an
+// end-of-generation id (kStop); it is output number num_generated >=
+// max_tokens (kLength, 1-based
 // count including `token`); the sequence, `token` included, holds
 // sequence_tokens >= context_length tokens (kContext); else kNone.
 FinishReason CheckStop(const StopCriteria& criteria, int32_t token, int32_t num_generated,

@@ -142,7 +142,7 @@ kvtransfer::KvLayout StoriesLayout(const model::LlamaModel& model,
 core::EngineCoreOptions CoreOptions(const WorkerOptions& o, const std::string& label) {
   core::EngineCoreOptions c;
   c.scheduler.max_local_prefill_tokens = o.max_local_prefill_tokens;
-  c.eos_token_id = 2;  // stories260K's tokenizer.ggml.eos_token_id
+  c.eog_token_ids = {2};  // stories260K's end-of-generation set: its EOS
   c.model_fingerprint = o.fingerprint;
   c.worker_label = label;
   return c;

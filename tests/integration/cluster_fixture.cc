@@ -142,7 +142,7 @@ absl::Status LocalCluster::StartProcesses() {
     return absl::InternalError(absl::StrCat("cannot write ", config_path_));
   }
   const absl::Time start = absl::Now();
-  const std::string model = ModelPath();
+  const std::string model = SharedPath("models/" + options_.model);
   absl::StatusOr<std::string> router =
       SpawnAndWait("router",
                    {BinaryPath("tandem-router"), "--config", config_path_, "--name", "router",

@@ -54,6 +54,8 @@ bool WriteFile(const std::string& path, const std::string& contents);
 // 16, 512 KV blocks per worker, max_local_prefill_tokens 32, a 200 ms
 // router poll period; the engine.* keys apply to both workers.
 struct ClusterOptions {
+  // --model of every process, relative to ../shared/models.
+  std::string model = "stories260K.gguf";
   std::string router_listen = "127.0.0.1:0";  // router.listen
   int32_t block_size = 16;                 // engine.block_size, tokens
   int32_t num_kv_blocks = 512;             // engine.num_kv_blocks, blocks per worker

@@ -37,7 +37,7 @@ EngineCoreOptions Options() {
   o.scheduler.prefill_chunk_tokens = 16;
   o.scheduler.enable_prefix_caching = true;
   o.scheduler.max_local_prefill_tokens = 32;
-  o.eos_token_id = testing::kFakeUnusedToken;
+  o.eog_token_ids = {testing::kFakeUnusedToken};
   o.model_fingerprint = "fake-model";
   o.worker_label = "test worker";
   return o;
@@ -131,13 +131,14 @@ TEST(EngineCoreTest, EosStopsGenerationAndIsStreamed) {
   const std::vector<int32_t> prompt = FakePrompt(6, 3);
   const std::vector<int32_t> ref = FakeGenerate(prompt, 8);
   EngineCoreOptions options = Options();
-  options.eos_token_id = ref[3];
+  options.eog_token_ids = {ref[5], ref[3]};  // a set, in any order
   Harness h(64, nullptr, options);
   auto sink = h.Submit("eos", prompt, 8);
   ASSERT_TRUE(sink->WaitFinish());
-  // Generation stops at the first EOS, which is streamed.
-  const size_t first_eos =
-      static_cast<size_t>(std::find(ref.begin(), ref.end(), ref[3]) - ref.begin());
+  // Generation stops at the first end-of-generation token, which is streamed.
+  const size_t first_eos = static_cast<size_t>(
+      std::find_if(ref.begin(), ref.end(), [&](int32_t t) { return t == ref[3] || t == ref[5]; }) -
+      ref.begin());
   EXPECT_EQ(sink->token_ids(), std::vector<int32_t>(ref.begin(), ref.begin() + first_eos + 1));
   ExpectFinished(*sink, absl::OkStatus(), FinishReason::kStop);
   // kContext cannot be reached through Submit (prompt + max_tokens <= the

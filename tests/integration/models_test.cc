@@ -1,0 +1,123 @@
+// The models people run, through the whole cluster (issue #9): the qwen2
+// graph and the llama graph with Llama-3.1 RoPE scaling, both with the Qwen
+// byte-level BPE vocabulary. For every case of llama.cpp's goldens
+// (../shared/goldens/<model>_greedy.json) the prompt text is tokenized by
+// the router (special tokens in the text parsed, BOS per the model), and
+// the greedy ids match llama.cpp's up to the strict prefix, on the local
+// and the remote route, which agree bit for bit (ids and logprobs).
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/generate_client.h"
+#include "tests/test_util.h"
+
+namespace tandem::testing {
+namespace {
+
+// One case of <model>_greedy.json.
+struct ModelGolden {
+  std::string name;
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;     // prompt_token_ids: BOS per add_bos, specials parsed
+  std::vector<int32_t> generated_ids;  // F32 KV cache
+  size_t strict_prefix_len = 0;
+};
+
+struct ModelGoldens {
+  std::vector<int32_t> eog_ids;
+  std::vector<ModelGolden> cases;
+};
+
+ModelGoldens ReadGoldens(const std::string& file) {
+  ModelGoldens out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ReadFileOrDie(SharedPath("goldens/" + file)));
+    out.eog_ids = j.at("model").at("eog_ids").get<std::vector<int32_t>>();
+    for (const nlohmann::json& c : j.at("cases")) {
+      ModelGolden g;
+      g.name = c.at("name").get<std::string>();
+      g.prompt = c.at("prompt").get<std::string>();
+      g.prompt_ids = c.at("prompt_token_ids").get<std::vector<int32_t>>();
+      g.generated_ids = c.at("generated_token_ids").get<std::vector<int32_t>>();
+      g.strict_prefix_len = c.at("strict_prefix_len").get<size_t>();
+      out.cases.push_back(std::move(g));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << file << ": " << e.what();
+  }
+  return out;
+}
+
+std::vector<int32_t> Prefix(const std::vector<int32_t>& ids, size_t n) {
+  return std::vector<int32_t>(ids.begin(), ids.begin() + std::min(n, ids.size()));
+}
+
+// One cluster per model; prompts of up to 32 tokens go local by default,
+// so every case is forced to each route.
+template <const char* kModel>
+class ModelSuite : public ClusterSuite {
+ protected:
+  static void SetUpTestSuite() {
+    ClusterOptions options;
+    options.model = kModel;
+    StartSuiteCluster(options);
+  }
+};
+
+void RunGoldens(v1::Generation::Stub& stub, const std::string& golden_file) {
+  const ModelGoldens goldens = ReadGoldens(golden_file);
+  ASSERT_FALSE(goldens.cases.empty());
+  for (const ModelGolden& g : goldens.cases) {
+    SCOPED_TRACE(g.name);
+    StreamResult by_route[2];
+    const v1::RouteOverride routes[2] = {v1::ROUTE_LOCAL, v1::ROUTE_REMOTE};
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(RouteName(routes[r]));
+      StreamResult& result = by_route[r];
+      result = RunGenerate(stub, MakeRequest(g.prompt, kGoldenMaxTokens, routes[r]));
+      ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+      EXPECT_EQ(result.route, RouteName(routes[r]));
+      EXPECT_EQ(result.prompt_token_ids, g.prompt_ids);
+      EXPECT_TRUE(result.IndicesAreSequential());
+      EXPECT_EQ(Prefix(result.token_ids, g.strict_prefix_len),
+                Prefix(g.generated_ids, g.strict_prefix_len));
+    }
+    // Local and remote prefill: the same ids and logprob bits throughout.
+    EXPECT_EQ(by_route[0].token_ids, by_route[1].token_ids);
+    ASSERT_EQ(by_route[0].logprobs.size(), by_route[1].logprobs.size());
+    for (size_t i = 0; i < by_route[0].logprobs.size(); ++i) {
+      EXPECT_EQ(FloatBits(by_route[0].logprobs[i]), FloatBits(by_route[1].logprobs[i]))
+          << "token " << i;
+    }
+  }
+}
+
+constexpr char kQwen2[] = "qwen2-tiny-synth.gguf";
+constexpr char kLlama3[] = "llama3-tiny-synth.gguf";
+using Qwen2Test = ModelSuite<kQwen2>;
+using Llama3Test = ModelSuite<kLlama3>;
+
+TEST_F(Qwen2Test, GoldensOnBothRoutesAgreeBitForBit) {
+  RunGoldens(cluster().stub(), "qwen2-tiny-synth_greedy.json");
+}
+
+TEST_F(Llama3Test, GoldensOnBothRoutesAgreeBitForBit) {
+  RunGoldens(cluster().stub(), "llama3-tiny-synth_greedy.json");
+}
+
+// The end-of-generation set the router reports is llama.cpp's.
+TEST_F(Qwen2Test, ModelInfoReportsTheEndOfGenerationSet) {
+  grpc::ClientContext ctx;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(cluster().stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.architecture(), "qwen2");
+  EXPECT_EQ(std::vector<int32_t>(info.eog_token_ids().begin(), info.eog_token_ids().end()),
+            ReadGoldens("qwen2-tiny-synth_greedy.json").eog_ids);
+}
+
+}  // namespace
+}  // namespace tandem::testing
