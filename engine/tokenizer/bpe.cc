@@ -3,40 +3,17 @@
 #include "engine/tokenizer/bpe.h"
 
 #include <algorithm>
-#include <queue>
 #include <utility>
 #include <variant>
 
 #include "absl/status/status.h"
+#include "engine/tokenizer/pair_merge.h"
 #include "engine/tokenizer/unicode.h"
 
 namespace tandem::tokenizer::internal {
 namespace {
 
 constexpr char kMergesKey[] = "tokenizer.ggml.merges";
-
-// One symbol of a piece: a byte range of the encoded piece, linked to its
-// live neighbours. n == 0 marks a symbol merged into its left neighbour.
-struct Symbol {
-  size_t start;
-  size_t n;
-  int prev;
-  int next;
-};
-
-struct Bigram {
-  int32_t rank;
-  int left;
-  int right;
-  size_t size;  // bytes of the merged text, to detect stale entries
-};
-
-// std::priority_queue puts the greatest first: lowest rank, then leftmost.
-struct BigramAfter {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  }
-};
 
 }  // namespace
 
@@ -91,55 +68,22 @@ void BpeEncoder::EncodeWord(std::string_view word, std::vector<int32_t>* out) co
     }
   }
 
-  std::vector<Symbol> symbols;
-  symbols.reserve(word.size());
-  for (size_t offs = 0; offs < word.size();) {
-    const size_t len = std::min(Utf8Len(static_cast<uint8_t>(word[offs])), word.size() - offs);
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({offs, len, index - 1, offs + len == word.size() ? -1 : index + 1});
-    offs += len;
-  }
-
   std::string key;
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramAfter> queue;
-  auto try_add = [&](int left, int right) {
-    if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[left];
-    const Symbol& r = symbols[right];
-    const int32_t rank =
-        Rank(word.substr(l.start, l.n), word.substr(r.start, r.n), &key);
-    if (rank < 0) return;
-    queue.push({rank, left, right, l.n + r.n});
+  const auto pair_key = [&](std::string_view left,
+                            std::string_view right) -> std::optional<double> {
+    const int32_t rank = Rank(left, right, &key);
+    if (rank < 0) return std::nullopt;
+    return rank;
   };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& left = symbols[b.left];
-    Symbol& right = symbols[b.right];
-    // Symbols only grow by absorbing their right neighbour, so a pair whose
-    // sizes no longer add up (llama.cpp compares the texts) is stale.
-    if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;
-    left.n += right.n;
-    right.n = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
-
-  for (int i = 0; i != -1; i = symbols[i].next) {
-    const Symbol& s = symbols[i];
-    const std::string_view text = word.substr(s.start, s.n);
+  MergeAdjacentPairs(word, pair_key, [&](std::string_view text) {
     if (const int32_t id = vocab_->Find(text); id >= 0) {
       out->push_back(id);
-      continue;
+      return;
     }
     for (size_t j = 0; j < text.size(); ++j) {
       if (const int32_t id = vocab_->Find(text.substr(j, 1)); id >= 0) out->push_back(id);
     }
-  }
+  });
 }
 
 }  // namespace tandem::tokenizer::internal
