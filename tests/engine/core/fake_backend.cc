@@ -34,7 +34,7 @@ std::vector<int32_t> FakeGenerate(const std::vector<int32_t>& prompt, int32_t n)
 
 std::vector<int32_t> FakePrompt(int32_t n, int32_t seed) {
   std::vector<int32_t> p;
-  for (int32_t i = 0; i < n; ++i) p.push_back((seed * 31 + i * 7) % (kFakeVocab - 2) + 2);
+  for (int32_t i = 0; i < n; ++i) p.push_back((seed * 11 + i * 7) % (kFakeVocab - 2) + 2);
   return p;
 }
 

@@ -41,7 +41,8 @@ inline constexpr int32_t kFakeCorruptKvToken = 0;
 int32_t FakeNextToken(std::span<const int32_t> tokens);
 // The first n tokens the fake model generates after `prompt`, alone.
 std::vector<int32_t> FakeGenerate(const std::vector<int32_t>& prompt, int32_t n);
-// A prompt of n tokens in [2, kFakeVocab), different for each seed.
+// A prompt of n tokens in [2, kFakeVocab). Seeds 0..61 start with different
+// tokens, so two seeds never share a cached prefix block.
 std::vector<int32_t> FakePrompt(int32_t n, int32_t seed);
 
 class FakeBackend final : public backend::ModelBackend {
