@@ -1,11 +1,8 @@
 // `tandem synth-model` (see synth_model.h).
 #include "tools/synth_model.h"
 
-#include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +11,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -26,7 +24,8 @@ constexpr char kUsage[] =
     "usage: tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)\n"
     "           [--arch llama|qwen2]\n"
     "           [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]\n"
-    "            --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n";
+    "            --ff N [--context N]]\n"
+    "           [--type f32|f16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] [--seed S]\n";
 
 constexpr float kStdDev = 0.02f;
 
@@ -90,17 +89,26 @@ std::vector<TensorSpec> TensorSpecs(SynthArch arch, const SynthShape& s, uint64_
   return specs;
 }
 
-// llama_ftype of an all-`type` model (llama.h: ALL_F32 0, MOSTLY_F16 1,
-// MOSTLY_Q8_0 7).
-uint32_t FileType(gguf::TensorType type) {
-  switch (type) {
-    case gguf::TensorType::kF16: return 1;
-    case gguf::TensorType::kQ8_0: return 7;
-    default: return 0;
-  }
-}
+// The --type values: name, (base) type, mix.
+struct TypeFlag {
+  const char* name;
+  gguf::TensorType type;
+  QuantMix mix;
+};
+constexpr TypeFlag kTypeFlags[] = {
+    {"f32", gguf::TensorType::kF32, QuantMix::kPure},
+    {"f16", gguf::TensorType::kF16, QuantMix::kPure},
+    {"q8_0", gguf::TensorType::kQ8_0, QuantMix::kPure},
+    {"q4_0", gguf::TensorType::kQ4_0, QuantMix::kPure},
+    {"q4_k", gguf::TensorType::kQ4_K, QuantMix::kPure},
+    {"q5_k", gguf::TensorType::kQ5_K, QuantMix::kPure},
+    {"q6_k", gguf::TensorType::kQ6_K, QuantMix::kPure},
+    {"q4_k_m", gguf::TensorType::kQ4_K, QuantMix::kKQuantM},
+    {"q5_k_m", gguf::TensorType::kQ5_K, QuantMix::kKQuantM},
+};
 
-absl::Status CheckShape(const SynthShape& s, gguf::TensorType type) {
+absl::Status CheckShape(const SynthShape& s, gguf::TensorType type, QuantMix mix,
+                        const std::string& preset) {
   const std::pair<const char*, int32_t> dims[] = {
       {"dim", s.dim}, {"layers", s.layers}, {"heads", s.heads},
       {"kv-heads", s.kv_heads}, {"ff", s.ff}, {"context", s.context}};
@@ -119,9 +127,15 @@ absl::Status CheckShape(const SynthShape& s, gguf::TensorType type) {
     return FlagError("heads", absl::StrCat("head dim ", s.dim / s.heads,
                                            " must be even (RoPE rotates pairs)"));
   }
-  if (type == gguf::TensorType::kQ8_0) {
-    if (s.dim % 32 != 0) return FlagError("dim", "must be a multiple of 32 for --type q8_0");
-    if (s.ff % 32 != 0) return FlagError("ff", "must be a multiple of 32 for --type q8_0");
+  // Blocks run along rows (dim or ff long); a mix's Q6_K has the same
+  // 256-weight blocks as its base type.
+  const int32_t block = static_cast<int32_t>(gguf::TensorBlockSize(type));
+  const std::pair<const char*, int32_t> rows[] = {{"dim", s.dim}, {"ff", s.ff}};
+  for (const auto& [flag, v] : rows) {
+    if (v % block == 0) continue;
+    return FlagError(flag, absl::StrCat("must be a multiple of ", block, " for --type ",
+                                        SynthTypeName(type, mix), ", got ", v,
+                                        preset.empty() ? "" : " (from --preset " + preset + ")"));
   }
   return absl::OkStatus();
 }
@@ -133,22 +147,17 @@ void FillTensor(const TensorSpec& spec, uint64_t index, uint64_t seed, gguf::Ten
   for (uint64_t d : spec.dims) n *= d;
   std::vector<float> x(n);
   for (uint64_t i = 0; i < n; ++i) x[i] = spec.norm ? 1.0f : SynthWeight(seed, index, i);
-  switch (type) {
-    case gguf::TensorType::kF16:
-      for (uint64_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToHalf(x[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
-    case gguf::TensorType::kQ8_0:
-      QuantizeRowQ8_0(x.data(), n, out);
-      return;
-    default:
-      std::memcpy(out, x.data(), n * sizeof(float));
-  }
+  ConvertFromF32(type, x.data(), n, out);
 }
 
 }  // namespace
+
+std::string SynthTypeName(gguf::TensorType type, QuantMix mix) {
+  for (const TypeFlag& f : kTypeFlags) {
+    if (f.type == type && f.mix == mix) return f.name;
+  }
+  return std::string(gguf::TensorTypeName(type));
+}
 
 const char* SynthArchName(SynthArch arch) {
   switch (arch) {
@@ -200,15 +209,17 @@ absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::str
     return FlagError("arch", absl::StrCat("expected llama or qwen2, got '", arch, "'"));
   }
   const std::string type = parsed->GetString("type", "f32");
-  if (type == "f32") {
-    o.type = gguf::TensorType::kF32;
-  } else if (type == "f16") {
-    o.type = gguf::TensorType::kF16;
-  } else if (type == "q8_0") {
-    o.type = gguf::TensorType::kQ8_0;
-  } else {
-    return FlagError("type", absl::StrCat("expected f32, f16 or q8_0, got '", type, "'"));
+  const TypeFlag* type_flag = nullptr;
+  std::string names;
+  for (const TypeFlag& f : kTypeFlags) {
+    if (type == f.name) type_flag = &f;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", f.name);
   }
+  if (type_flag == nullptr) {
+    return FlagError("type", absl::StrCat("expected one of ", names, "; got '", type, "'"));
+  }
+  o.type = type_flag->type;
+  o.mix = type_flag->mix;
   absl::StatusOr<uint64_t> seed = parsed->GetUint("seed", 0);
   if (!seed.ok()) return seed.status();
   o.seed = *seed;
@@ -237,7 +248,7 @@ absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::str
       *fields[i] = static_cast<int32_t>(*v);
     }
   }
-  if (absl::Status s = CheckShape(o.shape, o.type); !s.ok()) return s;
+  if (absl::Status s = CheckShape(o.shape, o.type, o.mix, o.preset); !s.ok()) return s;
   return o;
 }
 
@@ -249,43 +260,6 @@ float SynthWeight(uint64_t seed, uint64_t tensor, uint64_t i) {
   const double u2 = static_cast<double>(b >> 11) * 0x1p-53;
   const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
   return static_cast<float>(static_cast<double>(kStdDev) * z);
-}
-
-uint16_t FloatToHalf(float f) {
-  // After F. Giesen's float_to_half_fast3_rtne (public domain).
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  uint32_t h;
-  if (x >= 0x47800000u) {  // >= 65536 (or inf/NaN): inf, NaN stays NaN
-    h = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (x < 0x38800000u) {  // < 2^-14: subnormal or zero
-    // Adding 0.5 aligns the half's subnormal ulp (2^-24) to the float's
-    // last mantissa bit, so the FPU does the round-to-nearest-even.
-    const float magic = std::bit_cast<float>(126u << 23);
-    const float r = std::bit_cast<float>(x) + magic;
-    h = std::bit_cast<uint32_t>(r) - (126u << 23);
-  } else {
-    const uint32_t mant_odd = (x >> 13) & 1u;
-    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias, round
-    x += mant_odd;                                          // ties to even
-    h = x >> 13;  // carries into the exponent (up to inf) as they should
-  }
-  return static_cast<uint16_t>(h | sign);
-}
-
-void QuantizeRowQ8_0(const float* x, uint64_t n, uint8_t* out) {
-  for (uint64_t b = 0; b < n / 32; ++b, x += 32, out += 34) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = FloatToHalf(d);
-    std::memcpy(out, &dh, 2);
-    for (int j = 0; j < 32; ++j) {
-      out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[j] * id)));
-    }
-  }
 }
 
 TokenizerMetadata ByteVocabMetadata() {
@@ -363,7 +337,7 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
   // llama keeps the name it always had, so its files stay byte-identical.
   add("general.name", absl::StrCat("tandem-synth-", o.arch == SynthArch::kLlama ? "" : arch + "-",
                                    shape_name));
-  add("general.file_type", FileType(o.type));
+  add("general.file_type", LlamaFileType(o.type, o.mix));
   add(arch + ".context_length", static_cast<uint32_t>(s.context));
   add(arch + ".embedding_length", static_cast<uint32_t>(s.dim));
   add(arch + ".feed_forward_length", static_cast<uint32_t>(s.ff));
@@ -384,7 +358,9 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
   for (uint64_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& spec = specs[i];
     const gguf::TensorType type =
-        spec.norm || spec.bias ? gguf::TensorType::kF32 : o.type;
+        spec.norm || spec.bias
+            ? gguf::TensorType::kF32
+            : MixTensorType(o.type, o.mix, spec.name, s.layers, o.arch == SynthArch::kLlama);
     auto fill = [spec, i, seed = o.seed, type](uint8_t* out) {
       FillTensor(spec, i, seed, type, out);
     };
@@ -489,7 +465,7 @@ int RunSynthModel(const std::vector<std::string>& args) {
               "context %d, %s, seed %llu%s; random weights: its text is noise)\n",
               options->out.c_str(), SynthArchName(options->arch), s.dim, s.layers, s.heads,
               s.kv_heads, s.ff, s.context,
-              std::string(gguf::TensorTypeName(options->type)).c_str(),
+              absl::AsciiStrToUpper(SynthTypeName(options->type, options->mix)).c_str(),
               static_cast<unsigned long long>(options->seed),
               options->byte_vocab ? ", byte vocabulary" : "");
   return 0;

@@ -5,7 +5,8 @@
 //   tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)
 //       [--arch llama|qwen2]
 //       [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]
-//        --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]
+//        --ff N [--context N]]
+//       [--type f32|f16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] [--seed S]
 //
 // Metadata: general.architecture (--arch, default llama), general.name,
 // general.file_type, the architecture's keys (llama: the llama.* keys
@@ -21,9 +22,14 @@
 // attn_output, attn_norm, ffn_gate, ffn_down, ffn_up, ffn_norm. Norm
 // weights are 1 and always F32; biases are always F32; every other value is
 // SynthWeight(seed, index of the tensor in that order, i), stored as --type
-// (F16: IEEE half, round to nearest even; Q8_0: ggml's
-// quantize_row_q8_0_ref). Same flags -> identical bytes (and --arch llama
-// writes what the tool wrote before --arch existed).
+// (quantize.h: F16 IEEE half, round to nearest even; Q8_0, Q4_0, Q4_K,
+// Q5_K, Q6_K by ggml's quantize_row_*_ref, the bytes llama-quantize
+// writes). q4_k_m / q5_k_m are llama.cpp's mixes (MixTensorType: Q4_K /
+// Q5_K, with Q6_K for output.weight and some attn_v / ffn_down; qwen2's
+// tied token_embd counts as the output); every other quantized --type is
+// pure (token_embd and output too). general.file_type is llama.cpp's
+// llama_ftype (LlamaFileType). Same flags -> identical bytes (and --arch
+// llama writes what the tool wrote before --arch existed).
 // Exit status: 0 written, 1 I/O or vocabulary error, 2 bad flag.
 #ifndef TANDEM_TOOLS_SYNTH_MODEL_H_
 #define TANDEM_TOOLS_SYNTH_MODEL_H_
@@ -37,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/gguf/gguf_writer.h"
+#include "tools/quantize.h"  // FloatToHalf, QuantizeRowQ8_0, ... (declared there)
 
 namespace tandem::cli {
 
@@ -65,9 +72,15 @@ struct SynthModelOptions {
   SynthArch arch = SynthArch::kLlama;  // --arch
   std::string preset;  // "" for an explicit shape
   SynthShape shape;
+  // --type: every 2-D weight's type (mix kPure), or the base type of the
+  // mix (q4_k_m: Q4_K, q5_k_m: Q5_K, mix kKQuantM).
   gguf::TensorType type = gguf::TensorType::kF32;
+  QuantMix mix = QuantMix::kPure;
   uint64_t seed = 0;
 };
+
+// The --type value of (type, mix): "f32", "q4_k_m", ...
+std::string SynthTypeName(gguf::TensorType type, QuantMix mix);
 
 // The presets: "15M" and "110M" as llama2.c's stories15M / stories110M
 // (dim 288, 6 layers, 6 heads, ff 768, context 256; dim 768, 12 layers,
@@ -82,8 +95,12 @@ absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
 // than llama or qwen2, a
 // --preset mixed with shape flags, a missing shape flag, a value out of
 // [1, 65536] (layers [1, 1024]), dim % heads != 0, heads % kv-heads != 0,
-// an odd head dim (RoPE rotates pairs), or (--type q8_0) dim or ff not a
-// multiple of 32 (Q8_0 blocks run along each row).
+// an odd head dim (RoPE rotates pairs), an unknown --type, or dim or ff
+// not a multiple of the --type's block (blocks run along each row: dim is
+// the row length of token_embd, output and the attention / ffn_gate /
+// ffn_up weights, ff that of ffn_down): 32 for q8_0 and q4_0, 256 for
+// q4_k, q5_k, q6_k, q4_k_m and q5_k_m (so the 15M preset, dim 288, is
+// refused for those), naming --dim or --ff.
 absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args);
 
 // Element i of the tensor with index `tensor` (order above): a normal
@@ -95,15 +112,6 @@ absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::str
 // (Box-Muller, in double) x = 0.02 * sqrt(-2 ln u1) * cos(2 pi u2),
 // rounded to float.
 float SynthWeight(uint64_t seed, uint64_t tensor, uint64_t i);
-
-// IEEE 754 binary16 bits of `x`, rounding to nearest even (overflow to
-// infinity, subnormals kept, NaN stays NaN).
-uint16_t FloatToHalf(float x);
-
-// Quantizes n floats (n a multiple of 32) to Q8_0 as ggml's
-// quantize_row_q8_0_ref: per block of 32, d = max|x| / 127, stored as f16,
-// q[j] = roundf(x[j] / d) (0 when d = 0); 34 bytes a block at `out`.
-void QuantizeRowQ8_0(const float* x, uint64_t n, uint8_t* out);
 
 // Tokenizer metadata, in file order: key and value.
 using TokenizerMetadata = std::vector<std::pair<std::string, gguf::MetadataValue>>;

@@ -36,6 +36,8 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr uint32_t kVersion = 3;
 constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
+constexpr const char* kSupportedTypeNames =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 constexpr uint32_t kDefaultAlignment = 32;
 
 // GGUF metadata value types (gguf.md, enum gguf_type).
@@ -197,36 +199,67 @@ absl::Status ReadValue(Reader& r, absl::string_view field, MetadataValue* out) {
                                     count, out);
 }
 
-bool IsKnownTensorType(uint32_t t) {
-  switch (static_cast<TensorType>(t)) {
-    case TensorType::kF32:
-    case TensorType::kF16:
-    case TensorType::kQ8_0:
-    case TensorType::kBF16:
-      return true;
-  }
-  return false;
-}
-
-uint64_t BlockSize(TensorType type) {
-  return type == TensorType::kQ8_0 ? 32 : 1;
-}
-
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 
-std::optional<uint64_t> TensorBytes(TensorType type, uint64_t n_elements) {
-  uint64_t block_bytes = 0;
-  switch (type) {
-    case TensorType::kF32: block_bytes = 4; break;
-    case TensorType::kF16: block_bytes = 2; break;
-    case TensorType::kBF16: block_bytes = 2; break;
-    case TensorType::kQ8_0: block_bytes = 34; break;
+namespace {
+
+// One row of the supported-type table.
+struct TypeTraits {
+  TensorType type;
+  std::string_view name;
+  uint64_t block_size;
+  uint64_t block_bytes;
+};
+
+constexpr TypeTraits kTypes[] = {
+    {TensorType::kF32, "F32", 1, 4},        {TensorType::kF16, "F16", 1, 2},
+    {TensorType::kQ4_0, "Q4_0", 32, 18},    {TensorType::kQ4_1, "Q4_1", 32, 20},
+    {TensorType::kQ5_0, "Q5_0", 32, 22},    {TensorType::kQ5_1, "Q5_1", 32, 24},
+    {TensorType::kQ8_0, "Q8_0", 32, 34},    {TensorType::kQ4_K, "Q4_K", 256, 144},
+    {TensorType::kQ5_K, "Q5_K", 256, 176},  {TensorType::kQ6_K, "Q6_K", 256, 210},
+    {TensorType::kBF16, "BF16", 1, 2},
+};
+
+const TypeTraits* Traits(uint32_t t) {
+  for (const TypeTraits& traits : kTypes) {
+    if (static_cast<uint32_t>(traits.type) == t) return &traits;
   }
-  if (block_bytes == 0) return std::nullopt;
-  const uint64_t block = BlockSize(type);
-  if (n_elements % block != 0) return std::nullopt;
+  return nullptr;
+}
+
+}  // namespace
+
+bool IsSupportedTensorType(uint32_t t) { return Traits(t) != nullptr; }
+
+std::string GgmlTypeName(uint32_t t) {
+  // ggml.h's enum ggml_type; 4, 5 (Q4_2, Q4_3) and 31-33, 36-38 are removed
+  // or reserved values.
+  static constexpr std::string_view kNames[] = {
+      "F32",     "F16",    "Q4_0",   "Q4_1",    "",        "",        "Q5_0",  "Q5_1",
+      "Q8_0",    "Q8_1",   "Q2_K",   "Q3_K",    "Q4_K",    "Q5_K",    "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL",  "IQ3_S",   "IQ2_S", "IQ4_XS",
+      "I8",      "I16",    "I32",    "I64",     "F64",     "IQ1_M",   "BF16",  "",
+      "",        "",       "TQ1_0",  "TQ2_0",   "",        "",        "",      "MXFP4"};
+  if (t < std::size(kNames) && !kNames[t].empty()) return std::string(kNames[t]);
+  return absl::StrCat("type ", t);
+}
+
+uint64_t TensorBlockSize(TensorType type) {
+  const TypeTraits* traits = Traits(static_cast<uint32_t>(type));
+  return traits == nullptr ? 0 : traits->block_size;
+}
+
+uint64_t TensorBlockBytes(TensorType type) {
+  const TypeTraits* traits = Traits(static_cast<uint32_t>(type));
+  return traits == nullptr ? 0 : traits->block_bytes;
+}
+
+std::optional<uint64_t> TensorBytes(TensorType type, uint64_t n_elements) {
+  const uint64_t block = TensorBlockSize(type);
+  const uint64_t block_bytes = TensorBlockBytes(type);
+  if (block == 0 || n_elements % block != 0) return std::nullopt;
   const uint64_t n_blocks = n_elements / block;
   if (n_blocks > std::numeric_limits<uint64_t>::max() / block_bytes) {
     return std::nullopt;
@@ -235,13 +268,8 @@ std::optional<uint64_t> TensorBytes(TensorType type, uint64_t n_elements) {
 }
 
 std::string_view TensorTypeName(TensorType type) {
-  switch (type) {
-    case TensorType::kF32: return "F32";
-    case TensorType::kF16: return "F16";
-    case TensorType::kQ8_0: return "Q8_0";
-    case TensorType::kBF16: return "BF16";
-  }
-  return "unknown";
+  const TypeTraits* traits = Traits(static_cast<uint32_t>(type));
+  return traits == nullptr ? "unknown" : traits->name;
 }
 
 uint64_t TensorInfo::NumElements() const {
@@ -358,12 +386,13 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     }
     uint32_t type = 0;
     GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " type"), &type));
-    if (!IsKnownTensorType(type)) {
-      return r.Error(absl::StrCat(field, " has unknown or unsupported ggml tensor type ",
-                                  type, " (supported: F32=0, F16=1, Q8_0=8, BF16=30)"));
+    if (!IsSupportedTensorType(type)) {
+      return r.Error(absl::StrCat(field, " has ggml tensor type ", GgmlTypeName(type), " (",
+                                  type, "), which Tandem does not read (supported: ",
+                                  kSupportedTypeNames, ")"));
     }
     t.type = static_cast<TensorType>(type);
-    const uint64_t block = BlockSize(t.type);
+    const uint64_t block = TensorBlockSize(t.type);
     if (n_dims > 0 && t.dims[0] % block != 0) {
       return r.Error(absl::StrCat(field, " ne[0] = ", t.dims[0],
                                   " is not a multiple of the ",

@@ -32,15 +32,37 @@
 namespace tandem::gguf {
 
 // ggml tensor types Tandem reads (values from ggml.h's enum ggml_type).
+// Block layouts (ggml-common.h; parsed and documented in
+// engine/model/quant_blocks.h): a block of `TensorBlockSize` weights takes
+// `TensorBlockBytes` bytes, and a row is whole blocks.
 enum class TensorType : uint32_t {
   kF32 = 0,
   kF16 = 1,
+  kQ4_0 = 2,   // blocks of 32: {f16 d; u8 qs[16]} = 18 bytes
+  kQ4_1 = 3,   // blocks of 32: {f16 d, m; u8 qs[16]} = 20 bytes
+  kQ5_0 = 6,   // blocks of 32: {f16 d; u8 qh[4]; u8 qs[16]} = 22 bytes
+  kQ5_1 = 7,   // blocks of 32: {f16 d, m; u8 qh[4]; u8 qs[16]} = 24 bytes
   kQ8_0 = 8,   // blocks of 32: {f16 d; int8 q[32]} = 34 bytes
+  kQ4_K = 12,  // super-blocks of 256: {f16 d, dmin; u8 scales[12]; u8 qs[128]} = 144
+  kQ5_K = 13,  // super-blocks of 256: {f16 d, dmin; u8 scales[12]; qh[32]; qs[128]} = 176
+  kQ6_K = 14,  // super-blocks of 256: {u8 ql[128], qh[64]; i8 scales[16]; f16 d} = 210
   kBF16 = 30,
 };
 
+// Whether `t` is one of the TensorType values above.
+bool IsSupportedTensorType(uint32_t t);
+
+// ggml's name of any ggml_type value ("Q2_K", "IQ4_XS", "TQ1_0", ...), or
+// "type <t>" for a value ggml does not define. For error messages.
+std::string GgmlTypeName(uint32_t t);
+
+// Weights per block (1 for F32/F16/BF16, 32 for the legacy types and Q8_0,
+// 256 for the K-quants) and bytes per block, of a supported type.
+uint64_t TensorBlockSize(TensorType type);
+uint64_t TensorBlockBytes(TensorType type);
+
 // Bytes for `n_elements` of `type`; n_elements must be a multiple of the
-// type's block size (32 for Q8_0). Returns nullopt when it is not.
+// type's block size. Returns nullopt when it is not (or on overflow).
 std::optional<uint64_t> TensorBytes(TensorType type, uint64_t n_elements);
 std::string_view TensorTypeName(TensorType type);
 

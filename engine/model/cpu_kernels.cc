@@ -1,10 +1,13 @@
 #include "engine/model/cpu_kernels.h"
 
+#include "engine/model/weight_loads.h"
+
 #include <atomic>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,105 +32,14 @@ struct GenericIsa {
   static constexpr int kRows = 1;
   static constexpr int kCols = 1;
   static constexpr bool kFusedDequant = false;
-  template <int R, int C>
-  static void Tile(const float* x, const F32Rows& w, size_t in, size_t /*out*/, float* y) {
+  template <int R, int C, typename Rows>  // F32Rows or F32Loads
+  static void Tile(const float* x, const Rows& w, size_t in, size_t /*out*/, float* y) {
     static_assert(R == 1 && C == 1);
     *y = Dot(w.w, x, in);
   }
 };
 
 #ifdef TANDEM_KERNELS_X86
-#define TANDEM_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) inline
-#define TANDEM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
-
-uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// Every vector load also prefetches `ahead` bytes further: one column block
-// on, where the next tile will read. At decode's single row a tile is too
-// short for the hardware prefetcher to run ahead of it; 0 for a panel
-// (already in L1). Prefetches never fault, so the last block's run past
-// the matrix is harmless.
-TANDEM_AVX2 void PrefetchAhead(const void* p, size_t ahead) {
-  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
-}
-
-// F32: plain loads; with kPrefetch (decode's few rows) each also
-// prefetches the next column block. Without it (many rows, or a panel in
-// L1) the tile keeps every address in a register.
-template <bool kPrefetch>
-struct F32Loads : F32Rows {
-  size_t ahead;
-  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
-    const float* p = w + static_cast<size_t>(c) * in + i;
-    if constexpr (kPrefetch) PrefetchAhead(p, ahead);
-    return _mm256_loadu_ps(p);
-  }
-  TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
-    const float* p = w + static_cast<size_t>(c) * in + i;
-    if constexpr (kPrefetch) PrefetchAhead(p, ahead);
-    return _mm512_loadu_ps(p);
-  }
-};
-
-// F16: widened by F16C / AVX-512F's vcvtph2ps (exact).
-struct F16Loads {
-  const uint8_t* w;  // row o
-  size_t row_bytes;
-  size_t ahead;  // see PrefetchAhead
-  const uint8_t* P(int c, size_t i) const {
-    return w + static_cast<size_t>(c) * row_bytes + 2 * i;
-  }
-  float At(int c, size_t i) const { return HalfToFloat(LoadU16(P(c, i))); }
-  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
-    PrefetchAhead(P(c, i), ahead);
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(P(c, i))));
-  }
-  // maskz with a full mask: see Q8Loads::Load16.
-  TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
-    PrefetchAhead(P(c, i), ahead);
-    return _mm512_maskz_cvtph_ps(
-        0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(P(c, i))));
-  }
-};
-
-// Q8_0: float(q) * d, one rounded product, as ggml's dequantize_row_q8_0.
-// i is a multiple of 8 (16) inside one 32-weight block.
-struct Q8Loads {
-  const uint8_t* w;  // row o
-  size_t row_bytes;
-  size_t ahead;  // see PrefetchAhead
-  const uint8_t* Block(int c, size_t i) const {
-    return w + static_cast<size_t>(c) * row_bytes + i / 32 * 34;
-  }
-  float At(int c, size_t i) const {
-    const uint8_t* b = Block(c, i);
-    return static_cast<float>(static_cast<int8_t>(b[2 + i % 32])) * HalfToFloat(LoadU16(b));
-  }
-  TANDEM_AVX2 float Scale(const uint8_t* b) const { return _cvtsh_ss(LoadU16(b)); }
-  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
-    const uint8_t* b = Block(c, i);
-    int64_t q8;
-    std::memcpy(&q8, b + 2 + i % 32, sizeof q8);
-    PrefetchAhead(b + 2 + i % 32, ahead);
-    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(q8)));
-    return _mm256_mul_ps(q, _mm256_set1_ps(Scale(b)));
-  }
-  // The maskz forms with a full mask are the plain instructions (GCC 12's
-  // unmasked 512-bit widening intrinsics warn: -Wmaybe-uninitialized on
-  // their undefined pass-through operand).
-  TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
-    const uint8_t* b = Block(c, i);
-    PrefetchAhead(b + 2 + i % 32, ahead);
-    const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + i % 32));
-    const __m512 q = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, q8));
-    return _mm512_mul_ps(q, _mm512_set1_ps(Scale(b)));
-  }
-};
-
 // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) of the 8 lanes of `a`,
 // the same combine as Dot.
 TANDEM_AVX2 float Combine8(__m256 a) {
@@ -232,7 +144,7 @@ struct Avx512Isa {
 #ifdef TANDEM_KERNELS_X86
 template <bool kPrefetch>
 F32Loads<kPrefetch> F32Source(const float* w, size_t in, size_t ahead) {
-  return F32Loads<kPrefetch>{{w, in}, ahead};
+  return F32Loads<kPrefetch>{w, in, ahead};
 }
 #else
 template <bool kPrefetch>
@@ -304,16 +216,18 @@ void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_b
   }
 #ifdef TANDEM_KERNELS_X86
   if constexpr (Isa::kFusedDequant) {
-    const size_t row_bytes = w.RowBytes();
-    if (rows <= kFusedDequantMaxRows && w.type == gguf::TensorType::kF16) {
-      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
-        return F16Loads{w.data + o * row_bytes, row_bytes, Isa::kCols * row_bytes};
-      });
-    }
-    if (rows <= kFusedDequantMaxRows && w.type == gguf::TensorType::kQ8_0) {
-      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
-        return Q8Loads{w.data + o * row_bytes, row_bytes, Isa::kCols * row_bytes};
-      });
+    if (rows <= kFusedDequantMaxRows) {
+      const size_t row_bytes = w.RowBytes();
+      const bool fused = WithWeightLoads(
+          w.type, w.data, row_bytes, Isa::kCols * row_bytes, [&](const auto& source) {
+            using Source = std::decay_t<decltype(source)>;
+            Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
+              Source at_o = source;
+              at_o.w = w.data + o * row_bytes;
+              return at_o;
+            });
+          });
+      if (fused) return;
     }
   }
 #endif

@@ -1,5 +1,7 @@
 #include "engine/model/llama_weights.h"
 
+#include "engine/model/quant_blocks.h"
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -131,6 +133,14 @@ absl::StatusOr<const gguf::TensorInfo*> FindTensor(const gguf::GgufFile& file,
                      std::string(gguf::TensorTypeName(info->type)), " has ", info->n_bytes,
                      " bytes and rows of ", dims[0],
                      " elements, which do not match its type's block size"));
+  }
+  // A NaN or infinite block scale would poison every weight of its block.
+  const uint64_t n_blocks = info->NumElements() / gguf::TensorBlockSize(info->type);
+  if (std::optional<uint64_t> bad = FindNonFiniteScale(info->type, info->data, n_blocks)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tensor '", name, "' of type ",
+        std::string(gguf::TensorTypeName(info->type)), " has a non-finite scale in block ", *bad,
+        " (weights ", *bad * gguf::TensorBlockSize(info->type), "..)"));
   }
   return info;
 }

@@ -4,7 +4,9 @@
 // to the F32 model's; the built-in byte vocabulary (round trip of UTF-8
 // text through the tokenizer) and the offline model of `tandem up`; --arch
 // qwen2 (its keys, Q/K/V biases, tied output; it loads, runs and is batch
-// invariant) and the copy of every tokenizer.* key of a BPE vocabulary.
+// invariant) and the copy of every tokenizer.* key of a BPE vocabulary;
+// the block-quantized types' shape rules and a Q4_K_M model's tensor types
+// and sizes (their bytes: tests/tools/quantize_test.cc).
 #include "tools/synth_model.h"
 
 #include <unistd.h>
@@ -191,7 +193,8 @@ TEST(SynthModelArgsTest, BadFlagsNameTheFlag) {
       {parse({"--preset", "7B"}), "--preset"},
       {parse({"--preset", "15M", "--dim", "8"}), "--dim"},
       {parse({"--dim", "64", "--heads", "4", "--ff", "128"}), "--layers"},
-      {with({"--type", "q4_0"}), "--type"},
+      {with({"--type", "q4_1"}), "--type"},
+      {with({"--type", "q4_k_s"}), "--type"},
       {with({"--seed", "-1"}), "--seed"},
       {with({"--kv-heads", "3"}), "--kv-heads"},
       {with({"--context", "0"}), "--context"},
@@ -761,6 +764,118 @@ TEST(SynthQwen2Test, DefaultArchIsLlamaWithTheSameBytes) {
   EXPECT_EQ((*f)->FindTensor("blk.0.attn_q.bias"), nullptr);
   std::filesystem::remove(a);
   std::filesystem::remove(b);
+}
+
+// --- Block-quantized types (q4_0, the K-quants and their mixes). ---
+
+std::vector<std::string> ShapeArgs(const std::string& type, const std::string& dim,
+                                   const std::string& ff) {
+  return {"--out", "x", "--vocab", "byte", "--dim", dim, "--layers", "2", "--heads", "4",
+          "--ff", ff, "--type", type};
+}
+
+TEST(SynthQuantTypesTest, RowsMustBeWholeBlocks) {
+  // Rows run along dim (token_embd, output, attention, ffn_gate / ffn_up)
+  // and ff (ffn_down): K-quant blocks are 256 weights, Q4_0's 32.
+  for (const char* type : {"q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"}) {
+    SCOPED_TRACE(type);
+    absl::StatusOr<SynthModelOptions> o =
+        ParseSynthModelArgs({"--out", "x", "--vocab", "byte", "--preset", "15M", "--type", type});
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    for (const char* part : {"--dim", "multiple of 256", type, "288", "--preset 15M"}) {
+      EXPECT_THAT(o.status().message(), HasSubstr(part));
+    }
+    EXPECT_THAT(ParseSynthModelArgs(ShapeArgs(type, "64", "512")).status().message(),
+                HasSubstr("--dim"));
+    EXPECT_THAT(ParseSynthModelArgs(ShapeArgs(type, "256", "640")).status().message(),
+                HasSubstr("--ff"));
+    EXPECT_TRUE(ParseSynthModelArgs(ShapeArgs(type, "256", "512")).ok());
+    EXPECT_TRUE(
+        ParseSynthModelArgs({"--out", "x", "--vocab", "byte", "--preset", "110M", "--type", type})
+            .ok());
+  }
+  EXPECT_THAT(ParseSynthModelArgs(ShapeArgs("q4_0", "48", "128")).status().message(),
+              HasSubstr("--dim"));
+  EXPECT_THAT(ParseSynthModelArgs(ShapeArgs("q4_0", "64", "100")).status().message(),
+              HasSubstr("--ff"));
+  EXPECT_TRUE(
+      ParseSynthModelArgs({"--out", "x", "--vocab", "byte", "--preset", "15M", "--type", "q4_0"})
+          .ok());
+  EXPECT_EQ(RunSynthModel({"--out", TempPath("synth_15m_q4k"), "--vocab", "byte", "--preset",
+                           "15M", "--type", "q4_k_m"}),
+            2);
+}
+
+TEST(SynthQuantTypesTest, ParsesTypeAndMix) {
+  struct Case {
+    const char* flag;
+    gguf::TensorType type;
+    QuantMix mix;
+  };
+  for (const Case& c : {Case{"q4_0", gguf::TensorType::kQ4_0, QuantMix::kPure},
+                        Case{"q4_k", gguf::TensorType::kQ4_K, QuantMix::kPure},
+                        Case{"q5_k", gguf::TensorType::kQ5_K, QuantMix::kPure},
+                        Case{"q6_k", gguf::TensorType::kQ6_K, QuantMix::kPure},
+                        Case{"q4_k_m", gguf::TensorType::kQ4_K, QuantMix::kKQuantM},
+                        Case{"q5_k_m", gguf::TensorType::kQ5_K, QuantMix::kKQuantM}}) {
+    absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(ShapeArgs(c.flag, "256", "512"));
+    ASSERT_TRUE(o.ok()) << c.flag << ": " << o.status();
+    EXPECT_EQ(o->type, c.type) << c.flag;
+    EXPECT_EQ(o->mix, c.mix) << c.flag;
+    EXPECT_EQ(SynthTypeName(o->type, o->mix), c.flag);
+  }
+}
+
+// A Q4_K_M model of dim 256, 2 layers (kv dim 128), ff 512, the byte
+// vocabulary (260 tokens): llama.cpp's mix for 2 layers puts output and
+// layer 1's attn_v and ffn_down (use_more_bits(1, 2): 1 >= 7 * 2 / 8) in
+// Q6_K, the rest in Q4_K; norms F32. Bytes: weights / 256 * 144 (Q4_K) or
+// 210 (Q6_K), ggml-common.h's block sizes. qwen2 ties the output to
+// token_embd, which takes the output's Q6_K.
+TEST(SynthQuantTypesTest, Q4_KMTinyModelTypesAndSizes) {
+  for (const char* arch : {"llama", "qwen2"}) {
+    SCOPED_TRACE(arch);
+    const bool qwen2 = std::string(arch) == "qwen2";
+    const std::string out = TempPath(std::string("synth_q4km_") + arch);
+    std::vector<std::string> args = ShapeArgs("q4_k_m", "256", "512");
+    args[1] = out;
+    args.insert(args.end(), {"--kv-heads", "2", "--arch", arch});
+    EXPECT_EQ(RunSynthModel(args), 0);
+    absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(out);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(*(*f)->GetUint("general.file_type"), 15u);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    const gguf::TensorType k4 = gguf::TensorType::kQ4_K, k6 = gguf::TensorType::kQ6_K;
+    struct Want {
+      std::string name;
+      gguf::TensorType type;
+      uint64_t bytes;
+    };
+    std::vector<Want> want = {{"token_embd.weight", qwen2 ? k6 : k4, qwen2 ? 54600u : 37440u},
+                              {"output_norm.weight", gguf::TensorType::kF32, 1024}};
+    if (!qwen2) want.push_back({"output.weight", k6, 260 * 210});
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      want.push_back({p + "attn_q.weight", k4, 256 * 144});
+      want.push_back({p + "attn_k.weight", k4, 128 * 144});
+      want.push_back({p + "attn_v.weight", l == 1 ? k6 : k4, l == 1 ? 128u * 210 : 128u * 144});
+      want.push_back({p + "attn_output.weight", k4, 256 * 144});
+      want.push_back({p + "attn_norm.weight", gguf::TensorType::kF32, 1024});
+      want.push_back({p + "ffn_gate.weight", k4, 512 * 144});
+      want.push_back({p + "ffn_down.weight", l == 1 ? k6 : k4, l == 1 ? 512u * 210 : 512u * 144});
+      want.push_back({p + "ffn_up.weight", k4, 512 * 144});
+      if (qwen2) want.push_back({p + "attn_v.bias", gguf::TensorType::kF32, 512});
+    }
+    for (const Want& w : want) {
+      const gguf::TensorInfo* t = (*f)->FindTensor(w.name);
+      ASSERT_NE(t, nullptr) << w.name;
+      EXPECT_EQ(t->type, w.type) << w.name;
+      EXPECT_EQ(t->n_bytes, w.bytes) << w.name;
+    }
+    EXPECT_EQ((*f)->tensors().size(), qwen2 ? 2u + 2u * 12u : 3u + 2u * 9u);
+    absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(**f);
+    EXPECT_TRUE(m.ok()) << m.status();
+    std::filesystem::remove(out);
+  }
 }
 
 }  // namespace

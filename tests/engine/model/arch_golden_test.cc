@@ -36,13 +36,11 @@
 namespace tandem::model {
 namespace {
 
-using testing::GreedyDecode;
 using testing::LoadedModel;
 using testing::LoadSharedModel;
 
 constexpr double kLogitTolerance = 1e-3;  // the goldens' own rule
 constexpr double kF16UnitRoundoff = 0x1p-11;
-constexpr int32_t kBlockSize = 16;
 
 // A test model and its goldens.
 struct ArchModel {
@@ -117,34 +115,7 @@ TEST_P(ArchGoldenTest, ConfigMatchesTheGoldensModel) {
 
 TEST_P(ArchGoldenTest, GreedyIdsAndTopLogitsMatchLlamaCpp) {
   for (const nlohmann::json& c : goldens_["cases"]) {
-    SCOPED_TRACE(c["name"].get<std::string>());
-    const auto prompt = c["prompt_token_ids"].get<std::vector<int32_t>>();
-    const auto expected = c["generated_token_ids"].get<std::vector<int32_t>>();
-    const size_t strict = c["strict_prefix_len"].get<size_t>();
-    ASSERT_LE(strict, expected.size());
-    ASSERT_LE(strict, c["steps"].size());
-
-    const int32_t tokens = static_cast<int32_t>(prompt.size() + expected.size());
-    const int32_t n_blocks = kv::BlocksForTokens(tokens, kBlockSize);
-    kv::CpuKvStorage kv(model().kv_shape(kBlockSize), n_blocks);
-    kv::BlockPool blocks(n_blocks);
-    auto table = blocks.Allocate(n_blocks);
-    ASSERT_TRUE(table.has_value());
-
-    // Decode as far as the ids are strict: past that, llama.cpp's own
-    // choice was within 1e-2 of a tie.
-    std::vector<std::vector<float>> logits;
-    const std::vector<int32_t> got =
-        GreedyDecode(model(), kv, *table, prompt, static_cast<int>(strict), &logits);
-    EXPECT_EQ(got, std::vector<int32_t>(expected.begin(), expected.begin() + strict));
-    for (size_t step = 0; step < strict; ++step) {
-      for (const nlohmann::json& top : c["steps"][step]["top5"]) {
-        const size_t id = top["id"].get<size_t>();
-        ASSERT_LT(id, logits[step].size());
-        EXPECT_NEAR(logits[step][id], top["logit"].get<double>(), Tolerance(id))
-            << "step " << step << " token " << id;
-      }
-    }
+    testing::ExpectGreedyGoldenCase(model(), c, [&](size_t id) { return Tolerance(id); });
   }
 }
 
@@ -163,51 +134,13 @@ INSTANTIATE_TEST_SUITE_P(
 class ArchBatchTest : public ::testing::TestWithParam<ArchModel> {};
 
 TEST_P(ArchBatchTest, LogitsIdenticalAloneBatchedChunkedAndThreaded) {
-  constexpr int kDecodeSteps = 4;
   const nlohmann::json goldens = testing::LoadGoldens(GetParam().goldens);
   std::vector<std::vector<int32_t>> prompts;
   for (const nlohmann::json& c : goldens["cases"]) {
     prompts.push_back(c["prompt_token_ids"].get<std::vector<int32_t>>());
   }
   ASSERT_EQ(prompts.size(), 6u);
-
-  LoadedModel one = LoadSharedModel(GetParam().model, 1);
-  ASSERT_NE(one.model, nullptr);
-  std::vector<std::vector<std::vector<float>>> alone;
-  for (const std::vector<int32_t>& p : prompts) {
-    kv::CpuKvStorage kv(one.model->kv_shape(kBlockSize), 16);
-    kv::BlockPool blocks(16);
-    std::vector<testing::ScheduledSeq> seqs(1);
-    seqs[0].prompt = p;
-    testing::RunSchedule(*one.model, kv, blocks, seqs, kBlockSize, kDecodeSteps);
-    alone.push_back(seqs[0].logits);
-  }
-
-  LoadedModel two = LoadSharedModel(GetParam().model, 2);
-  ASSERT_NE(two.model, nullptr);
-  two.model->set_min_parallel_work_for_testing(0);
-  for (const LlamaModel* m : {one.model.get(), two.model.get()}) {
-    for (int32_t chunk : {1, 7, 0}) {
-      SCOPED_TRACE(::testing::Message() << m->num_threads() << " threads, chunk " << chunk);
-      kv::CpuKvStorage kv(m->kv_shape(kBlockSize), 64);
-      kv::BlockPool blocks(64);
-      std::vector<testing::ScheduledSeq> seqs(prompts.size());
-      for (size_t j = 0; j < prompts.size(); ++j) {
-        seqs[j].prompt = prompts[j];
-        // The first sequence prefills at once, so it decodes while the
-        // others are still prefilling.
-        seqs[j].chunk = j == 0 ? 0 : chunk;
-      }
-      testing::RunSchedule(*m, kv, blocks, seqs, kBlockSize, kDecodeSteps);
-      for (size_t j = 0; j < prompts.size(); ++j) {
-        ASSERT_EQ(seqs[j].logits.size(), alone[j].size());
-        for (size_t step = 0; step < alone[j].size(); ++step) {
-          EXPECT_TRUE(testing::BitIdentical(seqs[j].logits[step], alone[j][step]))
-              << "prompt " << j << " step " << step;
-        }
-      }
-    }
-  }
+  testing::ExpectBatchInvariant(GetParam().model, prompts);
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, ArchBatchTest, ::testing::ValuesIn(kModels),

@@ -114,4 +114,79 @@ bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
+                            const std::function<double(size_t)>& tolerance) {
+  constexpr int32_t kBlockSize = 16;
+  SCOPED_TRACE(c["name"].get<std::string>());
+  const auto prompt = c["prompt_token_ids"].get<std::vector<int32_t>>();
+  const auto expected = c["generated_token_ids"].get<std::vector<int32_t>>();
+  const size_t strict = c["strict_prefix_len"].get<size_t>();
+  ASSERT_LE(strict, expected.size());
+  ASSERT_LE(strict, c["steps"].size());
+
+  const int32_t tokens = static_cast<int32_t>(prompt.size() + expected.size());
+  const int32_t n_blocks = kv::BlocksForTokens(tokens, kBlockSize);
+  kv::CpuKvStorage kv(model.kv_shape(kBlockSize), n_blocks);
+  kv::BlockPool blocks(n_blocks);
+  auto table = blocks.Allocate(n_blocks);
+  ASSERT_TRUE(table.has_value());
+
+  // Decode as far as the ids are strict: past that, llama.cpp's own choice
+  // was within 1e-2 of a tie.
+  std::vector<std::vector<float>> logits;
+  const std::vector<int32_t> got =
+      GreedyDecode(model, kv, *table, prompt, static_cast<int>(strict), &logits);
+  EXPECT_EQ(got, std::vector<int32_t>(expected.begin(), expected.begin() + strict));
+  for (size_t step = 0; step < strict && step < logits.size(); ++step) {
+    for (const nlohmann::json& top : c["steps"][step]["top5"]) {
+      const size_t id = top["id"].get<size_t>();
+      ASSERT_LT(id, logits[step].size());
+      EXPECT_NEAR(logits[step][id], top["logit"].get<double>(), tolerance(id))
+          << "step " << step << " token " << id;
+    }
+  }
+}
+
+void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts) {
+  constexpr int32_t kBlockSize = 16;
+  constexpr int kDecodeSteps = 4;
+  LoadedModel one = LoadSharedModel(model, 1);
+  ASSERT_NE(one.model, nullptr);
+  std::vector<std::vector<std::vector<float>>> alone;
+  for (const std::vector<int32_t>& p : prompts) {
+    kv::CpuKvStorage kv(one.model->kv_shape(kBlockSize), 16);
+    kv::BlockPool blocks(16);
+    std::vector<ScheduledSeq> seqs(1);
+    seqs[0].prompt = p;
+    RunSchedule(*one.model, kv, blocks, seqs, kBlockSize, kDecodeSteps);
+    alone.push_back(seqs[0].logits);
+  }
+
+  LoadedModel two = LoadSharedModel(model, 2);
+  ASSERT_NE(two.model, nullptr);
+  two.model->set_min_parallel_work_for_testing(0);
+  for (const LlamaModel* m : {one.model.get(), two.model.get()}) {
+    for (int32_t chunk : {1, 7, 0}) {
+      SCOPED_TRACE(::testing::Message() << m->num_threads() << " threads, chunk " << chunk);
+      kv::CpuKvStorage kv(m->kv_shape(kBlockSize), 64);
+      kv::BlockPool blocks(64);
+      std::vector<ScheduledSeq> seqs(prompts.size());
+      for (size_t j = 0; j < prompts.size(); ++j) {
+        seqs[j].prompt = prompts[j];
+        // The first sequence prefills at once, so it decodes while the
+        // others are still prefilling.
+        seqs[j].chunk = j == 0 ? 0 : chunk;
+      }
+      RunSchedule(*m, kv, blocks, seqs, kBlockSize, kDecodeSteps);
+      for (size_t j = 0; j < prompts.size(); ++j) {
+        ASSERT_EQ(seqs[j].logits.size(), alone[j].size());
+        for (size_t step = 0; step < alone[j].size(); ++step) {
+          EXPECT_TRUE(BitIdentical(seqs[j].logits[step], alone[j][step]))
+              << "prompt " << j << " step " << step;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace tandem::model::testing

@@ -4,6 +4,7 @@
 #define TANDEM_TESTS_ENGINE_MODEL_MODEL_TEST_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,19 @@ struct ScheduledSeq {
 // `blocks`, the K/V memory from `kv`.
 void RunSchedule(const LlamaModel& model, kv::CpuKvStorage& kv, kv::BlockPool& blocks,
                  std::vector<ScheduledSeq>& seqs, int32_t block_size, int decode_steps);
+
+// Greedy-decodes goldens case `c` (prompt_token_ids, generated_token_ids,
+// strict_prefix_len, steps[].top5 {id, logit}) with `model` alone, prompt
+// ids fed directly, and expects the ids up to strict_prefix_len exactly and
+// each of those steps' top-5 logits within tolerance(id).
+void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
+                            const std::function<double(size_t)>& tolerance);
+
+// Batch invariance of ../shared/models/<model>: every prompt, prefilled in
+// chunks of 1, 7 or at once beside the others' decode steps, on 1 thread
+// and on 2 threads with every kernel split, gives the logits of the prompt
+// alone (1 thread, prefilled at once) bit for bit at each of 4 steps.
+void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts);
 
 // Same size and same bytes.
 bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b);

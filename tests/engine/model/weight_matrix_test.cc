@@ -3,6 +3,7 @@
 // binary32, ggml's block_q8_0 q * d), through the vector paths too, and a
 // MatMul over a non-F32 matrix gives, bit for bit, the MatMul over its F32
 // values for every ISA, batch size and thread count.
+#include "engine/model/quant_blocks.h"
 #include "engine/model/weight_matrix.h"
 
 #include <bit>
@@ -100,6 +101,15 @@ TEST(WeightMatrixTest, RowBytesFollowTheType) {
   EXPECT_EQ((WeightMatrix{TensorType::kF16, nullptr, 64, 3}.RowBytes()), 128u);
   EXPECT_EQ((WeightMatrix{TensorType::kBF16, nullptr, 64, 3}.RowBytes()), 128u);
   EXPECT_EQ((WeightMatrix{TensorType::kQ8_0, nullptr, 64, 3}.RowBytes()), 68u);
+  // ggml-common.h's block sizes: 18, 20, 22, 24 bytes per 32; 144, 176, 210
+  // per 256.
+  EXPECT_EQ((WeightMatrix{TensorType::kQ4_0, nullptr, 64, 3}.RowBytes()), 36u);
+  EXPECT_EQ((WeightMatrix{TensorType::kQ4_1, nullptr, 64, 3}.RowBytes()), 40u);
+  EXPECT_EQ((WeightMatrix{TensorType::kQ5_0, nullptr, 64, 3}.RowBytes()), 44u);
+  EXPECT_EQ((WeightMatrix{TensorType::kQ5_1, nullptr, 64, 3}.RowBytes()), 48u);
+  EXPECT_EQ((WeightMatrix{TensorType::kQ4_K, nullptr, 512, 3}.RowBytes()), 288u);
+  EXPECT_EQ((WeightMatrix{TensorType::kQ5_K, nullptr, 512, 3}.RowBytes()), 352u);
+  EXPECT_EQ((WeightMatrix{TensorType::kQ6_K, nullptr, 512, 3}.RowBytes()), 420u);
 }
 
 // A matrix of `type` with random contents (finite values): its bytes and
@@ -109,11 +119,38 @@ struct TypedMatrix {
   std::vector<float> f32;
 };
 
+// n weights of a quantized `type` as random bytes, each block's f16
+// scales (d, and m / dmin) set to finite values of either sign in
+// [2^-12, 2^-5). Values: DequantizeOne, checked against llama.cpp by
+// quant_dequant_test.
+std::vector<uint8_t> RandomBlocks(TensorType type, size_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  const size_t block_bytes = gguf::TensorBlockBytes(type);
+  std::vector<uint8_t> bytes(n / gguf::TensorBlockSize(type) * block_bytes);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
+  auto scale = [&] {
+    return static_cast<uint16_t>((byte(rng) & 1) << 15 | (3 + byte(rng) % 7) << 10 |
+                                 (byte(rng) << 2 | byte(rng) % 4));
+  };
+  for (size_t b = 0; b < bytes.size(); b += block_bytes) {
+    const size_t first = type == TensorType::kQ6_K ? 208 : 0;
+    const bool two = type == TensorType::kQ4_1 || type == TensorType::kQ5_1 ||
+                     type == TensorType::kQ4_K || type == TensorType::kQ5_K;
+    for (size_t k = 0; k < (two ? 2u : 1u); ++k) {
+      const uint16_t h = scale();
+      std::memcpy(&bytes[b + first + 2 * k], &h, 2);
+    }
+  }
+  return bytes;
+}
+
 TypedMatrix RandomMatrix(TensorType type, size_t in, size_t out, std::mt19937& rng) {
   TypedMatrix m;
   std::uniform_int_distribution<int> byte(0, 255);
   if (type == TensorType::kQ8_0) {
     m.bytes = RandomQ8(in / 32 * out, rng);
+  } else if (IsQuantized(type)) {
+    m.bytes = RandomBlocks(type, in * out, rng);
   } else {
     m.bytes.resize(2 * in * out);
     for (size_t i = 0; i < in * out; ++i) {
@@ -133,7 +170,11 @@ TypedMatrix RandomMatrix(TensorType type, size_t in, size_t out, std::mt19937& r
   for (size_t o = 0; o < out; ++o) {
     for (size_t k = 0; k < in; ++k) {
       float v;
-      if (type == TensorType::kQ8_0) {
+      if (IsQuantized(type) && type != TensorType::kQ8_0) {
+        const size_t block = gguf::TensorBlockSize(type);
+        v = DequantizeOne(type, &m.bytes[(o * in + k) / block * gguf::TensorBlockBytes(type)],
+                          (o * in + k) % block);
+      } else if (type == TensorType::kQ8_0) {
         const size_t block = (o * in + k) / 32, j = (o * in + k) % 32;
         uint16_t d;
         std::memcpy(&d, &m.bytes[34 * block], 2);
@@ -162,10 +203,17 @@ TEST(WeightMatrixTest, MatMulOverStorageTypesEqualsMatMulOverTheirF32Values) {
   std::mt19937 rng(11);
   ThreadPool pool2(2), pool3(3);
   ThreadPool* const pools[] = {nullptr, &pool2, &pool3};
-  for (TensorType type : {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0}) {
-    for (auto [in, out] :
-         {std::pair<size_t, size_t>{64, 172}, {96, 37}, {256, 9}, {100, 6}, {72, 5}}) {
-      if (type == TensorType::kQ8_0 && in % 32 != 0) continue;  // whole blocks only
+  for (TensorType type :
+       {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
+        TensorType::kQ4_1, TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kQ4_K,
+        TensorType::kQ5_K, TensorType::kQ6_K}) {
+    for (auto [in, out] : {std::pair<size_t, size_t>{64, 172},
+                           {96, 37},
+                           {256, 9},
+                           {100, 6},
+                           {72, 5},
+                           {512, 23}}) {
+      if (in % gguf::TensorBlockSize(type) != 0) continue;  // whole blocks only
       const TypedMatrix m = RandomMatrix(type, in, out, rng);
       const WeightMatrix w{type, m.bytes.data(), in, out};
       const std::vector<float> x = RandomInputs(64 * in, rng);
