@@ -15,7 +15,9 @@
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/attention.h"
 #include "engine/model/cpu_kernels.h"
+#include "engine/model/quant_blocks.h"
 #include "engine/model/thread_pool.h"
+#include "tools/quantize.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -111,12 +113,20 @@ BENCHMARK(BM_FmaPeak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
 // ---------------------------------------------------------------------------
 // MatMul (the model's kernel): y[M][N] = x[M][K] * W[N][K]^T.
-// W of n rows x k as GGUF `type` bytes (k a multiple of 32): F32 and F16
-// values from RandomFloats, Q8_0 blocks of random int8 with scale 2^-7.
+// W of n rows x k as GGUF `type` bytes (k whole blocks): F32 and F16
+// values from RandomFloats, Q8_0 blocks of random int8 with scale 2^-7,
+// the other quantized types as tandem synth-model writes them (ggml's
+// reference quantizers, tools/quantize.h) from RandomFloats.
 std::vector<uint8_t> RandomWeights(gguf::TensorType type, size_t n, size_t k) {
   const std::vector<float> w = RandomFloats(n * k, 2);
   const model::internal::WeightMatrix shape{type, nullptr, k, n};
   std::vector<uint8_t> bytes(shape.RowBytes() * n);
+  if (model::internal::IsQuantized(type) && type != gguf::TensorType::kQ8_0) {
+    for (size_t o = 0; o < n; ++o) {
+      cli::ConvertFromF32(type, &w[o * k], k, &bytes[o * shape.RowBytes()]);
+    }
+    return bytes;
+  }
   for (size_t i = 0; i < n * k; ++i) {
     switch (type) {
       case gguf::TensorType::kF32:
@@ -146,7 +156,8 @@ std::vector<uint8_t> RandomWeights(gguf::TensorType type, size_t n, size_t k) {
   return bytes;
 }
 
-// Args: M, K, N, threads, wtype (GGUF type id: 0 F32, 1 F16, 8 Q8_0).
+// Args: M, K, N, threads, wtype (GGUF type id: 0 F32, 1 F16, 8 Q8_0,
+// 2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K).
 // Counters: GFLOP/s (2MKN per call) and GB/s of the minimal traffic (x, W
 // as stored and y once each).
 void BM_MatMul(benchmark::State& state) {
@@ -180,12 +191,12 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
       b->Args({m, 768, 768, threads, 0});
       b->Args({m, 768, 2048, threads, 0});
     }
-    for (int type : {1, 8}) {
+    for (int type : {1, 8, 2, 12, 13, 14}) {
       for (int m : {1, 512}) b->Args({m, 768, 2048, threads, type});
     }
     // A 110M-class output matrix (32000 x 768): batch-1 decode streams it
     // from memory, in each storage type.
-    for (int type : {0, 1, 8}) b->Args({1, 768, 32000, threads, type});
+    for (int type : {0, 1, 8, 12, 14}) b->Args({1, 768, 32000, threads, type});
   }
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs)->UseRealTime();

@@ -103,6 +103,29 @@ struct Avx512Isa {
     }
   }
 
+  // The same FMAs as Step at i, i + 16, ..., i + kBlock - 16 for one block
+  // of a quantized source (weight_loads.h): each lane's chain keeps its
+  // order; the block's scales are widened once per column.
+  template <int R, int C, typename Rows>
+  TANDEM_AVX512 static void BlockStep(const float* const (&xr)[R], const Rows& w, size_t i,
+                                      __m512 (&acc)[R][C]) {
+    constexpr size_t kGroup = Rows::kGroup, kBlock = Rows::kBlock;
+    constexpr int kVectors = static_cast<int>(kGroup / 16);
+    for (int c = 0; c < C; ++c) {
+      const typename Rows::Context ctx = w.Prepare(c, i);
+      for (size_t e = 0; e < kBlock; e += kGroup) {
+        __m512 wv[kVectors];
+        w.LoadGroup16(c, i + e, ctx, wv);
+        for (int g = 0; g < kVectors; ++g) {
+          for (int r = 0; r < R; ++r) {
+            acc[r][c] =
+                _mm512_fmadd_ps(wv[g], _mm512_loadu_ps(xr[r] + i + e + 16 * g), acc[r][c]);
+          }
+        }
+      }
+    }
+  }
+
   template <int R, int C, typename Rows>
   __attribute__((target("avx512f,avx2,fma,f16c"))) static void Tile(const float* x,
                                                                     const Rows& w, size_t in,
@@ -117,13 +140,17 @@ struct Avx512Isa {
     const Rows wl = w;
     const float* xr[R];
     for (int r = 0; r < R; ++r) xr[r] = x + r * in;
-    // Two steps per iteration (a Q8_0 block: its scale is read once).
     size_t i = 0;
-    for (; i + 32 <= n16; i += 32) {
-      Step<R, C>(xr, wl, i, acc);
-      Step<R, C>(xr, wl, i + 16, acc);
+    if constexpr (requires { Rows::kGroup; }) {
+      // A quantized source: whole blocks (the loader checks rows are).
+      for (; i < n16; i += Rows::kBlock) BlockStep<R, C>(xr, wl, i, acc);
+    } else {
+      for (; i + 32 <= n16; i += 32) {
+        Step<R, C>(xr, wl, i, acc);
+        Step<R, C>(xr, wl, i + 16, acc);
+      }
+      if (i < n16) Step<R, C>(xr, wl, i, acc);
     }
-    if (i < n16) Step<R, C>(xr, wl, i, acc);
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
         // Lanes 0..7 + lanes 8..15, in registers (GCC 12's 512-bit extract

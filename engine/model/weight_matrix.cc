@@ -46,7 +46,19 @@ __attribute__((target("avx2,fma,f16c"))) void StoreRow8(const Source& source, si
 template <typename Source>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void StoreRow16(const Source& source,
                                                                    size_t n16, float* out) {
-  for (size_t i = 0; i < n16; i += 16) _mm512_storeu_ps(out + i, source.Load16(0, i));
+  if constexpr (requires { Source::kGroup; }) {
+    constexpr size_t kVectors = Source::kGroup / 16;
+    for (size_t i = 0; i < n16; i += Source::kBlock) {  // n is whole blocks
+      const typename Source::Context ctx = source.Prepare(0, i);
+      for (size_t e = i; e < i + Source::kBlock; e += Source::kGroup) {
+        __m512 v[kVectors];
+        source.LoadGroup16(0, e, ctx, v);
+        for (size_t k = 0; k < kVectors; ++k) _mm512_storeu_ps(out + e + 16 * k, v[k]);
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n16; i += 16) _mm512_storeu_ps(out + i, source.Load16(0, i));
+  }
 }
 
 __attribute__((target("avx2,fma,f16c"))) void ConvertAvx2(gguf::TensorType type,

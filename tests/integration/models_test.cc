@@ -1,6 +1,6 @@
-// The models people run, through the whole cluster (issue #9): the qwen2
-// graph and the llama graph with Llama-3.1 RoPE scaling, both with the Qwen
-// byte-level BPE vocabulary. For every case of llama.cpp's goldens
+// The models people run, through the whole cluster: the qwen2 graph and
+// the llama graph with Llama-3.1 RoPE scaling, both with the Qwen byte-level
+// BPE vocabulary (issue #9), and llama models in the 4-6-bit types (#10). For every case of llama.cpp's goldens
 // (../shared/goldens/<model>_greedy.json) the prompt text is tokenized by
 // the router (special tokens in the text parsed, BOS per the model), and
 // the greedy ids match llama.cpp's up to the strict prefix, on the local
@@ -32,12 +32,16 @@ struct ModelGoldens {
   std::vector<ModelGolden> cases;
 };
 
-ModelGoldens ReadGoldens(const std::string& file) {
+// The cases at JSON pointer `cases` of ../shared/goldens/<file> (and the
+// model's eog_ids where the file has them).
+ModelGoldens ReadGoldens(const std::string& file, const std::string& cases = "/cases") {
   ModelGoldens out;
   try {
     const nlohmann::json j = nlohmann::json::parse(ReadFileOrDie(SharedPath("goldens/" + file)));
-    out.eog_ids = j.at("model").at("eog_ids").get<std::vector<int32_t>>();
-    for (const nlohmann::json& c : j.at("cases")) {
+    if (j.at("model").contains("eog_ids")) {
+      out.eog_ids = j.at("model").at("eog_ids").get<std::vector<int32_t>>();
+    }
+    for (const nlohmann::json& c : j.at(nlohmann::json::json_pointer(cases))) {
       ModelGolden g;
       g.name = c.at("name").get<std::string>();
       g.prompt = c.at("prompt").get<std::string>();
@@ -68,8 +72,9 @@ class ModelSuite : public ClusterSuite {
   }
 };
 
-void RunGoldens(v1::Generation::Stub& stub, const std::string& golden_file) {
-  const ModelGoldens goldens = ReadGoldens(golden_file);
+void RunGoldens(v1::Generation::Stub& stub, const std::string& golden_file,
+                const std::string& cases = "/cases") {
+  const ModelGoldens goldens = ReadGoldens(golden_file, cases);
   ASSERT_FALSE(goldens.cases.empty());
   for (const ModelGolden& g : goldens.cases) {
     SCOPED_TRACE(g.name);
@@ -107,6 +112,33 @@ TEST_F(Qwen2Test, GoldensOnBothRoutesAgreeBitForBit) {
 
 TEST_F(Llama3Test, GoldensOnBothRoutesAgreeBitForBit) {
   RunGoldens(cluster().stub(), "llama3-tiny-synth_greedy.json");
+}
+
+// The quantized kq-tiny models (issue #10): llama.cpp's ids on the same
+// weights dequantized exactly (../shared/goldens/kq-tiny_greedy.json).
+constexpr char kQ4KM[] = "kq-tiny-q4_k_m.gguf";
+constexpr char kQ5KM[] = "kq-tiny-q5_k_m.gguf";
+constexpr char kQ4_0[] = "kq-tiny-q4_0.gguf";
+constexpr char kLegacy[] = "kq-tiny-legacy.gguf";
+using Q4KMTest = ModelSuite<kQ4KM>;
+using Q5KMTest = ModelSuite<kQ5KM>;
+using Q4_0Test = ModelSuite<kQ4_0>;
+using LegacyQuantTest = ModelSuite<kLegacy>;
+
+TEST_F(Q4KMTest, GoldensOnBothRoutesAgreeBitForBit) {
+  RunGoldens(cluster().stub(), "kq-tiny_greedy.json", "/cases/q4_k_m");
+}
+
+TEST_F(Q5KMTest, GoldensOnBothRoutesAgreeBitForBit) {
+  RunGoldens(cluster().stub(), "kq-tiny_greedy.json", "/cases/q5_k_m");
+}
+
+TEST_F(Q4_0Test, GoldensOnBothRoutesAgreeBitForBit) {
+  RunGoldens(cluster().stub(), "kq-tiny_greedy.json", "/cases/q4_0");
+}
+
+TEST_F(LegacyQuantTest, GoldensOnBothRoutesAgreeBitForBit) {
+  RunGoldens(cluster().stub(), "kq-tiny_greedy.json", "/cases/legacy");
 }
 
 // The end-of-generation set the router reports is llama.cpp's.
