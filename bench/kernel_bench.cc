@@ -194,6 +194,9 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
     for (int type : {1, 8, 2, 12, 13, 14}) {
       for (int m : {1, 512}) b->Args({m, 768, 2048, threads, type});
     }
+    // 768 x 256 stays in L2 in every type: the cost of widening a weight
+    // inside the tile, without the memory.
+    for (int type : {0, 1, 8, 2, 12, 13, 14}) b->Args({1, 768, 256, threads, type});
     // A 110M-class output matrix (32000 x 768): batch-1 decode streams it
     // from memory, in each storage type.
     for (int type : {0, 1, 8, 12, 14}) b->Args({1, 768, 32000, threads, type});

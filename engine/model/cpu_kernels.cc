@@ -111,11 +111,14 @@ struct Avx512Isa {
                                       __m512 (&acc)[R][C]) {
     constexpr size_t kGroup = Rows::kGroup, kBlock = Rows::kBlock;
     constexpr int kVectors = static_cast<int>(kGroup / 16);
-    for (int c = 0; c < C; ++c) {
-      const typename Rows::Context ctx = w.Prepare(c, i);
-      for (size_t e = 0; e < kBlock; e += kGroup) {
+    typename Rows::Context ctx[C];
+    for (int c = 0; c < C; ++c) ctx[c] = w.Prepare(c, i);
+    // Groups outer, columns inner: the C accumulator chains interleave, so
+    // a block's 16 dependent FMAs per column do not run back to back.
+    for (size_t e = 0; e < kBlock; e += kGroup) {
+      for (int c = 0; c < C; ++c) {
         __m512 wv[kVectors];
-        w.LoadGroup16(c, i + e, ctx, wv);
+        w.LoadGroup16(c, i + e, ctx[c], wv);
         for (int g = 0; g < kVectors; ++g) {
           for (int r = 0; r < R; ++r) {
             acc[r][c] =
