@@ -208,7 +208,8 @@ absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::str
   } else {
     return FlagError("arch", absl::StrCat("expected llama or qwen2, got '", arch, "'"));
   }
-  const std::string type = parsed->GetString("type", "f32");
+  // Case-insensitive: llama.cpp's users write Q4_K_M.
+  const std::string type = absl::AsciiStrToLower(parsed->GetString("type", "f32"));
   const TypeFlag* type_flag = nullptr;
   std::string names;
   for (const TypeFlag& f : kTypeFlags) {

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -387,9 +388,14 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     uint32_t type = 0;
     GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " type"), &type));
     if (!IsSupportedTensorType(type)) {
-      return r.Error(absl::StrCat(field, " has ggml tensor type ", GgmlTypeName(type), " (",
-                                  type, "), which Tandem does not read (supported: ",
-                                  kSupportedTypeNames, ")"));
+      const std::string name = GgmlTypeName(type);
+      const std::string what = absl::StartsWith(name, "type ")
+                                   ? absl::StrCat(" has ggml tensor type ", type,
+                                                  ", which ggml does not define")
+                                   : absl::StrCat(" has ggml tensor type ", name, " (", type,
+                                                  "), which Tandem does not read");
+      return r.Error(
+          absl::StrCat(field, what, " (supported: ", kSupportedTypeNames, ")"));
     }
     t.type = static_cast<TensorType>(type);
     const uint64_t block = TensorBlockSize(t.type);

@@ -145,6 +145,20 @@ absl::StatusOr<const gguf::TensorInfo*> FindTensor(const gguf::GgufFile& file,
   return info;
 }
 
+// A NaN or infinity in a norm weight or bias would turn every logit into
+// NaN; refused like a non-finite block scale.
+absl::Status CheckFinite(const gguf::GgufFile& file, const std::string& name, const float* v,
+                         uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name,
+                                                     "' element ", i, " is ", v[i],
+                                                     ", expected a finite value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> LoadVector(const gguf::GgufFile& file, const std::string& name,
                                   uint64_t n) {
   absl::StatusOr<const gguf::TensorInfo*> info = FindTensor(file, name, {n});
@@ -153,11 +167,12 @@ absl::StatusOr<Tensor> LoadVector(const gguf::GgufFile& file, const std::string&
   if ((*info)->type == gguf::TensorType::kF32 &&
       reinterpret_cast<uintptr_t>((*info)->data) % alignof(float) == 0) {
     t.data = reinterpret_cast<const float*>((*info)->data);
-    return t;
+  } else {
+    t.owned.resize(n);
+    ConvertToF32((*info)->type, (*info)->data, n, t.owned.data());
+    t.data = t.owned.data();
   }
-  t.owned.resize(n);
-  ConvertToF32((*info)->type, (*info)->data, n, t.owned.data());
-  t.data = t.owned.data();
+  if (absl::Status s = CheckFinite(file, name, t.data, n); !s.ok()) return s;
   return t;
 }
 

@@ -824,6 +824,11 @@ TEST(SynthQuantTypesTest, ParsesTypeAndMix) {
     EXPECT_EQ(o->mix, c.mix) << c.flag;
     EXPECT_EQ(SynthTypeName(o->type, o->mix), c.flag);
   }
+  // llama.cpp's spelling, upper case, is the same type.
+  absl::StatusOr<SynthModelOptions> upper = ParseSynthModelArgs(ShapeArgs("Q4_K_M", "256", "512"));
+  ASSERT_TRUE(upper.ok()) << upper.status();
+  EXPECT_EQ(upper->type, gguf::TensorType::kQ4_K);
+  EXPECT_EQ(upper->mix, QuantMix::kKQuantM);
 }
 
 // A Q4_K_M model of dim 256, 2 layers (kv dim 128), ff 512, the byte

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 
 #include "engine/gguf/gguf_file.h"
@@ -69,13 +70,13 @@ TEST(QuantLoaderTest, UnsupportedTypesAreRefusedByName) {
                             {11, "Q3_K"},
                             {23, "IQ4_XS"},
                             {34, "TQ1_0"},
-                            {200, "type 200"}}) {
+                            {200, "200, which ggml does not define"}}) {
     std::string bytes = base;
     Put<uint32_t>(bytes, type_at, type);
     const absl::Status s = LoadBytes(bytes, "unsupported");
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr("tensor 'blk.1.attn_q.weight'"));
-    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("type ", name)));
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("tensor type ", name)));
     EXPECT_THAT(s.message(), HasSubstr("Q4_K, Q5_K, Q6_K"));
   }
 }
@@ -136,6 +137,21 @@ TEST(QuantLoaderTest, NonFiniteScalesAreRefusedNamingTensorAndBlock) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("tensor '", c.tensor, "' of type ", c.type,
                                                     " has a non-finite scale in block 5")));
+  }
+}
+
+// Norm weights and biases are F32 vectors: a NaN or infinity there is
+// refused too, naming the tensor and the element.
+TEST(QuantLoaderTest, NonFiniteNormWeightsAreRefused) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::string bytes = ReadShared("kq-tiny-q4_k_m.gguf");
+    const uint64_t at = DataOffset("kq-tiny-q4_k_m.gguf", "blk.0.ffn_norm.weight") + 3 * sizeof(float);
+    Put<float>(bytes, at, bad);
+    const absl::Status s = LoadBytes(bytes, "norm");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(),
+                HasSubstr("tensor 'blk.0.ffn_norm.weight' element 3 is "));
+    EXPECT_THAT(s.message(), HasSubstr("expected a finite value"));
   }
 }
 
