@@ -31,7 +31,8 @@ TARGET_BW_SHARE = 0.5     # batch-1 decode weight GB/s over memcpy GB/s
 
 # GGUF tensor type numbers (ggml.h enum ggml_type), for a weight type
 # passed as a benchmark argument.
-GGUF_TYPES = {0: "F32", 1: "F16", 8: "Q8_0", 30: "BF16"}
+GGUF_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
+              12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
 
 
 def load(path):
@@ -274,8 +275,9 @@ def matmul_runs(runs):
         if not base.startswith("BM_MatMul") or not b.get("GFLOP/s"):
             continue
         out.append((name, a, matmul_weight_type(base, a, b), b))
-    order = {"": 0, "F32": 0, "F16": 1, "BF16": 2, "Q8_0": 3}
-    out.sort(key=lambda r: (order.get(r[2], 4), r[2], r[1].get("N", 0), r[1].get("M", 0), r[1].get("threads", 0)))
+    order = {"": 0, "F32": 0, "F16": 1, "BF16": 2, "Q8_0": 3, "Q4_0": 4, "Q4_K": 5, "Q5_K": 6,
+             "Q6_K": 7}
+    out.sort(key=lambda r: (order.get(r[2], 8), r[2], r[1].get("N", 0), r[1].get("M", 0), r[1].get("threads", 0)))
     return out
 
 
