@@ -66,12 +66,34 @@ struct Avx2Isa {
     const Rows wl = w;  // in locals: every address stays in a register
     const float* xr[R];
     for (int r = 0; r < R; ++r) xr[r] = x + r * in;
-    for (size_t i = 0; i < n8; i += 8) {
-      __m256 xv[R];
-      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xr[r] + i);
-      for (int c = 0; c < C; ++c) {
-        const __m256 wv = wl.Load8(c, i);
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
+    if constexpr (requires { Rows::kGroup; }) {
+      // A quantized source: whole blocks (the loader checks rows are), a
+      // block's scales unpacked once per column, groups of 32 outer and
+      // columns inner (the same per-lane order as the loop below).
+      for (size_t i = 0; i < n8; i += Rows::kBlock) {
+        typename Rows::Context8 ctx[C];
+        for (int c = 0; c < C; ++c) ctx[c] = wl.Prepare8(c, i);
+        for (size_t e = i; e < i + Rows::kBlock; e += 32) {
+          for (int c = 0; c < C; ++c) {
+            __m256 wv[4];
+            wl.LoadGroup8(c, e, ctx[c], wv);
+            for (int k = 0; k < 4; ++k) {
+              for (int r = 0; r < R; ++r) {
+                acc[r][c] =
+                    _mm256_fmadd_ps(wv[k], _mm256_loadu_ps(xr[r] + e + 8 * k), acc[r][c]);
+              }
+            }
+          }
+        }
+      }
+    } else {
+      for (size_t i = 0; i < n8; i += 8) {
+        __m256 xv[R];
+        for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xr[r] + i);
+        for (int c = 0; c < C; ++c) {
+          const __m256 wv = wl.Load8(c, i);
+          for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
+        }
       }
     }
     for (int r = 0; r < R; ++r) {

@@ -142,7 +142,9 @@ struct F16Loads {
 // A quantized type's rows: `Block(c, i)` is the block holding weight i of
 // row o + c. A kind (below, one per type of quant_blocks.h) widens one
 // block's weights, each lane the scalar reference's operations:
-//   Kind::Load8(block, e)         weights [e, e + 8) (AVX2), e % 8 == 0.
+//   Kind::Prepare8(block)         the block's scales as floats (scalar).
+//   Kind::Group8(block, e, ctx, out)  weights [e, e + 32) as 4 vectors of
+//                                 8 (AVX2), e % 32 == 0, ctx = Prepare8.
 //   Kind::Prepare(block)          the block's scales, widened once (AVX-512F).
 //   Kind::Group16(block, e, ctx, out)  weights [e, e + kGroup) as
 //                                 kGroup / 16 vectors (AVX-512F), e % kGroup
@@ -163,17 +165,22 @@ struct BlockLoads {
   float At(int c, size_t i) const {
     return DequantizeOne(Kind::kType, Block(c, i), i % Kind::kBlock);
   }
-  TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
+  // AVX2: the block's scales as floats (Kind::Prepare8), then weights
+  // [i, i + 32) as 4 vectors of 8, i a multiple of 32.
+  using Context8 = typename Kind::Context8;
+  Context8 Prepare8(int c, size_t i) const { return Kind::Prepare8(Block(c, i)); }
+  TANDEM_AVX2 void LoadGroup8(int c, size_t i, const Context8& ctx, __m256 (&out)[4]) const {
     const uint8_t* b = Block(c, i);
-    PrefetchAhead(b, ahead);
-    return Kind::Load8(b, i % Kind::kBlock);
+    const size_t e = i % Kind::kBlock;
+    PrefetchAhead(b + Kind::kBytes * e / Kind::kBlock, ahead);
+    Kind::Group8(b, e, ctx, out);
   }
   // The block of weight i's scales as the kind widens them (once a block
   // and column), for LoadGroup16 over that block.
   using Context = typename Kind::Context;
   TANDEM_AVX512 Context Prepare(int c, size_t i) const { return Kind::Prepare(Block(c, i)); }
   // Weights [i, i + kGroup), i a multiple of kGroup, with ctx =
-  // Prepare(c, i): the same values as Load8 over them. Prefetches the part
+  // Prepare(c, i): the same values as LoadGroup8 over them. Prefetches the part
   // of the block `ahead` bytes on that matches this group's place in it.
   TANDEM_AVX512 void LoadGroup16(int c, size_t i, const Context& ctx,
                                  __m512 (&out)[kGroup / 16]) const {
@@ -217,11 +224,18 @@ TANDEM_AVX512 __m512i AddFifthBit(__m512i idx, __mmask16 bits) {
 struct Q8_0Kind {
   static constexpr gguf::TensorType kType = gguf::TensorType::kQ8_0;
   static constexpr size_t kBlock = 32, kBytes = 34, kGroup = 32;
-  TANDEM_AVX2 static __m256 Load8(const uint8_t* b, size_t e) {
-    int64_t q8;
-    std::memcpy(&q8, b + 2 + e, sizeof q8);
-    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(q8)));
-    return _mm256_mul_ps(q, _mm256_set1_ps(F16Scale(b)));
+  struct Context8 {
+    float d;
+  };
+  static Context8 Prepare8(const uint8_t* b) { return {HalfToFloat(LoadU16(b))}; }
+  TANDEM_AVX2 static void Group8(const uint8_t* b, size_t /*e*/, const Context8& ctx,
+                                 __m256 (&out)[4]) {
+    for (int k = 0; k < 4; ++k) {
+      int64_t q8;
+      std::memcpy(&q8, b + 2 + 8 * k, sizeof q8);
+      const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(q8)));
+      out[k] = _mm256_mul_ps(q, _mm256_set1_ps(ctx.d));
+    }
   }
   using Context = __m512;  // d in every lane
   TANDEM_AVX512 static Context Prepare(const uint8_t* b) { return _mm512_set1_ps(F16Scale(b)); }
@@ -250,13 +264,23 @@ struct LegacyKind {
     if constexpr (kHasQh) std::memcpy(&v, b + kQh, sizeof v);
     return v;
   }
-  TANDEM_AVX2 static __m256 Load8(const uint8_t* b, size_t e) {
-    __m256i q = Nibbles8(b + kQs + e % 16, e >= 16);
-    if constexpr (kHasQh) q = _mm256_or_si256(q, HighBits8(Qh(b), static_cast<int>(e)));
-    if constexpr (kOffset != 0) q = _mm256_sub_epi32(q, _mm256_set1_epi32(kOffset));
-    const __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(F16Scale(b)));
-    if constexpr (kHasMin) return _mm256_add_ps(y, _mm256_set1_ps(F16Scale(b + 2)));
-    return y;
+  struct Context8 {
+    float d, m;
+  };
+  static Context8 Prepare8(const uint8_t* b) {
+    return {HalfToFloat(LoadU16(b)), kHasMin ? HalfToFloat(LoadU16(b + 2)) : 0.0f};
+  }
+  // The block's 32 weights: 8 at a time, weight e from nibble e mod 16.
+  TANDEM_AVX2 static void Group8(const uint8_t* b, size_t /*e*/, const Context8& ctx,
+                                 __m256 (&out)[4]) {
+    const uint32_t qh = Qh(b);
+    for (int k = 0; k < 4; ++k) {
+      __m256i q = Nibbles8(b + kQs + 8 * (k % 2), k >= 2);
+      if constexpr (kHasQh) q = _mm256_or_si256(q, HighBits8(qh, 8 * k));
+      if constexpr (kOffset != 0) q = _mm256_sub_epi32(q, _mm256_set1_epi32(kOffset));
+      out[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(ctx.d));
+      if constexpr (kHasMin) out[k] = _mm256_add_ps(out[k], _mm256_set1_ps(ctx.m));
+    }
   }
   // The block's weight for q = first, first + 1, ... (16 of them).
   TANDEM_AVX512 static __m512 Table(const uint8_t* b, float first) {
@@ -309,15 +333,27 @@ struct KQuant45Kind {
     *d1 = d * static_cast<float>(sc);
     *m1 = dmin * static_cast<float>(m);
   }
-  TANDEM_AVX2 static __m256 Load8(const uint8_t* b, size_t e) {
+  // v[s] = d1, v[8 + s] = m1 of sub-block s.
+  struct Context8 {
+    float v[16];
+  };
+  static Context8 Prepare8(const uint8_t* b) {
+    Context8 ctx;
+    const float d = HalfToFloat(LoadU16(b)), dmin = HalfToFloat(LoadU16(b + 2));
+    for (int s = 0; s < 8; ++s) Scales(b, s, d, dmin, &ctx.v[s], &ctx.v[8 + s]);
+    return ctx;
+  }
+  // Sub-block s = e / 32: (d1 * q) - m1, 8 weights at a time.
+  TANDEM_AVX2 static void Group8(const uint8_t* b, size_t e, const Context8& ctx,
+                                 __m256 (&out)[4]) {
     const int s = static_cast<int>(e / 32);
-    const size_t l = e % 32;
-    float d1, m1;
-    Scales(b, s, F16Scale(b), F16Scale(b + 2), &d1, &m1);
-    __m256i q = Nibbles8(b + kQs + 32 * (e / 64) + l, (s & 1) != 0);
-    if constexpr (kFiveBit) q = _mm256_or_si256(q, Field8(b + 16 + l, s, 1, 4));
-    const __m256 y = _mm256_mul_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(q));
-    return _mm256_sub_ps(y, _mm256_set1_ps(m1));
+    const __m256 d1 = _mm256_set1_ps(ctx.v[s]), m1 = _mm256_set1_ps(ctx.v[8 + s]);
+    const uint8_t* qs = b + kQs + 32 * (e / 64);
+    for (int k = 0; k < 4; ++k) {
+      __m256i q = Nibbles8(qs + 8 * k, (s & 1) != 0);
+      if constexpr (kFiveBit) q = _mm256_or_si256(q, Field8(b + 16 + 8 * k, s, 1, 4));
+      out[k] = _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(q)), m1);
+    }
   }
   // [s] = d1 = d * sc[s] of sub-block s; [8 + s] = m1 = dmin * m[s]. In
   // memory, so that each is broadcast by a load rather than a shuffle.
@@ -383,24 +419,29 @@ using Q5_KKind = KQuant45Kind<gguf::TensorType::kQ5_K, true>;
 struct Q6_KKind {
   static constexpr gguf::TensorType kType = gguf::TensorType::kQ6_K;
   static constexpr size_t kBlock = 256, kBytes = 210;
-  struct Where {
-    const uint8_t* ql;
-    const uint8_t* qh;
-    int ql_shift, qh_shift;
-    float ds;  // d * scale
+  // v[k] = d * scales[k].
+  struct Context8 {
+    float v[16];
   };
-  static Where Locate(const uint8_t* b, size_t e, float d) {
-    const size_t h = e / 128, g = (e % 128) / 32, l = e % 32;
-    const int8_t sc = static_cast<int8_t>(b[192 + 8 * h + 2 * g + l / 16]);
-    return {b + 64 * h + l + 32 * (g & 1), b + 128 + 32 * h + l, static_cast<int>(4 * (g >> 1)),
-            static_cast<int>(2 * g), d * static_cast<float>(sc)};
+  static Context8 Prepare8(const uint8_t* b) {
+    Context8 ctx;
+    const float d = HalfToFloat(LoadU16(b + 208));
+    for (int k = 0; k < 16; ++k) ctx.v[k] = d * static_cast<float>(static_cast<int8_t>(b[192 + k]));
+    return ctx;
   }
-  TANDEM_AVX2 static __m256 Load8(const uint8_t* b, size_t e) {
-    const Where p = Locate(b, e, F16Scale(b + 208));
-    const __m256i q =
-        _mm256_or_si256(Field8(p.ql, p.ql_shift, 0xF, 0), Field8(p.qh, p.qh_shift, 3, 4));
-    const __m256 qf = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(32)));
-    return _mm256_mul_ps(_mm256_set1_ps(p.ds), qf);
+  // Group g of half h: weights 32g + 8k + j of the half, k < 4.
+  TANDEM_AVX2 static void Group8(const uint8_t* b, size_t e, const Context8& ctx,
+                                 __m256 (&out)[4]) {
+    const size_t h = e / 128, g = (e % 128) / 32;
+    const uint8_t* ql = b + 64 * h + 32 * (g & 1);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int ql_shift = static_cast<int>(4 * (g >> 1)), qh_shift = static_cast<int>(2 * g);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q = _mm256_or_si256(Field8(ql + 8 * k, ql_shift, 0xF, 0),
+                                        Field8(qh + 8 * k, qh_shift, 3, 4));
+      const __m256 qf = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(32)));
+      out[k] = _mm256_mul_ps(_mm256_set1_ps(ctx.v[8 * h + 2 * g + k / 2]), qf);
+    }
   }
   // v[k] = d * scales[k] for the 16 scales (in memory: see KQuant45Kind).
   struct Context {

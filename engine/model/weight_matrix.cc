@@ -40,7 +40,18 @@ void ConvertGeneric(gguf::TensorType type, const uint8_t* data, size_t n, float*
 template <typename Source>
 __attribute__((target("avx2,fma,f16c"))) void StoreRow8(const Source& source, size_t n8,
                                                          float* out) {
-  for (size_t i = 0; i < n8; i += 8) _mm256_storeu_ps(out + i, source.Load8(0, i));
+  if constexpr (requires { Source::kGroup; }) {
+    for (size_t i = 0; i < n8; i += Source::kBlock) {  // n is whole blocks
+      const typename Source::Context8 ctx = source.Prepare8(0, i);
+      for (size_t e = i; e < i + Source::kBlock; e += 32) {
+        __m256 v[4];
+        source.LoadGroup8(0, e, ctx, v);
+        for (size_t k = 0; k < 4; ++k) _mm256_storeu_ps(out + e + 8 * k, v[k]);
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n8; i += 8) _mm256_storeu_ps(out + i, source.Load8(0, i));
+  }
 }
 
 template <typename Source>
