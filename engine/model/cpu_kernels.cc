@@ -1,5 +1,6 @@
 #include "engine/model/cpu_kernels.h"
 
+#include "engine/model/quant_loads.h"
 #include "engine/model/weight_loads.h"
 
 #include <atomic>

@@ -1,6 +1,7 @@
 #include "engine/model/weight_matrix.h"
 
 #include "engine/model/quant_blocks.h"
+#include "engine/model/quant_loads.h"
 #include "engine/model/weight_loads.h"
 
 #include <bit>
