@@ -22,20 +22,6 @@ int NearestInt(float f) {
   return static_cast<int>(std::bit_cast<uint32_t>(v) & 0x007fffffu) - 0x00400000;
 }
 
-// binary16 -> binary32, exact (every half is a float). The CLI does not
-// link engine/model, whose HalfToFloat is the same function.
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    const float f = static_cast<float>(mant) * 0x1p-24f;
-    return sign ? -f : f;
-  }
-  const uint32_t e = exp == 31 ? 0xffu : exp + 112;
-  return std::bit_cast<float>(sign | e << 23 | mant << 13);
-}
-
 void StoreHalf(float x, uint8_t* out) {
   const uint16_t h = FloatToHalf(x);
   std::memcpy(out, &h, 2);
@@ -44,7 +30,7 @@ void StoreHalf(float x, uint8_t* out) {
 float LoadHalf(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return HalfToFloat(h);
+  return gguf::HalfToFloat(h);
 }
 
 // ggml's make_qkx2_quants with use_mad = false: levels L[i] in [0, nmax]
@@ -243,29 +229,6 @@ void QuantizeRowKAffine(int bits, const float* x, uint64_t n, uint8_t* out) {
 }
 
 }  // namespace
-
-uint16_t FloatToHalf(float f) {
-  // After F. Giesen's float_to_half_fast3_rtne (public domain).
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  uint32_t h;
-  if (x >= 0x47800000u) {  // >= 65536 (or inf/NaN): inf, NaN stays NaN
-    h = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (x < 0x38800000u) {  // < 2^-14: subnormal or zero
-    // Adding 0.5 aligns the half's subnormal ulp (2^-24) to the float's
-    // last mantissa bit, so the FPU does the round-to-nearest-even.
-    const float magic = std::bit_cast<float>(126u << 23);
-    const float r = std::bit_cast<float>(x) + magic;
-    h = std::bit_cast<uint32_t>(r) - (126u << 23);
-  } else {
-    const uint32_t mant_odd = (x >> 13) & 1u;
-    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias, round
-    x += mant_odd;                                          // ties to even
-    h = x >> 13;  // carries into the exponent (up to inf) as they should
-  }
-  return static_cast<uint16_t>(h | sign);
-}
 
 void QuantizeRowQ8_0(const float* x, uint64_t n, uint8_t* out) {
   for (uint64_t b = 0; b < n / 32; ++b, x += 32, out += 34) {

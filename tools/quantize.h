@@ -23,12 +23,13 @@
 #include <string_view>
 
 #include "engine/gguf/gguf_file.h"
+#include "engine/gguf/half.h"
 
 namespace tandem::cli {
 
-// IEEE 754 binary16 bits of `x`, rounding to nearest even (overflow to
-// infinity, subnormals kept, NaN stays NaN).
-uint16_t FloatToHalf(float x);
+// engine/gguf/half.h's float -> binary16 (round to nearest even), which
+// the quantizers store their scales with.
+using gguf::FloatToHalf;
 
 // Each QuantizeRow* reads n finite floats at `x` (n a multiple of the
 // format's block size) and writes n / block size blocks at `out`.

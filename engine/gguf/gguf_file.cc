@@ -37,8 +37,6 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr uint32_t kVersion = 3;
 constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
-constexpr const char* kSupportedTypeNames =
-    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 constexpr uint32_t kDefaultAlignment = 32;
 
 // GGUF metadata value types (gguf.md, enum gguf_type).
@@ -230,6 +228,15 @@ const TypeTraits* Traits(uint32_t t) {
   return nullptr;
 }
 
+// "F32, F16, Q4_0, ...": the names of kTypes, for error messages.
+std::string SupportedTypeNames() {
+  std::string names;
+  for (const TypeTraits& traits : kTypes) {
+    names.append(names.empty() ? "" : ", ").append(traits.name);
+  }
+  return names;
+}
+
 }  // namespace
 
 bool IsSupportedTensorType(uint32_t t) { return Traits(t) != nullptr; }
@@ -395,7 +402,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
                                    : absl::StrCat(" has ggml tensor type ", name, " (", type,
                                                   "), which Tandem does not read");
       return r.Error(
-          absl::StrCat(field, what, " (supported: ", kSupportedTypeNames, ")"));
+          absl::StrCat(field, what, " (supported: ", SupportedTypeNames(), ")"));
     }
     t.type = static_cast<TensorType>(type);
     const uint64_t block = TensorBlockSize(t.type);

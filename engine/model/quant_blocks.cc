@@ -1,17 +1,8 @@
 #include "engine/model/quant_blocks.h"
 
-#include "engine/model/weight_matrix.h"
 
 namespace tandem::model::internal {
 namespace {
-
-uint16_t U16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-float F16(const uint8_t* p) { return HalfToFloat(U16(p)); }
 
 uint32_t U32(const uint8_t* p) {
   uint32_t v;
@@ -38,7 +29,7 @@ KWeight QK45(const uint8_t* b, size_t e, bool five_bit) {
   const uint8_t* qs = b + (five_bit ? 48 : 16);
   int q = (s % 2 == 0) ? (qs[32 * c + l] & 0xF) : (qs[32 * c + l] >> 4);
   if (five_bit && ((b[16 + l] >> s) & 1) != 0) q += 16;
-  return {F16(b) * sc, F16(b + 2) * m, q};
+  return {LoadF16(b) * sc, LoadF16(b + 2) * m, q};
 }
 
 // Q6_K: weight e < 256's scale index and 6-bit q (0..63).
@@ -50,7 +41,7 @@ void Q6(const uint8_t* b, size_t e, int* scale_index, int* q) {
   *scale_index = static_cast<int>(8 * h + 2 * g + l / 16);
 }
 
-bool NonFiniteF16(const uint8_t* p) { return ((U16(p) >> 10) & 0x1f) == 0x1f; }
+bool NonFiniteF16(const uint8_t* p) { return ((LoadU16(p) >> 10) & 0x1f) == 0x1f; }
 
 }  // namespace
 
@@ -73,15 +64,15 @@ bool IsQuantized(gguf::TensorType type) {
 float DequantizeOne(gguf::TensorType type, const uint8_t* b, size_t e) {
   switch (type) {
     case gguf::TensorType::kQ4_0:
-      return static_cast<float>(LegacyQ(b + 2, 0, false, e) - 8) * F16(b);
+      return static_cast<float>(LegacyQ(b + 2, 0, false, e) - 8) * LoadF16(b);
     case gguf::TensorType::kQ4_1:
-      return static_cast<float>(LegacyQ(b + 4, 0, false, e)) * F16(b) + F16(b + 2);
+      return static_cast<float>(LegacyQ(b + 4, 0, false, e)) * LoadF16(b) + LoadF16(b + 2);
     case gguf::TensorType::kQ5_0:
-      return static_cast<float>(LegacyQ(b + 6, U32(b + 2), true, e) - 16) * F16(b);
+      return static_cast<float>(LegacyQ(b + 6, U32(b + 2), true, e) - 16) * LoadF16(b);
     case gguf::TensorType::kQ5_1:
-      return static_cast<float>(LegacyQ(b + 8, U32(b + 4), true, e)) * F16(b) + F16(b + 2);
+      return static_cast<float>(LegacyQ(b + 8, U32(b + 4), true, e)) * LoadF16(b) + LoadF16(b + 2);
     case gguf::TensorType::kQ8_0:
-      return static_cast<float>(static_cast<int8_t>(b[2 + e])) * F16(b);
+      return static_cast<float>(static_cast<int8_t>(b[2 + e])) * LoadF16(b);
     case gguf::TensorType::kQ4_K:
     case gguf::TensorType::kQ5_K: {
       const KWeight w = QK45(b, e, type == gguf::TensorType::kQ5_K);
@@ -90,7 +81,7 @@ float DequantizeOne(gguf::TensorType type, const uint8_t* b, size_t e) {
     case gguf::TensorType::kQ6_K: {
       int scale_index, q;
       Q6(b, e, &scale_index, &q);
-      const float ds = F16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + scale_index]));
+      const float ds = LoadF16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + scale_index]));
       return ds * static_cast<float>(q - 32);
     }
     default:

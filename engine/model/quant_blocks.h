@@ -41,8 +41,19 @@
 #include <optional>
 
 #include "engine/gguf/gguf_file.h"
+#include "engine/gguf/half.h"
 
 namespace tandem::model::internal {
+
+// The little-endian u16 at p (an f16 scale's bits), unaligned.
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The f16 at p as a float (a block's d, m or dmin).
+inline float LoadF16(const uint8_t* p) { return gguf::HalfToFloat(LoadU16(p)); }
 
 // Whether `type` is one of the block-quantized types above (Q8_0 included).
 bool IsQuantized(gguf::TensorType type);
@@ -59,6 +70,20 @@ inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
     *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// ScaleMinK4 of all 8 sub-blocks at once, on 32-bit words (as ggml's own
+// Q4_K / Q5_K dot products unpack them): the bytes of words[0..1] are
+// sc[0..7], those of words[2..3] m[0..7] (little-endian). `q`: the 12
+// scale bytes.
+inline void ScaleMinWordsK4(const uint8_t* q, uint32_t (&words)[4]) {
+  uint32_t u[3];
+  std::memcpy(u, q, sizeof u);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  words[0] = u[0] & kLow6;
+  words[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  words[2] = u[1] & kLow6;
+  words[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
 }
 
 // Writes the n weights of quantized `type` at `data` (n a multiple of the

@@ -106,7 +106,7 @@ struct Q8_0Kind {
   struct Context8 {
     float d;
   };
-  static Context8 Prepare8(const uint8_t* b) { return {HalfToFloat(LoadU16(b))}; }
+  static Context8 Prepare8(const uint8_t* b) { return {LoadF16(b)}; }
   TANDEM_AVX2 static void Group8(const uint8_t* b, size_t /*e*/, const Context8& ctx,
                                  __m256 (&out)[4]) {
     for (int k = 0; k < 4; ++k) {
@@ -147,7 +147,7 @@ struct LegacyKind {
     float d, m;
   };
   static Context8 Prepare8(const uint8_t* b) {
-    return {HalfToFloat(LoadU16(b)), kHasMin ? HalfToFloat(LoadU16(b + 2)) : 0.0f};
+    return {LoadF16(b), kHasMin ? LoadF16(b + 2) : 0.0f};
   }
   // The block's 32 weights: 8 at a time, weight e from nibble e mod 16.
   TANDEM_AVX2 static void Group8(const uint8_t* b, size_t /*e*/, const Context8& ctx,
@@ -205,21 +205,18 @@ struct KQuant45Kind {
   static constexpr gguf::TensorType kType = kT;
   static constexpr size_t kBlock = 256, kBytes = kFiveBit ? 176 : 144;
   static constexpr size_t kQs = kFiveBit ? 48 : 16;
-  // Sub-block s's d1 = d * sc and m1 = dmin * m.
-  static void Scales(const uint8_t* b, int s, float d, float dmin, float* d1, float* m1) {
-    uint8_t sc, m;
-    ScaleMinK4(s, b + 4, &sc, &m);
-    *d1 = d * static_cast<float>(sc);
-    *m1 = dmin * static_cast<float>(m);
-  }
-  // v[s] = d1, v[8 + s] = m1 of sub-block s.
+  // v[s] = d1 = d * sc[s] of sub-block s, v[8 + s] = m1 = dmin * m[s].
   struct Context8 {
     float v[16];
   };
   static Context8 Prepare8(const uint8_t* b) {
+    uint32_t words[4];
+    ScaleMinWordsK4(b + 4, words);
+    uint8_t scale_min[16];
+    std::memcpy(scale_min, words, sizeof scale_min);
+    const float d = LoadF16(b), dmin = LoadF16(b + 2);
     Context8 ctx;
-    const float d = HalfToFloat(LoadU16(b)), dmin = HalfToFloat(LoadU16(b + 2));
-    for (int s = 0; s < 8; ++s) Scales(b, s, d, dmin, &ctx.v[s], &ctx.v[8 + s]);
+    for (int j = 0; j < 16; ++j) ctx.v[j] = (j < 8 ? d : dmin) * static_cast<float>(scale_min[j]);
     return ctx;
   }
   // Sub-block s = e / 32: (d1 * q) - m1, 8 weights at a time.
@@ -234,23 +231,18 @@ struct KQuant45Kind {
       out[k] = _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(q)), m1);
     }
   }
-  // [s] = d1 = d * sc[s] of sub-block s; [8 + s] = m1 = dmin * m[s]. In
-  // memory, so that each is broadcast by a load rather than a shuffle.
+  // As Context8, aligned: each value is broadcast by a load (BroadcastLoad)
+  // rather than a shuffle.
   struct Context {
     alignas(64) float v[16];
   };
   TANDEM_AVX512 static Context Prepare(const uint8_t* b) {
-    // ScaleMinK4 for all 8 sub-blocks at once on 32-bit words (as ggml's
-    // own Q4_K dot products unpack them): bytes 0..7 of u the scales, 8..15
-    // the mins, in registers.
-    uint32_t u[3];
-    std::memcpy(u, b + 4, sizeof u);
-    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-    const __m128i v = _mm_setr_epi32(
-        static_cast<int>(u[0] & kLow6),
-        static_cast<int>((u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4)),
-        static_cast<int>(u[1] & kLow6),
-        static_cast<int>(((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4)));
+    // The scales and mins as 16 bytes, built in registers (a vector load
+    // of just-stored bytes would stall on store forwarding).
+    uint32_t words[4];
+    ScaleMinWordsK4(b + 4, words);
+    const __m128i v = _mm_setr_epi32(static_cast<int>(words[0]), static_cast<int>(words[1]),
+                                     static_cast<int>(words[2]), static_cast<int>(words[3]));
     const __m512 f = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, v));
     const __m512 dd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(F16Scale(b)),
                                            _mm512_set1_ps(F16Scale(b + 2)));
@@ -304,7 +296,7 @@ struct Q6_KKind {
   };
   static Context8 Prepare8(const uint8_t* b) {
     Context8 ctx;
-    const float d = HalfToFloat(LoadU16(b + 208));
+    const float d = LoadF16(b + 208);
     for (int k = 0; k < 16; ++k) ctx.v[k] = d * static_cast<float>(static_cast<int8_t>(b[192 + k]));
     return ctx;
   }

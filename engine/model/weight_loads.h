@@ -32,12 +32,6 @@
 
 namespace tandem::model::internal {
 
-inline uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 #ifdef TANDEM_WEIGHT_LOADS_X86
 #define TANDEM_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 #define TANDEM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline

@@ -115,18 +115,6 @@ size_t WeightMatrix::RowBytes() const {
   return static_cast<size_t>(gguf::TensorBytes(type, in).value_or(0));
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign != 0 ? -v : v;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
 void ConvertToF32(gguf::TensorType type, const uint8_t* data, size_t n, float* out) {
 #ifdef TANDEM_WEIGHT_LOADS_X86
   if (HasAvx512()) return ConvertAvx512(type, data, n, out);

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "engine/gguf/gguf_file.h"
+#include "engine/gguf/half.h"
 
 namespace tandem::model::internal {
 
@@ -41,9 +42,9 @@ struct WeightMatrix {
   }
 };
 
-// IEEE 754 binary16 -> binary32, exact (subnormals, infinities and NaN
-// payloads included).
-float HalfToFloat(uint16_t h);
+// engine/gguf/half.h's exact binary16 -> binary32, used by the widening
+// code of this folder.
+using gguf::HalfToFloat;
 
 // Writes n elements of `type` starting at `data` (GGUF little-endian bytes,
 // n a multiple of the type's block size, 32 for Q8_0) as floats to `out`.
