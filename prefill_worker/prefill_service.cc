@@ -48,11 +48,11 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
                     reactor->Finish(rpc::ToGrpc(r.status()));
                     return;
                   }
-                  auto* t = response->mutable_first_token();
+                  auto* t = response->add_first_tokens();
                   t->set_index(0);
                   t->set_token_id(r->first_token.token_id);
                   t->set_logprob(r->first_token.logprob);
-                  response->set_finish_reason(FinishReasonToProto(r->finish_reason));
+                  response->add_finish_reasons(FinishReasonToProto(r->finish_reason));
                   response->set_prompt_tokens_computed(r->prompt_tokens_computed);
                   response->set_kv_bytes_sent(r->kv_bytes_sent);
                   reactor->Finish(grpc::Status::OK);

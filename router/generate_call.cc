@@ -111,7 +111,7 @@ void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
   }
   cached_prompt_tokens_ =
       static_cast<uint32_t>(params_.prompt.size()) - resp.prompt_tokens_computed();
-  Deliver(resp.first_token());
+  if (resp.first_tokens_size() > 0) Deliver(resp.first_tokens(0));
 }
 
 void GenerateCall::Run() {
