@@ -239,7 +239,7 @@ class TimingSink : public core::RequestOutput {
   // Every sink of a round holds `shared`, so it outlives the last Finish.
   explicit TimingSink(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   void OnRemotePrefill(const core::RemotePrefillTarget&) override {}
-  void OnToken(uint32_t index, const sampling::SampledToken&, uint32_t) override {
+  void OnToken(uint32_t, uint32_t index, const sampling::SampledToken&, uint32_t) override {
     const Clock::time_point now = Clock::now();
     absl::MutexLock lock(&shared_->mu);
     if (index == 0) {
@@ -249,7 +249,8 @@ class TimingSink : public core::RequestOutput {
     }
     shared_->last_token = std::max(shared_->last_token, now);
   }
-  void OnFinish(const absl::Status& status, core::FinishReason) override {
+  void OnSampleFinish(uint32_t, core::FinishReason) override {}
+  void OnFinish(const absl::Status& status) override {
     absl::MutexLock lock(&shared_->mu);
     ++shared_->finished;
     if (!status.ok()) ++shared_->errors;

@@ -24,24 +24,20 @@ class GrpcDecodeOutput : public core::RequestOutput {
     need->set_attempt(target.attempt);
     sink_->Write(std::move(msg));
   }
-  void OnToken(uint32_t index, const sampling::SampledToken& token,
+  void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override {
     v1::DecodeGenerateResponse msg;
-    auto* t = msg.add_tokens();
-    t->set_index(index);
-    t->set_token_id(token.token_id);
-    t->set_logprob(token.logprob);
+    TokenToProto(sample_index, index, token, msg.add_tokens());
     msg.set_prompt_tokens_computed(prompt_tokens_computed);
     sink_->Write(std::move(msg));
   }
-  void OnFinish(const absl::Status& status, core::FinishReason reason) override {
-    if (status.ok()) {
-      v1::DecodeGenerateResponse msg;
-      msg.set_finish_reason(FinishReasonToProto(reason));
-      sink_->Write(std::move(msg));
-    }
-    sink_->Finish(rpc::ToGrpc(status));
+  void OnSampleFinish(uint32_t sample_index, core::FinishReason reason) override {
+    v1::DecodeGenerateResponse msg;
+    msg.set_sample_index(sample_index);
+    msg.set_finish_reason(FinishReasonToProto(reason));
+    sink_->Write(std::move(msg));
   }
+  void OnFinish(const absl::Status& status) override { sink_->Finish(rpc::ToGrpc(status)); }
 
  private:
   std::shared_ptr<Sink> sink_;
@@ -71,7 +67,8 @@ grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
   req.request_id = id;
   req.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
   req.max_tokens = MaxTokensFromProto(request->max_tokens());
-  req.sampling = SamplingFromProto(request->sampling());
+  req.sampling = SamplingFromProto(request->sampling(), request->controls().logprobs());
+  req.controls = ControlsFromProto(request->controls());
   req.route = *route;
   req.output = std::make_shared<GrpcDecodeOutput>(sink);
   absl::Status submitted = core->Submit(std::move(req));

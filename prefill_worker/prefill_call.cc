@@ -14,22 +14,29 @@ class PrefillOutput : public core::RequestOutput {
   PrefillOutput(std::shared_ptr<const SenderKvExport> kv_export, PrefillDone done)
       : export_(std::move(kv_export)), done_(std::move(done)) {}
   void OnRemotePrefill(const core::RemotePrefillTarget&) override {}  // never: P prefills
-  void OnToken(uint32_t, const sampling::SampledToken& token,
+  void OnToken(uint32_t sample_index, uint32_t, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override {
-    result_.first_token = token;
-    result_.prompt_tokens_computed = prompt_tokens_computed;
+    Slot(sample_index).token = token;
+    if (sample_index == 0) result_.prompt_tokens_computed = prompt_tokens_computed;
   }
-  void OnFinish(const absl::Status& status, core::FinishReason reason) override {
+  void OnSampleFinish(uint32_t sample_index, core::FinishReason reason) override {
+    Slot(sample_index).finish_reason = reason;
+  }
+  void OnFinish(const absl::Status& status) override {
     if (!status.ok()) {
       done_(status);
       return;
     }
-    result_.finish_reason = reason;
     result_.kv_bytes_sent = export_->bytes_sent();
     done_(result_);
   }
 
  private:
+  core::SampleStart& Slot(uint32_t sample_index) {
+    if (result_.samples.size() <= sample_index) result_.samples.resize(sample_index + 1);
+    return result_.samples[sample_index];
+  }
+
   const std::shared_ptr<const SenderKvExport> export_;
   const PrefillDone done_;
   PrefillResult result_;
@@ -53,6 +60,7 @@ void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillReq
   req.prompt = std::move(request.prompt);
   req.max_tokens = request.max_tokens;
   req.sampling = request.sampling;
+  req.controls = std::move(request.controls);
   req.route = core::RouteChoice::kLocal;
   req.output = std::make_shared<PrefillOutput>(kv_export, done);
   req.kv_export = std::move(kv_export);

@@ -25,14 +25,16 @@ struct PrefillRequest {
   std::vector<int32_t> prompt;  // BOS included
   int64_t max_tokens = 1;
   sampling::SamplingOptions sampling;
+  core::GenerationControls controls;
   std::string kv_endpoint;      // D's KV receiver
   uint32_t attempt = 1;
   uint32_t hit_tokens = 0;      // D_hit: send [hit_tokens, L)
 };
 
 struct PrefillResult {
-  sampling::SampledToken first_token;
-  core::FinishReason finish_reason = core::FinishReason::kNone;  // kNone: D decodes on
+  // Token 0 of each sample, in sample order, and why it ends there (kNone:
+  // D decodes on).
+  std::vector<core::SampleStart> samples;
   uint32_t prompt_tokens_computed = 0;
   uint64_t kv_bytes_sent = 0;
 };

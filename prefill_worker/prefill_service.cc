@@ -38,7 +38,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
   req.request_id = request->request_id();
   req.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
   req.max_tokens = MaxTokensFromProto(request->max_tokens());
-  req.sampling = SamplingFromProto(request->sampling());
+  req.sampling = SamplingFromProto(request->sampling(), request->controls().logprobs());
+  req.controls = ControlsFromProto(request->controls());
   req.kv_endpoint = request->kv_target().endpoint();
   req.attempt = request->kv_target().attempt();
   req.hit_tokens = request->kv_target().hit_tokens();
@@ -48,11 +49,12 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
                     reactor->Finish(rpc::ToGrpc(r.status()));
                     return;
                   }
-                  auto* t = response->add_first_tokens();
-                  t->set_index(0);
-                  t->set_token_id(r->first_token.token_id);
-                  t->set_logprob(r->first_token.logprob);
-                  response->add_finish_reasons(FinishReasonToProto(r->finish_reason));
+                  for (size_t s = 0; s < r->samples.size(); ++s) {
+                    TokenToProto(static_cast<uint32_t>(s), 0, r->samples[s].token,
+                                 response->add_first_tokens());
+                    response->add_finish_reasons(
+                        FinishReasonToProto(r->samples[s].finish_reason));
+                  }
                   response->set_prompt_tokens_computed(r->prompt_tokens_computed);
                   response->set_kv_bytes_sent(r->kv_bytes_sent);
                   reactor->Finish(grpc::Status::OK);

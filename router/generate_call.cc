@@ -1,5 +1,6 @@
 #include "router/generate_call.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -31,12 +32,18 @@ GenerateCall::GenerateCall(Params params, const WorkerRegistry* registry,
     : params_(std::move(params)),
       registry_(registry),
       tokenizer_(tokenizer),
-      sink_(std::move(sink)),
-      decoder_(*tokenizer) {
+      sink_(std::move(sink)) {
   decode_ctx_.set_deadline(params_.deadline);
   prefill_ctx_.set_deadline(std::min(
       params_.deadline,
       std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms)));
+  const v1::GenerateRequest& request = params_.request;
+  const StopStringMatcher stops({request.stop().begin(), request.stop().end()},
+                                request.include_stop_str_in_output());
+  const uint32_t n = request.has_n() ? request.n() : 1;
+  absl::MutexLock lock(&mu_);
+  for (uint32_t s = 0; s < n; ++s) samples_.emplace_back(*tokenizer_, stops);
+  samples_left_ = n;
 }
 
 void GenerateCall::Cancel() {
@@ -62,7 +69,7 @@ void GenerateCall::EmitHeader() {
   msg.set_client_request_id(params_.request.client_request_id());
   msg.set_route(route_);
   msg.set_prefill_worker(prefill_name_);
-  msg.set_decode_worker(decode_name_);
+  msg.set_decode_worker(decode_ == nullptr ? "" : decode_->name);
   msg.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
   msg.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
   msg.set_seed(params_.request.sampling().seed());
@@ -70,20 +77,116 @@ void GenerateCall::EmitHeader() {
 }
 
 void GenerateCall::Deliver(const v1::TokenOutput& token) {
-  if (token.index() < next_index_) return;  // duplicate
-  pending_[token.index()] = token;
+  const uint32_t s = token.sample_index();
+  if (s >= samples_.size()) return;  // never sent by a worker of this build
+  SampleStream& sample = samples_[s];
+  if (sample.done || token.index() < sample.next_index) return;  // ended, or a duplicate
+  sample.pending[token.index()] = token;
   v1::GenerateResponse msg;
-  while (!pending_.empty() && pending_.begin()->first == next_index_) {
-    const v1::TokenOutput& t = pending_.begin()->second;
+  msg.set_sample_index(s);
+  const int64_t min_tokens = params_.request.min_tokens();
+  while (!sample.pending.empty() && sample.pending.begin()->first == sample.next_index) {
+    const v1::TokenOutput& t = sample.pending.begin()->second;
     *msg.add_tokens() = t;
-    msg.mutable_text()->append(decoder_.Push(t.token_id()));
-    pending_.erase(pending_.begin());
-    ++next_index_;
+    sample.last_token = t.token_id();
+    // vLLM checks stop strings once the output holds min_tokens tokens.
+    const bool check = static_cast<int64_t>(t.index()) + 1 >= min_tokens;
+    StopPush pushed = sample.matcher.Push(sample.decoder.Push(t.token_id()), check);
+    sample.pending.erase(sample.pending.begin());
+    ++sample.next_index;
+    if (pushed.stopped()) {
+      EmitHeader();
+      msg.set_completion_tokens(sample.next_index);
+      msg.mutable_text()->append(pushed.text);
+      v1::StopReason reason;
+      reason.set_text(sample.matcher.stops()[pushed.stop_index]);
+      // Tokens after the match never reach the client.
+      sample.pending.clear();
+      if (samples_.size() > 1 && samples_left_ > 1 && decode_ != nullptr) {
+        // Free the sample's KV on D now; the others go on.
+        struct CancelCall {
+          grpc::ClientContext context;
+          v1::CancelSampleRequest request;
+          v1::CancelSampleResponse response;
+        };
+        auto call = std::make_shared<CancelCall>();
+        call->context.set_deadline(params_.deadline);
+        call->request.set_request_id(params_.request_id);
+        call->request.set_sample_index(s);
+        decode_->decode_stub->async()->CancelSample(
+            &call->context, &call->request, &call->response,
+            [call, worker = decode_](grpc::Status) {});
+      }
+      EndSample(s, std::move(*msg.mutable_text()), v1::FINISH_STOP, &reason, &msg);
+      return;
+    }
+    msg.mutable_text()->append(pushed.text);
   }
   if (msg.tokens_size() > 0) {
     EmitHeader();
-    msg.set_completion_tokens(next_index_);
+    msg.set_completion_tokens(sample.next_index);
     sink_->Write(std::move(msg));
+  }
+  MaybeEndSample(s);
+}
+
+void GenerateCall::SampleFinished(uint32_t s, v1::FinishReason reason) {
+  if (s >= samples_.size() || samples_[s].done) return;
+  samples_[s].finish = reason;
+  MaybeEndSample(s);
+}
+
+void GenerateCall::MaybeEndSample(uint32_t s) {
+  SampleStream& sample = samples_[s];
+  // D reports a sample's end after its tokens; only a remote token 0 (from
+  // P's reply) may still be on its way.
+  if (sample.done || sample.finish == v1::FINISH_NONE || !sample.pending.empty() ||
+      sample.next_index == 0) {
+    return;
+  }
+  const int64_t min_tokens = params_.request.min_tokens();
+  StopPush pushed = sample.matcher.Push(sample.decoder.Flush(),
+                                        static_cast<int64_t>(sample.next_index) >= min_tokens);
+  v1::StopReason reason;
+  if (pushed.stopped()) {
+    reason.set_text(sample.matcher.stops()[pushed.stop_index]);
+    EndSample(s, std::move(pushed.text), v1::FINISH_STOP, &reason, nullptr);
+    return;
+  }
+  std::string text = std::move(pushed.text) + sample.matcher.Flush();
+  const v1::GenerateRequest& request = params_.request;
+  const std::vector<int32_t>& eog = tokenizer_->eog_ids();
+  const bool eog_stop = !request.ignore_eos() &&
+                        std::find(eog.begin(), eog.end(), sample.last_token) != eog.end();
+  const auto& stop_ids = request.stop_token_ids();
+  if (sample.finish == v1::FINISH_STOP && !eog_stop &&
+      std::find(stop_ids.begin(), stop_ids.end(), sample.last_token) != stop_ids.end()) {
+    reason.set_token_id(sample.last_token);  // as vLLM: an EOS stop has no stop_reason
+    EndSample(s, std::move(text), sample.finish, &reason, nullptr);
+    return;
+  }
+  EndSample(s, std::move(text), sample.finish, nullptr, nullptr);
+}
+
+void GenerateCall::EndSample(uint32_t s, std::string text, v1::FinishReason reason,
+                             const v1::StopReason* stop_reason, v1::GenerateResponse* with) {
+  SampleStream& sample = samples_[s];
+  sample.done = true;
+  EmitHeader();
+  v1::GenerateResponse last;
+  if (with != nullptr) last = std::move(*with);  // the tokens of this push
+  last.set_sample_index(s);
+  last.set_text(std::move(text));
+  last.set_finish_reason(reason);
+  if (stop_reason != nullptr) *last.mutable_stop_reason() = *stop_reason;
+  last.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
+  last.set_completion_tokens(sample.next_index);
+  last.set_cached_prompt_tokens(cached_prompt_tokens_);
+  sink_->Write(std::move(last));
+  if (--samples_left_ == 0) {
+    // Nothing more to stream: stop whatever the workers still do for it.
+    decode_ctx_.TryCancel();
+    prefill_ctx_.TryCancel();
   }
 }
 
@@ -95,6 +198,7 @@ void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
   req.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
   req.set_max_tokens(params_.request.max_tokens());
   *req.mutable_sampling() = params_.request.sampling();
+  *req.mutable_controls() = params_.controls;
   auto* target = req.mutable_kv_target();
   target->set_endpoint(need.kv_endpoint());
   target->set_request_id(params_.request_id);
@@ -104,6 +208,7 @@ void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
   grpc::Status s = prefill->prefill_stub->Prefill(&prefill_ctx_, req, &resp);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
+    if (samples_left_ == 0) return;  // cancelled because every sample had ended
     prefill_error_ = grpc::Status(s.error_code(), absl::StrCat("prefill worker ", prefill->name,
                                                                ": ", s.error_message()));
     decode_ctx_.TryCancel();
@@ -111,7 +216,7 @@ void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
   }
   cached_prompt_tokens_ =
       static_cast<uint32_t>(params_.prompt.size()) - resp.prompt_tokens_computed();
-  if (resp.first_tokens_size() > 0) Deliver(resp.first_tokens(0));
+  for (const v1::TokenOutput& t : resp.first_tokens()) Deliver(t);
 }
 
 void GenerateCall::Run() {
@@ -123,7 +228,7 @@ void GenerateCall::Run() {
   ActiveGuard active(decode, this);
   {
     absl::MutexLock lock(&mu_);
-    decode_name_ = decode->name;
+    decode_ = decode;
     if (cancelled_) {
       sink_->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled"));
       return;
@@ -135,10 +240,10 @@ void GenerateCall::Run() {
   dreq.set_max_tokens(params_.request.max_tokens());
   *dreq.mutable_sampling() = params_.request.sampling();
   dreq.set_route_override(params_.request.route_override());
+  *dreq.mutable_controls() = params_.controls;
   auto reader = decode->decode_stub->Generate(&decode_ctx_, dreq);
 
   std::thread prefill_thread;
-  v1::FinishReason finish = v1::FINISH_NONE;
   v1::DecodeGenerateResponse msg;
   grpc::Status prefill_pick_error;
   while (reader->Read(&msg)) {
@@ -162,13 +267,13 @@ void GenerateCall::Run() {
     }
     absl::MutexLock lock(&mu_);
     for (const v1::TokenOutput& t : msg.tokens()) {
-      if (t.index() == 0 && route_ == "local") {
+      if (t.index() == 0 && t.sample_index() == 0 && route_ == "local") {
         cached_prompt_tokens_ =
             static_cast<uint32_t>(params_.prompt.size()) - msg.prompt_tokens_computed();
       }
       Deliver(t);
     }
-    if (msg.finish_reason() != v1::FINISH_NONE) finish = msg.finish_reason();
+    if (msg.finish_reason() != v1::FINISH_NONE) SampleFinished(msg.sample_index(), msg.finish_reason());
   }
   grpc::Status status = reader->Finish();
   if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
@@ -178,32 +283,34 @@ void GenerateCall::Run() {
   if (prefill_thread.joinable()) prefill_thread.join();
 
   absl::MutexLock lock(&mu_);
+  if (samples_left_ == 0 && !cancelled_) {
+    // Every sample ended (the cancel that followed is ours).
+    sink_->Finish(grpc::Status::OK);
+    return;
+  }
   if (!prefill_pick_error.ok()) status = prefill_pick_error;
   if (!prefill_error_.ok() && (status.ok() || status.error_code() == grpc::StatusCode::CANCELLED)) {
     status = prefill_error_;
   }
   if (!lost_error_.ok()) status = lost_error_;
   if (cancelled_) status = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
-  if (status.ok() && !pending_.empty()) {
-    status = grpc::Status(grpc::StatusCode::INTERNAL,
-                          absl::StrCat("token index ", next_index_, " never arrived"));
-  }
-  if (!status.ok()) {
-    if (status.error_code() != grpc::StatusCode::CANCELLED) {
-      rpc::Log(absl::StrCat("request ", params_.request_id, " failed: ", status.error_message()));
+  if (status.ok()) {
+    for (size_t s = 0; s < samples_.size(); ++s) {
+      if (samples_[s].done) continue;
+      status = grpc::Status(
+          grpc::StatusCode::INTERNAL,
+          absl::StrCat("sample ", s, ": ",
+                       samples_[s].finish == v1::FINISH_NONE
+                           ? "the decode worker reported no end"
+                           : absl::StrCat("token index ", samples_[s].next_index,
+                                          " never arrived")));
+      break;
     }
-    sink_->Finish(status);
-    return;
   }
-  EmitHeader();
-  v1::GenerateResponse last;
-  last.set_text(decoder_.Flush());
-  last.set_finish_reason(finish);
-  last.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
-  last.set_completion_tokens(next_index_);
-  last.set_cached_prompt_tokens(cached_prompt_tokens_);
-  sink_->Write(std::move(last));
-  sink_->Finish(grpc::Status::OK);
+  if (status.error_code() != grpc::StatusCode::CANCELLED) {
+    rpc::Log(absl::StrCat("request ", params_.request_id, " failed: ", status.error_message()));
+  }
+  sink_->Finish(status);
 }
 
 }  // namespace tandem::router

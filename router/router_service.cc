@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/server/proto_convert.h"
 #include "common/server/status_util.h"
@@ -13,6 +14,36 @@
 
 namespace tandem::router {
 namespace {
+
+// GenerateRequest.stop: at most 16 strings of 1..256 bytes (their UTF-8 is
+// checked when the request is parsed).
+absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
+  constexpr size_t kMaxStopStrings = 16;
+  constexpr size_t kMaxStopBytes = 256;
+  if (stops.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stops.size()));
+  }
+  for (size_t i = 0; i < stops.size(); ++i) {
+    if (stops[i].empty() || stops[i].size() > kMaxStopBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must be 1 to ",
+                                                     kMaxStopBytes, " bytes, got ",
+                                                     stops[i].size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The engine's part of a public request (n unset -> 1).
+v1::EngineControls ControlsOf(const v1::GenerateRequest& request) {
+  v1::EngineControls c;
+  c.mutable_stop_token_ids()->CopyFrom(request.stop_token_ids());
+  c.set_ignore_eos(request.ignore_eos());
+  c.set_min_tokens(request.min_tokens());
+  c.set_logprobs(request.logprobs());
+  c.set_n(request.has_n() ? request.n() : 1);
+  return c;
+}
 
 // 128 random bits as 32 hex digits (DESIGN.md: the router mints request ids).
 std::string MintRequestId(absl::BitGen& gen) {
@@ -43,7 +74,14 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
   }
   const model::LlamaConfig& config = model_->model->config();
   absl::Status s = core::ValidateGeneration(*prompt, request.max_tokens(), config.context_length,
-                                      config.vocab_size, SamplingFromProto(request.sampling()));
+                                            config.vocab_size,
+                                            SamplingFromProto(request.sampling(), request.logprobs()));
+  if (!s.ok()) return s;
+  s = ValidateStopStrings({request.stop().begin(), request.stop().end()});
+  if (!s.ok()) return s;
+  const core::GenerationControls controls = ControlsFromProto(ControlsOf(request));
+  s = core::ValidateControls(request.has_n() ? int64_t{request.n()} : 1, controls.min_tokens,
+                             request.max_tokens(), controls.stop_token_ids, config.vocab_size);
   if (!s.ok()) return s;
   return prompt;
 }
@@ -79,6 +117,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
     }
   }
   params.prompt = std::move(*prompt);
+  params.controls = ControlsOf(*request);
   // A client without a deadline still gets one: no call waits forever.
   const auto max_deadline = std::chrono::system_clock::now() + std::chrono::hours(1);
   params.deadline = std::min(context->deadline(), max_deadline);

@@ -3,6 +3,7 @@
 #ifndef TANDEM_COMMON_SERVER_PROTO_CONVERT_H_
 #define TANDEM_COMMON_SERVER_PROTO_CONVERT_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -10,6 +11,7 @@
 #include "engine/core/request.h"
 #include "engine/sampling/sampler.h"
 #include "tandem/v1/common.pb.h"
+#include "tandem/v1/worker.pb.h"
 
 namespace tandem {
 
@@ -37,14 +39,50 @@ inline absl::StatusOr<core::RouteChoice> RouteFromProto(int route) {
   return static_cast<core::RouteChoice>(route);
 }
 
-// Unset top_p means 1 (off). Range checks happen in sampling::Validate.
-inline sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) {
+// Unset top_p and repetition_penalty mean 1 (off); logit_bias is sorted by
+// id; `logprobs` is the request's top-n (GenerateRequest.logprobs or
+// EngineControls.logprobs). Range checks happen in sampling::Validate.
+inline sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p,
+                                                   uint32_t logprobs) {
   sampling::SamplingOptions o;
   o.temperature = p.temperature();
   o.top_k = p.top_k();
   o.top_p = p.has_top_p() ? p.top_p() : 1.0f;
   o.seed = p.seed();
+  o.min_p = p.min_p();
+  o.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  o.presence_penalty = p.presence_penalty();
+  o.frequency_penalty = p.frequency_penalty();
+  o.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(o.logit_bias.begin(), o.logit_bias.end());
+  // Kept whole (clamped, not wrapped) so an error names a too-large value.
+  o.top_logprobs = static_cast<int32_t>(std::min<uint32_t>(logprobs, 1u << 30));
   return o;
+}
+
+// The generation controls of an engine request from the wire (n = 0 is
+// read as 1; ranges are checked by core::ValidateControls).
+inline core::GenerationControls ControlsFromProto(const v1::EngineControls& c) {
+  core::GenerationControls out;
+  out.stop_token_ids.assign(c.stop_token_ids().begin(), c.stop_token_ids().end());
+  out.ignore_eos = c.ignore_eos();
+  out.min_tokens = c.min_tokens();
+  out.n = c.n() == 0 ? 1 : static_cast<int32_t>(std::min<uint32_t>(c.n(), 1u << 30));
+  return out;
+}
+
+// One sampled token on the wire, with its top-n alternatives.
+inline void TokenToProto(uint32_t sample_index, uint32_t index,
+                         const sampling::SampledToken& token, v1::TokenOutput* out) {
+  out->set_sample_index(sample_index);
+  out->set_index(index);
+  out->set_token_id(token.token_id);
+  out->set_logprob(token.logprob);
+  for (const sampling::TokenLogprob& t : token.top_logprobs) {
+    v1::TopLogprob* top = out->add_top_logprobs();
+    top->set_token_id(t.id);
+    top->set_logprob(t.logprob);
+  }
 }
 
 // max_tokens from the wire, kept whole so an error names the value sent

@@ -25,14 +25,22 @@ scheduler::SchedulerOptions WithLoader(scheduler::SchedulerOptions options, bool
 }  // namespace
 
 struct EngineCore::Request {
-  EngineRequest req;
-  int64_t seq_id = 0;  // the scheduler's and KV manager's key
+  EngineRequest req;  // controls.stop_token_ids sorted and unique
   std::shared_ptr<CancelFlag> cancelled;
-  int32_t num_generated = 0;      // output indices produced so far
+  std::vector<sampling::SamplingOptions> sampling;  // per sample (its seed)
+  std::vector<int64_t> seq_ids;        // per sample: its live sequence, 0 if none
+  std::vector<bool> sample_done;       // per sample: finished
+  std::vector<bool> cancel_requested;  // per sample: CancelSample before token 0
+  int32_t samples_left = 0;            // samples not finished
   bool export_open = false;       // kv_export: Open succeeded, not closed yet
   bool cached_rows_sent = false;  // kv_export: rows from the prefix cache went out
   absl::Status export_error;      // kv_export: first failure
   absl::Status abort_status;      // why a request aborted while loading ends
+
+  RequestStops stops() const {
+    return RequestStops{req.controls.stop_token_ids, req.controls.ignore_eos,
+                        req.controls.min_tokens, req.max_tokens};
+  }
 };
 
 EngineCore::EngineCore(const EngineCoreOptions& options,
@@ -64,6 +72,11 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   absl::Status valid = ValidateGeneration(request.prompt, request.max_tokens,
                                           config.context_length, config.vocab_size,
                                           request.sampling);
+  if (valid.ok()) {
+    const GenerationControls& c = request.controls;
+    valid = ValidateControls(c.n, c.min_tokens, request.max_tokens, c.stop_token_ids,
+                             config.vocab_size);
+  }
   if (!valid.ok()) return valid;
   const bool exports = request.kv_export != nullptr;
   if (request.route == RouteChoice::kRemote && (loader_ == nullptr || exports)) {
@@ -74,7 +87,8 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
   // The most KV this request can hold here: every token but the last sampled
   // one; a prefill-only request holds its prompt; a remote prefill reserves
-  // token 0's slot too.
+  // token 0's slot too. Samples 1.. share the full prompt blocks and hold
+  // the rest of their tokens each.
   // (Validated: prompt + max_tokens fits the context length, an int32.)
   int32_t kv_tokens =
       exports ? prompt_len : prompt_len + static_cast<int32_t>(request.max_tokens) - 1;
@@ -82,15 +96,35 @@ absl::Status EngineCore::Submit(EngineRequest request) {
     kv_tokens = std::max(kv_tokens, prompt_len + 1);
   }
   const int32_t block_size = backend_->kv_storage().shape().block_size;
-  const int32_t blocks = kv::BlocksForTokens(kv_tokens, block_size);
+  int64_t blocks = kv::BlocksForTokens(kv_tokens, block_size);
+  if (!exports && request.controls.n > 1) {
+    const int32_t shared = prompt_len / block_size;
+    blocks = shared + request.controls.n * static_cast<int64_t>(kv::BlocksForTokens(
+                                       kv_tokens - shared * block_size, block_size));
+  }
   if (blocks > pool_.num_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "request needs up to ", blocks, " KV blocks (", kv_tokens, " tokens) but the ",
+        "request needs up to ", blocks, " KV blocks (", kv_tokens, " tokens",
+        request.controls.n > 1 ? absl::StrCat(" x ", request.controls.n, " samples") : "", ") but the ",
         options_.worker_label, "'s pool has only ", pool_.num_blocks()));
   }
   auto r = std::make_unique<Request>();
   r->cancelled = std::make_shared<CancelFlag>(false);
   r->req = std::move(request);
+  r->req.controls.stop_token_ids = SortedUnique(std::move(r->req.controls.stop_token_ids));
+  const size_t n = static_cast<size_t>(r->req.controls.n);
+  sampling::SamplingOptions options = r->req.sampling;
+  options.min_tokens = static_cast<int32_t>(r->req.controls.min_tokens);
+  options.min_tokens_masked_ids =
+      MinTokensMaskedIds(stop_, r->req.controls.stop_token_ids, r->req.controls.ignore_eos);
+  for (size_t s = 0; s < n; ++s) {
+    r->sampling.push_back(options);
+    r->sampling.back().seed = sampling::SampleSeed(options.seed, static_cast<uint32_t>(s));
+  }
+  r->seq_ids.assign(n, 0);
+  r->sample_done.assign(n, false);
+  r->cancel_requested.assign(n, false);
+  r->samples_left = static_cast<int32_t>(n);
   absl::MutexLock lock(&mu_);
   if (stop_requested_) {
     return absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"));
@@ -112,6 +146,13 @@ void EngineCore::Cancel(const std::string& request_id) {
   if (it == live_.end()) return;
   it->second->store(true);
   inbox_cancel_.push_back(request_id);
+  cv_.Signal();
+}
+
+void EngineCore::CancelSample(const std::string& request_id, uint32_t sample_index) {
+  absl::MutexLock lock(&mu_);
+  if (live_.count(request_id) == 0) return;
+  inbox_cancel_sample_.emplace_back(request_id, sample_index);
   cv_.Signal();
 }
 
@@ -145,25 +186,28 @@ void EngineCore::Loop() {
   for (;;) {
     std::vector<std::unique_ptr<Request>> arrivals;
     std::vector<std::string> cancels;
+    std::vector<std::pair<std::string, uint32_t>> sample_cancels;
     std::vector<RemoteDone> dones;
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
       while (!stop_requested_ && inbox_new_.empty() && inbox_cancel_.empty() &&
-             inbox_done_.empty() && !pending) {
+             inbox_cancel_sample_.empty() && inbox_done_.empty() && !pending) {
         cv_.Wait(&mu_);
       }
       arrivals.swap(inbox_new_);
       cancels.swap(inbox_cancel_);
+      sample_cancels.swap(inbox_cancel_sample_);
       dones.swap(inbox_done_);
       stopping = stop_requested_;
     }
     for (auto& r : arrivals) Arrive(std::move(r));
     for (RemoteDone& done : dones) HandleRemoteDone(std::move(done));
     for (const std::string& id : cancels) Abort(id, absl::CancelledError("request cancelled"));
+    for (const auto& [id, sample] : sample_cancels) AbortSample(id, sample);
     if (stopping) {
       std::vector<std::string> ids;
-      for (const auto& [id, seq_id] : seq_ids_) ids.push_back(id);
+      for (const auto& [id, request] : requests_) ids.push_back(id);
       const absl::Status unavailable =
           absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"));
       for (const std::string& id : ids) Abort(id, unavailable);
@@ -179,19 +223,20 @@ void EngineCore::Loop() {
 
 void EngineCore::Arrive(std::unique_ptr<Request> request) {
   Request& r = *request;
-  r.seq_id = next_seq_id_++;
-  seq_ids_[r.req.request_id] = r.seq_id;
+  const int64_t seq_id = next_seq_id_++;
+  r.seq_ids[0] = seq_id;
+  samples_[seq_id] = Sample{&r, 0, 0};
   const bool exports = r.req.kv_export != nullptr;
   scheduler::SeqState s;
-  s.id = r.seq_id;
+  s.id = seq_id;
   s.tokens = r.req.prompt;
   s.num_prompt_tokens = static_cast<int32_t>(r.req.prompt.size());
   s.route = exports ? RouteChoice::kLocal : r.req.route;
   // A prefill-only request's KV is already on the wire: never recompute it.
   s.preemptible = !exports;
   scheduler_.Add(std::move(s));
-  const int64_t seq_id = r.seq_id;
-  requests_.emplace(seq_id, std::move(request));
+  const std::string id = r.req.request_id;
+  requests_.emplace(id, std::move(request));
   if (!exports) return;
   if (r.cancelled->load()) {
     // Cancelled (or shutting down) before it got here: the Abort that
@@ -201,7 +246,7 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
   }
   absl::Status open = r.req.kv_export->Open(r.cancelled);
   if (!open.ok()) {
-    Finish(seq_id, open, FinishReason::kNone);
+    EndRequest(id, open);
     return;
   }
   r.export_open = true;
@@ -210,7 +255,7 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
 }
 
 void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
-  Request& r = *requests_.at(start.id);
+  Request& r = *samples_.at(start.id).request;
   const int64_t seq_id = start.id;
   absl::StatusOr<RemotePrefillTarget> target = loader_->StartLoad(
       r.req.request_id, start.hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
@@ -221,77 +266,143 @@ void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
         cv_.Signal();
       });
   if (!target.ok()) {
-    Finish(seq_id, target.status(), FinishReason::kNone);
+    EndRequest(r.req.request_id, target.status());
     return;
   }
   r.req.output->OnRemotePrefill(*target);
 }
 
 void EngineCore::HandleRemoteDone(RemoteDone done) {
-  auto it = requests_.find(done.seq_id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
+  auto it = samples_.find(done.seq_id);
+  if (it == samples_.end()) return;
+  Sample& sample = it->second;
+  Request& r = *sample.request;
+  const std::string id = r.req.request_id;
   const scheduler::SeqState* s = scheduler_.Find(done.seq_id);
   if (s->status == SeqStatus::kAbortingRemoteKv) {
-    Finish(done.seq_id, r.abort_status, FinishReason::kCancelled);
+    EndRequest(id, r.abort_status);
     return;
   }
   if (!done.status.ok()) {
     // conditional.on_prefill_failure: fail (DESIGN.md, failures).
-    Finish(done.seq_id,
-           absl::UnavailableError(
-               absl::StrCat("remote prefill failed: ", done.status.ToString())),
-           FinishReason::kNone);
+    EndRequest(id, absl::UnavailableError(
+                       absl::StrCat("remote prefill failed: ", done.status.ToString())));
     return;
   }
-  const int32_t token = done.result.first_token.token_id;
-  if (token < 0 || token >= backend_->config().vocab_size) {
-    Finish(done.seq_id,
-           absl::DataLossError(absl::StrCat("remote prefill returned token id ", token,
-                                            " outside the vocabulary")),
-           FinishReason::kNone);
+  std::vector<SampleStart>& starts = done.result.samples;
+  if (starts.size() != r.sampling.size()) {
+    EndRequest(id, absl::DataLossError(absl::StrCat("remote prefill returned ", starts.size(),
+                                                    " first tokens for n = ",
+                                                    r.sampling.size())));
     return;
   }
-  // Token 0 was streamed by the router from the prefill worker's reply.
-  r.num_generated = 1;
-  scheduler_.FinishRemoteKv(done.seq_id, token);
-  FinishReason reason = done.result.finish_reason;
-  if (reason == FinishReason::kNone) {
-    reason = CheckStop(stop_, token, r.num_generated, r.req.max_tokens,
-                       static_cast<int32_t>(r.req.prompt.size()) + 1);
+  const int32_t sequence_tokens = static_cast<int32_t>(r.req.prompt.size()) + 1;
+  for (SampleStart& start : starts) {
+    const int32_t token = start.token.token_id;
+    if (token < 0 || token >= backend_->config().vocab_size) {
+      EndRequest(id, absl::DataLossError(absl::StrCat("remote prefill returned token id ", token,
+                                                      " outside the vocabulary")));
+      return;
+    }
+    if (start.finish_reason == FinishReason::kNone) {
+      start.finish_reason = CheckStop(stop_, r.stops(), token, 1, sequence_tokens);
+    }
   }
-  if (reason != FinishReason::kNone) Finish(done.seq_id, absl::OkStatus(), reason);
+  // Token 0 of every sample was streamed by the router from the prefill
+  // worker's reply.
+  sample.num_generated = 1;
+  scheduler_.FinishRemoteKv(done.seq_id, starts[0].token.token_id);
+  std::vector<Ending> endings;
+  StartSamples(r, done.seq_id, starts, &endings);
+  for (const Ending& e : endings) FinishSample(e.request_id, e.sample_index, e.reason);
+}
+
+void EngineCore::StartSamples(Request& r, int64_t parent, const std::vector<SampleStart>& starts,
+                              std::vector<Ending>* endings) {
+  const std::string& id = r.req.request_id;
+  for (size_t s = 0; s < starts.size(); ++s) {
+    const uint32_t index = static_cast<uint32_t>(s);
+    FinishReason reason = starts[s].finish_reason;
+    if (r.cancel_requested[s]) reason = FinishReason::kCancelled;
+    if (reason != FinishReason::kNone) {
+      endings->push_back(Ending{id, index, reason, absl::OkStatus()});
+      continue;
+    }
+    if (s == 0) continue;  // the parent itself
+    const int64_t seq_id = next_seq_id_++;
+    scheduler_.Fork(parent, seq_id, starts[s].token.token_id);
+    r.seq_ids[s] = seq_id;
+    samples_[seq_id] = Sample{&r, index, 1};
+  }
 }
 
 void EngineCore::Abort(const std::string& request_id, const absl::Status& status) {
-  auto id = seq_ids_.find(request_id);
-  if (id == seq_ids_.end()) return;
-  const int64_t seq_id = id->second;
-  const scheduler::SeqState* s = scheduler_.Find(seq_id);
-  switch (s->status) {
-    case SeqStatus::kWaitingForRemoteKv:
-      // RECEIVING -> ABORTING: the blocks are freed once the load has
-      // quiesced and its done arrives (HandleRemoteDone).
-      scheduler_.AbortRemoteKv(seq_id);
-      requests_.at(seq_id)->abort_status = status;
-      loader_->CancelLoad(request_id);
-      return;
-    case SeqStatus::kAbortingRemoteKv:
-      return;
-    case SeqStatus::kWaiting:
-    case SeqStatus::kRunning:
-      Finish(seq_id, status, FinishReason::kCancelled);
-      return;
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  const int64_t seq0 = r.seq_ids[0];
+  const scheduler::SeqState* s = seq0 == 0 ? nullptr : scheduler_.Find(seq0);
+  if (s != nullptr && s->status == SeqStatus::kWaitingForRemoteKv) {
+    // RECEIVING -> ABORTING: the blocks are freed once the load has
+    // quiesced and its done arrives (HandleRemoteDone).
+    scheduler_.AbortRemoteKv(seq0);
+    r.abort_status = status;
+    loader_->CancelLoad(request_id);
+    return;
   }
+  if (s != nullptr && s->status == SeqStatus::kAbortingRemoteKv) return;
+  EndRequest(request_id, status);
 }
 
-void EngineCore::Finish(int64_t seq_id, const absl::Status& status, FinishReason reason) {
-  auto it = requests_.find(seq_id);
+void EngineCore::AbortSample(const std::string& request_id, uint32_t sample_index) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (sample_index >= r.sampling.size() || r.sample_done[sample_index]) return;
+  const int64_t seq_id = r.seq_ids[sample_index];
+  if (seq_id == 0 || samples_.at(seq_id).num_generated == 0) {
+    r.cancel_requested[sample_index] = true;  // ends once its token 0 is drawn
+    return;
+  }
+  FinishSample(request_id, sample_index, FinishReason::kCancelled);
+}
+
+void EngineCore::FinishSample(const std::string& request_id, uint32_t sample_index,
+                              FinishReason reason) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (r.sample_done[sample_index]) return;
+  r.sample_done[sample_index] = true;
+  if (--r.samples_left == 0) {
+    const Ending last{request_id, sample_index, reason, absl::OkStatus()};
+    EndRequest(request_id, absl::OkStatus(), &last);
+    return;
+  }
+  int64_t& seq_id = r.seq_ids[sample_index];
+  if (seq_id != 0) {
+    scheduler_.Remove(seq_id);  // frees its blocks (shared ones stay with the others)
+    samples_.erase(seq_id);
+    seq_id = 0;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    UpdateKvStats();
+  }
+  r.req.output->OnSampleFinish(sample_index, reason);
+}
+
+void EngineCore::EndRequest(const std::string& request_id, const absl::Status& status,
+                            const Ending* last) {
+  auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
   std::unique_ptr<Request> r = std::move(it->second);
   requests_.erase(it);
-  seq_ids_.erase(r->req.request_id);
-  scheduler_.Remove(seq_id);  // frees its blocks (full ones stay cached)
+  for (int64_t seq_id : r->seq_ids) {
+    if (seq_id == 0) continue;
+    scheduler_.Remove(seq_id);  // frees its blocks (full ones stay cached)
+    samples_.erase(seq_id);
+  }
   uint64_t bytes_sent = 0;
   if (r->req.kv_export != nullptr) {
     r->req.kv_export->Close();
@@ -307,10 +418,12 @@ void EngineCore::Finish(int64_t seq_id, const absl::Status& status, FinishReason
   }
   // The output hears last, so whoever reacts to OnFinish sees the blocks
   // freed in GetStats() and may reuse the request id.
-  r->req.output->OnFinish(status, reason);
+  if (last != nullptr) r->req.output->OnSampleFinish(last->sample_index, last->reason);
+  r->req.output->OnFinish(status);
 }
 
-void EngineCore::ExportRows(Request& r, int32_t layer, int32_t from, int32_t to) {
+void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from,
+                            int32_t to) {
   if (!r.export_error.ok() || from >= to) return;
   if (r.cancelled->load()) {
     r.export_error = absl::CancelledError("request cancelled");
@@ -320,7 +433,7 @@ void EngineCore::ExportRows(Request& r, int32_t layer, int32_t from, int32_t to)
   const size_t n = static_cast<size_t>(to - from) * storage.row_bytes();
   k_rows_.resize(n);
   v_rows_.resize(n);
-  storage.ReadTokens(kv_.BlockTable(r.seq_id), layer, from, to - from, k_rows_.data(),
+  storage.ReadTokens(kv_.BlockTable(seq_id), layer, from, to - from, k_rows_.data(),
                      v_rows_.data());
   r.export_error = r.req.kv_export->SendLayer(layer, from, to - from, k_rows_.data(),
                                               v_rows_.data());
@@ -344,9 +457,10 @@ void EngineCore::Execute(const scheduler::StepPlan& plan) {
   const int32_t n_layers = backend_->config().n_layers;
   bool any_export = false;
   entries_.clear();
-  entry_requests_.clear();
+  entry_samples_.clear();
   for (const scheduler::ScheduledChunk& chunk : plan.chunks) {
-    Request& r = *requests_.at(chunk.id);
+    Sample& sample = samples_.at(chunk.id);
+    Request& r = *sample.request;
     const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
     if (r.req.kv_export != nullptr) {
       any_export = true;
@@ -355,7 +469,7 @@ void EngineCore::Execute(const scheduler::StepPlan& plan) {
         // [D_hit, hit) come from cached blocks (DESIGN.md, step 5).
         r.cached_rows_sent = true;
         for (int32_t layer = 0; layer < n_layers; ++layer) {
-          ExportRows(r, layer, r.req.kv_export->first_token_to_send(), chunk.start);
+          ExportRows(r, chunk.id, layer, r.req.kv_export->first_token_to_send(), chunk.start);
         }
       }
     }
@@ -364,36 +478,65 @@ void EngineCore::Execute(const scheduler::StepPlan& plan) {
                                             static_cast<size_t>(chunk.count));
     entry.start_pos = chunk.start;
     entry.block_table = &kv_.BlockTable(chunk.id);
-    entry.sampling = chunk.samples ? &r.req.sampling : nullptr;
+    if (chunk.samples) {
+      entry.sampling = &r.sampling[sample.index];
+      const std::span<const int32_t> tokens(s.tokens);
+      entry.history.prompt = tokens.first(static_cast<size_t>(s.num_prompt_tokens));
+      entry.history.generated = tokens.subspan(static_cast<size_t>(s.num_prompt_tokens));
+    }
     entries_.push_back(entry);
-    entry_requests_.push_back(&r);
+    entry_samples_.push_back(&sample);
   }
   // Per-layer hook: ship [max(start, D_hit), end) of each exporting chunk
   // as soon as that layer is written.
-  const backend::LayerHook hook = [this](size_t entry, int32_t layer, int32_t start,
-                                         int32_t count) {
-    Request& r = *entry_requests_[entry];
+  const backend::LayerHook hook = [this, &plan](size_t entry, int32_t layer, int32_t start,
+                                                int32_t count) {
+    Request& r = *entry_samples_[entry]->request;
     if (r.req.kv_export == nullptr) return;
-    ExportRows(r, layer, std::max(start, r.req.kv_export->first_token_to_send()),
-               start + count);
+    ExportRows(r, plan.chunks[entry].id, layer,
+               std::max(start, r.req.kv_export->first_token_to_send()), start + count);
   };
   backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
 }
 
+std::vector<SampleStart> EngineCore::DrawFirstTokens(Request& r,
+                                                     const sampling::SamplingView& view,
+                                                     uint32_t prompt_computed, bool stream) {
+  // Every sample's token 0 comes from sample 0's view: the processed row
+  // depends on the prompt only, and the draw on the sample's seed.
+  const int32_t sequence_tokens = static_cast<int32_t>(r.req.prompt.size()) + 1;
+  std::vector<SampleStart> starts(r.sampling.size());
+  for (size_t s = 0; s < starts.size(); ++s) {
+    starts[s].token = sampling::SampleFromView(view, r.sampling[s], 0);
+    starts[s].finish_reason =
+        CheckStop(stop_, r.stops(), starts[s].token.token_id, 1, sequence_tokens);
+  }
+  if (stream) {
+    for (size_t s = 0; s < starts.size(); ++s) {
+      r.req.output->OnToken(static_cast<uint32_t>(s), 0, starts[s].token,
+                            s == 0 ? prompt_computed : 0);
+    }
+  }
+  return starts;
+}
+
 void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
-  struct Finished {
-    int64_t seq_id;
-    absl::Status status;
-    FinishReason reason;
+  struct Fork {
+    std::string request_id;
+    int64_t parent;
+    std::vector<SampleStart> starts;
   };
   std::vector<int32_t> sampled;
-  std::vector<Finished> finished;
+  std::vector<Ending> endings;
+  std::vector<Fork> forks;
   uint64_t prefill_tokens = 0;
   uint32_t num_decode = 0;
   size_t view = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const scheduler::ScheduledChunk& chunk = plan.chunks[i];
-    Request& r = *entry_requests_[i];
+    Sample& sample = *entry_samples_[i];
+    Request& r = *sample.request;
+    const std::string& id = r.req.request_id;
     const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
     if (chunk.start >= s.num_prompt_tokens && chunk.count == 1) {
       ++num_decode;
@@ -401,39 +544,51 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
       prefill_tokens += static_cast<uint64_t>(chunk.count);
     }
     if (!chunk.samples) {
+      if (!r.export_error.ok()) endings.push_back({id, 0, FinishReason::kNone, r.export_error});
+      continue;
+    }
+    const sampling::SamplingView& row = views_[view++];
+    const uint32_t prompt_computed =
+        sample.num_generated == 0
+            ? static_cast<uint32_t>(s.num_prompt_tokens - s.num_cached_prompt_tokens)
+            : 0;
+    if (r.req.kv_export != nullptr) {
+      // Prefill-only: the request ends with the samples' token 0 here;
+      // kNone tells the decode worker to go on.
+      std::vector<SampleStart> starts = DrawFirstTokens(r, row, prompt_computed, false);
+      sampled.push_back(starts[0].token.token_id);
+      if (r.export_error.ok()) r.export_error = r.req.kv_export->Finish(starts);
       if (!r.export_error.ok()) {
-        finished.push_back({chunk.id, r.export_error, FinishReason::kNone});
+        endings.push_back({id, 0, FinishReason::kNone, r.export_error});
+        continue;
       }
+      for (size_t k = 0; k < starts.size(); ++k) {
+        r.req.output->OnToken(static_cast<uint32_t>(k), 0, starts[k].token,
+                              k == 0 ? prompt_computed : 0);
+        endings.push_back({id, static_cast<uint32_t>(k), starts[k].finish_reason,
+                           absl::OkStatus()});
+      }
+      continue;
+    }
+    if (sample.num_generated == 0 && r.sampling.size() > 1) {
+      // Sample 0's token 0 of an n > 1 request: draw all n, fork after
+      // the step (the parent's prompt is then computed).
+      std::vector<SampleStart> starts = DrawFirstTokens(r, row, prompt_computed, true);
+      sampled.push_back(starts[0].token.token_id);
+      sample.num_generated = 1;
+      forks.push_back(Fork{id, chunk.id, std::move(starts)});
       continue;
     }
     // A sequence recomputing after preemption reaches the end of its known
     // tokens again: its next output index continues where it stopped.
-    const sampling::SampledToken t = sampling::SampleFromView(
-        views_[view++], r.req.sampling, static_cast<uint32_t>(r.num_generated));
+    const uint32_t index = static_cast<uint32_t>(sample.num_generated++);
+    const sampling::SampledToken t = sampling::SampleFromView(row, r.sampling[sample.index], index);
     sampled.push_back(t.token_id);
-    const uint32_t prompt_computed =
-        r.num_generated == 0
-            ? static_cast<uint32_t>(s.num_prompt_tokens - s.num_cached_prompt_tokens)
-            : 0;
-    const uint32_t index = static_cast<uint32_t>(r.num_generated++);
-    const FinishReason reason =
-        CheckStop(stop_, t.token_id, r.num_generated, r.req.max_tokens,
-                  static_cast<int32_t>(s.tokens.size()) + 1);
-    if (r.req.kv_export != nullptr) {
-      // Prefill-only: the request ends with token 0 here; kNone tells the
-      // decode worker to go on.
-      if (r.export_error.ok()) r.export_error = r.req.kv_export->Finish(t, reason);
-      if (!r.export_error.ok()) {
-        finished.push_back({chunk.id, r.export_error, FinishReason::kNone});
-        continue;
-      }
-      r.req.output->OnToken(index, t, prompt_computed);
-      finished.push_back({chunk.id, absl::OkStatus(), reason});
-      continue;
-    }
-    r.req.output->OnToken(index, t, prompt_computed);
+    r.req.output->OnToken(sample.index, index, t, prompt_computed);
+    const FinishReason reason = CheckStop(stop_, r.stops(), t.token_id, sample.num_generated,
+                                          static_cast<int32_t>(s.tokens.size()) + 1);
     if (reason != FinishReason::kNone) {
-      finished.push_back({chunk.id, absl::OkStatus(), reason});
+      endings.push_back({id, sample.index, reason, absl::OkStatus()});
     }
   }
   scheduler_.OnStepDone(plan, sampled);  // publishes completed blocks
@@ -443,7 +598,17 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
     stats_.decode_tokens_total += num_decode;
     stats_.max_decode_batch_size = std::max(stats_.max_decode_batch_size, num_decode);
   }
-  for (const Finished& f : finished) Finish(f.seq_id, f.status, f.reason);
+  for (const Fork& f : forks) {
+    auto it = requests_.find(f.request_id);
+    if (it != requests_.end()) StartSamples(*it->second, f.parent, f.starts, &endings);
+  }
+  for (const Ending& e : endings) {
+    if (e.status.ok()) {
+      FinishSample(e.request_id, e.sample_index, e.reason);
+    } else {
+      EndRequest(e.request_id, e.status);
+    }
+  }
 }
 
 }  // namespace tandem::core

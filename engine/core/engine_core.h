@@ -25,6 +25,13 @@
 // A remote prefill's token 0 comes from the prefill worker (the router
 // streams it); this core streams from index 1 and computes token 0's K/V
 // in its first decode step.
+//
+// n > 1 (parallel sampling): sample 0 is the request's one sequence until
+// its token 0 is drawn; then n tokens are drawn from that one view (sample
+// s with seed sampling::SampleSeed(seed, s)) and samples 1.. are forked
+// (Scheduler::Fork: full prompt blocks shared, the partial last block
+// recomputed). A prefill-only request draws the n tokens and sends them
+// all in FINAL; the decode worker forks when the KV arrives.
 #ifndef TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 #define TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 
@@ -33,6 +40,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,10 +104,15 @@ class EngineCore {
   // fit the pool; ALREADY_EXISTS for a live request id; UNAVAILABLE after
   // Shutdown.
   absl::Status Submit(EngineRequest request);
-  // Ends the request with CANCELLED (FinishReason::kCancelled) and frees
-  // its blocks once nothing writes into them; a running KvExport gives up
-  // at its next layer. Unknown ids are ignored.
+  // Ends the request with CANCELLED and frees its blocks once nothing
+  // writes into them; a running KvExport gives up at its next layer.
+  // Unknown ids are ignored.
   void Cancel(const std::string& request_id);
+  // Ends one sample of a request with FinishReason::kCancelled (its blocks
+  // freed, the other samples untouched; the request ends OK when its last
+  // sample does). A sample whose token 0 is not drawn yet ends right after
+  // it is. Unknown ids, indices >= n and finished samples are ignored.
+  void CancelSample(const std::string& request_id, uint32_t sample_index);
   // Ends every request with UNAVAILABLE and refuses new ones.
   void Shutdown();
 
@@ -110,10 +123,23 @@ class EngineCore {
 
  private:
   struct Request;
+  // One sequence: sample `index` of `request`.
+  struct Sample {
+    Request* request = nullptr;
+    uint32_t index = 0;
+    int32_t num_generated = 0;  // output indices produced so far
+  };
   struct RemoteDone {
     int64_t seq_id;
     absl::Status status;
     RemotePrefillResult result;
+  };
+  // A sample that ends after this step (`status` not OK: the request does).
+  struct Ending {
+    std::string request_id;
+    uint32_t sample_index;
+    FinishReason reason;
+    absl::Status status;
   };
 
   void Loop();
@@ -121,18 +147,33 @@ class EngineCore {
   void Arrive(std::unique_ptr<Request> request);
   void HandleRemoteDone(RemoteDone done);
   void Abort(const std::string& request_id, const absl::Status& status);
+  void AbortSample(const std::string& request_id, uint32_t sample_index);
   // schedule -> execute -> update from output. Returns whether the step
   // changed anything (see StepPlan::progress).
   bool Step();
   // Runs the backend forward over the plan's chunks (exporting KV of
   // prefill-only requests as it goes); views_ holds the sampled rows.
   void Execute(const scheduler::StepPlan& plan);
-  // Samples, streams, checks stops, tells the scheduler, finishes.
+  // Samples, streams, checks stops, tells the scheduler, forks, finishes.
   void UpdateFromOutput(const scheduler::StepPlan& plan);
+  // Token 0 of every sample of `r` from one view (sample s: draw with its
+  // own seed), stop-checked, streamed unless `stream` is false.
+  std::vector<SampleStart> DrawFirstTokens(Request& r, const sampling::SamplingView& view,
+                                           uint32_t prompt_computed, bool stream);
+  // Forks samples 1.. of `r` from sequence `parent` (token 0 drawn, its
+  // prompt computed) and queues in *endings every sample that ends with
+  // its token 0 (or was cancelled before it).
+  void StartSamples(Request& r, int64_t parent, const std::vector<SampleStart>& starts,
+                    std::vector<Ending>* endings);
   void StartRemoteLoad(const scheduler::RemoteKvStart& start);
   // Sends K/V of tokens [from, to) of `layer` through the request's export.
-  void ExportRows(Request& r, int32_t layer, int32_t from, int32_t to);
-  void Finish(int64_t seq_id, const absl::Status& status, FinishReason reason);
+  void ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to);
+  // Ends one sample; the request ends (OK) with its last one.
+  void FinishSample(const std::string& request_id, uint32_t sample_index, FinishReason reason);
+  // Ends the request: frees every sequence left, then tells the output
+  // (OnSampleFinish for `last`, if given, then OnFinish(status)).
+  void EndRequest(const std::string& request_id, const absl::Status& status,
+                  const Ending* last = nullptr);
   void UpdateKvStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Const after construction.
@@ -146,10 +187,10 @@ class EngineCore {
   kv::KvCacheManager kv_;
   scheduler::Scheduler scheduler_;
   int64_t next_seq_id_ = 1;
-  std::map<int64_t, std::unique_ptr<Request>> requests_;  // by seq id
-  std::map<std::string, int64_t> seq_ids_;                // request id -> seq id
+  std::map<std::string, std::unique_ptr<Request>> requests_;  // by request id
+  std::map<int64_t, Sample> samples_;                         // by seq id
   std::vector<backend::ForwardEntry> entries_;   // this step's batch
-  std::vector<Request*> entry_requests_;          // the request of each entry
+  std::vector<Sample*> entry_samples_;           // the sample of each entry
   std::vector<sampling::SamplingView> views_;     // one per sampled entry
   std::vector<char> k_rows_, v_rows_;
 
@@ -158,6 +199,7 @@ class EngineCore {
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Request>> inbox_new_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> inbox_cancel_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, uint32_t>> inbox_cancel_sample_ ABSL_GUARDED_BY(mu_);
   std::vector<RemoteDone> inbox_done_ ABSL_GUARDED_BY(mu_);
   // Live request ids and their cancel flags.
   std::map<std::string, std::shared_ptr<CancelFlag>> live_ ABSL_GUARDED_BY(mu_);

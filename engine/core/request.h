@@ -41,22 +41,37 @@ struct RemotePrefillTarget {
   uint32_t attempt = 1;
 };
 
-// Results of one request, in this order: [OnRemotePrefill] OnToken*
-// OnFinish (exactly once).
+// Most samples per request (EngineRequest::n), as the public API's n.
+inline constexpr int32_t kMaxSamples = 16;
+
+// Token 0 of one sample and why the sample ends with it (kNone: it goes on).
+struct SampleStart {
+  sampling::SampledToken token;
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// Results of one request, in this order: [OnRemotePrefill], then for each
+// sample (interleaved across samples) OnToken* and at most one
+// OnSampleFinish, then OnFinish (exactly once).
 class RequestOutput {
  public:
   virtual ~RequestOutput() = default;
   // The prompt waits for a remote prefill (never called for requests whose
   // prompt is prefilled here).
   virtual void OnRemotePrefill(const RemotePrefillTarget& target) = 0;
-  // Output token `index` (0-based). prompt_tokens_computed: prompt tokens
-  // this worker prefilled, on the first token it streams (else 0).
-  virtual void OnToken(uint32_t index, const sampling::SampledToken& token,
+  // Output token `index` (0-based) of sample `sample_index`.
+  // prompt_tokens_computed: prompt tokens this worker prefilled, on the
+  // first token sample 0 streams (else 0).
+  virtual void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
                        uint32_t prompt_tokens_computed) = 0;
-  // OK with the reason, or the error that ended the request. Called after
-  // the request's KV blocks and id are released (a new request may reuse
-  // the id at once).
-  virtual void OnFinish(const absl::Status& status, FinishReason reason) = 0;
+  // Sample `sample_index` ended with `reason` (kCancelled after
+  // EngineCore::CancelSample). Every sample of a request that ends OK gets
+  // exactly one; none follow an error.
+  virtual void OnSampleFinish(uint32_t sample_index, FinishReason reason) = 0;
+  // OK once every sample has finished, or the error that ended the request
+  // (CANCELLED, UNAVAILABLE, ...). Called after the request's KV blocks and
+  // id are released (a new request may reuse the id at once).
+  virtual void OnFinish(const absl::Status& status) = 0;
 };
 
 // Set from any thread when a request is cancelled or the core shuts down;
@@ -82,21 +97,20 @@ class KvExport {
   // the step (no later call but Close).
   virtual absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
                                  const char* k, const char* v) = 0;
-  // Token 0 and why generation ends with it (kNone: the receiver decodes on).
-  virtual absl::Status Finish(const sampling::SampledToken& first_token,
-                              FinishReason reason) = 0;
+  // Token 0 of every sample, in sample order, and why each ends with it
+  // (kNone: the receiver decodes on).
+  virtual absl::Status Finish(const std::vector<SampleStart>& samples) = 0;
   // Ends the transfer (after Finish, or early on any failure or cancel).
   virtual void Close() = 0;
   // K+V payload bytes sent so far.
   virtual uint64_t bytes_sent() const = 0;
 };
 
-// What a remote prefill delivers besides the KV: token 0 (sampled by the
-// prefill worker), why generation ends with it (kNone: decode on), and the
-// prefill worker's bit-exact class.
+// What a remote prefill delivers besides the KV: token 0 of every sample
+// (sampled by the prefill worker, in sample order) with why each ends with
+// it (kNone: decode on), and the prefill worker's bit-exact class.
 struct RemotePrefillResult {
-  sampling::SampledToken first_token{};
-  FinishReason finish_reason = FinishReason::kNone;
+  std::vector<SampleStart> samples;
   std::string peer_bit_exact_class;
 };
 
@@ -125,12 +139,32 @@ class RemoteKvLoader {
   virtual uint64_t bytes_received_total() const = 0;
 };
 
+// Generation controls (tandem.v1.GenerateRequest documents each; vLLM's
+// semantics).
+struct GenerationControls {
+  // Ids that end a sample once min_tokens are generated (any order).
+  std::vector<int32_t> stop_token_ids;
+  // The model's end-of-generation ids neither stop nor are masked.
+  bool ignore_eos = false;
+  // Stop ids and (unless ignore_eos) end-of-generation ids are masked, and
+  // stop checks skipped, until this many tokens are generated; <= max_tokens.
+  int64_t min_tokens = 0;
+  // Samples of the prompt, 1..kMaxSamples. Samples 1.. are forked from
+  // sample 0 when its token 0 is drawn: they share its full prompt blocks
+  // and recompute the partial last block (scheduler::Scheduler::Fork).
+  int32_t n = 1;
+};
+
 // One request for the engine core.
 struct EngineRequest {
   std::string request_id;
   std::vector<int32_t> prompt;  // BOS included; L = prompt.size()
   int64_t max_tokens = 1;       // >= 1; prompt + max_tokens <= context length
+  // Sampling options of sample 0 (top_logprobs = the request's logprobs;
+  // the core fills min_tokens and min_tokens_masked_ids from the fields
+  // below, and gives sample s the seed sampling::SampleSeed(seed, s)).
   sampling::SamplingOptions sampling;
+  GenerationControls controls;
   // Where the prompt is prefilled: kRemote needs a RemoteKvLoader.
   RouteChoice route = RouteChoice::kAuto;
   std::shared_ptr<RequestOutput> output;  // required

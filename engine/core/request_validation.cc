@@ -33,4 +33,28 @@ absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tok
   return sampling::Validate(sampling);
 }
 
+absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
+                              std::span<const int32_t> stop_token_ids, int32_t vocab_size) {
+  if (n < 1 || n > kMaxSamples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", kMaxSamples, "], got ", n));
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_tokens: must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
+  }
+  if (stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ", kMaxStopTokenIds,
+                                                   " ids, got ", stop_token_ids.size()));
+  }
+  for (size_t i = 0; i < stop_token_ids.size(); ++i) {
+    if (stop_token_ids[i] < 0 || stop_token_ids[i] >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids[", i, "]: token id ", stop_token_ids[i],
+                       " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::core

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "absl/status/status.h"
+#include "engine/core/request.h"
 #include "engine/sampling/sampler.h"
 
 namespace tandem::core {
@@ -20,6 +21,16 @@ namespace tandem::core {
 absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
                                 int32_t context_length, int32_t vocab_size,
                                 const sampling::SamplingOptions& sampling);
+
+// Most stop_token_ids per request.
+inline constexpr size_t kMaxStopTokenIds = 256;
+
+// INVALID_ARGUMENT naming the field and the limit when: n is outside
+// [1, kMaxSamples] ("n"); min_tokens is negative or above max_tokens
+// ("min_tokens"); stop_token_ids holds more than kMaxStopTokenIds ids or an
+// id outside [0, vocab_size) ("stop_token_ids[i]").
+absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
+                              std::span<const int32_t> stop_token_ids, int32_t vocab_size);
 
 }  // namespace tandem::core
 

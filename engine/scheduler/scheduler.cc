@@ -69,6 +69,39 @@ void Scheduler::FinishRemoteKv(int64_t id, int32_t first_token) {
   InsertRunning(id);
 }
 
+void Scheduler::Fork(int64_t parent_id, int64_t child_id, int32_t first_token) {
+  const SeqState& parent = seqs_.at(parent_id);
+  if (seqs_.count(child_id) != 0 || parent.num_computed < parent.num_prompt_tokens) std::abort();
+  SeqState child;
+  child.id = child_id;
+  child.tokens.assign(parent.tokens.begin(), parent.tokens.begin() + parent.num_prompt_tokens);
+  child.tokens.push_back(first_token);
+  child.num_prompt_tokens = parent.num_prompt_tokens;
+  child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens;
+  child.route = RouteChoice::kLocal;
+  child.preemptible = true;
+  child.status = SeqStatus::kWaiting;
+  child.arrival = parent.arrival;
+  const int32_t bs = kv_->block_size();
+  kv::PrefixHit shared;
+  shared.num_tokens = parent.num_prompt_tokens / bs * bs;
+  const std::vector<int32_t>& table = kv_->BlockTable(parent_id);
+  shared.blocks.assign(table.begin(), table.begin() + shared.num_tokens / bs);
+  // Nothing to share (a prompt shorter than a block): the child is admitted
+  // like any waiting sequence.
+  if (shared.num_tokens > 0) kv_->StartSequence(child_id, shared);
+  child.num_computed = shared.num_tokens;
+  seqs_.emplace(child_id, std::move(child));
+  // Children of one fork keep their order at the head of the queue
+  // (a waiting sequence with computed tokens is a forked child).
+  size_t pos = 0;
+  while (pos < waiting_.size() && seqs_.at(waiting_[pos]).num_computed > 0 &&
+         seqs_.at(waiting_[pos]).arrival <= parent.arrival) {
+    ++pos;
+  }
+  waiting_.insert(waiting_.begin() + static_cast<std::ptrdiff_t>(pos), child_id);
+}
+
 void Scheduler::AbortRemoteKv(int64_t id) {
   auto it = seqs_.find(id);
   if (it != seqs_.end() && it->second.status == SeqStatus::kWaitingForRemoteKv) {
@@ -110,9 +143,30 @@ bool Scheduler::AllocateOrPreempt(SeqState& seq, int32_t num_tokens, StepPlan* p
   return true;
 }
 
+bool Scheduler::AdmitForked(SeqState& seq, StepPlan* plan) {
+  const int32_t budget = options_.max_num_batched_tokens;
+  if (running_.size() >= static_cast<size_t>(options_.max_num_seqs) ||
+      plan->num_batched_tokens >= budget) {
+    return false;
+  }
+  const int32_t len = static_cast<int32_t>(seq.tokens.size());
+  const int32_t count = std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
+                                  budget - plan->num_batched_tokens});
+  // On failure the child keeps its shared blocks and waits (FCFS).
+  if (!kv_->AllocateSlots(seq.id, seq.num_computed + count)) return false;
+  waiting_.pop_front();
+  InsertRunning(seq.id);
+  plan->chunks.push_back(
+      ScheduledChunk{seq.id, seq.num_computed, count, seq.num_computed + count == len});
+  plan->num_batched_tokens += count;
+  return true;
+}
+
 bool Scheduler::AdmitHead(StepPlan* plan) {
   const int64_t id = waiting_.front();
   SeqState& seq = seqs_.at(id);
+  // A forked sample (Fork) holds its shared prompt blocks while it waits.
+  if (seq.num_computed > 0) return AdmitForked(seq, plan);
   const int32_t budget = options_.max_num_batched_tokens;
   const bool has_slot = running_.size() < static_cast<size_t>(options_.max_num_seqs) &&
                         plan->num_batched_tokens < budget;

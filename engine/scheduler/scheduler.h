@@ -141,6 +141,18 @@ class Scheduler {
   // `first_token` (sampled by the prefill worker); the next step decodes.
   // Other states: a caller bug (aborts).
   void FinishRemoteKv(int64_t id, int32_t first_token);
+  // Starts sequence `child_id` as another sample of `parent_id`'s prompt
+  // (parallel sampling, n > 1): its tokens are the parent's prompt then
+  // `first_token`; it shares the parent's full prompt blocks (one more
+  // reference each, no copy, whether or not prefix caching is on) and
+  // recomputes the rest of the prompt (the partial last block, at most
+  // block_size - 1 tokens) plus first_token's K/V when admitted. It
+  // queues at the head of the waiting queue (after children forked before
+  // it) with the parent's arrival, so it is admitted before anything that
+  // arrived later. The parent must have computed its whole prompt
+  // (kRunning after its first sample, or right after FinishRemoteKv);
+  // otherwise, or for a live child_id, aborts (caller bug).
+  void Fork(int64_t parent_id, int64_t child_id, int32_t first_token);
   // kWaitingForRemoteKv -> kAbortingRemoteKv (the engine has cancelled the
   // transfer and calls Remove once it quiesced). Other states: no-op.
   void AbortRemoteKv(int64_t id);
@@ -160,13 +172,17 @@ class Scheduler {
   // Admits the waiting head if it can be; false when it must wait (the
   // queue stops there).
   bool AdmitHead(StepPlan* plan);
+  // AdmitHead for a forked sample, which holds its shared blocks already.
+  bool AdmitForked(SeqState& seq, StepPlan* plan);
   void InsertRunning(int64_t id);
 
   const SchedulerOptions options_;
   kv::KvCacheManager* const kv_;
   uint64_t next_arrival_ = 0;
   std::map<int64_t, SeqState> seqs_;
-  std::deque<int64_t> waiting_;    // FCFS; preempted go to the front
+  // FCFS; preempted and forked sequences go to the front. A waiting
+  // sequence with num_computed > 0 is a forked child holding shared blocks.
+  std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;   // arrival order, oldest first
 };
 

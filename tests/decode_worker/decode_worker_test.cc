@@ -191,13 +191,13 @@ TEST_F(DecodeWorkerTest, AutoRoutingAtThresholdThenRealPrefillEngine) {
   auto p_result = p_done.Wait();
   ASSERT_TRUE(p_result.has_value());
   ASSERT_TRUE(p_result->ok()) << p_result->status();
-  EXPECT_EQ((*p_result)->first_token.token_id, remote.generated[0]);
-  EXPECT_EQ((*p_result)->finish_reason, FinishReason::kNone);
+  EXPECT_EQ((*p_result)->samples.at(0).token.token_id, remote.generated[0]);
+  EXPECT_EQ((*p_result)->samples.at(0).finish_reason, FinishReason::kNone);
 
   ASSERT_TRUE(sink->WaitFinish());
   EXPECT_EQ(sink->token_indices(), Indices(1, 32));
   std::vector<int32_t> ids = sink->token_ids();
-  ids.insert(ids.begin(), (*p_result)->first_token.token_id);
+  ids.insert(ids.begin(), (*p_result)->samples.at(0).token.token_id);
   EXPECT_EQ(Prefix(ids, remote.strict), Prefix(remote.generated, remote.strict));
   ExpectFinishedOk(*sink, FinishReason::kLength);
   CoreStats stats = engine->GetStats();

@@ -133,17 +133,17 @@ TEST_F(PrefillWorkerTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
     auto result = done.Wait();
     ASSERT_TRUE(result.has_value());
     ASSERT_TRUE(result->ok()) << result->status();
-    EXPECT_EQ((*result)->first_token.token_id, c.generated[0]);
-    EXPECT_EQ((*result)->finish_reason, FinishReason::kNone);
+    EXPECT_EQ((*result)->samples.at(0).token.token_id, c.generated[0]);
+    EXPECT_EQ((*result)->samples.at(0).finish_reason, FinishReason::kNone);
     EXPECT_EQ((*result)->prompt_tokens_computed, len);
     EXPECT_EQ((*result)->kv_bytes_sent, StoriesKvBytes(len));
 
     ASSERT_TRUE(r->done.Wait());
     ASSERT_TRUE(r->done.status().ok()) << r->done.status();
     kvtransfer::TransferResult final = r->done.result();
-    EXPECT_EQ(final.first_token, c.generated[0]);
-    EXPECT_EQ(final.first_logprob, (*result)->first_token.logprob);
-    EXPECT_EQ(final.finish_reason, 0u);
+    EXPECT_EQ(final.samples.at(0).token, c.generated[0]);
+    EXPECT_EQ(final.samples.at(0).logprob, (*result)->samples.at(0).token.logprob);
+    EXPECT_EQ(final.samples.at(0).finish_reason, 0u);
     EXPECT_EQ(final.frames, static_cast<uint64_t>(worker_testing::kStoriesLayers));
     EXPECT_EQ(final.kv_bytes, StoriesKvBytes(len));
     EXPECT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len));
@@ -171,7 +171,7 @@ TEST_F(PrefillWorkerTest, HitTokensLimitWhatIsSent) {
   auto result = done.Wait();
   ASSERT_TRUE(result.has_value());
   ASSERT_TRUE(result->ok()) << result->status();
-  EXPECT_EQ((*result)->first_token.token_id, c.generated[0]);
+  EXPECT_EQ((*result)->samples.at(0).token.token_id, c.generated[0]);
   EXPECT_EQ((*result)->prompt_tokens_computed, len);  // P computes all of [0, L)
   EXPECT_EQ((*result)->kv_bytes_sent, StoriesKvBytes(len - 16));
   ASSERT_TRUE(r->done.Wait());
@@ -191,11 +191,11 @@ TEST_F(PrefillWorkerTest, MaxTokensOneFinishesWithLength) {
   auto result = done.Wait();
   ASSERT_TRUE(result.has_value());
   ASSERT_TRUE(result->ok()) << result->status();
-  EXPECT_EQ((*result)->first_token.token_id, c.generated[0]);
-  EXPECT_EQ((*result)->finish_reason, FinishReason::kLength);
+  EXPECT_EQ((*result)->samples.at(0).token.token_id, c.generated[0]);
+  EXPECT_EQ((*result)->samples.at(0).finish_reason, FinishReason::kLength);
   ASSERT_TRUE(r->done.Wait());
   ASSERT_TRUE(r->done.status().ok()) << r->done.status();
-  EXPECT_EQ(r->done.result().finish_reason, static_cast<uint32_t>(FinishReason::kLength));
+  EXPECT_EQ(r->done.result().samples.at(0).finish_reason, static_cast<uint32_t>(FinishReason::kLength));
 }
 
 TEST_F(PrefillWorkerTest, NothingListeningIsUnavailable) {

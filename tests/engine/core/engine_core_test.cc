@@ -219,7 +219,7 @@ TEST(EngineCoreTest, CancelWhileWaitingFreesBlocksOnlyOnceTheLoadQuiesced) {
   EXPECT_EQ(h.core->GetStats().kv_blocks_in_use, 11u);
   h.loader->Fail("c", absl::CancelledError("quiesced"));
   ASSERT_TRUE(sink->WaitFinish());
-  ExpectFinished(*sink, absl::CancelledError(""), FinishReason::kCancelled);
+  ExpectFinished(*sink, absl::CancelledError(""), FinishReason::kNone);
   ASSERT_TRUE(h.WaitIdle());
   // The id is free again.
   auto again = h.Submit("c", FakePrompt(6, 4), 2);
@@ -254,7 +254,7 @@ TEST(EngineCoreTest, ShutdownWhileWaitingEndsUnavailableAfterTheLoadQuiesces) {
   auto sink = h.Submit("s", FakePrompt(40, 7), 8);
   ASSERT_TRUE(h.loader->WaitStarted("s"));
   h.core.reset();  // Shutdown, waits for the cancelled load's done
-  ExpectFinished(*sink, absl::UnavailableError(""), FinishReason::kCancelled);
+  ExpectFinished(*sink, absl::UnavailableError(""), FinishReason::kNone);
 }
 
 // A sequence whose prompt came by remote prefill, preempted later, must

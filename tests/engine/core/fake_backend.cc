@@ -184,11 +184,19 @@ bool FakeLoader::WaitStarted(const std::string& request_id, absl::Duration timeo
 
 void FakeLoader::Complete(const std::string& request_id, const std::vector<int32_t>& prompt,
                           int32_t first_token, FinishReason reason) {
+  SampleStart start;
+  start.token.token_id = first_token;
+  start.finish_reason = reason;
+  CompleteSamples(request_id, prompt, {start});
+}
+
+void FakeLoader::CompleteSamples(const std::string& request_id,
+                                 const std::vector<int32_t>& prompt,
+                                 std::vector<SampleStart> samples) {
   const Load l = load(request_id);
   WriteFakeKv(*l.storage, l.block_table, prompt, l.hit_tokens, l.prompt_tokens);
   RemotePrefillResult result;
-  result.first_token.token_id = first_token;
-  result.finish_reason = reason;
+  result.samples = std::move(samples);
   result.peer_bit_exact_class = "fake/v1";
   if (Done done = TakeDone(request_id)) done(absl::OkStatus(), result);
 }
@@ -238,11 +246,14 @@ absl::Status FakeExport::SendLayer(int32_t layer, int32_t token_start, int32_t c
   return absl::OkStatus();
 }
 
-absl::Status FakeExport::Finish(const sampling::SampledToken& first_token, FinishReason reason) {
+absl::Status FakeExport::Finish(const std::vector<SampleStart>& samples) {
+  const sampling::SampledToken& first_token = samples.at(0).token;
+  const FinishReason reason = samples.at(0).finish_reason;
   absl::MutexLock lock(&mu_);
   ++finishes_;
   token_ = first_token;
   reason_ = reason;
+  samples_ = samples;
   return absl::OkStatus();
 }
 
@@ -284,6 +295,11 @@ sampling::SampledToken FakeExport::finished_token() const {
 FinishReason FakeExport::finished_reason() const {
   absl::MutexLock lock(&mu_);
   return reason_;
+}
+
+std::vector<SampleStart> FakeExport::finished_samples() const {
+  absl::MutexLock lock(&mu_);
+  return samples_;
 }
 
 }  // namespace tandem::core::testing

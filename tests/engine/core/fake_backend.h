@@ -111,6 +111,9 @@ class FakeLoader final : public RemoteKvLoader {
   // `first_token`, `reason`).
   void Complete(const std::string& request_id, const std::vector<int32_t>& prompt,
                 int32_t first_token, FinishReason reason = FinishReason::kNone);
+  // As Complete, with token 0 of every sample (n > 1).
+  void CompleteSamples(const std::string& request_id, const std::vector<int32_t>& prompt,
+                       std::vector<SampleStart> samples);
   // Runs done(status) with nothing written.
   void Fail(const std::string& request_id, const absl::Status& status);
   Load load(const std::string& request_id) const;  // a copy
@@ -142,7 +145,8 @@ class FakeExport final : public KvExport {
   absl::Status Open(std::shared_ptr<const CancelFlag> cancelled) override;
   absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count, const char* k,
                          const char* v) override;
-  absl::Status Finish(const sampling::SampledToken& first_token, FinishReason reason) override;
+  // Records samples[0] as token() / finished_reason() and every sample.
+  absl::Status Finish(const std::vector<SampleStart>& samples) override;
   void Close() override;
   uint64_t bytes_sent() const override;
 
@@ -153,6 +157,7 @@ class FakeExport final : public KvExport {
   int closes() const;
   sampling::SampledToken finished_token() const;
   FinishReason finished_reason() const;
+  std::vector<SampleStart> finished_samples() const;
 
  private:
   const int32_t first_;
@@ -166,6 +171,7 @@ class FakeExport final : public KvExport {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   sampling::SampledToken token_ ABSL_GUARDED_BY(mu_){};
   FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kCancelled;
+  std::vector<SampleStart> samples_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::core::testing

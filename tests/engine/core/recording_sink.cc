@@ -32,10 +32,12 @@ void RecordingSink::OnRemotePrefill(const RemotePrefillTarget& target) {
   Record(std::move(e));
 }
 
-void RecordingSink::OnToken(uint32_t index, const sampling::SampledToken& token,
+void RecordingSink::OnToken(uint32_t sample_index, uint32_t index,
+                            const sampling::SampledToken& token,
                             uint32_t prompt_tokens_computed) {
   SinkEvent e;
   e.kind = SinkEvent::Kind::kToken;
+  e.sample_index = sample_index;
   e.index = index;
   e.token_id = token.token_id;
   e.logprob = token.logprob;
@@ -49,17 +51,31 @@ void RecordingSink::OnToken(uint32_t index, const sampling::SampledToken& token,
   }
 }
 
-void RecordingSink::OnFinish(const absl::Status& status, FinishReason reason) {
+void RecordingSink::OnSampleFinish(uint32_t sample_index, FinishReason reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_sample_reason_ = reason;
+  }
+  SinkEvent e;
+  e.kind = SinkEvent::Kind::kSampleFinish;
+  e.sample_index = sample_index;
+  e.reason = reason;
+  Record(std::move(e));
+}
+
+void RecordingSink::OnFinish(const absl::Status& status) {
   std::function<void()> fn;
+  FinishReason reason;
   {
     absl::MutexLock lock(&mu_);
     fn = on_finish_;
+    reason = last_sample_reason_;
   }
   if (fn) fn();
   SinkEvent e;
   e.kind = SinkEvent::Kind::kFinish;
   e.status = status;
-  e.reason = reason;
+  e.reason = status.ok() ? reason : FinishReason::kNone;
   Record(std::move(e));
 }
 
@@ -112,6 +128,25 @@ std::vector<int32_t> RecordingSink::token_ids() const {
     if (e.kind == SinkEvent::Kind::kToken) ids.push_back(e.token_id);
   }
   return ids;
+}
+
+std::vector<int32_t> RecordingSink::sample_token_ids(uint32_t sample_index) const {
+  std::vector<int32_t> ids;
+  for (const SinkEvent& e : events()) {
+    if (e.kind == SinkEvent::Kind::kToken && e.sample_index == sample_index) {
+      ids.push_back(e.token_id);
+    }
+  }
+  return ids;
+}
+
+std::optional<FinishReason> RecordingSink::sample_finish(uint32_t sample_index) const {
+  for (const SinkEvent& e : events()) {
+    if (e.kind == SinkEvent::Kind::kSampleFinish && e.sample_index == sample_index) {
+      return e.reason;
+    }
+  }
+  return std::nullopt;
 }
 
 std::vector<uint32_t> RecordingSink::token_indices() const {

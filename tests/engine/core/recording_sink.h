@@ -20,13 +20,15 @@ namespace tandem::core::testing {
 
 // One sink call. `seq` orders events across every sink of the process.
 struct SinkEvent {
-  enum class Kind { kNeedRemotePrefill, kToken, kFinish };
+  enum class Kind { kNeedRemotePrefill, kToken, kSampleFinish, kFinish };
   Kind kind = Kind::kToken;
   uint64_t seq = 0;
   // kNeedRemotePrefill
   std::string kv_endpoint;
   uint32_t hit_tokens = 0;
   uint32_t attempt = 0;
+  // kToken, kSampleFinish
+  uint32_t sample_index = 0;
   // kToken
   uint32_t index = 0;
   int32_t token_id = -1;
@@ -34,15 +36,18 @@ struct SinkEvent {
   uint32_t prompt_tokens_computed = 0;
   // kFinish
   absl::Status status;
+  // kSampleFinish: the sample's; kFinish: the last OnSampleFinish's (kNone
+  // when there was none, e.g. after an error).
   FinishReason reason = FinishReason::kNone;
 };
 
 class RecordingSink : public RequestOutput {
  public:
   void OnRemotePrefill(const RemotePrefillTarget& target) override;
-  void OnToken(uint32_t index, const sampling::SampledToken& token,
+  void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override;
-  void OnFinish(const absl::Status& status, FinishReason reason) override;
+  void OnSampleFinish(uint32_t sample_index, FinishReason reason) override;
+  void OnFinish(const absl::Status& status) override;
 
   // Makes the OnToken call with `index` block (on the engine loop thread)
   // until Release(). Set before the request is submitted.
@@ -58,8 +63,12 @@ class RecordingSink : public RequestOutput {
   bool WaitNeedRemotePrefill(absl::Duration timeout = absl::Seconds(3));
 
   std::vector<SinkEvent> events() const;
-  // Token events' ids and indices, in call order.
+  // Token events' ids and indices, in call order (every sample's).
   std::vector<int32_t> token_ids() const;
+  // Sample `sample_index`'s token ids, in call order.
+  std::vector<int32_t> sample_token_ids(uint32_t sample_index) const;
+  // Sample `sample_index`'s finish reason (nullopt before OnSampleFinish).
+  std::optional<FinishReason> sample_finish(uint32_t sample_index) const;
   std::vector<uint32_t> token_indices() const;
   // The Finish event (nullopt before it).
   std::optional<SinkEvent> finish() const;
@@ -75,6 +84,7 @@ class RecordingSink : public RequestOutput {
   bool gated_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_finish_ ABSL_GUARDED_BY(mu_);
+  FinishReason last_sample_reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
 };
 
 }  // namespace tandem::core::testing
