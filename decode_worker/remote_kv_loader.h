@@ -37,9 +37,12 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   std::string endpoint() const;
   const kvtransfer::KvLayout& layout() const { return layout_; }
 
-  // core::RemoteKvLoader. A load is transfer (request_id, attempt 1). The
-  // result's finish reason must be a tandem.v1.FinishReason a prefill
-  // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS.
+  // core::RemoteKvLoader. A load is transfer (request_id, attempt 1). Every
+  // FINAL sample's finish reason must be a tandem.v1.FinishReason a prefill
+  // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS. The
+  // result carries sample 0 (token, logprob, top logprobs, finish reason);
+  // a FINAL with more than one sample is UNIMPLEMENTED until
+  // core::RemotePrefillResult takes a list.
   absl::StatusOr<core::RemotePrefillTarget> StartLoad(const std::string& request_id,
                                                       int32_t hit_tokens, int32_t prompt_tokens,
                                                       kv::KvStorage* storage,

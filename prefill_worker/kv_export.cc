@@ -45,8 +45,15 @@ absl::Status SenderKvExport::SendLayer(int32_t layer, int32_t token_start, int32
 
 absl::Status SenderKvExport::Finish(const sampling::SampledToken& first_token,
                                     core::FinishReason reason) {
-  return sender_->SendFinal(first_token.token_id, first_token.logprob,
-                            static_cast<uint32_t>(reason));
+  // One sample until core::KvExport::Finish takes the request's n samples.
+  kvtransfer::FinalSample sample;
+  sample.token = first_token.token_id;
+  sample.logprob = first_token.logprob;
+  sample.finish_reason = static_cast<uint32_t>(reason);
+  for (const sampling::TokenLogprob& top : first_token.top_logprobs) {
+    sample.top_logprobs.push_back({top.id, top.logprob});
+  }
+  return sender_->SendFinal({sample});
 }
 
 void SenderKvExport::Close() {
