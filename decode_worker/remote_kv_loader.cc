@@ -66,14 +66,23 @@ absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
       [writer, done = std::move(done)](absl::Status status,
                                        const kvtransfer::TransferResult& r) {
         core::RemotePrefillResult result;
-        result.first_token.token_id = r.first_token;
-        result.first_token.logprob = r.first_logprob;
         result.peer_bit_exact_class = r.peer_bit_exact_class;
-        if (status.ok() && r.finish_reason > static_cast<uint32_t>(core::FinishReason::kContext)) {
-          status = absl::DataLossError(absl::StrCat(
-              "KV transfer FINAL carried finish_reason ", r.finish_reason));
+        for (size_t i = 0; status.ok() && i < r.samples.size(); ++i) {
+          if (r.samples[i].finish_reason > static_cast<uint32_t>(core::FinishReason::kContext)) {
+            status = absl::DataLossError(absl::StrCat("KV transfer FINAL carried samples[", i,
+                                                      "].finish_reason ",
+                                                      r.samples[i].finish_reason));
+          }
         }
-        result.finish_reason = static_cast<core::FinishReason>(r.finish_reason);
+        for (const kvtransfer::FinalSample& s : r.samples) {
+          core::SampleStart& start = result.samples.emplace_back();
+          start.token.token_id = s.token;
+          start.token.logprob = s.logprob;
+          for (const kvtransfer::FinalTopLogprob& top : s.top_logprobs) {
+            start.token.top_logprobs.push_back({top.token_id, top.logprob});
+          }
+          start.finish_reason = static_cast<core::FinishReason>(s.finish_reason);
+        }
         done(std::move(status), std::move(result));
       });
   if (!expect.ok()) return expect;

@@ -16,8 +16,9 @@
 //   ACCEPT {}                 REJECT {status code u32, reason str}
 //   FRAME  {request_id str, attempt u32, layer u32, token_start u32,
 //           token_count u32, K bytes[token_count * RowBytes()], V (same)}
-//   FINAL  {token0 i32, logprob f32, finish_reason u32, frames u64,
-//           kv_bytes u64}
+//   FINAL  {n_samples u32 (1..16), per sample in sample order
+//           {token i32, logprob f32, finish_reason u32, n_top u32 (0..20),
+//           n_top x {token_id i32, logprob f32}}, frames u64, kv_bytes u64}
 //   (str = u32 length | bytes). D checks every frame before placing it:
 //   layer < n_layers, token_start >= D_hit, end <= L, exact payload size.
 // D may also send REJECT mid-transfer (cancel, bad frame, superseded
@@ -38,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,9 +48,17 @@
 namespace tandem::kvtransfer {
 
 // The protocol version this build speaks; HELLO carries it first. Later
-// features (top-n logprobs in FINAL, attempt > 1, ...) come as a new
-// version number or optional trailing data, never as a new meaning of v2.
+// features (attempt > 1, ...) come as a new version number or optional
+// trailing data, never as a new meaning of v2. (The one exception: FINAL's
+// per-sample layout, for n > 1 and top-n logprobs, replaced the
+// single-token v2 FINAL in place; README.md, Versioning.)
 inline constexpr uint32_t kKvProtocolVersion = 2;
+
+// Bounds of a FINAL: samples of one request (the proto's
+// GenerationParams.n, 1..16) and top logprobs per sample (the proto's
+// logprobs, 0..20, OpenAI's top_logprobs limit).
+inline constexpr uint32_t kMaxFinalSamples = 16;
+inline constexpr uint32_t kMaxFinalTopLogprobs = 20;
 
 // Element type of the K/V rows on the wire: the engine's kv::KvDtype
 // (engine/kv/kv_dtype.h, header only), whose values are ggml's
@@ -103,13 +113,30 @@ class KvWriter {
                          const char* v) = 0;
 };
 
+// One of the most likely alternatives to a sample's token 0.
+struct FinalTopLogprob {
+  int32_t token_id;
+  float logprob;  // natural log, of the raw (unprocessed) logits
+};
+
+// Token 0 of one sample (one of a request's n completions), as P sampled it.
+struct FinalSample {
+  int32_t token = -1;
+  float logprob = 0.0f;        // natural log, of the raw logits
+  uint32_t finish_reason = 0;  // tandem.v1.FinishReason value
+  // The top-n alternatives, most likely first (0..kMaxFinalTopLogprobs;
+  // empty when the request asked for no logprobs).
+  std::vector<FinalTopLogprob> top_logprobs;
+};
+
 // The FINAL message's content, plus what D learnt from the HELLO.
 struct TransferResult {
-  int32_t first_token = -1;
-  float first_logprob = 0.0f;
-  uint32_t finish_reason = 0;  // tandem.v1.FinishReason value
-  uint64_t frames = 0;         // FRAME messages
-  uint64_t kv_bytes = 0;       // K+V payload bytes of those frames
+  // Token 0 of every sample, in sample order: 1..kMaxFinalSamples entries
+  // in a decoded FINAL (kvtransfer checks only the counts; values such as
+  // finish_reason are the caller's to check).
+  std::vector<FinalSample> samples;
+  uint64_t frames = 0;    // FRAME messages
+  uint64_t kv_bytes = 0;  // K+V payload bytes of those frames
   // Not on the wire in FINAL: the bit-exact class from the HELLO of the
   // accepted attempt (empty if none was accepted). Differs from D's own
   // class -> the KV is equivalent, not bit-identical, to a local prefill.
@@ -196,10 +223,13 @@ class KvSender {
   // an error every later call returns the same error.
   absl::Status SendFrame(uint32_t layer, uint32_t token_start,
                          uint32_t token_count, const void* k, const void* v);
-  // Sends FINAL with the frame and byte totals of the SendFrame calls so far.
-  // OK means it was handed to the kernel; D's verdict reaches D's caller.
-  absl::Status SendFinal(int32_t first_token, float first_logprob,
-                         uint32_t finish_reason);
+  // Sends FINAL with token 0 of every sample (in sample order) and the
+  // frame and byte totals of the SendFrame calls so far. OK means it was
+  // handed to the kernel; D's verdict reaches D's caller. Errors:
+  // INVALID_ARGUMENT, with nothing sent and the transfer still usable, when
+  // `samples` is empty or holds more than kMaxFinalSamples, or a sample has
+  // more than kMaxFinalTopLogprobs top logprobs; otherwise as SendFrame.
+  absl::Status SendFinal(const std::vector<FinalSample>& samples);
   uint64_t bytes_sent() const;  // payload (K+V) bytes so far
   uint64_t frames_sent() const;
 

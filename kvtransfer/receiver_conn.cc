@@ -246,8 +246,9 @@ absl::Status KvReceiver::Impl::Receive(const Conn& c, int fd,
                          : final_msg.status();
       if (s.ok()) {
         // FINAL carries no class: keep the one from this attempt's HELLO.
+        // The samples move through to `done` as decoded.
         std::string peer_class = std::move(t->result.peer_bit_exact_class);
-        t->result = *final_msg;
+        t->result = std::move(*final_msg);
         t->result.peer_bit_exact_class = std::move(peer_class);
       }
       EndLocked(t, s);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/kv_transfer.h"
@@ -167,13 +168,23 @@ absl::Status KvSender::SendFrame(uint32_t layer, uint32_t token_start,
   return st;
 }
 
-absl::Status KvSender::SendFinal(int32_t first_token, float first_logprob,
-                                 uint32_t finish_reason) {
+absl::Status KvSender::SendFinal(const std::vector<FinalSample>& samples) {
   Impl& s = *impl_;
+  if (samples.empty() || samples.size() > kMaxFinalSamples) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvSender::SendFinal: samples: must hold 1 to ", kMaxFinalSamples,
+        " samples, got ", samples.size()));
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].top_logprobs.size() > kMaxFinalTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvSender::SendFinal: samples[", i, "].top_logprobs: at most ",
+          kMaxFinalTopLogprobs, " entries, got ",
+          samples[i].top_logprobs.size()));
+    }
+  }
   TransferResult final_msg;
-  final_msg.first_token = first_token;
-  final_msg.first_logprob = first_logprob;
-  final_msg.finish_reason = finish_reason;
+  final_msg.samples = samples;
   final_msg.frames = s.frames_sent;
   final_msg.kv_bytes = s.bytes_sent;
   std::string msg = wire::EncodeFinal(final_msg);

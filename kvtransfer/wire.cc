@@ -40,11 +40,17 @@ class Reader {
   Reader(absl::string_view data, const char* message)
       : data_(data), message_(message) {}
 
-  bool U32(const char* field, uint32_t* v) { return Fixed(field, v, 4); }
-  bool I32(const char* field, int32_t* v) { return Fixed(field, v, 4); }
-  bool U64(const char* field, uint64_t* v) { return Fixed(field, v, 8); }
-  bool F32(const char* field, float* v) { return Fixed(field, v, 4); }
-  bool Str(const char* field, std::string* s) {
+  bool U32(absl::string_view field, uint32_t* v) { return Fixed(field, v, 4); }
+  bool I32(absl::string_view field, int32_t* v) { return Fixed(field, v, 4); }
+  bool U64(absl::string_view field, uint64_t* v) { return Fixed(field, v, 8); }
+  bool F32(absl::string_view field, float* v) { return Fixed(field, v, 4); }
+  // A u32 count in [lo, hi]; fails naming the field and value otherwise.
+  bool Count(absl::string_view field, uint32_t lo, uint32_t hi, uint32_t* v) {
+    if (!U32(field, v)) return false;
+    if (*v >= lo && *v <= hi) return true;
+    return Fail(field, absl::StrCat(*v, " outside [", lo, ", ", hi, "]"));
+  }
+  bool Str(absl::string_view field, std::string* s) {
     uint32_t n = 0;
     if (!U32(field, &n)) return false;
     if (n > data_.size() - pos_) {
@@ -65,7 +71,7 @@ class Reader {
   const absl::Status& status() const { return status_; }
 
  private:
-  bool Fixed(const char* field, void* v, size_t n) {
+  bool Fixed(absl::string_view field, void* v, size_t n) {
     if (n > data_.size() - pos_) {
       return Fail(field, absl::StrCat("needs ", n, " bytes, ",
                                       data_.size() - pos_, " left"));
@@ -74,7 +80,7 @@ class Reader {
     pos_ += n;
     return true;
   }
-  bool Fail(const char* field, const std::string& why) {
+  bool Fail(absl::string_view field, const std::string& why) {
     if (status_.ok()) {
       status_ = absl::DataLossError(
           absl::StrCat("malformed KV ", message_, " message: field '", field,
@@ -152,9 +158,17 @@ std::string EncodeReject(const absl::Status& status) {
 
 std::string EncodeFinal(const TransferResult& r) {
   return Message(MessageType::kFinal, [&](Writer& w) {
-    w.I32(r.first_token);
-    w.F32(r.first_logprob);
-    w.U32(r.finish_reason);
+    w.U32(static_cast<uint32_t>(r.samples.size()));
+    for (const FinalSample& s : r.samples) {
+      w.I32(s.token);
+      w.F32(s.logprob);
+      w.U32(s.finish_reason);
+      w.U32(static_cast<uint32_t>(s.top_logprobs.size()));
+      for (const FinalTopLogprob& top : s.top_logprobs) {
+        w.I32(top.token_id);
+        w.F32(top.logprob);
+      }
+    }
     w.U64(r.frames);
     w.U64(r.kv_bytes);
   });
@@ -251,10 +265,29 @@ absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
 absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
   Reader r(payload, "FINAL");
   TransferResult t;
-  if (r.I32("first_token", &t.first_token) &&
-      r.F32("first_logprob", &t.first_logprob) &&
-      r.U32("finish_reason", &t.finish_reason) && r.U64("frames", &t.frames) &&
-      r.U64("kv_bytes", &t.kv_bytes) && r.End()) {
+  uint32_t n_samples = 0;
+  if (!r.Count("n_samples", 1, kMaxFinalSamples, &n_samples)) return r.status();
+  t.samples.resize(n_samples);
+  for (uint32_t i = 0; i < n_samples; ++i) {
+    FinalSample& s = t.samples[i];
+    const std::string field = absl::StrCat("samples[", i, "].");
+    uint32_t n_top = 0;
+    if (!(r.I32(absl::StrCat(field, "token"), &s.token) &&
+          r.F32(absl::StrCat(field, "logprob"), &s.logprob) &&
+          r.U32(absl::StrCat(field, "finish_reason"), &s.finish_reason) &&
+          r.Count(absl::StrCat(field, "n_top"), 0, kMaxFinalTopLogprobs, &n_top))) {
+      return r.status();
+    }
+    s.top_logprobs.resize(n_top);
+    for (uint32_t j = 0; j < n_top; ++j) {
+      const std::string top = absl::StrCat(field, "top_logprobs[", j, "].");
+      if (!(r.I32(absl::StrCat(top, "token_id"), &s.top_logprobs[j].token_id) &&
+            r.F32(absl::StrCat(top, "logprob"), &s.top_logprobs[j].logprob))) {
+        return r.status();
+      }
+    }
+  }
+  if (r.U64("frames", &t.frames) && r.U64("kv_bytes", &t.kv_bytes) && r.End()) {
     return t;
   }
   return r.status();

@@ -16,8 +16,13 @@
 //                  u32 token_count, K bytes[token_count * RowBytes],
 //                  V bytes[token_count * RowBytes]
 //                  (RowBytes = n_kv_heads * head_dim * dtype bytes)
-//   type 5 FINAL   i32 first_token, f32 first_logprob, u32 finish_reason,
-//                  u64 frames, u64 kv_bytes
+//   type 5 FINAL   u32 n_samples (1..kMaxFinalSamples = 16), then per
+//                  sample in sample order:
+//                    i32 token, f32 logprob,
+//                    u32 finish_reason (tandem.v1.FinishReason value),
+//                    u32 n_top (0..kMaxFinalTopLogprobs = 20),
+//                    n_top x (i32 token_id, f32 logprob)
+//                  then u64 frames, u64 kv_bytes
 //
 // HELLO's version comes first so that a receiver refuses a version it does
 // not speak without reading further. (A v1 HELLO had no version: its first
@@ -54,9 +59,17 @@ std::string MessageTypeName(uint32_t type);
 
 // Size of the u32 type | u32 length prefix.
 inline constexpr size_t kHeaderBytes = 8;
-// Largest payload accepted for any message other than FRAME (HELLO,
-// REJECT, FINAL are a few hundred bytes); bigger lengths are DATA_LOSS.
+// Largest payload accepted for any message other than FRAME (HELLO and
+// REJECT are a few hundred bytes, FINAL at most kMaxFinalPayload); bigger
+// lengths are DATA_LOSS.
 inline constexpr uint32_t kMaxControlPayload = 64 * 1024;
+// Largest FINAL payload: n_samples, kMaxFinalSamples x (token, logprob,
+// finish_reason, n_top, kMaxFinalTopLogprobs x 8 bytes), frames, kv_bytes
+// = 4 + 16 x (16 + 160) + 16 = 2,836 bytes.
+inline constexpr uint32_t kMaxFinalPayload =
+    4 + kMaxFinalSamples * (4 * 4 + kMaxFinalTopLogprobs * 8) + 2 * 8;
+static_assert(kMaxFinalPayload <= kMaxControlPayload,
+              "a FINAL must fit a control message");
 // FRAME payload bytes before K: str request_id + 4 x u32.
 inline size_t FrameFieldsBytes(size_t request_id_size) {
   return 4 + request_id_size + 4 * 4;
@@ -108,6 +121,10 @@ std::string EncodeHello(const Hello& hello);
 std::string EncodeAccept();
 // `status` must not be OK; its code and message travel.
 std::string EncodeReject(const absl::Status& status);
+// FINAL: result.samples, frames and kv_bytes as given (peer_bit_exact_class
+// is not on the wire). No check of the counts against kMaxFinalSamples /
+// kMaxFinalTopLogprobs: tests build out-of-range FINALs with it;
+// KvSender::SendFinal checks them before encoding.
 std::string EncodeFinal(const TransferResult& result);
 // Prefix plus FRAME fields up to (not including) K; the caller sends
 // kv_bytes of K then V right after. Fails with INVALID_ARGUMENT when the
@@ -139,6 +156,14 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload,
 // code is never OK: 0 and codes outside 1..16 become UNKNOWN.
 absl::StatusOr<Reject> DecodeReject(absl::string_view payload);
 absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
+// FINAL: also DATA_LOSS naming the field and value for n_samples outside
+// [1, kMaxFinalSamples] or a sample's n_top outside
+// [0, kMaxFinalTopLogprobs], e.g. "malformed KV FINAL message: field
+// 'n_samples' 17 outside [1, 16]" or "... field 'samples[2].n_top' 21
+// outside [0, 20]" (checked before anything is allocated for them).
+// Per-sample fields are named "samples[i].token", ..., and
+// "samples[i].top_logprobs[j].token_id". finish_reason values are not
+// checked. peer_bit_exact_class stays empty.
 absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
 // ACCEPT must be empty.
 absl::Status DecodeAccept(absl::string_view payload);

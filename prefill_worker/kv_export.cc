@@ -43,10 +43,19 @@ absl::Status SenderKvExport::SendLayer(int32_t layer, int32_t token_start, int32
   return sent;
 }
 
-absl::Status SenderKvExport::Finish(const sampling::SampledToken& first_token,
-                                    core::FinishReason reason) {
-  return sender_->SendFinal(first_token.token_id, first_token.logprob,
-                            static_cast<uint32_t>(reason));
+absl::Status SenderKvExport::Finish(const std::vector<core::SampleStart>& samples) {
+  std::vector<kvtransfer::FinalSample> final_samples;
+  final_samples.reserve(samples.size());
+  for (const core::SampleStart& start : samples) {
+    kvtransfer::FinalSample& sample = final_samples.emplace_back();
+    sample.token = start.token.token_id;
+    sample.logprob = start.token.logprob;
+    sample.finish_reason = static_cast<uint32_t>(start.finish_reason);
+    for (const sampling::TokenLogprob& top : start.token.top_logprobs) {
+      sample.top_logprobs.push_back({top.id, top.logprob});
+    }
+  }
+  return sender_->SendFinal(final_samples);
 }
 
 void SenderKvExport::Close() {

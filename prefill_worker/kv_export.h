@@ -43,8 +43,7 @@ class SenderKvExport final : public core::KvExport {
   absl::Status Open(std::shared_ptr<const core::CancelFlag> cancelled) override;
   absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count, const char* k,
                          const char* v) override;
-  absl::Status Finish(const sampling::SampledToken& first_token,
-                      core::FinishReason reason) override;
+  absl::Status Finish(const std::vector<core::SampleStart>& samples) override;
   void Close() override;
   uint64_t bytes_sent() const override { return bytes_sent_; }
 

@@ -77,7 +77,10 @@ class DecodeWorkerTest : public worker_testing::StoriesTest {
     ASSERT_TRUE(sender.ok()) << sender.status();
     ASSERT_TRUE(worker_testing::SendPromptKv(**sender, kv, model().config().n_layers, 0, len)
                     .ok());
-    ASSERT_TRUE((*sender)->SendFinal(token0, 0.0f, static_cast<uint32_t>(reason)).ok());
+    kvtransfer::FinalSample sample;
+    sample.token = token0;
+    sample.finish_reason = static_cast<uint32_t>(reason);
+    ASSERT_TRUE((*sender)->SendFinal({sample}).ok());
   }
 };
 

@@ -92,7 +92,7 @@ class KvBadInputTest : public ::testing::Test {
                                     2000);
     ASSERT_TRUE(sender.ok()) << sender.status();
     ASSERT_TRUE(SendRange(**sender, ref, 2, 0, 4, 4).ok());
-    ASSERT_TRUE((*sender)->SendFinal(0, 0.0f, 0).ok());
+    ASSERT_TRUE((*sender)->SendFinal(testing::OneSample()).ok());
     ASSERT_TRUE(done.Wait());
     EXPECT_TRUE(done.status().ok()) << done.status();
   }
@@ -150,16 +150,33 @@ TEST_F(KvBadInputTest, UnexpectedMessageMidTransfer) {
 }
 
 TEST_F(KvBadInputTest, TruncatedFinalPayload) {
-  std::string msg = wire::EncodeFinal(TransferResult{});
+  TransferResult final_msg;
+  final_msg.samples = testing::OneSample();
+  std::string msg = wire::EncodeFinal(final_msg);
   msg.resize(msg.size() - 3);
   wire::PutHeader(wire::MessageType::kFinal,
                   static_cast<uint32_t>(msg.size() - wire::kHeaderBytes),
                   msg.data());
-  ExpectDataLoss(msg, "malformed KV FINAL message");
+  ExpectDataLoss(msg, "malformed KV FINAL message: field 'kv_bytes'");
+}
+
+TEST_F(KvBadInputTest, FinalWithTooManySamples) {
+  TransferResult final_msg;
+  final_msg.samples = testing::RandomSamples(std::vector<uint32_t>(17, 0), 1);
+  ExpectDataLoss(wire::EncodeFinal(final_msg),
+                 "field 'n_samples' 17 outside [1, 16]");
+}
+
+TEST_F(KvBadInputTest, FinalWithTooManyTopLogprobs) {
+  TransferResult final_msg;
+  final_msg.samples = testing::RandomSamples({1, 21}, 1);
+  ExpectDataLoss(wire::EncodeFinal(final_msg),
+                 "field 'samples[1].n_top' 21 outside [0, 20]");
 }
 
 TEST_F(KvBadInputTest, FinalTotalsDisagree) {
   TransferResult lie;
+  lie.samples = testing::OneSample();
   lie.frames = 5;
   lie.kv_bytes = 123;
   ExpectDataLoss(wire::EncodeFinal(lie), "FINAL reports 5 frames / 123 bytes");

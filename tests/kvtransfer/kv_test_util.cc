@@ -1,6 +1,7 @@
 #include "tests/kvtransfer/kv_test_util.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <random>
 
@@ -20,12 +21,92 @@ std::vector<char> RandomBytes(size_t n, std::mt19937* rng) {
   return out;
 }
 
+// A random finite float: random bits, with an all-ones exponent (inf,
+// NaN) turned into 0xfe.
+float RandomFiniteFloat(std::mt19937* rng) {
+  uint32_t bits = (*rng)();
+  if ((bits & 0x7f800000u) == 0x7f800000u) bits &= ~0x00800000u;
+  return std::bit_cast<float>(bits);
+}
+
+// "" when a and b have the same bits, else "<field>: got bits 0x.., want 0x..".
+std::string FloatDiff(const std::string& field, float got, float want) {
+  const uint32_t g = std::bit_cast<uint32_t>(got);
+  const uint32_t w = std::bit_cast<uint32_t>(want);
+  if (g == w) return "";
+  return absl::StrCat(field, ": got bits 0x", absl::Hex(g), " (", got,
+                      "), want 0x", absl::Hex(w), " (", want, ")");
+}
+
+template <typename T>
+std::string IntDiff(const std::string& field, T got, T want) {
+  if (got == want) return "";
+  return absl::StrCat(field, ": got ", got, ", want ", want);
+}
+
 size_t RowOffset(uint32_t layer, uint32_t token, uint32_t prompt_len,
                  uint64_t row_bytes) {
   return (size_t{layer} * prompt_len + token) * row_bytes;
 }
 
 }  // namespace
+
+std::vector<FinalSample> OneSample(int32_t token, float logprob,
+                                   uint32_t finish_reason) {
+  FinalSample s;
+  s.token = token;
+  s.logprob = logprob;
+  s.finish_reason = finish_reason;
+  return {s};
+}
+
+std::vector<FinalSample> RandomSamples(const std::vector<uint32_t>& n_tops,
+                                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<FinalSample> out(n_tops.size());
+  for (size_t i = 0; i < n_tops.size(); ++i) {
+    FinalSample& s = out[i];
+    s.token = static_cast<int32_t>(rng());
+    s.logprob = RandomFiniteFloat(&rng);
+    s.finish_reason = rng();
+    s.top_logprobs.resize(n_tops[i]);
+    for (FinalTopLogprob& top : s.top_logprobs) {
+      top.token_id = static_cast<int32_t>(rng());
+      top.logprob = RandomFiniteFloat(&rng);
+    }
+  }
+  return out;
+}
+
+::testing::AssertionResult SameSamples(const std::vector<FinalSample>& got,
+                                       const std::vector<FinalSample>& want) {
+  std::string diff = IntDiff("samples.size()", got.size(), want.size());
+  for (size_t i = 0; diff.empty() && i < want.size(); ++i) {
+    const FinalSample& g = got[i];
+    const FinalSample& w = want[i];
+    const std::string f = absl::StrCat("samples[", i, "].");
+    diff = IntDiff(f + "token", g.token, w.token);
+    if (diff.empty()) diff = FloatDiff(f + "logprob", g.logprob, w.logprob);
+    if (diff.empty()) {
+      diff = IntDiff(f + "finish_reason", g.finish_reason, w.finish_reason);
+    }
+    if (diff.empty()) {
+      diff = IntDiff(f + "top_logprobs.size()", g.top_logprobs.size(),
+                     w.top_logprobs.size());
+    }
+    for (size_t j = 0; diff.empty() && j < w.top_logprobs.size(); ++j) {
+      const std::string t = absl::StrCat(f, "top_logprobs[", j, "].");
+      diff = IntDiff(t + "token_id", g.top_logprobs[j].token_id,
+                     w.top_logprobs[j].token_id);
+      if (diff.empty()) {
+        diff = FloatDiff(t + "logprob", g.top_logprobs[j].logprob,
+                         w.top_logprobs[j].logprob);
+      }
+    }
+  }
+  if (diff.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << diff;
+}
 
 KvLayout TestLayout(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                     KvDtype dtype) {

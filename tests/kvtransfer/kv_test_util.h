@@ -33,6 +33,21 @@ inline constexpr int kSenderTimeoutMs = 2000;
 KvLayout TestLayout(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                     KvDtype dtype = KvDtype::kF32);
 
+// FINAL samples: one sample, no top logprobs.
+std::vector<FinalSample> OneSample(int32_t token = 0, float logprob = 0.0f,
+                                   uint32_t finish_reason = 0);
+// FINAL samples, sample i with n_tops[i] top logprobs; every token,
+// logprob and finish_reason is drawn from `seed` (ints over their whole
+// range, negatives included; floats as random finite bit patterns, so
+// signs, denormals and -0 show), so any swap or misplacement shows.
+std::vector<FinalSample> RandomSamples(const std::vector<uint32_t>& n_tops,
+                                       uint32_t seed);
+// Success iff `got` equals `want` field by field, floats bit for bit;
+// otherwise names the first differing field, e.g.
+// "samples[1].top_logprobs[3].logprob: got bits 0x..., want 0x...".
+::testing::AssertionResult SameSamples(const std::vector<FinalSample>& got,
+                                       const std::vector<FinalSample>& want);
+
 // K and V for every (layer, token) of a prompt as raw bytes in the layout's
 // dtype: random bit patterns (for f32 NaNs and denormals included), so any
 // bit flip or misplacement shows. Each row is layout.RowBytes() bytes.

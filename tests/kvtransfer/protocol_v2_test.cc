@@ -38,7 +38,7 @@ absl::Status SendAll(const std::string& endpoint, const std::string& id,
   absl::Status s =
       SendRange(**sender, ref, layout.n_layers, 0, prompt_len, prompt_len);
   if (!s.ok()) return s;
-  return (*sender)->SendFinal(0, 0.0f, 0);
+  return (*sender)->SendFinal(testing::OneSample());
 }
 
 TEST_F(KvProtocolV2Test, UnknownProtocolVersionIsRejectedAndReceiverKeepsServing) {
@@ -193,7 +193,7 @@ TEST_F(KvProtocolV2Test, RetryWithOtherClassReportsTheNewerClass) {
                                   kSenderTimeoutMs);
   ASSERT_TRUE(second.ok()) << second.status();
   ASSERT_TRUE(SendRange(**second, ref, 1, 0, 4, 4).ok());
-  ASSERT_TRUE((*second)->SendFinal(0, 0.0f, 0).ok());
+  ASSERT_TRUE((*second)->SendFinal(testing::OneSample()).ok());
   ASSERT_TRUE(done.Wait());
   ASSERT_TRUE(done.status().ok()) << done.status();
   EXPECT_EQ(done.result().peer_bit_exact_class, "class-b");
@@ -214,7 +214,7 @@ TEST_F(KvProtocolV2Test, F16LayoutEndToEndIsByteExact) {
   ASSERT_TRUE(SendRange(**sender, ref, 3, 3, 21, 8).ok());
   EXPECT_EQ((*sender)->bytes_sent(), 1728u);
   EXPECT_EQ((*sender)->frames_sent(), 9u);
-  ASSERT_TRUE((*sender)->SendFinal(5, -0.5f, 1).ok());
+  ASSERT_TRUE((*sender)->SendFinal(testing::OneSample(5, -0.5f, 1)).ok());
   ASSERT_TRUE(done.Wait());
   ASSERT_TRUE(done.status().ok()) << done.status();
   EXPECT_EQ(done.result().kv_bytes, 1728u);

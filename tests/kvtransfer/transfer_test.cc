@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv/block_pool.h"
@@ -23,6 +24,9 @@ using namespace std::chrono_literals;
 using testing::StorageWriter;
 using testing::DoneRecorder;
 using testing::kTestBitExactClass;
+using testing::OneSample;
+using testing::RandomSamples;
+using testing::SameSamples;
 using testing::RefKv;
 using testing::SendRange;
 using testing::TestLayout;
@@ -65,14 +69,31 @@ TEST_F(KvTransferTest, FullTransferIsBitExactInKvStorage) {
   ASSERT_TRUE(SendRange(**sender, ref, 3, 5, 37, 13).ok());
   EXPECT_EQ((*sender)->bytes_sent(), 6144u);
   EXPECT_EQ((*sender)->frames_sent(), 9u);
-  ASSERT_TRUE((*sender)->SendFinal(42, -0.25f, 2).ok());
+  // n = 2: token 0 of both samples, with 3 and 2 top logprobs.
+  std::vector<FinalSample> samples(2);
+  samples[0] = {42, -0.25f, 2, {{42, -0.25f}, {17, -1.5f}, {9, -3.0f}}};
+  samples[1] = {-7, -0.75f, 0, {{3, -0.5f}, {-7, -0.75f}}};
+  ASSERT_TRUE((*sender)->SendFinal(samples).ok());
 
   ASSERT_TRUE(done.Wait());
   ASSERT_TRUE(done.status().ok()) << done.status();
   const TransferResult r = done.result();
-  EXPECT_EQ(r.first_token, 42);
-  EXPECT_EQ(r.first_logprob, -0.25f);
-  EXPECT_EQ(r.finish_reason, 2u);
+  ASSERT_EQ(r.samples.size(), 2u);
+  EXPECT_EQ(r.samples[0].token, 42);
+  EXPECT_EQ(r.samples[0].logprob, -0.25f);
+  EXPECT_EQ(r.samples[0].finish_reason, 2u);
+  ASSERT_EQ(r.samples[0].top_logprobs.size(), 3u);
+  EXPECT_EQ(r.samples[0].top_logprobs[1].token_id, 17);
+  EXPECT_EQ(r.samples[0].top_logprobs[1].logprob, -1.5f);
+  EXPECT_EQ(r.samples[0].top_logprobs[2].token_id, 9);
+  EXPECT_EQ(r.samples[0].top_logprobs[2].logprob, -3.0f);
+  EXPECT_EQ(r.samples[1].token, -7);
+  EXPECT_EQ(r.samples[1].logprob, -0.75f);
+  EXPECT_EQ(r.samples[1].finish_reason, 0u);
+  ASSERT_EQ(r.samples[1].top_logprobs.size(), 2u);
+  EXPECT_EQ(r.samples[1].top_logprobs[0].token_id, 3);
+  EXPECT_EQ(r.samples[1].top_logprobs[0].logprob, -0.5f);
+  EXPECT_TRUE(SameSamples(r.samples, samples));
   EXPECT_EQ(r.frames, 9u);
   EXPECT_EQ(r.kv_bytes, 6144u);
   EXPECT_EQ(r.peer_bit_exact_class, kTestBitExactClass);  // from HELLO
@@ -108,7 +129,7 @@ TEST_F(KvTransferTest, ByteCountsForReferenceShape) {
   auto sender = Connect("req-313", 0);
   ASSERT_TRUE(sender.ok()) << sender.status();
   ASSERT_TRUE(SendRange(**sender, ref, 5, 0, 313, 128).ok());
-  ASSERT_TRUE((*sender)->SendFinal(7, -1.0f, 0).ok());
+  ASSERT_TRUE((*sender)->SendFinal(OneSample(7, -1.0f, 0)).ok());
   EXPECT_EQ((*sender)->bytes_sent(), 400640u);
   ASSERT_TRUE(done.Wait());
   ASSERT_TRUE(done.status().ok()) << done.status();
@@ -190,11 +211,13 @@ TEST_F(KvTransferTest, SlowButSteadyFrameIsNotAStall) {
     std::this_thread::sleep_for(100ms);
   }
   TransferResult totals;
+  totals.samples = OneSample(11);
   totals.frames = 1;
   totals.kv_bytes = 128;  // 4 tokens x 2 x 4 dims x 4 bytes
   ASSERT_TRUE(peer->Send(wire::EncodeFinal(totals)).ok());
   ASSERT_TRUE(done.Wait());
   EXPECT_TRUE(done.status().ok()) << done.status();
+  EXPECT_TRUE(SameSamples(done.result().samples, OneSample(11)));
   EXPECT_EQ(std::memcmp(writer.K(0, 0), ref.K(0, 0), 64), 0);
 }
 
@@ -279,7 +302,7 @@ TEST_F(KvTransferTest, NewerAttemptReplacesOlderAndOlderIsRejected) {
       << older.status();
 
   ASSERT_TRUE(SendRange(**second, fresh, 2, 0, 8, 8).ok());
-  ASSERT_TRUE((*second)->SendFinal(1, 0.0f, 0).ok());
+  ASSERT_TRUE((*second)->SendFinal(OneSample(1)).ok());
   ASSERT_TRUE(done.Wait());
   ASSERT_TRUE(done.status().ok()) << done.status();
   EXPECT_EQ(done.result().frames, 2u);
@@ -308,7 +331,7 @@ TEST_F(KvTransferTest, HelloForFinishedKeyIsRejected) {
   auto sender = Connect("req-done", 1);
   ASSERT_TRUE(sender.ok()) << sender.status();
   ASSERT_TRUE(SendRange(**sender, ref, 1, 0, 4, 4).ok());
-  ASSERT_TRUE((*sender)->SendFinal(0, 0.0f, 0).ok());
+  ASSERT_TRUE((*sender)->SendFinal(OneSample()).ok());
   ASSERT_TRUE(done.Wait());
   ASSERT_TRUE(done.status().ok()) << done.status();
   auto again = Connect("req-done", 1);
@@ -343,11 +366,49 @@ TEST_F(KvTransferTest, FinalWithMissingRowsIsDataLoss) {
   // Layer 1 only gets [2, 6) of [2, 8).
   ASSERT_TRUE((*sender)->SendFrame(0, 2, 6, ref.K(0, 2), ref.V(0, 2)).ok());
   ASSERT_TRUE((*sender)->SendFrame(1, 2, 4, ref.K(1, 2), ref.V(1, 2)).ok());
-  ASSERT_TRUE((*sender)->SendFinal(0, 0.0f, 0).ok());
+  ASSERT_TRUE((*sender)->SendFinal(OneSample()).ok());
   ASSERT_TRUE(done.Wait());
   EXPECT_EQ(done.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(done.status().message().find("layer 1 covers 4 of 6"),
             std::string::npos) << done.status();
+}
+
+// SendFinal refuses sample lists outside the FINAL's bounds without
+// sending anything: the same connection then completes the transfer with
+// a FINAL at the bounds (16 samples x 20 top logprobs), which D's `done`
+// gets field for field.
+TEST_F(KvTransferTest, SendFinalRefusesOutOfBoundsSamplesAndSendsNothing) {
+  Start(TestLayout(1, 1, 4));
+  VectorKvWriter writer(layout_, 4);
+  DoneRecorder done;
+  ASSERT_TRUE(receiver_->Expect("req-fin", 1, 0, 4, &writer, done.Callback()).ok());
+  const RefKv ref(layout_, 4, 6);
+  auto sender = Connect("req-fin", 1);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE(SendRange(**sender, ref, 1, 0, 4, 4).ok());
+
+  EXPECT_EQ((*sender)->SendFinal({}),
+            absl::InvalidArgumentError("KvSender::SendFinal: samples: must "
+                                       "hold 1 to 16 samples, got 0"));
+  EXPECT_EQ((*sender)->SendFinal(RandomSamples(std::vector<uint32_t>(17, 0), 1)),
+            absl::InvalidArgumentError("KvSender::SendFinal: samples: must "
+                                       "hold 1 to 16 samples, got 17"));
+  EXPECT_EQ((*sender)->SendFinal(RandomSamples({0, 20, 21}, 2)),
+            absl::InvalidArgumentError("KvSender::SendFinal: "
+                                       "samples[2].top_logprobs: at most 20 "
+                                       "entries, got 21"));
+  // Nothing reached D: the transfer is still open.
+  EXPECT_FALSE(done.Wait(100ms));
+  EXPECT_EQ(receiver_->transfers_in_flight(), 1u);
+
+  const std::vector<FinalSample> full = RandomSamples(std::vector<uint32_t>(16, 20), 3);
+  ASSERT_TRUE((*sender)->SendFinal(full).ok());
+  ASSERT_TRUE(done.Wait());
+  ASSERT_TRUE(done.status().ok()) << done.status();
+  EXPECT_TRUE(SameSamples(done.result().samples, full));
+  EXPECT_EQ(done.result().frames, 1u);
+  EXPECT_EQ(done.result().kv_bytes, 128u);  // 4 tokens x 2 x 4 dims x 4 bytes
+  EXPECT_EQ(done.calls(), 1);
 }
 
 TEST_F(KvTransferTest, ExpectTwiceIsAlreadyExists) {

@@ -5,6 +5,7 @@
 #include "kvtransfer/wire.h"
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@
 namespace tandem::kvtransfer::wire {
 namespace {
 
+using ::tandem::kvtransfer::testing::RandomSamples;
+using ::tandem::kvtransfer::testing::SameSamples;
 using ::tandem::kvtransfer::testing::TestLayout;
 
 // Little-endian bytes of a u32, spelled out for reference strings.
@@ -34,26 +37,193 @@ TEST(KvWireTest, AcceptIsTypeTwoWithEmptyPayload) {
   EXPECT_EQ(DecodeAccept("x").code(), absl::StatusCode::kDataLoss);
 }
 
+// Two samples: sample 0 with one top logprob, sample 1 with none.
 TEST(KvWireTest, FinalByteLayout) {
   TransferResult r;
-  r.first_token = -2;          // ff ff ff fe
-  r.first_logprob = -0.5f;     // 0xbf000000
-  r.finish_reason = 3;
+  r.samples.resize(2);
+  r.samples[0].token = -2;          // fe ff ff ff
+  r.samples[0].logprob = -0.5f;     // 0xbf000000
+  r.samples[0].finish_reason = 3;
+  r.samples[0].top_logprobs = {{7, -1.0f}};  // -1.0f = 0xbf800000
+  r.samples[1].token = 5;
+  r.samples[1].logprob = 0.25f;     // 0x3e800000
+  r.samples[1].finish_reason = 0;
   r.frames = 0x0102030405060708ull;
-  r.kv_bytes = 400640;         // 0x61d00
+  r.kv_bytes = 400640;              // 0x61d00
+  r.peer_bit_exact_class = "not on the wire";
+  // n_samples 4 + sample 0 (16 + 8) + sample 1 16 + totals 16 = 60.
   const std::string want =
-      U32(5) + U32(28) + std::string("\xfe\xff\xff\xff", 4) +
-      std::string("\x00\x00\x00\xbf", 4) + U32(3) +
+      U32(5) + U32(60) + U32(2) +
+      std::string("\xfe\xff\xff\xff", 4) + std::string("\x00\x00\x00\xbf", 4) +
+      U32(3) + U32(1) + U32(7) + std::string("\x00\x00\x80\xbf", 4) +
+      U32(5) + std::string("\x00\x00\x80\x3e", 4) + U32(0) + U32(0) +
       std::string("\x08\x07\x06\x05\x04\x03\x02\x01", 8) +
       std::string("\x00\x1d\x06\x00\x00\x00\x00\x00", 8);
   EXPECT_EQ(EncodeFinal(r), want);
   absl::StatusOr<TransferResult> back = DecodeFinal(Payload(want));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->first_token, -2);
-  EXPECT_EQ(back->first_logprob, -0.5f);
-  EXPECT_EQ(back->finish_reason, 3u);
+  ASSERT_EQ(back->samples.size(), 2u);
+  EXPECT_EQ(back->samples[0].token, -2);
+  EXPECT_EQ(back->samples[0].logprob, -0.5f);
+  EXPECT_EQ(back->samples[0].finish_reason, 3u);
+  ASSERT_EQ(back->samples[0].top_logprobs.size(), 1u);
+  EXPECT_EQ(back->samples[0].top_logprobs[0].token_id, 7);
+  EXPECT_EQ(back->samples[0].top_logprobs[0].logprob, -1.0f);
+  EXPECT_EQ(back->samples[1].token, 5);
+  EXPECT_EQ(back->samples[1].logprob, 0.25f);
+  EXPECT_EQ(back->samples[1].finish_reason, 0u);
+  EXPECT_TRUE(back->samples[1].top_logprobs.empty());
   EXPECT_EQ(back->frames, 0x0102030405060708ull);
   EXPECT_EQ(back->kv_bytes, 400640u);
+  EXPECT_EQ(back->peer_bit_exact_class, "");
+}
+
+// Encodes `samples` with fixed totals, decodes, and expects every field back.
+void ExpectFinalRoundTrip(const std::vector<FinalSample>& samples) {
+  TransferResult r;
+  r.samples = samples;
+  r.frames = 9;
+  r.kv_bytes = 6144;
+  const std::string msg = EncodeFinal(r);
+  // n_samples + per sample (16 + 8 x n_top) + frames + kv_bytes.
+  size_t want_payload = 4 + 16;
+  for (const FinalSample& s : samples) want_payload += 16 + 8 * s.top_logprobs.size();
+  uint32_t type = 0, len = 0;
+  GetHeader(msg.data(), &type, &len);
+  EXPECT_EQ(type, 5u);
+  EXPECT_EQ(len, want_payload);
+  EXPECT_EQ(msg.size(), kHeaderBytes + want_payload);
+  absl::StatusOr<TransferResult> back = DecodeFinal(Payload(msg));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameSamples(back->samples, samples));
+  EXPECT_EQ(back->frames, 9u);
+  EXPECT_EQ(back->kv_bytes, 6144u);
+}
+
+TEST(KvWireTest, FinalRoundTripOneAndThreeSamples) {
+  for (uint32_t n_top : {0u, 1u, 20u}) {
+    SCOPED_TRACE(absl::StrCat("1 sample, n_top ", n_top));
+    ExpectFinalRoundTrip(RandomSamples({n_top}, 10 + n_top));
+  }
+  SCOPED_TRACE("3 samples, n_top 0, 1, 20");
+  ExpectFinalRoundTrip(RandomSamples({0, 1, 20}, 3));
+  // The same n_tops in another order, and special logprobs.
+  std::vector<FinalSample> samples = RandomSamples({20, 0, 1}, 4);
+  samples[0].logprob = -std::numeric_limits<float>::infinity();
+  samples[1].logprob = -0.0f;
+  samples[2].top_logprobs[0].logprob = std::numeric_limits<float>::denorm_min();
+  ExpectFinalRoundTrip(samples);
+}
+
+TEST(KvWireTest, FinalAtTheLimitsRoundTripsAndFitsAControlMessage) {
+  // 16 samples x 20 top logprobs: 4 + 16 x (16 + 20 x 8) + 16 = 2,836 bytes.
+  EXPECT_EQ(kMaxFinalSamples, 16u);
+  EXPECT_EQ(kMaxFinalTopLogprobs, 20u);
+  EXPECT_EQ(kMaxFinalPayload, 2836u);
+  EXPECT_LE(kMaxFinalPayload, kMaxControlPayload);
+  const std::vector<FinalSample> samples =
+      RandomSamples(std::vector<uint32_t>(16, 20), 16);
+  TransferResult r;
+  r.samples = samples;
+  EXPECT_EQ(EncodeFinal(r).size(), kHeaderBytes + 2836);
+  ExpectFinalRoundTrip(samples);
+}
+
+// Every strict prefix of FinalByteLayout's message is DATA_LOSS naming the
+// field that the cut falls in; one trailing byte is DATA_LOSS too.
+TEST(KvWireTest, FinalTruncatedAtEveryOffsetNamesTheField) {
+  TransferResult r;
+  r.samples.resize(2);
+  r.samples[0].top_logprobs = {{7, -1.0f}};
+  const std::string payload = Payload(EncodeFinal(r));
+  ASSERT_EQ(payload.size(), 60u);
+  // [begin, end) of each field, from the table in wire.h.
+  const struct {
+    size_t begin, end;
+    const char* field;
+  } fields[] = {
+      {0, 4, "n_samples"},
+      {4, 8, "samples[0].token"},
+      {8, 12, "samples[0].logprob"},
+      {12, 16, "samples[0].finish_reason"},
+      {16, 20, "samples[0].n_top"},
+      {20, 24, "samples[0].top_logprobs[0].token_id"},
+      {24, 28, "samples[0].top_logprobs[0].logprob"},
+      {28, 32, "samples[1].token"},
+      {32, 36, "samples[1].logprob"},
+      {36, 40, "samples[1].finish_reason"},
+      {40, 44, "samples[1].n_top"},
+      {44, 52, "frames"},
+      {52, 60, "kv_bytes"},
+  };
+  for (const auto& f : fields) {
+    for (size_t n = f.begin; n < f.end; ++n) {
+      absl::StatusOr<TransferResult> t = DecodeFinal(payload.substr(0, n));
+      EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << n;
+      EXPECT_EQ(t.status().message(),
+                absl::StrCat("malformed KV FINAL message: field '", f.field,
+                             "' needs ", f.end - f.begin, " bytes, ",
+                             n - f.begin, " left"))
+          << n;
+    }
+  }
+  EXPECT_EQ(DecodeFinal(payload + "x").status().message(),
+            "malformed KV FINAL message: field 'end' 1 trailing bytes");
+  // The same for a bigger FINAL, by code: 3 samples with 0, 1, 20 top
+  // logprobs, and 16 x 20.
+  for (const std::vector<uint32_t>& n_tops :
+       {std::vector<uint32_t>{0, 1, 20}, std::vector<uint32_t>(16, 20)}) {
+    r.samples = RandomSamples(n_tops, 5);
+    const std::string big = Payload(EncodeFinal(r));
+    for (size_t n = 0; n < big.size(); ++n) {
+      EXPECT_EQ(DecodeFinal(big.substr(0, n)).status().code(),
+                absl::StatusCode::kDataLoss) << n;
+    }
+    EXPECT_TRUE(DecodeFinal(big).ok());
+    EXPECT_EQ(DecodeFinal(big + "x").status().code(),
+              absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST(KvWireTest, FinalCountsOutOfRangeAreDataLossNamingTheField) {
+  TransferResult r;  // no samples: n_samples 0
+  EXPECT_EQ(DecodeFinal(Payload(EncodeFinal(r))).status(),
+            absl::DataLossError("malformed KV FINAL message: field 'n_samples' "
+                                "0 outside [1, 16]"));
+  r.samples = RandomSamples(std::vector<uint32_t>(17, 0), 17);
+  EXPECT_EQ(DecodeFinal(Payload(EncodeFinal(r))).status(),
+            absl::DataLossError("malformed KV FINAL message: field 'n_samples' "
+                                "17 outside [1, 16]"));
+  // A huge count is refused before anything is allocated for it.
+  EXPECT_EQ(DecodeFinal(U32(0xffffffffu)).status(),
+            absl::DataLossError("malformed KV FINAL message: field 'n_samples' "
+                                "4294967295 outside [1, 16]"));
+  r.samples = RandomSamples({20, 21}, 21);
+  EXPECT_EQ(DecodeFinal(Payload(EncodeFinal(r))).status(),
+            absl::DataLossError("malformed KV FINAL message: field "
+                                "'samples[1].n_top' 21 outside [0, 20]"));
+  // sample 0: n_top 0xffffffff, nothing after it.
+  EXPECT_EQ(DecodeFinal(U32(1) + U32(1) + U32(0) + U32(0) + U32(0xffffffffu))
+                .status(),
+            absl::DataLossError("malformed KV FINAL message: field "
+                                "'samples[0].n_top' 4294967295 outside [0, 20]"));
+}
+
+// The single-token FINAL that v2 carried before per-sample FINALs
+// (i32 first_token, f32 first_logprob, u32 finish_reason, u64 frames,
+// u64 kv_bytes: 28 bytes) never decodes: n_samples out of range, or too
+// few bytes for the samples it would announce.
+TEST(KvWireTest, SingleTokenFinalIsDataLoss) {
+  for (int32_t token : {-1, 0, 1, 2, 16, 17, 42}) {
+    for (uint32_t frames_high : {0u, 1u, 20u, 21u}) {
+      const std::string old = U32(static_cast<uint32_t>(token)) +
+                              std::string("\x00\x00\x00\xbf", 4) + U32(2) +
+                              U32(5) + U32(frames_high) + U32(640) + U32(0);
+      ASSERT_EQ(old.size(), 28u);
+      EXPECT_EQ(DecodeFinal(old).status().code(), absl::StatusCode::kDataLoss)
+          << token << " " << frames_high;
+    }
+  }
 }
 
 TEST(KvWireTest, FrameByteLayoutAndRoundTrip) {
@@ -200,7 +370,9 @@ TEST(KvWireTest, RejectRoundTripAndUnknownCode) {
 TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
   const std::string hello =
       Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "class"}));
-  const std::string final_msg = Payload(EncodeFinal(TransferResult{}));
+  TransferResult one_sample;
+  one_sample.samples = ::tandem::kvtransfer::testing::OneSample(3, -1.5f, 1);
+  const std::string final_msg = Payload(EncodeFinal(one_sample));
   const std::string reject = Payload(EncodeReject(absl::AbortedError("old")));
   for (size_t n = 0; n < hello.size(); ++n) {
     EXPECT_EQ(DecodeHello(hello.substr(0, n)).status().code(),

@@ -141,9 +141,11 @@ TEST_F(PrefillWorkerTest, StreamsPromptKvAndReturnsGoldenFirstToken) {
     ASSERT_TRUE(r->done.Wait());
     ASSERT_TRUE(r->done.status().ok()) << r->done.status();
     kvtransfer::TransferResult final = r->done.result();
-    EXPECT_EQ(final.samples.at(0).token, c.generated[0]);
-    EXPECT_EQ(final.samples.at(0).logprob, (*result)->samples.at(0).token.logprob);
-    EXPECT_EQ(final.samples.at(0).finish_reason, 0u);
+    ASSERT_EQ(final.samples.size(), 1u);
+    EXPECT_EQ(final.samples[0].token, c.generated[0]);
+    EXPECT_EQ(final.samples[0].logprob, (*result)->samples.at(0).token.logprob);
+    EXPECT_EQ(final.samples[0].finish_reason, 0u);
+    EXPECT_TRUE(final.samples[0].top_logprobs.empty());  // logprobs 0
     EXPECT_EQ(final.frames, static_cast<uint64_t>(worker_testing::kStoriesLayers));
     EXPECT_EQ(final.kv_bytes, StoriesKvBytes(len));
     EXPECT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len));
@@ -195,7 +197,10 @@ TEST_F(PrefillWorkerTest, MaxTokensOneFinishesWithLength) {
   EXPECT_EQ((*result)->samples.at(0).finish_reason, FinishReason::kLength);
   ASSERT_TRUE(r->done.Wait());
   ASSERT_TRUE(r->done.status().ok()) << r->done.status();
-  EXPECT_EQ(r->done.result().samples.at(0).finish_reason, static_cast<uint32_t>(FinishReason::kLength));
+  const kvtransfer::TransferResult final = r->done.result();
+  ASSERT_EQ(final.samples.size(), 1u);
+  EXPECT_EQ(final.samples[0].token, c.generated[0]);
+  EXPECT_EQ(final.samples[0].finish_reason, static_cast<uint32_t>(FinishReason::kLength));
 }
 
 TEST_F(PrefillWorkerTest, NothingListeningIsUnavailable) {
