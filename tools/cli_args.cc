@@ -1,6 +1,7 @@
 #include "tools/cli_args.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,28 +11,47 @@ namespace tandem::cli {
 
 std::string ParsedArgs::GetString(const std::string& name, const std::string& fallback) const {
   auto it = flags_.find(name);
-  return it == flags_.end() ? fallback : it->second;
+  return it == flags_.end() ? fallback : it->second.back();
+}
+
+std::vector<std::string> ParsedArgs::GetAll(const std::string& name) const {
+  auto it = flags_.find(name);
+  return it == flags_.end() ? std::vector<std::string>() : it->second;
+}
+
+absl::StatusOr<int64_t> ParseIntValue(const std::string& name, const std::string& text) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": expected an integer, got '", text, "'"));
+  }
+  return value;
+}
+
+absl::StatusOr<double> ParseDoubleValue(const std::string& name, const std::string& text) {
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": expected a finite number, got '", text, "'"));
+  }
+  return value;
 }
 
 absl::StatusOr<int64_t> ParsedArgs::GetInt(const std::string& name, int64_t fallback) const {
   auto it = flags_.find(name);
   if (it == flags_.end()) return fallback;
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(it->second, &value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": expected an integer, got '", it->second, "'"));
-  }
-  return value;
+  return ParseIntValue(name, it->second.back());
 }
 
 absl::StatusOr<uint64_t> ParsedArgs::GetUint(const std::string& name, uint64_t fallback) const {
   auto it = flags_.find(name);
   if (it == flags_.end()) return fallback;
+  const std::string& text = it->second.back();
   uint64_t value = 0;
   // SimpleAtoi accepts a leading '-' for unsigned types on some versions.
-  if (it->second.empty() || it->second[0] == '-' || !absl::SimpleAtoi(it->second, &value)) {
+  if (text.empty() || text[0] == '-' || !absl::SimpleAtoi(text, &value)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": expected an unsigned integer, got '", it->second, "'"));
+        absl::StrCat("--", name, ": expected an unsigned integer, got '", text, "'"));
   }
   return value;
 }
@@ -39,12 +59,7 @@ absl::StatusOr<uint64_t> ParsedArgs::GetUint(const std::string& name, uint64_t f
 absl::StatusOr<double> ParsedArgs::GetDouble(const std::string& name, double fallback) const {
   auto it = flags_.find(name);
   if (it == flags_.end()) return fallback;
-  double value = 0;
-  if (!absl::SimpleAtod(it->second, &value) || !std::isfinite(value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": expected a finite number, got '", it->second, "'"));
-  }
-  return value;
+  return ParseDoubleValue(name, it->second.back());
 }
 
 absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
@@ -72,7 +87,7 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (known: ",
                                                      absl::StrJoin(known, " "), ")"));
     }
-    if (out.flags_.count(name) > 0) {
+    if (!flag->repeatable && out.flags_.count(name) > 0) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, ": given more than once"));
     }
     std::string value;
@@ -87,7 +102,7 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
     } else {
       return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
     }
-    out.flags_[name] = value;
+    out.flags_[name].push_back(std::move(value));
   }
   return out;
 }

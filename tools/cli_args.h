@@ -3,8 +3,9 @@
 // Each subcommand has its own small flag set, so the CLI parses by hand
 // instead of through absl flags (whose flags are process-global). Accepted
 // forms: "--name value", "--name=value", boolean "--name"; "--" ends the
-// flags; every other argument is positional. Errors are INVALID_ARGUMENT
-// naming the flag; the CLI prints them and exits 2.
+// flags; every other argument is positional. A flag may be given once
+// unless its spec says it is repeatable. Errors are INVALID_ARGUMENT naming
+// the flag; the CLI prints them and exits 2.
 #ifndef TANDEM_TOOLS_CLI_ARGS_H_
 #define TANDEM_TOOLS_CLI_ARGS_H_
 
@@ -17,10 +18,13 @@
 
 namespace tandem::cli {
 
-// One accepted flag: "--<name>"; `takes_value` false for booleans.
+// One accepted flag: "--<name>"; `takes_value` false for booleans;
+// `repeatable` true for a flag that may be given several times (its values
+// are kept in order, see ParsedArgs::GetAll).
 struct FlagSpec {
   std::string name;
   bool takes_value = true;
+  bool repeatable = false;
 };
 
 // The result of parsing one subcommand's arguments.
@@ -28,9 +32,13 @@ class ParsedArgs {
  public:
   // True when the flag appeared (a boolean flag or one with a value).
   bool Has(const std::string& name) const { return flags_.count(name) > 0; }
-  // The flag's value, or `fallback` when absent.
+  // The flag's value (the last one of a repeatable flag), or `fallback`
+  // when absent.
   std::string GetString(const std::string& name, const std::string& fallback) const;
-  // Typed values; INVALID_ARGUMENT "--<name>: expected ..." on a bad value.
+  // Every value of the flag in command-line order; empty when absent.
+  std::vector<std::string> GetAll(const std::string& name) const;
+  // Typed values (of the last occurrence); INVALID_ARGUMENT "--<name>:
+  // expected ..." on a bad value.
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
   absl::StatusOr<uint64_t> GetUint(const std::string& name, uint64_t fallback) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
@@ -40,12 +48,20 @@ class ParsedArgs {
  private:
   friend absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>&,
                                               const std::vector<FlagSpec>&);
-  std::map<std::string, std::string> flags_;  // name -> value ("" for booleans)
+  // name -> values in order ("" for booleans); one value unless repeatable.
+  std::map<std::string, std::vector<std::string>> flags_;
   std::vector<std::string> positional_;
 };
 
+// One flag value as a number, for values the getters do not reach (each
+// value of a repeatable flag, part of a value): INVALID_ARGUMENT
+// "--<name>: expected an integer, got '<text>'" (resp. "a finite number").
+absl::StatusOr<int64_t> ParseIntValue(const std::string& name, const std::string& text);
+absl::StatusOr<double> ParseDoubleValue(const std::string& name, const std::string& text);
+
 // Parses `args` (the arguments after the subcommand name) against `spec`.
-// Errors: unknown flag, missing value, value given to a boolean, repeated flag.
+// Errors: unknown flag, missing value, value given to a boolean, a flag
+// that is not repeatable given twice.
 absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
                                      const std::vector<FlagSpec>& spec);
 

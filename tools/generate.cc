@@ -1,13 +1,16 @@
 #include "tools/generate.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tools/cli_args.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "tools/cli_args.h"
 #include "tools/router_client.h"
 
 namespace tandem::cli {
@@ -15,50 +18,168 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: tandem generate [--router H:P] [--max-tokens N] [--temperature T] [--top-k K]\n"
-    "                       [--top-p P] [--seed S] [--route auto|local|remote] [--chat]\n"
+    "                       [--top-p P] [--min-p P] [--seed S] [--repetition-penalty P]\n"
+    "                       [--presence-penalty P] [--frequency-penalty P]\n"
+    "                       [--logit-bias ID=BIAS]... [--stop STR]... [--stop-token-id ID]...\n"
+    "                       [--include-stop-str] [--ignore-eos] [--min-tokens N]\n"
+    "                       [--logprobs N] [--n N] [--route auto|local|remote] [--chat]\n"
     "                       [--json] [--timeout-ms MS] PROMPT\n"
-    "  --chat: send PROMPT as one user message, rendered with the model's chat template\n";
+    "  --chat: send PROMPT as one user message, rendered with the model's chat template\n"
+    "  ...: the flag may be repeated; value ranges are checked by the router\n"
+    "  --n N > 1 without --json: one \"[sample S] TEXT\" line per sample as it finishes\n";
 
 double ToMs(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+// `value` of flag `name` if it lies in [lo, hi] (the proto field's type);
+// INVALID_ARGUMENT "--<name>: must be in LO..HI, got V" otherwise.
+absl::StatusOr<int64_t> CheckRange(const std::string& name, int64_t value, int64_t lo,
+                                   int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": must be in ", lo, "..", hi, ", got ", value));
+  }
+  return value;
+}
+
+// A uint32 field's flag (0 fits the field and is the router's to reject).
+absl::StatusOr<std::optional<uint32_t>> OptionalUint32(const ParsedArgs& parsed,
+                                                       const std::string& name) {
+  if (!parsed.Has(name)) return std::optional<uint32_t>();
+  absl::StatusOr<int64_t> value = parsed.GetInt(name, 0);
+  if (!value.ok()) return value.status();
+  value = CheckRange(name, *value, 0, std::numeric_limits<uint32_t>::max());
+  if (!value.ok()) return value.status();
+  return std::optional<uint32_t>(static_cast<uint32_t>(*value));
+}
+
+// An int32 field's value of flag `name`.
+absl::StatusOr<int32_t> Int32Value(const std::string& name, const std::string& text) {
+  absl::StatusOr<int64_t> value = ParseIntValue(name, text);
+  if (!value.ok()) return value.status();
+  value = CheckRange(name, *value, std::numeric_limits<int32_t>::min(),
+                     std::numeric_limits<int32_t>::max());
+  if (!value.ok()) return value.status();
+  return static_cast<int32_t>(*value);
+}
+
+// A float flag; `*out` is left alone when the flag is absent.
+template <typename T>
+absl::Status GetFloat(const ParsedArgs& parsed, const std::string& name, T* out) {
+  if (!parsed.Has(name)) return absl::OkStatus();
+  absl::StatusOr<double> value = parsed.GetDouble(name, 0);
+  if (!value.ok()) return value.status();
+  *out = static_cast<float>(*value);
+  return absl::OkStatus();
+}
+
+// "ID=BIAS" values of --logit-bias into `out`, one per id.
+absl::Status ParseLogitBias(const std::vector<std::string>& values,
+                            std::map<int32_t, float>* out) {
+  for (const std::string& v : values) {
+    const size_t eq = v.find('=');
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--logit-bias: expected ID=BIAS, got '", v, "'"));
+    }
+    absl::StatusOr<int32_t> id = Int32Value("logit-bias", v.substr(0, eq));
+    if (!id.ok()) return id.status();
+    absl::StatusOr<double> bias = ParseDoubleValue("logit-bias", v.substr(eq + 1));
+    if (!bias.ok()) return bias.status();
+    if (!out->emplace(*id, static_cast<float>(*bias)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--logit-bias: token id ", *id, " given more than once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The JSON of a logprob: the float's shortest round-trip decimal as a
+// double (so -0.1f is written -0.1, not -0.10000000149011612); null when
+// not finite.
+nlohmann::ordered_json FloatJson(float v) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[32];
+  const std::to_chars_result end = std::to_chars(buf, buf + sizeof(buf), v);
+  double d = v;
+  std::from_chars(buf, end.ptr, d);
+  return d;
+}
+
+nlohmann::ordered_json StopReasonJson(const tandem::v1::StopReason& r) {
+  switch (r.kind_case()) {
+    case tandem::v1::StopReason::kText:
+      return r.text();
+    case tandem::v1::StopReason::kTokenId:
+      return r.token_id();
+    case tandem::v1::StopReason::KIND_NOT_SET:
+      break;
+  }
+  return nullptr;
+}
 
 }  // namespace
 
 absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed =
-      ParseArgs(args, {{"router"}, {"max-tokens"}, {"temperature"}, {"top-k"}, {"top-p"},
-                       {"seed"}, {"route"}, {"chat", false}, {"json", false}, {"timeout-ms"}});
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(
+      args, {{"router"},
+             {"max-tokens"},
+             {"temperature"},
+             {"top-k"},
+             {"top-p"},
+             {"seed"},
+             {"route"},
+             {"chat", false},
+             {"json", false},
+             {"timeout-ms"},
+             {"stop", true, true},
+             {"stop-token-id", true, true},
+             {"include-stop-str", false},
+             {"ignore-eos", false},
+             {"min-tokens"},
+             {"logprobs"},
+             {"n"},
+             {"min-p"},
+             {"repetition-penalty"},
+             {"presence-penalty"},
+             {"frequency-penalty"},
+             {"logit-bias", true, true}});
   if (!parsed.ok()) return parsed.status();
   GenerateOptions o;
   o.router = parsed->GetString("router", o.router);
   if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
   o.json = parsed->Has("json");
   o.chat = parsed->Has("chat");
+  o.include_stop_str = parsed->Has("include-stop-str");
+  o.ignore_eos = parsed->Has("ignore-eos");
 
-  absl::StatusOr<int64_t> max_tokens = parsed->GetInt("max-tokens", o.max_tokens);
+  // Only the syntax and the field's type are checked here; value ranges
+  // are the router's (one place for every client).
+  absl::StatusOr<std::optional<uint32_t>> max_tokens = OptionalUint32(*parsed, "max-tokens");
   if (!max_tokens.ok()) return max_tokens.status();
-  // 0 fits the field and is the router's to reject, like every other range.
-  if (*max_tokens < 0 || *max_tokens > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-tokens: must be in 0..4294967295, got ", *max_tokens));
-  }
-  o.max_tokens = static_cast<uint32_t>(*max_tokens);
+  o.max_tokens = max_tokens->value_or(o.max_tokens);
+  absl::StatusOr<std::optional<uint32_t>> min_tokens = OptionalUint32(*parsed, "min-tokens");
+  if (!min_tokens.ok()) return min_tokens.status();
+  o.min_tokens = min_tokens->value_or(0);
+  absl::StatusOr<std::optional<uint32_t>> logprobs = OptionalUint32(*parsed, "logprobs");
+  if (!logprobs.ok()) return logprobs.status();
+  o.logprobs = *logprobs;
+  absl::StatusOr<std::optional<uint32_t>> n = OptionalUint32(*parsed, "n");
+  if (!n.ok()) return n.status();
+  o.n = *n;
 
-  // Range checks of the sampling values are the router's (one place for
-  // every client); here only the syntax.
-  absl::StatusOr<double> temperature = parsed->GetDouble("temperature", 0);
-  if (!temperature.ok()) return temperature.status();
-  o.temperature = static_cast<float>(*temperature);
-  if (parsed->Has("top-p")) {
-    absl::StatusOr<double> top_p = parsed->GetDouble("top-p", 0);
-    if (!top_p.ok()) return top_p.status();
-    o.top_p = static_cast<float>(*top_p);
+  for (absl::Status s : {GetFloat(*parsed, "temperature", &o.temperature),
+                         GetFloat(*parsed, "top-p", &o.top_p),
+                         GetFloat(*parsed, "min-p", &o.min_p),
+                         GetFloat(*parsed, "repetition-penalty", &o.repetition_penalty),
+                         GetFloat(*parsed, "presence-penalty", &o.presence_penalty),
+                         GetFloat(*parsed, "frequency-penalty", &o.frequency_penalty)}) {
+    if (!s.ok()) return s;
   }
-  absl::StatusOr<int64_t> top_k = parsed->GetInt("top-k", 0);
-  if (!top_k.ok()) return top_k.status();
-  if (*top_k > std::numeric_limits<int32_t>::max() || *top_k < std::numeric_limits<int32_t>::min()) {
-    return absl::InvalidArgumentError(absl::StrCat("--top-k: out of range, got ", *top_k));
+  if (parsed->Has("top-k")) {
+    absl::StatusOr<int32_t> top_k = Int32Value("top-k", parsed->GetString("top-k", ""));
+    if (!top_k.ok()) return top_k.status();
+    o.top_k = *top_k;
   }
-  o.top_k = static_cast<int32_t>(*top_k);
   if (parsed->Has("seed")) {
     absl::StatusOr<uint64_t> seed = parsed->GetUint("seed", 0);
     if (!seed.ok()) return seed.status();
@@ -70,6 +191,22 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
     return absl::InvalidArgumentError(absl::StrCat("--timeout-ms: must be >= 0, got ", *timeout_ms));
   }
   o.timeout_ms = *timeout_ms;
+
+  for (const std::string& id : parsed->GetAll("stop-token-id")) {
+    absl::StatusOr<int32_t> value = Int32Value("stop-token-id", id);
+    if (!value.ok()) return value.status();
+    o.stop_token_ids.push_back(*value);
+  }
+  if (absl::Status s = ParseLogitBias(parsed->GetAll("logit-bias"), &o.logit_bias); !s.ok()) {
+    return s;
+  }
+  o.stop = parsed->GetAll("stop");
+  // A protobuf string must be UTF-8: catch it here with one clear line.
+  for (const std::string& stop : o.stop) {
+    if (tandem::tokenizer::SanitizeUtf8(stop) != stop) {
+      return absl::InvalidArgumentError("--stop: not valid UTF-8");
+    }
+  }
 
   const std::string route = parsed->GetString("route", "auto");
   if (route == "auto") {
@@ -84,7 +221,6 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   }
   if (parsed->positional().empty()) return absl::InvalidArgumentError("missing PROMPT");
   o.prompt = absl::StrJoin(parsed->positional(), " ");
-  // A protobuf string must be UTF-8: catch it here with one clear line.
   if (tandem::tokenizer::SanitizeUtf8(o.prompt) != o.prompt) {
     return absl::InvalidArgumentError("PROMPT: not valid UTF-8");
   }
@@ -110,6 +246,22 @@ tandem::v1::GenerateRequest BuildGenerateRequest(const GenerateOptions& options)
     sampling->set_seed(*options.seed);
     sampling->set_has_seed(true);
   }
+  sampling->set_min_p(options.min_p);
+  if (options.repetition_penalty.has_value()) {
+    sampling->set_repetition_penalty(*options.repetition_penalty);
+  }
+  sampling->set_presence_penalty(options.presence_penalty);
+  sampling->set_frequency_penalty(options.frequency_penalty);
+  sampling->mutable_logit_bias()->insert(options.logit_bias.begin(), options.logit_bias.end());
+
+  request.mutable_stop()->Add(options.stop.begin(), options.stop.end());
+  request.mutable_stop_token_ids()->Add(options.stop_token_ids.begin(),
+                                        options.stop_token_ids.end());
+  request.set_include_stop_str_in_output(options.include_stop_str);
+  request.set_ignore_eos(options.ignore_eos);
+  request.set_min_tokens(options.min_tokens);
+  request.set_logprobs(options.logprobs.value_or(0));
+  if (options.n.has_value()) request.set_n(*options.n);
   return request;
 }
 
@@ -141,13 +293,56 @@ void GenerateResult::Add(const tandem::v1::GenerateResponse& r, absl::Duration s
   if (meta_.prefill_worker().empty()) meta_.set_prefill_worker(r.prefill_worker());
   if (meta_.decode_worker().empty()) meta_.set_decode_worker(r.decode_worker());
   if (meta_.prompt_token_ids().empty()) *meta_.mutable_prompt_token_ids() = r.prompt_token_ids();
-  for (const tandem::v1::TokenOutput& t : r.tokens()) token_ids_.push_back(t.token_id());
   if (!ttft_.has_value() && r.tokens_size() > 0) ttft_ = since_start;
-  text_ += r.text();
-  if (r.finish_reason() != tandem::v1::FINISH_NONE) finish_reason_ = r.finish_reason();
   if (r.prompt_tokens() != 0) prompt_tokens_ = r.prompt_tokens();
-  if (r.completion_tokens() != 0) completion_tokens_ = r.completion_tokens();
   if (r.cached_prompt_tokens() != 0) cached_prompt_tokens_ = r.cached_prompt_tokens();
+
+  if (r.sample_index() >= samples_.size()) samples_.resize(r.sample_index() + size_t{1});
+  Sample& s = samples_[r.sample_index()];
+  s.tokens.insert(s.tokens.end(), r.tokens().begin(), r.tokens().end());
+  s.text += r.text();
+  if (r.finish_reason() != tandem::v1::FINISH_NONE) s.finish_reason = r.finish_reason();
+  if (r.has_stop_reason()) s.stop_reason = r.stop_reason();
+  if (r.completion_tokens() != 0) s.completion_tokens = r.completion_tokens();
+}
+
+const GenerateResult::Sample& GenerateResult::SampleAt(uint32_t sample) const {
+  static const Sample* const kEmpty = new Sample();
+  return sample < samples_.size() ? samples_[sample] : *kEmpty;
+}
+
+std::string GenerateResult::text(uint32_t sample) const { return SampleAt(sample).text; }
+
+tandem::v1::FinishReason GenerateResult::finish_reason(uint32_t sample) const {
+  return SampleAt(sample).finish_reason;
+}
+
+size_t GenerateResult::CompletionTokens(const Sample& s) {
+  return s.completion_tokens != 0 ? s.completion_tokens : s.tokens.size();
+}
+
+void GenerateResult::AddSampleFields(const Sample& s, nlohmann::ordered_json* j) {
+  std::vector<int32_t> ids;
+  for (const tandem::v1::TokenOutput& t : s.tokens) ids.push_back(t.token_id());
+  (*j)["token_ids"] = ids;
+  (*j)["text"] = s.text;
+  const std::string finish = FinishReasonName(s.finish_reason);
+  (*j)["finish_reason"] =
+      finish.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(finish);
+  (*j)["stop_reason"] = StopReasonJson(s.stop_reason);
+}
+
+nlohmann::ordered_json GenerateResult::LogprobsJson(const Sample& s) {
+  nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();
+  for (const tandem::v1::TokenOutput& t : s.tokens) {
+    nlohmann::ordered_json top = nlohmann::ordered_json::array();
+    for (const tandem::v1::TopLogprob& alt : t.top_logprobs()) {
+      top.push_back({{"token_id", alt.token_id()}, {"logprob", FloatJson(alt.logprob())}});
+    }
+    logprobs.push_back(
+        {{"token_id", t.token_id()}, {"logprob", FloatJson(t.logprob())}, {"top_logprobs", top}});
+  }
+  return logprobs;
 }
 
 nlohmann::ordered_json GenerateResult::ToJson() const {
@@ -158,19 +353,32 @@ nlohmann::ordered_json GenerateResult::ToJson() const {
   j["decode_worker"] = meta_.decode_worker();
   j["prompt_token_ids"] =
       std::vector<int32_t>(meta_.prompt_token_ids().begin(), meta_.prompt_token_ids().end());
-  j["token_ids"] = token_ids_;
-  j["text"] = text_;
-  const std::string finish = FinishReasonName(finish_reason_);
-  j["finish_reason"] = finish.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(finish);
+  const Sample& first = SampleAt(0);
+  AddSampleFields(first, &j);
+  if (with_logprobs_) j["logprobs"] = LogprobsJson(first);
   j["usage"] = {
       {"prompt_tokens", prompt_tokens_ != 0 ? prompt_tokens_ : meta_.prompt_token_ids_size()},
-      {"completion_tokens", completion_tokens_ != 0 ? completion_tokens_ : token_ids_.size()},
+      {"completion_tokens", CompletionTokens(first)},
       {"cached_prompt_tokens", cached_prompt_tokens_}};
   auto ms = [](const std::optional<absl::Duration>& d) {
     return d.has_value() ? nlohmann::ordered_json(ToMs(*d)) : nlohmann::ordered_json(nullptr);
   };
   j["timing"] = {{"ttft_ms", ms(ttft_)}, {"e2e_ms", ms(e2e_)}};
   j["seed"] = meta_.seed();
+  if (n_ > 1) {
+    nlohmann::ordered_json samples = nlohmann::ordered_json::array();
+    const size_t count = std::max<size_t>(n_, samples_.size());
+    for (size_t i = 0; i < count; ++i) {
+      const Sample& s = SampleAt(static_cast<uint32_t>(i));
+      nlohmann::ordered_json one;
+      one["sample_index"] = i;
+      AddSampleFields(s, &one);
+      one["completion_tokens"] = CompletionTokens(s);
+      if (with_logprobs_) one["logprobs"] = LogprobsJson(s);
+      samples.push_back(std::move(one));
+    }
+    j["samples"] = std::move(samples);
+  }
   return j;
 }
 
@@ -193,12 +401,28 @@ int RunGenerate(const std::vector<std::string>& args) {
   const absl::Time start = absl::Now();
   std::unique_ptr<grpc::ClientReader<tandem::v1::GenerateResponse>> reader =
       stub->Generate(&context, BuildGenerateRequest(*options));
-  GenerateResult result;
+  const uint32_t n = options->n.value_or(1);
+  GenerateResult result(n, options->logprobs.has_value());
+  // n > 1: "[sample S] TEXT" once per sample, when its last message comes.
+  const bool per_sample = !options->json && n > 1;
+  std::vector<bool> printed;
+  auto print_sample = [&](uint32_t sample) {
+    if (sample >= printed.size()) printed.resize(sample + size_t{1}, false);
+    if (printed[sample]) return;
+    printed[sample] = true;
+    const std::string line = absl::StrCat("[sample ", sample, "] ", result.text(sample), "\n");
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);
+  };
   tandem::v1::GenerateResponse response;
   bool wrote_text = false;
   while (reader->Read(&response)) {
     result.Add(response, absl::Now() - start);
-    if (!options->json && !response.text().empty()) {
+    if (per_sample) {
+      if (response.finish_reason() != tandem::v1::FINISH_NONE) {
+        print_sample(response.sample_index());
+      }
+    } else if (!options->json && !response.text().empty()) {
       std::fwrite(response.text().data(), 1, response.text().size(), stdout);
       std::fflush(stdout);
       wrote_text = true;
@@ -213,6 +437,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!status.ok()) {
     std::cerr << GrpcErrorLine(status) << "\n";
     return 1;
+  }
+  if (per_sample) {
+    // Samples the stream ended without finishing, in index order.
+    for (uint32_t s = 0; s < n; ++s) print_sample(s);
   }
   if (options->json) {
     std::fprintf(stdout, "%s\n", result.ToJsonLine().c_str());

@@ -70,6 +70,30 @@ TEST(CliArgsTest, Errors) {
   }
 }
 
+TEST(CliArgsTest, RepeatableFlagsKeepEveryValueInOrder) {
+  const std::vector<FlagSpec> spec = {{"stop", true, true}, {"v", false, true}, {"router"}};
+  absl::StatusOr<ParsedArgs> a =
+      ParseArgs({"--stop", "a", "p", "--stop=b", "--v", "--stop", "a", "--v"}, spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(a->GetAll("stop"), ElementsAre("a", "b", "a"));
+  EXPECT_EQ(a->GetString("stop", ""), "a");  // the last one
+  EXPECT_THAT(a->GetAll("v"), ElementsAre("", ""));
+  EXPECT_TRUE(a->GetAll("router").empty());
+  EXPECT_THAT(a->positional(), ElementsAre("p"));
+  // A flag that is not repeatable still may not repeat.
+  absl::StatusOr<ParsedArgs> twice = ParseArgs({"--router", "a:1", "--router", "b:2"}, spec);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().message(), "--router: given more than once");
+}
+
+TEST(CliArgsTest, ValueParsersNameTheFlag) {
+  EXPECT_EQ(ParseIntValue("id", "-12").value_or(0), -12);
+  EXPECT_EQ(ParseIntValue("id", "1x").status().message(), "--id: expected an integer, got '1x'");
+  EXPECT_EQ(ParseDoubleValue("bias", "-2.5").value_or(0), -2.5);
+  EXPECT_EQ(ParseDoubleValue("bias", "inf").status().message(),
+            "--bias: expected a finite number, got 'inf'");
+}
+
 TEST(CliArgsTest, TypedGettersNameTheFlag) {
   absl::StatusOr<ParsedArgs> a = ParseArgs({"--max-tokens", "12x", "--router", "-3"}, kSpec);
   ASSERT_TRUE(a.ok());

@@ -335,13 +335,51 @@ TEST_F(CliTest, GenerateJsonAndText) {
   EXPECT_EQ(j.dump(), nlohmann::json::parse(R"({
       "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
       "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100, 101, 102],
-      "text": " t0 t1 t2", "finish_reason": "length",
+      "text": " t0 t1 t2", "finish_reason": "length", "stop_reason": null,
       "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})").dump());
 
   r = RunCommand({tandem_, "generate", "--router", address, "--max-tokens", "2", "--route", "local",
            "hello", "there"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, " t0 t1\n");
+}
+
+TEST_F(CliTest, GenerateSeveralSamples) {
+  ProcessGroup group;
+  const std::string address = StartRouter(group);
+  ASSERT_FALSE(address.empty());
+  // Text: one line per sample, in finishing order (the fake finishes
+  // sample 0 last).
+  Result r = RunCommand({tandem_, "generate", "--router", address, "--n", "2", "--max-tokens", "2",
+                         "hi"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[sample 1]  s1t0 s1t1\n[sample 0]  t0 t1\n");
+  // --json: sample 0 at the top, every sample under "samples".
+  r = RunCommand({tandem_, "generate", "--router", address, "--json", "--n", "2", "--max-tokens",
+                  "1", "--stop", "\n", "--logprobs", "2", "--seed", "1", "hi"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  j.erase("timing");
+  EXPECT_EQ(j.dump(), nlohmann::json::parse(R"({
+      "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
+      "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100],
+      "text": " t0", "finish_reason": "stop", "stop_reason": "\n",
+      "logprobs": [{"token_id": 100, "logprob": -0.5,
+                    "top_logprobs": [{"token_id": 100, "logprob": -0.5},
+                                     {"token_id": 101, "logprob": -1.5}]}],
+      "usage": {"prompt_tokens": 2, "completion_tokens": 1, "cached_prompt_tokens": 0},
+      "seed": 1,
+      "samples": [
+        {"sample_index": 0, "token_ids": [100], "text": " t0", "finish_reason": "stop",
+         "stop_reason": "\n", "completion_tokens": 1,
+         "logprobs": [{"token_id": 100, "logprob": -0.5,
+                       "top_logprobs": [{"token_id": 100, "logprob": -0.5},
+                                        {"token_id": 101, "logprob": -1.5}]}]},
+        {"sample_index": 1, "token_ids": [1100], "text": " s1t0", "finish_reason": "stop",
+         "stop_reason": "\n", "completion_tokens": 1,
+         "logprobs": [{"token_id": 1100, "logprob": -0.5,
+                       "top_logprobs": [{"token_id": 1100, "logprob": -0.5},
+                                        {"token_id": 1101, "logprob": -1.5}]}]}]})").dump());
 }
 
 TEST_F(CliTest, GenerateErrors) {

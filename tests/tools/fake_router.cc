@@ -13,8 +13,13 @@
 // router". Otherwise one metadata message (request_id "fake-1", prompt ids
 // [1, prompt length], seed = the request's or 4242, route "local" for
 // ROUTE_LOCAL else "remote" with prefill_worker "prefill-0"), then one
-// message per token i < max_tokens (token_id 100 + i, text " t<i>"); the last
-// carries FINISH_LENGTH and the usage counts.
+// message per token i < max_tokens and sample s < n (request n, 1 when
+// unset), samples in descending order within a step, so sample 0 finishes
+// last: token_id 100 + 1000 s + i, text " t<i>" (sample 0) or " s<s>t<i>",
+// logprob -0.5 and, with request logprobs k, k alternatives (id + j,
+// logprob -0.5 - j for j < k). A sample's last message carries
+// FINISH_LENGTH, or with request stop strings FINISH_STOP and stop_reason =
+// the first of them, and the usage counts.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -54,18 +59,34 @@ class FakeGeneration final : public tandem::v1::Generation::Service {
     meta.add_prompt_token_ids(static_cast<int32_t>(request->prompt().size()));
     meta.set_seed(request->sampling().has_seed() ? request->sampling().seed() : 4242);
     writer->Write(meta);
+    const uint32_t n = request->has_n() && request->n() > 0 ? request->n() : 1;
     for (uint32_t i = 0; i < request->max_tokens(); ++i) {
-      tandem::v1::GenerateResponse r;
-      tandem::v1::TokenOutput* t = r.add_tokens();
-      t->set_index(i);
-      t->set_token_id(static_cast<int32_t>(100 + i));
-      r.set_text(" t" + std::to_string(i));
-      if (i + 1 == request->max_tokens()) {
-        r.set_finish_reason(tandem::v1::FINISH_LENGTH);
-        r.set_prompt_tokens(2);
-        r.set_completion_tokens(request->max_tokens());
+      for (uint32_t s = n; s-- > 0;) {
+        tandem::v1::GenerateResponse r;
+        r.set_sample_index(s);
+        tandem::v1::TokenOutput* t = r.add_tokens();
+        t->set_index(i);
+        t->set_sample_index(s);
+        t->set_token_id(static_cast<int32_t>(100 + 1000 * s + i));
+        t->set_logprob(-0.5f);
+        for (uint32_t j = 0; j < request->logprobs(); ++j) {
+          tandem::v1::TopLogprob* alt = t->add_top_logprobs();
+          alt->set_token_id(t->token_id() + static_cast<int32_t>(j));
+          alt->set_logprob(-0.5f - static_cast<float>(j));
+        }
+        r.set_text((s == 0 ? " t" : " s" + std::to_string(s) + "t") + std::to_string(i));
+        if (i + 1 == request->max_tokens()) {
+          if (request->stop_size() > 0) {
+            r.set_finish_reason(tandem::v1::FINISH_STOP);
+            r.mutable_stop_reason()->set_text(request->stop(0));
+          } else {
+            r.set_finish_reason(tandem::v1::FINISH_LENGTH);
+          }
+          r.set_prompt_tokens(2);
+          r.set_completion_tokens(request->max_tokens());
+        }
+        writer->Write(r);
       }
-      writer->Write(r);
     }
     return grpc::Status::OK;
   }

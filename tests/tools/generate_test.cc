@@ -8,6 +8,7 @@
 namespace tandem::cli {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(GenerateArgsTest, Defaults) {
@@ -30,6 +31,65 @@ TEST(GenerateArgsTest, Defaults) {
   EXPECT_FALSE(r.sampling().has_top_p());
   EXPECT_FALSE(r.sampling().has_seed());
   EXPECT_EQ(r.route_override(), tandem::v1::ROUTE_AUTO);
+  // Generation controls not given: nothing sent (proto defaults, optionals
+  // absent), and no logprobs in the JSON.
+  EXPECT_FALSE(o->logprobs.has_value());
+  EXPECT_EQ(r.stop_size(), 0);
+  EXPECT_EQ(r.stop_token_ids_size(), 0);
+  EXPECT_FALSE(r.include_stop_str_in_output());
+  EXPECT_FALSE(r.ignore_eos());
+  EXPECT_EQ(r.min_tokens(), 0u);
+  EXPECT_EQ(r.logprobs(), 0u);
+  EXPECT_FALSE(r.has_n());
+  EXPECT_EQ(r.sampling().min_p(), 0.0f);
+  EXPECT_FALSE(r.sampling().has_repetition_penalty());
+  EXPECT_EQ(r.sampling().presence_penalty(), 0.0f);
+  EXPECT_EQ(r.sampling().frequency_penalty(), 0.0f);
+  EXPECT_TRUE(r.sampling().logit_bias().empty());
+}
+
+TEST(GenerateArgsTest, GenerationControls) {
+  absl::StatusOr<GenerateOptions> o = ParseGenerateArgs(
+      {"--stop", "\n\n", "--stop-token-id", "7", "--stop=END", "--stop-token-id=-3",
+       "--stop", "--json", "--include-stop-str", "--ignore-eos", "--min-tokens", "4",
+       "--logprobs", "5", "--n", "3", "--min-p", "0.05", "--repetition-penalty", "1.25",
+       "--presence-penalty", "-0.5", "--frequency-penalty=1.5", "--logit-bias", "42=-100",
+       "--logit-bias=7=2.5", "--stop", "日本", "p"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->json);  // "--json" was the value of --stop
+  const tandem::v1::GenerateRequest r = BuildGenerateRequest(*o);
+  EXPECT_THAT(r.stop(), ElementsAre("\n\n", "END", "--json", "日本"));  // in order
+  EXPECT_THAT(r.stop_token_ids(), ElementsAre(7, -3));
+  EXPECT_TRUE(r.include_stop_str_in_output());
+  EXPECT_TRUE(r.ignore_eos());
+  EXPECT_EQ(r.min_tokens(), 4u);
+  EXPECT_EQ(r.logprobs(), 5u);
+  ASSERT_TRUE(r.has_n());
+  EXPECT_EQ(r.n(), 3u);
+  EXPECT_EQ(r.sampling().min_p(), 0.05f);
+  ASSERT_TRUE(r.sampling().has_repetition_penalty());
+  EXPECT_EQ(r.sampling().repetition_penalty(), 1.25f);
+  EXPECT_EQ(r.sampling().presence_penalty(), -0.5f);
+  EXPECT_EQ(r.sampling().frequency_penalty(), 1.5f);
+  ASSERT_EQ(r.sampling().logit_bias().size(), 2u);
+  EXPECT_EQ(r.sampling().logit_bias().at(42), -100.0f);
+  EXPECT_EQ(r.sampling().logit_bias().at(7), 2.5f);
+  EXPECT_EQ(r.prompt(), "p");
+
+  // Values the router rejects still parse: its INVALID_ARGUMENT names the
+  // field. --n 1 and --repetition-penalty 1 are sent as given (set).
+  const tandem::v1::GenerateRequest edge = BuildGenerateRequest(*ParseGenerateArgs(
+      {"--n", "0", "--logprobs", "0", "--min-p", "7", "--repetition-penalty", "1",
+       "--logit-bias", "-1=1e30", "--stop", "", "p"}));
+  ASSERT_TRUE(edge.has_n());
+  EXPECT_EQ(edge.n(), 0u);
+  EXPECT_EQ(edge.logprobs(), 0u);
+  EXPECT_EQ(edge.sampling().min_p(), 7.0f);
+  ASSERT_TRUE(edge.sampling().has_repetition_penalty());
+  EXPECT_EQ(edge.sampling().repetition_penalty(), 1.0f);
+  EXPECT_EQ(edge.sampling().logit_bias().at(-1), 1e30f);
+  EXPECT_THAT(edge.stop(), ElementsAre(""));
+  EXPECT_TRUE(ParseGenerateArgs({"--logprobs", "0", "p"})->logprobs.has_value());
 }
 
 TEST(GenerateArgsTest, EveryFlag) {
@@ -94,9 +154,37 @@ TEST(GenerateArgsTest, Errors) {
       {{"--max-tokens", "4294967296", "p"}, "--max-tokens: must be in 0..4294967295, got 4294967296"},
       {{"--seed", "-1", "p"}, "--seed: expected an unsigned integer, got '-1'"},
       {{"--temperature", "warm", "p"}, "--temperature: expected a finite number, got 'warm'"},
-      {{"--top-k", "9999999999", "p"}, "--top-k: out of range, got 9999999999"},
+      {{"--top-k", "9999999999", "p"},
+       "--top-k: must be in -2147483648..2147483647, got 9999999999"},
       {{"--timeout-ms", "-5", "p"}, "--timeout-ms: must be >= 0, got -5"},
       {{"--stream", "p"}, "unknown flag --stream"},
+      {{"--n", "two", "p"}, "--n: expected an integer, got 'two'"},
+      {{"--n", "-1", "p"}, "--n: must be in 0..4294967295, got -1"},
+      {{"--n", "1", "--n", "2", "p"}, "--n: given more than once"},
+      {{"--logprobs", "4294967296", "p"},
+       "--logprobs: must be in 0..4294967295, got 4294967296"},
+      {{"--min-tokens", "1.5", "p"}, "--min-tokens: expected an integer, got '1.5'"},
+      {{"--stop-token-id", "1", "--stop-token-id", "x", "p"},
+       "--stop-token-id: expected an integer, got 'x'"},
+      {{"--stop-token-id", "2147483648", "p"},
+       "--stop-token-id: must be in -2147483648..2147483647, got 2147483648"},
+      {{"--stop", "\xff", "p"}, "--stop: not valid UTF-8"},
+      {{"--stop"}, "--stop: missing value"},
+      {{"--include-stop-str=1", "p"}, "--include-stop-str: takes no value"},
+      {{"--ignore-eos", "--ignore-eos", "p"}, "--ignore-eos: given more than once"},
+      {{"--min-p", "nan", "p"}, "--min-p: expected a finite number, got 'nan'"},
+      {{"--repetition-penalty", "", "p"},
+       "--repetition-penalty: expected a finite number, got ''"},
+      {{"--presence-penalty", "inf", "p"},
+       "--presence-penalty: expected a finite number, got 'inf'"},
+      {{"--frequency-penalty", "x", "p"}, "--frequency-penalty: expected a finite number, got 'x'"},
+      {{"--logit-bias", "5", "p"}, "--logit-bias: expected ID=BIAS, got '5'"},
+      {{"--logit-bias", "a=1", "p"}, "--logit-bias: expected an integer, got 'a'"},
+      {{"--logit-bias", "5=", "p"}, "--logit-bias: expected a finite number, got ''"},
+      {{"--logit-bias", "9999999999=1", "p"},
+       "--logit-bias: must be in -2147483648..2147483647, got 9999999999"},
+      {{"--logit-bias", "5=1", "--logit-bias", "5=2", "p"},
+       "--logit-bias: token id 5 given more than once"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<GenerateOptions> o = ParseGenerateArgs(c.args);
@@ -148,7 +236,8 @@ TEST(GenerateResultTest, RemoteStreamToJsonLine) {
             R"({"request_id":"0123456789abcdef0123456789abcdef","route":"remote",)"
             R"("prefill_worker":"prefill-0","decode_worker":"decode-0",)"
             R"("prompt_token_ids":[1,500,600],"token_ids":[42,43,44],"text":"Once upon a",)"
-            R"("finish_reason":"length","usage":{"prompt_tokens":3,"completion_tokens":3,"cached_prompt_tokens":0},)"
+            R"("finish_reason":"length","stop_reason":null,)"
+            R"("usage":{"prompt_tokens":3,"completion_tokens":3,"cached_prompt_tokens":0},)"
             R"("timing":{"ttft_ms":5.0,"e2e_ms":10.25},"seed":7})");
 }
 
@@ -172,8 +261,111 @@ TEST(GenerateResultTest, TtftIsTheFirstMessageWithATokenAndCountsFallBack) {
   EXPECT_EQ(result.ToJsonLine(),
             R"({"request_id":"r1","route":"local","prefill_worker":"","decode_worker":"decode-0",)"
             R"("prompt_token_ids":[1,9],"token_ids":[5,6],"text":"ab","finish_reason":null,)"
+            R"("stop_reason":null,)"
             R"("usage":{"prompt_tokens":2,"completion_tokens":2,"cached_prompt_tokens":0},)"
             R"("timing":{"ttft_ms":4.0,"e2e_ms":6.0},"seed":0})");
+}
+
+// One token with its logprob and top alternatives ({id, logprob} pairs).
+tandem::v1::TokenOutput Token(uint32_t index, int32_t id, float logprob,
+                              std::vector<std::pair<int32_t, float>> top) {
+  tandem::v1::TokenOutput t;
+  t.set_index(index);
+  t.set_token_id(id);
+  t.set_logprob(logprob);
+  for (auto [alt, lp] : top) {
+    tandem::v1::TopLogprob* a = t.add_top_logprobs();
+    a->set_token_id(alt);
+    a->set_logprob(lp);
+  }
+  return t;
+}
+
+tandem::v1::GenerateResponse SampleMessage(uint32_t sample, tandem::v1::TokenOutput token,
+                                           const std::string& text) {
+  tandem::v1::GenerateResponse r;
+  r.set_sample_index(sample);
+  token.set_sample_index(sample);
+  *r.add_tokens() = std::move(token);
+  r.set_text(text);
+  return r;
+}
+
+TEST(GenerateResultTest, TwoSamplesWithStopReasonsAndTopLogprobs) {
+  // Interleaved samples; sample 1 finishes last with the larger count, so
+  // usage must take sample 0's count, not the last message's.
+  tandem::v1::GenerateResponse meta;
+  meta.set_request_id("r2");
+  meta.set_route("local");
+  meta.set_decode_worker("decode-0");
+  meta.add_prompt_token_ids(1);
+  meta.add_prompt_token_ids(9);
+  meta.set_seed(3);
+  tandem::v1::GenerateResponse s0_last =
+      SampleMessage(0, Token(1, 13, -0.1f, {{13, -0.1f}, {11, -3.0f}}), "y");
+  s0_last.set_finish_reason(tandem::v1::FINISH_STOP);
+  s0_last.mutable_stop_reason()->set_text("!");
+  s0_last.set_completion_tokens(2);
+  s0_last.set_prompt_tokens(2);
+  s0_last.set_cached_prompt_tokens(1);
+  tandem::v1::GenerateResponse s1_last = SampleMessage(1, Token(2, 2, -0.5f, {}), "");
+  s1_last.set_finish_reason(tandem::v1::FINISH_STOP);
+  s1_last.mutable_stop_reason()->set_token_id(2);
+  s1_last.set_completion_tokens(3);
+
+  const std::vector<tandem::v1::GenerateResponse> stream = {
+      meta,
+      SampleMessage(0, Token(0, 11, -0.25f, {{11, -0.25f}, {12, -1.5f}}), "He"),
+      SampleMessage(1, Token(0, 12, -1.5f, {{11, -0.25f}, {12, -1.5f}}), "Hi"),
+      s0_last,
+      SampleMessage(1, Token(1, 14, -2.0f, {{11, -0.25f}}), "!"),
+      s1_last,
+  };
+  GenerateResult result(/*n=*/2, /*with_logprobs=*/true);
+  for (size_t i = 0; i < stream.size(); ++i) {
+    result.Add(stream[i], absl::Milliseconds(2 + 2 * static_cast<int64_t>(i)));
+  }
+  result.Finish(absl::Milliseconds(20));
+  EXPECT_EQ(result.text(0), "Hey");
+  EXPECT_EQ(result.text(1), "Hi!");
+  EXPECT_EQ(result.text(2), "");
+  EXPECT_EQ(result.finish_reason(1), tandem::v1::FINISH_STOP);
+  EXPECT_EQ(result.finish_reason(2), tandem::v1::FINISH_NONE);
+  const std::string lp0 =
+      R"([{"token_id":11,"logprob":-0.25,"top_logprobs":[{"token_id":11,"logprob":-0.25},)"
+      R"({"token_id":12,"logprob":-1.5}]},{"token_id":13,"logprob":-0.1,"top_logprobs":)"
+      R"([{"token_id":13,"logprob":-0.1},{"token_id":11,"logprob":-3.0}]}])";
+  const std::string lp1 =
+      R"([{"token_id":12,"logprob":-1.5,"top_logprobs":[{"token_id":11,"logprob":-0.25},)"
+      R"({"token_id":12,"logprob":-1.5}]},{"token_id":14,"logprob":-2.0,"top_logprobs":)"
+      R"([{"token_id":11,"logprob":-0.25}]},{"token_id":2,"logprob":-0.5,"top_logprobs":[]}])";
+  EXPECT_EQ(result.ToJsonLine(),
+            R"({"request_id":"r2","route":"local","prefill_worker":"","decode_worker":"decode-0",)"
+            R"("prompt_token_ids":[1,9],"token_ids":[11,13],"text":"Hey","finish_reason":"stop",)"
+            R"("stop_reason":"!","logprobs":)" + lp0 +
+            R"(,"usage":{"prompt_tokens":2,"completion_tokens":2,"cached_prompt_tokens":1},)"
+            R"("timing":{"ttft_ms":4.0,"e2e_ms":20.0},"seed":3,"samples":[)"
+            R"({"sample_index":0,"token_ids":[11,13],"text":"Hey","finish_reason":"stop",)"
+            R"("stop_reason":"!","completion_tokens":2,"logprobs":)" + lp0 + "},"
+            R"({"sample_index":1,"token_ids":[12,14,2],"text":"Hi!","finish_reason":"stop",)"
+            R"("stop_reason":2,"completion_tokens":3,"logprobs":)" + lp1 + "}]}");
+
+  // Without --logprobs no "logprobs"; every requested sample is listed, one
+  // the stream never carried as empty.
+  GenerateResult three(/*n=*/3);
+  for (const tandem::v1::GenerateResponse& r : stream) three.Add(r, absl::Milliseconds(1));
+  const nlohmann::ordered_json j = three.ToJson();
+  EXPECT_FALSE(j.contains("logprobs"));
+  ASSERT_EQ(j["samples"].size(), 3u);
+  EXPECT_FALSE(j["samples"][1].contains("logprobs"));
+  EXPECT_EQ(j["samples"][2].dump(),
+            R"({"sample_index":2,"token_ids":[],"text":"","finish_reason":null,)"
+            R"("stop_reason":null,"completion_tokens":0})");
+  // n = 1 (the default): sample 0's fields only, no "samples".
+  GenerateResult one;
+  for (const tandem::v1::GenerateResponse& r : stream) one.Add(r, absl::Milliseconds(1));
+  EXPECT_FALSE(one.ToJson().contains("samples"));
+  EXPECT_EQ(one.ToJson()["text"], "Hey");
 }
 
 TEST(GenerateResultTest, NoTokensGivesNullTtftAndInvalidUtf8IsReplaced) {
