@@ -11,28 +11,10 @@
 #include "engine/core/request_validation.h"
 #include "router/generate_call.h"
 #include "router/request_prompt.h"
+#include "router/stop_strings.h"
 
 namespace tandem::router {
 namespace {
-
-// GenerateRequest.stop: at most 16 strings of 1..256 bytes (their UTF-8 is
-// checked when the request is parsed).
-absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
-  constexpr size_t kMaxStopStrings = 16;
-  constexpr size_t kMaxStopBytes = 256;
-  if (stops.size() > kMaxStopStrings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stops.size()));
-  }
-  for (size_t i = 0; i < stops.size(); ++i) {
-    if (stops[i].empty() || stops[i].size() > kMaxStopBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must be 1 to ",
-                                                     kMaxStopBytes, " bytes, got ",
-                                                     stops[i].size()));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // The engine's part of a public request (n unset -> 1).
 v1::EngineControls ControlsOf(const v1::GenerateRequest& request) {

@@ -3,6 +3,8 @@
 #include <deque>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::router {
 
 // Aho-Corasick automaton (Aho & Corasick 1975) with sparse goto edges and
@@ -138,6 +140,21 @@ std::string StopStringMatcher::Flush() {
   held_.clear();
   state_ = 0;
   return rest;
+}
+
+absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
+  if (stops.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stops.size()));
+  }
+  for (size_t i = 0; i < stops.size(); ++i) {
+    if (stops[i].empty() || stops[i].size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must be 1 to ",
+                                                     kMaxStopStringBytes, " bytes, got ",
+                                                     stops[i].size()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::router

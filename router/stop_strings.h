@@ -55,7 +55,18 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace tandem::router {
+
+// GenerateRequest.stop's limits.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
+
+// INVALID_ARGUMENT "stop: at most 16 strings, got N" or "stop[i]: must be 1
+// to 256 bytes, got N". (Their UTF-8 is checked when the request is
+// parsed.)
+absl::Status ValidateStopStrings(const std::vector<std::string>& stops);
 
 // What one StopStringMatcher::Push releases.
 struct StopPush {
