@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/server/proto_convert.h"
 #include "common/server/status_util.h"
 #include "common/server/stream_sink.h"
@@ -74,6 +76,19 @@ grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
   absl::Status submitted = core->Submit(std::move(req));
   if (!submitted.ok()) sink->Finish(rpc::ToGrpc(submitted));
   return reactor;
+}
+
+grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
+                                                      const v1::CancelSampleRequest* request,
+                                                      v1::CancelSampleResponse*) {
+  if (request->sample_index() >= static_cast<uint32_t>(core::kMaxSamples)) {
+    return rpc::FinishUnary(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("sample_index: must be < ", core::kMaxSamples,
+                                           ", got ", request->sample_index())));
+  }
+  core_->CancelSample(request->request_id(), request->sample_index());
+  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 v1::WorkerStatus DecodeService::Status() {

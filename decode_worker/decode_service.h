@@ -28,6 +28,13 @@ class DecodeService final : public v1::DecodeWorker::CallbackService,
   grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
       const v1::DecodeGenerateRequest* request) override;
+  // Ends one sample of a running Generate call (core::EngineCore::
+  // CancelSample). An unknown request id or a finished sample is not an
+  // error (the sample may have ended meanwhile); a sample_index >= 16
+  // (kMaxSamples) is INVALID_ARGUMENT.
+  grpc::ServerUnaryReactor* CancelSample(grpc::CallbackServerContext* context,
+                                         const v1::CancelSampleRequest* request,
+                                         v1::CancelSampleResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::WorkerStatus* response) override;
