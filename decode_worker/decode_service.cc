@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/server/proto_convert.h"
+#include "common/server/raw_call.h"
 #include "common/server/status_util.h"
 #include "common/server/stream_sink.h"
 #include "common/server/worker_engine.h"
@@ -57,7 +58,14 @@ DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
       bit_exact_class_(std::move(bit_exact_class)),
       status_(std::move(status)) {}
 
-grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return rpc::ServeStream<v1::DecodeGenerateRequest>(
+      request,
+      [&](const v1::DecodeGenerateRequest* parsed) { return GenerateParsed(context, parsed); });
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
     grpc::CallbackServerContext* context, const v1::DecodeGenerateRequest* request) {
   core::EngineCore* core = core_.get();
   const std::string id = request->request_id();
@@ -77,6 +85,21 @@ grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
   absl::Status submitted = core->Submit(std::move(req));
   if (!submitted.ok()) sink->Finish(rpc::ToGrpc(submitted));
   return reactor;
+}
+
+grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return rpc::ServeUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
+      context, request, response,
+      [this](const v1::CancelSampleRequest* parsed, v1::CancelSampleResponse* out) {
+        return CancelSampleParsed(parsed, out);
+      });
+}
+
+grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest*,
+                                               v1::CancelSampleResponse*) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "CancelSample is not implemented yet");
 }
 
 v1::WorkerStatus DecodeService::Status() {
