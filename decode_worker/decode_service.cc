@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-
 #include "common/server/proto_convert.h"
+#include "common/server/raw_call.h"
 #include "common/server/status_util.h"
 #include "common/server/stream_sink.h"
 #include "common/server/worker_engine.h"
@@ -55,7 +55,14 @@ DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
       bit_exact_class_(std::move(bit_exact_class)),
       status_(std::move(status)) {}
 
-grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return rpc::ServeStream<v1::DecodeGenerateRequest>(
+      request,
+      [&](const v1::DecodeGenerateRequest* parsed) { return GenerateParsed(context, parsed); });
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
     grpc::CallbackServerContext* context, const v1::DecodeGenerateRequest* request) {
   core::EngineCore* core = core_.get();
   const std::string id = request->request_id();
@@ -79,16 +86,24 @@ grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* DecodeService::Generate(
 }
 
 grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
-                                                      const v1::CancelSampleRequest* request,
-                                                      v1::CancelSampleResponse*) {
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return rpc::ServeUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
+      context, request, response,
+      [this](const v1::CancelSampleRequest* parsed, v1::CancelSampleResponse* out) {
+        return CancelSampleParsed(parsed, out);
+      });
+}
+
+grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* request,
+                                               v1::CancelSampleResponse*) {
   if (request->sample_index() >= static_cast<uint32_t>(core::kMaxSamples)) {
-    return rpc::FinishUnary(
-        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("sample_index: must be < ", core::kMaxSamples,
-                                           ", got ", request->sample_index())));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("sample_index: must be < ", core::kMaxSamples, ", got ",
+                                     request->sample_index()));
   }
   core_->CancelSample(request->request_id(), request->sample_index());
-  return rpc::FinishUnary(context, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 v1::WorkerStatus DecodeService::Status() {

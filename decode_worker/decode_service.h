@@ -17,24 +17,28 @@
 
 namespace tandem::decode {
 
-class DecodeService final : public v1::DecodeWorker::CallbackService,
-                            public WorkerRuntime {
+// DecodeWorker with Generate and CancelSample raw (their requests carry
+// text and are parsed with rpc::ParseStrict, common/server/raw_call.h);
+// GetStatus typed.
+using DecodeWorkerBase = v1::DecodeWorker::WithRawCallbackMethod_Generate<
+    v1::DecodeWorker::WithRawCallbackMethod_CancelSample<
+        v1::DecodeWorker::WithCallbackMethod_GetStatus<v1::DecodeWorker::Service>>>;
+
+class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
  public:
   // `receiver` is the core's loader (owned by the core). `status` fills
   // name/role/address for GetStatus (from RunWorkerMain).
   DecodeService(std::unique_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
                 std::string bit_exact_class, std::function<v1::WorkerStatus()> status);
 
-  grpc::ServerWriteReactor<v1::DecodeGenerateResponse>* Generate(
-      grpc::CallbackServerContext* context,
-      const v1::DecodeGenerateRequest* request) override;
-  // Ends one sample of a running Generate call (core::EngineCore::
-  // CancelSample). An unknown request id or a finished sample is not an
-  // error (the sample may have ended meanwhile); a sample_index >= 16
-  // (kMaxSamples) is INVALID_ARGUMENT.
+  // Generate and CancelSample: a request whose text is not UTF-8 gets
+  // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
+  // bodies below.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* CancelSample(grpc::CallbackServerContext* context,
-                                         const v1::CancelSampleRequest* request,
-                                         v1::CancelSampleResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::WorkerStatus* response) override;
@@ -45,6 +49,17 @@ class DecodeService final : public v1::DecodeWorker::CallbackService,
   void Shutdown() override { core_->Shutdown(); }
 
  private:
+  // The typed bodies, once the request parsed. `request` is valid until
+  // they return.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateParsed(
+      grpc::CallbackServerContext* context, const v1::DecodeGenerateRequest* request);
+  // Ends one sample of a running Generate call (core::EngineCore::
+  // CancelSample). An unknown request id or a finished sample is not an
+  // error (the sample may have ended meanwhile); sample_index >= 16
+  // (core::kMaxSamples) is INVALID_ARGUMENT.
+  grpc::Status CancelSampleParsed(const v1::CancelSampleRequest* request,
+                                  v1::CancelSampleResponse* response);
+
   std::unique_ptr<core::EngineCore> core_;
   const ReceiverKvLoader* const receiver_;
   const std::string bit_exact_class_;

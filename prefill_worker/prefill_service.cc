@@ -10,18 +10,16 @@
 namespace tandem::prefill {
 namespace {
 
-// Unary reactor that forwards a client cancel to the core. Deletes itself
+// A Prefill call that forwards a client cancel to the core. Deletes itself
 // in OnDone.
-class PrefillReactor : public grpc::ServerUnaryReactor {
+class PrefillReactor : public rpc::UnaryCall<v1::PrefillRequest, v1::PrefillResponse> {
  public:
-  PrefillReactor(core::EngineCore* core, std::string request_id)
-      : core_(core), request_id_(std::move(request_id)) {}
-  void OnCancel() override { core_->Cancel(request_id_); }
-  void OnDone() override { delete this; }
+  PrefillReactor(core::EngineCore* core, grpc::ByteBuffer* response)
+      : UnaryCall(response), core_(core) {}
+  void OnCancel() override { core_->Cancel(request()->request_id()); }
 
  private:
   core::EngineCore* core_;
-  std::string request_id_;
 };
 
 }  // namespace
@@ -31,9 +29,15 @@ PrefillService::PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOpt
     : send_(std::move(send)), core_(std::move(core)), status_(std::move(status)) {}
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
-                                                  const v1::PrefillRequest* request,
-                                                  v1::PrefillResponse* response) {
-  auto* reactor = new PrefillReactor(core_.get(), request->request_id());
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  auto* reactor = new PrefillReactor(core_.get(), response);
+  if (reactor->Parse(*request)) PrefillParsed(reactor, reactor->request(), reactor->response());
+  return reactor->reactor();
+}
+
+void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillRequest* request,
+                                   v1::PrefillResponse* response) {
   PrefillRequest req;
   req.request_id = request->request_id();
   req.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
@@ -59,7 +63,6 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
                   response->set_kv_bytes_sent(r->kv_bytes_sent);
                   reactor->Finish(grpc::Status::OK);
                 });
-  return reactor;
 }
 
 v1::WorkerStatus PrefillService::Status() {

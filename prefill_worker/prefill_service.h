@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 
+#include "common/server/raw_call.h"
 #include "common/server/worker_main.h"
 #include "engine/core/engine_core.h"
 #include "prefill_worker/kv_export.h"
@@ -15,16 +16,22 @@
 
 namespace tandem::prefill {
 
-class PrefillService final : public v1::PrefillWorker::CallbackService,
-                             public WorkerRuntime {
+// PrefillWorker with Prefill raw (its request carries text and is parsed
+// with rpc::ParseStrict, common/server/raw_call.h); GetStatus typed.
+using PrefillWorkerBase = v1::PrefillWorker::WithRawCallbackMethod_Prefill<
+    v1::PrefillWorker::WithCallbackMethod_GetStatus<v1::PrefillWorker::Service>>;
+
+class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
  public:
   // `send`: the KV layout, bit-exact class and timeouts of every transfer.
   PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
                  std::function<v1::WorkerStatus()> status);
 
+  // A request whose text is not UTF-8 gets INVALID_ARGUMENT naming the
+  // field (rpc::ParseStrict); then PrefillParsed.
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
-                                    const v1::PrefillRequest* request,
-                                    v1::PrefillResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::WorkerStatus* response) override;
@@ -34,6 +41,14 @@ class PrefillService final : public v1::PrefillWorker::CallbackService,
   void Shutdown() override { core_->Shutdown(); }
 
  private:
+  // The reactor of one Prefill call: owns the parsed request and the
+  // response until the call ends.
+  using PrefillCall = rpc::UnaryCall<v1::PrefillRequest, v1::PrefillResponse>;
+  // The typed body: submits the prefill; its completion finishes `reactor`.
+  // `request` and `response` are the reactor's.
+  void PrefillParsed(PrefillCall* reactor, const v1::PrefillRequest* request,
+                     v1::PrefillResponse* response);
+
   const KvSendOptions send_;
   std::unique_ptr<core::EngineCore> core_;
   std::function<v1::WorkerStatus()> status_;

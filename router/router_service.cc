@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/server/proto_convert.h"
+#include "common/server/raw_call.h"
 #include "common/server/status_util.h"
 #include "engine/core/request_validation.h"
 #include "router/generate_call.h"
@@ -68,7 +69,13 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
   return prompt;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return rpc::ServeStream<v1::GenerateRequest>(
+      request, [&](const v1::GenerateRequest* parsed) { return GenerateParsed(context, parsed); });
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   // The call is created before the reactor so OnCancel can reach it.
   auto call_slot = std::make_shared<std::shared_ptr<GenerateCall>>();
@@ -118,8 +125,17 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterService::Generate(
 }
 
 grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* context,
-                                                  const v1::TokenizeRequest* request,
-                                                  v1::TokenizeResponse* response) {
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return rpc::ServeUnary<v1::TokenizeRequest, v1::TokenizeResponse>(
+      context, request, response,
+      [this](const v1::TokenizeRequest* parsed, v1::TokenizeResponse* out) {
+        return TokenizeParsed(parsed, out);
+      });
+}
+
+grpc::Status RouterService::TokenizeParsed(const v1::TokenizeRequest* request,
+                                           v1::TokenizeResponse* response) {
   // The same tokenization as Generate's `prompt` (with BOS if asked).
   tokenizer::EncodeOptions options;
   options.add_bos = request->add_bos();
@@ -127,7 +143,7 @@ grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* c
   for (int32_t id : model_->tokenizer->Encode(request->text(), options)) {
     response->add_token_ids(id);
   }
-  return rpc::FinishUnary(context, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
@@ -169,12 +185,21 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* RouterService::RegistryService::RegisterWorker(
-    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
-    v1::RegisterWorkerResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return rpc::ServeUnary<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
+      context, request, response,
+      [this](const v1::RegisterWorkerRequest* parsed, v1::RegisterWorkerResponse* out) {
+        return RegisterWorkerParsed(parsed, out);
+      });
+}
+
+grpc::Status RouterService::RegistryService::RegisterWorkerParsed(
+    const v1::RegisterWorkerRequest* request, v1::RegisterWorkerResponse* response) {
   absl::Status s = registry_->Register(*request);
   response->set_accepted(s.ok());
   if (!s.ok()) response->set_reason(std::string(s.message()));
-  return rpc::FinishUnary(context, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 }  // namespace tandem::router

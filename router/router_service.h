@@ -24,7 +24,14 @@
 
 namespace tandem::router {
 
-class RouterService final : public v1::Generation::CallbackService {
+// Generation with Generate and Tokenize raw (their requests carry text and
+// are parsed with rpc::ParseStrict, common/server/raw_call.h); GetModelInfo
+// and GetStatus typed.
+using GenerationBase = v1::Generation::WithRawCallbackMethod_Generate<
+    v1::Generation::WithRawCallbackMethod_Tokenize<v1::Generation::WithCallbackMethod_GetModelInfo<
+        v1::Generation::WithCallbackMethod_GetStatus<v1::Generation::Service>>>>;
+
+class RouterService final : public GenerationBase {
  public:
   // `chat_template`: what `messages` are rendered with (ChatTemplate::FromGguf
   // of the model file and the config's chat_template).
@@ -47,11 +54,14 @@ class RouterService final : public v1::Generation::CallbackService {
   // max_tokens, context length, sampling values).
   absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  // Generate and Tokenize: a request whose text is not UTF-8 gets
+  // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
+  // bodies below.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::GetModelInfoResponse* response) override;
@@ -59,20 +69,32 @@ class RouterService final : public v1::Generation::CallbackService {
                                       const v1::GetStatusRequest* request,
                                       v1::ClusterStatus* response) override;
 
-  // tandem.v1.Registry, registered alongside.
-  class RegistryService final : public v1::Registry::CallbackService {
+  // tandem.v1.Registry, registered alongside; RegisterWorker is raw (its
+  // request carries text).
+  class RegistryService final
+      : public v1::Registry::WithRawCallbackMethod_RegisterWorker<v1::Registry::Service> {
    public:
     explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
     grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
-                                             const v1::RegisterWorkerRequest* request,
-                                             v1::RegisterWorkerResponse* response) override;
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
    private:
+    // The typed body, once the request parsed.
+    grpc::Status RegisterWorkerParsed(const v1::RegisterWorkerRequest* request,
+                                      v1::RegisterWorkerResponse* response);
+
     WorkerRegistry* registry_;
   };
   RegistryService* registry_service() { return &registry_service_; }
 
  private:
+  // The typed bodies of Generate and Tokenize, once the request parsed.
+  // `request` is valid until they return.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateParsed(grpc::CallbackServerContext* context,
+                                                             const v1::GenerateRequest* request);
+  grpc::Status TokenizeParsed(const v1::TokenizeRequest* request, v1::TokenizeResponse* response);
+
   // Const after construction.
   const ModelBundle* const model_;
   const ChatTemplate chat_template_;

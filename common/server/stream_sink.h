@@ -6,6 +6,10 @@
 // one write in flight, Finish after the queue drains, and a cancel callback
 // when the client goes away.
 //
+// The reactor is a raw one (grpc::ServerWriteReactor<grpc::ByteBuffer>, for
+// methods registered with WithRawCallbackMethod_*; raw_call.h): Write
+// serializes each Msg on the producer's thread.
+//
 // Threads: Write/Finish/IsOpen are thread-safe. The reactor's callbacks run
 // on gRPC threads and only touch the sink under its mutex.
 // Lifetime: the reactor deletes itself in OnDone; the sink is shared and
@@ -23,6 +27,7 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "common/server/raw_call.h"
 
 namespace tandem::rpc {
 
@@ -32,7 +37,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
   // Creates a reactor bound to a new sink; return the reactor from the
   // service method. on_cancel runs once (gRPC thread) if the client
   // cancels or the deadline passes; the producer must still call Finish.
-  static std::pair<grpc::ServerWriteReactor<Msg>*, std::shared_ptr<StreamSink>>
+  static std::pair<grpc::ServerWriteReactor<grpc::ByteBuffer>*, std::shared_ptr<StreamSink>>
   Create(std::function<void()> on_cancel) {
     auto sink = std::shared_ptr<StreamSink>(new StreamSink());
     sink->on_cancel_ = std::move(on_cancel);
@@ -45,14 +50,20 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
   }
 
   // Queues a message. Returns false (dropping it) once the stream is
-  // finished, broken or cancelled.
-  bool Write(Msg msg) {
+  // finished, broken or cancelled; a message that cannot be serialized
+  // finishes the stream with INTERNAL.
+  bool Write(const Msg& msg) {
+    grpc::ByteBuffer buffer;
+    if (grpc::Status s = SerializeToBuffer(msg, &buffer); !s.ok()) {
+      Finish(s);
+      return false;
+    }
     Reactor* start = nullptr;
-    const Msg* front = nullptr;
+    const grpc::ByteBuffer* front = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (reactor_ == nullptr || broken_ || finish_.has_value()) return false;
-      pending_.push_back(std::move(msg));
+      pending_.push_back(std::move(buffer));
       if (!writing_) {
         writing_ = true;
         start = reactor_;
@@ -88,7 +99,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
   }
 
  private:
-  class Reactor : public grpc::ServerWriteReactor<Msg> {
+  class Reactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
    public:
     explicit Reactor(std::shared_ptr<StreamSink> sink) : sink_(std::move(sink)) {}
     void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
@@ -106,7 +117,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
 
   void OnWriteDone(bool ok) {
     Reactor* start = nullptr;
-    const Msg* front = nullptr;
+    const grpc::ByteBuffer* front = nullptr;
     bool finish = false;
     grpc::Status finish_status;
     {
@@ -155,7 +166,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
 
   absl::Mutex mu_;
   Reactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::deque<Msg> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> pending_ ABSL_GUARDED_BY(mu_);  // serialized messages
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

@@ -13,6 +13,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 
 #include <grpcpp/grpcpp.h>
 
@@ -128,15 +130,38 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 absl::StatusOr<std::string> LocalCluster::SpawnAndWait(const std::string& name,
                                                        const std::vector<std::string>& argv,
                                                        int* index) {
-  absl::StatusOr<int> spawned = group_.Spawn(name, argv);
+  absl::StatusOr<int> spawned = Spawn(name, argv);
   if (!spawned.ok()) return spawned.status();
   *index = *spawned;
   return group_.WaitForLine(*index, kListening, options_.start_timeout);
 }
 
+absl::StatusOr<int> LocalCluster::Spawn(const std::string& name,
+                                        const std::vector<std::string>& argv) {
+  if (stderr_path_.empty()) return group_.Spawn(name, argv);
+  // The child inherits our fd 2 at fork: point it at the file meanwhile.
+  const int file = open(stderr_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (file < 0) return absl::InternalError(absl::StrCat("cannot open ", stderr_path_));
+  const int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0);
+  fflush(stderr);
+  dup2(file, STDERR_FILENO);
+  absl::StatusOr<int> spawned = group_.Spawn(name, argv);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(file);
+  return spawned;
+}
+
+std::string LocalCluster::CapturedStderr() const {
+  if (stderr_path_.empty()) return "";
+  std::ifstream in(stderr_path_, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 absl::Status LocalCluster::StartProcesses() {
   dir_ = MakeTempDir();
   if (dir_.empty()) return absl::InternalError("cannot create a temporary directory");
+  if (options_.capture_stderr) stderr_path_ = dir_ + "/children.stderr";
   config_path_ = dir_ + "/cluster.yaml";
   if (!WriteFile(config_path_, ClusterYaml(options_))) {
     return absl::InternalError(absl::StrCat("cannot write ", config_path_));
@@ -159,10 +184,10 @@ absl::Status LocalCluster::StartProcesses() {
     prefill_argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));
   }
   // Both workers load the model concurrently; wait for them afterwards.
-  absl::StatusOr<int> prefill = group_.Spawn(kPrefillName, prefill_argv);
+  absl::StatusOr<int> prefill = Spawn(kPrefillName, prefill_argv);
   if (!prefill.ok()) return prefill.status();
   prefill_index_ = *prefill;
-  absl::StatusOr<int> decode = group_.Spawn(
+  absl::StatusOr<int> decode = Spawn(
       kDecodeName, {BinaryPath("tandem-decode-worker"), "--config", config_path_, "--name",
                     kDecodeName, "--model", model, "--router", router_address_});
   if (!decode.ok()) return decode.status();
@@ -203,6 +228,9 @@ absl::Status LocalCluster::StartProcesses() {
 
 LocalCluster::~LocalCluster() {
   Stop();
+  if (!stderr_path_.empty()) {
+    std::cerr << "---- the cluster's stderr ----\n" << CapturedStderr() << "---- end ----\n";
+  }
   if (!dir_.empty()) {
     std::error_code ignored;
     fs::remove_all(dir_, ignored);

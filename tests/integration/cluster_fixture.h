@@ -75,6 +75,11 @@ struct ClusterOptions {
   int32_t prefill_fault_stall_after_frames = -1;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
+  // true: the children's stderr (their logs) goes to a file in the
+  // cluster's temporary directory instead of the test's stderr, for
+  // LocalCluster::CapturedStderr(); it is copied to the test's stderr when
+  // the cluster is destroyed.
+  bool capture_stderr = false;
 };
 
 // The YAML text of a cluster with one prefill worker "prefill-0" and one
@@ -130,6 +135,10 @@ class LocalCluster {
   absl::StatusOr<v1::WorkerStatus> DecodeStatus(absl::Duration timeout = absl::Seconds(5));
   absl::StatusOr<v1::WorkerStatus> PrefillStatus(absl::Duration timeout = absl::Seconds(5));
 
+  // Everything the children wrote to stderr so far with
+  // options.capture_stderr; "" without.
+  std::string CapturedStderr() const;
+
   // True once the router's status shows every worker with
   // kv_blocks_in_use == 0 and transfers_in_flight == 0 (polled for up to
   // `timeout`). `last` receives the last status seen, for messages.
@@ -138,6 +147,8 @@ class LocalCluster {
  private:
   explicit LocalCluster(const ClusterOptions& options) : options_(options) {}
   absl::Status StartProcesses();
+  // group_.Spawn, the child's stderr going to stderr_path_ when set.
+  absl::StatusOr<int> Spawn(const std::string& name, const std::vector<std::string>& argv);
   // Spawns `argv` as `name` and waits for its TANDEM_LISTENING line.
   absl::StatusOr<std::string> SpawnAndWait(const std::string& name,
                                            const std::vector<std::string>& argv,
@@ -146,6 +157,7 @@ class LocalCluster {
   const ClusterOptions options_;
   std::string dir_;
   std::string config_path_;
+  std::string stderr_path_;  // with options_.capture_stderr
   cli::ProcessGroup group_;
   int router_index_ = -1;
   int prefill_index_ = -1;
