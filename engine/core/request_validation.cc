@@ -30,7 +30,7 @@ absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tok
                        " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
-  return sampling::Validate(sampling);
+  return sampling::Validate(sampling, vocab_size);
 }
 
 }  // namespace tandem::core
