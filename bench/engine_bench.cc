@@ -212,7 +212,7 @@ void BM_Sample(benchmark::State& state) {
   std::vector<float> scratch;
   uint32_t index = 0;
   for (auto _ : state) {
-    sampling::BuildSamplingView(logits, options, &view, &scratch);
+    sampling::BuildSamplingView(logits, options, sampling::TokenHistory{}, &view, &scratch);
     benchmark::DoNotOptimize(sampling::SampleFromView(view, options, index++).token_id);
   }
   state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);

@@ -30,7 +30,7 @@ void CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* h
   for (const ForwardEntry& e : batch) {
     if (e.sampling == nullptr) continue;
     sampling::BuildSamplingView(std::span<const float>(logits_.data() + row * vocab, vocab),
-                                *e.sampling, &(*views)[row], &scratch_);
+                                *e.sampling, e.history, &(*views)[row], &scratch_);
     ++row;
   }
 }

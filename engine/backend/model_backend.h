@@ -39,6 +39,11 @@ struct ForwardEntry {
   // Non-null: reduce the logits of this slice's last token to a
   // SamplingView built with these options (logit processors included).
   const sampling::SamplingOptions* sampling = nullptr;
+  // With `sampling`: the sequence's prompt and generated tokens, the
+  // input of the penalties and the min_tokens mask (sampling::TokenHistory;
+  // the output index sampled is history.generated.size()). The spans must
+  // stay valid until Forward returns.
+  sampling::TokenHistory history;
 };
 
 // Called after layer `layer` has written K/V of tokens [token_start,

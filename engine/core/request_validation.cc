@@ -30,7 +30,7 @@ absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tok
                        " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
-  return sampling::Validate(sampling);
+  return sampling::Validate(sampling, vocab_size);
 }
 
 absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,

@@ -8,6 +8,9 @@ namespace tandem::sampling {
 namespace {
 
 constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;
+// SampleSeed's increment: odd, and not kGoldenGamma, so that sample seeds
+// are not states of the output stream of `seed` itself.
+constexpr uint64_t kSampleGamma = 0xD1B54A32D192ED03ull;
 
 // SplitMix64's output function (Stafford's "Mix13" finalizer).
 uint64_t Mix64(uint64_t z) {
@@ -23,15 +26,28 @@ size_t Draw(const SamplingView& view, const SamplingOptions& options, uint32_t o
 
   const double l0 = c[0].logit;
   const auto p = [&c, l0](size_t i) { return std::exp(static_cast<double>(c[i].logit) - l0); };
+  const bool min_p_on = options.min_p > 0.0f;
   size_t kept = c.size();
-  double total = view.normaliser;
   if (options.top_k > 0) {
     kept = std::min(static_cast<size_t>(options.top_k), c.size());
     assert(kept == static_cast<size_t>(options.top_k) || view.complete);
+  } else {
+    assert(view.complete || options.top_p < 1.0f || min_p_on);
+  }
+  if (min_p_on) {
+    // The survivors are a prefix of the candidate order; top_k then keeps
+    // the first top_k of them, so the walk stops at `kept` as well.
+    const double min_p = options.min_p;
+    size_t n = 1;
+    while (n < kept && p(n) >= min_p) ++n;
+    // With top_k off the view was widened until this walk stops inside it.
+    assert(n < c.size() || view.complete || options.top_k > 0);
+    kept = n;
+  }
+  double total = view.normaliser;
+  if (options.top_k > 0 || min_p_on) {
     total = 0.0;
     for (size_t i = 0; i < kept; ++i) total += p(i);
-  } else {
-    assert(view.complete || options.top_p < 1.0f);
   }
 
   double kept_mass = 0.0;
@@ -44,10 +60,11 @@ size_t Draw(const SamplingView& view, const SamplingOptions& options, uint32_t o
       ++n;
       if (kept_mass >= target) break;
     }
-    // With top_k off the view was widened until this walk stops inside it.
-    assert(kept_mass >= target || options.top_k > 0 || view.complete);
+    // With top_k and min_p off the view was widened until this walk stops
+    // inside it.
+    assert(kept_mass >= target || options.top_k > 0 || min_p_on || view.complete);
     kept = n;
-  } else if (options.top_k > 0) {
+  } else if (options.top_k > 0 || min_p_on) {
     kept_mass = total;
   } else {
     for (size_t i = 0; i < kept; ++i) kept_mass += p(i);
@@ -80,10 +97,22 @@ SampledToken SampleFromView(const SamplingView& view, const SamplingOptions& opt
 }
 
 SampledToken Sample(std::span<const float> logits, const SamplingOptions& options,
+                    const TokenHistory& history) {
+  SamplingView view;
+  BuildSamplingView(logits, options, history, &view);
+  return SampleFromView(view, options, static_cast<uint32_t>(history.generated.size()));
+}
+
+SampledToken Sample(std::span<const float> logits, const SamplingOptions& options,
                     uint32_t output_index) {
   SamplingView view;
-  BuildSamplingView(logits, options, &view);
+  BuildSamplingView(logits, options, TokenHistory{}, &view);
   return SampleFromView(view, options, output_index);
+}
+
+uint64_t SampleSeed(uint64_t seed, uint32_t sample_index) {
+  if (sample_index == 0) return seed;
+  return Mix64(seed + static_cast<uint64_t>(sample_index) * kSampleGamma);
 }
 
 }  // namespace tandem::sampling

@@ -207,18 +207,20 @@ void SelectRawTop(std::span<const float> raw, size_t count, std::vector<TokenLog
 }  // namespace
 
 void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions& options,
-                       SamplingView* view, std::vector<float>* scratch) {
+                       const TokenHistory& history, SamplingView* view,
+                       std::vector<float>* scratch) {
   assert(!raw_logits.empty());
   const size_t vocab = raw_logits.size();
   // The processed row: the raw one itself when the processors would not
-  // change a bit (greedy, temperature 1), else a processed copy.
-  const bool identity = LogitsProcessorsAreIdentity(options);
+  // change a bit (greedy or temperature 1 with no other processor), else a
+  // processed copy.
+  const bool identity = LogitsProcessorsAreIdentity(options, history);
   std::vector<float> local;
   std::span<const float> processed = raw_logits;
   if (!identity) {
     std::vector<float>& copy = scratch != nullptr ? *scratch : local;
     copy.assign(raw_logits.begin(), raw_logits.end());
-    ApplyLogitsProcessors(options, copy);
+    ApplyLogitsProcessors(options, history, copy);
     processed = copy;
   }
 
@@ -232,14 +234,17 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
     }
   };
   const bool top_k_on = options.top_k > 0;
-  const bool widen = !top_k_on && options.temperature > 0.0f;
-  // Greedy takes the first id; a draw needs room for its nucleus.
+  // Greedy takes the first id; a draw needs room for what it keeps.
   const bool greedy = options.temperature == 0.0f;
+  // With top_k off, the view widens until it holds the min_p survivors
+  // (min_p > 0) or the top_p nucleus (min_p == 0).
+  const bool widen_min_p = !top_k_on && !greedy && options.min_p > 0.0f;
+  const bool widen_top_p = !top_k_on && !greedy && options.min_p == 0.0f;
   size_t k = greedy ? 1 : kMinViewCandidates;
   if (top_k_on && !greedy) k = std::max(k, static_cast<size_t>(options.top_k));
-  // top_p == 1 keeps every id (the draw sums p over the whole sorted
-  // vocabulary), so no smaller view could serve it.
-  if (widen && options.top_p == 1.0f) k = vocab;
+  // top_p == 1 with min_p off keeps every id (the draw sums p over the
+  // whole sorted vocabulary), so no smaller view could serve it.
+  if (widen_top_p && options.top_p == 1.0f) k = vocab;
   k = std::min(k, vocab);
   candidates.clear();
   ensure(k);
@@ -265,7 +270,18 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
   view->raw_log_sum = std::log(raw_sum);
 
   view->normaliser = 0.0;
-  if (widen) {
+  if (widen_min_p) {
+    // Widen until the last candidate fails the min_p test, computed exactly
+    // as SampleFromView computes it, so its survivor walk stops within the
+    // candidates. A NaN p fails it (the walk stops there too).
+    const double l0 = candidates[0].logit;
+    const double min_p = options.min_p;
+    while (k < vocab && std::exp(static_cast<double>(candidates[k - 1].logit) - l0) >= min_p) {
+      k = std::min(kWidenFactor * k, vocab);
+      ensure(k);
+    }
+  }
+  if (widen_top_p) {
     const double l0 = candidates[0].logit;
     if (identity) {
       // Temperature 1: candidates[0] is the raw first id, l0 == raw_max,

@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/sampling/logits_processor.h"
 #include "engine/sampling/sampling_options.h"
 
 namespace tandem::sampling {
@@ -49,19 +50,20 @@ struct SamplingView {
   // The first K ids of the whole vocabulary in the candidate order of the
   // processed logits (exactly those, sorted). Greedy (temperature 0) draws
   // nothing, so K = 1 (a GPU backend sends one id). Otherwise K =
-  // min(vocab, max(top_k, kMinViewCandidates)); when top_k is off,
-  // K is then widened x4 (capped at vocab) until the candidates' mass
-  // reaches top_p * normaliser (see BuildSamplingView), and K = vocab when
-  // top_p == 1.
+  // min(vocab, max(top_k, kMinViewCandidates)); when top_k is off, K is
+  // then widened x4 (capped at vocab): with min_p > 0 until the last
+  // candidate fails the min_p test, with min_p == 0 until the candidates'
+  // mass reaches top_p * normaliser, and K = vocab when top_p == 1 (see
+  // BuildSamplingView).
   std::vector<Candidate> candidates;
   bool complete = false;  // candidates hold the whole vocabulary
   // Raw statistics, from the unprocessed row (logprobs are always raw):
   double raw_max = 0;      // double(raw logit) of the first id in the raw order
   double raw_log_sum = 0;  // log(sum_i exp(double(raw_i) - raw_max)), summed
                            // in index order
-  // Only when top_k is off and temperature > 0 (else 0): the sum over the
-  // whole vocabulary, in index order, of exp(double(l'_i) - double(l'_max)),
-  // l'_max = candidates[0].logit.
+  // Only when top_k is off, min_p == 0 and temperature > 0 (else 0): the
+  // sum over the whole vocabulary, in index order, of
+  // exp(double(l'_i) - double(l'_max)), l'_max = candidates[0].logit.
   double normaliser = 0;
   // The first options.top_logprobs ids (capped at vocab) in the candidate
   // order of the raw logits, with raw logprobs
@@ -70,41 +72,52 @@ struct SamplingView {
 };
 
 // Builds the view of one row of raw logits (vocab entries, at least one)
-// for a request with `options` (which must pass Validate()):
+// for a request with `options` (which must pass Validate()) and the
+// sequence's `history` (the processors' input, logits_processor.h):
 //   1. copies the row into `scratch` and runs ApplyLogitsProcessors on it
-//      (no copy when LogitsProcessorsAreIdentity: greedy, temperature 1);
+//      (no copy when LogitsProcessorsAreIdentity: greedy or temperature 1
+//      with no penalty, bias or min_tokens mask in effect);
 //   2. selects the first K = min(vocab, max(top_k, 64)) ids of the candidate
-//      order (64 when top_k is off; 1 for greedy);
-//   3. when top_k is off and temperature > 0: computes the normaliser, and
-//      while the view is not complete and the candidates' mass
-//      sum_i exp(double(l'_i) - double(l'_0)) (summed in candidate order)
-//      is not >= double(top_p) * normaliser, widens K to min(4K, vocab).
-//      top_p == 1 keeps every id, so it selects K = vocab at once. This is
-//      what guarantees SampleFromView's nucleus never runs past the
-//      candidates: it walks the same sums in the same order;
+//      order (64 when top_k is off; 1 for greedy, which ignores min_p);
+//   3. when top_k is off and temperature > 0, with
+//      p_i = exp(double(l'_i) - double(l'_0)) in candidate order:
+//      - min_p > 0: while the view is not complete and the last
+//        candidate's p_{K-1} >= double(min_p), widens K to min(4K, vocab).
+//        Every min_p survivor (SampleFromView) is then in the view, and the
+//        top_p nucleus lies within the survivors, so no normaliser is
+//        computed and top_p == 1 does not need the whole vocabulary;
+//      - min_p == 0: computes the normaliser, and while the view is not
+//        complete and the candidates' mass sum_i p_i (summed in candidate
+//        order) is not >= double(top_p) * normaliser, widens K to
+//        min(4K, vocab). top_p == 1 keeps every id, so it selects
+//        K = vocab at once;
+//      this is what guarantees SampleFromView never runs past the
+//      candidates: it walks the same values in the same order;
 //   4. raw_max, raw_log_sum and raw_top from the raw row.
 //
 // Cost, vocab V: one copy and the processors' pass (neither for identity
 // processors), an argmax pass (likewise), one double exp per id for
 // raw_log_sum and one more for the normaliser (skipped for identity
-// processors), and a selection:
+// processors and for min_p > 0), and a selection:
 // a bounded heap, O(V + K log K) typical, while K is small next to V (at
 // most 1024 ids and a sixteenth of the vocabulary), otherwise an O(V)
 // radix sort of the ids left. Nothing sorts the vocabulary with
 // comparisons. K reaches V for a
-// flat distribution with top_p near 1, and always for top_k off, top_p ==
-// 1 at temperature > 0 (the contract then sums p over the whole sorted
-// vocabulary). Measured at V = 152064 on one core: about 1.2 ms for greedy
-// or top_k, 3 to 4 ms when the view is (nearly) complete, of which the
-// exps are a third to a half; bench/engine_bench.cc BM_Sample measures it
-// on a model's own logits (docs/benchmarks.md).
+// flat distribution with top_p near 1 (or a small min_p), and always for
+// top_k off, min_p == 0, top_p == 1 at temperature > 0 (the contract then
+// sums p over the whole sorted vocabulary). Measured at V = 152064 on one
+// core: about 1.2 ms for greedy or top_k, 3 to 4 ms when the view is
+// (nearly) complete, of which the exps are a third to a half;
+// bench/engine_bench.cc BM_Sample measures it on a model's own logits
+// (docs/benchmarks.md).
 //
 // `view` is overwritten; reuse one view and one `scratch` per thread and no
 // call allocates once their capacities have grown (scratch: V floats;
 // candidates: up to 2V while radix sorting). `scratch == nullptr`
 // allocates a row per call.
 void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions& options,
-                       SamplingView* view, std::vector<float>* scratch = nullptr);
+                       const TokenHistory& history, SamplingView* view,
+                       std::vector<float>* scratch = nullptr);
 
 }  // namespace tandem::sampling
 

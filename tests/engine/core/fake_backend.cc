@@ -105,7 +105,7 @@ void FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
       logits[static_cast<size_t>(i)] =
           i == next ? 8.0f : static_cast<float>(Fnv(seq, static_cast<uint64_t>(i) + 1) % 100) / 50.0f;
     }
-    sampling::BuildSamplingView(logits, *entry.sampling, &(*views)[v++]);
+    sampling::BuildSamplingView(logits, *entry.sampling, entry.history, &(*views)[v++]);
   }
 }
 

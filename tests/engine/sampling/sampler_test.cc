@@ -3,12 +3,17 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 
 namespace tandem::sampling {
 namespace {
+
+constexpr int32_t kVocab = 100;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 SamplingOptions Random(float temperature, uint64_t seed) {
   SamplingOptions o;
@@ -18,50 +23,138 @@ SamplingOptions Random(float temperature, uint64_t seed) {
 }
 
 TEST(SamplerValidateTest, AcceptsDefaultsAndLimits) {
-  EXPECT_TRUE(Validate(SamplingOptions{}).ok());
+  EXPECT_TRUE(Validate(SamplingOptions{}, kVocab).ok());
   SamplingOptions o;
   o.temperature = 2.5f;
   o.top_p = 1.0f;
   o.top_k = -3;
-  EXPECT_TRUE(Validate(o).ok());
+  EXPECT_TRUE(Validate(o, kVocab).ok());
   o.top_p = 1e-6f;
-  EXPECT_TRUE(Validate(o).ok());
+  EXPECT_TRUE(Validate(o, kVocab).ok());
   o.top_logprobs = 20;
-  EXPECT_TRUE(Validate(o).ok());
+  EXPECT_TRUE(Validate(o, kVocab).ok());
 }
 
 TEST(SamplerValidateTest, RejectsBadTemperature) {
   SamplingOptions o;
   o.temperature = std::numeric_limits<float>::quiet_NaN();
-  absl::Status s = Validate(o);
+  absl::Status s = Validate(o, kVocab);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "temperature: must be >= 0 and finite, got nan");
   o.temperature = -0.5f;
-  EXPECT_EQ(Validate(o).message(), "temperature: must be >= 0 and finite, got -0.5");
+  EXPECT_EQ(Validate(o, kVocab).message(), "temperature: must be >= 0 and finite, got -0.5");
   o.temperature = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(Validate(o).message(), "temperature: must be >= 0 and finite, got inf");
+  EXPECT_EQ(Validate(o, kVocab).message(), "temperature: must be >= 0 and finite, got inf");
 }
 
 TEST(SamplerValidateTest, RejectsBadTopP) {
   SamplingOptions o;
   o.top_p = 1.5f;
-  absl::Status s = Validate(o);
+  absl::Status s = Validate(o, kVocab);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "top_p: must be in (0, 1], got 1.5");
   o.top_p = 0.0f;
-  EXPECT_EQ(Validate(o).message(), "top_p: must be in (0, 1], got 0");
+  EXPECT_EQ(Validate(o, kVocab).message(), "top_p: must be in (0, 1], got 0");
   o.top_p = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(Validate(o).message(), "top_p: must be in (0, 1], got nan");
+  EXPECT_EQ(Validate(o, kVocab).message(), "top_p: must be in (0, 1], got nan");
 }
 
 TEST(SamplerValidateTest, RejectsBadTopLogprobs) {
   SamplingOptions o;
   o.top_logprobs = 21;
-  absl::Status s = Validate(o);
+  absl::Status s = Validate(o, kVocab);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "top_logprobs: must be in [0, 20], got 21");
+  EXPECT_EQ(s.message(), "logprobs: must be in [0, 20], got 21");
   o.top_logprobs = -1;
-  EXPECT_EQ(Validate(o).message(), "top_logprobs: must be in [0, 20], got -1");
+  EXPECT_EQ(Validate(o, kVocab).message(), "logprobs: must be in [0, 20], got -1");
+}
+
+TEST(SamplerValidateTest, AcceptsNewControlsAtTheirLimits) {
+  SamplingOptions o;
+  o.min_p = 1.0f;
+  o.repetition_penalty = 1e-3f;
+  o.presence_penalty = -2.0f;
+  o.frequency_penalty = 2.0f;
+  o.logit_bias = {{0, -100.0f}, {5, 3.5f}, {kVocab - 1, 0.0f}};
+  EXPECT_TRUE(Validate(o, kVocab).ok());
+  o.min_p = 0.0f;
+  o.repetition_penalty = 40.0f;
+  o.presence_penalty = 2.0f;
+  o.frequency_penalty = -2.0f;
+  EXPECT_TRUE(Validate(o, kVocab).ok());
+  // min_tokens and its ids are the engine core's to check.
+  o.min_tokens = -5;
+  o.min_tokens_masked_ids = {-1, kVocab + 7};
+  EXPECT_TRUE(Validate(o, kVocab).ok());
+}
+
+TEST(SamplerValidateTest, RejectsBadMinP) {
+  SamplingOptions o;
+  o.min_p = 1.5f;
+  absl::Status s = Validate(o, kVocab);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "min_p: must be in [0, 1], got 1.5");
+  o.min_p = -0.25f;
+  EXPECT_EQ(Validate(o, kVocab).message(), "min_p: must be in [0, 1], got -0.25");
+  o.min_p = kNaN;
+  EXPECT_EQ(Validate(o, kVocab).message(), "min_p: must be in [0, 1], got nan");
+}
+
+TEST(SamplerValidateTest, RejectsBadRepetitionPenalty) {
+  SamplingOptions o;
+  o.repetition_penalty = 0.0f;
+  absl::Status s = Validate(o, kVocab);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "repetition_penalty: must be > 0 and finite, got 0");
+  o.repetition_penalty = -1.5f;
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "repetition_penalty: must be > 0 and finite, got -1.5");
+  o.repetition_penalty = kInf;
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "repetition_penalty: must be > 0 and finite, got inf");
+  o.repetition_penalty = kNaN;
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "repetition_penalty: must be > 0 and finite, got nan");
+}
+
+TEST(SamplerValidateTest, RejectsBadPresenceAndFrequencyPenalty) {
+  SamplingOptions o;
+  o.presence_penalty = 2.5f;
+  absl::Status s = Validate(o, kVocab);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "presence_penalty: must be in [-2, 2], got 2.5");
+  o.presence_penalty = kNaN;
+  EXPECT_EQ(Validate(o, kVocab).message(), "presence_penalty: must be in [-2, 2], got nan");
+  o.presence_penalty = 0.0f;
+  o.frequency_penalty = -2.125f;
+  s = Validate(o, kVocab);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "frequency_penalty: must be in [-2, 2], got -2.125");
+  o.frequency_penalty = -kInf;
+  EXPECT_EQ(Validate(o, kVocab).message(), "frequency_penalty: must be in [-2, 2], got -inf");
+}
+
+TEST(SamplerValidateTest, RejectsBadLogitBias) {
+  SamplingOptions o;
+  o.logit_bias = {{3, 1.0f}, {kVocab, 2.0f}};
+  absl::Status s = Validate(o, kVocab);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "logit_bias[100]: token id 100 is outside the vocabulary [0, 100)");
+  o.logit_bias = {{-4, 1.0f}};
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "logit_bias[-4]: token id -4 is outside the vocabulary [0, 100)");
+  o.logit_bias = {{3, 1.0f}, {7, kInf}};
+  s = Validate(o, kVocab);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "logit_bias[7]: bias must be finite, got inf");
+  o.logit_bias = {{7, kNaN}};
+  EXPECT_EQ(Validate(o, kVocab).message(), "logit_bias[7]: bias must be finite, got nan");
+  o.logit_bias = {{7, 1.0f}, {7, 2.0f}};
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "logit_bias: token ids must be sorted and unique, got 7 after 7");
+  o.logit_bias = {{9, 1.0f}, {2, 2.0f}};
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "logit_bias: token ids must be sorted and unique, got 2 after 9");
 }
 
 TEST(SamplerTest, GreedyTieGoesToLowestId) {
@@ -189,6 +282,118 @@ TEST(SamplerTest, TemperatureSharpensDistribution) {
     count0 += Sample(logits, Random(0.5f, static_cast<uint64_t>(i)), 0).token_id == 0;
   }
   EXPECT_NEAR(count0 / static_cast<double>(n), 0.25 / 0.38, 0.02);
+}
+
+// Probabilities 0.4, 0.2, 0.15, 0.1, 0.08, 0.07: over the most likely one's
+// 1, 0.5, 0.375, 0.25, 0.2, 0.175. min_p 0.3 keeps exactly {0, 1, 2},
+// min_p 0.22 exactly {0, 1, 2, 3}, renormalised.
+TEST(SamplerTest, MinPKeepsExactlyTheIdsAboveTheThreshold) {
+  const std::vector<float> logits = {std::log(0.4f),  std::log(0.2f),  std::log(0.15f),
+                                     std::log(0.1f),  std::log(0.08f), std::log(0.07f)};
+  for (const auto& [min_p, kept] : {std::pair{0.3f, 3}, std::pair{0.22f, 4}}) {
+    std::vector<int> counts(logits.size(), 0);
+    const int n = 6000;
+    for (int i = 0; i < n; ++i) {
+      SamplingOptions o = Random(1.0f, static_cast<uint64_t>(i));
+      o.min_p = min_p;
+      ++counts[static_cast<size_t>(Sample(logits, o, 3).token_id)];
+    }
+    double kept_mass = 0;
+    for (int id = 0; id < kept; ++id) kept_mass += std::exp(static_cast<double>(logits[id]));
+    for (int id = 0; id < static_cast<int>(logits.size()); ++id) {
+      if (id >= kept) {
+        EXPECT_EQ(counts[id], 0) << "min_p " << min_p << " id " << id;
+        continue;
+      }
+      EXPECT_NEAR(counts[id] / static_cast<double>(n),
+                  std::exp(static_cast<double>(logits[id])) / kept_mass, 0.025)
+          << "min_p " << min_p << " id " << id;
+    }
+  }
+}
+
+// p_i == min_p exactly is kept: min_p 1 keeps the ties of the maximum
+// (p = exp(0) = 1) and nothing else.
+TEST(SamplerTest, MinPOneKeepsTheTiesOfTheMaximum) {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.999f, -kInf};
+  int counts[5] = {0, 0, 0, 0, 0};
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    SamplingOptions o = Random(0.7f, seed);
+    o.min_p = 1.0f;
+    ++counts[Sample(logits, o, 0).token_id];
+  }
+  EXPECT_EQ(counts[0] + counts[3] + counts[4], 0);
+  EXPECT_GT(counts[1], 150);
+  EXPECT_GT(counts[2], 150);
+}
+
+// min_p comes before top_k and top_p: top_p 0.5 is then a share of the
+// survivors' mass. Probabilities 0.4, 0.3, 0.2, 0.1; min_p 0.6 keeps
+// {0, 1} (0.2 is 0.5 of 0.4); top_p 0.5 of their 0.7 = 0.35 is then
+// reached by 0.4 alone, so id 0 always. Without min_p, top_p 0.5 of 1
+// keeps {0, 1}.
+TEST(SamplerTest, MinPComesBeforeTopP) {
+  const std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f),
+                                     std::log(0.1f)};
+  int ones_with = 0, ones_without = 0;
+  for (uint64_t seed = 0; seed < 500; ++seed) {
+    SamplingOptions o = Random(1.0f, seed);
+    o.top_p = 0.5f;
+    ones_without += Sample(logits, o, 0).token_id == 1;
+    o.min_p = 0.6f;
+    ones_with += Sample(logits, o, 0).token_id == 1;
+  }
+  EXPECT_EQ(ones_with, 0);
+  EXPECT_GT(ones_without, 100);
+}
+
+TEST(SamplerTest, GreedyIgnoresMinP) {
+  SamplingOptions o;
+  o.min_p = 1.0f;
+  EXPECT_EQ(Sample(std::vector<float>{0.5f, 2.0f, 1.0f}, o, 0).token_id, 1);
+}
+
+// SplitMix64's output function, written again from Vigna's splitmix64.c.
+uint64_t Mix13(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+TEST(SampleSeedTest, SampleZeroKeepsTheSeedAndOthersAreMixed) {
+  for (uint64_t seed : {0ull, 1ull, 42ull, 0xFFFFFFFFFFFFFFFFull, 0x123456789ABCDEFull}) {
+    EXPECT_EQ(SampleSeed(seed, 0), seed);
+    EXPECT_EQ(SampleSeed(seed, 1), Mix13(seed + 0xD1B54A32D192ED03ull));
+    EXPECT_EQ(SampleSeed(seed, 2), Mix13(seed + 2 * 0xD1B54A32D192ED03ull));
+    EXPECT_NE(SampleSeed(seed, 1), seed);
+    EXPECT_NE(SampleSeed(seed, 2), seed);
+    EXPECT_NE(SampleSeed(seed, 1), SampleSeed(seed, 2));
+  }
+}
+
+// Samples 0, 1, 2 of one request draw unrelated streams: over 2000 output
+// indices, equal uniforms (to 53 bits) never occur, and over a uniform
+// 1000-token vocabulary the tokens agree about once in 1000.
+TEST(SampleSeedTest, SamplesDrawDistinctStreams) {
+  const std::vector<float> logits = UniformLogits(1000);
+  for (uint64_t seed : {7ull, 1234567ull}) {
+    const uint64_t s0 = SampleSeed(seed, 0), s1 = SampleSeed(seed, 1), s2 = SampleSeed(seed, 2);
+    int same_uniform = 0, same_token = 0;
+    for (uint32_t i = 0; i < 2000; ++i) {
+      const double u0 = UniformDraw(s0, i), u1 = UniformDraw(s1, i), u2 = UniformDraw(s2, i);
+      same_uniform += (u0 == u1) + (u0 == u2) + (u1 == u2);
+      // Shifted streams would agree at a lag: compare with the next index.
+      same_uniform += (UniformDraw(s0, i + 1) == u1) + (UniformDraw(s1, i + 1) == u2);
+      if (i < 300) {
+        const int32_t t0 = Sample(logits, Random(1.0f, s0), i).token_id;
+        const int32_t t1 = Sample(logits, Random(1.0f, s1), i).token_id;
+        const int32_t t2 = Sample(logits, Random(1.0f, s2), i).token_id;
+        same_token += (t0 == t1) + (t0 == t2) + (t1 == t2);
+      }
+    }
+    EXPECT_EQ(same_uniform, 0) << seed;
+    EXPECT_LE(same_token, 5) << seed;
+  }
 }
 
 }  // namespace

@@ -43,9 +43,9 @@ std::vector<int32_t> SortedIds(const std::vector<float>& l) {
   return order;
 }
 
-// Everything the reference needs about one (row, temperature): the whole
+// Everything the reference needs about one (row, processors): the whole
 // vocabulary sorted, p over it, and the sums, computed once and shared by
-// every (top_k, top_p) combination.
+// every (min_p, top_k, top_p) combination.
 struct Reference {
   std::vector<float> raw;
   std::vector<float> processed;
@@ -56,12 +56,13 @@ struct Reference {
   double raw_log_sum = 0;
 };
 
-void Prepare(const std::vector<float>& raw, float temperature, Reference* ref) {
+// `processing`: the options' processors (temperature, penalties, biases,
+// min_tokens mask) over `history`; its draw fields are ignored.
+void Prepare(const std::vector<float>& raw, const SamplingOptions& processing,
+             const TokenHistory& history, Reference* ref) {
   ref->raw = raw;
   ref->processed = raw;
-  SamplingOptions o;
-  o.temperature = temperature;
-  ApplyLogitsProcessors(o, ref->processed);
+  ApplyLogitsProcessors(processing, history, ref->processed);
   ref->order = SortedIds(ref->processed);
   const double l0 = ref->processed[ref->order[0]];
   ref->p.resize(raw.size());
@@ -80,6 +81,12 @@ void Prepare(const std::vector<float>& raw, float temperature, Reference* ref) {
   ref->raw_log_sum = std::log(sum);
 }
 
+void Prepare(const std::vector<float>& raw, float temperature, Reference* ref) {
+  SamplingOptions o;
+  o.temperature = temperature;
+  Prepare(raw, o, TokenHistory{}, ref);
+}
+
 float RawLogprob(const Reference& ref, int32_t id) {
   return static_cast<float>(static_cast<double>(ref.raw[id]) - ref.raw_max - ref.raw_log_sum);
 }
@@ -89,10 +96,16 @@ SampledToken ReferenceSample(const Reference& ref, const SamplingOptions& o,
                              uint32_t output_index) {
   const size_t vocab = ref.order.size();
   if (o.temperature == 0.0f) return {ref.order[0], RawLogprob(ref, ref.order[0]), {}};
+  // min_p first: every id with p >= min_p (a prefix of the order, cut at
+  // the first that fails), then top_k of those.
   size_t kept = vocab;
+  if (o.min_p > 0.0f) {
+    kept = 1;
+    while (kept < vocab && ref.p[kept] >= static_cast<double>(o.min_p)) ++kept;
+  }
+  if (o.top_k > 0) kept = std::min(static_cast<size_t>(o.top_k), kept);
   double total = ref.normaliser;
-  if (o.top_k > 0) {
-    kept = std::min(static_cast<size_t>(o.top_k), vocab);
+  if (o.top_k > 0 || o.min_p > 0.0f) {
     total = 0;
     for (size_t j = 0; j < kept; ++j) total += ref.p[j];
   }
@@ -194,6 +207,14 @@ void ExpectViewMatches(const Reference& ref, const SamplingView& view, const Sam
           : std::min(vocab, std::max<size_t>(kMinViewCandidates, o.top_k > 0 ? o.top_k : 0));
   if (o.top_k > 0 || o.temperature == 0.0f) {
     ok = ok && n == base_k && view.normaliser == 0.0;
+  } else if (o.min_p > 0.0f) {
+    // Widening: 64, 256, 1024, ... (capped at vocab) until the last
+    // candidate's p is below min_p; no normaliser.
+    size_t want = base_k;
+    while (want < vocab && ref.p[want - 1] >= static_cast<double>(o.min_p)) {
+      want = std::min(4 * want, vocab);
+    }
+    ok = ok && view.normaliser == 0.0 && n == want;
   } else {
     // Widening: 64, 256, 1024, ... (capped at vocab) until the mass in
     // candidate order reaches top_p * normaliser; everything for top_p 1.
@@ -213,8 +234,9 @@ void ExpectViewMatches(const Reference& ref, const SamplingView& view, const Sam
          SameBits(c.raw_logit, ref.raw[c.id]);
   }
   if (!ok && ++*failures <= 5) {
-    ADD_FAILURE() << "view differs: T=" << o.temperature << " top_k=" << o.top_k
-                  << " top_p=" << o.top_p << " candidates=" << n << " vocab=" << vocab;
+    ADD_FAILURE() << "view differs: T=" << o.temperature << " min_p=" << o.min_p
+                  << " top_k=" << o.top_k << " top_p=" << o.top_p << " candidates=" << n
+                  << " vocab=" << vocab;
   }
 }
 
@@ -226,49 +248,90 @@ struct SweepParam {
 
 class SamplingViewSweepTest : public ::testing::TestWithParam<SweepParam> {};
 
-// `rows` random rows per (top_k, top_p) combination at this vocab and
-// temperature; every combination sees the same rows.
+// The processors of one sweep row: every third row penalises a random
+// history (repetition, frequency, presence), biases two ids and, every
+// sixth, masks a few ids under min_tokens; the others run temperature
+// only. Fills `prompt` and `generated` (which `history` then views).
+SamplingOptions RowProcessors(size_t vocab, uint64_t row, float temperature,
+                              std::mt19937_64& rng, std::vector<int32_t>* prompt,
+                              std::vector<int32_t>* generated) {
+  SamplingOptions o;
+  o.temperature = temperature;
+  prompt->clear();
+  generated->clear();
+  if (row % 3 != 2) return o;
+  // Ids from a small range, so that ids repeat.
+  const int32_t last_id = static_cast<int32_t>(std::min<size_t>(vocab, 40) - 1);
+  std::uniform_int_distribution<int32_t> id(0, last_id);
+  for (int i = 0; i < 20; ++i) prompt->push_back(id(rng));
+  for (int i = 0; i < 10; ++i) generated->push_back(id(rng));
+  o.repetition_penalty = 1.3f;
+  o.frequency_penalty = 0.4f;
+  o.presence_penalty = -0.2f;
+  o.logit_bias = {{1, 3.0f}, {static_cast<int32_t>(vocab) - 1, -2.5f}};
+  if (row % 6 == 5) {
+    o.min_tokens = 11;  // 10 generated: the mask applies
+    o.min_tokens_masked_ids = {0, 2, 7};
+  }
+  return o;
+}
+
+// `rows` random rows per (min_p, top_k, top_p) combination at this vocab
+// and temperature; every combination sees the same rows.
 TEST_P(SamplingViewSweepTest, MatchesFullReferenceSampler) {
   const auto [vocab, temperature, rows] = GetParam();
   const int32_t v = static_cast<int32_t>(vocab);
+  const float min_ps[] = {0.0f, 0.05f, 0.3f};
   const int32_t top_ks[] = {0, 1, 5, 64, 100, v + 3};
   const float top_ps[] = {1.0f, 0.95f, 0.5f, 1e-6f};
   std::mt19937_64 rng(vocab * 1000003u + static_cast<uint64_t>(temperature * 1000));
   Reference ref;
   SamplingView view;
   std::vector<float> scratch;
-  int failures = 0, widened = 0;
+  std::vector<int32_t> prompt, generated;
+  int failures = 0, widened = 0, min_p_widened = 0, min_p_partial = 0;
   for (uint64_t row = 0; row < static_cast<uint64_t>(rows); ++row) {
     const std::vector<float> raw = RandomRow(vocab, row, rng);
-    Prepare(raw, temperature, &ref);
-    for (int32_t top_k : top_ks) {
-      for (float top_p : top_ps) {
-        SamplingOptions o;
-        o.temperature = temperature;
-        o.top_k = top_k;
-        o.top_p = top_p;
-        o.seed = rng();
-        const uint32_t index = static_cast<uint32_t>(rng() % 4096);
-        ASSERT_TRUE(Validate(o).ok());
-        BuildSamplingView(raw, o, &view, &scratch);
-        ExpectViewMatches(ref, view, o, &failures);
-        widened += view.candidates.size() > kMinViewCandidates && top_k <= 0 && top_p < 1.0f;
-        const SampledToken got = SampleFromView(view, o, index);
-        const SampledToken want = ReferenceSample(ref, o, index);
-        if ((got.token_id != want.token_id || !SameBits(got.logprob, want.logprob)) &&
-            ++failures <= 5) {
-          ADD_FAILURE() << "row " << row << " (shape " << row % 10 << ") T=" << temperature
-                        << " top_k=" << top_k << " top_p=" << top_p << ": got "
-                        << got.token_id << " " << got.logprob << ", want " << want.token_id
-                        << " " << want.logprob;
+    const SamplingOptions processing =
+        RowProcessors(vocab, row, temperature, rng, &prompt, &generated);
+    const TokenHistory history{prompt, generated};
+    Prepare(raw, processing, history, &ref);
+    for (float min_p : min_ps) {
+      for (int32_t top_k : top_ks) {
+        for (float top_p : top_ps) {
+          SamplingOptions o = processing;
+          o.min_p = min_p;
+          o.top_k = top_k;
+          o.top_p = top_p;
+          o.seed = rng();
+          const uint32_t index = static_cast<uint32_t>(rng() % 4096);
+          ASSERT_TRUE(Validate(o, v).ok());
+          BuildSamplingView(raw, o, history, &view, &scratch);
+          ExpectViewMatches(ref, view, o, &failures);
+          const bool widened_view = view.candidates.size() > kMinViewCandidates && top_k <= 0;
+          widened += widened_view && min_p == 0.0f && top_p < 1.0f;
+          min_p_widened += widened_view && min_p > 0.0f;
+          min_p_partial += min_p > 0.0f && top_k <= 0 && top_p == 1.0f && !view.complete;
+          const SampledToken got = SampleFromView(view, o, index);
+          const SampledToken want = ReferenceSample(ref, o, index);
+          if ((got.token_id != want.token_id || !SameBits(got.logprob, want.logprob)) &&
+              ++failures <= 5) {
+            ADD_FAILURE() << "row " << row << " (shape " << row % 10 << ") T=" << temperature
+                          << " min_p=" << min_p << " top_k=" << top_k << " top_p=" << top_p
+                          << ": got " << got.token_id << " " << got.logprob << ", want "
+                          << want.token_id << " " << want.logprob;
+          }
         }
       }
     }
   }
   EXPECT_EQ(failures, 0);
-  // The flat shapes must have exercised widening.
+  // The flat shapes must have exercised widening, for top_p and for min_p,
+  // and peaked ones min_p views short of the vocabulary at top_p 1.
   if (temperature > 0.0f) {
     EXPECT_GT(widened, 0);
+    EXPECT_GT(min_p_widened, 0);
+    EXPECT_GT(min_p_partial, 0);
   }
 }
 
@@ -332,7 +395,7 @@ TEST(SamplingViewTest, GreedyViewHasReferenceRawStats) {
     const std::vector<float> l = RandomRow(1000, row, rng);
     Reference ref;
     Prepare(l, 0.0f, &ref);
-    BuildSamplingView(l, SamplingOptions{}, &view);
+    BuildSamplingView(l, SamplingOptions{}, {}, &view);
     EXPECT_TRUE(SameBits(view.raw_max, ref.raw_max)) << row;
     EXPECT_TRUE(SameBits(view.raw_log_sum, ref.raw_log_sum)) << row;
     EXPECT_EQ(view.normaliser, 0.0);
@@ -356,7 +419,7 @@ TEST(SamplingViewTest, RawTopMatchesSortedReference) {
     o.top_k = row % 4 == 1 ? 3 : 0;
     o.top_logprobs = 5;
     o.seed = row;
-    BuildSamplingView(l, o, &view);
+    BuildSamplingView(l, o, {}, &view);
     ASSERT_EQ(view.raw_top.size(), 5u);
     for (size_t j = 0; j < 5; ++j) {
       EXPECT_EQ(view.raw_top[j].id, raw_order[j]) << row << " " << j;
@@ -391,12 +454,12 @@ TEST(SamplingViewTest, FlatRowWidensByFour) {
   o.temperature = 1.0f;
   o.top_p = 0.3f;
   SamplingView view;
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   EXPECT_EQ(view.candidates.size(), 1024u);
   EXPECT_FALSE(view.complete);
   EXPECT_EQ(view.normaliser, 3000.0);
   o.top_p = 0.95f;
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   EXPECT_EQ(view.candidates.size(), 3000u);
   EXPECT_TRUE(view.complete);
   for (size_t j = 0; j < 3000; ++j) ASSERT_EQ(view.candidates[j].id, static_cast<int32_t>(j));
@@ -409,34 +472,121 @@ TEST(SamplingViewTest, CandidateCountFollowsTopK) {
   SamplingOptions o;
   o.temperature = 0.8f;
   o.top_k = 5;
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   EXPECT_EQ(view.candidates.size(), 64u);
   o.top_k = 300;
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   EXPECT_EQ(view.candidates.size(), 300u);
   o.top_k = 5000;
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   EXPECT_EQ(view.candidates.size(), 1000u);
   EXPECT_TRUE(view.complete);
   o.top_k = 0;  // top_p == 1: every id is kept
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   EXPECT_TRUE(view.complete);
   // Greedy: the first id only, whatever top_k says.
   o.temperature = 0.0f;
   o.top_k = 300;
-  BuildSamplingView(l, o, &view);
+  BuildSamplingView(l, o, {}, &view);
   ASSERT_EQ(view.candidates.size(), 1u);
   EXPECT_FALSE(view.complete);
   // Vocab below 64: always complete.
   o.temperature = 0.5f;
   o.top_k = 0;
   o.top_p = 0.9f;
-  BuildSamplingView(std::vector<float>{1.0f, 3.0f, 2.0f}, o, &view);
+  BuildSamplingView(std::vector<float>{1.0f, 3.0f, 2.0f}, o, {}, &view);
   ASSERT_EQ(view.candidates.size(), 3u);
   EXPECT_TRUE(view.complete);
   EXPECT_EQ(view.candidates[0].id, 1);
   EXPECT_EQ(view.candidates[1].id, 2);
   EXPECT_EQ(view.candidates[2].id, 0);
+}
+
+// min_p with top_p 1 keeps only the survivors, so a peaked row needs no
+// more than the first 64 candidates (before min_p the whole vocabulary).
+TEST(SamplingViewTest, MinPViewOfPeakedRowIsNotComplete) {
+  std::vector<float> l(5000);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = std::sin(static_cast<float>(i));
+  l[123] = 12.0f;  // every other p is below exp(1 - 12) < 2e-5
+  SamplingOptions o;
+  o.temperature = 1.0f;
+  o.min_p = 0.01f;
+  SamplingView view;
+  BuildSamplingView(l, o, {}, &view);
+  EXPECT_EQ(view.candidates.size(), kMinViewCandidates);
+  EXPECT_FALSE(view.complete);
+  EXPECT_EQ(view.normaliser, 0.0);
+  EXPECT_EQ(view.candidates[0].id, 123);
+  for (uint32_t i = 0; i < 50; ++i) EXPECT_EQ(SampleFromView(view, o, i).token_id, 123);
+  o.min_p = 0.0f;
+  BuildSamplingView(l, o, {}, &view);
+  EXPECT_TRUE(view.complete);
+}
+
+// 100 ids at logit 0 and the rest at -10 (p = e^-10 < 0.01): with min_p
+// 0.01 the 64th candidate survives, so the view widens to 256, whose last
+// does not; draws take only the 100.
+TEST(SamplingViewTest, MinPWidensUntilTheLastCandidateFails) {
+  std::vector<float> l(3000, -10.0f);
+  for (size_t i = 0; i < 100; ++i) l[i * 29] = 0.0f;
+  SamplingOptions o;
+  o.temperature = 1.0f;
+  o.min_p = 0.01f;
+  SamplingView view;
+  BuildSamplingView(l, o, {}, &view);
+  EXPECT_EQ(view.candidates.size(), 256u);
+  EXPECT_FALSE(view.complete);
+  std::vector<bool> drawn(l.size(), false);
+  for (uint32_t i = 0; i < 2000; ++i) {
+    const int32_t id = SampleFromView(view, o, i).token_id;
+    ASSERT_EQ(id % 29, 0) << id;
+    ASSERT_LT(id, 29 * 100) << id;
+    drawn[static_cast<size_t>(id)] = true;
+  }
+  EXPECT_EQ(std::count(drawn.begin(), drawn.end(), true), 100);
+  // top_k caps the survivors; the view is then max(top_k, 64) as before.
+  o.top_k = 10;
+  BuildSamplingView(l, o, {}, &view);
+  EXPECT_EQ(view.candidates.size(), kMinViewCandidates);
+  for (uint32_t i = 0; i < 200; ++i) {
+    EXPECT_LT(SampleFromView(view, o, i).token_id, 29 * 10);
+  }
+  // Every id survives a flat row: the view widens to the vocabulary.
+  o.top_k = 0;
+  o.min_p = 0.5f;
+  BuildSamplingView(std::vector<float>(3000, 0.25f), o, {}, &view);
+  EXPECT_TRUE(view.complete);
+}
+
+// The view of a row with penalties holds the processed logits of
+// ApplyLogitsProcessors and the raw ones, and greedy takes the processed
+// argmax even at temperature 0 (no identity shortcut).
+TEST(SamplingViewTest, ViewCarriesProcessedAndRawLogits) {
+  const std::vector<float> l = {4.0f, 3.0f, -1.0f, 0.5f};
+  const std::vector<int32_t> prompt = {0, 2};
+  const std::vector<int32_t> generated = {3, 3};
+  SamplingOptions o;
+  o.repetition_penalty = 2.0f;  // 4 -> 2, -1 -> -2, 0.5 -> 0.25
+  o.frequency_penalty = 0.5f;   // id 3: 0.25 - 0.5 * 2 = -0.75
+  o.logit_bias = {{1, -0.5f}};  // 3 -> 2.5
+  SamplingView view;
+  BuildSamplingView(l, o, TokenHistory{prompt, generated}, &view);
+  ASSERT_EQ(view.candidates.size(), 1u);
+  EXPECT_EQ(view.candidates[0].id, 1);
+  EXPECT_EQ(view.candidates[0].logit, 2.5f);
+  EXPECT_EQ(view.candidates[0].raw_logit, 3.0f);
+  EXPECT_EQ(view.raw_max, 4.0);
+  o.temperature = 0.5f;
+  o.top_k = 4;
+  BuildSamplingView(l, o, TokenHistory{prompt, generated}, &view);
+  ASSERT_EQ(view.candidates.size(), 4u);
+  const int32_t ids[] = {1, 0, 3, 2};
+  const float logits[] = {5.0f, 4.0f, -1.5f, -4.0f};
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(view.candidates[j].id, ids[j]) << j;
+    EXPECT_EQ(view.candidates[j].logit, logits[j]) << j;
+    EXPECT_EQ(view.candidates[j].raw_logit, l[static_cast<size_t>(ids[j])]) << j;
+  }
 }
 
 // With a reused view and scratch, a second build of the same shape finds
@@ -449,11 +599,11 @@ TEST(SamplingViewTest, ReusedViewAndScratchKeepTheirBuffers) {
   o.top_logprobs = 4;
   SamplingView view;
   std::vector<float> scratch;
-  BuildSamplingView(RandomRow(4096, 0, rng), o, &view, &scratch);
+  BuildSamplingView(RandomRow(4096, 0, rng), o, {}, &view, &scratch);
   const float* row = scratch.data();
   const Candidate* candidates = view.candidates.data();
   const TokenLogprob* top = view.raw_top.data();
-  BuildSamplingView(RandomRow(4096, 0, rng), o, &view, &scratch);
+  BuildSamplingView(RandomRow(4096, 0, rng), o, {}, &view, &scratch);
   EXPECT_EQ(scratch.data(), row);
   EXPECT_EQ(view.candidates.data(), candidates);
   EXPECT_EQ(view.raw_top.data(), top);
@@ -469,18 +619,21 @@ TEST(SamplingViewTest, LargeVocabMatchesReference) {
     const std::vector<float> raw = RandomRow(152064, row, rng);
     for (float temperature : {0.0f, 0.7f, 1.0f}) {
       Prepare(raw, temperature, &ref);
-      for (int32_t top_k : {0, 40}) {
-        for (float top_p : {1.0f, 0.9f}) {
-          SamplingOptions o;
-          o.temperature = temperature;
-          o.top_k = top_k;
-          o.top_p = top_p;
-          o.seed = rng();
-          BuildSamplingView(raw, o, &view, &scratch);
-          const SampledToken got = SampleFromView(view, o, 7);
-          const SampledToken want = ReferenceSample(ref, o, 7);
-          EXPECT_EQ(got.token_id, want.token_id) << row << " " << temperature;
-          EXPECT_TRUE(SameBits(got.logprob, want.logprob)) << row << " " << temperature;
+      for (float min_p : {0.0f, 0.05f}) {
+        for (int32_t top_k : {0, 40}) {
+          for (float top_p : {1.0f, 0.9f}) {
+            SamplingOptions o;
+            o.temperature = temperature;
+            o.min_p = min_p;
+            o.top_k = top_k;
+            o.top_p = top_p;
+            o.seed = rng();
+            BuildSamplingView(raw, o, {}, &view, &scratch);
+            const SampledToken got = SampleFromView(view, o, 7);
+            const SampledToken want = ReferenceSample(ref, o, 7);
+            EXPECT_EQ(got.token_id, want.token_id) << row << " " << temperature << " " << min_p;
+            EXPECT_TRUE(SameBits(got.logprob, want.logprob)) << row << " " << temperature;
+          }
         }
       }
     }
