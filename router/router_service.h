@@ -51,7 +51,9 @@ class RouterService final : public GenerationBase {
   // neither set, a bad role, split_special_tokens with messages;
   // FAILED_PRECONDITION for messages without a chat format), then
   // INVALID_ARGUMENT naming the field and limit (route_override,
-  // max_tokens, context length, sampling values).
+  // max_tokens, context length, sampling values including min_p, the
+  // penalties, logit_bias and logprobs; stop; n, min_tokens,
+  // stop_token_ids).
   absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
 
   // Generate and Tokenize: a request whose text is not UTF-8 gets
