@@ -208,11 +208,16 @@ TEST_F(BadBytesTest, WorkersNameTheField) {
                      WireLen(1, "r1") + ids + WireLen(5, WireLen(2, "\xED\xBF\xBF")),
                      "kv_target.request_id: not valid UTF-8 (byte 0xed at offset 0)"},
                 });
-  // A well-formed CancelSample reaches its (not yet implemented) body.
+  // A well-formed CancelSample reaches its body: an unknown request is not
+  // an error, a sample index past n's limit is.
   const RawResult cancel =
       RawCall(cluster().decode_address(), "/tandem.v1.DecodeWorker/CancelSample", WireLen(1, "r"));
-  EXPECT_EQ(cancel.status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
-      << cancel.status.error_message();
+  EXPECT_TRUE(cancel.status.ok()) << cancel.status.error_message();
+  const RawResult bad_index = RawCall(cluster().decode_address(),
+                                      "/tandem.v1.DecodeWorker/CancelSample",
+                                      WireLen(1, "r") + WireUint(2, 16));
+  EXPECT_EQ(bad_index.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad_index.status.error_message(), "sample_index: must be < 16, got 16");
 }
 
 TEST_F(BadBytesTest, WellFormedRequestsAreServed) {

@@ -382,5 +382,98 @@ TEST(SchedulerRemoteTest, PreemptedSequenceNeverGoesRemoteAgain) {
   EXPECT_EQ(h.kv.num_blocks_in_use(), 0);
 }
 
+// Fork: a child shares the parent's full prompt blocks (reference counts,
+// prefix caching off), waits at the head of the queue, and recomputes only
+// the partial last block plus its first token.
+TEST(SchedulerTest, ForkSharesFullPromptBlocksAndRecomputesThePartialBlock) {
+  SchedulerOptions o;
+  o.max_num_batched_tokens = 64;
+  o.prefill_chunk_tokens = 64;
+  o.enable_prefix_caching = false;
+  kv::BlockPool pool(32);
+  kv::KvCacheManager kv(&pool, kv::KvCacheManagerOptions{false, "test-model", kBlockSize});
+  Scheduler scheduler(o, &kv);
+  scheduler.Add(MakeSeq(1, Prompt(10, 1)));  // 2 full blocks + 2 tokens
+  StepPlan plan = scheduler.Schedule();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  scheduler.OnStepDone(plan, {42});
+  const std::vector<int32_t> parent_table = kv.BlockTable(1);
+  ASSERT_EQ(parent_table.size(), 3u);
+
+  scheduler.Fork(1, 2, 43);
+  scheduler.Fork(1, 3, 44);
+  scheduler.Add(MakeSeq(4, Prompt(3, 2)));  // arrives later: queued behind the children
+  const SeqState* child = scheduler.Find(2);
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(child->status, SeqStatus::kWaiting);
+  EXPECT_EQ(child->num_computed, 8);
+  EXPECT_EQ(child->num_prompt_tokens, 10);
+  std::vector<int32_t> expected_tokens = Prompt(10, 1);
+  expected_tokens.push_back(43);
+  EXPECT_EQ(child->tokens, expected_tokens);
+  // Shared, not copied: the first two blocks are the parent's, ref 3.
+  EXPECT_EQ(kv.BlockTable(2), std::vector<int32_t>(parent_table.begin(), parent_table.begin() + 2));
+  EXPECT_EQ(kv.RefCount(parent_table[0]), 3);
+  EXPECT_EQ(kv.num_blocks_in_use(), 3);
+
+  // The next step decodes the parent, then admits the children in order
+  // (each recomputes tokens [8, 11): two prompt tokens and its token 0),
+  // then the later arrival.
+  plan = scheduler.Schedule();
+  ASSERT_EQ(plan.chunks.size(), 4u);
+  EXPECT_EQ(plan.chunks[0].id, 1);
+  EXPECT_EQ(plan.chunks[1].id, 2);
+  EXPECT_EQ(plan.chunks[1].start, 8);
+  EXPECT_EQ(plan.chunks[1].count, 3);
+  EXPECT_TRUE(plan.chunks[1].samples);
+  EXPECT_EQ(plan.chunks[2].id, 3);
+  EXPECT_EQ(plan.chunks[3].id, 4);
+  // Each child holds one private block beside the two shared ones.
+  EXPECT_EQ(kv.BlockTable(2).size(), 3u);
+  EXPECT_NE(kv.BlockTable(2)[2], parent_table[2]);
+  EXPECT_EQ(kv.num_blocks_in_use(), 3 + 1 + 1 + 1);
+  scheduler.OnStepDone(plan, {50, 51, 52, 53});
+
+  // Removing the parent keeps the shared blocks alive for the children.
+  scheduler.Remove(1);
+  EXPECT_EQ(kv.RefCount(parent_table[0]), 2);
+  scheduler.Remove(2);
+  scheduler.Remove(3);
+  scheduler.Remove(4);
+  EXPECT_EQ(kv.num_blocks_in_use(), 0);
+}
+
+// A prompt shorter than a block shares nothing: the child is admitted and
+// prefilled like any waiting sequence; a child removed while waiting
+// releases only its own references.
+TEST(SchedulerTest, ForkOfAShortPromptAndRemovalWhileWaiting) {
+  SchedulerOptions o;
+  o.enable_prefix_caching = false;
+  kv::BlockPool pool(16);
+  kv::KvCacheManager kv(&pool, kv::KvCacheManagerOptions{false, "test-model", kBlockSize});
+  Scheduler scheduler(o, &kv);
+  scheduler.Add(MakeSeq(1, Prompt(3, 3)));
+  StepPlan plan = scheduler.Schedule();
+  scheduler.OnStepDone(plan, {9});
+  scheduler.Fork(1, 2, 10);
+  EXPECT_FALSE(kv.HasSequence(2));
+  EXPECT_EQ(scheduler.Find(2)->num_computed, 0);
+  plan = scheduler.Schedule();
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[1].id, 2);
+  EXPECT_EQ(plan.chunks[1].start, 0);
+  EXPECT_EQ(plan.chunks[1].count, 4);
+
+  scheduler.Add(MakeSeq(5, Prompt(9, 4)));
+  plan = scheduler.Schedule();
+  scheduler.OnStepDone(plan, std::vector<int32_t>(plan.chunks.size(), 7));
+  const int32_t before = kv.num_blocks_in_use();
+  scheduler.Fork(5, 6, 11);  // shares 2 blocks, waits
+  EXPECT_EQ(kv.num_blocks_in_use(), before);
+  scheduler.Remove(6);
+  EXPECT_EQ(kv.num_blocks_in_use(), before);
+  EXPECT_EQ(kv.RefCount(kv.BlockTable(5)[0]), 1);
+}
+
 }  // namespace
 }  // namespace tandem::scheduler
