@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "engine/core/engine_core.h"
 #include "gtest/gtest.h"
+#include "tests/engine/core/core_harness.h"
 #include "tests/engine/core/fake_backend.h"
 #include "tests/engine/core/recording_sink.h"
 
@@ -25,39 +26,19 @@ using testing::FakePrompt;
 using testing::RecordingSink;
 using testing::SinkEvent;
 
-constexpr int32_t kBlockSize = 4;
+using testing::kBlockSize;
 constexpr uint64_t kSeed = 1234;
 
-EngineCoreOptions Options() {
-  EngineCoreOptions o;
-  o.scheduler.max_num_batched_tokens = 64;
-  o.scheduler.max_num_seqs = 8;
-  o.scheduler.prefill_chunk_tokens = 16;
-  o.scheduler.enable_prefix_caching = false;  // sharing must not depend on it
-  o.scheduler.max_local_prefill_tokens = 32;
-  o.eog_token_ids = {testing::kFakeUnusedToken};
-  o.model_fingerprint = "fake-model";
-  o.worker_label = "test worker";
+// The suites' options, with prefix caching off: sharing must not depend on it.
+EngineCoreOptions SampleOptions() {
+  EngineCoreOptions o = testing::Options();
+  o.scheduler.enable_prefix_caching = false;
   return o;
 }
 
-struct Harness {
-  explicit Harness(int32_t num_blocks, std::unique_ptr<FakeLoader> fake_loader = nullptr) {
-    auto b = std::make_unique<FakeBackend>(kBlockSize, num_blocks);
-    loader = fake_loader.get();
-    core = std::make_unique<EngineCore>(Options(), std::move(b), std::move(fake_loader));
-  }
-  bool WaitIdle() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(3);
-    while (absl::Now() < deadline) {
-      CoreStats s = core->GetStats();
-      if (s.kv_blocks_in_use == 0 && s.running_requests == 0) return true;
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return false;
-  }
-  FakeLoader* loader = nullptr;
-  std::unique_ptr<EngineCore> core;
+struct Harness : testing::Harness {
+  explicit Harness(int32_t num_blocks, std::unique_ptr<FakeLoader> fake_loader = nullptr)
+      : testing::Harness(num_blocks, std::move(fake_loader), SampleOptions()) {}
 };
 
 // A request drawing at temperature 5 (the fake's logits are then spread
@@ -254,7 +235,7 @@ TEST(EngineCoreSamplesTest, StopTokenIdsAndIgnoreEos) {
 
   // The model's end-of-generation id (here greedy[1]) ends generation,
   // unless ignore_eos.
-  EngineCoreOptions o = Options();
+  EngineCoreOptions o = SampleOptions();
   o.eog_token_ids = {greedy[1]};
   size_t eog_at = 0;
   while (greedy[eog_at] != greedy[1]) ++eog_at;
