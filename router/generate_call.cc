@@ -273,7 +273,9 @@ void GenerateCall::Run() {
       }
       Deliver(t);
     }
-    if (msg.finish_reason() != v1::FINISH_NONE) SampleFinished(msg.sample_index(), msg.finish_reason());
+    if (msg.finish_reason() != v1::FINISH_NONE) {
+      SampleFinished(msg.sample_index(), msg.finish_reason());
+    }
   }
   grpc::Status status = reader->Finish();
   if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {

@@ -56,9 +56,9 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
     return route.status();
   }
   const model::LlamaConfig& config = model_->model->config();
-  absl::Status s = core::ValidateGeneration(*prompt, request.max_tokens(), config.context_length,
-                                            config.vocab_size,
-                                            SamplingFromProto(request.sampling(), request.logprobs()));
+  absl::Status s = core::ValidateGeneration(
+      *prompt, request.max_tokens(), config.context_length, config.vocab_size,
+      SamplingFromProto(request.sampling(), request.logprobs()));
   if (!s.ok()) return s;
   s = ValidateStopStrings({request.stop().begin(), request.stop().end()});
   if (!s.ok()) return s;

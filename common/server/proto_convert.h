@@ -55,8 +55,7 @@ inline sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p,
   o.frequency_penalty = p.frequency_penalty();
   o.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
   std::sort(o.logit_bias.begin(), o.logit_bias.end());
-  // Kept whole (clamped, not wrapped) so an error names a too-large value.
-  o.top_logprobs = static_cast<int32_t>(std::min<uint32_t>(logprobs, 1u << 30));
+  o.top_logprobs = logprobs;  // whole, so an error names the value sent
   return o;
 }
 
@@ -67,7 +66,7 @@ inline core::GenerationControls ControlsFromProto(const v1::EngineControls& c) {
   out.stop_token_ids.assign(c.stop_token_ids().begin(), c.stop_token_ids().end());
   out.ignore_eos = c.ignore_eos();
   out.min_tokens = c.min_tokens();
-  out.n = c.n() == 0 ? 1 : static_cast<int32_t>(std::min<uint32_t>(c.n(), 1u << 30));
+  out.n = c.n() == 0 ? 1 : int64_t{c.n()};  // whole, so an error names the value sent
   return out;
 }
 

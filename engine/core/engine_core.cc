@@ -103,10 +103,11 @@ absl::Status EngineCore::Submit(EngineRequest request) {
                                        kv_tokens - shared * block_size, block_size));
   }
   if (blocks > pool_.num_blocks()) {
+    const std::string samples =
+        request.controls.n > 1 ? absl::StrCat(" x ", request.controls.n, " samples") : "";
     return absl::ResourceExhaustedError(absl::StrCat(
-        "request needs up to ", blocks, " KV blocks (", kv_tokens, " tokens",
-        request.controls.n > 1 ? absl::StrCat(" x ", request.controls.n, " samples") : "", ") but the ",
-        options_.worker_label, "'s pool has only ", pool_.num_blocks()));
+        "request needs up to ", blocks, " KV blocks (", kv_tokens, " tokens", samples,
+        ") but the ", options_.worker_label, "'s pool has only ", pool_.num_blocks()));
   }
   auto r = std::make_unique<Request>();
   r->cancelled = std::make_shared<CancelFlag>(false);

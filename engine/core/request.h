@@ -152,7 +152,7 @@ struct GenerationControls {
   // Samples of the prompt, 1..kMaxSamples. Samples 1.. are forked from
   // sample 0 when its token 0 is drawn: they share its full prompt blocks
   // and recompute the partial last block (scheduler::Scheduler::Fork).
-  int32_t n = 1;
+  int64_t n = 1;
 };
 
 // One request for the engine core.

@@ -21,8 +21,8 @@
 namespace tandem::sampling {
 
 struct SampledToken {
-  int32_t token_id;
-  float logprob;  // log-softmax of the raw (unprocessed) logits
+  int32_t token_id = -1;
+  float logprob = 0.0f;  // log-softmax of the raw (unprocessed) logits
   // view.raw_top: the options.top_logprobs most likely raw alternatives,
   // empty when top_logprobs == 0.
   std::vector<TokenLogprob> top_logprobs;

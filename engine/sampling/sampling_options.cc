@@ -17,9 +17,11 @@ absl::Status CheckPenalty(const char* field, float value) {
 }  // namespace
 
 absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
-  if (!(std::isfinite(options.temperature) && options.temperature >= 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "temperature: must be >= 0 and finite, got ", options.temperature));
+  if (!(options.temperature == 0.0f ||
+        (std::isfinite(options.temperature) && options.temperature >= kMinTemperature))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be 0 (greedy) or in [", kMinTemperature,
+                     ", inf), got ", options.temperature));
   }
   if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
@@ -29,9 +31,11 @@ absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_p: must be in [0, 1], got ", options.min_p));
   }
-  if (!(std::isfinite(options.repetition_penalty) && options.repetition_penalty > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "repetition_penalty: must be > 0 and finite, got ", options.repetition_penalty));
+  if (!(options.repetition_penalty >= kMinRepetitionPenalty &&
+        options.repetition_penalty <= kMaxRepetitionPenalty)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty: must be in [", kMinRepetitionPenalty, ", ",
+                     kMaxRepetitionPenalty, "], got ", options.repetition_penalty));
   }
   if (absl::Status s = CheckPenalty("presence_penalty", options.presence_penalty); !s.ok()) {
     return s;
@@ -50,9 +54,10 @@ absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
                                                      " is outside the vocabulary [0, ",
                                                      vocab_size, ")"));
     }
-    if (!std::isfinite(bias)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("logit_bias[", id, "]: bias must be finite, got ", bias));
+    if (!(bias >= -kMaxAbsLogitBias && bias <= kMaxAbsLogitBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias[", id, "]: bias must be in [-",
+                                                     kMaxAbsLogitBias, ", ", kMaxAbsLogitBias,
+                                                     "], got ", bias));
     }
     if (i > 0 && id <= options.logit_bias[i - 1].first) {
       return absl::InvalidArgumentError(

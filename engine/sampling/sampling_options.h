@@ -16,6 +16,16 @@ namespace tandem::sampling {
 inline constexpr int32_t kMaxTopLogprobs = 20;
 // Limit of |presence_penalty| and |frequency_penalty| (OpenAI's range).
 inline constexpr float kMaxAbsPenalty = 2.0f;
+// Limit of |logit_bias| values (OpenAI's range; -100 bans a token).
+inline constexpr float kMaxAbsLogitBias = 100.0f;
+// Smallest temperature above 0 (vLLM's _SAMPLING_EPS). Together with the
+// repetition penalty's range it keeps every processed logit of a model
+// finite: l / 1e-5 / 0.01 stays far below FLT_MAX for |l| < 1e30, whereas
+// a logit overflowing to +inf would make every such id an equal winner.
+inline constexpr float kMinTemperature = 1e-5f;
+// repetition_penalty's range.
+inline constexpr float kMinRepetitionPenalty = 0.01f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
 
 // One sequence's sampling parameters (the public SamplingParams of
 // proto/tandem/v1/common.proto plus the engine's min_tokens mask). The
@@ -23,7 +33,8 @@ inline constexpr float kMaxAbsPenalty = 2.0f;
 // logit_bias, repetition, frequency, presence penalty, temperature; the
 // draw (sampler.h) then applies min_p, top_k, top_p.
 struct SamplingOptions {
-  float temperature = 0.0f;  // 0 = greedy argmax, ties -> lowest id; >= 0
+  float temperature = 0.0f;  // 0 = greedy argmax, ties -> lowest id; else
+                             // >= kMinTemperature, finite
   int32_t top_k = 0;         // <= 0 = off
   float top_p = 1.0f;        // in (0, 1]
   // Keep the candidates whose probability after the processors is >=
@@ -32,10 +43,10 @@ struct SamplingOptions {
   float min_p = 0.0f;
   uint64_t seed = 0;         // randomness for output index i = f(seed, i);
                              // SampleSeed(request seed, s) for sample s
-  int32_t top_logprobs = 0;  // raw top-n alternatives reported per token;
+  int64_t top_logprobs = 0;  // raw top-n alternatives reported per token;
                              // 0 (none) .. kMaxTopLogprobs
   // Hugging Face / vLLM repetition penalty over the ids of the prompt and
-  // the generated tokens; > 0 and finite, 1 = off.
+  // the generated tokens; in [0.01, 100], 1 = off.
   float repetition_penalty = 1.0f;
   // OpenAI presence / frequency penalties over the generated tokens; each
   // in [-2, 2], 0 = off.
@@ -43,7 +54,7 @@ struct SamplingOptions {
   float frequency_penalty = 0.0f;
   // (token id, bias) added to the logit before the penalties (OpenAI /
   // vLLM logit_bias). Sorted by id, ids unique and in [0, vocab), biases
-  // finite.
+  // in [-100, 100].
   std::vector<std::pair<int32_t, float>> logit_bias;
   // While fewer than min_tokens tokens have been generated, the logits of
   // min_tokens_masked_ids become -inf (vLLM's min_tokens). The engine core
@@ -57,16 +68,16 @@ struct SamplingOptions {
 
 // OK, or INVALID_ARGUMENT naming the public field and its limit, checked in
 // this order:
-//   "temperature: must be >= 0 and finite, got X"
+//   "temperature: must be 0 (greedy) or in [1e-05, inf), got X"
 //   "top_p: must be in (0, 1], got X"
 //   "min_p: must be in [0, 1], got X"
-//   "repetition_penalty: must be > 0 and finite, got X"
+//   "repetition_penalty: must be in [0.01, 100], got X"
 //   "presence_penalty: must be in [-2, 2], got X"
 //   "frequency_penalty: must be in [-2, 2], got X"
 //   "logprobs: must be in [0, 20], got N" (top_logprobs is the public
 //     GenerateRequest.logprobs)
 //   "logit_bias[ID]: token id ID is outside the vocabulary [0, V)"
-//   "logit_bias[ID]: bias must be finite, got X"
+//   "logit_bias[ID]: bias must be in [-100, 100], got X"
 //   "logit_bias: token ids must be sorted and unique, got ID after PREV"
 //     (the converter from the proto map builds them so; a caller bug)
 // NaN fails every range. `vocab_size` is the model's (V > 0).

@@ -313,7 +313,7 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
   view->complete = k == vocab;
 
   const size_t top_n = std::min(
-      static_cast<size_t>(std::clamp(options.top_logprobs, 0, kMaxTopLogprobs)), vocab);
+      static_cast<size_t>(std::clamp<int64_t>(options.top_logprobs, 0, kMaxTopLogprobs)), vocab);
   SelectRawTop(raw_logits, top_n, &view->raw_top);
   for (TokenLogprob& t : view->raw_top) {
     t.logprob = static_cast<float>(static_cast<double>(t.logprob) - view->raw_max -

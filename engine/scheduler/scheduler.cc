@@ -45,6 +45,11 @@ size_t Scheduler::num_waiting_for_remote_kv() const {
   return seqs_.size() - waiting_.size() - running_.size();
 }
 
+bool Scheduler::HasSeqSlot() const {
+  return running_.size() + num_waiting_for_remote_kv() <
+         static_cast<size_t>(options_.max_num_seqs);
+}
+
 bool Scheduler::HasWork() const { return !waiting_.empty() || !running_.empty(); }
 
 void Scheduler::InsertRunning(int64_t id) {
@@ -145,10 +150,7 @@ bool Scheduler::AllocateOrPreempt(SeqState& seq, int32_t num_tokens, StepPlan* p
 
 bool Scheduler::AdmitForked(SeqState& seq, StepPlan* plan) {
   const int32_t budget = options_.max_num_batched_tokens;
-  if (running_.size() >= static_cast<size_t>(options_.max_num_seqs) ||
-      plan->num_batched_tokens >= budget) {
-    return false;
-  }
+  if (!HasSeqSlot() || plan->num_batched_tokens >= budget) return false;
   const int32_t len = static_cast<int32_t>(seq.tokens.size());
   const int32_t count = std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
                                   budget - plan->num_batched_tokens});
@@ -168,8 +170,10 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
   // A forked sample (Fork) holds its shared prompt blocks while it waits.
   if (seq.num_computed > 0) return AdmitForked(seq, plan);
   const int32_t budget = options_.max_num_batched_tokens;
-  const bool has_slot = running_.size() < static_cast<size_t>(options_.max_num_seqs) &&
-                        plan->num_batched_tokens < budget;
+  // A sequence waiting for remote KV holds one of the max_num_seqs slots:
+  // it joins the running set when its KV arrives.
+  if (!HasSeqSlot()) return false;
+  const bool has_slot = plan->num_batched_tokens < budget;
   // Only a prompt that never ran here may be prefilled elsewhere: a
   // preempted sequence recomputes its prompt and generated tokens itself.
   const bool may_go_remote = options_.remote_prefill_available &&

@@ -28,9 +28,13 @@
 //        that has never run here): blocks for L + 1 tokens are reserved
 //        (token 0's K/V is computed here by the first decode step), with
 //        every cached full block of L as the hit, and the sequence becomes
-//        kWaitingForRemoteKv; no budget, no running slot. The engine starts
+//        kWaitingForRemoteKv; no budget, but one of max_num_seqs slots
+//        (it joins the running set when its KV arrives). The engine starts
 //        the transfer; FinishRemoteKv() later makes it a running, decoding
 //        sequence with its first token appended.
+//      A sample forked from a running sequence (Fork, n > 1) waits at the
+//      head of the queue holding its shared prompt blocks, and is admitted
+//      like a local prefill of the rest.
 // When KV blocks run out for a running sequence, the newest preemptible
 // running sequence is preempted (its blocks freed, num_computed reset to 0,
 // back to the head of the waiting queue to recompute prompt + generated
@@ -51,7 +55,9 @@ namespace tandem::scheduler {
 
 struct SchedulerOptions {
   int32_t max_num_batched_tokens = 2048;  // token budget per step
-  int32_t max_num_seqs = 64;              // running sequences at most
+  // Running sequences at most, those waiting for remote KV included (they
+  // join the running set when it arrives).
+  int32_t max_num_seqs = 64;
   int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
   bool enable_prefix_caching = true;      // false: admission never looks up
   // Whether prompts may be prefilled elsewhere (the engine has a remote KV
@@ -174,6 +180,9 @@ class Scheduler {
   bool AdmitHead(StepPlan* plan);
   // AdmitHead for a forked sample, which holds its shared blocks already.
   bool AdmitForked(SeqState& seq, StepPlan* plan);
+  // Whether running plus remote-KV-waiting sequences leave one of the
+  // max_num_seqs slots free.
+  bool HasSeqSlot() const;
   void InsertRunning(int64_t id);
 
   const SchedulerOptions options_;

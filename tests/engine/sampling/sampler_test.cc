@@ -40,11 +40,19 @@ TEST(SamplerValidateTest, RejectsBadTemperature) {
   o.temperature = std::numeric_limits<float>::quiet_NaN();
   absl::Status s = Validate(o, kVocab);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "temperature: must be >= 0 and finite, got nan");
+  EXPECT_EQ(s.message(), "temperature: must be 0 (greedy) or in [1e-05, inf), got nan");
   o.temperature = -0.5f;
-  EXPECT_EQ(Validate(o, kVocab).message(), "temperature: must be >= 0 and finite, got -0.5");
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "temperature: must be 0 (greedy) or in [1e-05, inf), got -0.5");
   o.temperature = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(Validate(o, kVocab).message(), "temperature: must be >= 0 and finite, got inf");
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "temperature: must be 0 (greedy) or in [1e-05, inf), got inf");
+  // Below vLLM's epsilon a positive logit / T overflows to +inf.
+  o.temperature = 1e-38f;
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "temperature: must be 0 (greedy) or in [1e-05, inf), got 1e-38");
+  o.temperature = 1e-5f;
+  EXPECT_TRUE(Validate(o, kVocab).ok());
 }
 
 TEST(SamplerValidateTest, RejectsBadTopP) {
@@ -72,7 +80,7 @@ TEST(SamplerValidateTest, RejectsBadTopLogprobs) {
 TEST(SamplerValidateTest, AcceptsNewControlsAtTheirLimits) {
   SamplingOptions o;
   o.min_p = 1.0f;
-  o.repetition_penalty = 1e-3f;
+  o.repetition_penalty = 0.01f;
   o.presence_penalty = -2.0f;
   o.frequency_penalty = 2.0f;
   o.logit_bias = {{0, -100.0f}, {5, 3.5f}, {kVocab - 1, 0.0f}};
@@ -105,16 +113,19 @@ TEST(SamplerValidateTest, RejectsBadRepetitionPenalty) {
   o.repetition_penalty = 0.0f;
   absl::Status s = Validate(o, kVocab);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "repetition_penalty: must be > 0 and finite, got 0");
+  EXPECT_EQ(s.message(), "repetition_penalty: must be in [0.01, 100], got 0");
   o.repetition_penalty = -1.5f;
-  EXPECT_EQ(Validate(o, kVocab).message(),
-            "repetition_penalty: must be > 0 and finite, got -1.5");
+  EXPECT_EQ(Validate(o, kVocab).message(), "repetition_penalty: must be in [0.01, 100], got -1.5");
   o.repetition_penalty = kInf;
-  EXPECT_EQ(Validate(o, kVocab).message(),
-            "repetition_penalty: must be > 0 and finite, got inf");
+  EXPECT_EQ(Validate(o, kVocab).message(), "repetition_penalty: must be in [0.01, 100], got inf");
   o.repetition_penalty = kNaN;
+  EXPECT_EQ(Validate(o, kVocab).message(), "repetition_penalty: must be in [0.01, 100], got nan");
+  // A positive logit / 1e-30 / 1e-5 overflows to +inf.
+  o.repetition_penalty = 1e-30f;
   EXPECT_EQ(Validate(o, kVocab).message(),
-            "repetition_penalty: must be > 0 and finite, got nan");
+            "repetition_penalty: must be in [0.01, 100], got 1e-30");
+  o.repetition_penalty = 100.0f;
+  EXPECT_TRUE(Validate(o, kVocab).ok());
 }
 
 TEST(SamplerValidateTest, RejectsBadPresenceAndFrequencyPenalty) {
@@ -146,9 +157,15 @@ TEST(SamplerValidateTest, RejectsBadLogitBias) {
   o.logit_bias = {{3, 1.0f}, {7, kInf}};
   s = Validate(o, kVocab);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "logit_bias[7]: bias must be finite, got inf");
+  EXPECT_EQ(s.message(), "logit_bias[7]: bias must be in [-100, 100], got inf");
   o.logit_bias = {{7, kNaN}};
-  EXPECT_EQ(Validate(o, kVocab).message(), "logit_bias[7]: bias must be finite, got nan");
+  EXPECT_EQ(Validate(o, kVocab).message(), "logit_bias[7]: bias must be in [-100, 100], got nan");
+  // OpenAI's range: a bias of 3.4e38 would overflow the logit to +inf.
+  o.logit_bias = {{7, 3.4e38f}};
+  EXPECT_EQ(Validate(o, kVocab).message(),
+            "logit_bias[7]: bias must be in [-100, 100], got 3.4e+38");
+  o.logit_bias = {{7, -100.0f}, {8, 100.0f}};
+  EXPECT_TRUE(Validate(o, kVocab).ok());
   o.logit_bias = {{7, 1.0f}, {7, 2.0f}};
   EXPECT_EQ(Validate(o, kVocab).message(),
             "logit_bias: token ids must be sorted and unique, got 7 after 7");

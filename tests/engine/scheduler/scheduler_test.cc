@@ -475,5 +475,33 @@ TEST(SchedulerTest, ForkOfAShortPromptAndRemovalWhileWaiting) {
   EXPECT_EQ(kv.RefCount(kv.BlockTable(5)[0]), 1);
 }
 
+// A sequence waiting for remote KV holds one of max_num_seqs: when it
+// arrives the running set never exceeds the cap.
+TEST(SchedulerTest, RemoteWaitersCountAgainstMaxNumSeqs) {
+  SchedulerOptions o;
+  o.max_num_seqs = 2;
+  o.remote_prefill_available = true;
+  o.max_local_prefill_tokens = 4;
+  kv::BlockPool pool(64);
+  kv::KvCacheManager kv(&pool, kv::KvCacheManagerOptions{true, "test-model", kBlockSize});
+  Scheduler scheduler(o, &kv);
+  for (int64_t id = 1; id <= 3; ++id) {
+    scheduler.Add(MakeRouted(id, Prompt(20, static_cast<int32_t>(id)), RouteChoice::kAuto));
+  }
+  StepPlan plan = scheduler.Schedule();
+  ASSERT_EQ(plan.remote_kv_starts.size(), 2u);
+  EXPECT_EQ(scheduler.num_waiting(), 1u);
+  scheduler.FinishRemoteKv(1, 7);
+  scheduler.FinishRemoteKv(2, 8);
+  plan = scheduler.Schedule();
+  EXPECT_EQ(scheduler.num_running(), 2u);
+  EXPECT_TRUE(plan.remote_kv_starts.empty());
+  EXPECT_EQ(scheduler.num_waiting(), 1u);
+  scheduler.Remove(1);
+  plan = scheduler.Schedule();
+  EXPECT_EQ(plan.remote_kv_starts.size(), 1u);
+  EXPECT_EQ(scheduler.num_waiting(), 0u);
+}
+
 }  // namespace
 }  // namespace tandem::scheduler
