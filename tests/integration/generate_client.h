@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -28,6 +29,12 @@ struct GoldenCase {
   std::vector<int32_t> prompt_ids;        // prompt_token_ids_with_bos
   std::vector<int32_t> generated_ids;     // generated_token_ids_f32kv
   size_t strict_prefix_len = 0;           // strict_prefix_len_f32kv
+  // llama.cpp's five most likely ids of token 0 with their probability
+  // (softmax of the raw logits): first_token_top5_f32kv {id, prob}.
+  std::vector<std::pair<int32_t, double>> first_token_top5_probs;
+  // Per generated position, llama.cpp's five most likely ids with their raw
+  // logits, most likely first: steps[i].top5_f32kv [id, logit].
+  std::vector<std::vector<std::pair<int32_t, double>>> steps_top5_logits;
   // The first strict_prefix_len generated ids: what must match exactly.
   std::vector<int32_t> StrictIds() const;
 };
@@ -55,6 +62,35 @@ void SetSeededSampling(v1::GenerateRequest* request, float temperature, uint64_t
 // Route as the router names it: "local" / "remote".
 std::string RouteName(v1::RouteOverride route);
 
+// One streamed message of one sample: its tokens and text.
+struct StreamMessage {
+  std::vector<int32_t> token_ids;
+  std::string text;
+  bool has_finish = false;  // carries a finish_reason
+};
+
+// Everything one Generate call returned for one sample (sample_index).
+struct SampleResult {
+  std::vector<int32_t> token_ids;   // in stream order
+  std::vector<uint32_t> indices;    // TokenOutput.index, stream order
+  std::vector<float> logprobs;      // TokenOutput.logprob, stream order
+  // TokenOutput.top_logprobs of each token, stream order.
+  std::vector<std::vector<v1::TopLogprob>> top_logprobs;
+  std::string text;                 // the concatenation of its messages' text
+  v1::FinishReason finish_reason = v1::FINISH_NONE;  // the last one seen
+  int finish_messages = 0;          // messages carrying a finish_reason
+  bool tokens_after_finish = false;  // a message with tokens came after the finish
+  v1::StopReason stop_reason;       // of the message that carried one
+  int stop_reason_messages = 0;     // messages carrying a stop_reason
+  uint32_t completion_tokens = 0;   // last non-zero completion_tokens
+  // Tokens whose TokenOutput.sample_index differs from their message's.
+  int foreign_tokens = 0;
+  std::vector<StreamMessage> messages;  // every message of this sample but the header
+
+  // True when indices are exactly 0, 1, ..., n-1.
+  bool IndicesAreSequential() const;
+};
+
 // Everything one Generate call returned.
 struct StreamResult {
   grpc::Status status;
@@ -75,6 +111,11 @@ struct StreamResult {
   uint32_t completion_tokens = 0;  // last non-zero completion_tokens
   uint32_t cached_prompt_tokens = 0;  // last non-zero cached_prompt_tokens
   std::string text;
+  // Per sample: samples[s] holds what the messages with sample_index s
+  // carried (the header, which has no tokens, text or finish_reason, is
+  // not counted). token_ids, indices, logprobs and text above are those of
+  // every sample together, in stream order.
+  std::vector<SampleResult> samples;
 
   // Folds one message in.
   void Add(const v1::GenerateResponse& response);
@@ -109,11 +150,14 @@ class GenerateStream {
   bool done_ = false;
 };
 
-// Checks a finished greedy stream of kGoldenMaxTokens against golden case
-// `g` on `route` ("local" / "remote") served by LocalCluster's workers: OK
-// status, route and worker names, prompt_token_ids once in the first
-// message, sequential indices, and the first strict_prefix_len ids.
-void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route);
+// Checks a finished greedy stream of `max_tokens` (>= strict_prefix_len)
+// against golden case `g` on `route` ("local" / "remote") served by
+// LocalCluster's workers: OK status, route and worker names,
+// prompt_token_ids once in the first message, sequential indices, at most
+// max_tokens ids (FINISH_LENGTH when all of them), and the first
+// strict_prefix_len ids.
+void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route,
+                  uint32_t max_tokens = kGoldenMaxTokens);
 
 // A whole call: GenerateStream(...).Finish().
 StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
