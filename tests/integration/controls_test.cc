@@ -15,12 +15,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -36,8 +35,8 @@ namespace {
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr int32_t kEosId = 2;          // stories260K's tokenizer.ggml.eos_token_id
-constexpr int32_t kVocabSize = 512;    // stories260K's vocabulary
+constexpr int32_t kEosId = 2;        // stories260K's tokenizer.ggml.eos_token_id
+constexpr int32_t kVocabSize = 512;  // stories260K's vocabulary
 constexpr v1::RouteOverride kRoutes[] = {v1::ROUTE_LOCAL, v1::ROUTE_REMOTE};
 
 // ---- Reference runs -------------------------------------------------------------------
@@ -105,13 +104,13 @@ Reference RunReference(LocalCluster& cluster, const v1::GenerateRequest& request
 
 // What a list of stop strings must give on the reference's prompt.
 struct StopExpectation {
-  std::string stop;            // the string that matches
-  std::string text;            // the released text
-  std::vector<int32_t> ids;    // through the token completing the match
-  size_t match_begin = 0;      // byte offsets of the match in ref.full
+  std::string stop;          // the string that matches
+  std::string text;          // the released text
+  std::vector<int32_t> ids;  // through the token completing the match
+  size_t match_begin = 0;    // byte offsets of the match in ref.full
   size_t match_end = 0;
-  size_t begin_token = 0;      // the token whose text holds match_begin
-  size_t match_token = 0;      // the token whose text completes the match
+  size_t begin_token = 0;  // the token whose text holds match_begin
+  size_t match_token = 0;  // the token whose text completes the match
 };
 
 // The index of the token whose text holds byte `offset` of ref.full
@@ -272,8 +271,8 @@ using ControlsTest = DefaultClusterSuite;
 // include_stop_str_in_output.
 TEST_F(ControlsTest, StopStringSpanningThreeTokens) {
   const GoldenCase& g = Golden("once_upon_a_time");
-  const Reference ref = RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens,
-                                                            v1::ROUTE_LOCAL));
+  const Reference ref =
+      RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL));
   ASSERT_EQ(ref.ids.size(), kGoldenMaxTokens);
   ASSERT_THAT(std::vector<int32_t>(ref.ids.begin(), ref.ids.begin() + g.strict_prefix_len),
               ElementsAreArray(g.StrictIds()));
@@ -322,8 +321,8 @@ TEST_F(ControlsTest, StopStringSpanningThreeTokens) {
 // the last message. At token 0 on the remote route too.
 TEST_F(ControlsTest, HeldBackStopPrefixIsReleasedAtTheEnd) {
   const GoldenCase& g = Golden("once_upon_a_time");
-  const Reference ref = RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens,
-                                                            v1::ROUTE_LOCAL));
+  const Reference ref =
+      RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL));
   ASSERT_EQ(ref.ids.size(), kGoldenMaxTokens);
   for (size_t j : {size_t{0}, size_t{4}}) {
     ASSERT_GE(ref.texts[j].size(), 1u);
@@ -336,8 +335,9 @@ TEST_F(ControlsTest, HeldBackStopPrefixIsReleasedAtTheEnd) {
           WithStop(MakeRequest(g.prompt, static_cast<uint32_t>(j) + 1, route), stop);
       const SampleResult s = OnlySample(RunGenerate(cluster().stub(), request));
       EXPECT_EQ(s.text, ref.full.substr(0, ref.ends[j]));
-      EXPECT_THAT(s.token_ids, ElementsAreArray(std::vector<int32_t>(
-                                   ref.ids.begin(), ref.ids.begin() + static_cast<ptrdiff_t>(j + 1))));
+      EXPECT_THAT(s.token_ids,
+                  ElementsAreArray(std::vector<int32_t>(
+                      ref.ids.begin(), ref.ids.begin() + static_cast<ptrdiff_t>(j + 1))));
       EXPECT_EQ(s.finish_reason, v1::FINISH_LENGTH);
       EXPECT_EQ(s.finish_messages, 1);
       EXPECT_EQ(s.stop_reason_messages, 0);
@@ -353,15 +353,14 @@ TEST_F(ControlsTest, HeldBackStopPrefixIsReleasedAtTheEnd) {
 // the prompt's end and the output's start does not match.
 TEST_F(ControlsTest, StopStringDoesNotReachIntoThePrompt) {
   const GoldenCase& g = Golden("once_upon_a_time");  // "... time" + ", there ..."
-  const Reference ref = RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens,
-                                                            v1::ROUTE_LOCAL));
+  const Reference ref =
+      RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL));
   ASSERT_EQ(ref.ids.size(), kGoldenMaxTokens);
   const std::string stop = g.prompt.substr(g.prompt.size() - 2) + ref.full.substr(0, 1);
   ASSERT_EQ(ref.full.find(stop), std::string::npos) << stop;
   for (v1::RouteOverride route : kRoutes) {
-    const SampleResult s = OnlySample(
-        RunGenerate(cluster().stub(), WithStop(MakeRequest(g.prompt, kGoldenMaxTokens, route),
-                                               stop)));
+    const SampleResult s = OnlySample(RunGenerate(
+        cluster().stub(), WithStop(MakeRequest(g.prompt, kGoldenMaxTokens, route), stop)));
     EXPECT_EQ(s.token_ids, ref.ids) << RouteName(route);
     EXPECT_EQ(s.text, ref.full) << RouteName(route);
     EXPECT_EQ(s.finish_reason, v1::FINISH_LENGTH) << RouteName(route);
@@ -373,8 +372,8 @@ TEST_F(ControlsTest, StopStringDoesNotReachIntoThePrompt) {
 // the next one does.
 TEST_F(ControlsTest, StopStringIsNotCheckedBeforeMinTokens) {
   const GoldenCase& g = Golden("once_upon_a_time");
-  const Reference ref = RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens,
-                                                            v1::ROUTE_LOCAL));
+  const Reference ref =
+      RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL));
   ASSERT_EQ(ref.ids.size(), kGoldenMaxTokens);
   const std::string stop = ".";
   const std::optional<StopExpectation> first = ExpectStop(ref, stop, false);
@@ -458,8 +457,8 @@ TEST_F(ControlsTest, SixteenSamplesWithStopStrings) {
 // request is gone long before max_tokens) and holds nothing afterwards.
 TEST_F(ControlsTest, StopStringAtThePrefillToDecodeHandoff) {
   const GoldenCase& g = Golden("the_little_dog");
-  const Reference ref = RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens,
-                                                            v1::ROUTE_LOCAL));
+  const Reference ref =
+      RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL));
   ASSERT_GE(ref.texts.size(), 2u);
   ASSERT_GE(ref.texts[0].size(), 2u) << "token 0's text \"" << ref.texts[0] << "\"";
   ASSERT_FALSE(ref.texts[1].empty());
@@ -470,7 +469,7 @@ TEST_F(ControlsTest, StopStringAtThePrefillToDecodeHandoff) {
     size_t match_token;
   };
   const Case cases[] = {
-      {t0.substr(1), 0},                                        // inside token 0
+      {t0.substr(1), 0},  // inside token 0
       {t0.substr(t0.size() - 1) + t1.substr(0, std::min<size_t>(2, t1.size())), 1},  // 0 and 1
   };
   // Long enough that a decode worker left running would decode for a
@@ -493,12 +492,14 @@ TEST_F(ControlsTest, StopStringAtThePrefillToDecodeHandoff) {
       ExpectStopped(OnlySample(r), ref, *e, include);
 
       v1::WorkerStatus after;
-      EXPECT_TRUE(PollUntil(absl::Seconds(5), [&] {
-        absl::StatusOr<v1::WorkerStatus> d = cluster().DecodeStatus();
-        if (!d.ok()) return false;
-        after = *d;
-        return d->running_requests() == 0;
-      })) << "the decode worker still runs the request: " << after.DebugString();
+      EXPECT_TRUE(PollUntil(absl::Seconds(5),
+                            [&] {
+                              absl::StatusOr<v1::WorkerStatus> d = cluster().DecodeStatus();
+                              if (!d.ok()) return false;
+                              after = *d;
+                              return d->running_requests() == 0;
+                            }))
+          << "the decode worker still runs the request: " << after.DebugString();
       v1::ClusterStatus last;
       EXPECT_TRUE(cluster().WaitForIdleWorkers(absl::Seconds(5), &last)) << last.DebugString();
       // A worker left running would decode up to max_tokens - 1 tokens.
@@ -532,9 +533,9 @@ TEST_F(ControlsTest, TopLogprobsMatchLlamaCppAndAgreeAcrossRoutes) {
       const std::vector<v1::TopLogprob>& top = s.top_logprobs[i];
       ASSERT_EQ(top.size(), 5u);
       for (size_t k = 1; k < top.size(); ++k) {
-        EXPECT_TRUE(top[k - 1].logprob() > top[k].logprob() ||
-                    (top[k - 1].logprob() == top[k].logprob() &&
-                     top[k - 1].token_id() < top[k].token_id()))
+        EXPECT_TRUE(
+            top[k - 1].logprob() > top[k].logprob() ||
+            (top[k - 1].logprob() == top[k].logprob() && top[k - 1].token_id() < top[k].token_id()))
             << "entries " << k - 1 << " and " << k << " out of order";
       }
       for (const v1::TopLogprob& t : top) EXPECT_LE(t.logprob(), 0.0f);
@@ -546,9 +547,9 @@ TEST_F(ControlsTest, TopLogprobsMatchLlamaCppAndAgreeAcrossRoutes) {
         for (size_t k = 0; k < golden.size(); ++k) {
           // Ids are compared where llama.cpp's logits are not within the
           // 1e-3 tolerance of a neighbour.
-          const bool distinct = (k == 0 || golden[k - 1].second - golden[k].second > 2e-3) &&
-                                (k + 1 == golden.size() ||
-                                 golden[k].second - golden[k + 1].second > 2e-3);
+          const bool distinct =
+              (k == 0 || golden[k - 1].second - golden[k].second > 2e-3) &&
+              (k + 1 == golden.size() || golden[k].second - golden[k + 1].second > 2e-3);
           if (distinct) {
             EXPECT_EQ(top[k].token_id(), golden[k].first) << "rank " << k;
           }
@@ -632,9 +633,8 @@ TEST_F(ControlsTest, PenaltiesAndLogitBiasAreRouteInvariantAndAct) {
 
   std::vector<int32_t> ids_by_route[2];
   for (size_t r = 0; r < 2; ++r) {
-    const StreamResult result =
-        RunGenerate(cluster().stub(), Penalized(g.prompt, kMaxTokens, kRoutes[r], 1234, banned,
-                                                favoured));
+    const StreamResult result = RunGenerate(
+        cluster().stub(), Penalized(g.prompt, kMaxTokens, kRoutes[r], 1234, banned, favoured));
     EXPECT_EQ(result.route, RouteName(kRoutes[r]));
     ids_by_route[r] = OnlySample(result).token_ids;
     EXPECT_EQ(ids_by_route[r].size(), kMaxTokens) << RouteName(kRoutes[r]);
@@ -654,8 +654,8 @@ TEST_F(ControlsTest, PenaltiesAndLogitBiasAreRouteInvariantAndAct) {
     EXPECT_THAT(r.samples[1].token_ids, ::testing::Not(::testing::Contains(banned)));
   }
 
-  v1::GenerateRequest unpenalized = Penalized(g.prompt, kMaxTokens, v1::ROUTE_LOCAL, 1234,
-                                              banned, favoured);
+  v1::GenerateRequest unpenalized =
+      Penalized(g.prompt, kMaxTokens, v1::ROUTE_LOCAL, 1234, banned, favoured);
   unpenalized.mutable_sampling()->clear_repetition_penalty();
   unpenalized.mutable_sampling()->set_presence_penalty(0);
   unpenalized.mutable_sampling()->set_frequency_penalty(0);
@@ -690,9 +690,99 @@ TEST_F(ControlsTest, PenaltiesAndLogitBiasAreRouteInvariantAndAct) {
   }
 }
 
+// Greedy ids under repetition / frequency / presence penalties, computed
+// from llama.cpp's raw logits of the unpenalized greedy path (the golden
+// steps' top-5): Hugging Face's repetition penalty over prompt and output
+// ids (l > 0: l / p, else l x p), then OpenAI's frequency (count x f) and
+// presence (f if count > 0) penalties over output ids (vLLM v1's order).
+// Penalties never raise a logit, so an id outside the top-5 stays below
+// the raw 5th. Follows the golden path while the penalized argmax agrees
+// with it, and returns it up to and including the first step where it does
+// not (the penalties' first visible effect); {} when a step's winner is
+// within 1e-2 of the runner-up (llama.cpp's logits match ours within 1e-3)
+// or the path never diverges within strict_prefix_len.
+std::vector<int32_t> PenalizedGreedyReference(const GoldenCase& g, float repetition,
+                                              float frequency, float presence) {
+  std::map<int32_t, int> counts;
+  const std::set<int32_t> prompt(g.prompt_ids.begin(), g.prompt_ids.end());
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < g.strict_prefix_len && i < g.steps_top5_logits.size(); ++i) {
+    std::vector<std::pair<double, int32_t>> penalized;
+    for (const auto& [id, raw] : g.steps_top5_logits[i]) {
+      const int n = counts[id];
+      double l = raw;
+      if (prompt.count(id) != 0 || n > 0) l = l > 0 ? l / repetition : l * repetition;
+      l -= frequency * n;
+      if (n > 0) l -= presence;
+      penalized.emplace_back(l, id);
+    }
+    std::sort(penalized.rbegin(), penalized.rend());
+    const double others = g.steps_top5_logits[i].back().second;  // bound of ids outside
+    if (penalized[0].first - std::max(penalized[1].first, others) < 1e-2) return {};
+    ids.push_back(penalized[0].second);
+    if (ids.back() != g.generated_ids[i]) return ids;
+    ++counts[ids.back()];
+  }
+  return {};
+}
+
+// Greedy with penalties: the ids PenalizedGreedyReference computes from
+// llama.cpp's logits, through the first step the penalties change, on both
+// routes; each penalty alone and together.
+TEST_F(ControlsTest, GreedyPenaltiesMatchAReferenceOnLlamaCppLogits) {
+  struct Penalties {
+    float repetition, frequency, presence;
+  };
+  const Penalties configs[] = {{1.3f, 0, 0}, {1, 1.0f, 0}, {1, 0, 1.5f}, {1.3f, 0.4f, 0.5f}};
+  int checked = 0;
+  for (const GoldenCase& g : Goldens()) {
+    for (const Penalties& p : configs) {
+      const std::vector<int32_t> expected =
+          PenalizedGreedyReference(g, p.repetition, p.frequency, p.presence);
+      if (expected.empty()) continue;
+      ++checked;
+      for (v1::RouteOverride route : kRoutes) {
+        SCOPED_TRACE(absl::StrCat(g.name, " ", RouteName(route), ": repetition ", p.repetition,
+                                  " frequency ", p.frequency, " presence ", p.presence));
+        v1::GenerateRequest request =
+            MakeRequest(g.prompt, static_cast<uint32_t>(expected.size()), route);
+        if (p.repetition != 1) request.mutable_sampling()->set_repetition_penalty(p.repetition);
+        request.mutable_sampling()->set_frequency_penalty(p.frequency);
+        request.mutable_sampling()->set_presence_penalty(p.presence);
+        EXPECT_EQ(OnlySample(RunGenerate(cluster().stub(), request)).token_ids, expected);
+      }
+    }
+  }
+  EXPECT_GE(checked, 12) << "too few cases where the reference is determined";
+}
+
+// min_p = 1 keeps only the most likely token: any temperature samples the
+// greedy ids (llama.cpp's goldens).
+TEST_F(ControlsTest, MinPOfOneSamplesTheGreedyIds) {
+  for (const char* name : {"once_upon_a_time", "lily_and_ben"}) {
+    const GoldenCase& g = Golden(name);
+    for (v1::RouteOverride route : kRoutes) {
+      v1::GenerateRequest request = MakeRequest(g.prompt, kGoldenMaxTokens, route);
+      SetSeededSampling(&request, 1.5f, 2718);
+      request.mutable_sampling()->set_min_p(1.0f);
+      const SampleResult s = OnlySample(RunGenerate(cluster().stub(), request));
+      ASSERT_GE(s.token_ids.size(), g.strict_prefix_len) << name;
+      EXPECT_THAT(
+          std::vector<int32_t>(s.token_ids.begin(),
+                               s.token_ids.begin() + static_cast<ptrdiff_t>(g.strict_prefix_len)),
+          ElementsAreArray(g.StrictIds()))
+          << name << " " << RouteName(route);
+    }
+  }
+}
+
 // stop_token_ids: an id the greedy run generates first at index k ends the
 // stream there (the id returned, stop_reason.token_id); at index 0 on the
-// remote route, the prefill worker's token.
+// remote route, the prefill worker's token. The text is vLLM's: the stop
+// token's own text is left out unless include_stop_str_in_output (vLLM v1
+// engine/detokenizer.py, IncrementalDetokenizer.update: a stop-terminated
+// step does not detokenize its last token; v0's StopChecker removes its
+// characters). Before min_tokens the id is masked.
 TEST_F(ControlsTest, StopTokenIdEndsTheSampleWhereTheGreedyRunHasIt) {
   const GoldenCase& g = Golden("once_upon_a_time");
   v1::GenerateRequest plain = MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL);
@@ -704,23 +794,30 @@ TEST_F(ControlsTest, StopTokenIdEndsTheSampleWhereTheGreedyRunHasIt) {
     const int32_t id = ref.ids[k];
     ASSERT_EQ(std::find(ref.ids.begin(), ref.ids.end(), id) - ref.ids.begin(),
               static_cast<ptrdiff_t>(k));
+    ASSERT_FALSE(ref.texts[k].empty());
     for (v1::RouteOverride route : kRoutes) {
       SCOPED_TRACE(absl::StrCat(RouteName(route), ", stop id ", id, " at index ", k));
       v1::GenerateRequest request = MakeRequest(g.prompt, kGoldenMaxTokens, route);
       request.add_stop_token_ids(id);
       request.add_stop_token_ids(kVocabSize - 1);  // never generated here
-      const StreamResult r = RunGenerate(cluster().stub(), request);
-      EXPECT_EQ(r.route, RouteName(route));
-      const SampleResult& s = OnlySample(r);
-      EXPECT_THAT(s.token_ids,
-                  ElementsAreArray(std::vector<int32_t>(ref.ids.begin(),
-                                                        ref.ids.begin() + k + 1)));
-      EXPECT_EQ(s.completion_tokens, k + 1);
-      EXPECT_EQ(s.finish_reason, v1::FINISH_STOP);
-      EXPECT_EQ(s.finish_messages, 1);
-      EXPECT_EQ(s.stop_reason.kind_case(), v1::StopReason::kTokenId);
-      EXPECT_EQ(s.stop_reason.token_id(), id);
-      EXPECT_EQ(s.text, ref.full.substr(0, ref.ends[k]));
+      for (bool include : {false, true}) {
+        SCOPED_TRACE(include ? "include_stop_str_in_output" : "");
+        request.set_include_stop_str_in_output(include);
+        const StreamResult r = RunGenerate(cluster().stub(), request);
+        EXPECT_EQ(r.route, RouteName(route));
+        const SampleResult& s = OnlySample(r);
+        EXPECT_THAT(s.token_ids,
+                    ElementsAreArray(std::vector<int32_t>(
+                        ref.ids.begin(), ref.ids.begin() + static_cast<ptrdiff_t>(k + 1))));
+        EXPECT_EQ(s.completion_tokens, k + 1);
+        EXPECT_EQ(s.finish_reason, v1::FINISH_STOP);
+        EXPECT_EQ(s.finish_messages, 1);
+        EXPECT_EQ(s.stop_reason.kind_case(), v1::StopReason::kTokenId);
+        EXPECT_EQ(s.stop_reason.token_id(), id);
+        const size_t kept = include ? ref.ends[k] : ref.ends[k] - ref.texts[k].size();
+        EXPECT_EQ(s.text, ref.full.substr(0, kept));
+      }
+      request.set_include_stop_str_in_output(false);
 
       // Before min_tokens the id is masked: the runner-up of step k
       // replaces it (the raw top_logprobs of the reference name it).
@@ -770,8 +867,8 @@ TEST_F(ControlsTest, IgnoreEosMinTokensAndEosAsStopTokenId) {
       }
       ref = Reference();
     }
-    ASSERT_FALSE(ref.ids.empty()) << "no bias made the greedy run end with EOS at "
-                                  << search.min_k << ".." << search.max_k;
+    ASSERT_FALSE(ref.ids.empty()) << "no bias made the greedy run end with EOS at " << search.min_k
+                                  << ".." << search.max_k;
     const size_t k = ref.ids.size() - 1;  // EOS's index
     EXPECT_EQ(ref.finish, v1::FINISH_STOP);
     EXPECT_EQ(ref.stop_reason.kind_case(), v1::StopReason::KIND_NOT_SET);
@@ -878,8 +975,8 @@ TEST_F(ControlsTest, ThreeSeededSamples) {
     for (float f : a.samples[0].logprobs) bits.push_back(FloatBits(f));
     for (float f : single.logprobs) single_bits.push_back(FloatBits(f));
     EXPECT_EQ(bits, single_bits);
-    const std::set<std::vector<int32_t>> distinct = {
-        a.samples[0].token_ids, a.samples[1].token_ids, a.samples[2].token_ids};
+    const std::set<std::vector<int32_t>> distinct = {a.samples[0].token_ids, a.samples[1].token_ids,
+                                                     a.samples[2].token_ids};
     EXPECT_GE(distinct.size(), 2u) << "three samples at temperature 1 are identical";
     if (first_route_samples.empty()) first_route_samples = a.samples;
   }
@@ -998,11 +1095,27 @@ TEST_F(ControlsTest, CliFlagsGiveTheGrpcResult) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   ASSERT_EQ(r.samples.size(), 2u);
 
-  ProcessResult run = RunProcess(
-      {BinaryPath("tandem"), "generate", "--json", "--stop", stop, "--logprobs", "2", "--n", "2",
-       "--seed", absl::StrCat(kSeed), "--temperature", "1", "--max-tokens", "24", "--route",
-       "local", "--router", cluster().router_address(), g.prompt},
-      absl::Seconds(30));
+  ProcessResult run = RunProcess({BinaryPath("tandem"),
+                                  "generate",
+                                  "--json",
+                                  "--stop",
+                                  stop,
+                                  "--logprobs",
+                                  "2",
+                                  "--n",
+                                  "2",
+                                  "--seed",
+                                  absl::StrCat(kSeed),
+                                  "--temperature",
+                                  "1",
+                                  "--max-tokens",
+                                  "24",
+                                  "--route",
+                                  "local",
+                                  "--router",
+                                  cluster().router_address(),
+                                  g.prompt},
+                                 absl::Seconds(30));
   ASSERT_TRUE(run.exited && run.exit_code == 0) << run.Describe();
   const std::vector<std::string> lines = Lines(run.out);
   ASSERT_EQ(lines.size(), 1u) << run.out;
@@ -1168,8 +1281,9 @@ TEST_F(ControlsPreemptionTest, PenaltiesSurvivePreemption) {
   std::vector<v1::GenerateRequest> multi_requests;
   for (size_t i = 0; i < std::size(multis); ++i) {
     const GoldenCase& g = Golden(multis[i].golden);
-    const int64_t blocks = (static_cast<int64_t>(g.prompt_ids.size()) + multis[i].max_tokens -
-                            1 + 15) / 16 * multis[i].n;
+    const int64_t blocks =
+        (static_cast<int64_t>(g.prompt_ids.size()) + multis[i].max_tokens - 1 + 15) / 16 *
+        multis[i].n;
     ASSERT_LE(blocks, 8) << multis[i].golden;
     v1::GenerateRequest request =
         Penalized(g.prompt, multis[i].max_tokens, multis[i].route, 900 + i, 261, 294);
@@ -1187,8 +1301,8 @@ TEST_F(ControlsPreemptionTest, PenaltiesSurvivePreemption) {
   const std::vector<StreamResult> multi_together =
       RunConcurrently(cluster().stub(), multi_requests);
   for (size_t i = 0; i < multi_requests.size(); ++i) {
-    ASSERT_TRUE(multi_together[i].status.ok()) << i << ": "
-                                               << multi_together[i].status.error_message();
+    ASSERT_TRUE(multi_together[i].status.ok())
+        << i << ": " << multi_together[i].status.error_message();
     ASSERT_EQ(multi_together[i].samples.size(), multis[i].n);
     ASSERT_EQ(multi_alone[i].samples.size(), multis[i].n);
     for (size_t s = 0; s < multis[i].n; ++s) {
