@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -26,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
 
@@ -1219,6 +1219,49 @@ TEST_F(QwenControlsTest, StopStringOnACharacterSplitAcrossTokens) {
         EXPECT_TRUE(IsUtf8(s.text));
         for (const StreamMessage& m : s.messages) EXPECT_TRUE(IsUtf8(m.text));
       }
+    }
+  }
+}
+
+// Every end-of-generation id of the model (llama.cpp's eog_ids in the
+// golden file: EOS and the end-of-turn tokens) ends a sample without a
+// stop_reason; ignore_eos lets it run to max_tokens; min_tokens masks it
+// (the first min_tokens ids are then llama.cpp's greedy ids). Each id is
+// made the argmax with a logit bias of 100; on both routes.
+TEST_F(QwenControlsTest, EveryEndOfGenerationIdStopsUnlessIgnoredAndIsMaskedBeforeMinTokens) {
+  const ModelGoldens goldens = ReadGoldens("qwen2-tiny-synth_greedy.json");
+  ASSERT_GE(goldens.eog_ids.size(), 2u);
+  ASSERT_FALSE(goldens.cases.empty());
+  const ModelGolden& g = goldens.cases[0];
+  constexpr uint32_t kMinTokens = 3;
+  constexpr uint32_t kMaxTokens = 6;
+  ASSERT_GE(g.strict_prefix_len, kMinTokens);
+  const std::vector<int32_t> greedy(g.generated_ids.begin(), g.generated_ids.begin() + kMinTokens);
+  for (int32_t eog : goldens.eog_ids) {
+    for (v1::RouteOverride route : kRoutes) {
+      SCOPED_TRACE(absl::StrCat("eog id ", eog, " ", RouteName(route)));
+      v1::GenerateRequest request = MakeRequest(g.prompt, kMaxTokens, route);
+      (*request.mutable_sampling()->mutable_logit_bias())[eog] = 100.0f;
+      const SampleResult stopped = OnlySample(RunGenerate(cluster().stub(), request));
+      EXPECT_THAT(stopped.token_ids, ElementsAreArray({eog}));
+      EXPECT_EQ(stopped.finish_reason, v1::FINISH_STOP);
+      EXPECT_EQ(stopped.stop_reason_messages, 0);
+      EXPECT_EQ(stopped.text, "");
+
+      v1::GenerateRequest ignoring = request;
+      ignoring.set_ignore_eos(true);
+      const SampleResult ignored = OnlySample(RunGenerate(cluster().stub(), ignoring));
+      EXPECT_EQ(ignored.token_ids, std::vector<int32_t>(kMaxTokens, eog));
+      EXPECT_EQ(ignored.finish_reason, v1::FINISH_LENGTH);
+
+      v1::GenerateRequest masked = request;
+      masked.set_min_tokens(kMinTokens);
+      const SampleResult m = OnlySample(RunGenerate(cluster().stub(), masked));
+      ASSERT_EQ(m.token_ids.size(), kMinTokens + 1);
+      EXPECT_EQ(std::vector<int32_t>(m.token_ids.begin(), m.token_ids.begin() + kMinTokens),
+                greedy);
+      EXPECT_EQ(m.token_ids.back(), eog);
+      EXPECT_EQ(m.finish_reason, v1::FINISH_STOP);
     }
   }
 }

@@ -86,6 +86,28 @@ const GoldenCase& Golden(const std::string& name) {
   return *empty;
 }
 
+ModelGoldens ReadGoldens(const std::string& file, const std::string& cases) {
+  ModelGoldens out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ReadFileOrDie(SharedPath("goldens/" + file)));
+    if (j.at("model").contains("eog_ids")) {
+      out.eog_ids = j.at("model").at("eog_ids").get<std::vector<int32_t>>();
+    }
+    for (const nlohmann::json& c : j.at(nlohmann::json::json_pointer(cases))) {
+      ModelGolden g;
+      g.name = c.at("name").get<std::string>();
+      g.prompt = c.at("prompt").get<std::string>();
+      g.prompt_ids = c.at("prompt_token_ids").get<std::vector<int32_t>>();
+      g.generated_ids = c.at("generated_token_ids").get<std::vector<int32_t>>();
+      g.strict_prefix_len = c.at("strict_prefix_len").get<size_t>();
+      out.cases.push_back(std::move(g));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << file << ": " << e.what();
+  }
+  return out;
+}
+
 v1::GenerateRequest MakeRequest(const std::string& prompt, uint32_t max_tokens,
                                 v1::RouteOverride route) {
   v1::GenerateRequest request;

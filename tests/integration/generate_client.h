@@ -1,6 +1,7 @@
 // Client-side helpers of the integration tests: the golden cases of
-// ../shared/goldens/stories260K_greedy.json and a Generation.Generate
-// stream folded into plain values.
+// ../shared/goldens/stories260K_greedy.json (and of the other models'
+// <model>_greedy.json) and a Generation.Generate stream folded into plain
+// values, per sample.
 //
 // Owns: nothing beyond one call's ClientContext. Threads: one GenerateStream
 // per thread; Cancel() may be called from another thread.
@@ -44,6 +45,25 @@ struct GoldenCase {
 const std::vector<GoldenCase>& Goldens();
 // The case named `name`; fails the current test if there is none.
 const GoldenCase& Golden(const std::string& name);
+
+// One case of ../shared/goldens/<model>_greedy.json (llama.cpp, greedy).
+struct ModelGolden {
+  std::string name;
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;     // prompt_token_ids: BOS per add_bos, specials parsed
+  std::vector<int32_t> generated_ids;  // F32 KV cache
+  size_t strict_prefix_len = 0;
+};
+
+struct ModelGoldens {
+  std::vector<int32_t> eog_ids;  // model.eog_ids, where the file has them
+  std::vector<ModelGolden> cases;
+};
+
+// The cases at JSON pointer `cases` of ../shared/goldens/<file> (and the
+// model's eog_ids where the file has them). Fails the current test
+// (ADD_FAILURE) on a file that cannot be read or parsed.
+ModelGoldens ReadGoldens(const std::string& file, const std::string& cases = "/cases");
 
 // The model's context length: stories260K.gguf's llama.context_length
 // (also the golden file's runtime n_ctx).
