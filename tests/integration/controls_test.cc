@@ -315,6 +315,42 @@ TEST_F(ControlsTest, StopStringSpanningThreeTokens) {
   }
 }
 
+// Overlapping stop strings: the match that completes first wins; of two
+// completing at the same byte, the one starting first (router/
+// stop_strings.h). W is 6 bytes of the text spanning token boundaries.
+TEST_F(ControlsTest, OverlappingStopStringsTheEarliestCompletionWins) {
+  const GoldenCase& g = Golden("once_upon_a_time");
+  const Reference ref =
+      RunReference(cluster(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL));
+  ASSERT_EQ(ref.ids.size(), kGoldenMaxTokens);
+  // The first 6-byte window at or after token 4 whose first occurrence is
+  // there and spans a token boundary.
+  std::string w;
+  for (size_t pos = ref.ends[3]; pos + 6 <= ref.full.size() && w.empty(); ++pos) {
+    const std::string candidate = ref.full.substr(pos, 6);
+    if (ref.full.find(candidate) == pos && TokenAtByte(ref, pos) != TokenAtByte(ref, pos + 5)) {
+      w = candidate;
+    }
+  }
+  ASSERT_FALSE(w.empty());
+  const std::vector<std::vector<std::string>> lists = {
+      {w, w.substr(0, 3)},         // the head completes first
+      {w.substr(2), w},            // same end: w starts first
+      {w.substr(3), w.substr(1)},  // same end: the longer
+      {w, w},                      // duplicates
+  };
+  for (const std::vector<std::string>& stops : lists) {
+    for (v1::RouteOverride route : kRoutes) {
+      SCOPED_TRACE(absl::StrCat(RouteName(route), " stops \"", stops[0], "\", \"", stops[1], "\""));
+      const std::optional<StopExpectation> e = ExpectStop(ref, stops, false);
+      ASSERT_TRUE(e.has_value());
+      v1::GenerateRequest request = MakeRequest(g.prompt, kGoldenMaxTokens, route);
+      for (const std::string& stop : stops) request.add_stop(stop);
+      ExpectStopped(OnlySample(RunGenerate(cluster().stub(), request)), ref, *e, w.size(), false);
+    }
+  }
+}
+
 // A pending prefix of a stop string held back when the sample ends
 // otherwise (max_tokens) is released: the text is the whole unconstrained
 // text, FINISH_LENGTH without a stop_reason; the held bytes come only with
@@ -935,7 +971,7 @@ TEST_F(ControlsTest, ThreeSeededSamples) {
     SCOPED_TRACE(RouteName(route));
     v1::GenerateRequest one = MakeRequest(g.prompt, kMaxTokens, route);
     SetSeededSampling(&one, 1.0f, kSeed);
-    one.set_logprobs(1);
+    one.set_logprobs(3);
     const SampleResult single = OnlySample(RunGenerate(cluster().stub(), one));
     ASSERT_FALSE(single.token_ids.empty());
 
@@ -946,6 +982,7 @@ TEST_F(ControlsTest, ThreeSeededSamples) {
     ASSERT_TRUE(a.status.ok()) << a.status.error_message();
     ASSERT_TRUE(b.status.ok()) << b.status.error_message();
     EXPECT_EQ(a.route, RouteName(route));
+    EXPECT_LT(a.max_sample_index, 3u);
     ASSERT_EQ(a.samples.size(), 3u) << "a message named a sample_index >= 3 or a sample is silent";
     ASSERT_EQ(b.samples.size(), 3u);
     for (size_t s = 0; s < 3; ++s) {
@@ -962,7 +999,15 @@ TEST_F(ControlsTest, ThreeSeededSamples) {
       if (x.finish_reason == v1::FINISH_LENGTH) {
         EXPECT_EQ(x.token_ids.size(), kMaxTokens);
       }
-      for (const auto& top : x.top_logprobs) EXPECT_EQ(top.size(), 1u);
+      for (const auto& top : x.top_logprobs) EXPECT_EQ(top.size(), 3u);
+      // Token 0 of every sample comes from the same distribution.
+      ASSERT_FALSE(x.top_logprobs.empty());
+      ASSERT_EQ(x.top_logprobs[0].size(), single.top_logprobs[0].size());
+      for (size_t k = 0; k < x.top_logprobs[0].size(); ++k) {
+        EXPECT_EQ(x.top_logprobs[0][k].token_id(), single.top_logprobs[0][k].token_id());
+        EXPECT_EQ(FloatBits(x.top_logprobs[0][k].logprob()),
+                  FloatBits(single.top_logprobs[0][k].logprob()));
+      }
       EXPECT_EQ(x.token_ids, b.samples[s].token_ids) << "the same request twice";
       EXPECT_EQ(x.text, b.samples[s].text);
       if (!first_route_samples.empty()) {

@@ -1,5 +1,6 @@
 #include "tests/integration/generate_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -146,6 +147,7 @@ void StreamResult::Add(const v1::GenerateResponse& r) {
     logprobs.push_back(t.logprob());
   }
   text += r.text();
+  max_sample_index = std::max(max_sample_index, r.sample_index());
   if (r.tokens_size() > 0 || !r.text().empty() || r.finish_reason() != v1::FINISH_NONE ||
       r.has_stop_reason()) {
     if (samples.size() <= r.sample_index()) samples.resize(r.sample_index() + 1);

@@ -136,6 +136,7 @@ struct StreamResult {
   // not counted). token_ids, indices, logprobs and text above are those of
   // every sample together, in stream order.
   std::vector<SampleResult> samples;
+  uint32_t max_sample_index = 0;  // the largest sample_index of any message
 
   // Folds one message in.
   void Add(const v1::GenerateResponse& response);
