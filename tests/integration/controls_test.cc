@@ -261,6 +261,35 @@ v1::GenerateRequest WithStop(v1::GenerateRequest request, const std::string& sto
   return request;
 }
 
+// Every token of `s` carries `n` alternatives of one distribution, the
+// raw one (GenerateRequest.logprobs): most likely first (ties -> lower
+// id), each <= 0; the sampled token's own logprob is its entry's when it
+// is listed and no more than the last entry's when it is not.
+void ExpectLogprobsConsistent(const SampleResult& s, size_t n) {
+  ASSERT_EQ(s.top_logprobs.size(), s.token_ids.size());
+  for (size_t i = 0; i < s.token_ids.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("token ", i));
+    const std::vector<v1::TopLogprob>& top = s.top_logprobs[i];
+    ASSERT_EQ(top.size(), n);
+    for (size_t k = 1; k < top.size(); ++k) {
+      EXPECT_TRUE(
+          top[k - 1].logprob() > top[k].logprob() ||
+          (top[k - 1].logprob() == top[k].logprob() && top[k - 1].token_id() < top[k].token_id()))
+          << "entries " << k - 1 << " and " << k << " out of order";
+    }
+    for (const v1::TopLogprob& t : top) EXPECT_LE(t.logprob(), 0.0f);
+    if (n == 0) continue;
+    const auto listed = std::find_if(top.begin(), top.end(), [&](const v1::TopLogprob& t) {
+      return t.token_id() == s.token_ids[i];
+    });
+    if (listed != top.end()) {
+      EXPECT_EQ(FloatBits(listed->logprob()), FloatBits(s.logprobs[i]));
+    } else {
+      EXPECT_LE(s.logprobs[i], top.back().logprob());
+    }
+  }
+}
+
 // ---- Stop strings, stop ids, EOS, min_tokens, logprobs, n: the default cluster ----------
 
 using ControlsTest = DefaultClusterSuite;
@@ -456,7 +485,7 @@ TEST_F(ControlsTest, SixteenSamplesWithStopStrings) {
       const std::optional<StopExpectation> e = ExpectStop(ref, stops, false);
       const SampleResult& x = stopped.samples[s];
       EXPECT_EQ(x.foreign_tokens, 0);
-      for (const auto& top : x.top_logprobs) EXPECT_EQ(top.size(), 3u);
+      ExpectLogprobsConsistent(x, 3);
       if (e.has_value()) {
         ++matched;
         ExpectStopped(x, ref, *e, 3, false);
@@ -564,17 +593,11 @@ TEST_F(ControlsTest, TopLogprobsMatchLlamaCppAndAgreeAcrossRoutes) {
     const SampleResult& s = OnlySample(r);
     ASSERT_EQ(s.token_ids.size(), kGoldenMaxTokens);
     ASSERT_EQ(s.top_logprobs.size(), s.token_ids.size());
+    ExpectLogprobsConsistent(s, 5);
     for (size_t i = 0; i < s.token_ids.size(); ++i) {
       SCOPED_TRACE(absl::StrCat("token ", i));
       const std::vector<v1::TopLogprob>& top = s.top_logprobs[i];
       ASSERT_EQ(top.size(), 5u);
-      for (size_t k = 1; k < top.size(); ++k) {
-        EXPECT_TRUE(
-            top[k - 1].logprob() > top[k].logprob() ||
-            (top[k - 1].logprob() == top[k].logprob() && top[k - 1].token_id() < top[k].token_id()))
-            << "entries " << k - 1 << " and " << k << " out of order";
-      }
-      for (const v1::TopLogprob& t : top) EXPECT_LE(t.logprob(), 0.0f);
       // Greedy: the sampled token is the most likely one.
       EXPECT_EQ(top[0].token_id(), s.token_ids[i]);
       EXPECT_EQ(FloatBits(top[0].logprob()), FloatBits(s.logprobs[i]));
@@ -669,8 +692,11 @@ TEST_F(ControlsTest, PenaltiesAndLogitBiasAreRouteInvariantAndAct) {
 
   std::vector<int32_t> ids_by_route[2];
   for (size_t r = 0; r < 2; ++r) {
-    const StreamResult result = RunGenerate(
-        cluster().stub(), Penalized(g.prompt, kMaxTokens, kRoutes[r], 1234, banned, favoured));
+    v1::GenerateRequest penalized =
+        Penalized(g.prompt, kMaxTokens, kRoutes[r], 1234, banned, favoured);
+    penalized.set_logprobs(4);
+    const StreamResult result = RunGenerate(cluster().stub(), penalized);
+    ExpectLogprobsConsistent(OnlySample(result), 4);
     EXPECT_EQ(result.route, RouteName(kRoutes[r]));
     ids_by_route[r] = OnlySample(result).token_ids;
     EXPECT_EQ(ids_by_route[r].size(), kMaxTokens) << RouteName(kRoutes[r]);
@@ -999,7 +1025,7 @@ TEST_F(ControlsTest, ThreeSeededSamples) {
       if (x.finish_reason == v1::FINISH_LENGTH) {
         EXPECT_EQ(x.token_ids.size(), kMaxTokens);
       }
-      for (const auto& top : x.top_logprobs) EXPECT_EQ(top.size(), 3u);
+      ExpectLogprobsConsistent(x, 3);
       // Token 0 of every sample comes from the same distribution.
       ASSERT_FALSE(x.top_logprobs.empty());
       ASSERT_EQ(x.top_logprobs[0].size(), single.top_logprobs[0].size());
