@@ -1108,6 +1108,52 @@ TEST_F(ControlsTest, StopStringEndsOneSampleOfThree) {
   EXPECT_TRUE(cluster().WaitForIdleWorkers(absl::Seconds(5), &last)) << last.DebugString();
 }
 
+// A stop string ending one sample of two early: the decode worker stops
+// decoding that sample (DecodeWorker.CancelSample) while the other runs
+// to max_tokens: it decodes about max_tokens tokens in all, not twice as
+// many; the other sample is unchanged.
+TEST_F(ControlsTest, StoppedSampleIsNoLongerDecoded) {
+  const GoldenCase& g = Golden("the_little_dog");
+  constexpr uint32_t kMaxTokens = 400;
+  for (v1::RouteOverride route : kRoutes) {
+    SCOPED_TRACE(RouteName(route));
+    v1::GenerateRequest two = MakeRequest(g.prompt, kMaxTokens, route);
+    SetSeededSampling(&two, 1.0f, 2024);
+    two.set_n(2);
+    two.set_ignore_eos(true);
+    const StreamResult plain = RunGenerate(cluster().stub(), two);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    ASSERT_EQ(plain.samples.size(), 2u);
+    ASSERT_EQ(plain.samples[0].token_ids.size(), kMaxTokens);
+    // 5 bytes early in sample 1's text that sample 0's text never holds.
+    const std::string& text1 = plain.samples[1].text;
+    std::string stop;
+    for (size_t pos = 0; pos + 5 <= std::min<size_t>(text1.size(), 30) && stop.empty(); ++pos) {
+      const std::string candidate = text1.substr(pos, 5);
+      if (plain.samples[0].text.find(candidate) == std::string::npos) stop = candidate;
+    }
+    ASSERT_FALSE(stop.empty()) << "sample 1 \"" << text1.substr(0, 30) << "\"";
+    const Reference ref1 = ReferenceOf(plain.samples[1]);
+    const std::optional<StopExpectation> e = ExpectStop(ref1, stop, false);
+    ASSERT_TRUE(e.has_value());
+
+    absl::StatusOr<v1::WorkerStatus> before = cluster().DecodeStatus();
+    ASSERT_TRUE(before.ok()) << before.status();
+    const StreamResult r = RunGenerate(cluster().stub(), WithStop(two, stop));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.samples.size(), 2u);
+    EXPECT_EQ(r.samples[0].token_ids, plain.samples[0].token_ids);
+    EXPECT_EQ(r.samples[0].finish_reason, v1::FINISH_LENGTH);
+    ExpectStopped(r.samples[1], ref1, *e, false);
+    v1::ClusterStatus last;
+    EXPECT_TRUE(cluster().WaitForIdleWorkers(absl::Seconds(5), &last)) << last.DebugString();
+    absl::StatusOr<v1::WorkerStatus> after = cluster().DecodeStatus();
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_LT(after->decode_tokens_total() - before->decode_tokens_total(), kMaxTokens * 3 / 2)
+        << "the stopped sample went on decoding";
+  }
+}
+
 // A client cancelling an n = 3 request mid-stream frees every sample's
 // KV on the decode worker (the shared prompt blocks too), on both routes.
 TEST_F(ControlsTest, CancellingThreeSamplesFreesTheirBlocks) {
