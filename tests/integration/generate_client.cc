@@ -1,5 +1,6 @@
 #include "tests/integration/generate_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -32,6 +33,17 @@ std::vector<GoldenCase> LoadGoldens() {
       g.prompt_ids = c.at("prompt_token_ids_with_bos").get<std::vector<int32_t>>();
       g.generated_ids = c.at("generated_token_ids_f32kv").get<std::vector<int32_t>>();
       g.strict_prefix_len = c.at("strict_prefix_len_f32kv").get<size_t>();
+      for (const nlohmann::json& t : c.at("first_token_top5_f32kv")) {
+        g.first_token_top5_probs.emplace_back(t.at("id").get<int32_t>(),
+                                              t.at("prob").get<double>());
+      }
+      for (const nlohmann::json& step : c.at("steps")) {
+        std::vector<std::pair<int32_t, double>> top5;
+        for (const nlohmann::json& t : step.at("top5_f32kv")) {
+          top5.emplace_back(t.at(0).get<int32_t>(), t.at(1).get<double>());
+        }
+        g.steps_top5_logits.push_back(std::move(top5));
+      }
       if (g.strict_prefix_len > g.generated_ids.size()) {
         ADD_FAILURE() << path << ": case " << g.name << ": strict_prefix_len_f32kv "
                       << g.strict_prefix_len << " > " << g.generated_ids.size() << " ids";
@@ -44,6 +56,14 @@ std::vector<GoldenCase> LoadGoldens() {
     return {};
   }
   return cases;
+}
+
+// True when `indices` are exactly 0, 1, ..., n-1.
+bool AreSequential(const std::vector<uint32_t>& indices) {
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] != i) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -65,6 +85,28 @@ const GoldenCase& Golden(const std::string& name) {
   ADD_FAILURE() << "no golden case named " << name;
   static const GoldenCase* empty = new GoldenCase();
   return *empty;
+}
+
+ModelGoldens ReadGoldens(const std::string& file, const std::string& cases) {
+  ModelGoldens out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ReadFileOrDie(SharedPath("goldens/" + file)));
+    if (j.at("model").contains("eog_ids")) {
+      out.eog_ids = j.at("model").at("eog_ids").get<std::vector<int32_t>>();
+    }
+    for (const nlohmann::json& c : j.at(nlohmann::json::json_pointer(cases))) {
+      ModelGolden g;
+      g.name = c.at("name").get<std::string>();
+      g.prompt = c.at("prompt").get<std::string>();
+      g.prompt_ids = c.at("prompt_token_ids").get<std::vector<int32_t>>();
+      g.generated_ids = c.at("generated_token_ids").get<std::vector<int32_t>>();
+      g.strict_prefix_len = c.at("strict_prefix_len").get<size_t>();
+      out.cases.push_back(std::move(g));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << file << ": " << e.what();
+  }
+  return out;
 }
 
 v1::GenerateRequest MakeRequest(const std::string& prompt, uint32_t max_tokens,
@@ -105,18 +147,44 @@ void StreamResult::Add(const v1::GenerateResponse& r) {
     logprobs.push_back(t.logprob());
   }
   text += r.text();
+  max_sample_index = std::max(max_sample_index, r.sample_index());
+  if (r.tokens_size() > 0 || !r.text().empty() || r.finish_reason() != v1::FINISH_NONE ||
+      r.has_stop_reason()) {
+    if (samples.size() <= r.sample_index()) samples.resize(r.sample_index() + 1);
+    SampleResult& s = samples[r.sample_index()];
+    StreamMessage m;
+    for (const v1::TokenOutput& t : r.tokens()) {
+      s.token_ids.push_back(t.token_id());
+      s.indices.push_back(t.index());
+      s.logprobs.push_back(t.logprob());
+      s.top_logprobs.emplace_back(t.top_logprobs().begin(), t.top_logprobs().end());
+      if (t.sample_index() != r.sample_index()) ++s.foreign_tokens;
+      m.token_ids.push_back(t.token_id());
+    }
+    if (r.tokens_size() > 0 && s.finish_messages > 0) s.tokens_after_finish = true;
+    s.text += r.text();
+    m.text = r.text();
+    m.has_finish = r.finish_reason() != v1::FINISH_NONE;
+    if (m.has_finish) {
+      s.finish_reason = r.finish_reason();
+      ++s.finish_messages;
+    }
+    if (r.has_stop_reason()) {
+      s.stop_reason = r.stop_reason();
+      ++s.stop_reason_messages;
+    }
+    if (r.completion_tokens() != 0) s.completion_tokens = r.completion_tokens();
+    s.messages.push_back(std::move(m));
+  }
   if (r.finish_reason() != v1::FINISH_NONE) finish_reason = r.finish_reason();
   if (r.prompt_tokens() != 0) prompt_tokens = r.prompt_tokens();
   if (r.completion_tokens() != 0) completion_tokens = r.completion_tokens();
   if (r.cached_prompt_tokens() != 0) cached_prompt_tokens = r.cached_prompt_tokens();
 }
 
-bool StreamResult::IndicesAreSequential() const {
-  for (size_t i = 0; i < indices.size(); ++i) {
-    if (indices[i] != i) return false;
-  }
-  return true;
-}
+bool StreamResult::IndicesAreSequential() const { return AreSequential(indices); }
+
+bool SampleResult::IndicesAreSequential() const { return AreSequential(indices); }
 
 GenerateStream::GenerateStream(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
                                absl::Duration timeout) {
@@ -152,7 +220,8 @@ const StreamResult& GenerateStream::Finish() {
   return result_;
 }
 
-void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route) {
+void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route,
+                  uint32_t max_tokens) {
   using ::testing::ElementsAreArray;
   ASSERT_TRUE(r.status.ok()) << r.status.error_code() << ": " << r.status.error_message();
   EXPECT_EQ(r.route, route);
@@ -165,11 +234,11 @@ void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string&
   EXPECT_EQ(r.prompt_tokens, g.prompt_ids.size());
   EXPECT_EQ(r.completion_tokens, r.token_ids.size());
   ASSERT_GE(r.token_ids.size(), g.strict_prefix_len) << ::testing::PrintToString(r.token_ids);
-  EXPECT_LE(r.token_ids.size(), kGoldenMaxTokens);
+  EXPECT_LE(r.token_ids.size(), max_tokens);
   const std::vector<int32_t> prefix(
       r.token_ids.begin(), r.token_ids.begin() + static_cast<ptrdiff_t>(g.strict_prefix_len));
   EXPECT_THAT(prefix, ElementsAreArray(g.StrictIds())) << "case " << g.name << " on " << route;
-  if (r.token_ids.size() == kGoldenMaxTokens) {
+  if (r.token_ids.size() == max_tokens) {
     EXPECT_EQ(r.finish_reason, v1::FINISH_LENGTH);
   }
 }

@@ -1,6 +1,7 @@
 // Client-side helpers of the integration tests: the golden cases of
-// ../shared/goldens/stories260K_greedy.json and a Generation.Generate
-// stream folded into plain values.
+// ../shared/goldens/stories260K_greedy.json (and of the other models'
+// <model>_greedy.json) and a Generation.Generate stream folded into plain
+// values, per sample.
 //
 // Owns: nothing beyond one call's ClientContext. Threads: one GenerateStream
 // per thread; Cancel() may be called from another thread.
@@ -11,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -28,6 +30,12 @@ struct GoldenCase {
   std::vector<int32_t> prompt_ids;        // prompt_token_ids_with_bos
   std::vector<int32_t> generated_ids;     // generated_token_ids_f32kv
   size_t strict_prefix_len = 0;           // strict_prefix_len_f32kv
+  // llama.cpp's five most likely ids of token 0 with their probability
+  // (softmax of the raw logits): first_token_top5_f32kv {id, prob}.
+  std::vector<std::pair<int32_t, double>> first_token_top5_probs;
+  // Per generated position, llama.cpp's five most likely ids with their raw
+  // logits, most likely first: steps[i].top5_f32kv [id, logit].
+  std::vector<std::vector<std::pair<int32_t, double>>> steps_top5_logits;
   // The first strict_prefix_len generated ids: what must match exactly.
   std::vector<int32_t> StrictIds() const;
 };
@@ -37,6 +45,25 @@ struct GoldenCase {
 const std::vector<GoldenCase>& Goldens();
 // The case named `name`; fails the current test if there is none.
 const GoldenCase& Golden(const std::string& name);
+
+// One case of ../shared/goldens/<model>_greedy.json (llama.cpp, greedy).
+struct ModelGolden {
+  std::string name;
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;     // prompt_token_ids: BOS per add_bos, specials parsed
+  std::vector<int32_t> generated_ids;  // F32 KV cache
+  size_t strict_prefix_len = 0;
+};
+
+struct ModelGoldens {
+  std::vector<int32_t> eog_ids;  // model.eog_ids, where the file has them
+  std::vector<ModelGolden> cases;
+};
+
+// The cases at JSON pointer `cases` of ../shared/goldens/<file> (and the
+// model's eog_ids where the file has them). Fails the current test
+// (ADD_FAILURE) on a file that cannot be read or parsed.
+ModelGoldens ReadGoldens(const std::string& file, const std::string& cases = "/cases");
 
 // The model's context length: stories260K.gguf's llama.context_length
 // (also the golden file's runtime n_ctx).
@@ -54,6 +81,35 @@ void SetSeededSampling(v1::GenerateRequest* request, float temperature, uint64_t
 
 // Route as the router names it: "local" / "remote".
 std::string RouteName(v1::RouteOverride route);
+
+// One streamed message of one sample: its tokens and text.
+struct StreamMessage {
+  std::vector<int32_t> token_ids;
+  std::string text;
+  bool has_finish = false;  // carries a finish_reason
+};
+
+// Everything one Generate call returned for one sample (sample_index).
+struct SampleResult {
+  std::vector<int32_t> token_ids;   // in stream order
+  std::vector<uint32_t> indices;    // TokenOutput.index, stream order
+  std::vector<float> logprobs;      // TokenOutput.logprob, stream order
+  // TokenOutput.top_logprobs of each token, stream order.
+  std::vector<std::vector<v1::TopLogprob>> top_logprobs;
+  std::string text;                 // the concatenation of its messages' text
+  v1::FinishReason finish_reason = v1::FINISH_NONE;  // the last one seen
+  int finish_messages = 0;          // messages carrying a finish_reason
+  bool tokens_after_finish = false;  // a message with tokens came after the finish
+  v1::StopReason stop_reason;       // of the message that carried one
+  int stop_reason_messages = 0;     // messages carrying a stop_reason
+  uint32_t completion_tokens = 0;   // last non-zero completion_tokens
+  // Tokens whose TokenOutput.sample_index differs from their message's.
+  int foreign_tokens = 0;
+  std::vector<StreamMessage> messages;  // every message of this sample but the header
+
+  // True when indices are exactly 0, 1, ..., n-1.
+  bool IndicesAreSequential() const;
+};
 
 // Everything one Generate call returned.
 struct StreamResult {
@@ -75,6 +131,12 @@ struct StreamResult {
   uint32_t completion_tokens = 0;  // last non-zero completion_tokens
   uint32_t cached_prompt_tokens = 0;  // last non-zero cached_prompt_tokens
   std::string text;
+  // Per sample: samples[s] holds what the messages with sample_index s
+  // carried (the header, which has no tokens, text or finish_reason, is
+  // not counted). token_ids, indices, logprobs and text above are those of
+  // every sample together, in stream order.
+  std::vector<SampleResult> samples;
+  uint32_t max_sample_index = 0;  // the largest sample_index of any message
 
   // Folds one message in.
   void Add(const v1::GenerateResponse& response);
@@ -109,11 +171,14 @@ class GenerateStream {
   bool done_ = false;
 };
 
-// Checks a finished greedy stream of kGoldenMaxTokens against golden case
-// `g` on `route` ("local" / "remote") served by LocalCluster's workers: OK
-// status, route and worker names, prompt_token_ids once in the first
-// message, sequential indices, and the first strict_prefix_len ids.
-void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route);
+// Checks a finished greedy stream of `max_tokens` (>= strict_prefix_len)
+// against golden case `g` on `route` ("local" / "remote") served by
+// LocalCluster's workers: OK status, route and worker names,
+// prompt_token_ids once in the first message, sequential indices, at most
+// max_tokens ids (FINISH_LENGTH when all of them), and the first
+// strict_prefix_len ids.
+void ExpectGolden(const StreamResult& r, const GoldenCase& g, const std::string& route,
+                  uint32_t max_tokens = kGoldenMaxTokens);
 
 // A whole call: GenerateStream(...).Finish().
 StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,

@@ -18,44 +18,6 @@
 namespace tandem::testing {
 namespace {
 
-// One case of <model>_greedy.json.
-struct ModelGolden {
-  std::string name;
-  std::string prompt;
-  std::vector<int32_t> prompt_ids;     // prompt_token_ids: BOS per add_bos, specials parsed
-  std::vector<int32_t> generated_ids;  // F32 KV cache
-  size_t strict_prefix_len = 0;
-};
-
-struct ModelGoldens {
-  std::vector<int32_t> eog_ids;
-  std::vector<ModelGolden> cases;
-};
-
-// The cases at JSON pointer `cases` of ../shared/goldens/<file> (and the
-// model's eog_ids where the file has them).
-ModelGoldens ReadGoldens(const std::string& file, const std::string& cases = "/cases") {
-  ModelGoldens out;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(ReadFileOrDie(SharedPath("goldens/" + file)));
-    if (j.at("model").contains("eog_ids")) {
-      out.eog_ids = j.at("model").at("eog_ids").get<std::vector<int32_t>>();
-    }
-    for (const nlohmann::json& c : j.at(nlohmann::json::json_pointer(cases))) {
-      ModelGolden g;
-      g.name = c.at("name").get<std::string>();
-      g.prompt = c.at("prompt").get<std::string>();
-      g.prompt_ids = c.at("prompt_token_ids").get<std::vector<int32_t>>();
-      g.generated_ids = c.at("generated_token_ids").get<std::vector<int32_t>>();
-      g.strict_prefix_len = c.at("strict_prefix_len").get<size_t>();
-      out.cases.push_back(std::move(g));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    ADD_FAILURE() << file << ": " << e.what();
-  }
-  return out;
-}
-
 std::vector<int32_t> Prefix(const std::vector<int32_t>& ids, size_t n) {
   return std::vector<int32_t>(ids.begin(), ids.begin() + std::min(n, ids.size()));
 }
