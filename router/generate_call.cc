@@ -1,6 +1,7 @@
 #include "router/generate_call.h"
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,12 @@ GenerateCall::GenerateCall(Params params, const WorkerRegistry* registry,
       params_.deadline,
       std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms)));
   const v1::GenerateRequest& request = params_.request;
+  stop_criteria_.eog_token_ids = tokenizer_->eog_ids();
+  std::sort(stop_criteria_.eog_token_ids.begin(), stop_criteria_.eog_token_ids.end());
+  // Only the stop-token part of CheckStop is asked here.
+  stop_criteria_.context_length = std::numeric_limits<int32_t>::max();
+  stop_token_ids_.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  std::sort(stop_token_ids_.begin(), stop_token_ids_.end());
   const StopStringMatcher stops({request.stop().begin(), request.stop().end()},
                                 request.include_stop_str_in_output());
   const uint32_t n = request.has_n() ? request.n() : 1;
@@ -90,8 +97,19 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
     *msg.add_tokens() = t;
     sample.last_token = t.token_id();
     // vLLM checks stop strings once the output holds min_tokens tokens.
-    const bool check = static_cast<int64_t>(t.index()) + 1 >= min_tokens;
-    StopPush pushed = sample.matcher.Push(sample.decoder.Push(t.token_id()), check);
+    const int64_t num_generated = static_cast<int64_t>(t.index()) + 1;
+    const bool check = num_generated >= min_tokens;
+    // A token that ends the sample as a stop token (an end-of-generation
+    // or stop_token_ids id) keeps its id but not its text, unless
+    // include_stop_str_in_output (vLLM's detokenizer skips it).
+    const core::RequestStops stops{stop_token_ids_, params_.request.ignore_eos(), min_tokens,
+                                   std::numeric_limits<int64_t>::max()};
+    const bool stop_token =
+        !params_.request.include_stop_str_in_output() &&
+        core::CheckStop(stop_criteria_, stops, t.token_id(), num_generated, 0) ==
+            core::FinishReason::kStop;
+    StopPush pushed =
+        sample.matcher.Push(stop_token ? std::string() : sample.decoder.Push(t.token_id()), check);
     sample.pending.erase(sample.pending.begin());
     ++sample.next_index;
     if (pushed.stopped()) {

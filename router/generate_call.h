@@ -28,6 +28,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/server/stream_sink.h"
+#include "engine/core/stop_checker.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/stop_strings.h"
 #include "router/worker_registry.h"
@@ -97,6 +98,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   const WorkerRegistry* const registry_;
   const tokenizer::Tokenizer* const tokenizer_;
   const std::shared_ptr<Sink> sink_;
+  // The request's stop-token rule (core::CheckStop's kStop part), to leave
+  // a stop token's text out as vLLM does.
+  core::StopCriteria stop_criteria_;
+  std::vector<int32_t> stop_token_ids_;  // sorted
   grpc::ClientContext decode_ctx_;
   grpc::ClientContext prefill_ctx_;
 
