@@ -92,8 +92,16 @@ Reference ReferenceOf(const SampleResult& s) {
 }
 
 // Runs `request` (n = 1, no stop strings) and splits its text per token.
+// `request` on the local route: there each message carries one token (on
+// the remote route the router may deliver D's tokens in one message when
+// they overtake the prefill worker's reply), and the ids are the same.
+v1::GenerateRequest OnLocalRoute(v1::GenerateRequest request) {
+  request.set_route_override(v1::ROUTE_LOCAL);
+  return request;
+}
+
 Reference RunReference(LocalCluster& cluster, const v1::GenerateRequest& request) {
-  const StreamResult r = RunGenerate(cluster.stub(), request);
+  const StreamResult r = RunGenerate(cluster.stub(), OnLocalRoute(request));
   EXPECT_TRUE(r.status.ok()) << "reference: " << r.status.error_code() << ": "
                              << r.status.error_message();
   if (!r.status.ok() || r.samples.size() != 1) {
@@ -472,7 +480,7 @@ TEST_F(ControlsTest, SixteenSamplesWithStopStrings) {
     SetSeededSampling(&request, 1.0f, 16016);
     request.set_n(16);
     request.set_logprobs(3);
-    const StreamResult plain = RunGenerate(cluster().stub(), request);
+    const StreamResult plain = RunGenerate(cluster().stub(), OnLocalRoute(request));
     ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
     ASSERT_EQ(plain.samples.size(), 16u);
     for (const std::string& stop : stops) request.add_stop(stop);
@@ -568,8 +576,10 @@ TEST_F(ControlsTest, StopStringAtThePrefillToDecodeHandoff) {
           << "the decode worker still runs the request: " << after.DebugString();
       v1::ClusterStatus last;
       EXPECT_TRUE(cluster().WaitForIdleWorkers(absl::Seconds(5), &last)) << last.DebugString();
-      // A worker left running would decode up to max_tokens - 1 tokens.
-      EXPECT_LT(after.decode_tokens_total() - before->decode_tokens_total(), max_tokens / 8)
+      // A worker left running would decode max_tokens - 1 tokens; the
+      // cancel's latency (a few ms) is worth a few decode steps, so the
+      // bound is generous for a loaded machine.
+      EXPECT_LT(after.decode_tokens_total() - before->decode_tokens_total(), max_tokens / 2)
           << "the decode worker went on decoding after the stop string";
     }
   }
@@ -1066,7 +1076,7 @@ TEST_F(ControlsTest, StopStringEndsOneSampleOfThree) {
     v1::GenerateRequest three = MakeRequest(g.prompt, kMaxTokens, route);
     SetSeededSampling(&three, 1.0f, 31337);
     three.set_n(3);
-    const StreamResult plain = RunGenerate(cluster().stub(), three);
+    const StreamResult plain = RunGenerate(cluster().stub(), OnLocalRoute(three));
     ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
     ASSERT_EQ(plain.samples.size(), 3u);
     // A stop string from sample 1's text that no other sample holds earlier.
@@ -1122,7 +1132,7 @@ TEST_F(ControlsTest, StoppedSampleIsNoLongerDecoded) {
     SetSeededSampling(&two, 1.0f, 2024);
     two.set_n(2);
     two.set_ignore_eos(true);
-    const StreamResult plain = RunGenerate(cluster().stub(), two);
+    const StreamResult plain = RunGenerate(cluster().stub(), OnLocalRoute(two));
     ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
     ASSERT_EQ(plain.samples.size(), 2u);
     ASSERT_EQ(plain.samples[0].token_ids.size(), kMaxTokens);
@@ -1150,7 +1160,9 @@ TEST_F(ControlsTest, StoppedSampleIsNoLongerDecoded) {
     EXPECT_TRUE(cluster().WaitForIdleWorkers(absl::Seconds(5), &last)) << last.DebugString();
     absl::StatusOr<v1::WorkerStatus> after = cluster().DecodeStatus();
     ASSERT_TRUE(after.ok()) << after.status();
-    EXPECT_LT(after->decode_tokens_total() - before->decode_tokens_total(), kMaxTokens * 3 / 2)
+    // Both samples left running would decode 2 x 400 tokens; sample 0
+    // alone 400 plus sample 1's few (with slack for the cancel's latency).
+    EXPECT_LT(after->decode_tokens_total() - before->decode_tokens_total(), kMaxTokens * 7 / 4)
         << "the stopped sample went on decoding";
   }
 }
