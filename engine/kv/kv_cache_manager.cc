@@ -95,6 +95,21 @@ void KvCacheManager::StartSequence(int64_t seq_id, const PrefixHit& hit) {
   }
 }
 
+void KvCacheManager::ForkSequence(int64_t parent, int64_t child, int32_t num_blocks) {
+  const auto it = seqs_.find(parent);
+  if (it == seqs_.end() || seqs_.contains(child) || num_blocks < 0 ||
+      static_cast<size_t>(num_blocks) > it->second.table.size()) {
+    std::abort();
+  }
+  const Sequence& from = it->second;
+  Sequence fork;
+  fork.table.assign(from.table.begin(), from.table.begin() + num_blocks);
+  fork.hashes.assign(from.hashes.begin(),
+                     from.hashes.begin() + std::min<size_t>(from.hashes.size(), num_blocks));
+  for (int32_t b : fork.table) Acquire(b);
+  seqs_.emplace(child, std::move(fork));
+}
+
 bool KvCacheManager::AllocateSlots(int64_t seq_id, int32_t num_tokens) {
   const auto it = seqs_.find(seq_id);
   assert(it != seqs_.end());

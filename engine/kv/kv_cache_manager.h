@@ -96,6 +96,14 @@ class KvCacheManager {
   // from FindCachedPrefix with no AllocateSlots in between (which may evict).
   void StartSequence(int64_t seq_id, const PrefixHit& hit);
 
+  // Creates sequence `child`'s block table as the first `num_blocks` blocks
+  // of live sequence `parent`'s (one more reference each; no copy), with
+  // the parent's hash chain for them: parallel sampling (n > 1) shares a
+  // prompt's full blocks this way whether or not prefix caching is on. A
+  // live child, an unknown parent or num_blocks beyond the parent's table
+  // aborts (caller bugs).
+  void ForkSequence(int64_t parent, int64_t child, int32_t num_blocks);
+
   // Grows the sequence's block table to cover `num_tokens` tokens. Uses
   // free blocks first, then evicts free cached blocks (least recently freed
   // first). Returns false and changes nothing when not enough blocks can be

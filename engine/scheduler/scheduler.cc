@@ -87,15 +87,11 @@ void Scheduler::Fork(int64_t parent_id, int64_t child_id, int32_t first_token) {
   child.preemptible = true;
   child.status = SeqStatus::kWaiting;
   child.arrival = parent.arrival;
-  const int32_t bs = kv_->block_size();
-  kv::PrefixHit shared;
-  shared.num_tokens = parent.num_prompt_tokens / bs * bs;
-  const std::vector<int32_t>& table = kv_->BlockTable(parent_id);
-  shared.blocks.assign(table.begin(), table.begin() + shared.num_tokens / bs);
+  const int32_t shared_blocks = parent.num_prompt_tokens / kv_->block_size();
   // Nothing to share (a prompt shorter than a block): the child is admitted
   // like any waiting sequence.
-  if (shared.num_tokens > 0) kv_->StartSequence(child_id, shared);
-  child.num_computed = shared.num_tokens;
+  if (shared_blocks > 0) kv_->ForkSequence(parent_id, child_id, shared_blocks);
+  child.num_computed = shared_blocks * kv_->block_size();
   seqs_.emplace(child_id, std::move(child));
   // Children of one fork keep their order at the head of the queue
   // (a waiting sequence with computed tokens is a forked child).

@@ -633,4 +633,45 @@ TEST_F(KvCacheManagerTest, PrefixCacheStatsCountLookupsAndTokens) {
 }
 
 }  // namespace
+// ForkSequence shares the parent's first blocks by reference (caching on
+// or off) and carries their hash chain, so the child's later blocks chain
+// from the right parent hash.
+TEST_F(KvCacheManagerTest, ForkSharesBlocksByReferenceWithTheirHashChain) {
+  for (const bool caching : {false, true}) {
+    SCOPED_TRACE(caching);
+    Init(16, caching);
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 2 * kBs + 1; ++i) prompt.push_back(100 + i);
+    mgr_->StartSequence(1, PrefixHit{});
+    ASSERT_TRUE(mgr_->AllocateSlots(1, static_cast<int32_t>(prompt.size())));
+    mgr_->CommitComputed(1, prompt, static_cast<int32_t>(prompt.size()));
+    const std::vector<int32_t> parent = mgr_->BlockTable(1);
+    ASSERT_EQ(parent.size(), 3u);
+
+    mgr_->ForkSequence(1, 2, 2);
+    EXPECT_EQ(mgr_->BlockTable(2), std::vector<int32_t>(parent.begin(), parent.begin() + 2));
+    EXPECT_EQ(mgr_->RefCount(parent[0]), 2);
+    EXPECT_EQ(mgr_->RefCount(parent[2]), 1);
+    EXPECT_EQ(mgr_->num_blocks_in_use(), 3);
+    // The child's own third block: its tokens differ from the parent's.
+    std::vector<int32_t> child_tokens(prompt.begin(), prompt.begin() + 2 * kBs);
+    for (int32_t i = 0; i < kBs; ++i) child_tokens.push_back(900 + i);
+    ASSERT_TRUE(mgr_->AllocateSlots(2, 3 * kBs));
+    mgr_->CommitComputed(2, child_tokens, 3 * kBs);
+    EXPECT_EQ(mgr_->num_blocks_in_use(), 4);
+    if (caching) {
+      // Published under the chain through the parent's first two blocks.
+      const std::vector<BlockHash> hashes = HashFullBlocks(child_tokens, kBs, "test-model");
+      const PrefixHit hit = mgr_->FindCachedPrefix(child_tokens, 3 * kBs);
+      EXPECT_EQ(hit.num_tokens, 3 * kBs);
+      EXPECT_EQ(hit.blocks[2], mgr_->BlockTable(2)[2]);
+      EXPECT_EQ(hashes.size(), 3u);
+    }
+    mgr_->FreeSequence(1);
+    EXPECT_EQ(mgr_->RefCount(parent[0]), 1);  // still the child's
+    mgr_->FreeSequence(2);
+    EXPECT_EQ(mgr_->num_blocks_in_use(), 0);
+  }
+}
+
 }  // namespace tandem::kv
