@@ -68,6 +68,47 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::strin
   return out;
 }
 
+bool IsWildcardHost(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::";
+}
+
+absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::string& field) {
+  Advertise out;
+  // A bare host (no port, or an IPv6 literal without brackets is refused by
+  // ParseHostPort below) gets ":0" so one parser reads both forms.
+  const bool bracketed = !text.empty() && text[0] == '[';
+  const bool has_port = bracketed ? text.find("]:") != std::string::npos
+                                  : text.find(':') != std::string::npos;
+  absl::StatusOr<HostPort> parsed = ParseHostPort(has_port ? text : text + ":0", field);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected host or host:port, got '", text, "'"));
+  }
+  if (IsWildcardHost(parsed->host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": '", text, "' is a wildcard address; give one other hosts can dial"));
+  }
+  out.host = parsed->host;
+  out.port = parsed->port;
+  return out;
+}
+
+absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
+                                           const Advertise& advertise,
+                                           const std::string& listen_key,
+                                           const std::string& advertise_key) {
+  if (advertise.empty()) {
+    if (IsWildcardHost(listen.host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          listen_key, ": binds the wildcard address ", listen.host.empty() ? "''" : listen.host,
+          ", which other hosts cannot dial; set ", advertise_key,
+          " (or --advertise) to the address they should use"));
+    }
+    return HostPort{listen.host, bound_port};
+  }
+  return HostPort{advertise.host, advertise.port != 0 ? advertise.port : bound_port};
+}
+
 const WorkerConfig* ClusterConfig::FindWorker(const std::string& name) const {
   for (const auto* list : {&prefill_workers, &decode_workers}) {
     for (const WorkerConfig& w : *list) {
@@ -156,6 +197,21 @@ absl::Status ReadInts(const YAML::Node& map, const std::string& path,
   return absl::OkStatus();
 }
 
+// Reads map[key] ("host" or "host:port") into *out when present.
+absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key, const std::string& path,
+                           Advertise* out) {
+  std::string text;
+  const YAML::Node node = map[std::string(key)];
+  if (!node.IsDefined()) return absl::OkStatus();
+  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
+  absl::StatusOr<Advertise> parsed = ParseAdvertise(text, KeyPath(path, key));
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(parsed.status().message(), Where(node)));
+  }
+  *out = *parsed;
+  return absl::OkStatus();
+}
+
 // Reads map[key] ("host:port") into *out when present.
 absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const std::string& path,
                           HostPort* out) {
@@ -174,7 +230,7 @@ absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const st
 absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   const std::string path = "router";
   if (absl::Status s = CheckKeys(node, path,
-                                 {"name", "listen", "poll_interval_ms",
+                                 {"name", "listen", "advertise", "poll_interval_ms",
                                   "unhealthy_after_missed_polls", "rpc_timeout_ms"});
       !s.ok()) {
     return s;
@@ -182,6 +238,7 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   if (absl::Status s = ReadString(node, "name", path, &r->name); !s.ok()) return s;
   if (r->name.empty()) return Invalid("router.name", "must not be empty", node);
   if (absl::Status s = ReadHostPort(node, "listen", path, &r->listen); !s.ok()) return s;
+  if (absl::Status s = ReadAdvertise(node, "advertise", path, &r->advertise); !s.ok()) return s;
   return ReadInts(node, path,
                   {{"poll_interval_ms", &r->poll_interval_ms, 1},
                    {"unhealthy_after_missed_polls", &r->unhealthy_after_missed_polls, 1},
@@ -196,14 +253,19 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
   for (size_t i = 0; i < node.size(); ++i) {
     const YAML::Node item = node[i];
     const std::string path = absl::StrCat(list_name, "[", i, "]");
-    absl::Status s = has_kv ? CheckKeys(item, path, {"name", "listen", "kv_listen"})
-                            : CheckKeys(item, path, {"name", "listen"});
+    absl::Status s =
+        has_kv ? CheckKeys(item, path, {"name", "listen", "advertise", "kv_listen", "kv_advertise"})
+               : CheckKeys(item, path, {"name", "listen", "advertise"});
     if (!s.ok()) return s;
     WorkerConfig w;
     if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;
     if (w.name.empty()) return Invalid(path + ".name", "is required", item);
     if (s = ReadHostPort(item, "listen", path, &w.listen); !s.ok()) return s;
+    if (s = ReadAdvertise(item, "advertise", path, &w.advertise); !s.ok()) return s;
     if (has_kv && !(s = ReadHostPort(item, "kv_listen", path, &w.kv_listen)).ok()) return s;
+    if (has_kv && !(s = ReadAdvertise(item, "kv_advertise", path, &w.kv_advertise)).ok()) {
+      return s;
+    }
     out->push_back(std::move(w));
   }
   return absl::OkStatus();

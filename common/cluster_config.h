@@ -6,10 +6,11 @@
 // Schema (unknown keys anywhere are errors naming the key path):
 //   model: PATH                       # optional; --model / $TANDEM_MODEL win
 //   chat_template: NAME               # optional; one of kChatTemplateNames
-//   router: {name, listen: "host:port", poll_interval_ms: 500,
-//            unhealthy_after_missed_polls: 3, rpc_timeout_ms: 2000}
-//   prefill_workers: [{name, listen}]
-//   decode_workers:  [{name, listen, kv_listen}]
+//   router: {name, listen: "host:port", advertise: "host[:port]",
+//            poll_interval_ms: 500, unhealthy_after_missed_polls: 3,
+//            rpc_timeout_ms: 2000}
+//   prefill_workers: [{name, listen, advertise}]
+//   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
 //            threads: 1, max_num_batched_tokens: 2048,
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
@@ -39,9 +40,39 @@ struct HostPort {
 // Parses "host:port" (port 0..65535). INVALID_ARGUMENT naming `field`.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::string& field);
 
+// True for the hosts that bind every interface and that no peer can dial:
+// "0.0.0.0", "::" and "" (gRPC's "[::]:port" parses to "::").
+bool IsWildcardHost(const std::string& host);
+
+// The address peers dial for one listener (config key `advertise` /
+// `kv_advertise`, flag --advertise / --kv-advertise; Kubernetes passes the
+// pod IP): a host, or host:port. port 0 (or none) means the port the
+// listener bound. Empty host: not set.
+struct Advertise {
+  std::string host;
+  int port = 0;
+  bool empty() const { return host.empty(); }
+};
+// Parses "host", "host:port", "[v6]" or "[v6]:port" (port 0..65535).
+// INVALID_ARGUMENT naming `field` for a malformed value or a wildcard host
+// (which no peer can dial).
+absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::string& field);
+
+// Where peers reach a listener bound to `listen` whose actual port is
+// `bound_port`: advertise's host (and its port, when not 0) if set, else
+// listen.host with bound_port. INVALID_ARGUMENT when listen.host is a
+// wildcard and advertise is not set: "<listen_key>: binds the wildcard
+// address 0.0.0.0, which other hosts cannot dial; set <advertise_key> (or
+// --advertise) to the address they should use".
+absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
+                                           const Advertise& advertise,
+                                           const std::string& listen_key,
+                                           const std::string& advertise_key);
+
 struct RouterConfig {
   std::string name = "router";
   HostPort listen{"127.0.0.1", 50051};
+  Advertise advertise;                     // what status reports; see AdvertisedAddress
   int32_t poll_interval_ms = 500;          // GetStatus poll period per worker
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;           // deadline of control RPCs
@@ -50,7 +81,11 @@ struct RouterConfig {
 struct WorkerConfig {
   std::string name;
   HostPort listen;     // gRPC
+  Advertise advertise;  // the gRPC address registered with the router
   HostPort kv_listen;  // decode workers only: KV receiver
+  // Decode workers only: the KV endpoint prefill workers dial; unset: the
+  // host of `advertise` (if set) with the bound KV port.
+  Advertise kv_advertise;
 };
 
 struct EngineConfig {

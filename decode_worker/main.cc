@@ -1,4 +1,5 @@
 // tandem-decode-worker: thin main; see common/server/worker_main.h.
+#include "absl/strings/str_cat.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
 #include "decode_worker/decode_service.h"
@@ -18,7 +19,13 @@ int main(int argc, char** argv) {
                               absl::StrCat("decode_workers[", ctx.worker->name,
                                            "].kv_listen: ", receiver.status().message()));
         }
-        const decode::ReceiverKvLoader* loader = receiver->get();
+        const std::string key = absl::StrCat("decode_workers[", ctx.worker->name, "].");
+        auto kv_address =
+            AdvertisedAddress(ctx.worker->kv_listen, (*receiver)->port(),
+                              ctx.worker->kv_advertise, key + "kv_listen", key + "kv_advertise");
+        if (!kv_address.ok()) return kv_address.status();
+        (*receiver)->set_endpoint(kv_address->ToString());
+        decode::ReceiverKvLoader* loader = receiver->get();
         const std::string bit_exact_class = backend->bit_exact_class();
         auto core = std::make_unique<core::EngineCore>(
             CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker"), std::move(backend),

@@ -49,8 +49,11 @@ ReceiverKvLoader::ReceiverKvLoader(std::unique_ptr<kvtransfer::KvReceiver> recei
     : receiver_(std::move(receiver)), host_(std::move(host)), layout_(std::move(layout)) {}
 
 std::string ReceiverKvLoader::endpoint() const {
+  if (!endpoint_.empty()) return endpoint_;
   return absl::StrCat(host_, ":", receiver_->port());
 }
+
+int ReceiverKvLoader::port() const { return receiver_->port(); }
 
 absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
     const std::string& request_id, int32_t hit_tokens, int32_t prompt_tokens,

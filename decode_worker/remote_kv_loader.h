@@ -33,8 +33,14 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   static kvtransfer::KvReceiver::Options OptionsFromConfig(const HostPort& kv_listen,
                                                             const KvConfig& kv);
 
-  // host:port prefill workers connect to.
+  // host:port prefill workers connect to: the one set_endpoint gave, else
+  // the listen host and the bound port.
   std::string endpoint() const;
+  // The port the KV receiver bound.
+  int port() const;
+  // The advertised KV endpoint (AdvertisedAddress of kv_listen); call once,
+  // before the loader is handed to the engine core.
+  void set_endpoint(std::string endpoint) { endpoint_ = std::move(endpoint); }
   const kvtransfer::KvLayout& layout() const { return layout_; }
 
   // core::RemoteKvLoader. A load is transfer (request_id, attempt 1). Every
@@ -57,6 +63,7 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
 
   const std::unique_ptr<kvtransfer::KvReceiver> receiver_;
   const std::string host_;
+  std::string endpoint_;  // set_endpoint's, empty until then
   const kvtransfer::KvLayout layout_;
 };
 

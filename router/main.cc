@@ -21,7 +21,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   using namespace tandem;
   rpc::BlockTerminationSignals();
-  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen"});
+  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen", "advertise"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()));
   const std::string config_path =
       flags->count("config") ? flags->at("config") : "deploy/local/cluster.yaml";
@@ -34,6 +34,17 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
     listen = *parsed;
     listen_key = "--listen";
+  }
+  Advertise advertise = config->router.advertise;
+  std::string advertise_key = "router.advertise";
+  if (flags->count("advertise")) {
+    auto parsed = ParseAdvertise(flags->at("advertise"), "--advertise");
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    advertise = *parsed;
+    advertise_key = "--advertise";
+  }
+  if (auto a = AdvertisedAddress(listen, 0, advertise, listen_key, advertise_key); !a.ok()) {
+    return Fail(std::string(a.status().message()));
   }
   const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
   rpc::SetLogComponent(name);
@@ -75,13 +86,15 @@ int main(int argc, char** argv) {
   int port = 0;
   auto server = rpc::BuildAndStart(builder, listen, listen_key, &port);
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  service.set_address(absl::StrCat(listen.host, ":", port));
+  // Checked at start: a wildcard listen has its advertise.
+  const HostPort advertised = *AdvertisedAddress(listen, port, advertise, listen_key, advertise_key);
+  service.set_address(advertised.ToString());
   {
     absl::MutexLock lock(&health_mu);
     health = (*server)->GetHealthCheckService();
     health->SetServingStatus(service.registry().CanServe());
   }
-  rpc::AnnounceListening(listen.host, port);
+  rpc::AnnounceListening(advertised.host, advertised.port);
 
   int sig = rpc::WaitForTerminationSignal();
   rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ", config->shutdown_grace_s, " s"));

@@ -73,7 +73,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();
-  std::vector<std::string> allowed = {"config", "name", "model", "router"};
+  std::vector<std::string> allowed = {"config", "name", "model", "router", "advertise"};
+  if (role == v1::ROLE_DECODE) allowed.push_back("kv-advertise");
   allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);
   if (!flags.ok()) return Fail(std::string(flags.status().message()));
@@ -95,6 +96,35 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                              config_path));
   }
   rpc::SetLogComponent(name);
+  // The addresses peers dial: flags win over the config; a decode worker's
+  // KV endpoint takes the gRPC advertise host unless it has its own.
+  WorkerConfig effective = *worker;
+  worker = &effective;
+  const std::string key_prefix =
+      absl::StrCat(decode ? "decode_workers" : "prefill_workers", "[", name, "].");
+  for (const auto& [flag, target] :
+       {std::pair<const char*, Advertise*>{"advertise", &effective.advertise},
+        std::pair<const char*, Advertise*>{"kv-advertise", &effective.kv_advertise}}) {
+    if (!flags->count(flag)) continue;
+    auto parsed = ParseAdvertise(flags->at(flag), absl::StrCat("--", flag));
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    *target = *parsed;
+  }
+  if (decode && effective.kv_advertise.empty() && !effective.advertise.empty()) {
+    effective.kv_advertise.host = effective.advertise.host;
+  }
+  if (auto a = AdvertisedAddress(effective.listen, 0, effective.advertise,
+                                 key_prefix + "listen", key_prefix + "advertise");
+      !a.ok()) {
+    return Fail(std::string(a.status().message()));
+  }
+  if (decode) {
+    if (auto a = AdvertisedAddress(effective.kv_listen, 0, effective.kv_advertise,
+                                   key_prefix + "kv_listen", key_prefix + "kv_advertise");
+        !a.ok()) {
+      return Fail(std::string(a.status().message()));
+    }
+  }
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
   if (absl::Status s = model::PinKernelIsa(config->engine.kernel_isa); !s.ok()) {
@@ -125,15 +155,21 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   grpc::ServerBuilder builder;
   builder.RegisterService(runtime->service());
   int port = 0;
-  const std::string key = absl::StrCat(decode ? "decode_workers" : "prefill_workers",
-                                       "[", name, "].listen");
+  const std::string key = key_prefix + "listen";
   auto server = rpc::BuildAndStart(builder, worker->listen, key, &port);
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  address = absl::StrCat(worker->listen.host, ":", port);
+  // Checked before the model was loaded: a wildcard has its advertise.
+  address = AdvertisedAddress(worker->listen, port, worker->advertise, key,
+                              key_prefix + "advertise")
+                ->ToString();
   auto* health = (*server)->GetHealthCheckService();
   health->SetServingStatus(true);
   ready = true;
-  rpc::AnnounceListening(worker->listen.host, port);
+  {
+    const HostPort advertised = *AdvertisedAddress(worker->listen, port, worker->advertise, key,
+                                                   key_prefix + "advertise");
+    rpc::AnnounceListening(advertised.host, advertised.port);
+  }
 
   v1::RegisterWorkerRequest reg;
   reg.set_name(name);

@@ -50,8 +50,13 @@ using RuntimeFactory =
 
 // Runs the worker process; returns the exit code. Flags: --config FILE
 // (default deploy/local/cluster.yaml), --name NAME (required), --model PATH,
-// --router HOST:PORT (default: the config's router.listen), plus
-// `extra_flags`. Start-up errors print one line to stderr and return 1.
+// --router HOST:PORT (default: the config's router.listen), --advertise
+// HOST[:PORT] (the gRPC address registered with the router; default the
+// entry's `advertise`), decode workers --kv-advertise HOST[:PORT] (the KV
+// endpoint prefill workers dial; default the entry's `kv_advertise`, else
+// the advertise host), plus `extra_flags`. A wildcard listen address
+// (0.0.0.0, [::]) without its advertise is refused naming the key.
+// Start-up errors print one line to stderr and return 1.
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory);
 

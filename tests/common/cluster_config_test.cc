@@ -275,6 +275,100 @@ TEST(HostPortTest, RejectsBadForms) {
   }
 }
 
+TEST(AdvertiseTest, ParsesHostOrHostPortAndRefusesWildcards) {
+  struct Case {
+    const char* text;
+    const char* host;
+    int port;
+  } cases[] = {{"10.0.0.7", "10.0.0.7", 0},
+               {"10.0.0.7:9000", "10.0.0.7", 9000},
+               {"decode-0.tandem.svc", "decode-0.tandem.svc", 0},
+               {"[fd00::7]", "fd00::7", 0},
+               {"[fd00::7]:81", "fd00::7", 81}};
+  for (const Case& c : cases) {
+    absl::StatusOr<Advertise> a = ParseAdvertise(c.text, "f");
+    ASSERT_TRUE(a.ok()) << c.text << ": " << a.status();
+    EXPECT_EQ(a->host, c.host);
+    EXPECT_EQ(a->port, c.port);
+  }
+  for (const char* text : {"", "h:", "h:70000", "::1", "[::1"}) {
+    absl::StatusOr<Advertise> a = ParseAdvertise(text, "router.advertise");
+    ASSERT_FALSE(a.ok()) << text;
+    EXPECT_EQ(a.status().message(),
+              std::string("router.advertise: expected host or host:port, got '") + text + "'");
+  }
+  for (const char* text : {"0.0.0.0", "0.0.0.0:80", "[::]", "[::]:80"}) {
+    absl::StatusOr<Advertise> a = ParseAdvertise(text, "--advertise");
+    ASSERT_FALSE(a.ok()) << text;
+    EXPECT_EQ(a.status().message(), std::string("--advertise: '") + text +
+                                        "' is a wildcard address; give one other hosts can dial");
+  }
+}
+
+TEST(AdvertiseTest, AdvertisedAddressTakesTheBoundPortUnlessGiven) {
+  const HostPort loopback{"127.0.0.1", 0};
+  const HostPort wildcard{"0.0.0.0", 0};
+  EXPECT_EQ(AdvertisedAddress(loopback, 4242, {}, "k.listen", "k.advertise")->ToString(),
+            "127.0.0.1:4242");
+  EXPECT_EQ(AdvertisedAddress(wildcard, 4242, {"10.1.2.3", 0}, "k.listen", "k.advertise")
+                ->ToString(),
+            "10.1.2.3:4242");
+  EXPECT_EQ(AdvertisedAddress(wildcard, 4242, {"10.1.2.3", 30000}, "k.listen", "k.advertise")
+                ->ToString(),
+            "10.1.2.3:30000");
+  absl::StatusOr<HostPort> refused =
+      AdvertisedAddress(wildcard, 4242, {}, "decode_workers[d].kv_listen",
+                        "decode_workers[d].kv_advertise");
+  EXPECT_EQ(refused.status().message(),
+            "decode_workers[d].kv_listen: binds the wildcard address 0.0.0.0, which other hosts "
+            "cannot dial; set decode_workers[d].kv_advertise (or --advertise) to the address "
+            "they should use");
+  EXPECT_FALSE(AdvertisedAddress({"::", 0}, 1, {}, "l", "a").ok());
+}
+
+TEST(ClusterConfigTest, ParsesTheMultiHostExample) {
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/deploy/multi-host/";
+  absl::StatusOr<ClusterConfig> router = LoadClusterConfig(dir + "router.yaml");
+  ASSERT_TRUE(router.ok()) << router.status();
+  EXPECT_EQ(router->router.advertise.host, "10.0.0.1");
+  absl::StatusOr<ClusterConfig> prefill = LoadClusterConfig(dir + "prefill-host.yaml");
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ(prefill->router.listen.ToString(), "10.0.0.1:50051");
+  EXPECT_EQ(prefill->prefill_workers.at(0).advertise.host, "10.0.0.2");
+  absl::StatusOr<ClusterConfig> decode = LoadClusterConfig(dir + "decode-host.yaml");
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  EXPECT_EQ(decode->decode_workers.at(0).kv_advertise.host, "10.0.0.3");
+  // The KV layout must match across hosts.
+  for (const ClusterConfig* c : {&*prefill, &*decode}) {
+    EXPECT_EQ(c->engine.block_size, router->engine.block_size);
+    EXPECT_EQ(c->engine.num_kv_blocks, router->engine.num_kv_blocks);
+  }
+}
+
+TEST(ClusterConfigTest, AdvertiseKeys) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"(
+router: {listen: "0.0.0.0:50051", advertise: "10.0.0.1"}
+prefill_workers:
+  - {name: p, listen: "0.0.0.0:0", advertise: "10.0.0.2:7000"}
+decode_workers:
+  - {name: d, listen: "0.0.0.0:0", advertise: "10.0.0.3", kv_listen: "0.0.0.0:0",
+     kv_advertise: "10.0.0.4"}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router.advertise.host, "10.0.0.1");
+  EXPECT_EQ(c->prefill_workers[0].advertise.port, 7000);
+  EXPECT_EQ(c->decode_workers[0].advertise.host, "10.0.0.3");
+  EXPECT_EQ(c->decode_workers[0].kv_advertise.host, "10.0.0.4");
+  absl::StatusOr<ClusterConfig> bad = ParseClusterConfig(
+      "decode_workers:\n  - {name: d, listen: \"0.0.0.0:0\", kv_advertise: \"0.0.0.0\"}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("decode_workers[0].kv_advertise: '0.0.0.0'"));
+  // kv_advertise is a decode worker's key only.
+  EXPECT_FALSE(
+      ParseClusterConfig("prefill_workers:\n  - {name: p, listen: \"h:0\", kv_advertise: x}\n")
+          .ok());
+}
+
 // Runs each test in a fresh temporary working directory, with
 // $TANDEM_MODEL unset, and restores both afterwards.
 class ResolveModelPathTest : public ::testing::Test {

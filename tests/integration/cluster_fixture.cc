@@ -76,6 +76,8 @@ bool WriteFile(const std::string& path, const std::string& contents) {
 }
 
 std::string ClusterYaml(const ClusterOptions& o) {
+  const std::string advertise =
+      o.worker_advertise.empty() ? "" : absl::StrCat("    advertise: ", o.worker_advertise, "\n");
   return absl::StrCat(
       "router:\n"
       "  name: router\n"
@@ -85,11 +87,11 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  rpc_timeout_ms: ", o.rpc_timeout_ms, "\n",
       "prefill_workers:\n"
       "  - name: ", LocalCluster::kPrefillName, "\n",
-      "    listen: 127.0.0.1:0\n"
+      "    listen: ", o.worker_listen_host, ":0\n", advertise,
       "decode_workers:\n"
       "  - name: ", LocalCluster::kDecodeName, "\n",
-      "    listen: 127.0.0.1:0\n"
-      "    kv_listen: 127.0.0.1:0\n"
+      "    listen: ", o.worker_listen_host, ":0\n", advertise,
+      "    kv_listen: ", o.worker_listen_host, ":0\n"
       "engine:\n"
       "  block_size: ", o.block_size, "\n",
       "  num_kv_blocks: ", o.num_kv_blocks, "\n",

@@ -57,6 +57,10 @@ struct ClusterOptions {
   // --model of every process, relative to ../shared/models.
   std::string model = "stories260K.gguf";
   std::string router_listen = "127.0.0.1:0";  // router.listen
+  // Host of both workers' listen and kv_listen, and their advertise
+  // (empty: none; the decode worker's KV endpoint follows it).
+  std::string worker_listen_host = "127.0.0.1";
+  std::string worker_advertise;
   int32_t block_size = 16;                 // engine.block_size, tokens
   int32_t num_kv_blocks = 512;             // engine.num_kv_blocks, blocks per worker
   int32_t max_num_seqs = 64;               // engine.max_num_seqs, sequences

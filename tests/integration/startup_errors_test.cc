@@ -114,6 +114,44 @@ INSTANTIATE_TEST_SUITE_P(Servers, UnknownConfigKeyTest,
                            return ServerName(info.param);
                          });
 
+// ---- Wildcard listen address without advertise ----------------------------------------
+
+class WildcardListenTest : public StartupErrorTest,
+                           public ::testing::WithParamInterface<Server> {};
+
+// 0.0.0.0 binds every interface, but no peer can dial it: the address
+// other hosts use must be given (issue #12, item 1).
+TEST_P(WildcardListenTest, ExitsOneNamingTheKeyAndItsAdvertise) {
+  ClusterOptions options;
+  std::string key;
+  if (GetParam() == Server::kRouter) {
+    options.router_listen = "0.0.0.0:0";
+    key = "router.";
+  } else {
+    options.worker_listen_host = "0.0.0.0";
+    key = GetParam() == Server::kPrefill
+              ? absl::StrCat("prefill_workers[", LocalCluster::kPrefillName, "].")
+              : absl::StrCat("decode_workers[", LocalCluster::kDecodeName, "].");
+  }
+  const std::string config = Write("cluster.yaml", ClusterYaml(options));
+  const std::string line =
+      ExpectOneLineFailure(RunProcess(ServerArgv(GetParam(), config, ModelPath()), kExitTimeout));
+  EXPECT_THAT(line, HasSubstr(key + "listen: binds the wildcard address 0.0.0.0"));
+  EXPECT_THAT(line, HasSubstr(key + "advertise"));
+  // A wildcard given as the advertise is refused too.
+  std::vector<std::string> argv = ServerArgv(GetParam(), config, ModelPath());
+  argv.push_back("--advertise");
+  argv.push_back("0.0.0.0");
+  EXPECT_THAT(ExpectOneLineFailure(RunProcess(argv, kExitTimeout)),
+              HasSubstr("--advertise: '0.0.0.0' is a wildcard address"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Servers, WildcardListenTest,
+                         ::testing::Values(Server::kRouter, Server::kPrefill, Server::kDecode),
+                         [](const ::testing::TestParamInfo<Server>& info) {
+                           return ServerName(info.param);
+                         });
+
 // ---- Bad model file -----------------------------------------------------------------
 
 enum class BadModel { kNotGguf, kTruncated };
