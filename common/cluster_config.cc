@@ -231,7 +231,9 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   const std::string path = "router";
   if (absl::Status s = CheckKeys(node, path,
                                  {"name", "listen", "advertise", "poll_interval_ms",
-                                  "unhealthy_after_missed_polls", "rpc_timeout_ms"});
+                                  "unhealthy_after_missed_polls", "rpc_timeout_ms",
+                                  "max_inflight", "max_queued", "max_migrations",
+                                  "drop_after_ms"});
       !s.ok()) {
     return s;
   }
@@ -242,7 +244,11 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   return ReadInts(node, path,
                   {{"poll_interval_ms", &r->poll_interval_ms, 1},
                    {"unhealthy_after_missed_polls", &r->unhealthy_after_missed_polls, 1},
-                   {"rpc_timeout_ms", &r->rpc_timeout_ms, 1}});
+                   {"rpc_timeout_ms", &r->rpc_timeout_ms, 1},
+                   {"max_inflight", &r->max_inflight, 1},
+                   {"max_queued", &r->max_queued, 0},
+                   {"max_migrations", &r->max_migrations, 0},
+                   {"drop_after_ms", &r->drop_after_ms, 1}});
 }
 
 // prefill_workers / decode_workers: a sequence of {name, listen[, kv_listen]}.
@@ -352,10 +358,15 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     }
   }
   if (const YAML::Node n = root["kv"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "kv", {"transfer_timeout_ms", "handshake_timeout_ms"}); !s.ok()) return s;
+    if (s = CheckKeys(n, "kv",
+                      {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts"});
+        !s.ok()) {
+      return s;
+    }
     s = ReadInts(n, "kv",
                  {{"transfer_timeout_ms", &c->kv.transfer_timeout_ms, 1},
-                  {"handshake_timeout_ms", &c->kv.handshake_timeout_ms, 1}});
+                  {"handshake_timeout_ms", &c->kv.handshake_timeout_ms, 1},
+                  {"max_prefill_attempts", &c->kv.max_prefill_attempts, 1}});
     if (!s.ok()) return s;
   }
   return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});

@@ -8,7 +8,8 @@
 //   chat_template: NAME               # optional; one of kChatTemplateNames
 //   router: {name, listen: "host:port", advertise: "host[:port]",
 //            poll_interval_ms: 500, unhealthy_after_missed_polls: 3,
-//            rpc_timeout_ms: 2000}
+//            rpc_timeout_ms: 2000, max_inflight: 512, max_queued: 512,
+//            max_migrations: 1, drop_after_ms: 30000}
 //   prefill_workers: [{name, listen, advertise}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
@@ -16,7 +17,8 @@
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
 //            kernel_isa: auto}
 //   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
-//   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000}
+//   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
+//        max_prefill_attempts: 2}
 //   shutdown_grace_s: 5
 // Ports may be 0 (ephemeral).
 #ifndef TANDEM_COMMON_CLUSTER_CONFIG_H_
@@ -76,6 +78,16 @@ struct RouterConfig {
   int32_t poll_interval_ms = 500;          // GetStatus poll period per worker
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;           // deadline of control RPCs
+  // Generate streams running at once; more wait in a FIFO of max_queued;
+  // beyond both: RESOURCE_EXHAUSTED with trailing metadata retry-after-ms.
+  int32_t max_inflight = 512;
+  int32_t max_queued = 512;
+  // Times one stream may move to another decode worker when its decode
+  // worker dies mid-stream (0: the stream fails with UNAVAILABLE).
+  int32_t max_migrations = 1;
+  // A worker unhealthy (missed polls, no re-registration) this long is
+  // dropped from the registry; it must register again to get requests.
+  int32_t drop_after_ms = 30000;
 };
 
 struct WorkerConfig {
@@ -112,6 +124,9 @@ struct ConditionalConfig {
 struct KvConfig {
   int32_t transfer_timeout_ms = 5000;   // max stall of a running transfer
   int32_t handshake_timeout_ms = 5000;  // NeedRemotePrefill -> HELLO
+  // Remote prefill attempts per request under on_prefill_failure: retry
+  // (attempt 1 included); after the last one fails the request fails.
+  int32_t max_prefill_attempts = 2;
 };
 
 // The chat formats the router renders (router/chat_template.h, whose
