@@ -47,7 +47,7 @@ TEST(ClusterConfigTest, ParsesLocalConfig) {
   EXPECT_EQ(c->decode_workers[0].kv_listen.ToString(), "127.0.0.1:0");
   EXPECT_EQ(c->engine.block_size, 16);
   EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
-  EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kFail);
+  EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
   EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
   EXPECT_EQ(c->kv.handshake_timeout_ms, 5000);
   EXPECT_EQ(c->FindWorker("decode-0"), &c->decode_workers[0]);
