@@ -79,6 +79,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
   req.sampling = SamplingFromProto(request->sampling(), request->controls().logprobs());
   req.controls = ControlsFromProto(request->controls());
   req.route = *route;
+  req.generated.assign(request->generated_token_ids().begin(),
+                       request->generated_token_ids().end());
+  if (request->first_output_index() != req.generated.size()) {
+    sink->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("first_output_index: must equal the number of generated_token_ids (",
+                     req.generated.size(), "), got ", request->first_output_index())));
+    return reactor;
+  }
   req.output = std::make_shared<GrpcDecodeOutput>(sink);
   absl::Status submitted = core->Submit(std::move(req));
   if (!submitted.ok()) sink->Finish(rpc::ToGrpc(submitted));
@@ -103,6 +112,31 @@ grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* re
                                      request->sample_index()));
   }
   core_->CancelSample(request->request_id(), request->sample_index());
+  return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return rpc::ServeUnary<v1::AbortTransferRequest, v1::AbortTransferResponse>(
+      context, request, response,
+      [this](const v1::AbortTransferRequest* parsed, v1::AbortTransferResponse* out) {
+        return AbortTransferParsed(parsed, out);
+      });
+}
+
+grpc::Status DecodeService::AbortTransferParsed(const v1::AbortTransferRequest* request,
+                                                v1::AbortTransferResponse*) {
+  if (request->request_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
+  }
+  if (request->attempt() == 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "attempt: must be >= 1, got 0");
+  }
+  std::string reason = request->reason();
+  if (reason.empty()) reason = "aborted by the router";
+  core_->AbortRemotePrefill(request->request_id(), request->attempt(), reason,
+                            request->no_prefill_worker());
   return grpc::Status::OK;
 }
 

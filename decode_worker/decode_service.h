@@ -22,7 +22,8 @@ namespace tandem::decode {
 // GetStatus typed.
 using DecodeWorkerBase = v1::DecodeWorker::WithRawCallbackMethod_Generate<
     v1::DecodeWorker::WithRawCallbackMethod_CancelSample<
-        v1::DecodeWorker::WithCallbackMethod_GetStatus<v1::DecodeWorker::Service>>>;
+        v1::DecodeWorker::WithRawCallbackMethod_AbortTransfer<
+            v1::DecodeWorker::WithCallbackMethod_GetStatus<v1::DecodeWorker::Service>>>>;
 
 class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
  public:
@@ -31,7 +32,7 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   DecodeService(std::unique_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
                 std::string bit_exact_class, std::function<v1::WorkerStatus()> status);
 
-  // Generate and CancelSample: a request whose text is not UTF-8 gets
+  // Generate, CancelSample and AbortTransfer: a request whose text is not UTF-8 gets
   // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
   // bodies below.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
@@ -39,6 +40,9 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   grpc::ServerUnaryReactor* CancelSample(grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* AbortTransfer(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::WorkerStatus* response) override;
@@ -59,6 +63,11 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   // (core::kMaxSamples) is INVALID_ARGUMENT.
   grpc::Status CancelSampleParsed(const v1::CancelSampleRequest* request,
                                   v1::CancelSampleResponse* response);
+  // The router's word that a remote prefill attempt will not deliver
+  // (core::EngineCore::AbortRemotePrefill). An attempt no longer awaited
+  // is not an error; an empty request_id or attempt 0 is INVALID_ARGUMENT.
+  grpc::Status AbortTransferParsed(const v1::AbortTransferRequest* request,
+                                   v1::AbortTransferResponse* response);
 
   std::unique_ptr<core::EngineCore> core_;
   const ReceiverKvLoader* const receiver_;

@@ -56,15 +56,14 @@ std::string ReceiverKvLoader::endpoint() const {
 int ReceiverKvLoader::port() const { return receiver_->port(); }
 
 absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
-    const std::string& request_id, int32_t hit_tokens, int32_t prompt_tokens,
+    const std::string& request_id, uint32_t attempt, int32_t hit_tokens, int32_t prompt_tokens,
     kv::KvStorage* storage, std::vector<int32_t> block_table, Done done) {
-  constexpr uint32_t kAttempt = 1;
   // The writer lives in the receiver's callback, which it keeps until it
   // has run: nothing writes into it afterwards.
   auto writer = std::make_shared<BlockTableWriter>(storage, std::move(block_table));
   kvtransfer::KvWriter* raw_writer = writer.get();
   absl::Status expect = receiver_->Expect(
-      request_id, kAttempt, static_cast<uint32_t>(hit_tokens),
+      request_id, attempt, static_cast<uint32_t>(hit_tokens),
       static_cast<uint32_t>(prompt_tokens), raw_writer,
       [writer, done = std::move(done)](absl::Status status,
                                        const kvtransfer::TransferResult& r) {
@@ -89,7 +88,7 @@ absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
         done(std::move(status), std::move(result));
       });
   if (!expect.ok()) return expect;
-  return core::RemotePrefillTarget{endpoint(), hit_tokens, kAttempt};
+  return core::RemotePrefillTarget{endpoint(), hit_tokens, attempt};
 }
 
 void ReceiverKvLoader::CancelLoad(const std::string& request_id) {

@@ -43,13 +43,14 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   void set_endpoint(std::string endpoint) { endpoint_ = std::move(endpoint); }
   const kvtransfer::KvLayout& layout() const { return layout_; }
 
-  // core::RemoteKvLoader. A load is transfer (request_id, attempt 1). Every
+  // core::RemoteKvLoader. A load is transfer (request_id, attempt). Every
   // FINAL sample's finish reason must be a tandem.v1.FinishReason a prefill
   // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS. The
   // result carries every sample (token, logprob, top logprobs, finish
   // reason) in order; the core checks their count against the request's n.
   absl::StatusOr<core::RemotePrefillTarget> StartLoad(const std::string& request_id,
-                                                      int32_t hit_tokens, int32_t prompt_tokens,
+                                                      uint32_t attempt, int32_t hit_tokens,
+                                                      int32_t prompt_tokens,
                                                       kv::KvStorage* storage,
                                                       std::vector<int32_t> block_table,
                                                       Done done) override;

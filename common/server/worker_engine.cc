@@ -1,5 +1,6 @@
 #include "common/server/worker_engine.h"
 
+#include "common/server/log.h"
 #include "engine/backend/cpu_backend.h"
 
 namespace tandem {
@@ -16,6 +17,17 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
   o.eog_token_ids = model.tokenizer->eog_ids();
   o.model_fingerprint = model.fingerprint;
   o.worker_label = worker_label;
+  switch (config.conditional.on_prefill_failure) {
+    case OnPrefillFailure::kFail: o.on_prefill_failure = core::PrefillFailurePolicy::kFail; break;
+    case OnPrefillFailure::kRetry:
+      o.on_prefill_failure = core::PrefillFailurePolicy::kRetry;
+      break;
+    case OnPrefillFailure::kLocal:
+      o.on_prefill_failure = core::PrefillFailurePolicy::kLocal;
+      break;
+  }
+  o.max_prefill_attempts = config.kv.max_prefill_attempts;
+  o.log = [](const std::string& line) { rpc::Log(line); };
   return o;
 }
 

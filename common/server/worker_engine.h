@@ -22,9 +22,10 @@
 namespace tandem {
 
 // engine.{max_num_batched_tokens, max_num_seqs, prefill_chunk_tokens,
-// enable_prefix_caching}, conditional.max_local_prefill_tokens, the
-// tokenizer's end-of-generation ids and the model fingerprint. `worker_label` names the
-// worker in errors ("decode worker").
+// enable_prefix_caching}, conditional.{max_local_prefill_tokens,
+// on_prefill_failure}, kv.max_prefill_attempts, the tokenizer's
+// end-of-generation ids and the model fingerprint; failover lines go to
+// rpc::Log. `worker_label` names the worker in errors ("decode worker").
 core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
                                               const ModelBundle& model,
                                               const std::string& worker_label);

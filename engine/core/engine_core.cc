@@ -36,6 +36,12 @@ struct EngineCore::Request {
   bool cached_rows_sent = false;  // kv_export: rows from the prefix cache went out
   absl::Status export_error;      // kv_export: first failure
   absl::Status abort_status;      // why a request aborted while loading ends
+  uint32_t remote_attempt = 0;    // the remote prefill attempt awaited (1, 2, ...)
+  // AbortRemotePrefill for the awaited attempt: its load was cancelled;
+  // when its done arrives this is the cause the failover acts on.
+  bool router_abort_pending = false;
+  std::string router_abort_reason;
+  bool router_abort_no_prefill_worker = false;
 
   RequestStops stops() const {
     return RequestStops{req.controls.stop_token_ids, req.controls.ignore_eos,
@@ -77,8 +83,22 @@ absl::Status EngineCore::Submit(EngineRequest request) {
     valid = ValidateControls(c.n, c.min_tokens, request.max_tokens, c.stop_token_ids,
                              config.vocab_size);
   }
+  if (valid.ok()) {
+    valid = ValidateGenerated(request.generated, request.controls.n, request.max_tokens,
+                              config.vocab_size);
+  }
   if (!valid.ok()) return valid;
   const bool exports = request.kv_export != nullptr;
+  if (!request.generated.empty()) {
+    // A migrated request continues from tokens only this worker can
+    // recompute (a prefill worker samples output index 0 only).
+    if (request.route == RouteChoice::kRemote || exports) {
+      return absl::FailedPreconditionError(
+          "generated_token_ids: a migrated request is prefilled on the decode worker; "
+          "route_override REMOTE cannot continue it");
+    }
+    request.route = RouteChoice::kLocal;
+  }
   if (request.route == RouteChoice::kRemote && (loader_ == nullptr || exports)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "route_override REMOTE: the ", options_.worker_label,
@@ -157,6 +177,14 @@ void EngineCore::CancelSample(const std::string& request_id, uint32_t sample_ind
   cv_.Signal();
 }
 
+void EngineCore::AbortRemotePrefill(const std::string& request_id, uint32_t attempt,
+                                    const std::string& reason, bool no_prefill_worker) {
+  absl::MutexLock lock(&mu_);
+  if (live_.count(request_id) == 0) return;
+  inbox_abort_.push_back(RemoteAbort{request_id, attempt, reason, no_prefill_worker});
+  cv_.Signal();
+}
+
 void EngineCore::Shutdown() {
   absl::MutexLock lock(&mu_);
   stop_requested_ = true;
@@ -189,21 +217,25 @@ void EngineCore::Loop() {
     std::vector<std::string> cancels;
     std::vector<std::pair<std::string, uint32_t>> sample_cancels;
     std::vector<RemoteDone> dones;
+    std::vector<RemoteAbort> aborts;
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
       while (!stop_requested_ && inbox_new_.empty() && inbox_cancel_.empty() &&
-             inbox_cancel_sample_.empty() && inbox_done_.empty() && !pending) {
+             inbox_cancel_sample_.empty() && inbox_done_.empty() && inbox_abort_.empty() &&
+             !pending) {
         cv_.Wait(&mu_);
       }
       arrivals.swap(inbox_new_);
       cancels.swap(inbox_cancel_);
       sample_cancels.swap(inbox_cancel_sample_);
       dones.swap(inbox_done_);
+      aborts.swap(inbox_abort_);
       stopping = stop_requested_;
     }
     for (auto& r : arrivals) Arrive(std::move(r));
     for (RemoteDone& done : dones) HandleRemoteDone(std::move(done));
+    for (const RemoteAbort& abort : aborts) HandleRemoteAbort(abort);
     for (const std::string& id : cancels) Abort(id, absl::CancelledError("request cancelled"));
     for (const auto& [id, sample] : sample_cancels) AbortSample(id, sample);
     if (stopping) {
@@ -228,9 +260,13 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
   r.seq_ids[0] = seq_id;
   samples_[seq_id] = Sample{&r, 0, 0};
   const bool exports = r.req.kv_export != nullptr;
+  samples_[seq_id].num_generated = static_cast<int32_t>(r.req.generated.size());
   scheduler::SeqState s;
   s.id = seq_id;
   s.tokens = r.req.prompt;
+  // A migrated request recomputes its generated tokens like a preempted
+  // sequence: its next output index is k.
+  s.tokens.insert(s.tokens.end(), r.req.generated.begin(), r.req.generated.end());
   s.num_prompt_tokens = static_cast<int32_t>(r.req.prompt.size());
   s.route = exports ? RouteChoice::kLocal : r.req.route;
   // A prefill-only request's KV is already on the wire: never recompute it.
@@ -257,9 +293,14 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
 
 void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
   Request& r = *samples_.at(start.id).request;
-  const int64_t seq_id = start.id;
+  r.remote_attempt = 0;
+  StartLoadAttempt(r, start.id, start.hit_tokens);
+}
+
+void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens) {
+  ++r.remote_attempt;
   absl::StatusOr<RemotePrefillTarget> target = loader_->StartLoad(
-      r.req.request_id, start.hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
+      r.req.request_id, r.remote_attempt, hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
       &backend_->kv_storage(), kv_.BlockTable(seq_id),
       [this, seq_id](absl::Status status, RemotePrefillResult result) {
         absl::MutexLock lock(&mu_);
@@ -273,6 +314,59 @@ void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
   r.req.output->OnRemotePrefill(*target);
 }
 
+void EngineCore::HandleRemoteAbort(const RemoteAbort& abort) {
+  auto it = requests_.find(abort.request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  const int64_t seq0 = r.seq_ids[0];
+  const scheduler::SeqState* s = seq0 == 0 ? nullptr : scheduler_.Find(seq0);
+  if (s == nullptr || s->status != SeqStatus::kWaitingForRemoteKv ||
+      r.remote_attempt != abort.attempt || r.router_abort_pending) {
+    return;  // not (or no longer) waiting for that attempt
+  }
+  r.router_abort_pending = true;
+  r.router_abort_reason = abort.reason;
+  r.router_abort_no_prefill_worker = abort.no_prefill_worker;
+  loader_->CancelLoad(abort.request_id);  // its done brings the failover
+}
+
+void EngineCore::FailOver(Request& r, int64_t seq_id, const std::string& cause,
+                          bool no_prefill_worker) {
+  const std::string id = r.req.request_id;
+  const bool remote_only = r.req.route == RouteChoice::kRemote;
+  PrefillFailurePolicy policy = options_.on_prefill_failure;
+  if (no_prefill_worker) policy = PrefillFailurePolicy::kLocal;
+  std::string why;
+  if (policy == PrefillFailurePolicy::kLocal && remote_only) {
+    policy = PrefillFailurePolicy::kFail;
+    why = "; route_override REMOTE forbids a local prefill";
+  }
+  if (policy == PrefillFailurePolicy::kRetry &&
+      r.remote_attempt >= static_cast<uint32_t>(options_.max_prefill_attempts)) {
+    policy = PrefillFailurePolicy::kFail;
+    why = absl::StrCat("; kv.max_prefill_attempts (", options_.max_prefill_attempts,
+                       ") reached");
+  }
+  const std::string event = absl::StrCat("request ", id, ": remote prefill attempt ",
+                                         r.remote_attempt, " failed: ", cause);
+  switch (policy) {
+    case PrefillFailurePolicy::kRetry:
+      if (options_.log) options_.log(absl::StrCat(event, "; retrying (attempt ",
+                                                  r.remote_attempt + 1, ")"));
+      StartLoadAttempt(r, seq_id, scheduler_.Find(seq_id)->num_computed);
+      return;
+    case PrefillFailurePolicy::kLocal:
+      if (options_.log) options_.log(absl::StrCat(event, "; prefilling on this worker"));
+      scheduler_.RemoteKvToLocal(seq_id);
+      return;
+    case PrefillFailurePolicy::kFail:
+      if (options_.log) options_.log(absl::StrCat(event, "; failing the request", why));
+      EndRequest(id, absl::UnavailableError(absl::StrCat("remote prefill failed (attempt ",
+                                                         r.remote_attempt, "): ", cause, why)));
+      return;
+  }
+}
+
 void EngineCore::HandleRemoteDone(RemoteDone done) {
   auto it = samples_.find(done.seq_id);
   if (it == samples_.end()) return;
@@ -284,10 +378,14 @@ void EngineCore::HandleRemoteDone(RemoteDone done) {
     EndRequest(id, r.abort_status);
     return;
   }
+  const bool router_abort = r.router_abort_pending;
+  r.router_abort_pending = false;
   if (!done.status.ok()) {
-    // conditional.on_prefill_failure: fail (DESIGN.md, failures).
-    EndRequest(id, absl::UnavailableError(
-                       absl::StrCat("remote prefill failed: ", done.status.ToString())));
+    // conditional.on_prefill_failure (DESIGN.md, failures). The router's
+    // reason is the cause when it cut the wait short.
+    FailOver(r, done.seq_id,
+             router_abort ? r.router_abort_reason : done.status.ToString(),
+             router_abort && r.router_abort_no_prefill_worker);
     return;
   }
   std::vector<SampleStart>& starts = done.result.samples;

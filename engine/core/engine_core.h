@@ -36,6 +36,7 @@
 #define TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,16 @@
 
 namespace tandem::core {
 
+// What a decode worker does when a remote prefill attempt fails (the
+// transfer failed or timed out here, or the router said the attempt will
+// not deliver: AbortRemotePrefill); conditional.on_prefill_failure.
+enum class PrefillFailurePolicy {
+  kFail,   // the request ends with UNAVAILABLE
+  kRetry,  // same blocks, attempt + 1 (OnRemotePrefill again), up to
+           // max_prefill_attempts; after the last one the request fails
+  kLocal,  // the prompt is prefilled here
+};
+
 struct EngineCoreOptions {
   // Token budget, running-set cap, chunk size, prefix caching, and the
   // conditional-disaggregation threshold. remote_prefill_available is set
@@ -65,6 +76,14 @@ struct EngineCoreOptions {
   std::string model_fingerprint;  // mixed into every prefix-cache block hash
   // Names this worker in errors ("decode worker", "prefill worker").
   std::string worker_label = "engine";
+  // Remote prefill failover (DESIGN.md, failures). A request whose route is
+  // kRemote (the client asked for a remote prefill) is never prefilled
+  // here: kLocal and "no prefill worker" fail it instead.
+  PrefillFailurePolicy on_prefill_failure = PrefillFailurePolicy::kFail;
+  int32_t max_prefill_attempts = 2;  // >= 1, attempt 1 included (kRetry)
+  // One line per failover decision (which request, attempt, cause, what
+  // now); called on the loop thread. May be empty.
+  std::function<void(const std::string&)> log;
 };
 
 struct CoreStats {
@@ -113,6 +132,16 @@ class EngineCore {
   // sample does). A sample whose token 0 is not drawn yet ends right after
   // it is. Unknown ids, indices >= n and finished samples are ignored.
   void CancelSample(const std::string& request_id, uint32_t sample_index);
+  // The router's word that remote prefill attempt `attempt` of
+  // `request_id` will not deliver (its Prefill call failed: `reason`; or no
+  // prefill worker is healthy: `no_prefill_worker`). If the request still
+  // waits for that attempt, its load is cancelled and, once it quiesced,
+  // options.on_prefill_failure decides (no_prefill_worker: prefill here
+  // whatever the policy, unless the route is kRemote). Anything else (an
+  // unknown id, another attempt, a load already done) is ignored.
+  // Thread-safe.
+  void AbortRemotePrefill(const std::string& request_id, uint32_t attempt,
+                          const std::string& reason, bool no_prefill_worker);
   // Ends every request with UNAVAILABLE and refuses new ones.
   void Shutdown();
 
@@ -134,6 +163,12 @@ class EngineCore {
     absl::Status status;
     RemotePrefillResult result;
   };
+  struct RemoteAbort {
+    std::string request_id;
+    uint32_t attempt;
+    std::string reason;
+    bool no_prefill_worker;
+  };
   // A sample that ends after this step (`status` not OK: the request does).
   struct Ending {
     std::string request_id;
@@ -146,6 +181,14 @@ class EngineCore {
   // Loop-thread helpers.
   void Arrive(std::unique_ptr<Request> request);
   void HandleRemoteDone(RemoteDone done);
+  void HandleRemoteAbort(const RemoteAbort& abort);
+  // A failed remote prefill attempt of `r` (sequence `seq_id`, still
+  // WAITING_FOR_REMOTE_KV, its load quiesced): retry, prefill here, or end
+  // the request, per options_.on_prefill_failure.
+  void FailOver(Request& r, int64_t seq_id, const std::string& cause, bool no_prefill_worker);
+  // Starts attempt r.remote_attempt + 1 of `seq_id`'s remote prefill into its
+  // blocks and tells the output; on a start error ends the request.
+  void StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens);
   void Abort(const std::string& request_id, const absl::Status& status);
   void AbortSample(const std::string& request_id, uint32_t sample_index);
   // schedule -> execute -> update from output. Returns whether the step
@@ -201,6 +244,7 @@ class EngineCore {
   std::vector<std::string> inbox_cancel_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, uint32_t>> inbox_cancel_sample_ ABSL_GUARDED_BY(mu_);
   std::vector<RemoteDone> inbox_done_ ABSL_GUARDED_BY(mu_);
+  std::vector<RemoteAbort> inbox_abort_ ABSL_GUARDED_BY(mu_);
   // Live request ids and their cancel flags.
   std::map<std::string, std::shared_ptr<CancelFlag>> live_ ABSL_GUARDED_BY(mu_);
   uint32_t open_exports_ ABSL_GUARDED_BY(mu_) = 0;

@@ -124,14 +124,18 @@ class RemoteKvLoader {
 
   virtual ~RemoteKvLoader() = default;
   // Expects K/V of tokens [hit_tokens, prompt_tokens) of request
-  // `request_id`, written into `storage` through `block_table` (which covers
-  // them). Returns where the prefill worker must send it. Errors: the load
-  // did not start (`done` will not run), e.g. ALREADY_EXISTS.
+  // `request_id`, attempt `attempt` (1, 2, ... : a retried remote prefill
+  // is a new attempt into the same blocks; bytes of an earlier attempt that
+  // arrive late are discarded), written into `storage` through
+  // `block_table` (which covers them). Returns where the prefill worker
+  // must send it. Errors: the load did not start (`done` will not run),
+  // e.g. ALREADY_EXISTS.
   virtual absl::StatusOr<RemotePrefillTarget> StartLoad(
-      const std::string& request_id, int32_t hit_tokens, int32_t prompt_tokens,
-      kv::KvStorage* storage, std::vector<int32_t> block_table, Done done) = 0;
-  // Aborts a load; its `done` still runs (CANCELLED) once nothing writes
-  // any more. No-op for unknown ids.
+      const std::string& request_id, uint32_t attempt, int32_t hit_tokens,
+      int32_t prompt_tokens, kv::KvStorage* storage, std::vector<int32_t> block_table,
+      Done done) = 0;
+  // Aborts the request's load in flight; its `done` still runs (with an
+  // error) once nothing writes any more. No-op for unknown ids.
   virtual void CancelLoad(const std::string& request_id) = 0;
   // Loads started whose `done` has not been queued yet. Any thread.
   virtual uint32_t loads_in_flight() const = 0;
@@ -167,6 +171,13 @@ struct EngineRequest {
   GenerationControls controls;
   // Where the prompt is prefilled: kRemote needs a RemoteKvLoader.
   RouteChoice route = RouteChoice::kAuto;
+  // Migration (tandem.v1.DecodeGenerateRequest.generated_token_ids): output
+  // tokens 0..k-1 another decode worker already streamed before it died.
+  // The core prefills prompt + generated here (route kLocal), streams from
+  // output index k, and counts them as generated for max_tokens, penalties,
+  // min_tokens and stops, so with the counter-based sampler the ids equal
+  // an undisturbed run's. Needs n = 1 and k < max_tokens.
+  std::vector<int32_t> generated;
   std::shared_ptr<RequestOutput> output;  // required
   // Set: a prefill-only request (the prefill worker): its KV goes out
   // through the export, it is prefilled here, never preempted, and it ends

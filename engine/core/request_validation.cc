@@ -57,4 +57,27 @@ absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
   return absl::OkStatus();
 }
 
+absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, int64_t max_tokens,
+                               int32_t vocab_size) {
+  if (generated.empty()) return absl::OkStatus();
+  const int64_t k = static_cast<int64_t>(generated.size());
+  if (k >= max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("generated_token_ids: ", k,
+                                                   " tokens leave nothing to generate under "
+                                                   "max_tokens ", max_tokens));
+  }
+  if (n != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generated_token_ids: a migrated request must have n = 1, got n = ", n));
+  }
+  for (size_t i = 0; i < generated.size(); ++i) {
+    if (generated[i] < 0 || generated[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("generated_token_ids[", i, "]: ",
+                                                     generated[i], " is outside the vocabulary [0, ",
+                                                     vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::core

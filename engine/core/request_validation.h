@@ -32,6 +32,14 @@ inline constexpr size_t kMaxStopTokenIds = 256;
 absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
                               std::span<const int32_t> stop_token_ids, int32_t vocab_size);
 
+// INVALID_ARGUMENT naming the field when a migrated request's already
+// generated tokens (EngineRequest::generated, k of them) cannot continue:
+// k >= max_tokens ("generated_token_ids": nothing left to generate), n > 1
+// (migration is for one sample), an id outside [0, vocab_size)
+// ("generated_token_ids[i]"). Empty `generated` is always fine.
+absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, int64_t max_tokens,
+                               int32_t vocab_size);
+
 }  // namespace tandem::core
 
 #endif  // TANDEM_ENGINE_CORE_REQUEST_VALIDATION_H_

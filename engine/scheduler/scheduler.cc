@@ -103,6 +103,17 @@ void Scheduler::Fork(int64_t parent_id, int64_t child_id, int32_t first_token) {
   waiting_.insert(waiting_.begin() + static_cast<std::ptrdiff_t>(pos), child_id);
 }
 
+void Scheduler::RemoteKvToLocal(int64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second.status != SeqStatus::kWaitingForRemoteKv) std::abort();
+  SeqState& seq = it->second;
+  kv_->FreeSequence(id);
+  seq.num_computed = 0;
+  seq.route = RouteChoice::kLocal;
+  seq.status = SeqStatus::kWaiting;
+  waiting_.push_front(id);
+}
+
 void Scheduler::AbortRemoteKv(int64_t id) {
   auto it = seqs_.find(id);
   if (it != seqs_.end() && it->second.status == SeqStatus::kWaitingForRemoteKv) {

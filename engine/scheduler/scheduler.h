@@ -72,6 +72,7 @@ struct SchedulerOptions {
 //   kWaiting --admit local--> kRunning --preempt--> kWaiting
 //   kWaiting --admit remote--> kWaitingForRemoteKv --FinishRemoteKv--> kRunning
 //   kWaitingForRemoteKv --AbortRemoteKv--> kAbortingRemoteKv
+//   kWaitingForRemoteKv --RemoteKvToLocal--> kWaiting (prefilled here)
 //   any state --Remove--> gone (blocks freed)
 enum class SeqStatus {
   kWaiting,             // queued for admission (new, or preempted)
@@ -159,6 +160,13 @@ class Scheduler {
   // (kRunning after its first sample, or right after FinishRemoteKv);
   // otherwise, or for a live child_id, aborts (caller bug).
   void Fork(int64_t parent_id, int64_t child_id, int32_t first_token);
+  // kWaitingForRemoteKv -> kWaiting, at the head of the queue, route
+  // kLocal (a failed remote prefill falls back to a local one: the engine
+  // calls it once the load has quiesced). Frees its blocks: the partial
+  // bytes of the failed transfer were never published, cached prefix
+  // blocks stay cached; admission looks the prefix up again. Other states:
+  // a caller bug (aborts).
+  void RemoteKvToLocal(int64_t id);
   // kWaitingForRemoteKv -> kAbortingRemoteKv (the engine has cancelled the
   // transfer and calls Remove once it quiesced). Other states: no-op.
   void AbortRemoteKv(int64_t id);

@@ -121,7 +121,7 @@ FakeLoader::~FakeLoader() {
 }
 
 absl::StatusOr<RemotePrefillTarget> FakeLoader::StartLoad(const std::string& request_id,
-                                                          int32_t hit_tokens,
+                                                          uint32_t attempt, int32_t hit_tokens,
                                                           int32_t prompt_tokens,
                                                           kv::KvStorage* storage,
                                                           std::vector<int32_t> block_table,
@@ -133,6 +133,7 @@ absl::StatusOr<RemotePrefillTarget> FakeLoader::StartLoad(const std::string& req
     Load& l = loads_[request_id];
     l = Load{};
     l.request_id = request_id;
+    l.attempt = attempt;
     l.hit_tokens = hit_tokens;
     l.prompt_tokens = prompt_tokens;
     l.storage = storage;
@@ -143,7 +144,7 @@ absl::StatusOr<RemotePrefillTarget> FakeLoader::StartLoad(const std::string& req
   if (it != options_.complete_with.end()) {
     Complete(request_id, it->second, FakeNextToken(it->second));
   }
-  return RemotePrefillTarget{"fake-receiver:1", hit_tokens, 1};
+  return RemotePrefillTarget{"fake-receiver:1", hit_tokens, attempt};
 }
 
 FakeLoader::Done FakeLoader::TakeDone(const std::string& request_id) {
@@ -174,10 +175,12 @@ uint32_t FakeLoader::loads_in_flight() const {
   return n;
 }
 
-bool FakeLoader::WaitStarted(const std::string& request_id, absl::Duration timeout) {
+bool FakeLoader::WaitStarted(const std::string& request_id, absl::Duration timeout,
+                             uint32_t attempt) {
   absl::MutexLock lock(&mu_);
   auto started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return loads_.count(request_id) != 0;
+    auto it = loads_.find(request_id);
+    return it != loads_.end() && it->second.attempt >= attempt;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&started), timeout);
 }

@@ -83,6 +83,7 @@ class FakeLoader final : public RemoteKvLoader {
  public:
   struct Load {
     std::string request_id;
+    uint32_t attempt = 0;
     int32_t hit_tokens = 0;
     int32_t prompt_tokens = 0;
     kv::KvStorage* storage = nullptr;
@@ -97,7 +98,8 @@ class FakeLoader final : public RemoteKvLoader {
   ~FakeLoader() override;  // joins the quiesce threads
 
   absl::StatusOr<RemotePrefillTarget> StartLoad(const std::string& request_id,
-                                                int32_t hit_tokens, int32_t prompt_tokens,
+                                                uint32_t attempt, int32_t hit_tokens,
+                                                int32_t prompt_tokens,
                                                 kv::KvStorage* storage,
                                                 std::vector<int32_t> block_table,
                                                 Done done) override;
@@ -105,8 +107,10 @@ class FakeLoader final : public RemoteKvLoader {
   uint32_t loads_in_flight() const override;
   uint64_t bytes_received_total() const override { return 0; }
 
-  // Waits (bounded) for StartLoad of `request_id`; false on timeout.
-  bool WaitStarted(const std::string& request_id, absl::Duration timeout = absl::Seconds(3));
+  // Waits (bounded) for StartLoad of `request_id` (of attempt >= `attempt`);
+  // false on timeout.
+  bool WaitStarted(const std::string& request_id, absl::Duration timeout = absl::Seconds(3),
+                   uint32_t attempt = 1);
   // Writes the fake KV of prompt[hit, L) and runs done(OK, token 0 =
   // `first_token`, `reason`).
   void Complete(const std::string& request_id, const std::vector<int32_t>& prompt,
