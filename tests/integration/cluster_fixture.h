@@ -131,6 +131,10 @@ class LocalCluster {
   // The public API on the router.
   v1::Generation::Stub& stub() { return *stub_; }
 
+  // The decode worker's own API (valid until Stop()), for tests that talk
+  // to it as the router does.
+  v1::DecodeWorker::Stub& decode_stub() { return *decode_stub_; }
+
   // Generation.GetStatus on the router with a deadline.
   absl::StatusOr<v1::ClusterStatus> ClusterStatus(
       absl::Duration timeout = absl::Seconds(5));
