@@ -2,42 +2,109 @@
 
 #include <algorithm>
 #include <limits>
-#include <thread>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/server/log.h"
 
 namespace tandem::router {
 namespace {
 
-// While a request uses a worker: counts it as active there, and fails the
-// request if the registry marks the worker unhealthy.
-struct ActiveGuard {
-  std::shared_ptr<WorkerHandle> w;
-  uint64_t lost_token;
-  ActiveGuard(std::shared_ptr<WorkerHandle> worker, GenerateCall* call)
-      : w(std::move(worker)),
-        lost_token(w->AddLostCallback([call, name = w->name] { call->WorkerLost(name); })) {
-    ++w->active_requests;
+// While a request uses a worker: counts it as active there, and tells the
+// request if the registry marks the worker unhealthy. Created and
+// destroyed outside the request's mutex (WorkerHandle::NotifyLost runs the
+// callback under the handle's own lock, and the callback takes the
+// request's).
+class ActiveGuard {
+ public:
+  ActiveGuard(std::shared_ptr<WorkerHandle> worker, std::weak_ptr<GenerateCall> call)
+      : w_(std::move(worker)),
+        lost_token_(w_->AddLostCallback([call = std::move(call), name = w_->name] {
+          if (auto c = call.lock()) c->WorkerLost(name);
+        })) {
+    ++w_->active_requests;
   }
   ~ActiveGuard() {
-    w->RemoveLostCallback(lost_token);
-    --w->active_requests;
+    w_->RemoveLostCallback(lost_token_);
+    --w_->active_requests;
   }
+  ActiveGuard(const ActiveGuard&) = delete;
+  ActiveGuard& operator=(const ActiveGuard&) = delete;
+
+ private:
+  std::shared_ptr<WorkerHandle> w_;
+  uint64_t lost_token_;
 };
+
+// Errors that say the call could not reach its worker (or the worker went
+// away), as opposed to an answer from a live worker.
+bool IsTransportError(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::UNKNOWN ||
+         s.error_code() == grpc::StatusCode::INTERNAL;
+}
 
 }  // namespace
 
-GenerateCall::GenerateCall(Params params, const WorkerRegistry* registry,
+// One D.Generate stream (one decode attempt of the request). Lives until
+// gRPC's OnDone; holds the request alive meanwhile.
+class GenerateCall::DecodeStream final
+    : public grpc::ClientReadReactor<v1::DecodeGenerateResponse> {
+ public:
+  DecodeStream(std::shared_ptr<GenerateCall> call, std::shared_ptr<WorkerHandle> worker,
+               v1::DecodeGenerateRequest request)
+      : call_(std::move(call)), worker_(std::move(worker)), request_(std::move(request)) {
+    context_.set_deadline(call_->params_.deadline);
+  }
+  // Outside the request's mutex.
+  void Begin() {
+    guard_.emplace(worker_, call_);
+    worker_->decode_stub->async()->Generate(&context_, &request_, this);
+    StartRead(&msg_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    call_->OnDecodeMessage(this, msg_);
+    StartRead(&msg_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    call_->OnDecodeDone(this, status);
+    delete this;  // the guard goes outside the request's mutex
+  }
+  void TryCancel() { context_.TryCancel(); }
+  const std::shared_ptr<WorkerHandle>& worker() const { return worker_; }
+  bool lost = false;  // the registry marked the worker unhealthy (under mu_)
+
+ private:
+  const std::shared_ptr<GenerateCall> call_;
+  const std::shared_ptr<WorkerHandle> worker_;
+  const v1::DecodeGenerateRequest request_;
+  grpc::ClientContext context_;
+  v1::DecodeGenerateResponse msg_;
+  std::optional<ActiveGuard> guard_;
+};
+
+// One P.Prefill call (one remote prefill attempt).
+struct GenerateCall::PrefillCall {
+  uint32_t attempt = 0;
+  std::shared_ptr<WorkerHandle> worker;
+  grpc::ClientContext context;
+  v1::PrefillRequest request;
+  v1::PrefillResponse response;
+  std::optional<ActiveGuard> guard;
+  bool lost = false;        // the registry marked the worker unhealthy (under mu_)
+  bool superseded = false;  // cancelled by the request itself (under mu_)
+};
+
+GenerateCall::GenerateCall(Params params, WorkerRegistry* registry,
                            const tokenizer::Tokenizer* tokenizer, std::shared_ptr<Sink> sink)
     : params_(std::move(params)),
       registry_(registry),
       tokenizer_(tokenizer),
       sink_(std::move(sink)) {
-  decode_ctx_.set_deadline(params_.deadline);
-  prefill_ctx_.set_deadline(std::min(
-      params_.deadline,
-      std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms)));
   const v1::GenerateRequest& request = params_.request;
   stop_criteria_.eog_token_ids = tokenizer_->eog_ids();
   std::sort(stop_criteria_.eog_token_ids.begin(), stop_criteria_.eog_token_ids.end());
@@ -53,19 +120,372 @@ GenerateCall::GenerateCall(Params params, const WorkerRegistry* registry,
   samples_left_ = n;
 }
 
+GenerateCall::~GenerateCall() = default;
+
+void GenerateCall::RunDeferred() {
+  for (;;) {
+    std::vector<std::function<void()>> actions;
+    {
+      absl::MutexLock lock(&mu_);
+      actions.swap(deferred_);
+    }
+    if (actions.empty()) return;
+    for (auto& action : actions) action();
+  }
+}
+
+void GenerateCall::Start(std::function<void()> on_done) {
+  {
+    absl::MutexLock lock(&mu_);
+    on_done_ = std::move(on_done);
+    std::shared_ptr<WorkerHandle> decode = registry_->Pick(v1::ROLE_DECODE);
+    if (cancelled_) {
+      decode_ended_ = true;
+    } else if (decode == nullptr) {
+      decode_ended_ = true;
+      decode_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy decode worker");
+    } else if (params_.request.route_override() == v1::ROUTE_REMOTE &&
+               registry_->Pick(v1::ROLE_PREFILL) == nullptr) {
+      decode_ended_ = true;
+      decode_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "route_override REMOTE: no healthy prefill worker");
+    } else {
+      StartDecode(std::move(decode));
+    }
+    MaybeFinish();
+  }
+  RunDeferred();
+}
+
 void GenerateCall::Cancel() {
-  absl::MutexLock lock(&mu_);
-  cancelled_ = true;
-  decode_ctx_.TryCancel();
-  prefill_ctx_.TryCancel();
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    CancelCalls();
+  }
+  RunDeferred();
 }
 
 void GenerateCall::WorkerLost(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  lost_error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                             absl::StrCat("worker ", name, " stopped answering status polls"));
-  decode_ctx_.TryCancel();
-  prefill_ctx_.TryCancel();
+  if (decode_stream_ != nullptr && decode_stream_->worker()->name == name) {
+    decode_stream_->lost = true;
+    decode_stream_->TryCancel();
+  }
+  for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
+    if (call->worker->name != name || call->superseded) continue;
+    call->lost = true;
+    call->context.TryCancel();
+  }
+}
+
+void GenerateCall::CancelCalls() {
+  if (decode_stream_ != nullptr) decode_stream_->TryCancel();
+  for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
+    call->superseded = true;
+    call->context.TryCancel();
+  }
+}
+
+void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
+  v1::DecodeGenerateRequest dreq;
+  dreq.set_request_id(params_.request_id);
+  dreq.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
+  dreq.set_max_tokens(params_.request.max_tokens());
+  *dreq.mutable_sampling() = params_.request.sampling();
+  dreq.set_route_override(params_.request.route_override());
+  *dreq.mutable_controls() = params_.controls;
+  if (dreq.route_override() == v1::ROUTE_AUTO && registry_->Pick(v1::ROLE_PREFILL) == nullptr) {
+    // No healthy prefill worker: D prefills every prompt itself.
+    dreq.set_route_override(v1::ROUTE_LOCAL);
+  }
+  SampleStream& sample = samples_[0];
+  if (sample.next_index > 0) {
+    // Migration: D prefills prompt + the tokens already streamed and
+    // continues at index k (n = 1).
+    dreq.mutable_generated_token_ids()->Add(sample.emitted.begin(), sample.emitted.end());
+    dreq.set_first_output_index(sample.next_index);
+    dreq.set_route_override(v1::ROUTE_LOCAL);
+  }
+  sample.pending.clear();  // the new stream sends them again
+  auto* stream = new DecodeStream(shared_from_this(), decode, std::move(dreq));
+  decode_stream_ = stream;
+  decode_ = std::move(decode);
+  ++outstanding_;
+  deferred_.push_back([stream] { stream->Begin(); });
+}
+
+void GenerateCall::OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerateResponse& msg) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stream != decode_stream_ || finished_) return;
+    if (msg.has_need_remote_prefill()) StartPrefill(msg.need_remote_prefill());
+    for (const v1::TokenOutput& t : msg.tokens()) {
+      if (t.index() == 0 && t.sample_index() == 0 && route_ == "local") {
+        cached_prompt_tokens_ =
+            static_cast<uint32_t>(params_.prompt.size()) - msg.prompt_tokens_computed();
+      }
+      Deliver(t);
+    }
+    if (msg.finish_reason() != v1::FINISH_NONE) {
+      SampleFinished(msg.sample_index(), msg.finish_reason());
+    }
+  }
+  RunDeferred();
+}
+
+void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    if (stream == decode_stream_) decode_stream_ = nullptr;
+    const std::string name = stream->worker()->name;
+    if (finished_ || cancelled_ || samples_left_ == 0) {
+      DecodeEnded(status);
+    } else if (stream->lost) {
+      lost_error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 absl::StrCat("decode worker ", name,
+                                              " stopped answering status polls"));
+      failed_decode_.push_back(name);
+      if (!Migrate(lost_error_.error_message())) DecodeEnded(lost_error_);
+    } else if (IsTransportError(status) && CanMigrate()) {
+      // Dead, or an error of D's own? Ask it.
+      struct Probe {
+        grpc::ClientContext context;
+        v1::GetStatusRequest request;
+        v1::WorkerStatus response;
+      };
+      auto probe = std::make_shared<Probe>();
+      probe->context.set_deadline(std::chrono::system_clock::now() +
+                                  std::chrono::milliseconds(params_.probe_timeout_ms));
+      ++outstanding_;
+      std::shared_ptr<WorkerHandle> worker = stream->worker();
+      deferred_.push_back([this, self = shared_from_this(), probe, worker, status] {
+        worker->decode_stub->async()->GetStatus(
+            &probe->context, &probe->request, &probe->response,
+            [self, probe, worker, status](grpc::Status probe_status) {
+              self->OnProbeDone(worker, status, probe_status.ok());
+            });
+      });
+    } else if (IsTransportError(status)) {
+      DecodeEnded(grpc::Status(status.error_code(),
+                               absl::StrCat("decode worker ", name, ": ", status.error_message())));
+    } else {
+      DecodeEnded(status);
+    }
+  }
+  RunDeferred();
+}
+
+void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
+                               bool decode_alive) {
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    if (decode_alive) {
+      DecodeEnded(stream_status);  // D's own answer
+    } else {
+      failed_decode_.push_back(decode->name);
+      const std::string why = absl::StrCat("decode worker ", decode->name, " failed: ",
+                                           stream_status.error_message());
+      if (!Migrate(why)) DecodeEnded(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
+    }
+  }
+  RunDeferred();
+}
+
+bool GenerateCall::CanMigrate() const {
+  return !finished_ && !cancelled_ && samples_left_ > 0 && samples_.size() == 1 &&
+         migrations_ < params_.max_migrations &&
+         params_.request.route_override() != v1::ROUTE_REMOTE;
+}
+
+bool GenerateCall::Migrate(const std::string& why) {
+  if (!CanMigrate()) return false;
+  std::shared_ptr<WorkerHandle> next = registry_->Pick(v1::ROLE_DECODE, failed_decode_);
+  if (next == nullptr) return false;
+  ++migrations_;
+  // Whatever P still does was for the old D's receiver.
+  for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
+    call->superseded = true;
+    call->context.TryCancel();
+  }
+  rpc::Log(absl::StrCat("request ", params_.request_id, ": ", why, "; migrating to ",
+                        next->name, " at output index ", samples_[0].next_index,
+                        " (migration ", migrations_, " of ", params_.max_migrations, ")"));
+  StartDecode(std::move(next));
+  return true;
+}
+
+void GenerateCall::DecodeEnded(grpc::Status status) {
+  decode_ended_ = true;
+  decode_status_ = std::move(status);
+  if (!decode_status_.ok() && decode_status_.error_code() != grpc::StatusCode::CANCELLED) {
+    // D failed: stop P's work too.
+    for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
+      call->superseded = true;
+      call->context.TryCancel();
+    }
+  }
+  MaybeFinish();
+}
+
+void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
+  const uint32_t attempt = need.attempt();
+  for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
+    if (call->attempt < attempt && !call->superseded) {
+      // D gave up on that attempt (its KV connection failed first): that
+      // worker failed this request even if its reply has not come yet.
+      call->superseded = true;
+      call->context.TryCancel();
+      if (std::find(failed_prefill_.begin(), failed_prefill_.end(), call->worker->name) ==
+          failed_prefill_.end()) {
+        failed_prefill_.push_back(call->worker->name);
+      }
+    }
+  }
+  std::shared_ptr<WorkerHandle> prefill = registry_->Pick(v1::ROLE_PREFILL, failed_prefill_);
+  if (prefill == nullptr) {
+    // D prefills itself (conditional disaggregation's fallback), unless
+    // the request forbids it.
+    AbortTransfer(attempt,
+                  failed_prefill_.empty()
+                      ? std::string("no healthy prefill worker")
+                      : absl::StrCat("no healthy prefill worker left (failed: ",
+                                     absl::StrJoin(failed_prefill_, ", "), ")"),
+                  /*no_prefill_worker=*/true);
+    return;
+  }
+  route_ = "remote";
+  if (prefill_name_.empty()) {
+    prefill_name_ = prefill->name;
+    EmitHeader();
+  }
+  auto call = std::make_shared<PrefillCall>();
+  call->attempt = attempt;
+  call->worker = prefill;
+  call->context.set_deadline(std::min(
+      params_.deadline,
+      std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms)));
+  v1::PrefillRequest& req = call->request;
+  req.set_request_id(params_.request_id);
+  req.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
+  req.set_max_tokens(params_.request.max_tokens());
+  *req.mutable_sampling() = params_.request.sampling();
+  *req.mutable_controls() = params_.controls;
+  auto* target = req.mutable_kv_target();
+  target->set_endpoint(need.kv_endpoint());
+  target->set_request_id(params_.request_id);
+  target->set_attempt(attempt);
+  target->set_hit_tokens(need.hit_tokens());
+  prefill_calls_.push_back(call);
+  ++outstanding_;
+  deferred_.push_back([self = shared_from_this(), call] {
+    call->guard.emplace(call->worker, self);
+    call->worker->prefill_stub->async()->Prefill(
+        &call->context, &call->request, &call->response,
+        [self, call](grpc::Status status) { self->OnPrefillDone(call, status); });
+  });
+}
+
+void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
+                                 const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    prefill_calls_.erase(std::find(prefill_calls_.begin(), prefill_calls_.end(), call));
+    if (status.ok()) {
+      if (!call->superseded && !finished_) {
+        cached_prompt_tokens_ =
+            static_cast<uint32_t>(params_.prompt.size()) - call->response.prompt_tokens_computed();
+        for (const v1::TokenOutput& t : call->response.first_tokens()) Deliver(t);
+      }
+    } else if (!call->superseded && !finished_ && !cancelled_ && samples_left_ > 0) {
+      const std::string& name = call->worker->name;
+      const std::string reason =
+          call->lost ? absl::StrCat("prefill worker ", name, " stopped answering status polls")
+                     : absl::StrCat("prefill worker ", name, ": ", status.error_message());
+      prefill_error_ = grpc::Status(
+          call->lost ? grpc::StatusCode::UNAVAILABLE : status.error_code(), reason);
+      failed_prefill_.push_back(name);
+      rpc::Log(absl::StrCat("request ", params_.request_id, ": remote prefill attempt ",
+                            call->attempt, " failed: ", reason));
+      // D decides (conditional.on_prefill_failure); it may have seen the
+      // failure on its KV connection already.
+      if (decode_stream_ != nullptr) AbortTransfer(call->attempt, reason, false);
+    }
+    MaybeFinish();
+  }
+  RunDeferred();
+}
+
+void GenerateCall::AbortTransfer(uint32_t attempt, std::string reason, bool no_prefill_worker) {
+  if (decode_ == nullptr) return;
+  struct Abort {
+    grpc::ClientContext context;
+    v1::AbortTransferRequest request;
+    v1::AbortTransferResponse response;
+  };
+  auto abort = std::make_shared<Abort>();
+  abort->context.set_deadline(std::chrono::system_clock::now() +
+                              std::chrono::milliseconds(params_.probe_timeout_ms));
+  abort->request.set_request_id(params_.request_id);
+  abort->request.set_attempt(attempt);
+  abort->request.set_reason(std::move(reason));
+  abort->request.set_no_prefill_worker(no_prefill_worker);
+  deferred_.push_back([abort, worker = decode_] {
+    worker->decode_stub->async()->AbortTransfer(&abort->context, &abort->request,
+                                                &abort->response,
+                                                [abort, worker](grpc::Status) {});
+  });
+}
+
+void GenerateCall::MaybeFinish() {
+  if (!finished_ && decode_ended_ && prefill_calls_.empty()) {
+    finished_ = true;
+    grpc::Status status = decode_status_;
+    if (samples_left_ == 0 && !cancelled_) {
+      // Every sample ended (the cancel that followed is ours).
+      status = grpc::Status::OK;
+    } else {
+      // P's answer names the cause better than D's cancelled stream, and a
+      // request error of P's (bad argument, capacity) keeps its code.
+      const bool request_error =
+          !prefill_error_.ok() && !IsTransportError(prefill_error_) &&
+          prefill_error_.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+          prefill_error_.error_code() != grpc::StatusCode::CANCELLED;
+      if (!prefill_error_.ok() &&
+          (status.ok() || status.error_code() == grpc::StatusCode::CANCELLED || request_error)) {
+        status = prefill_error_;
+      }
+      if (!lost_error_.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
+        status = lost_error_;
+      }
+      if (cancelled_) status = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
+      if (status.ok()) {
+        for (size_t s = 0; s < samples_.size(); ++s) {
+          if (samples_[s].done) continue;
+          status = grpc::Status(
+              grpc::StatusCode::INTERNAL,
+              absl::StrCat("sample ", s, ": ",
+                           samples_[s].finish == v1::FINISH_NONE
+                               ? "the decode worker reported no end"
+                               : absl::StrCat("token index ", samples_[s].next_index,
+                                              " never arrived")));
+          break;
+        }
+      }
+      if (status.error_code() != grpc::StatusCode::CANCELLED) {
+        rpc::Log(
+            absl::StrCat("request ", params_.request_id, " failed: ", status.error_message()));
+      }
+    }
+    sink_->Finish(status);
+  }
+  if (finished_ && outstanding_ == 0 && on_done_) {
+    deferred_.push_back(std::move(on_done_));
+    on_done_ = nullptr;
+  }
 }
 
 void GenerateCall::EmitHeader() {
@@ -96,6 +516,7 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
     const v1::TokenOutput& t = sample.pending.begin()->second;
     *msg.add_tokens() = t;
     sample.last_token = t.token_id();
+    sample.emitted.push_back(t.token_id());
     // vLLM checks stop strings once the output holds min_tokens tokens.
     const int64_t num_generated = static_cast<int64_t>(t.index()) + 1;
     const bool check = num_generated >= min_tokens;
@@ -203,134 +624,9 @@ void GenerateCall::EndSample(uint32_t s, std::string text, v1::FinishReason reas
   sink_->Write(std::move(last));
   if (--samples_left_ == 0) {
     // Nothing more to stream: stop whatever the workers still do for it.
-    decode_ctx_.TryCancel();
-    prefill_ctx_.TryCancel();
+    CancelCalls();
   }
 }
 
-void GenerateCall::RunPrefill(std::shared_ptr<WorkerHandle> prefill,
-                              const v1::NeedRemotePrefill& need) {
-  ActiveGuard active(prefill, this);
-  v1::PrefillRequest req;
-  req.set_request_id(params_.request_id);
-  req.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
-  req.set_max_tokens(params_.request.max_tokens());
-  *req.mutable_sampling() = params_.request.sampling();
-  *req.mutable_controls() = params_.controls;
-  auto* target = req.mutable_kv_target();
-  target->set_endpoint(need.kv_endpoint());
-  target->set_request_id(params_.request_id);
-  target->set_attempt(need.attempt());
-  target->set_hit_tokens(need.hit_tokens());
-  v1::PrefillResponse resp;
-  grpc::Status s = prefill->prefill_stub->Prefill(&prefill_ctx_, req, &resp);
-  absl::MutexLock lock(&mu_);
-  if (!s.ok()) {
-    if (samples_left_ == 0) return;  // cancelled because every sample had ended
-    prefill_error_ = grpc::Status(s.error_code(), absl::StrCat("prefill worker ", prefill->name,
-                                                               ": ", s.error_message()));
-    decode_ctx_.TryCancel();
-    return;
-  }
-  cached_prompt_tokens_ =
-      static_cast<uint32_t>(params_.prompt.size()) - resp.prompt_tokens_computed();
-  for (const v1::TokenOutput& t : resp.first_tokens()) Deliver(t);
-}
-
-void GenerateCall::Run() {
-  std::shared_ptr<WorkerHandle> decode = registry_->Pick(v1::ROLE_DECODE);
-  if (decode == nullptr) {
-    sink_->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy decode worker"));
-    return;
-  }
-  ActiveGuard active(decode, this);
-  {
-    absl::MutexLock lock(&mu_);
-    decode_ = decode;
-    if (cancelled_) {
-      sink_->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled"));
-      return;
-    }
-  }
-  v1::DecodeGenerateRequest dreq;
-  dreq.set_request_id(params_.request_id);
-  dreq.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
-  dreq.set_max_tokens(params_.request.max_tokens());
-  *dreq.mutable_sampling() = params_.request.sampling();
-  dreq.set_route_override(params_.request.route_override());
-  *dreq.mutable_controls() = params_.controls;
-  auto reader = decode->decode_stub->Generate(&decode_ctx_, dreq);
-
-  std::thread prefill_thread;
-  v1::DecodeGenerateResponse msg;
-  grpc::Status prefill_pick_error;
-  while (reader->Read(&msg)) {
-    if (msg.has_need_remote_prefill()) {
-      std::shared_ptr<WorkerHandle> prefill = registry_->Pick(v1::ROLE_PREFILL);
-      if (prefill == nullptr) {
-        prefill_pick_error =
-            grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy prefill worker");
-        decode_ctx_.TryCancel();
-        continue;
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        route_ = "remote";
-        prefill_name_ = prefill->name;
-        EmitHeader();
-      }
-      prefill_thread = std::thread([this, prefill, need = msg.need_remote_prefill()] {
-        RunPrefill(prefill, need);
-      });
-    }
-    absl::MutexLock lock(&mu_);
-    for (const v1::TokenOutput& t : msg.tokens()) {
-      if (t.index() == 0 && t.sample_index() == 0 && route_ == "local") {
-        cached_prompt_tokens_ =
-            static_cast<uint32_t>(params_.prompt.size()) - msg.prompt_tokens_computed();
-      }
-      Deliver(t);
-    }
-    if (msg.finish_reason() != v1::FINISH_NONE) {
-      SampleFinished(msg.sample_index(), msg.finish_reason());
-    }
-  }
-  grpc::Status status = reader->Finish();
-  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-    // D failed (e.g. the KV transfer timed out): stop P's work too.
-    prefill_ctx_.TryCancel();
-  }
-  if (prefill_thread.joinable()) prefill_thread.join();
-
-  absl::MutexLock lock(&mu_);
-  if (samples_left_ == 0 && !cancelled_) {
-    // Every sample ended (the cancel that followed is ours).
-    sink_->Finish(grpc::Status::OK);
-    return;
-  }
-  if (!prefill_pick_error.ok()) status = prefill_pick_error;
-  if (!prefill_error_.ok() && (status.ok() || status.error_code() == grpc::StatusCode::CANCELLED)) {
-    status = prefill_error_;
-  }
-  if (!lost_error_.ok()) status = lost_error_;
-  if (cancelled_) status = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
-  if (status.ok()) {
-    for (size_t s = 0; s < samples_.size(); ++s) {
-      if (samples_[s].done) continue;
-      status = grpc::Status(
-          grpc::StatusCode::INTERNAL,
-          absl::StrCat("sample ", s, ": ",
-                       samples_[s].finish == v1::FINISH_NONE
-                           ? "the decode worker reported no end"
-                           : absl::StrCat("token index ", samples_[s].next_index,
-                                          " never arrived")));
-      break;
-    }
-  }
-  if (status.error_code() != grpc::StatusCode::CANCELLED) {
-    rpc::Log(absl::StrCat("request ", params_.request_id, " failed: ", status.error_message()));
-  }
-  sink_->Finish(status);
-}
 
 }  // namespace tandem::router

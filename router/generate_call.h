@@ -11,14 +11,31 @@
 // to D and P, n > 1 asks D to end that sample (DecodeWorker.CancelSample).
 // When every sample has ended the calls to D and P are cancelled.
 //
-// Owns: the request's client contexts (to D and P), ordering,
-// detokenization and stop-string state. Does not touch: worker selection
-// policy (the registry), engine state. Threads: Run() on its own thread;
-// the prefill call on a second one; Cancel() from a gRPC thread.
+// Failures (docs/architecture.md, Failures):
+// - A Prefill call that fails (or whose worker the registry marks lost):
+//   the router tells D (DecodeWorker.AbortTransfer(request_id, attempt,
+//   reason)); D decides per conditional.on_prefill_failure and, under
+//   retry, asks again with NeedRemotePrefill{attempt + 1}; the router then
+//   picks a prefill worker that has not failed this request. No healthy
+//   prefill worker: AbortTransfer with no_prefill_worker, D prefills itself
+//   (unless route_override REMOTE).
+// - D dies mid-stream (its stream breaks and a status probe to it fails,
+//   or the registry marks it lost): for n = 1, up to max_migrations times,
+//   the router re-issues {prompt, the k tokens already streamed,
+//   first_output_index = k} to another healthy decode worker, which
+//   continues at index k; the client's stream goes on without a gap.
+//
+// Owns: the request's client calls (to D and P), ordering, detokenization
+// and stop-string state. Does not touch: worker selection policy (the
+// registry), engine state. Threads: none of its own (no thread per
+// request): gRPC's callback threads run the reactors' callbacks; Cancel()
+// and WorkerLost() come from gRPC/registry threads. Every state change is
+// under mu_.
 #ifndef TANDEM_ROUTER_GENERATE_CALL_H_
 #define TANDEM_ROUTER_GENERATE_CALL_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,20 +63,34 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     v1::GenerateRequest request;  // validated; sampling.seed set
     v1::EngineControls controls;  // the request's, for the workers (n set)
     std::chrono::system_clock::time_point deadline;
-    int32_t prefill_timeout_ms = 120000;
+    int32_t prefill_timeout_ms = 120000;  // one Prefill call, ms
+    // Re-issues to another decode worker after D died (router.max_migrations).
+    int32_t max_migrations = 0;
+    // Deadline of the status probe that tells a dead D from a D that ended
+    // the stream with an error of its own (router.rpc_timeout_ms), ms.
+    int32_t probe_timeout_ms = 2000;
   };
 
-  GenerateCall(Params params, const WorkerRegistry* registry,
+  GenerateCall(Params params, WorkerRegistry* registry,
                const tokenizer::Tokenizer* tokenizer, std::shared_ptr<Sink> sink);
-  // Blocks until the request ends; finishes the sink exactly once.
-  void Run();
-  // Client went away: cancels the calls to D and P.
+  ~GenerateCall();
+
+  // Starts the request without blocking. `on_done` runs exactly once, on a
+  // gRPC or the calling thread, after the sink was finished and every call
+  // to a worker has ended (so the caller may count the request as gone).
+  void Start(std::function<void()> on_done);
+  // Client went away: cancels the calls to D and P; the sink finishes
+  // with CANCELLED.
   void Cancel();
-  // The registry marked a worker of this request unhealthy: the request
-  // ends with UNAVAILABLE naming it.
+  // The registry marked worker `name` unhealthy: a prefill call to it is
+  // treated as failed (failover), a decode stream on it migrates or ends
+  // with UNAVAILABLE naming it.
   void WorkerLost(const std::string& name);
 
  private:
+  class DecodeStream;
+  struct PrefillCall;
+
   // One sample's stream state.
   struct SampleStream {
     SampleStream(const tokenizer::Tokenizer& tokenizer, const StopStringMatcher& stops)
@@ -68,14 +99,47 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     StopStringMatcher matcher;
     uint32_t next_index = 0;                      // next output index to emit
     std::map<uint32_t, v1::TokenOutput> pending;  // arrived early
+    std::vector<int32_t> emitted;                 // ids of indices < next_index
     int32_t last_token = -1;
     v1::FinishReason finish = v1::FINISH_NONE;    // as the decode worker reported it
     bool done = false;                            // its last message was sent
   };
 
-  // Runs P.Prefill; on success streams the samples' token 0, on failure
-  // records the error and cancels D.
-  void RunPrefill(std::shared_ptr<WorkerHandle> prefill, const v1::NeedRemotePrefill& need);
+  // Starts a D.Generate stream on `decode` (a migration when the samples
+  // already hold tokens); the call starts from RunDeferred.
+  void StartDecode(std::shared_ptr<WorkerHandle> decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // D's stream callbacks (reactor threads).
+  void OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerateResponse& msg);
+  void OnDecodeDone(DecodeStream* stream, const grpc::Status& status);
+  // The status probe after D's stream broke: answered -> the error was D's
+  // own; failed -> D is gone.
+  void OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
+                   bool decode_alive);
+  // D asked for a remote prefill (attempt need.attempt()).
+  void StartPrefill(const v1::NeedRemotePrefill& need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnPrefillDone(const std::shared_ptr<PrefillCall>& call, const grpc::Status& status);
+  // Tells D that remote prefill attempt `attempt` failed (fire and forget:
+  // D may already have seen the failure itself).
+  void AbortTransfer(uint32_t attempt, std::string reason, bool no_prefill_worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No decode stream follows: records how the last one ended, stops P's
+  // work if D failed, and finishes when nothing else is outstanding.
+  void DecodeEnded(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a dead D may be replaced (n = 1, router.max_migrations left,
+  // not route_override REMOTE, the request still running).
+  bool CanMigrate() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Migrates to another healthy decode worker (not one that failed this
+  // request) if allowed; true if it did. `why` is logged.
+  bool Migrate(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the actions queued in deferred_ (starting calls, on_done) outside
+  // mu_: gRPC may run a reactor's callback on the starting thread, and the
+  // registry's lost callbacks take the handle's lock before mu_.
+  void RunDeferred() ABSL_LOCKS_EXCLUDED(mu_);
+  // Finishes the sink with the request's outcome once D's stream ended
+  // and no prefill call is outstanding; runs on_done when nothing is left.
+  void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelCalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Buffers `token` and emits every token of its sample that is next in
   // index order (ending the sample if a stop string matches).
   void Deliver(const v1::TokenOutput& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -95,23 +159,36 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void EmitHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Params params_;
-  const WorkerRegistry* const registry_;
+  WorkerRegistry* const registry_;
   const tokenizer::Tokenizer* const tokenizer_;
   const std::shared_ptr<Sink> sink_;
   // The request's stop-token rule (core::CheckStop's kStop part), to leave
   // a stop token's text out as vLLM does.
   core::StopCriteria stop_criteria_;
   std::vector<int32_t> stop_token_ids_;  // sorted
-  grpc::ClientContext decode_ctx_;
-  grpc::ClientContext prefill_ctx_;
 
   absl::Mutex mu_;
+  std::function<void()> on_done_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the sink was finished
   grpc::Status lost_error_ ABSL_GUARDED_BY(mu_);  // a worker became unhealthy
   bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::string route_ ABSL_GUARDED_BY(mu_) = "local";
+  // The current decode stream (null between streams: probing, migrating,
+  // or ended) and its worker.
+  DecodeStream* decode_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<WorkerHandle> decode_ ABSL_GUARDED_BY(mu_);
-  std::string prefill_name_ ABSL_GUARDED_BY(mu_);
+  bool decode_ended_ ABSL_GUARDED_BY(mu_) = false;  // no stream will follow
+  grpc::Status decode_status_ ABSL_GUARDED_BY(mu_);  // how the last one ended
+  int32_t migrations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> failed_decode_ ABSL_GUARDED_BY(mu_);  // died under us
+  // Prefill calls not yet answered (every attempt's; a superseded one is
+  // cancelled but still counted until its callback runs).
+  std::vector<std::shared_ptr<PrefillCall>> prefill_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> failed_prefill_ ABSL_GUARDED_BY(mu_);  // failed this request
+  std::string prefill_name_ ABSL_GUARDED_BY(mu_);  // first prefill worker (header)
+  int32_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // streams, calls and probes running
   std::vector<SampleStream> samples_ ABSL_GUARDED_BY(mu_);
   uint32_t samples_left_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status prefill_error_ ABSL_GUARDED_BY(mu_);

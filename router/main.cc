@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
     if (health != nullptr) health->SetServingStatus(serving);
   });
+  service.set_failover(config->router.max_migrations, config->router.rpc_timeout_ms);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   builder.RegisterService(service.registry_service());

@@ -107,6 +107,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   }
   params.prompt = std::move(*prompt);
   params.controls = ControlsOf(*request);
+  params.max_migrations = max_migrations_;
+  params.probe_timeout_ms = probe_timeout_ms_;
   // A client without a deadline still gets one: no call waits forever.
   const auto max_deadline = std::chrono::system_clock::now() + std::chrono::hours(1);
   params.deadline = std::min(context->deadline(), max_deadline);
@@ -117,10 +119,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
     *call_slot = call;
   }
   ++running_;
-  std::thread([this, call] {
-    call->Run();
-    --running_;
-  }).detach();
+  call->Start([this] { --running_; });
   return reactor;
 }
 

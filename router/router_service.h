@@ -2,11 +2,11 @@
 // tandem.v1.Registry (callback API). Generate validates and tokenizes once
 // (a `messages` request is first rendered with the model's chat template,
 // router/chat_template.h), mints the request id and seed, then hands the
-// request to a GenerateCall on its own thread.
+// request to a GenerateCall (GenerateCall::Start, non-blocking).
 //
 // Owns: request admission at the router, the worker registry, health
 // status. Does not touch: engine state (workers own it).
-// Threads: gRPC callback threads; one thread per running request.
+// Threads: gRPC callback threads only (no thread per request).
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
 
@@ -40,6 +40,12 @@ class RouterService final : public GenerationBase {
                 std::function<void(bool)> on_health_change);
 
   void set_address(const std::string& address) { address_ = address; }
+  // Failure handling of every request (call before serving):
+  // router.max_migrations and the status probe deadline (router.rpc_timeout_ms).
+  void set_failover(int32_t max_migrations, int32_t probe_timeout_ms) {
+    max_migrations_ = max_migrations;
+    probe_timeout_ms_ = probe_timeout_ms;
+  }
   // SIGTERM: new Generate calls get UNAVAILABLE; running ones continue.
   void StopAccepting() { accepting_ = false; }
   WorkerRegistry& registry() { return registry_; }
@@ -106,6 +112,8 @@ class RouterService final : public GenerationBase {
   WorkerRegistry registry_;
   RegistryService registry_service_;
   std::atomic<int> running_{0};
+  int32_t max_migrations_ = 0;
+  int32_t probe_timeout_ms_ = 2000;
   std::atomic<bool> accepting_{true};
 };
 

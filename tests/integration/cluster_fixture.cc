@@ -18,6 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -75,9 +76,29 @@ bool WriteFile(const std::string& path, const std::string& contents) {
   return static_cast<bool>(out);
 }
 
-std::string ClusterYaml(const ClusterOptions& o) {
+namespace {
+
+// The prefill_workers and decode_workers lists of ClusterYaml.
+std::string WorkerEntries(const ClusterOptions& o) {
   const std::string advertise =
       o.worker_advertise.empty() ? "" : absl::StrCat("    advertise: ", o.worker_advertise, "\n");
+  std::string yaml = "prefill_workers:\n";
+  if (o.num_prefill_workers == 0) yaml = "prefill_workers: []\n";
+  for (int i = 0; i < o.num_prefill_workers; ++i) {
+    absl::StrAppend(&yaml, "  - name: prefill-", i, "\n    listen: ", o.worker_listen_host,
+                    ":0\n", advertise);
+  }
+  absl::StrAppend(&yaml, "decode_workers:\n");
+  for (int i = 0; i < o.num_decode_workers; ++i) {
+    absl::StrAppend(&yaml, "  - name: decode-", i, "\n    listen: ", o.worker_listen_host,
+                    ":0\n", advertise, "    kv_listen: ", o.worker_listen_host, ":0\n");
+  }
+  return yaml;
+}
+
+}  // namespace
+
+std::string ClusterYaml(const ClusterOptions& o) {
   return absl::StrCat(
       "router:\n"
       "  name: router\n"
@@ -85,14 +106,8 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  poll_interval_ms: ", o.poll_interval_ms, "\n",
       "  unhealthy_after_missed_polls: ", o.unhealthy_after_missed_polls, "\n",
       "  rpc_timeout_ms: ", o.rpc_timeout_ms, "\n",
-      "prefill_workers:\n"
-      "  - name: ", LocalCluster::kPrefillName, "\n",
-      "    listen: ", o.worker_listen_host, ":0\n", advertise,
-      "decode_workers:\n"
-      "  - name: ", LocalCluster::kDecodeName, "\n",
-      "    listen: ", o.worker_listen_host, ":0\n", advertise,
-      "    kv_listen: ", o.worker_listen_host, ":0\n"
-      "engine:\n"
+      "  max_migrations: ", o.max_migrations, "\n",
+      WorkerEntries(o),       "engine:\n"
       "  block_size: ", o.block_size, "\n",
       "  num_kv_blocks: ", o.num_kv_blocks, "\n",
       "  max_num_seqs: ", o.max_num_seqs, "\n",
@@ -102,8 +117,9 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  enable_prefix_caching: ", o.enable_prefix_caching ? "true" : "false", "\n",
       "conditional:\n"
       "  max_local_prefill_tokens: ", o.max_local_prefill_tokens, "\n",
-      "  on_prefill_failure: fail\n"
+      "  on_prefill_failure: ", o.on_prefill_failure, "\n",
       "kv:\n"
+      "  max_prefill_attempts: ", o.max_prefill_attempts, "\n",
       "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",
       "  handshake_timeout_ms: ", o.handshake_timeout_ms, "\n",
       "shutdown_grace_s: ", o.shutdown_grace_s, "\n");
@@ -169,7 +185,9 @@ absl::Status LocalCluster::StartProcesses() {
     return absl::InternalError(absl::StrCat("cannot write ", config_path_));
   }
   const absl::Time start = absl::Now();
-  const std::string model = SharedPath("models/" + options_.model);
+  const std::string model = absl::StartsWith(options_.model, "/")
+                                ? options_.model
+                                : SharedPath("models/" + options_.model);
   absl::StatusOr<std::string> router =
       SpawnAndWait("router",
                    {BinaryPath("tandem-router"), "--config", config_path_, "--name", "router",
@@ -178,34 +196,41 @@ absl::Status LocalCluster::StartProcesses() {
   if (!router.ok()) return router.status();
   router_address_ = *router;
 
-  std::vector<std::string> prefill_argv = {BinaryPath("tandem-prefill-worker"),
-                                           "--config", config_path_, "--name", kPrefillName,
-                                           "--model", model, "--router", router_address_};
-  if (options_.prefill_fault_stall_after_frames >= 0) {
-    prefill_argv.push_back("--fault-stall-after-frames");
-    prefill_argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));
+  // Every worker loads the model concurrently; wait for them afterwards.
+  std::vector<std::string> names;
+  for (int i = 0; i < options_.num_prefill_workers; ++i) names.push_back(absl::StrCat("prefill-", i));
+  for (int i = 0; i < options_.num_decode_workers; ++i) names.push_back(absl::StrCat("decode-", i));
+  for (const std::string& name : names) {
+    const bool prefill = absl::StartsWith(name, "prefill-");
+    std::vector<std::string> argv = {
+        BinaryPath(prefill ? "tandem-prefill-worker" : "tandem-decode-worker"),
+        "--config", config_path_, "--name", name, "--model", model, "--router", router_address_};
+    if (name == kPrefillName && options_.prefill_fault_stall_after_frames >= 0) {
+      argv.push_back("--fault-stall-after-frames");
+      argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));
+    }
+    absl::StatusOr<int> spawned = Spawn(name, argv);
+    if (!spawned.ok()) return spawned.status();
+    worker_index_[name] = *spawned;
   }
-  // Both workers load the model concurrently; wait for them afterwards.
-  absl::StatusOr<int> prefill = Spawn(kPrefillName, prefill_argv);
-  if (!prefill.ok()) return prefill.status();
-  prefill_index_ = *prefill;
-  absl::StatusOr<int> decode = Spawn(
-      kDecodeName, {BinaryPath("tandem-decode-worker"), "--config", config_path_, "--name",
-                    kDecodeName, "--model", model, "--router", router_address_});
-  if (!decode.ok()) return decode.status();
-  decode_index_ = *decode;
-  absl::StatusOr<std::string> prefill_address =
-      group_.WaitForLine(prefill_index_, kListening, options_.start_timeout);
-  if (!prefill_address.ok()) return prefill_address.status();
-  prefill_address_ = *prefill_address;
-  absl::StatusOr<std::string> decode_address =
-      group_.WaitForLine(decode_index_, kListening, options_.start_timeout);
-  if (!decode_address.ok()) return decode_address.status();
-  decode_address_ = *decode_address;
+  for (const std::string& name : names) {
+    absl::StatusOr<std::string> address =
+        group_.WaitForLine(worker_index_[name], kListening, options_.start_timeout);
+    if (!address.ok()) return address.status();
+    worker_address_[name] = *address;
+  }
+  if (options_.num_prefill_workers > 0) {
+    prefill_index_ = worker_index_[kPrefillName];
+    prefill_address_ = worker_address_[kPrefillName];
+  }
+  decode_index_ = worker_index_[kDecodeName];
+  decode_address_ = worker_address_[kDecodeName];
 
   stub_ = v1::Generation::NewStub(Channel(router_address_));
   decode_stub_ = v1::DecodeWorker::NewStub(Channel(decode_address_));
-  prefill_stub_ = v1::PrefillWorker::NewStub(Channel(prefill_address_));
+  if (!prefill_address_.empty()) {
+    prefill_stub_ = v1::PrefillWorker::NewStub(Channel(prefill_address_));
+  }
 
   absl::Status last = absl::UnavailableError("no GetStatus answer yet");
   const bool serving = PollUntil(
@@ -217,7 +242,7 @@ absl::Status LocalCluster::StartProcesses() {
           return false;
         }
         last = absl::UnavailableError(status->DebugString());
-        return status->can_serve() && status->workers_size() == 2;
+        return status->can_serve() && status->workers_size() == static_cast<int>(names.size());
       },
       absl::Milliseconds(20));
   if (!serving) {
@@ -237,6 +262,11 @@ LocalCluster::~LocalCluster() {
     std::error_code ignored;
     fs::remove_all(dir_, ignored);
   }
+}
+
+pid_t LocalCluster::worker_pid(const std::string& name) const {
+  auto it = worker_index_.find(name);
+  return it == worker_index_.end() ? -1 : group_.pid(it->second);
 }
 
 std::vector<std::string> LocalCluster::Stop(absl::Duration grace) {
@@ -288,7 +318,10 @@ bool LocalCluster::WaitForIdleWorkers(absl::Duration timeout, v1::ClusterStatus*
     absl::StatusOr<v1::ClusterStatus> status = ClusterStatus(absl::Seconds(1));
     if (!status.ok()) return false;
     *last = *status;
-    if (status->workers_size() != 2) return false;
+    if (status->workers_size() !=
+        options_.num_prefill_workers + options_.num_decode_workers) {
+      return false;
+    }
     for (const v1::WorkerStatus& w : status->workers()) {
       if (!w.healthy() || w.kv_blocks_in_use() != 0 || w.transfers_in_flight() != 0) {
         return false;

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,7 @@ bool WriteFile(const std::string& path, const std::string& contents);
 // 16, 512 KV blocks per worker, max_local_prefill_tokens 32, a 200 ms
 // router poll period; the engine.* keys apply to both workers.
 struct ClusterOptions {
-  // --model of every process, relative to ../shared/models.
+  // --model of every process, relative to ../shared/models (or absolute).
   std::string model = "stories260K.gguf";
   std::string router_listen = "127.0.0.1:0";  // router.listen
   // Host of both workers' listen and kv_listen, and their advertise
@@ -75,7 +76,13 @@ struct ClusterOptions {
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;           // router.rpc_timeout_ms
   int32_t shutdown_grace_s = 1;            // SIGTERM drain time
-  // Passed to the prefill worker as --fault-stall-after-frames when >= 0.
+  // Workers: prefill-0 .. prefill-(N-1) and decode-0 .. decode-(M-1).
+  int32_t num_prefill_workers = 1;
+  int32_t num_decode_workers = 1;
+  std::string on_prefill_failure = "fail";  // conditional.on_prefill_failure
+  int32_t max_prefill_attempts = 2;         // kv.max_prefill_attempts
+  int32_t max_migrations = 1;               // router.max_migrations
+  // Passed to prefill-0 (only) as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
@@ -86,8 +93,9 @@ struct ClusterOptions {
   bool capture_stderr = false;
 };
 
-// The YAML text of a cluster with one prefill worker "prefill-0" and one
-// decode worker "decode-0", all on 127.0.0.1 port 0 (the router on
+// The YAML text of a cluster with options.num_prefill_workers prefill
+// workers "prefill-<i>" and options.num_decode_workers decode workers
+// "decode-<i>", all on 127.0.0.1 port 0 (the router on
 // options.router_listen).
 std::string ClusterYaml(const ClusterOptions& options);
 
@@ -101,9 +109,9 @@ class LocalCluster {
   static constexpr char kPrefillName[] = "prefill-0";
   static constexpr char kDecodeName[] = "decode-0";
 
-  // Writes the YAML, starts the router, reads its address, starts both
-  // workers with --router, and waits until the router's
-  // GetStatus.can_serve. Errors: whatever stopped a process from announcing
+  // Writes the YAML, starts the router, reads its address, starts every
+  // worker with --router, and waits until the router's GetStatus.can_serve
+  // with every worker registered. Errors: whatever stopped a process from announcing
   // itself (UNAVAILABLE with its exit status), DEADLINE_EXCEEDED when the
   // cluster does not become servable within options.start_timeout.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const ClusterOptions& options);
@@ -125,6 +133,8 @@ class LocalCluster {
   pid_t router_pid() const { return group_.pid(router_index_); }
   pid_t prefill_pid() const { return group_.pid(prefill_index_); }
   pid_t decode_pid() const { return group_.pid(decode_index_); }
+  // The pid of worker `name` ("prefill-1", "decode-0", ...); -1 if none.
+  pid_t worker_pid(const std::string& name) const;
   // The process group (exit statuses after Stop()).
   const cli::ProcessGroup& group() const { return group_; }
 
@@ -170,6 +180,8 @@ class LocalCluster {
   int router_index_ = -1;
   int prefill_index_ = -1;
   int decode_index_ = -1;
+  std::map<std::string, int> worker_index_;            // name -> group_ index
+  std::map<std::string, std::string> worker_address_;  // name -> gRPC host:port
   std::string router_address_;
   std::string prefill_address_;
   std::string decode_address_;

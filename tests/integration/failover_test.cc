@@ -1,0 +1,255 @@
+// Failover and migration across real processes (issue #12, item 4;
+// docs/architecture.md, Failures): a prefill worker SIGKILLed during a
+// remote prefill (retry on another prefill worker, local prefill, fail),
+// no healthy prefill worker at all (D prefills long prompts itself), and a
+// decode worker SIGKILLed mid-stream (the router migrates the stream to
+// another decode worker, which continues at the next index). Each outcome
+// is compared with an undisturbed run of the same seeded request on the
+// same cluster: failover must not change a single id.
+#include <signal.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/generate_client.h"
+
+namespace tandem::testing {
+namespace {
+
+constexpr char kOtherPrefill[] = "prefill-1";
+
+// Prefill workers prefill-0 (which stalls after its first KV frame, so a
+// remote prefill is reliably in progress when the test kills it) and
+// prefill-1, one decode worker; `policy` is conditional.on_prefill_failure.
+ClusterOptions TwoPrefillOptions(const std::string& policy) {
+  ClusterOptions o;
+  o.num_prefill_workers = 2;
+  o.on_prefill_failure = policy;
+  o.prefill_fault_stall_after_frames = 1;
+  // Only the kill may end the stalled transfer.
+  o.transfer_timeout_ms = 30000;
+  // The undisturbed run must not leave the prompt in D's prefix cache (D
+  // would then prefill the second run itself).
+  o.enable_prefix_caching = false;
+  o.capture_stderr = true;
+  return o;
+}
+
+// A seeded request whose 100-token prompt is prefilled remotely
+// (max_local_prefill_tokens is 32 in the fixture).
+v1::GenerateRequest LongRequest(LocalCluster& cluster) {
+  absl::StatusOr<std::string> prompt = PromptWithTokenCount(cluster.stub(), 100);
+  EXPECT_TRUE(prompt.ok()) << prompt.status();
+  v1::GenerateRequest r = MakeRequest(prompt.value_or(""), 24);
+  SetSeededSampling(&r, 0.8f, 4242);
+  return r;
+}
+
+// The request prefilled by the decode worker itself: the undisturbed run
+// (the CPU backend's local and remote prefill are bit-identical).
+StreamResult Undisturbed(LocalCluster& cluster, v1::GenerateRequest request) {
+  request.set_route_override(v1::ROUTE_LOCAL);
+  return RunGenerate(cluster.stub(), request);
+}
+
+// The router's view of worker `name` (an empty status if it has none).
+v1::WorkerStatus WorkerView(LocalCluster& cluster, const std::string& name) {
+  absl::StatusOr<v1::ClusterStatus> status = cluster.ClusterStatus();
+  if (status.ok()) {
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (w.name() == name) return w;
+    }
+  }
+  return v1::WorkerStatus();
+}
+
+// Every healthy worker ends with no KV block in use and no transfer.
+void ExpectHealthyWorkersIdle(LocalCluster& cluster) {
+  v1::ClusterStatus last;
+  const bool idle = PollUntil(absl::Seconds(10), [&] {
+    absl::StatusOr<v1::ClusterStatus> status = cluster.ClusterStatus(absl::Seconds(1));
+    if (!status.ok()) return false;
+    last = *status;
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (w.healthy() && (w.kv_blocks_in_use() != 0 || w.transfers_in_flight() != 0)) {
+        return false;
+      }
+    }
+    return true;
+  });
+  EXPECT_TRUE(idle) << last.DebugString();
+}
+
+// Starts `request`, waits until prefill-0 holds its KV (stalled after the
+// first frame), SIGKILLs prefill-0 and returns the finished stream.
+StreamResult RunAndKillPrefill(LocalCluster& cluster, const v1::GenerateRequest& request) {
+  GenerateStream stream(cluster.stub(), request);
+  const bool prefilling = PollUntil(absl::Seconds(20), [&] {
+    absl::StatusOr<v1::WorkerStatus> p = cluster.PrefillStatus(absl::Seconds(1));
+    return p.ok() && p->kv_blocks_in_use() > 0;
+  });
+  EXPECT_TRUE(prefilling) << "prefill-0 never started the remote prefill";
+  EXPECT_EQ(kill(cluster.worker_pid(LocalCluster::kPrefillName), SIGKILL), 0);
+  return stream.Finish();
+}
+
+class PrefillFailoverTest : public OwnClusterTest {};
+
+TEST_F(PrefillFailoverTest, RetryRunsTheNextAttemptOnAnotherPrefillWorkerWithTheSameIds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(TwoPrefillOptions("retry")));
+  const v1::GenerateRequest request = LongRequest(cluster());
+  const StreamResult reference = Undisturbed(cluster(), request);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  ASSERT_EQ(reference.token_ids.size(), 24u);
+
+  const StreamResult r = RunAndKillPrefill(cluster(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.route, "remote");
+  EXPECT_EQ(r.prefill_worker, LocalCluster::kPrefillName);  // the first attempt's
+  EXPECT_EQ(r.token_ids, reference.token_ids);
+  EXPECT_TRUE(r.IndicesAreSequential());
+  // Attempt 2 was prefilled by the other prefill worker.
+  EXPECT_TRUE(PollUntil(absl::Seconds(5), [&] {
+    return WorkerView(cluster(), kOtherPrefill).prefill_tokens_computed_total() > 0;
+  }));
+  ExpectHealthyWorkersIdle(cluster());
+}
+
+TEST_F(PrefillFailoverTest, LocalPolicyPrefillsOnTheDecodeWorkerWithTheSameIds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(TwoPrefillOptions("local")));
+  const v1::GenerateRequest request = LongRequest(cluster());
+  const StreamResult reference = Undisturbed(cluster(), request);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+
+  const StreamResult r = RunAndKillPrefill(cluster(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.token_ids, reference.token_ids);
+  EXPECT_EQ(WorkerView(cluster(), kOtherPrefill).prefill_tokens_computed_total(), 0u);
+  ExpectHealthyWorkersIdle(cluster());
+}
+
+TEST_F(PrefillFailoverTest, FailPolicyEndsTheRequestUnavailableNamingTheAttempt) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(TwoPrefillOptions("fail")));
+  const StreamResult r = RunAndKillPrefill(cluster(), LongRequest(cluster()));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StrContains(r.status.error_message(), "remote prefill failed (attempt 1)"))
+      << r.status.error_message();
+  ExpectHealthyWorkersIdle(cluster());
+}
+
+TEST_F(PrefillFailoverTest, NoHealthyPrefillWorkerMeansLongPromptsArePrefilledLocally) {
+  ClusterOptions o;  // one prefill worker, on_prefill_failure: fail
+  o.enable_prefix_caching = false;
+  o.capture_stderr = true;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  const v1::GenerateRequest request = LongRequest(cluster());
+  const StreamResult reference = Undisturbed(cluster(), request);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+
+  ASSERT_EQ(kill(cluster().prefill_pid(), SIGKILL), 0);
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    absl::StatusOr<v1::ClusterStatus> s = cluster().ClusterStatus(absl::Seconds(1));
+    if (!s.ok() || !s->can_serve()) return false;
+    for (const v1::WorkerStatus& w : s->workers()) {
+      if (w.name() == LocalCluster::kPrefillName && w.healthy()) return false;
+    }
+    return true;
+  })) << "the router did not mark prefill-0 unhealthy while still serving";
+
+  const StreamResult r = RunGenerate(cluster().stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.route, "local");
+  EXPECT_EQ(r.token_ids, reference.token_ids);
+  ExpectHealthyWorkersIdle(cluster());
+}
+
+// ---- Migration -----------------------------------------------------------------
+
+// A model slow enough on the CPU (about 27M parameters) that a stream is
+// still running when the test kills its decode worker.
+std::string WriteSlowModel(const std::string& dir) {
+  const std::string path = dir + "/slow-27M.gguf";
+  const ProcessResult made = RunProcess(
+      {BinaryPath("tandem"), "synth-model", "--out", path, "--vocab-from", ModelPath(), "--dim",
+       "512", "--layers", "8", "--heads", "8", "--ff", "1536", "--context", "1024", "--seed", "7"},
+      absl::Seconds(120));
+  EXPECT_TRUE(made.exited && made.exit_code == 0) << made.Describe();
+  return path;
+}
+
+class MigrationE2ETest : public OwnClusterTest {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    model_ = WriteSlowModel(dir_);
+  }
+  void TearDown() override {
+    StopCluster();
+    std::filesystem::remove_all(dir_);
+  }
+  ClusterOptions Options(int32_t max_migrations) const {
+    ClusterOptions o;
+    o.model = model_;
+    o.num_prefill_workers = 0;
+    o.num_decode_workers = 2;
+    o.max_migrations = max_migrations;
+    o.capture_stderr = true;
+    o.start_timeout = absl::Seconds(60);
+    return o;
+  }
+  // Seeded sampling over 160 tokens of a short prompt.
+  static v1::GenerateRequest Request() {
+    v1::GenerateRequest r = MakeRequest("Once upon a time, there was", 160);
+    SetSeededSampling(&r, 0.9f, 77);
+    r.mutable_sampling()->set_top_k(40);
+    r.set_ignore_eos(true);
+    return r;
+  }
+  // Reads until `k` tokens arrived, SIGKILLs the stream's decode worker
+  // and reads the rest.
+  StreamResult RunAndKillDecode(size_t k) {
+    GenerateStream stream(cluster().stub(), Request(), absl::Seconds(120));
+    while (stream.result().token_ids.size() < k && stream.ReadOne()) {
+    }
+    EXPECT_GE(stream.result().token_ids.size(), k) << "the stream ended before the kill";
+    EXPECT_EQ(stream.result().decode_worker, LocalCluster::kDecodeName);
+    EXPECT_EQ(kill(cluster().worker_pid(LocalCluster::kDecodeName), SIGKILL), 0);
+    return stream.Finish();
+  }
+
+  std::string dir_;
+  std::string model_;
+};
+
+TEST_F(MigrationE2ETest, DecodeWorkerKilledMidStreamContinuesOnAnotherWithTheSameIds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Options(1)));
+  const StreamResult reference = RunGenerate(cluster().stub(), Request(), absl::Seconds(120));
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  ASSERT_EQ(reference.token_ids.size(), 160u);
+
+  const StreamResult r = RunAndKillDecode(8);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.token_ids, reference.token_ids);  // no gap, no duplicate, same ids
+  EXPECT_TRUE(r.IndicesAreSequential());
+  EXPECT_EQ(r.text, reference.text);
+  EXPECT_EQ(r.finish_reason, v1::FINISH_LENGTH);
+  EXPECT_TRUE(absl::StrContains(cluster().CapturedStderr(), "migrating to decode-1"))
+      << cluster().CapturedStderr();
+  ExpectHealthyWorkersIdle(cluster());
+}
+
+TEST_F(MigrationE2ETest, WithoutMigrationsTheStreamEndsUnavailableNamingTheWorker) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Options(0)));
+  const StreamResult r = RunAndKillDecode(8);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StrContains(r.status.error_message(), "decode worker decode-0"))
+      << r.status.error_message();
+}
+
+}  // namespace
+}  // namespace tandem::testing
