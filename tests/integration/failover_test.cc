@@ -152,6 +152,9 @@ TEST_F(PrefillFailoverTest, NoHealthyPrefillWorkerMeansLongPromptsArePrefilledLo
   ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
 
   ASSERT_EQ(kill(cluster().prefill_pid(), SIGKILL), 0);
+  // The registry marks it unhealthy after unhealthy_after_missed_polls
+  // failed polls (each fails at once: connection refused).
+  absl::SleepFor(absl::Milliseconds(o.poll_interval_ms * (o.unhealthy_after_missed_polls + 2)));
   ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
     absl::StatusOr<v1::ClusterStatus> s = cluster().ClusterStatus(absl::Seconds(1));
     if (!s.ok() || !s->can_serve()) return false;
