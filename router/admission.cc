@@ -66,9 +66,9 @@ Admission::Ticket Admission::Submit(absl::Time deadline, StartFn start, DropFn d
       if (earliest) timer_cv_.Signal();
       return ticket;
     } else {
-      ticket.status = absl::ResourceExhaustedError(absl::StrCat(
-          "router at capacity: ", running_, " running, ", queue_.size(),
-          " queued (router.max_inflight, router.max_queued)"));
+      ticket.status = absl::ResourceExhaustedError(
+          absl::StrCat("router at capacity: ", running_, " running, ", queue_.size(),
+                       " queued (router.max_inflight, router.max_queued)"));
       ticket.retry_after_ms = RetryAfterLocked(absl::Now());
       return ticket;
     }
@@ -164,12 +164,11 @@ void Admission::TimerLoop() {
       const uint64_t id = deadlines_.begin()->second;
       deadlines_.erase(deadlines_.begin());
       auto it = queue_.find(id);
-      expired.emplace_back(
-          std::move(it->second.drop),
-          absl::DeadlineExceededError(absl::StrCat(
-              "deadline passed after ", WaitedMs(it->second.enqueued, now),
-              " ms in the router's queue: all router.max_inflight = ", options_.max_inflight,
-              " slots stayed busy")));
+      expired.emplace_back(std::move(it->second.drop),
+                           absl::DeadlineExceededError(absl::StrCat(
+                               "deadline passed after ", WaitedMs(it->second.enqueued, now),
+                               " ms in the router's queue: all router.max_inflight = ",
+                               options_.max_inflight, " slots stayed busy")));
       queue_.erase(it);
     }
     if (!expired.empty()) {
@@ -190,10 +189,9 @@ int64_t Admission::RetryAfterLocked(absl::Time now) {
   while (!completions_.empty() && completions_.front() < now - kRateHorizon) {
     completions_.pop_front();
   }
-  const absl::Duration span = completions_.empty() ? absl::ZeroDuration()
-                                                   : now - completions_.front();
-  return RetryAfterMs(static_cast<int>(queue_.size()), static_cast<int>(completions_.size()),
-                      span);
+  const absl::Duration span =
+      completions_.empty() ? absl::ZeroDuration() : now - completions_.front();
+  return RetryAfterMs(static_cast<int>(queue_.size()), static_cast<int>(completions_.size()), span);
 }
 
 }  // namespace tandem::router

@@ -50,9 +50,9 @@ class Admission {
     // capacity: N running, M queued (router.max_inflight,
     // router.max_queued)".
     absl::Status status;
-    bool queued = false;        // with OK: waiting in the queue
-    uint64_t id = 0;            // with OK: the request's id, for Cancel()
-    int64_t retry_after_ms = 0; // with RESOURCE_EXHAUSTED: RetryAfterMs(...)
+    bool queued = false;         // with OK: waiting in the queue
+    uint64_t id = 0;             // with OK: the request's id, for Cancel()
+    int64_t retry_after_ms = 0;  // with RESOURCE_EXHAUSTED: RetryAfterMs(...)
   };
 
   // Completions remembered for the rate estimate (the newest ones).
