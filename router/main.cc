@@ -74,8 +74,11 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::HealthCheckServiceInterface* health = nullptr;
   absl::Mutex health_mu;
-  router::RouterService service(bundle->get(), *std::move(chat_template), options, name,
-                                [&](bool serving) {
+  router::Admission::Options admission;
+  admission.max_inflight = config->router.max_inflight;
+  admission.max_queued = config->router.max_queued;
+  router::RouterService service(bundle->get(), *std::move(chat_template), options, admission,
+                                name, [&](bool serving) {
     absl::MutexLock lock(&health_mu);
     rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
     if (health != nullptr) health->SetServingStatus(serving);

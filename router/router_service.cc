@@ -37,14 +37,16 @@ std::string MintRequestId(absl::BitGen& gen) {
 }  // namespace
 
 RouterService::RouterService(const ModelBundle* model, ChatTemplate chat_template,
-                             const RegistryOptions& registry_options, std::string name,
+                             const RegistryOptions& registry_options,
+                             const Admission::Options& admission_options, std::string name,
                              std::function<void(bool)> on_health_change)
     : model_(model),
       chat_template_(std::move(chat_template)),
       bos_text_(BosTokenText(*model->file, model->tokenizer->bos_id())),
       name_(std::move(name)),
       registry_(registry_options, std::move(on_health_change)),
-      registry_service_(&registry_) {}
+      registry_service_(&registry_),
+      admission_(admission_options) {}
 
 absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
     const v1::GenerateRequest& request) const {
@@ -77,13 +79,29 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  // The call is created before the reactor so OnCancel can reach it.
-  auto call_slot = std::make_shared<std::shared_ptr<GenerateCall>>();
-  auto cancel_mu = std::make_shared<absl::Mutex>();
-  auto [reactor, sink] = GenerateCall::Sink::Create([call_slot, cancel_mu] {
-    absl::MutexLock lock(cancel_mu.get());
-    if (*call_slot) (*call_slot)->Cancel();
-  });
+  // What OnCancel reaches: the call (once created) and its admission id
+  // (once submitted; a queued request leaves the queue at once).
+  struct CancelState {
+    absl::Mutex mu;
+    std::shared_ptr<GenerateCall> call ABSL_GUARDED_BY(mu);
+    uint64_t admission_id ABSL_GUARDED_BY(mu) = 0;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+  };
+  auto cancel = std::make_shared<CancelState>();
+  auto [reactor, sink] = GenerateCall::Sink::Create(
+      [this, cancel] {
+        std::shared_ptr<GenerateCall> call;
+        uint64_t id = 0;
+        {
+          absl::MutexLock lock(&cancel->mu);
+          cancel->cancelled = true;
+          call = cancel->call;
+          id = cancel->admission_id;
+        }
+        if (call) call->Cancel();
+        if (id != 0) admission_.Cancel(id);
+      },
+      context);
   if (!accepting_) {
     sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"));
     return reactor;
@@ -109,17 +127,36 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   params.controls = ControlsOf(*request);
   params.max_migrations = max_migrations_;
   params.probe_timeout_ms = probe_timeout_ms_;
-  // A client without a deadline still gets one: no call waits forever.
+  // A client without a deadline still gets one: no call waits forever (in
+  // the admission queue or running).
   const auto max_deadline = std::chrono::system_clock::now() + std::chrono::hours(1);
   params.deadline = std::min(context->deadline(), max_deadline);
+  const absl::Time deadline = absl::FromChrono(params.deadline);
   auto call = std::make_shared<GenerateCall>(std::move(params), &registry_,
                                              model_->tokenizer.get(), sink);
   {
-    absl::MutexLock lock(cancel_mu.get());
-    *call_slot = call;
+    absl::MutexLock lock(&cancel->mu);
+    cancel->call = call;
   }
-  ++running_;
-  call->Start([this] { --running_; });
+  // Runs once the request holds an admission slot; the slot is released
+  // once the call finished its sink and every call to a worker ended.
+  auto start = [this, call] { call->Start([this] { admission_.Release(); }); };
+  Admission::Ticket ticket = admission_.Submit(
+      deadline, std::move(start), [sink](absl::Status s) { sink->Finish(rpc::ToGrpc(s)); });
+  if (!ticket.status.ok()) {
+    sink->Finish(rpc::ToGrpc(ticket.status),
+                 {{"retry-after-ms", absl::StrCat(ticket.retry_after_ms)}});
+    return reactor;
+  }
+  if (ticket.queued) {
+    bool cancelled = false;
+    {
+      absl::MutexLock lock(&cancel->mu);
+      cancel->admission_id = ticket.id;
+      cancelled = cancel->cancelled;
+    }
+    if (cancelled) admission_.Cancel(ticket.id);  // OnCancel ran before the id was known
+  }
   return reactor;
 }
 
@@ -175,7 +212,8 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     self->set_address(address_);
     self->set_ready(can_serve);
     self->set_healthy(true);
-    self->set_running_requests(static_cast<uint32_t>(running_.load()));
+    self->set_running_requests(static_cast<uint32_t>(admission_.running()));
+    self->set_queued_requests(static_cast<uint32_t>(admission_.queued()));
     self->set_model_fingerprint(model_->fingerprint);
     response->set_can_serve(can_serve);
     reactor->Finish(grpc::Status::OK);

@@ -2,11 +2,15 @@
 // tandem.v1.Registry (callback API). Generate validates and tokenizes once
 // (a `messages` request is first rendered with the model's chat template,
 // router/chat_template.h), mints the request id and seed, then hands the
-// request to a GenerateCall (GenerateCall::Start, non-blocking).
+// request to a GenerateCall (GenerateCall::Start, non-blocking) once
+// admitted (router/admission.h: router.max_inflight running,
+// router.max_queued waiting, beyond them RESOURCE_EXHAUSTED with trailing
+// metadata retry-after-ms).
 //
 // Owns: request admission at the router, the worker registry, health
 // status. Does not touch: engine state (workers own it).
-// Threads: gRPC callback threads only (no thread per request).
+// Threads: gRPC callback threads (no thread per request); the admission
+// timer thread (queued deadlines).
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
 
@@ -17,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/server/model_bundle.h"
+#include "router/admission.h"
 #include "router/chat_template.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.grpc.pb.h"
@@ -34,9 +39,11 @@ using GenerationBase = v1::Generation::WithRawCallbackMethod_Generate<
 class RouterService final : public GenerationBase {
  public:
   // `chat_template`: what `messages` are rendered with (ChatTemplate::FromGguf
-  // of the model file and the config's chat_template).
+  // of the model file and the config's chat_template). `admission_options`:
+  // router.max_inflight and router.max_queued (valid: Admission::ValidateOptions).
   RouterService(const ModelBundle* model, ChatTemplate chat_template,
-                const RegistryOptions& registry_options, std::string name,
+                const RegistryOptions& registry_options,
+                const Admission::Options& admission_options, std::string name,
                 std::function<void(bool)> on_health_change);
 
   void set_address(const std::string& address) { address_ = address; }
@@ -46,10 +53,12 @@ class RouterService final : public GenerationBase {
     max_migrations_ = max_migrations;
     probe_timeout_ms_ = probe_timeout_ms;
   }
-  // SIGTERM: new Generate calls get UNAVAILABLE; running ones continue.
+  // SIGTERM: new Generate calls get UNAVAILABLE; running and queued ones
+  // continue.
   void StopAccepting() { accepting_ = false; }
   WorkerRegistry& registry() { return registry_; }
-  int running_requests() const { return running_; }
+  // Generate requests holding an admission slot plus those queued for one.
+  int running_requests() const { return admission_.running() + admission_.queued(); }
 
   // Validates a request and tokenizes its prompt (TokenizeRequestPrompt:
   // `prompt`, or `messages` rendered with the chat template). Errors:
@@ -64,7 +73,10 @@ class RouterService final : public GenerationBase {
 
   // Generate and Tokenize: a request whose text is not UTF-8 gets
   // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
-  // bodies below.
+  // bodies below. A valid Generate runs when admitted: at once, after
+  // waiting in the FIFO (its deadline passing there: DEADLINE_EXCEEDED;
+  // the client cancelling: CANCELLED), or refused with RESOURCE_EXHAUSTED
+  // "router at capacity: ..." and trailing metadata retry-after-ms.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
@@ -111,9 +123,11 @@ class RouterService final : public GenerationBase {
   std::string address_;
   WorkerRegistry registry_;
   RegistryService registry_service_;
-  std::atomic<int> running_{0};
   int32_t max_migrations_ = 0;
   int32_t probe_timeout_ms_ = 2000;
+  // router.max_inflight / max_queued; its timer thread is joined when the
+  // service is destroyed.
+  Admission admission_;
   std::atomic<bool> accepting_{true};
 };
 

@@ -10,6 +10,10 @@
 // methods registered with WithRawCallbackMethod_*; raw_call.h): Write
 // serializes each Msg on the producer's thread.
 //
+// Trailing metadata: Finish(status, trailers) on a sink created with the
+// call's server context (Create's `context`), e.g. the router's
+// retry-after-ms on RESOURCE_EXHAUSTED.
+//
 // Threads: Write/Finish/IsOpen are thread-safe. The reactor's callbacks run
 // on gRPC threads and only touch the sink under its mutex.
 // Lifetime: the reactor deletes itself in OnDone; the sink is shared and
@@ -24,7 +28,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "common/server/raw_call.h"
@@ -37,10 +43,13 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
   // Creates a reactor bound to a new sink; return the reactor from the
   // service method. on_cancel runs once (gRPC thread) if the client
   // cancels or the deadline passes; the producer must still call Finish.
+  // `context`: the call's, needed only by Finish with trailers (it stays
+  // valid until the reactor's OnDone, i.e. while the sink is unfinished).
   static std::pair<grpc::ServerWriteReactor<grpc::ByteBuffer>*, std::shared_ptr<StreamSink>>
-  Create(std::function<void()> on_cancel) {
+  Create(std::function<void()> on_cancel, grpc::CallbackServerContext* context = nullptr) {
     auto sink = std::shared_ptr<StreamSink>(new StreamSink());
     sink->on_cancel_ = std::move(on_cancel);
+    sink->context_ = context;
     auto* reactor = new Reactor(sink);
     {
       absl::MutexLock lock(&sink->mu_);
@@ -76,17 +85,29 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
     return true;
   }
 
-  // Ends the stream with `status` after the queued messages (dropped if the
-  // stream broke). Later calls are ignored.
-  void Finish(grpc::Status status) {
+  // (key, value) pairs of trailing metadata; keys lowercase ASCII.
+  using Trailers = std::vector<std::pair<std::string, std::string>>;
+
+  // Ends the stream with `status` and `trailers` after the queued messages
+  // (dropped if the stream broke). Later calls are ignored. Trailers on a
+  // sink created without a context are a programming error: the stream
+  // ends with INTERNAL saying so instead.
+  void Finish(grpc::Status status, Trailers trailers = {}) {
+    if (!trailers.empty() && context_ == nullptr) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            "StreamSink: trailers need the call's context (Create)");
+      trailers.clear();
+    }
     Reactor* finish = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (finish_.has_value() || reactor_ == nullptr) return;
       finish_ = status;
+      trailers_ = std::move(trailers);
       if (!writing_) {
         finish = reactor_;
         finish_started_ = true;
+        AddTrailersLocked();
       }
     }
     if (finish != nullptr) finish->Finish(status);
@@ -137,6 +158,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
           finish = true;
           finish_status = *finish_;
           start = reactor_;
+          AddTrailersLocked();
         }
       }
     }
@@ -146,6 +168,13 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
     } else {
       start->StartWrite(front);
     }
+  }
+
+  // Hands the trailers to the context; once, just before the reactor's
+  // Finish (nothing else touches the context's trailers).
+  void AddTrailersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& [key, value] : trailers_) context_->AddTrailingMetadata(key, value);
+    trailers_.clear();
   }
 
   void OnCancel() {
@@ -173,6 +202,8 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
   bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+  grpc::CallbackServerContext* context_ = nullptr;  // set once by Create
+  Trailers trailers_ ABSL_GUARDED_BY(mu_);          // until AddTrailersLocked
 };
 
 }  // namespace tandem::rpc

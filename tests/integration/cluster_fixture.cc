@@ -107,7 +107,10 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  unhealthy_after_missed_polls: ", o.unhealthy_after_missed_polls, "\n",
       "  rpc_timeout_ms: ", o.rpc_timeout_ms, "\n",
       "  max_migrations: ", o.max_migrations, "\n",
-      WorkerEntries(o),       "engine:\n"
+      "  max_inflight: ", o.max_inflight, "\n",
+      "  max_queued: ", o.max_queued, "\n",
+      WorkerEntries(o),
+      "engine:\n"
       "  block_size: ", o.block_size, "\n",
       "  num_kv_blocks: ", o.num_kv_blocks, "\n",
       "  max_num_seqs: ", o.max_num_seqs, "\n",

@@ -75,6 +75,8 @@ struct ClusterOptions {
   int32_t poll_interval_ms = 200;          // router.poll_interval_ms
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;           // router.rpc_timeout_ms
+  int32_t max_inflight = 512;              // router.max_inflight, Generate streams
+  int32_t max_queued = 512;                // router.max_queued, Generate streams
   int32_t shutdown_grace_s = 1;            // SIGTERM drain time
   // Workers: prefill-0 .. prefill-(N-1) and decode-0 .. decode-(M-1).
   int32_t num_prefill_workers = 1;
