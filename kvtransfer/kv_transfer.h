@@ -160,7 +160,8 @@ class KvReceiver {
     // One line per refused connection (no HELLO accepted, or one taken
     // over by a newer attempt) and per failed transfer, e.g. "KV receiver:
     // transfer for request r1 attempt 2 failed: DEADLINE_EXCEEDED: ...".
-    // Called on a receiver thread, never with the receiver's lock held;
+    // Called on the receiver's I/O or completion thread (possibly both at
+    // once), never with the receiver's lock held; must be thread-safe and
     // must not call back into the receiver. Empty: no lines.
     std::function<void(std::string_view)> log;
   };

@@ -70,8 +70,9 @@ void KvReceiver::Impl::IoLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     if (rc > 0 && fds[0].revents != 0) {
-      uint64_t count;
-      (void)!::read(wake_fd_.get(), &count, sizeof(count));
+      uint64_t count = 0;  // resets the eventfd; the count itself is unused
+      const ssize_t got = ::read(wake_fd_.get(), &count, sizeof(count));
+      (void)got;
     }
     {
       absl::MutexLock l(&mu_);
