@@ -1,8 +1,10 @@
 #include "decode_worker/remote_kv_loader.h"
 
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/server/log.h"
 
 namespace tandem::decode {
 namespace {
@@ -41,6 +43,10 @@ kvtransfer::KvReceiver::Options ReceiverKvLoader::OptionsFromConfig(const HostPo
   o.port = kv_listen.port;
   o.handshake_timeout_ms = kv.handshake_timeout_ms;
   o.transfer_timeout_ms = kv.transfer_timeout_ms;
+  // kvtransfer does not depend on common/server: its lines come here.
+  o.log = [](std::string_view line) {
+    rpc::Log(absl::string_view(line.data(), line.size()));
+  };
   return o;
 }
 

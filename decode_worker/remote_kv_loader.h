@@ -5,9 +5,9 @@
 // Owns: the KV receiver (listening socket, transfers, their threads).
 // Does not touch: which blocks a request holds (the core passes its block
 // table), scheduling, gRPC.
-// Threads: StartLoad/CancelLoad on the core's loop thread; receiver
-// threads write rows into the reserved blocks (nothing else touches them
-// until `done`) and run `done`.
+// Threads: StartLoad/CancelLoad on the core's loop thread; the receiver's
+// I/O thread writes rows into the reserved blocks (nothing else touches
+// them until `done`) and its completion thread runs `done`.
 #ifndef TANDEM_DECODE_WORKER_REMOTE_KV_LOADER_H_
 #define TANDEM_DECODE_WORKER_REMOTE_KV_LOADER_H_
 
@@ -29,7 +29,8 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   // INVALID_ARGUMENT for a bad layout or timeouts.
   static absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> Start(
       const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout);
-  // The receiver's options from decode_workers[i].kv_listen and kv.*.
+  // The receiver's options from decode_workers[i].kv_listen and kv.*; its
+  // log lines (refused connections, failed transfers) go to rpc::Log.
   static kvtransfer::KvReceiver::Options OptionsFromConfig(const HostPort& kv_listen,
                                                             const KvConfig& kv);
 

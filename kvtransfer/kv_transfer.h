@@ -4,8 +4,12 @@
 //
 // Owns: the wire protocol, sockets, per-transfer state and deadlines.
 // Does not touch: KV memory directly (writes go through KvWriter), model
-// execution, gRPC. Threads: KvReceiver runs one acceptor thread plus one
-// thread per connection; public methods are thread-safe.
+// execution, gRPC. Threads: KvReceiver runs two threads whatever the number
+// of connections: an I/O thread that poll()s the listening socket and every
+// connection (non-blocking; messages parsed as bytes arrive; writes into
+// KvWriter; handshake and silence deadlines) and a completion thread that
+// runs `done` callbacks. Public methods are thread-safe. A KvSender is
+// driven by one thread.
 //
 // Wire format (all little-endian; wire.h has the type numbers and the
 // exact field layout), every message = u32 type | u32 length | payload:
@@ -39,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -152,11 +157,19 @@ class KvReceiver {
     int port = 0;                       // 0 = ephemeral
     int handshake_timeout_ms = 5000;    // Expect() -> HELLO
     int transfer_timeout_ms = 5000;     // max silence between messages
+    // One line per refused connection (no HELLO accepted, or one taken
+    // over by a newer attempt) and per failed transfer, e.g. "KV receiver:
+    // transfer for request r1 attempt 2 failed: DEADLINE_EXCEEDED: ...".
+    // Called on the receiver's I/O or completion thread (possibly both at
+    // once), never with the receiver's lock held; must be thread-safe and
+    // must not call back into the receiver. Empty: no lines.
+    std::function<void(std::string_view)> log;
   };
-  // Binds and starts the acceptor. Any known KvDtype is fine (D only moves
-  // bytes). Errors: UNAVAILABLE if the bind fails, INVALID_ARGUMENT for a
-  // layout with zero layers/heads/head_dim or a dtype outside KvDtype, or
-  // non-positive timeouts.
+  // Binds and starts the I/O and completion threads. Any known KvDtype is
+  // fine (D only moves bytes). Errors: UNAVAILABLE if the bind (or the
+  // wake eventfd) fails, INVALID_ARGUMENT for a layout with zero
+  // layers/heads/head_dim or a dtype outside KvDtype, or non-positive
+  // timeouts.
   static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
                                                            const KvLayout& layout);
   // Stops all threads; pending transfers end with CANCELLED and their `done`
@@ -167,7 +180,8 @@ class KvReceiver {
 
   int port() const;
 
-  // Called exactly once per Expect(), from a receiver thread: OK with the
+  // Called exactly once per Expect(), on the receiver's completion thread
+  // (one thread for all transfers, never the I/O thread): OK with the
   // FINAL content once every layer covers [hit_tokens, prompt_len) and the
   // totals match; otherwise FAILED_PRECONDITION (HELLO with another layout
   // or an unknown dtype) / DEADLINE_EXCEEDED / UNAVAILABLE / DATA_LOSS /
@@ -183,6 +197,15 @@ class KvReceiver {
   // Aborts the transfer (if still live); `done` runs with CANCELLED once
   // nothing writes into the writer. No-op for unknown ids.
   void Cancel(const std::string& request_id);
+  // Aborts transfer (request_id, attempt) only if that attempt is the live
+  // one (registered by Expect or taken over by a newer HELLO, not yet
+  // ended): `done` runs with CANCELLED "KV transfer for request <id>
+  // attempt <n> cancelled: <reason>" once nothing writes into the writer,
+  // and a connected sender gets REJECT with that status. Errors: NOT_FOUND
+  // when no live transfer has that key (unknown id, another attempt, or
+  // already ended).
+  absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
+                             std::string reason);
 
   // Expect()ed transfers whose `done` has not been queued yet.
   uint32_t transfers_in_flight() const;

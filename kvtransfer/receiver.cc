@@ -1,8 +1,9 @@
-// KvReceiver lifecycle: Expect/Cancel, ending transfers, the acceptor and
-// the reaper, and the public API (receiver_impl.h has the design notes).
-#include <sys/socket.h>
+// KvReceiver lifecycle: Start, Expect/Cancel/CancelAttempt, ending
+// transfers, the completion thread, and the public API (receiver_impl.h has
+// the design notes; receiver_loop.cc the I/O thread).
+#include <sys/eventfd.h>
 
-#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -14,10 +15,18 @@
 
 namespace tandem::kvtransfer {
 
-using receiver_internal::kFinishedMemory;
-using receiver_internal::kAcceptSliceMs;
-using receiver_internal::kReaperMaxSleep;
 using tcp::Clock;
+
+KvReceiver::Impl::Impl(const Options& options, const KvLayout& layout,
+                       tcp::ScopedFd listen_fd, int port, tcp::ScopedFd wake_fd)
+    : options_(options),
+      layout_(layout),
+      listen_fd_(std::move(listen_fd)),
+      port_(port),
+      wake_fd_(std::move(wake_fd)) {
+  io_ = std::thread([this] { IoLoop(); });
+  completion_ = std::thread([this] { CompletionLoop(); });
+}
 
 KvReceiver::Impl::~Impl() {
   {
@@ -30,22 +39,17 @@ KvReceiver::Impl::~Impl() {
                        "KV receiver shutting down; transfer for request ",
                        t->request_id, " cancelled")));
     }
-    for (auto& [id, c] : conns_) KickLocked(id, SHUT_RDWR);
   }
-  ::shutdown(listen_fd_.get(), SHUT_RDWR);
-  acceptor_.join();
-  std::map<uint64_t, std::unique_ptr<Conn>> conns;
+  Wake();
+  // The I/O thread completes a transfer whose write was in flight, sends
+  // what REJECTs it can and closes every connection before it returns.
+  io_.join();
   {
     absl::MutexLock l(&mu_);
-    conns.swap(conns_);
+    completion_stop_ = true;
   }
-  for (auto& [id, c] : conns) c->thread.join();
-  {
-    absl::MutexLock l(&mu_);
-    reaper_stop_ = true;
-    reaper_wake_.Signal();
-  }
-  reaper_.join();
+  // Runs every queued `done` before it returns.
+  completion_.join();
 }
 
 absl::Status KvReceiver::Impl::Expect(const std::string& request_id,
@@ -68,19 +72,20 @@ absl::Status KvReceiver::Impl::Expect(const std::string& request_id,
   t->done = std::move(done);
   t->attempt = attempt;
   t->handshake_deadline = tcp::DeadlineIn(options_.handshake_timeout_ms);
-
-  absl::MutexLock l(&mu_);
-  if (stopping_) {
-    return absl::UnavailableError("KV receiver is shutting down");
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError("KV receiver is shutting down");
+    }
+    if (transfers_.count(request_id) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "a KV transfer for request ", request_id, " is already expected"));
+    }
+    finished_.erase(request_id);
+    transfers_[request_id] = std::move(t);
+    in_flight_.fetch_add(1);
   }
-  if (transfers_.count(request_id) != 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "a KV transfer for request ", request_id, " is already expected"));
-  }
-  finished_.erase(request_id);
-  transfers_[request_id] = std::move(t);
-  in_flight_.fetch_add(1);
-  reaper_wake_.Signal();
+  Wake();  // a new handshake deadline to watch
   return absl::OkStatus();
 }
 
@@ -91,6 +96,23 @@ void KvReceiver::Impl::Cancel(const std::string& request_id) {
   EndLocked(it->second,
             absl::CancelledError(absl::StrCat("KV transfer for request ",
                                               request_id, " cancelled")));
+}
+
+absl::Status KvReceiver::Impl::CancelAttempt(const std::string& request_id,
+                                             uint32_t attempt,
+                                             const std::string& reason) {
+  absl::MutexLock l(&mu_);
+  auto it = transfers_.find(request_id);
+  if (it == transfers_.end() || it->second->attempt != attempt ||
+      (it->second->state != TransferState::kAwaitingHello &&
+       it->second->state != TransferState::kReceiving)) {
+    return absl::NotFoundError(absl::StrCat("no live KV transfer for request ",
+                                            request_id, " attempt ", attempt));
+  }
+  EndLocked(it->second, absl::CancelledError(absl::StrCat(
+                            "KV transfer for request ", request_id, " attempt ",
+                            attempt, " cancelled: ", reason)));
+  return absl::OkStatus();
 }
 
 void KvReceiver::Impl::EndLocked(std::shared_ptr<Transfer> t,
@@ -106,7 +128,7 @@ void KvReceiver::Impl::EndLocked(std::shared_ptr<Transfer> t,
   }
   t->status = std::move(status);
   t->state = TransferState::kAborting;
-  if (t->conn_id != 0) KickLocked(t->conn_id, SHUT_RD);
+  if (t->conn_id != 0) KickLocked(t->conn_id);
   if (!t->writing) CompleteLocked(t);
 }
 
@@ -115,14 +137,13 @@ void KvReceiver::Impl::CompleteLocked(std::shared_ptr<Transfer> t) {
   auto it = transfers_.find(t->request_id);
   if (it != transfers_.end() && it->second == t) transfers_.erase(it);
   finished_[t->request_id] = Finished{t->attempt, t->status.code(), Clock::now()};
-  completions_.push_back(t);
+  completions_.push_back(std::move(t));
   in_flight_.fetch_sub(1);
-  reaper_wake_.Signal();
 }
 
-void KvReceiver::Impl::KickLocked(uint64_t conn_id, int how) {
-  auto it = conns_.find(conn_id);
-  if (it != conns_.end() && it->second->fd >= 0) ::shutdown(it->second->fd, how);
+void KvReceiver::Impl::KickLocked(uint64_t conn_id) {
+  kicked_.push_back(conn_id);
+  Wake();
 }
 
 absl::Status KvReceiver::Impl::LostLocked(const Transfer& t,
@@ -142,84 +163,31 @@ absl::Status KvReceiver::Impl::LostLocked(const Transfer& t,
       " superseded by attempt ", t.attempt));
 }
 
-void KvReceiver::Impl::AcceptLoop() {
+void KvReceiver::Impl::CompletionLoop() {
   for (;;) {
+    std::shared_ptr<Transfer> t;
     {
       absl::MutexLock l(&mu_);
-      if (stopping_) return;
+      mu_.Await(absl::Condition(this, &Impl::CompletionReadyLocked));
+      if (completions_.empty()) return;  // stopping, and nothing left to run
+      t = std::move(completions_.front());
+      completions_.pop_front();
     }
-    absl::StatusOr<tcp::ScopedFd> fd =
-        tcp::Accept(listen_fd_.get(), tcp::DeadlineIn(kAcceptSliceMs));
-    if (!fd.ok()) {
-      // Listener shut down (destructor) or a transient failure such as
-      // EMFILE: re-check the stop flag after a short pause.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
+    // QUIESCED: nothing touches done/status/result any more.
+    if (!t->status.ok()) {
+      LogLine(absl::StrCat("KV receiver: transfer for request ", t->request_id,
+                           " attempt ", t->attempt, " failed: ",
+                           t->status.ToString()));
     }
-    if (!fd->valid()) continue;
+    t->done(t->status, t->result);
     absl::MutexLock l(&mu_);
-    if (stopping_) return;
-    auto c = std::make_unique<Conn>();
-    c->id = ++next_conn_id_;
-    c->fd = fd->Release();
-    Conn* raw = c.get();
-    int raw_fd = c->fd;
-    conns_[c->id] = std::move(c);
-    raw->thread = std::thread([this, raw, raw_fd] { Serve(raw, raw_fd); });
+    t->state = TransferState::kFreed;
+    t->done = nullptr;
   }
 }
 
-void KvReceiver::Impl::ReaperLoop() {
-  for (;;) {
-    std::vector<std::shared_ptr<Transfer>> ready;
-    std::vector<std::unique_ptr<Conn>> dead;
-    {
-      absl::MutexLock l(&mu_);
-      const auto now = Clock::now();
-      auto next = now + kReaperMaxSleep;
-      std::vector<std::shared_ptr<Transfer>> expired;
-      for (auto& [id, t] : transfers_) {
-        if (t->state != TransferState::kAwaitingHello) continue;
-        if (now >= t->handshake_deadline) {
-          expired.push_back(t);
-        } else {
-          next = std::min(next, t->handshake_deadline);
-        }
-      }
-      for (auto& t : expired) {
-        EndLocked(t, absl::DeadlineExceededError(absl::StrCat(
-                         "no KV sender said HELLO for request ", t->request_id,
-                         " attempt ", t->attempt, " within ",
-                         options_.handshake_timeout_ms, " ms")));
-      }
-      for (auto it = finished_.begin(); it != finished_.end();) {
-        it = (now - it->second.at >= kFinishedMemory) ? finished_.erase(it)
-                                                      : std::next(it);
-      }
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if (it->second->finished) {
-          dead.push_back(std::move(it->second));
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      ready.swap(completions_);
-      if (ready.empty() && dead.empty()) {
-        if (reaper_stop_) return;
-        reaper_wake_.WaitWithTimeout(&mu_, absl::FromChrono(next - now));
-        continue;
-      }
-    }
-    for (auto& c : dead) c->thread.join();
-    for (auto& t : ready) {
-      // QUIESCED: nothing touches done/status/result any more.
-      t->done(t->status, t->result);
-      absl::MutexLock l(&mu_);
-      t->state = TransferState::kFreed;
-      t->done = nullptr;
-    }
-  }
+void KvReceiver::Impl::LogLine(const std::string& line) const {
+  if (options_.log) options_.log(line);
 }
 
 // ---- KvReceiver -----------------------------------------------------------
@@ -243,11 +211,16 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(
         options.handshake_timeout_ms, ", transfer_timeout_ms ",
         options.transfer_timeout_ms));
   }
+  tcp::ScopedFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake.valid()) {
+    return absl::UnavailableError(absl::StrCat(
+        "KV receiver cannot create its eventfd: ", std::strerror(errno)));
+  }
   int bound = 0;
   absl::StatusOr<tcp::ScopedFd> fd = tcp::Listen(options.host, options.port, &bound);
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<KvReceiver>(new KvReceiver(
-      std::make_unique<Impl>(options, layout, std::move(*fd), bound)));
+  return std::unique_ptr<KvReceiver>(new KvReceiver(std::make_unique<Impl>(
+      options, layout, std::move(*fd), bound, std::move(wake))));
 }
 
 KvReceiver::KvReceiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -266,6 +239,11 @@ void KvReceiver::Cancel(const std::string& request_id) {
   impl_->Cancel(request_id);
 }
 
+absl::Status KvReceiver::CancelAttempt(const std::string& request_id,
+                                       uint32_t attempt, std::string reason) {
+  return impl_->CancelAttempt(request_id, attempt, reason);
+}
+
 uint32_t KvReceiver::transfers_in_flight() const { return impl_->in_flight(); }
 
 uint64_t KvReceiver::kv_bytes_received_total() const {
@@ -273,4 +251,3 @@ uint64_t KvReceiver::kv_bytes_received_total() const {
 }
 
 }  // namespace tandem::kvtransfer
-

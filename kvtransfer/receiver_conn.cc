@@ -1,8 +1,6 @@
-// One KV connection of KvReceiver: HELLO -> ACCEPT/REJECT, then FRAMEs
-// checked and written, then FINAL checked (receiver_impl.h has the
-// lifecycle and locking notes).
-#include <sys/socket.h>
-
+// One KV connection's messages, on KvReceiver's I/O thread: HELLO ->
+// ACCEPT/REJECT, then FRAMEs checked and written, then FINAL checked
+// (receiver_impl.h has the lifecycle and locking notes).
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -16,54 +14,56 @@
 
 namespace tandem::kvtransfer {
 
-using receiver_internal::kControlSendMs;
-
 // KvWriter::WriteRows promises max_align_t alignment; std::vector<char>
 // gets its buffer from ::operator new, which aligns to this.
 static_assert(__STDCPP_DEFAULT_NEW_ALIGNMENT__ >= alignof(std::max_align_t));
 
-void KvReceiver::Impl::Serve(Conn* c, int fd) {
-  std::string payload;
+void KvReceiver::Impl::OnMessage(Conn& c) {
+  if (c.phase == ConnPhase::kHandshake) {
+    OnHello(c);
+    return;
+  }
+  const uint32_t type = c.reader.type();
+  if (type == static_cast<uint32_t>(wire::MessageType::kFrame)) {
+    OnFrame(c);
+  } else if (type == static_cast<uint32_t>(wire::MessageType::kFinal)) {
+    OnFinal(c);
+  } else {
+    FailTransfer(c, absl::DataLossError(absl::StrCat(
+                        "unexpected KV message ", wire::MessageTypeName(type),
+                        " mid-transfer for request ", c.hello.request_id)));
+  }
+}
+
+void KvReceiver::Impl::OnHello(Conn& c) {
   wire::Hello hello;
   std::shared_ptr<Transfer> t;
-  absl::Status reply = Handshake(*c, fd, &payload, &hello, &t);
-  if (reply.ok()) {
-    reply = tcp::SendAll(fd, wire::EncodeAccept(),
-                         tcp::DeadlineIn(kControlSendMs));
-    if (!reply.ok()) {
-      absl::MutexLock l(&mu_);
-      if (OwnsLocked(*t, *c)) EndLocked(t, reply);
-    }
+  absl::Status s = Handshake(c, &hello, &t);
+  if (!s.ok()) {
+    Close(c, s);
+    return;
   }
-  if (reply.ok()) reply = Receive(*c, fd, hello, t, &payload);
-  if (!reply.ok()) SendReject(fd, reply);
-  absl::MutexLock l(&mu_);
-  ::close(fd);
-  c->fd = -1;
-  c->finished = true;
-  reaper_wake_.Signal();
+  // The largest legal message from now on is a FRAME over all of [hit, L)
+  // (FrameBytes is in the layout's dtype).
+  c.max_payload = std::max<uint64_t>(
+      wire::kMaxControlPayload,
+      wire::FrameFieldsBytes(hello.request_id.size()) +
+          layout_.FrameBytes(t->prompt_len - t->hit_tokens));
+  c.phase = ConnPhase::kReceiving;
+  c.deadline = tcp::DeadlineIn(options_.transfer_timeout_ms);
+  c.hello = std::move(hello);
+  c.transfer = std::move(t);
+  Queue(c, wire::EncodeAccept());
 }
 
-void KvReceiver::Impl::SendReject(int fd, const absl::Status& status) {
-  // The peer may be gone already; nothing to do about a failure here.
-  (void)tcp::SendAll(fd, wire::EncodeReject(status),
-                     tcp::DeadlineIn(kControlSendMs));
-}
-
-absl::Status KvReceiver::Impl::Handshake(const Conn& c, int fd,
-                                         std::string* payload,
-                                         wire::Hello* hello,
+absl::Status KvReceiver::Impl::Handshake(const Conn& c, wire::Hello* hello,
                                          std::shared_ptr<Transfer>* out) {
-  uint32_t type = 0;
-  absl::Status s =
-      tcp::ReadMessage(fd, tcp::DeadlineIn(options_.handshake_timeout_ms),
-                       wire::kMaxControlPayload, &type, payload);
-  if (!s.ok()) return s;
+  const uint32_t type = c.reader.type();
   if (type != static_cast<uint32_t>(wire::MessageType::kHello)) {
     return absl::DataLossError(absl::StrCat(
         "KV connection must start with HELLO, got ", wire::MessageTypeName(type)));
   }
-  absl::StatusOr<wire::Hello> decoded = wire::DecodeHello(*payload, hello);
+  absl::StatusOr<wire::Hello> decoded = wire::DecodeHello(c.reader.payload(), hello);
   // A HELLO refused for its content (an unknown dtype) was read in full, so
   // it still names a transfer; every other decode failure (another protocol
   // version, malformed bytes) names nothing we can trust.
@@ -133,14 +133,13 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, int fd,
     EndLocked(t, rejected);
     return rejected;
   }
-  // Take over: the older connection (if any) is closed and its partial
-  // bytes are discarded once its in-flight write (if any) has returned.
-  if (t->conn_id != 0) KickLocked(t->conn_id, SHUT_RD);
+  // Take over: the older connection (if any) is closed with REJECT ABORTED
+  // and its partial bytes are discarded. No write of it is in flight: only
+  // this (the I/O) thread writes.
+  if (t->conn_id != 0) KickLocked(t->conn_id);
   t->conn_id = c.id;
   t->attempt = hello->attempt;
   t->state = TransferState::kReceiving;
-  while (t->writing) writer_idle_.Wait(&mu_);
-  if (!OwnsLocked(*t, c)) return LostLocked(*t, *hello);
   t->progress.Reset(layout_.n_layers, t->prompt_len - t->hit_tokens);
   t->result = TransferResult{};
   t->result.peer_bit_exact_class = hello->bit_exact_class;
@@ -209,40 +208,29 @@ absl::Status KvReceiver::Impl::CheckFinalLocked(
   return absl::OkStatus();
 }
 
-absl::Status KvReceiver::Impl::Receive(const Conn& c, int fd,
-                                       const wire::Hello& hello,
-                                       const std::shared_ptr<Transfer>& t,
-                                       std::string* payload) {
-  // The largest legal message is a FRAME over all of [hit, L) (FrameBytes
-  // is in the layout's dtype).
-  const uint64_t max_payload = std::max<uint64_t>(
-      wire::kMaxControlPayload,
-      wire::FrameFieldsBytes(hello.request_id.size()) +
-          layout_.FrameBytes(t->prompt_len - t->hit_tokens));
-  // K and V are copied out of the payload (where they sit at an offset
-  // that depends on the request_id length) so that the writer gets them
-  // aligned for any element type (KvWriter::WriteRows).
-  std::vector<char> k, v;
-  for (;;) {
-    uint32_t type = 0;
-    absl::Status s = tcp::ReadMessage(
-        fd, tcp::DeadlineIn(options_.transfer_timeout_ms), max_payload, &type,
-        payload, /*idle_ms=*/options_.transfer_timeout_ms);
-    absl::StatusOr<wire::FrameView> frame;
-    if (absl::IsDeadlineExceeded(s)) {
-      s = absl::DeadlineExceededError(
-          absl::StrCat("KV transfer for request ", hello.request_id,
-                       " stalled for ", options_.transfer_timeout_ms, " ms"));
-    } else if (absl::IsUnavailable(s)) {
-      s = absl::UnavailableError(absl::StrCat(
-          "KV sender for request ", hello.request_id,
-          " went away mid-transfer: ", s.message()));
-    } else if (s.ok() &&
-               type == static_cast<uint32_t>(wire::MessageType::kFinal)) {
-      absl::StatusOr<TransferResult> final_msg = wire::DecodeFinal(*payload);
-      absl::MutexLock l(&mu_);
-      if (!OwnsLocked(*t, c)) return LostLocked(*t, hello);
-      s = final_msg.ok() ? CheckFinalLocked(*t, hello, *final_msg)
+void KvReceiver::Impl::FailTransfer(Conn& c, absl::Status status) {
+  {
+    absl::MutexLock l(&mu_);
+    if (OwnsLocked(*c.transfer, c)) {
+      EndLocked(c.transfer, status);
+    } else {
+      status = LostLocked(*c.transfer, c.hello);
+    }
+  }
+  Close(c, status);
+}
+
+void KvReceiver::Impl::OnFinal(Conn& c) {
+  absl::StatusOr<TransferResult> final_msg =
+      wire::DecodeFinal(c.reader.payload());
+  const std::shared_ptr<Transfer>& t = c.transfer;
+  absl::Status s;
+  {
+    absl::MutexLock l(&mu_);
+    if (!OwnsLocked(*t, c)) {
+      s = LostLocked(*t, c.hello);
+    } else {
+      s = final_msg.ok() ? CheckFinalLocked(*t, c.hello, *final_msg)
                          : final_msg.status();
       if (s.ok()) {
         // FINAL carries no class: keep the one from this attempt's HELLO.
@@ -252,49 +240,57 @@ absl::Status KvReceiver::Impl::Receive(const Conn& c, int fd,
         t->result.peer_bit_exact_class = std::move(peer_class);
       }
       EndLocked(t, s);
-      return s;
-    } else if (s.ok() &&
-               type == static_cast<uint32_t>(wire::MessageType::kFrame)) {
-      frame = wire::DecodeFrame(*payload);
-      s = frame.ok() ? CheckFrame(*t, hello, *frame) : frame.status();
-    } else if (s.ok()) {
-      s = absl::DataLossError(
-          absl::StrCat("unexpected KV message ", wire::MessageTypeName(type),
-                       " mid-transfer for request ", hello.request_id));
     }
-    if (!s.ok()) {
-      absl::MutexLock l(&mu_);
-      if (!OwnsLocked(*t, c)) return LostLocked(*t, hello);
-      EndLocked(t, s);
-      return s;
-    }
-    // A checked FRAME: copy K and V out of the (unaligned) payload, then
-    // write with the lock released but `writing` set, so an abort waits.
-    const wire::FrameHeader& h = frame->header;
-    const size_t half = frame->kv.size() / 2;
-    k.resize(half);
-    v.resize(half);
-    std::memcpy(k.data(), frame->kv.data(), half);
-    std::memcpy(v.data(), frame->kv.data() + half, half);
-    {
-      absl::MutexLock l(&mu_);
-      if (!OwnsLocked(*t, c)) return LostLocked(*t, hello);
-      t->writing = true;
-    }
-    t->writer->WriteRows(h.layer, h.token_start, h.token_count, k.data(),
-                         v.data());
+  }
+  Close(c, s);  // OK: closed without a word, as the sender expects
+}
+
+void KvReceiver::Impl::OnFrame(Conn& c) {
+  absl::StatusOr<wire::FrameView> frame = wire::DecodeFrame(c.reader.payload());
+  absl::Status s = frame.ok() ? CheckFrame(*c.transfer, c.hello, *frame)
+                              : frame.status();
+  if (!s.ok()) {
+    FailTransfer(c, std::move(s));
+    return;
+  }
+  const std::shared_ptr<Transfer> t = c.transfer;
+  {
+    absl::MutexLock l(&mu_);
+    if (!OwnsLocked(*t, c)) s = LostLocked(*t, c.hello);
+    // Set under the lock that saw it RECEIVING: an abort from now on waits
+    // for the write (ABORTING), and this thread completes it below.
+    if (s.ok()) t->writing = true;
+  }
+  if (!s.ok()) {
+    Close(c, s);
+    return;
+  }
+  // K and V are copied out of the payload (where they sit at an offset
+  // that depends on the request_id length) so that the writer gets them
+  // aligned for any element type (KvWriter::WriteRows).
+  const wire::FrameHeader& h = frame->header;
+  const size_t half = frame->kv.size() / 2;
+  k_.resize(half);
+  v_.resize(half);
+  std::memcpy(k_.data(), frame->kv.data(), half);
+  std::memcpy(v_.data(), frame->kv.data() + half, half);
+  t->writer->WriteRows(h.layer, h.token_start, h.token_count, k_.data(),
+                       v_.data());
+  {
     absl::MutexLock l(&mu_);
     t->writing = false;
-    writer_idle_.SignalAll();
     if (t->state == TransferState::kAborting) {
       CompleteLocked(t);
-      return t->status;
+      s = t->status;
+    } else if (!OwnsLocked(*t, c)) {
+      s = LostLocked(*t, c.hello);
+    } else {
+      t->progress.Add(h.layer, h.token_start - t->hit_tokens, h.token_count,
+                      frame->kv.size());
+      bytes_total_.fetch_add(frame->kv.size());
     }
-    if (!OwnsLocked(*t, c)) return LostLocked(*t, hello);
-    t->progress.Add(h.layer, h.token_start - t->hit_tokens, h.token_count,
-                    frame->kv.size());
-    bytes_total_.fetch_add(frame->kv.size());
   }
+  if (!s.ok()) Close(c, s);
 }
 
 }  // namespace tandem::kvtransfer

@@ -1,29 +1,38 @@
 // Private to kvtransfer: KvReceiver's implementation state, shared by
-// receiver.cc (lifecycle, acceptor, reaper, public API) and
-// receiver_conn.cc (one connection: HELLO, frames, FINAL).
+// receiver.cc (lifecycle, public API, ending transfers, the completion
+// thread), receiver_loop.cc (the poll loop: accept, read, flush,
+// deadlines) and receiver_conn.cc (one connection's messages: HELLO,
+// FRAME, FINAL).
 //
-// KvReceiver (kv_transfer.h) runs an acceptor thread, one thread per
-// connection, and a reaper thread that fires handshake deadlines, runs
-// `done` callbacks, forgets old finished keys and joins finished connection
-// threads.
+// Threads: two, whatever the number of connections.
+//  - The I/O thread runs poll() over a wake eventfd, the listening socket
+//    and every connection (all non-blocking). It alone owns the
+//    connections (Conn: fd, MessageReader, unsent ACCEPT/REJECT bytes),
+//    decodes and checks messages, calls KvWriter::WriteRows, and fires
+//    every deadline: a connection's HELLO (handshake_timeout_ms after
+//    accept), its silence (transfer_timeout_ms since its last byte), a
+//    transfer's HELLO (handshake_timeout_ms after Expect) and the flush of
+//    a last REJECT (kControlSendMs).
+//  - The completion thread runs `done` callbacks one at a time, in the
+//    order transfers completed, so a slow `done` never stalls I/O.
+// Public methods run on the caller's thread under mu_; when a connection
+// must act on what they did (its transfer was cancelled), they queue its
+// id (KickLocked) and wake the I/O thread through the eventfd.
 //
 // Transfer lifecycle (DESIGN.md, Identity, retries and failures):
 //   AWAITING_HELLO --HELLO accepted--> RECEIVING --end--> ABORTING
 //   --no write in flight--> QUIESCED (done queued) --done ran--> FREED.
-// ABORTING lasts only while a connection thread is inside
-// KvWriter::WriteRows; that thread completes the transfer when the write
-// returns, so `done` never races a write.
-//
-// Waking threads: a connection thread waits in poll() on its socket with a
-// deadline. Other threads wake it with shutdown(fd, SHUT_RD) (Linux reports
-// EOF to poll/recv at once); the fd itself is closed only by its own thread,
-// under mu_, so a shutdown() never hits a reused fd.
+// ABORTING lasts only while the I/O thread is inside KvWriter::WriteRows
+// for the transfer (mu_ released, Transfer::writing set); the I/O thread
+// completes the transfer when the write returns, so `done` never races a
+// write.
 #ifndef TANDEM_KVTRANSFER_RECEIVER_IMPL_H_
 #define TANDEM_KVTRANSFER_RECEIVER_IMPL_H_
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtransfer/kv_transfer.h"
+#include "kvtransfer/message_reader.h"
 #include "kvtransfer/tcp.h"
 #include "kvtransfer/wire.h"
 
@@ -46,12 +56,19 @@ using tcp::Deadline;
 // How long a finished (request_id, attempt) is remembered so that a late
 // HELLO for it is rejected at once instead of looking unknown.
 constexpr auto kFinishedMemory = std::chrono::seconds(60);
-// Deadline for ACCEPT / REJECT writes (a few bytes into an idle socket).
+// How long a connection may take to flush its last REJECT (a few bytes
+// into an idle socket) before it is closed anyway.
 constexpr int kControlSendMs = 200;
-// Longest sleep of the acceptor and reaper between checks of their stop
-// flags (they are also woken explicitly; this only bounds a missed wake).
-constexpr int kAcceptSliceMs = 200;
-constexpr auto kReaperMaxSleep = std::chrono::milliseconds(500);
+// Longest poll() sleep; bounds how late finished keys are forgotten.
+constexpr auto kMaxPollSleep = std::chrono::milliseconds(500);
+// Bytes read from one connection per poll turn, so that one fast sender
+// cannot starve the others (poll is level-triggered: the rest waits for
+// the next turn).
+constexpr size_t kReadBudgetBytes = 1 << 20;
+// Connections accepted per poll turn, and the pause after accept() fails
+// (EMFILE and the like) before the listener is polled again.
+constexpr int kMaxAcceptsPerTurn = 256;
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
 enum class TransferState { kAwaitingHello, kReceiving, kAborting, kQuiesced, kFreed };
 
@@ -82,7 +99,8 @@ struct Progress {
 };
 
 // One Expect()ed transfer. The first group is const after Expect(); the
-// rest is guarded by KvReceiver::Impl::mu_.
+// rest is guarded by KvReceiver::Impl::mu_ (status and result are read
+// without it once QUIESCED, when nothing writes them any more).
 struct Transfer {
   std::string request_id;
   uint32_t hit_tokens = 0;
@@ -94,18 +112,35 @@ struct Transfer {
   TransferState state = TransferState::kAwaitingHello;
   Deadline handshake_deadline;
   uint64_t conn_id = 0;  // connection that owns it; 0 = none
-  bool writing = false;  // a connection thread is inside WriteRows
+  bool writing = false;  // the I/O thread is inside WriteRows for it
   absl::Status status;   // final status, set when it leaves RECEIVING
   TransferResult result;
   Progress progress;
 };
 
-// One accepted socket and its thread.
+// What a connection is doing; decides what poll() waits for and which
+// deadline applies.
+enum class ConnPhase {
+  kHandshake,  // waiting for HELLO; deadline: accept + handshake_timeout_ms
+  kReceiving,  // ACCEPTed; deadline: last byte + transfer_timeout_ms
+  kClosing,    // flushing a last REJECT; deadline: kControlSendMs
+};
+
+// One accepted socket. Owned and touched by the I/O thread only.
 struct Conn {
   uint64_t id = 0;
-  int fd = -1;            // guarded by mu_; -1 once closed
-  bool finished = false;  // guarded by mu_; thread is about to return
-  std::thread thread;
+  tcp::ScopedFd fd;  // invalid once closed (the Conn is erased that turn)
+  std::string peer;  // the sender's address, for log lines
+  ConnPhase phase = ConnPhase::kHandshake;
+  Deadline deadline;
+  MessageReader reader;
+  // Largest payload accepted in this phase (wire::kMaxControlPayload before
+  // HELLO; after it, a FRAME over all of [hit, L)).
+  uint64_t max_payload = wire::kMaxControlPayload;
+  wire::Hello hello;                   // kReceiving: the accepted HELLO
+  std::shared_ptr<Transfer> transfer;  // kReceiving: the transfer it took
+  std::string out;                     // ACCEPT / REJECT bytes to send
+  size_t out_sent = 0;
 };
 
 struct Finished {
@@ -120,18 +155,15 @@ class KvReceiver::Impl {
  public:
   using Transfer = receiver_internal::Transfer;
   using Conn = receiver_internal::Conn;
+  using ConnPhase = receiver_internal::ConnPhase;
   using Finished = receiver_internal::Finished;
   using TransferState = receiver_internal::TransferState;
+  using Clock = tcp::Clock;
 
+  // Takes the bound listening socket and an eventfd (both non-blocking)
+  // and starts the I/O and completion threads.
   Impl(const Options& options, const KvLayout& layout, tcp::ScopedFd listen_fd,
-       int port)
-      : options_(options),
-        layout_(layout),
-        listen_fd_(std::move(listen_fd)),
-        port_(port) {
-    acceptor_ = std::thread([this] { AcceptLoop(); });
-    reaper_ = std::thread([this] { ReaperLoop(); });
-  }
+       int port, tcp::ScopedFd wake_fd);
   ~Impl();
 
   int port() const { return port_; }
@@ -139,24 +171,84 @@ class KvReceiver::Impl {
                       uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
                       DoneCallback done);
   void Cancel(const std::string& request_id);
+  absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
+                             const std::string& reason);
   uint32_t in_flight() const { return in_flight_.load(); }
   uint64_t bytes_total() const { return bytes_total_.load(); }
 
  private:
-  void AcceptLoop();
-  void ReaperLoop();
-  void Serve(Conn* c, int fd);
-  // Reads and answers the HELLO into *hello. OK: *out owns the transfer
-  // now. Otherwise the status to REJECT with; a HELLO refused for its
-  // content (unknown dtype, layout mismatch) also ends the transfer it
-  // names if that attempt could have taken it.
-  absl::Status Handshake(const Conn& c, int fd, std::string* payload,
-                         wire::Hello* hello, std::shared_ptr<Transfer>* out);
-  // Receives FRAMEs until FINAL or an error; returns the status to REJECT
-  // with (OK after a good FINAL).
-  absl::Status Receive(const Conn& c, int fd, const wire::Hello& hello,
-                       const std::shared_ptr<Transfer>& t,
-                       std::string* payload);
+  // ---- receiver.cc: ending transfers, the completion thread ----
+  // Ends a live transfer with `status` (OK only after a good FINAL): marks
+  // ABORTING, kicks its connection, and completes at once unless a write
+  // is in flight. No-op when it already ended.
+  void EndLocked(std::shared_ptr<Transfer> t, absl::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ABORTING -> QUIESCED: forgets the key, queues `done`.
+  void CompleteLocked(std::shared_ptr<Transfer> t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the I/O thread to look at connection `conn_id` (its transfer
+  // ended or was taken over).
+  void KickLocked(uint64_t conn_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompletionLoop();
+  bool CompletionReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !completions_.empty() || completion_stop_;
+  }
+  // Options::log, if set. Never called with mu_ held.
+  void LogLine(const std::string& line) const;
+
+  // ---- receiver_loop.cc: the I/O thread ----
+  void IoLoop();
+  // Wakes the I/O thread (eventfd write); any thread, any lock state.
+  void Wake();
+  // Accepts pending connections (at most kMaxAcceptsPerTurn).
+  void AcceptAll();
+  // Reads what `c` has (at most kReadBudgetBytes) and handles every whole
+  // message.
+  void OnReadable(Conn& c);
+  // A read failed (peer gone, bad length prefix): ends `c` and, mid
+  // transfer, the transfer it owns.
+  void OnReadError(Conn& c, absl::Status status);
+  // Fires connection and transfer deadlines due at `now`, forgets old
+  // finished keys.
+  void FireDeadlines(Clock::time_point now);
+  // Handles the connections kicked by other threads.
+  void HandleKicks();
+  // When poll() must return at the latest.
+  Clock::time_point NextWakeup(Clock::time_point now);
+  // Queues bytes for `c` and tries to send them.
+  void Queue(Conn& c, const std::string& bytes);
+  // Sends what is queued for `c` as far as the socket takes it; closes `c`
+  // once a closing connection's bytes are out (or the send failed).
+  void Flush(Conn& c);
+  // Ends connection `c`: OK closes it now (after a good FINAL); an error
+  // queues REJECT(status) and closes once it is sent or kControlSendMs
+  // passed. Logs a refused connection (no HELLO accepted) and one that
+  // lost its transfer to a newer attempt; a failed transfer is logged when
+  // its `done` runs. Must not be called with mu_ held.
+  void Close(Conn& c, const absl::Status& status);
+  void CloseNow(Conn& c);
+
+  // ---- receiver_conn.cc: one connection's messages ----
+  // A whole message is buffered in c.reader: HELLO in kHandshake, FRAME or
+  // FINAL in kReceiving.
+  void OnMessage(Conn& c);
+  // Answers the HELLO in c.reader: ACCEPT (c takes the transfer) or REJECT.
+  void OnHello(Conn& c);
+  // Decides on the HELLO into *hello. OK: *out is the transfer c now owns.
+  // Otherwise the status to REJECT with; a HELLO refused for its content
+  // (unknown dtype, layout mismatch) also ends the transfer it names if
+  // that attempt could have taken it.
+  absl::Status Handshake(const Conn& c, wire::Hello* hello,
+                         std::shared_ptr<Transfer>* out);
+  // A FRAME: checked, then written into the transfer's writer (mu_
+  // released, Transfer::writing set); a bad one ends transfer and c.
+  void OnFrame(Conn& c);
+  // A FINAL: checked against what arrived; ends the transfer (OK or
+  // DATA_LOSS) and c.
+  void OnFinal(Conn& c);
+  // Ends c's transfer with `status` if c still owns it (else c learns why
+  // it lost it), then closes c with the resulting status.
+  void FailTransfer(Conn& c, absl::Status status);
   // Checks one frame against the agreed range; DATA_LOSS names the check.
   absl::Status CheckFrame(const Transfer& t, const wire::Hello& hello,
                           const wire::FrameView& f) const;
@@ -164,7 +256,6 @@ class KvReceiver::Impl {
   absl::Status CheckFinalLocked(const Transfer& t, const wire::Hello& hello,
                                 const TransferResult& final_msg) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   bool OwnsLocked(const Transfer& t, const Conn& c) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return t.state == TransferState::kReceiving && t.conn_id == c.id;
@@ -172,39 +263,34 @@ class KvReceiver::Impl {
   // Why connection `c` no longer owns `t` (cancelled, failed, superseded).
   absl::Status LostLocked(const Transfer& t, const wire::Hello& hello) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a live transfer with `status` (OK only after a good FINAL): marks
-  // ABORTING, wakes its connection, and completes at once unless a write is
-  // in flight. No-op when it already ended.
-  void EndLocked(std::shared_ptr<Transfer> t, absl::Status status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ABORTING -> QUIESCED: forgets the key, queues `done`.
-  void CompleteLocked(std::shared_ptr<Transfer> t)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void KickLocked(uint64_t conn_id, int how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Best-effort REJECT before closing.
-  void SendReject(int fd, const absl::Status& status);
 
   // Const after construction.
   const Options options_;
   const KvLayout layout_;
   const tcp::ScopedFd listen_fd_;
   const int port_;
-  std::thread acceptor_;
-  std::thread reaper_;
+  const tcp::ScopedFd wake_fd_;
 
   std::atomic<uint32_t> in_flight_{0};
   std::atomic<uint64_t> bytes_total_{0};
 
+  // I/O thread only.
+  std::map<uint64_t, std::unique_ptr<Conn>> conns_;
+  uint64_t next_conn_id_ = 0;
+  Clock::time_point accept_paused_until_;
+  std::vector<char> k_, v_;  // K and V of the frame being written, aligned
+
   mutable absl::Mutex mu_;
-  absl::CondVar writer_idle_;  // a Transfer::writing went false
-  absl::CondVar reaper_wake_;  // completions, new deadlines, stop
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_conn_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool completion_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Finished> finished_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Transfer>> completions_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> kicked_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Transfer>> completions_ ABSL_GUARDED_BY(mu_);
+
+  // Declared last: started by the constructor once everything above exists.
+  std::thread io_;
+  std::thread completion_;
 };
 
 }  // namespace tandem::kvtransfer

@@ -202,6 +202,45 @@ absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline) {
   }
 }
 
+absl::StatusOr<ScopedFd> AcceptNow(int listen_fd) {
+  for (;;) {
+    ScopedFd fd(::accept4(listen_fd, nullptr, nullptr,
+                          SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (fd.valid()) {
+      SetNoDelay(fd.get());
+      return fd;
+    }
+    const int err = errno;
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED ||
+        err == EPROTO) {
+      return ScopedFd();
+    }
+    return absl::UnavailableError(
+        absl::StrCat("accept failed: ", ErrnoText(err)));
+  }
+}
+
+std::string PeerAddress(int fd) {
+  struct sockaddr_storage addr;
+  socklen_t len = sizeof(addr);
+  if (::getpeername(fd, reinterpret_cast<struct sockaddr*>(&addr), &len) != 0) {
+    return "unknown peer";
+  }
+  char host[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET6) {
+    const auto* a6 = reinterpret_cast<const struct sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof(host));
+    return absl::StrCat("[", host, "]:", ntohs(a6->sin6_port));
+  }
+  if (addr.ss_family == AF_INET) {
+    const auto* a4 = reinterpret_cast<const struct sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a4->sin_addr, host, sizeof(host));
+    return absl::StrCat(host, ":", ntohs(a4->sin_port));
+  }
+  return "unknown peer";
+}
+
 absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
                                  Deadline deadline) {
   absl::StatusOr<HostPort> hp = ParseEndpoint(endpoint);

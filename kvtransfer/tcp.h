@@ -66,6 +66,16 @@ absl::StatusOr<ScopedFd> Listen(const std::string& host, int port,
 // fails.
 absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline);
 
+// Accepts one pending connection on non-blocking `listen_fd` without
+// waiting: an invalid ScopedFd when none is pending (or the client already
+// went away). The socket is non-blocking, close-on-exec, TCP_NODELAY.
+// Errors: UNAVAILABLE "accept failed: <errno text>" (EMFILE, ...).
+absl::StatusOr<ScopedFd> AcceptNow(int listen_fd);
+
+// The peer's address of a connected socket, "1.2.3.4:5678" or
+// "[::1]:5678"; "unknown peer" when getpeername fails. For log lines.
+std::string PeerAddress(int fd);
+
 // Connects to endpoint ("host:port") before `deadline`. Errors:
 // INVALID_ARGUMENT (bad endpoint), UNAVAILABLE (resolve/connect failed),
 // DEADLINE_EXCEEDED.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -585,6 +586,29 @@ TEST_F(DecodeWorkerTest, ShutdownEndsRunningRequestsWithUnavailable) {
   EXPECT_EQ(engine->Submit(Request("after", c, 2, RouteChoice::kLocal), after).code(),
             absl::StatusCode::kUnavailable);
   EXPECT_TRUE(after->events().empty());
+}
+
+// The receiver's options come from kv_listen and kv.*, and its log lines
+// (refused connections, failed transfers) reach the process log on stderr.
+TEST(ReceiverKvLoaderOptionsTest, FromConfigMapsKeysAndLogsToStderr) {
+  HostPort listen;
+  listen.host = "10.1.2.3";
+  listen.port = 7123;
+  KvConfig kv;
+  kv.handshake_timeout_ms = 1234;
+  kv.transfer_timeout_ms = 567;
+  const kvtransfer::KvReceiver::Options o = ReceiverKvLoader::OptionsFromConfig(listen, kv);
+  EXPECT_EQ(o.host, "10.1.2.3");
+  EXPECT_EQ(o.port, 7123);
+  EXPECT_EQ(o.handshake_timeout_ms, 1234);
+  EXPECT_EQ(o.transfer_timeout_ms, 567);
+  ASSERT_TRUE(o.log);
+  ::testing::internal::CaptureStderr();
+  o.log("KV receiver: transfer for request r attempt 1 failed: CANCELLED: x");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::EndsWith(
+      err, "KV receiver: transfer for request r attempt 1 failed: CANCELLED: x\n"))
+      << err;
 }
 
 }  // namespace

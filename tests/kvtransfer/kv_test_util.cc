@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -298,9 +299,11 @@ absl::StatusOr<wire::Reject> RawPeer::Hello(const wire::Hello& hello) {
   return ReadVerdict();
 }
 
-void ReceiverTest::Start(const KvLayout& layout, int handshake_ms, int transfer_ms) {
+void ReceiverTest::Start(const KvLayout& layout, int handshake_ms, int transfer_ms,
+                         std::function<void(std::string_view)> log) {
   layout_ = layout;
   KvReceiver::Options o;
+  o.log = std::move(log);
   o.host = "127.0.0.1";
   o.port = 0;
   o.handshake_timeout_ms = handshake_ms;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -159,8 +160,10 @@ class RawPeer {
 // Fixture with one KvReceiver on 127.0.0.1 (ephemeral port) per test.
 class ReceiverTest : public ::testing::Test {
  protected:
-  // Starts the receiver for `layout` with the given timeouts (ms).
-  void Start(const KvLayout& layout, int handshake_ms = 2000, int transfer_ms = 2000);
+  // Starts the receiver for `layout` with the given timeouts (ms) and
+  // Options::log (empty: none).
+  void Start(const KvLayout& layout, int handshake_ms = 2000, int transfer_ms = 2000,
+             std::function<void(std::string_view)> log = nullptr);
   std::string Endpoint() const;
   // A sender of layout_ and kTestBitExactClass for (id, attempt).
   absl::StatusOr<std::unique_ptr<KvSender>> Connect(const std::string& id, uint32_t attempt);
