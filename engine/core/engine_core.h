@@ -39,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -209,6 +210,14 @@ class EngineCore {
   void StartSamples(Request& r, int64_t parent, const std::vector<SampleStart>& starts,
                     std::vector<Ending>* endings);
   void StartRemoteLoad(const scheduler::RemoteKvStart& start);
+  // Before a step: adds prefill-only requests whose export has room to the
+  // scheduler, ends those whose transfer failed or (draining) ended, and
+  // returns the running sequences whose export has no room now.
+  std::set<int64_t> PollExports();
+  // A prefill-only request whose samples all ended OK: pins its blocks,
+  // removes its sequence and waits for the export's Result (`last`, the
+  // last sample's finish, is told then).
+  void StartDraining(Request& r, const Ending* last);
   // Sends K/V of tokens [from, to) of `layer` through the request's export.
   void ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to);
   // Ends one sample; the request ends (OK) with its last one.
@@ -248,6 +257,8 @@ class EngineCore {
   // Live request ids and their cancel flags.
   std::map<std::string, std::shared_ptr<CancelFlag>> live_ ABSL_GUARDED_BY(mu_);
   uint32_t open_exports_ ABSL_GUARDED_BY(mu_) = 0;
+  // An export's Wake ran: poll the exports (PollExports) before waiting.
+  bool export_wake_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread loop_;
