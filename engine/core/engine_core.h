@@ -21,7 +21,12 @@
 // of prefill-only requests out) -> for each chunk that samples: draw from
 // the backend's SamplingView, stream the token, check stops (one place:
 // stop_checker.h) -> scheduler.OnStepDone -> finish what stopped.
-// A prefill-only request (EngineRequest::kv_export) ends after token 0.
+// A prefill-only request (EngineRequest::kv_export) ends after token 0,
+// once its export's Result() says the transfer ended (its KV blocks stay
+// pinned until then). Before every step the core asks each export
+// Ready(): a request whose receiver has no room is not admitted yet, or
+// gets no chunk this step (Scheduler::Schedule's `held`), while others run.
+// An export's Wake posts to the loop like an inbox message.
 // A remote prefill's token 0 comes from the prefill worker (the router
 // streams it); this core streams from index 1 and computes token 0's K/V
 // in its first decode step.
@@ -125,7 +130,7 @@ class EngineCore {
   // Shutdown.
   absl::Status Submit(EngineRequest request);
   // Ends the request with CANCELLED and frees its blocks once nothing
-  // writes into them; a running KvExport gives up at its next layer.
+  // writes into them; its KvExport is closed (the transfer cancelled).
   // Unknown ids are ignored.
   void Cancel(const std::string& request_id);
   // Ends one sample of a request with FinishReason::kCancelled (its blocks
