@@ -95,7 +95,7 @@ class KvSendQueue::Impl {
     if (thread_.joinable()) thread_.join();
     absl::MutexLock lock(&mu_);
     for (auto& [id, t] : transfers_) {
-      Fail(t, absl::CancelledError(absl::StrCat("KV transfer of request ", t.request_id,
+      End(t, absl::CancelledError(absl::StrCat("KV transfer of request ", t.request_id,
                                                 " cancelled: the KV send queue shut down")));
     }
     if (wake_read_ >= 0) ::close(wake_read_);
@@ -150,7 +150,7 @@ class KvSendQueue::Impl {
       t.hello = std::move(hello);
       t.last_progress = Clock::now();
       if (stop_) {
-        Fail(t, absl::CancelledError("KvSendQueue: shutting down"));
+        End(t, absl::CancelledError("KvSendQueue: shutting down"));
         return id;
       }
     }
@@ -172,7 +172,10 @@ class KvSendQueue::Impl {
   absl::StatusOr<bool> EnqueueFrame(TransferId id, uint32_t layer, uint32_t token_start,
                                     uint32_t token_count, const void* k, const void* v,
                                     Admit admit) {
-    uint64_t row_bytes;
+    // Checks and the FRAME's fields under the lock; the K/V copy without
+    // it (the sender thread keeps writing meanwhile).
+    std::string msg;
+    uint64_t half = 0;
     {
       absl::MutexLock lock(&mu_);
       absl::StatusOr<Transfer*> t = Usable(id, "EnqueueFrame");
@@ -182,16 +185,7 @@ class KvSendQueue::Impl {
             "KvSendQueue::EnqueueFrame: layer ", layer, " (n_layers ", (*t)->n_layers,
             "), token_count ", token_count, " (must be > 0)"));
       }
-      row_bytes = (*t)->row_bytes;
-    }
-    // Build (copy) the message without the lock: the sender thread keeps
-    // writing meanwhile.
-    const uint64_t half = uint64_t{token_count} * row_bytes;
-    std::string msg;
-    {
-      absl::MutexLock lock(&mu_);
-      absl::StatusOr<Transfer*> t = Usable(id, "EnqueueFrame");
-      if (!t.ok()) return t.status();
+      half = uint64_t{token_count} * (*t)->row_bytes;
       absl::StatusOr<std::string> prefix = wire::EncodeFramePrefix(
           {(*t)->request_id, (*t)->attempt, layer, token_start, token_count}, 2 * half);
       if (!prefix.ok()) return prefix.status();
@@ -263,7 +257,7 @@ class KvSendQueue::Impl {
       Transfer& t = it->second;
       t.notify = nullptr;
       if (!t.result.has_value()) {
-        Fail(t, absl::CancelledError(absl::StrCat("KV transfer of request ", t.request_id,
+        End(t, absl::CancelledError(absl::StrCat("KV transfer of request ", t.request_id,
                                                   " cancelled")));
       }
       transfers_.erase(it);
@@ -319,9 +313,6 @@ class KvSendQueue::Impl {
     t.front_written = 0;
     if (t.notify) t.notify();
   }
-  void Fail(Transfer& t, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    End(t, std::move(status));
-  }
 
   // `bytes` of `endpoint` left the queue: wake whoever was told "not now".
   void Drained(const std::string& endpoint, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -370,7 +361,7 @@ class KvSendQueue::Impl {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       // EOF or a socket error: a complete REJECT already read still wins.
       if (!ParseReply(t)) {
-        Fail(t, Error(t, absl::StatusCode::kUnavailable,
+        End(t, Error(t, absl::StatusCode::kUnavailable,
                       n == 0 ? absl::StrCat("KV receiver closed the connection while ",
                                             Doing(t.state))
                              : absl::StrCat("connection failed: ", std::strerror(errno))));
@@ -387,7 +378,7 @@ class KvSendQueue::Impl {
     uint32_t type = 0, length = 0;
     wire::GetHeader(t.in.data(), &type, &length);
     if (length > wire::kMaxControlPayload) {
-      Fail(t, Error(t, absl::StatusCode::kDataLoss,
+      End(t, Error(t, absl::StatusCode::kDataLoss,
                     absl::StrCat("KV receiver sent ", wire::MessageTypeName(type), " of ",
                                  length, " bytes")));
       return true;
@@ -396,14 +387,14 @@ class KvSendQueue::Impl {
     const absl::string_view payload(t.in.data() + wire::kHeaderBytes, length);
     if (type == static_cast<uint32_t>(wire::MessageType::kReject)) {
       absl::StatusOr<wire::Reject> r = wire::DecodeReject(payload);
-      Fail(t, r.ok() ? Rejected(t, *r) : r.status());
+      End(t, r.ok() ? Rejected(t, *r) : r.status());
       return true;
     }
     if (type == static_cast<uint32_t>(wire::MessageType::kAccept) &&
         t.state == State::kHandshake && t.hello.empty()) {
       absl::Status s = wire::DecodeAccept(payload);
       if (!s.ok()) {
-        Fail(t, s);
+        End(t, s);
         return true;
       }
       t.in.erase(0, wire::kHeaderBytes + length);
@@ -411,7 +402,7 @@ class KvSendQueue::Impl {
       t.last_progress = Clock::now();
       return true;
     }
-    Fail(t, Error(t, absl::StatusCode::kDataLoss,
+    End(t, Error(t, absl::StatusCode::kDataLoss,
                   absl::StrCat("unexpected ", wire::MessageTypeName(type), " from the receiver "
                                "while ", Doing(t.state))));
     return true;
@@ -448,7 +439,7 @@ class KvSendQueue::Impl {
         const int err = errno;
         ReadFrom(t);  // the receiver's REJECT, if it sent one, says why
         if (!t.result.has_value()) {
-          Fail(t, Error(t, absl::StatusCode::kUnavailable,
+          End(t, Error(t, absl::StatusCode::kUnavailable,
                         absl::StrCat("connection failed while sending: ", std::strerror(err))));
         }
         return;
@@ -502,7 +493,7 @@ class KvSendQueue::Impl {
         if (it == transfers_.end() || it->second.state != State::kNew) continue;
         Transfer& t = it->second;
         if (!fd.ok()) {
-          Fail(t, Error(t, fd.status().code(), std::string(fd.status().message())));
+          End(t, Error(t, fd.status().code(), std::string(fd.status().message())));
           continue;
         }
         t.fd = *std::move(fd);
@@ -540,7 +531,7 @@ class KvSendQueue::Impl {
       if (rc < 0 && errno != EINTR) {
         absl::MutexLock lock(&mu_);
         for (auto& [id, t] : transfers_) {
-          Fail(t, Error(t, absl::StatusCode::kUnavailable,
+          End(t, Error(t, absl::StatusCode::kUnavailable,
                         absl::StrCat("poll failed: ", std::strerror(errno))));
         }
         continue;
@@ -561,7 +552,7 @@ class KvSendQueue::Impl {
         if (t.state == State::kConnecting) {
           absl::Status s = tcp::FinishConnect(t.fd.get(), t.endpoint);
           if (!s.ok()) {
-            Fail(t, Error(t, s.code(), std::string(s.message())));
+            End(t, Error(t, s.code(), std::string(s.message())));
             continue;
           }
           t.state = State::kHandshake;
@@ -577,7 +568,7 @@ class KvSendQueue::Impl {
       for (auto& [id, t] : transfers_) {
         if (t.result.has_value() || !t.Waiting()) continue;
         if (now - t.last_progress >= std::chrono::milliseconds(options_.transfer_timeout_ms)) {
-          Fail(t, absl::DeadlineExceededError(absl::StrCat(
+          End(t, absl::DeadlineExceededError(absl::StrCat(
                       "KV transfer of request ", t.request_id, " to ", t.endpoint,
                       ": no progress for ", options_.transfer_timeout_ms, " ms while ",
                       Doing(t.state))));

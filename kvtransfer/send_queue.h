@@ -24,9 +24,9 @@
 // Owns: the sockets and buffers of every open transfer, the sender thread.
 // Does not touch: KV memory (rows are copied in), the engine, gRPC.
 // Threads: every public method is thread-safe and never waits for the
-// network. `notify` runs on the sender thread (or inside Close/the
-// destructor never) with the queue's lock held: it must not call the
-// queue; keep it short (signal a condition).
+// network. `notify` runs with the queue's lock held, on the sender thread
+// (or in the destructor, for transfers still open; never from Close): it
+// must not call the queue; keep it short (signal a condition).
 #ifndef TANDEM_KVTRANSFER_SEND_QUEUE_H_
 #define TANDEM_KVTRANSFER_SEND_QUEUE_H_
 

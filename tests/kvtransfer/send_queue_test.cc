@@ -170,6 +170,13 @@ TEST_F(KvSendQueueTest, FullTransferArrivesAndEndsOk) {
   Notifier n;
   const Id id = Open(*q, Endpoint(), "q-full", n);
   const RefKv ref(layout_, 20, 77);
+  // Bad frames and FINALs are refused with nothing queued.
+  EXPECT_EQ(q->EnqueueFrame(id, 2, 4, 1, ref.K(0, 4), ref.V(0, 4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(q->EnqueueFrame(id, 0, 4, 0, ref.K(0, 4), ref.V(0, 4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(q->EnqueueFinal(id, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(q->queued_bytes(Endpoint()), 0u);
   for (uint32_t start : {4u, 12u}) {
     for (uint32_t layer = 0; layer < 2; ++layer) {
       auto queued = q->EnqueueFrame(id, layer, start, 8, ref.K(layer, start), ref.V(layer, start));
