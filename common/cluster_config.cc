@@ -175,24 +175,31 @@ struct IntField {
   int32_t max = INT32_MAX;
 };
 
+// Reads map[key], when present, into *out: an integer in [min, max].
+template <typename T>
+absl::Status ReadInt(const YAML::Node& map, const std::string& path, absl::string_view key,
+                     T* out, int64_t min, int64_t max) {
+  const YAML::Node node = map[std::string(key)];
+  if (!node.IsDefined()) return absl::OkStatus();
+  const std::string field = KeyPath(path, key);
+  int64_t value = 0;
+  if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
+    return Invalid(field, absl::StrCat("expected an integer, got '",
+                                       node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
+                   node);
+  }
+  if (value < min || value > max) {
+    return Invalid(field, absl::StrCat("must be in [", min, ", ", max, "], got ", value), node);
+  }
+  *out = static_cast<T>(value);
+  return absl::OkStatus();
+}
+
 // Reads each present field of `fields` from map, checking type and range.
 absl::Status ReadInts(const YAML::Node& map, const std::string& path,
                       std::initializer_list<IntField> fields) {
   for (const IntField& f : fields) {
-    const YAML::Node node = map[std::string(f.key)];
-    if (!node.IsDefined()) continue;
-    const std::string field = KeyPath(path, f.key);
-    int64_t value = 0;
-    if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
-      return Invalid(field, absl::StrCat("expected an integer, got '",
-                                         node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
-                     node);
-    }
-    if (value < f.min || value > f.max) {
-      return Invalid(field, absl::StrCat("must be in [", f.min, ", ", f.max, "], got ", value),
-                     node);
-    }
-    *f.out = static_cast<int32_t>(value);
+    if (absl::Status s = ReadInt(map, path, f.key, f.out, f.min, f.max); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -359,7 +366,8 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   }
   if (const YAML::Node n = root["kv"]; n.IsDefined()) {
     if (s = CheckKeys(n, "kv",
-                      {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts"});
+                      {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts",
+                       "send_buffer_bytes"});
         !s.ok()) {
       return s;
     }
@@ -367,6 +375,9 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
                  {{"transfer_timeout_ms", &c->kv.transfer_timeout_ms, 1},
                   {"handshake_timeout_ms", &c->kv.handshake_timeout_ms, 1},
                   {"max_prefill_attempts", &c->kv.max_prefill_attempts, 1}});
+    if (!s.ok()) return s;
+    s = ReadInt(n, "kv", "send_buffer_bytes", &c->kv.send_buffer_bytes,
+                KvConfig::kMinSendBufferBytes, KvConfig::kMaxSendBufferBytes);
     if (!s.ok()) return s;
   }
   return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});

@@ -18,7 +18,7 @@
 //            kernel_isa: auto}
 //   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
-//        max_prefill_attempts: 2}
+//        max_prefill_attempts: 2, send_buffer_bytes: 268435456}
 //   shutdown_grace_s: 5
 // Ports may be 0 (ephemeral).
 #ifndef TANDEM_COMMON_CLUSTER_CONFIG_H_
@@ -127,6 +127,13 @@ struct KvConfig {
   // Remote prefill attempts per request under on_prefill_failure: retry
   // (attempt 1 included); after the last one fails the request fails.
   int32_t max_prefill_attempts = 2;
+  // Prefill worker, per decode worker it sends to: KV bytes queued but not
+  // yet written to the socket. A request whose decode worker is at it
+  // waits (others run), so a slow decode worker never stalls the prefill
+  // worker. In [kMinSendBufferBytes, kMaxSendBufferBytes].
+  uint64_t send_buffer_bytes = 268435456;  // 256 MiB
+  static constexpr int64_t kMinSendBufferBytes = 1 << 20;             // 1 MiB
+  static constexpr int64_t kMaxSendBufferBytes = int64_t{1} << 40;  // 1 TiB
 };
 
 // The chat formats the router renders (router/chat_template.h, whose

@@ -293,6 +293,50 @@ absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
   return last;
 }
 
+absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint) {
+  absl::StatusOr<HostPort> hp = ParseEndpoint(endpoint);
+  if (!hp.ok()) return hp.status();
+  absl::StatusOr<struct addrinfo*> res = Resolve(hp->host, hp->port, false);
+  if (!res.ok()) return res.status();
+  absl::Status last = absl::UnavailableError(
+      absl::StrCat("no address for KV endpoint ", endpoint));
+  for (struct addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
+    ScopedFd fd(::socket(ai->ai_family,
+                         ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                         ai->ai_protocol));
+    if (!fd.valid()) {
+      last = absl::UnavailableError(
+          absl::StrCat("socket() failed: ", ErrnoText(errno)));
+      continue;
+    }
+    int rc;
+    do {
+      rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EINPROGRESS) {
+      last = absl::UnavailableError(absl::StrCat(
+          "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(errno)));
+      continue;
+    }
+    ::freeaddrinfo(*res);
+    return fd;
+  }
+  ::freeaddrinfo(*res);
+  return last;
+}
+
+absl::Status FinishConnect(int fd, const std::string& endpoint) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
+  }
+  SetNoDelay(fd);
+  return absl::OkStatus();
+}
+
 absl::Status SendAll(int fd, struct iovec* iov, int iovcnt,
                      Deadline deadline, int idle_ms) {
   while (iovcnt > 0) {

@@ -82,6 +82,18 @@ std::string PeerAddress(int fd);
 absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
                                  Deadline deadline);
 
+// Starts a non-blocking connect to endpoint ("host:port") and returns the
+// socket at once, its connect in progress or done: wait for POLLOUT on it,
+// then call FinishConnect. Never waits for the peer (name resolution may
+// still take a moment for a host name). Errors: INVALID_ARGUMENT (bad
+// endpoint), UNAVAILABLE (resolve failed, or every address refused at
+// once).
+absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint);
+// After POLLOUT (or POLLERR/POLLHUP) on a StartConnect socket: OK once
+// connected (TCP_NODELAY set), else UNAVAILABLE naming the endpoint and
+// the connect error.
+absl::Status FinishConnect(int fd, const std::string& endpoint);
+
 // In the functions below, idle_ms > 0 turns `deadline` into a silence
 // bound: every chunk of progress moves the deadline to now + idle_ms, so a
 // big message on a slow link is not cut off while bytes keep flowing.

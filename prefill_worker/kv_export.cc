@@ -3,9 +3,19 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace tandem::prefill {
+
+absl::Status StartKvSendQueue(KvSendOptions* options) {
+  kvtransfer::KvSendQueue::Options q;
+  q.send_buffer_bytes = options->send_buffer_bytes;
+  q.transfer_timeout_ms = options->transfer_timeout_ms;
+  absl::StatusOr<std::unique_ptr<kvtransfer::KvSendQueue>> queue =
+      kvtransfer::KvSendQueue::Start(q);
+  if (!queue.ok()) return queue.status();
+  options->queue = *std::move(queue);
+  return absl::OkStatus();
+}
 
 SenderKvExport::SenderKvExport(const KvSendOptions& options, std::string endpoint,
                                std::string request_id, uint32_t attempt, int32_t hit_tokens)
@@ -15,35 +25,44 @@ SenderKvExport::SenderKvExport(const KvSendOptions& options, std::string endpoin
       attempt_(attempt),
       hit_tokens_(hit_tokens) {}
 
-absl::Status SenderKvExport::Open(std::shared_ptr<const core::CancelFlag> cancelled) {
-  cancelled_ = std::move(cancelled);
-  auto sender = kvtransfer::KvSender::Connect(endpoint_, request_id_, attempt_, options_.layout,
-                                              options_.bit_exact_class,
-                                              options_.transfer_timeout_ms);
-  if (!sender.ok()) {
-    return absl::Status(sender.status().code(), absl::StrCat("KV handshake with ", endpoint_,
-                                                             ": ", sender.status().message()));
+SenderKvExport::~SenderKvExport() { Close(); }
+
+absl::Status SenderKvExport::Open(std::shared_ptr<const core::CancelFlag>, Wake wake) {
+  absl::StatusOr<kvtransfer::KvSendQueue::TransferId> id = options_.queue->Open(
+      endpoint_, request_id_, attempt_, options_.layout, options_.bit_exact_class,
+      std::move(wake));
+  if (!id.ok()) {
+    return absl::Status(id.status().code(), absl::StrCat("KV handshake with ", endpoint_, ": ",
+                                                         id.status().message()));
   }
-  sender_ = std::move(*sender);
+  id_ = *id;
   return absl::OkStatus();
 }
 
+bool SenderKvExport::Stalled() const {
+  return options_.fault_stall_after_frames >= 0 && frames_ >= options_.fault_stall_after_frames;
+}
+
+absl::StatusOr<bool> SenderKvExport::Ready() { return options_.queue->HasRoom(*id_); }
+
 absl::Status SenderKvExport::SendLayer(int32_t layer, int32_t token_start, int32_t count,
                                        const char* k, const char* v) {
-  if (options_.fault_stall_after_frames >= 0 && frames_ >= options_.fault_stall_after_frames) {
-    // Injected stall: hold the connection open and send nothing.
-    while (!cancelled_->load()) absl::SleepFor(absl::Milliseconds(20));
-    return absl::CancelledError("request cancelled during injected stall");
-  }
+  if (Stalled()) return absl::OkStatus();  // injected stall: the frame never leaves
   ++frames_;
-  absl::Status sent = sender_->SendFrame(static_cast<uint32_t>(layer),
-                                         static_cast<uint32_t>(token_start),
-                                         static_cast<uint32_t>(count), k, v);
-  bytes_sent_ = sender_->bytes_sent();
-  return sent;
+  // The core asked Ready() before this step: the frame goes whatever the
+  // budget, so a step is never half sent.
+  absl::StatusOr<bool> queued = options_.queue->EnqueueFrame(
+      *id_, static_cast<uint32_t>(layer), static_cast<uint32_t>(token_start),
+      static_cast<uint32_t>(count), k, v, kvtransfer::KvSendQueue::Admit::kAlways);
+  if (!queued.ok()) return queued.status();
+  bytes_sent_ += options_.layout.FrameBytes(static_cast<uint32_t>(count));
+  return absl::OkStatus();
 }
 
 absl::Status SenderKvExport::Finish(const std::vector<core::SampleStart>& samples) {
+  // Injected stall: no FINAL; the connection stays open until the request
+  // is cancelled or the receiver times out (its REJECT ends the transfer).
+  if (Stalled()) return absl::OkStatus();
   std::vector<kvtransfer::FinalSample> final_samples;
   final_samples.reserve(samples.size());
   for (const core::SampleStart& start : samples) {
@@ -55,11 +74,15 @@ absl::Status SenderKvExport::Finish(const std::vector<core::SampleStart>& sample
       sample.top_logprobs.push_back({top.id, top.logprob});
     }
   }
-  return sender_->SendFinal(final_samples);
+  return options_.queue->EnqueueFinal(*id_, final_samples);
 }
 
+std::optional<absl::Status> SenderKvExport::Result() { return options_.queue->Result(*id_); }
+
 void SenderKvExport::Close() {
-  sender_.reset();  // closes the connection (after FINAL, if sent)
+  if (!id_.has_value()) return;
+  options_.queue->Close(*id_);  // cancels it unless the FINAL went out
+  id_.reset();
 }
 
 }  // namespace tandem::prefill

@@ -1,21 +1,26 @@
-// The prefill worker's KV sender (kvtransfer::KvSender) as the engine
+// The prefill worker's KV sends (kvtransfer::KvSendQueue) as the engine
 // core's KvExport: HELLO when the request reaches the core, one FRAME per
 // (layer, token range) as the forward writes it, FINAL with token 0
-// (DESIGN.md, steps 4-6).
+// (DESIGN.md, steps 4-6). Nothing here waits for the network: the queue's
+// sender thread connects and writes, the core asks Ready() before each
+// step and Result() after Finish.
 //
-// Owns: one request's connection to the decode worker's KV receiver.
-// Does not touch: KV memory (the core reads the rows and hands them over),
-// scheduling, gRPC.
-// Threads: the core's loop thread calls every method.
+// Owns: one request's transfer in the shared queue.
+// Does not touch: KV memory (the core reads the rows and hands them over;
+// the queue copies them), scheduling, gRPC.
+// Threads: the core's loop thread calls every method; the queue runs
+// `wake` on its sender thread.
 #ifndef TANDEM_PREFILL_WORKER_KV_EXPORT_H_
 #define TANDEM_PREFILL_WORKER_KV_EXPORT_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/core/request.h"
 #include "kvtransfer/kv_transfer.h"
+#include "kvtransfer/send_queue.h"
 
 namespace tandem::prefill {
 
@@ -23,38 +28,58 @@ namespace tandem::prefill {
 struct KvSendOptions {
   kvtransfer::KvLayout layout;  // this worker's KV layout (KvLayoutFor)
   std::string bit_exact_class;  // reported in HELLO
-  int32_t transfer_timeout_ms = 5000;  // handshake and each send (kv.transfer_timeout_ms)
+  // Silence bound of a transfer: connect, ACCEPT, and writes while bytes
+  // are queued (kv.transfer_timeout_ms).
+  int32_t transfer_timeout_ms = 5000;
+  // Per decode worker (KV endpoint): bytes queued but not yet written
+  // (kv.send_buffer_bytes). A request whose receiver is at it waits.
+  uint64_t send_buffer_bytes = 268435456;
   // Fault injection for tests (--fault-stall-after-frames): after this
-  // many frames, stop sending (as if the link stalled) until the request is
-  // cancelled. < 0 = off.
+  // many frames, send nothing more (no FINAL either), as if the link
+  // stalled, holding the connection open until the request is cancelled
+  // or the receiver gives up. < 0 = off.
   int32_t fault_stall_after_frames = -1;
+  // The sender every export queues into; StartKvSendQueue sets it.
+  std::shared_ptr<kvtransfer::KvSendQueue> queue;
 };
+
+// Starts options->queue from transfer_timeout_ms and send_buffer_bytes.
+// Errors: as kvtransfer::KvSendQueue::Start (INVALID_ARGUMENT naming the
+// option).
+absl::Status StartKvSendQueue(KvSendOptions* options);
 
 class SenderKvExport final : public core::KvExport {
  public:
   // Sends tokens [hit_tokens, L) of request `request_id` to `endpoint`
-  // (the decode worker's KV receiver) as transfer attempt `attempt`.
+  // (the decode worker's KV receiver) as transfer attempt `attempt`, through
+  // options.queue (required).
   SenderKvExport(const KvSendOptions& options, std::string endpoint, std::string request_id,
                  uint32_t attempt, int32_t hit_tokens);
+  ~SenderKvExport() override;
 
   int32_t first_token_to_send() const override { return hit_tokens_; }
-  // Errors: as KvSender::Connect, the message prefixed "KV handshake with
-  // <endpoint>: ".
-  absl::Status Open(std::shared_ptr<const core::CancelFlag> cancelled) override;
+  // Errors: INVALID_ARGUMENT for a bad endpoint, "KV handshake with
+  // <endpoint>: " first. Handshake failures (UNAVAILABLE, a REJECT's code,
+  // DEADLINE_EXCEEDED) come later, from Ready/SendLayer/Result.
+  absl::Status Open(std::shared_ptr<const core::CancelFlag> cancelled, Wake wake) override;
+  absl::StatusOr<bool> Ready() override;
   absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count, const char* k,
                          const char* v) override;
   absl::Status Finish(const std::vector<core::SampleStart>& samples) override;
+  std::optional<absl::Status> Result() override;
   void Close() override;
   uint64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
+  // Whether the injected stall has begun.
+  bool Stalled() const;
+
   const KvSendOptions options_;
   const std::string endpoint_;
   const std::string request_id_;
   const uint32_t attempt_;
   const int32_t hit_tokens_;
-  std::shared_ptr<const core::CancelFlag> cancelled_;
-  std::unique_ptr<kvtransfer::KvSender> sender_;
+  std::optional<kvtransfer::KvSendQueue::TransferId> id_;
   int64_t frames_ = 0;
   uint64_t bytes_sent_ = 0;
 };

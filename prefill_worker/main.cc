@@ -1,6 +1,8 @@
 // tandem-prefill-worker: thin main; see common/server/worker_main.h.
 // Extra flag --fault-stall-after-frames N (tests only): stall the KV send
 // after N frames, to exercise the decode worker's transfer timeout.
+// kv.send_buffer_bytes and kv.transfer_timeout_ms configure the KV sender
+// (kvtransfer::KvSendQueue: one thread for every transfer).
 #include "absl/strings/numbers.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
@@ -17,10 +19,14 @@ int main(int argc, char** argv) {
         send.layout = KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint);
         send.bit_exact_class = backend->bit_exact_class();
         send.transfer_timeout_ms = ctx.config->kv.transfer_timeout_ms;
+        send.send_buffer_bytes = ctx.config->kv.send_buffer_bytes;
         auto it = ctx.flags->find("fault-stall-after-frames");
         if (it != ctx.flags->end() &&
             !absl::SimpleAtoi(it->second, &send.fault_stall_after_frames)) {
           return absl::InvalidArgumentError("--fault-stall-after-frames: not an integer");
+        }
+        if (absl::Status started = prefill::StartKvSendQueue(&send); !started.ok()) {
+          return started;
         }
         auto core = std::make_unique<core::EngineCore>(
             CoreOptionsFromConfig(*ctx.config, *ctx.model, "prefill worker"), std::move(backend),

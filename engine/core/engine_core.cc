@@ -1,6 +1,8 @@
 #include "engine/core/engine_core.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,16 @@ struct EngineCore::Request {
   bool export_open = false;       // kv_export: Open succeeded, not closed yet
   bool cached_rows_sent = false;  // kv_export: rows from the prefix cache went out
   absl::Status export_error;      // kv_export: first failure
+  // kv_export: the sequence, until Ready() first lets it run (a request
+  // whose receiver has no room waits outside the scheduler).
+  std::optional<scheduler::SeqState> unscheduled;
+  // kv_export: every sample ended OK with Finish; the request waits for
+  // the transfer's Result() holding `pinned` (its blocks), and then ends
+  // with `drain_last` (if OK) as its last sample's finish.
+  bool draining = false;
+  bool transfer_done = false;  // Result() arrived; EndRequest ends it for good
+  std::vector<int32_t> pinned;
+  std::optional<Ending> drain_last;
   absl::Status abort_status;      // why a request aborted while loading ends
   uint32_t remote_attempt = 0;    // the remote prefill attempt awaited (1, 2, ...)
   // AbortRemotePrefill for the awaited attempt: its load was cancelled;
@@ -223,9 +235,10 @@ void EngineCore::Loop() {
       absl::MutexLock lock(&mu_);
       while (!stop_requested_ && inbox_new_.empty() && inbox_cancel_.empty() &&
              inbox_cancel_sample_.empty() && inbox_done_.empty() && inbox_abort_.empty() &&
-             !pending) {
+             !export_wake_ && !pending) {
         cv_.Wait(&mu_);
       }
+      export_wake_ = false;
       arrivals.swap(inbox_new_);
       cancels.swap(inbox_cancel_);
       sample_cancels.swap(inbox_cancel_sample_);
@@ -271,17 +284,26 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
   s.route = exports ? RouteChoice::kLocal : r.req.route;
   // A prefill-only request's KV is already on the wire: never recompute it.
   s.preemptible = !exports;
-  scheduler_.Add(std::move(s));
   const std::string id = r.req.request_id;
   requests_.emplace(id, std::move(request));
-  if (!exports) return;
+  if (!exports) {
+    scheduler_.Add(std::move(s));
+    return;
+  }
+  // A prefill-only request joins the scheduler once its export has room
+  // (PollExports, before every step).
+  r.unscheduled = std::move(s);
   if (r.cancelled->load()) {
     // Cancelled (or shutting down) before it got here: the Abort that
     // follows ends it; no handshake for nothing.
     r.export_error = absl::CancelledError("request cancelled");
     return;
   }
-  absl::Status open = r.req.kv_export->Open(r.cancelled);
+  absl::Status open = r.req.kv_export->Open(r.cancelled, [this] {
+    absl::MutexLock lock(&mu_);
+    export_wake_ = true;
+    cv_.Signal();
+  });
   if (!open.ok()) {
     EndRequest(id, open);
     return;
@@ -289,6 +311,47 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
   r.export_open = true;
   absl::MutexLock lock(&mu_);
   ++open_exports_;
+}
+
+std::set<int64_t> EngineCore::PollExports() {
+  std::set<int64_t> held;
+  std::vector<std::pair<std::string, absl::Status>> ended;
+  for (auto& [id, rp] : requests_) {
+    Request& r = *rp;
+    if (!r.export_open) continue;
+    if (r.draining) {
+      std::optional<absl::Status> result = r.req.kv_export->Result();
+      if (result.has_value()) ended.emplace_back(id, *std::move(result));
+      continue;
+    }
+    if (!r.export_error.ok()) continue;  // ends at the end of its step
+    absl::StatusOr<bool> ready = r.req.kv_export->Ready();
+    if (!ready.ok()) {
+      ended.emplace_back(id, ready.status());
+      continue;
+    }
+    if (!*ready) {
+      if (!r.unscheduled.has_value()) held.insert(r.seq_ids[0]);
+      continue;
+    }
+    if (r.unscheduled.has_value()) {
+      scheduler_.Add(*std::move(r.unscheduled));
+      r.unscheduled.reset();
+    }
+  }
+  for (auto& [id, status] : ended) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    r.transfer_done = true;
+    if (status.ok() && r.drain_last.has_value()) {
+      const Ending last = *r.drain_last;
+      EndRequest(id, status, &last);
+    } else {
+      EndRequest(id, status);
+    }
+  }
+  return held;
 }
 
 void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
@@ -479,7 +542,9 @@ void EngineCore::FinishSample(const std::string& request_id, uint32_t sample_ind
     return;
   }
   int64_t& seq_id = r.seq_ids[sample_index];
-  if (seq_id != 0) {
+  // A prefill-only request keeps its one sequence (sample 0's) until the
+  // request ends: its blocks stay pinned while the transfer drains.
+  if (seq_id != 0 && r.req.kv_export == nullptr) {
     scheduler_.Remove(seq_id);  // frees its blocks (shared ones stay with the others)
     samples_.erase(seq_id);
     seq_id = 0;
@@ -495,6 +560,10 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
                             const Ending* last) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
+  if (status.ok() && it->second->export_open && !it->second->transfer_done) {
+    StartDraining(*it->second, last);
+    return;
+  }
   std::unique_ptr<Request> r = std::move(it->second);
   requests_.erase(it);
   for (int64_t seq_id : r->seq_ids) {
@@ -502,6 +571,7 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
     scheduler_.Remove(seq_id);  // frees its blocks (full ones stay cached)
     samples_.erase(seq_id);
   }
+  if (!r->pinned.empty()) kv_.Unpin(r->pinned);
   uint64_t bytes_sent = 0;
   if (r->req.kv_export != nullptr) {
     r->req.kv_export->Close();
@@ -519,6 +589,24 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
   // freed in GetStats() and may reuse the request id.
   if (last != nullptr) r->req.output->OnSampleFinish(last->sample_index, last->reason);
   r->req.output->OnFinish(status);
+}
+
+void EngineCore::StartDraining(Request& r, const Ending* last) {
+  // The sequence leaves the scheduler; its blocks stay pinned until the
+  // transfer's last frame is written (or it failed).
+  const int64_t seq0 = r.seq_ids[0];
+  if (seq0 != 0) {
+    r.pinned = kv_.BlockTable(seq0);
+    kv_.Pin(r.pinned);
+    scheduler_.Remove(seq0);
+    samples_.erase(seq0);
+    r.seq_ids[0] = 0;
+  }
+  r.draining = true;
+  if (last != nullptr) r.drain_last = *last;
+  absl::MutexLock lock(&mu_);
+  export_wake_ = true;  // its result may be in already
+  UpdateKvStats();
 }
 
 void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from,
@@ -539,7 +627,8 @@ void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t f
 }
 
 bool EngineCore::Step() {
-  const scheduler::StepPlan plan = scheduler_.Schedule();
+  const std::set<int64_t> held = PollExports();
+  const scheduler::StepPlan plan = scheduler_.Schedule(held);
   {
     absl::MutexLock lock(&mu_);
     stats_.preemptions_total += plan.preempted.size();

@@ -21,7 +21,12 @@
 // of prefill-only requests out) -> for each chunk that samples: draw from
 // the backend's SamplingView, stream the token, check stops (one place:
 // stop_checker.h) -> scheduler.OnStepDone -> finish what stopped.
-// A prefill-only request (EngineRequest::kv_export) ends after token 0.
+// A prefill-only request (EngineRequest::kv_export) ends after token 0,
+// once its export's Result() says the transfer ended (its KV blocks stay
+// pinned until then). Before every step the core asks each export
+// Ready(): a request whose receiver has no room is not admitted yet, or
+// gets no chunk this step (Scheduler::Schedule's `held`), while others run.
+// An export's Wake posts to the loop like an inbox message.
 // A remote prefill's token 0 comes from the prefill worker (the router
 // streams it); this core streams from index 1 and computes token 0's K/V
 // in its first decode step.
@@ -39,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -124,7 +130,7 @@ class EngineCore {
   // Shutdown.
   absl::Status Submit(EngineRequest request);
   // Ends the request with CANCELLED and frees its blocks once nothing
-  // writes into them; a running KvExport gives up at its next layer.
+  // writes into them; its KvExport is closed (the transfer cancelled).
   // Unknown ids are ignored.
   void Cancel(const std::string& request_id);
   // Ends one sample of a request with FinishReason::kCancelled (its blocks
@@ -209,6 +215,14 @@ class EngineCore {
   void StartSamples(Request& r, int64_t parent, const std::vector<SampleStart>& starts,
                     std::vector<Ending>* endings);
   void StartRemoteLoad(const scheduler::RemoteKvStart& start);
+  // Before a step: adds prefill-only requests whose export has room to the
+  // scheduler, ends those whose transfer failed or (draining) ended, and
+  // returns the running sequences whose export has no room now.
+  std::set<int64_t> PollExports();
+  // A prefill-only request whose samples all ended OK: pins its blocks,
+  // removes its sequence and waits for the export's Result (`last`, the
+  // last sample's finish, is told then).
+  void StartDraining(Request& r, const Ending* last);
   // Sends K/V of tokens [from, to) of `layer` through the request's export.
   void ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to);
   // Ends one sample; the request ends (OK) with its last one.
@@ -248,6 +262,8 @@ class EngineCore {
   // Live request ids and their cancel flags.
   std::map<std::string, std::shared_ptr<CancelFlag>> live_ ABSL_GUARDED_BY(mu_);
   uint32_t open_exports_ ABSL_GUARDED_BY(mu_) = 0;
+  // An export's Wake ran: poll the exports (PollExports) before waiting.
+  bool export_wake_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread loop_;

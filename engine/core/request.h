@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,27 +83,48 @@ using CancelFlag = std::atomic<bool>;
 // The core sends K/V of tokens [first_token_to_send(), L) of every layer:
 // first the rows its prefix cache already holds, then each layer of each
 // chunk as soon as the forward has written it; after token 0 is sampled it
-// calls Finish, then Close. Bytes are in the KV storage's dtype.
+// calls Finish, keeps the request's KV blocks until Result() says the
+// transfer ended, then calls Close. Bytes are in the KV storage's dtype.
+// No method waits for the network: the export queues what it is given and
+// a sender elsewhere writes it (kvtransfer::KvSendQueue), so one slow
+// receiver never stalls the loop.
 class KvExport {
  public:
+  // Called from any thread, at any time until Close returns, when Ready()
+  // or Result() may say something new; the core then asks again.
+  using Wake = std::function<void()>;
+
   virtual ~KvExport() = default;
   // Tokens the receiver already holds (D_hit): nothing before it is sent.
   virtual int32_t first_token_to_send() const = 0;
-  // Opens the transfer (handshake); called once when the request reaches
-  // the loop, before it is scheduled. An error ends the request with it.
-  // `cancelled` outlives the export.
-  virtual absl::Status Open(std::shared_ptr<const CancelFlag> cancelled) = 0;
+  // Starts the transfer (the handshake runs on without the caller); called
+  // once when the request reaches the loop. An error ends the request with
+  // it. `cancelled` outlives the export.
+  virtual absl::Status Open(std::shared_ptr<const CancelFlag> cancelled, Wake wake) = 0;
+  // Asked before each step that could compute the request: true when its
+  // next chunk may run; false when the receiver's send buffer is full ("not
+  // now": the sequence is skipped this step, others run, and `wake`
+  // follows); an error (the transfer failed: REJECT, UNAVAILABLE,
+  // DEADLINE_EXCEEDED, ...) ends the request with it.
+  virtual absl::StatusOr<bool> Ready() = 0;
   // K and V of tokens [token_start, token_start + count) of `layer`,
-  // count * row_bytes bytes each. An error ends the request at the end of
-  // the step (no later call but Close).
+  // count * row_bytes bytes each, copied before it returns (within a step
+  // that Ready() allowed it is always taken, even past the buffer's
+  // budget). An error ends the request at the end of the step (no later
+  // call but Close).
   virtual absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
                                  const char* k, const char* v) = 0;
   // Token 0 of every sample, in sample order, and why each ends with it
-  // (kNone: the receiver decodes on).
+  // (kNone: the receiver decodes on); queued after the frames.
   virtual absl::Status Finish(const std::vector<SampleStart>& samples) = 0;
-  // Ends the transfer (after Finish, or early on any failure or cancel).
+  // After Finish: nullopt while the transfer's last bytes are still going
+  // out; then OK once the FINAL was written, or the error that ended the
+  // transfer. The request ends with it.
+  virtual std::optional<absl::Status> Result() = 0;
+  // Ends the transfer (after Result, or early on any failure or cancel:
+  // then the receiver sees the connection close).
   virtual void Close() = 0;
-  // K+V payload bytes sent so far.
+  // K+V payload bytes handed over so far.
   virtual uint64_t bytes_sent() const = 0;
 };
 

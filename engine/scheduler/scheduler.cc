@@ -240,7 +240,7 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
   return true;
 }
 
-StepPlan Scheduler::Schedule() {
+StepPlan Scheduler::Schedule(const std::set<int64_t>& held) {
   StepPlan plan;
   const int32_t budget = options_.max_num_batched_tokens;
 
@@ -250,6 +250,7 @@ StepPlan Scheduler::Schedule() {
     const std::vector<int64_t> order = running_;
     for (int64_t id : order) {
       if (std::find(running_.begin(), running_.end(), id) == running_.end()) continue;
+      if (held.count(id) != 0) continue;
       SeqState& seq = seqs_.at(id);
       const int32_t left = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
       if (left <= 0 || (left == 1) != decode_pass) continue;

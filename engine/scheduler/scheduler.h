@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "engine/kv/kv_cache_manager.h"
@@ -135,8 +136,10 @@ class Scheduler {
   // Removes a sequence in any state and frees its blocks. No-op if unknown.
   void Remove(int64_t id);
 
-  // Plans the next step and reserves the KV slots it needs.
-  StepPlan Schedule();
+  // Plans the next step and reserves the KV slots it needs. Running
+  // sequences in `held` get no chunk this step (the engine's KV export of
+  // that sequence has no room: it waits, the others run).
+  StepPlan Schedule(const std::set<int64_t>& held = {});
   // After the forward: chunks' tokens are computed. For each chunk with
   // `samples`, `sampled` holds the new token (same order as the plan's
   // sampling chunks); it is appended to the sequence. Publishes completed

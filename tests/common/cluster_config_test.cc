@@ -72,6 +72,7 @@ TEST(ClusterConfigTest, MinimalFileTakesHeaderDefaults) {
   EXPECT_EQ(c->engine.threads, 1);
   EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
   EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
+  EXPECT_EQ(c->kv.send_buffer_bytes, 268435456u);
   EXPECT_EQ(c->shutdown_grace_s, 5);
 }
 
@@ -84,7 +85,7 @@ prefill_workers: [{name: p0, listen: "10.0.0.1:7001"}, {name: p1}]
 decode_workers: [{name: d0, listen: "h:7002", kv_listen: "h:7003"}]
 engine: {block_size: 32, num_kv_blocks: 10, max_num_seqs: 4, threads: 2}
 conditional: {max_local_prefill_tokens: 0, on_prefill_failure: retry}
-kv: {transfer_timeout_ms: 7, handshake_timeout_ms: 8}
+kv: {transfer_timeout_ms: 7, handshake_timeout_ms: 8, send_buffer_bytes: 5000000000}
 shutdown_grace_s: 0
 )");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -107,6 +108,7 @@ shutdown_grace_s: 0
   EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
   EXPECT_EQ(c->kv.transfer_timeout_ms, 7);
   EXPECT_EQ(c->kv.handshake_timeout_ms, 8);
+  EXPECT_EQ(c->kv.send_buffer_bytes, 5000000000u);  // above 2^32: read as 64 bits
   EXPECT_EQ(c->shutdown_grace_s, 0);
   absl::StatusOr<ClusterConfig> local =
       ParseClusterConfig(std::string(kMinimal) + "conditional: {on_prefill_failure: local}\n");
@@ -194,6 +196,12 @@ TEST(ClusterConfigTest, BadTypesNameTheField) {
 }
 
 TEST(ClusterConfigTest, RangesAreChecked) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {send_buffer_bytes: 1048575}\n"),
+              HasSubstr("kv.send_buffer_bytes: must be in [1048576, 1099511627776], got 1048575"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {send_buffer_bytes: 1099511627777}\n"),
+              HasSubstr("kv.send_buffer_bytes: must be in [1048576, 1099511627776]"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {send_buffer_bytes: lots}\n"),
+              HasSubstr("kv.send_buffer_bytes: expected an integer, got 'lots'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 0}\n"),
               HasSubstr("engine.block_size: must be in [1, 2147483647], got 0"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {num_kv_blocks: -1}\n"),

@@ -180,6 +180,9 @@ TestPrefillWorker::TestPrefillWorker(const WorkerOptions& options,
   send_.bit_exact_class = backend::CpuBitExactClass();
   send_.transfer_timeout_ms = options.transfer_timeout_ms;
   send_.fault_stall_after_frames = options.fault_stall_after_frames;
+  send_.send_buffer_bytes = options.send_buffer_bytes;
+  const absl::Status started = prefill::StartKvSendQueue(&send_);
+  EXPECT_TRUE(started.ok()) << started;
   core_ = std::make_unique<core::EngineCore>(
       CoreOptions(options, "prefill worker"),
       std::make_unique<backend::CpuBackend>(model, options.block_size, options.num_kv_blocks),

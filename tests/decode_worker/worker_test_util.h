@@ -134,6 +134,7 @@ struct WorkerOptions {
   int32_t handshake_timeout_ms = 2000;
   int32_t transfer_timeout_ms = 2000;
   int32_t fault_stall_after_frames = -1;  // prefill only
+  uint64_t send_buffer_bytes = 268435456;  // prefill only: per decode worker
   std::string fingerprint = "stories260K-test-fingerprint";
 };
 

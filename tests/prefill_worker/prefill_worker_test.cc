@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/kv_transfer.h"
+#include "kvtransfer/tcp.h"
 #include "tests/decode_worker/worker_test_util.h"
 
 namespace tandem::prefill {
@@ -291,6 +292,74 @@ TEST_F(PrefillWorkerTest, CancelDuringStalledTransferIsCancelled) {
   EXPECT_FALSE(r->done.status().ok());
 }
 
+// One decode worker that never answers (its listener never accepts: the
+// HELLO sits in the kernel, no ACCEPT comes) fills its send budget; a
+// second request to it waits without computing, and a request to another
+// decode worker completes meanwhile. The engine loop never blocks on the
+// silent one.
+TEST_F(PrefillWorkerTest, StalledDecodeWorkerDoesNotBlockAnother) {
+  const GoldenCase stuck_case = Golden("lily_and_ben");
+  const uint32_t stuck_len = static_cast<uint32_t>(stuck_case.prompt.size());
+  PrefillEngineOptions options = Options();
+  options.transfer_timeout_ms = 10000;  // the silent receiver is cancelled long before
+  // Half a prompt's K/V: the first request's frames fill it (they are all
+  // queued in one step, whatever the budget), the second must wait.
+  options.send_buffer_bytes = StoriesKvBytes(stuck_len) / 2;
+  PrefillEngine engine(options, &model());
+  int silent_port = 0;
+  auto silent = kvtransfer::tcp::Listen("127.0.0.1", 0, &silent_port);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  const std::string silent_endpoint = absl::StrCat("127.0.0.1:", silent_port);
+
+  PrefillDoneRecorder stuck, waiting;
+  engine.Submit(Request("stuck", stuck_case, 4, silent_endpoint), stuck.Callback());
+  // Once its frames are queued (a request asked for room in the same step
+  // would get it too: the budget is checked per step).
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (engine.GetStats().prefill_tokens_computed_total < stuck_len &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(engine.GetStats().prefill_tokens_computed_total, stuck_len);
+  engine.Submit(Request("waiting", Golden("long_repeated_313tok"), 4, silent_endpoint),
+                waiting.Callback());
+  const GoldenCase c = Golden("once_upon_a_time");
+  const uint32_t len = static_cast<uint32_t>(c.prompt.size());
+  auto r = StartReceiver("fine", len, 0);
+  ASSERT_NE(r, nullptr);
+  PrefillDoneRecorder fine;
+  engine.Submit(Request("fine", c, 4, r->endpoint()), fine.Callback());
+  auto result = fine.Wait();
+  ASSERT_TRUE(result.has_value());
+  ASSERT_TRUE(result->ok()) << result->status();
+  EXPECT_EQ((*result)->samples.at(0).token.token_id, c.generated[0]);
+  ASSERT_TRUE(r->done.Wait());
+  ASSERT_TRUE(r->done.status().ok()) << r->done.status();
+  ExpectReceivedRowsMatch(*r, c, 0);
+
+  // "stuck" computed its prompt and holds its blocks until its transfer
+  // ends; "waiting" computed nothing. Neither finished.
+  EXPECT_EQ(stuck.calls(), 0);
+  EXPECT_EQ(waiting.calls(), 0);
+  PrefillStats stats = engine.GetStats();
+  EXPECT_EQ(stats.prefill_tokens_computed_total, stuck_len + len);
+  EXPECT_EQ(stats.kv_blocks_in_use,
+            static_cast<uint32_t>(kv::BlocksForTokens(static_cast<int32_t>(stuck_len), 16)));
+  EXPECT_EQ(stats.running_requests, 2u);
+  EXPECT_EQ(stats.transfers_in_flight, 2u);
+
+  engine.Cancel("stuck");
+  engine.Cancel("waiting");
+  for (PrefillDoneRecorder* d : {&stuck, &waiting}) {
+    auto cancelled = d->Wait();
+    ASSERT_TRUE(cancelled.has_value());
+    EXPECT_EQ(cancelled->status().code(), absl::StatusCode::kCancelled) << cancelled->status();
+  }
+  stats = engine.GetStats();
+  EXPECT_EQ(stats.kv_blocks_in_use, 0u);
+  EXPECT_EQ(stats.transfers_in_flight, 0u);
+}
+
 TEST_F(PrefillWorkerTest, ShutdownEndsQueuedRequestsWithUnavailable) {
   PrefillEngineOptions options = Options();
   options.fault_stall_after_frames = 1;
@@ -306,7 +375,8 @@ TEST_F(PrefillWorkerTest, ShutdownEndsQueuedRequestsWithUnavailable) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_EQ(r->receiver->kv_bytes_received_total(), StoriesKvBytes(len) / 5);
-  // Queued behind the stalled request; its endpoint is never dialled.
+  // Another request, to a port where nothing listens: it fails or is shut
+  // down, whichever comes first, both UNAVAILABLE.
   PrefillDoneRecorder queued;
   engine.Submit(Request("queued", c, 4, "127.0.0.1:1"), queued.Callback());
   engine.Shutdown();

@@ -368,6 +368,111 @@ TEST(EngineCoreTest, ExportFailuresEndTheRequestWithTheirError) {
   EXPECT_EQ(h.backend->forward_calls(), 2);  // the failing request's two chunks
 }
 
+// Waits (bounded) until pred() holds.
+template <typename Pred>
+bool WaitFor(Pred pred) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (!pred()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// An export whose receiver has no room waits, before its first chunk and
+// between chunks, while other requests run; room again and it completes.
+TEST(EngineCoreTest, ExportWithoutRoomWaitsWhileOthersRun) {
+  Harness h(64);
+  auto not_started = std::make_shared<FakeExport>(0);
+  not_started->SetRoom(false);
+  auto mid = std::make_shared<FakeExport>(0);
+  mid->FullAfterSends(2);  // chunk 1 of 16 tokens, both layers, then full
+  std::vector<std::shared_ptr<RecordingSink>> held;
+  // Distinct prompts: no prefix-cache hit between them.
+  const std::vector<std::vector<int32_t>> prompts = {FakePrompt(40, 15), FakePrompt(40, 18)};
+  for (size_t i = 0; i < 2; ++i) {
+    auto sink = std::make_shared<RecordingSink>();
+    EngineRequest r;
+    r.request_id = i == 0 ? "not-started" : "mid";
+    r.prompt = prompts[i];  // chunks 16, 16, 8
+    r.max_tokens = 4;
+    r.output = sink;
+    r.kv_export = i == 0 ? not_started : mid;
+    ASSERT_TRUE(h.core->Submit(std::move(r)).ok());
+    held.push_back(sink);
+  }
+  auto other = h.Submit("other", FakePrompt(10, 16), 3);
+  ASSERT_TRUE(other->WaitFinish());
+  ExpectFinished(*other, absl::OkStatus(), FinishReason::kLength);
+  EXPECT_EQ(other->token_ids(), FakeGenerate(FakePrompt(10, 16), 3));
+  // Both still wait: one never ran, the other sent exactly chunk 1.
+  ASSERT_TRUE(WaitFor([&] { return mid->sent().size() == 2u; }));
+  EXPECT_TRUE(not_started->sent().empty());
+  EXPECT_EQ(mid->sent()[0].start, 0);
+  EXPECT_EQ(mid->sent()[0].count, 16);
+  EXPECT_FALSE(held[0]->WaitFinish(absl::Milliseconds(20)));
+  EXPECT_FALSE(held[1]->WaitFinish(absl::Milliseconds(1)));
+  EXPECT_EQ(mid->finishes(), 0);
+  EXPECT_GE(not_started->ready_calls(), 1);
+
+  not_started->SetRoom(true);
+  mid->SetRoom(true);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(held[i]->WaitFinish());
+    ExpectFinished(*held[i], absl::OkStatus(), FinishReason::kNone);
+    EXPECT_EQ(held[i]->token_ids(), FakeGenerate(prompts[i], 1));
+  }
+  for (const auto& e : {not_started, mid}) {
+    ASSERT_EQ(e->sent().size(), 6u);  // 3 chunks x 2 layers
+    EXPECT_EQ(e->sent().back().start + e->sent().back().count, 40);
+  }
+  ASSERT_TRUE(h.WaitIdle());
+}
+
+// After token 0 the request keeps its KV blocks until the export's result:
+// OK ends it OK, an error ends it with that error, a cancel with CANCELLED.
+TEST(EngineCoreTest, BlocksStayPinnedUntilTheTransferResult) {
+  struct Case {
+    const char* id;
+    absl::Status result;  // what the transfer ends with; CANCELLED: cancel it
+  };
+  for (const Case& c : {Case{"ok", absl::OkStatus()},
+                        Case{"late-fail", absl::DeadlineExceededError("receiver stalled")},
+                        Case{"cancel", absl::CancelledError("")}}) {
+    SCOPED_TRACE(c.id);
+    Harness h(64);
+    auto kv_export = std::make_shared<FakeExport>(0);
+    kv_export->HoldResult();
+    auto sink = std::make_shared<RecordingSink>();
+    EngineRequest r;
+    r.request_id = c.id;
+    r.prompt = FakePrompt(30, 17);  // 8 blocks of 4
+    r.max_tokens = 4;
+    r.output = sink;
+    r.kv_export = kv_export;
+    ASSERT_TRUE(h.core->Submit(std::move(r)).ok());
+    ASSERT_TRUE(WaitFor([&] { return kv_export->finishes() == 1; }));
+    EXPECT_FALSE(sink->WaitFinish(absl::Milliseconds(20)));
+    CoreStats stats = h.core->GetStats();
+    EXPECT_EQ(stats.kv_blocks_in_use, 8u);
+    EXPECT_EQ(stats.running_requests, 1u);
+    EXPECT_EQ(stats.transfers_in_flight, 1u);
+    EXPECT_EQ(kv_export->closes(), 0);
+    if (absl::IsCancelled(c.result)) {
+      h.core->Cancel(c.id);
+    } else {
+      kv_export->ReleaseResult(c.result);
+    }
+    ASSERT_TRUE(sink->WaitFinish());
+    ExpectFinished(*sink, c.result, FinishReason::kNone);
+    EXPECT_EQ(kv_export->closes(), 1);
+    stats = h.core->GetStats();
+    EXPECT_EQ(stats.kv_blocks_in_use, 0u);
+    EXPECT_EQ(stats.running_requests, 0u);
+    EXPECT_EQ(stats.transfers_in_flight, 0u);
+  }
+}
+
 TEST(EngineCoreTest, SubmitRefusesWhatCanNeverRun) {
   Harness h(8);  // 32 token slots
   auto submit = [&](const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens,

@@ -226,10 +226,51 @@ bool FakeLoader::cancel_requested(const std::string& request_id) const {
   return it != loads_.end() && it->second.cancel_requested;
 }
 
-absl::Status FakeExport::Open(std::shared_ptr<const CancelFlag>) {
+absl::Status FakeExport::Open(std::shared_ptr<const CancelFlag>, Wake wake) {
   absl::MutexLock lock(&mu_);
   ++opens_;
+  wake_ = std::move(wake);
   return open_status_;
+}
+
+absl::StatusOr<bool> FakeExport::Ready() {
+  absl::MutexLock lock(&mu_);
+  ++ready_calls_;
+  return room_;
+}
+
+std::optional<absl::Status> FakeExport::Result() {
+  absl::MutexLock lock(&mu_);
+  if (finishes_ == 0 || hold_result_) return std::nullopt;
+  return result_;
+}
+
+void FakeExport::SetRoom(bool room) {
+  absl::MutexLock lock(&mu_);
+  room_ = room;
+  if (wake_) wake_();
+}
+
+void FakeExport::FullAfterSends(int n) {
+  absl::MutexLock lock(&mu_);
+  full_after_ = static_cast<int>(sent_.size()) + n;
+}
+
+void FakeExport::HoldResult() {
+  absl::MutexLock lock(&mu_);
+  hold_result_ = true;
+}
+
+void FakeExport::ReleaseResult(absl::Status result) {
+  absl::MutexLock lock(&mu_);
+  hold_result_ = false;
+  result_ = std::move(result);
+  if (wake_) wake_();
+}
+
+int FakeExport::ready_calls() const {
+  absl::MutexLock lock(&mu_);
+  return ready_calls_;
 }
 
 absl::Status FakeExport::SendLayer(int32_t layer, int32_t token_start, int32_t count,
@@ -245,6 +286,7 @@ absl::Status FakeExport::SendLayer(int32_t layer, int32_t token_start, int32_t c
   std::memcpy(s.k.data(), k, floats * sizeof(float));
   std::memcpy(s.v.data(), v, floats * sizeof(float));
   sent_.push_back(std::move(s));
+  if (static_cast<int>(sent_.size()) == full_after_) room_ = false;
   bytes_ += 2 * floats * sizeof(float);
   return absl::OkStatus();
 }
@@ -263,6 +305,7 @@ absl::Status FakeExport::Finish(const std::vector<SampleStart>& samples) {
 void FakeExport::Close() {
   absl::MutexLock lock(&mu_);
   ++closes_;
+  wake_ = nullptr;  // the core may be gone after Close
 }
 
 uint64_t FakeExport::bytes_sent() const {

@@ -9,7 +9,9 @@
 // elsewhere, and go through the real sampling reduction.
 //
 // FakeLoader: a RemoteKvLoader the test drives (complete, fail, quiesce).
-// FakeExport: a KvExport that records what the core sends.
+// FakeExport: a KvExport that records what the core sends; the test says
+// when its receiver has room (SetRoom) and when the transfer's result
+// arrives (HoldResult / ReleaseResult), and each change wakes the core.
 #ifndef TANDEM_TESTS_ENGINE_CORE_FAKE_BACKEND_H_
 #define TANDEM_TESTS_ENGINE_CORE_FAKE_BACKEND_H_
 
@@ -146,13 +148,27 @@ class FakeExport final : public KvExport {
       : first_(first_token_to_send), open_status_(open_status), fail_send_at_(fail_send_at) {}
 
   int32_t first_token_to_send() const override { return first_; }
-  absl::Status Open(std::shared_ptr<const CancelFlag> cancelled) override;
+  absl::Status Open(std::shared_ptr<const CancelFlag> cancelled, Wake wake) override;
+  // Ready(): the room set by SetRoom (true at first).
+  absl::StatusOr<bool> Ready() override;
   absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count, const char* k,
                          const char* v) override;
   // Records samples[0] as token() / finished_reason() and every sample.
   absl::Status Finish(const std::vector<SampleStart>& samples) override;
+  // Result(): after Finish, `result` (OK unless the test said otherwise),
+  // unless held.
+  std::optional<absl::Status> Result() override;
   void Close() override;
   uint64_t bytes_sent() const override;
+
+  // Test controls (any thread); each runs the core's wake.
+  void SetRoom(bool room);
+  // After `n` more SendLayer calls, Ready() says false (no wake).
+  void FullAfterSends(int n);
+  void HoldResult();
+  void ReleaseResult(absl::Status result = absl::OkStatus());
+  // How often the core asked Ready().
+  int ready_calls() const;
 
   // Snapshots (any thread).
   std::vector<Sent> sent() const;
@@ -172,6 +188,12 @@ class FakeExport final : public KvExport {
   int opens_ ABSL_GUARDED_BY(mu_) = 0;
   int finishes_ ABSL_GUARDED_BY(mu_) = 0;
   int closes_ ABSL_GUARDED_BY(mu_) = 0;
+  Wake wake_ ABSL_GUARDED_BY(mu_);
+  bool room_ ABSL_GUARDED_BY(mu_) = true;
+  int full_after_ ABSL_GUARDED_BY(mu_) = -1;  // sent_.size() at which room_ goes false
+  int ready_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_result_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status result_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   sampling::SampledToken token_ ABSL_GUARDED_BY(mu_){};
   FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kCancelled;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "gtest/gtest.h"
 
@@ -43,8 +44,8 @@ struct Harness {
 
   // One step: plan, "run", feed back; returns the plan. Finished sequences
   // (max_new tokens generated) are removed and their outputs recorded.
-  StepPlan Step() {
-    StepPlan plan = scheduler.Schedule();
+  StepPlan Step(const std::set<int64_t>& held = {}) {
+    StepPlan plan = scheduler.Schedule(held);
     std::vector<int32_t> sampled;
     for (const ScheduledChunk& c : plan.chunks) {
       const SeqState* s = scheduler.Find(c.id);
@@ -125,6 +126,30 @@ TEST(SchedulerTest, DecodesComeFirstThenPrefillChunks) {
   EXPECT_EQ(plan.chunks[1].id, 2);
   EXPECT_EQ(plan.chunks[1].count, 15);  // budget 16 minus the decode token
   EXPECT_FALSE(plan.chunks[1].samples);
+}
+
+TEST(SchedulerTest, HeldSequencesGetNoChunkAndResumeWhereTheyStopped) {
+  Harness h(256, SchedulerOptions{64, 8, 16, true});
+  h.scheduler.Add(MakeSeq(1, Prompt(40, 1)));
+  h.scheduler.Add(MakeSeq(2, Prompt(40, 2)));
+  h.max_new[1] = h.max_new[2] = 3;
+  StepPlan plan = h.Step();  // both admitted: 16 tokens each
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  plan = h.Step({1});
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].id, 2);
+  EXPECT_EQ(plan.chunks[0].start, 16);
+  EXPECT_EQ(h.scheduler.Find(1)->num_computed, 16);
+  plan = h.Step({1, 2});
+  EXPECT_TRUE(plan.chunks.empty());
+  EXPECT_FALSE(plan.progress());
+  plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].id, 1);
+  EXPECT_EQ(plan.chunks[0].start, 16);  // continues where it stopped
+  h.RunToCompletion();
+  EXPECT_EQ(h.outputs[1], Alone(Prompt(40, 1), 3));
+  EXPECT_EQ(h.outputs[2], Alone(Prompt(40, 2), 3));
 }
 
 TEST(SchedulerTest, AdmissionIsFcfs) {
