@@ -1,5 +1,6 @@
 #include "router/worker_registry.h"
 
+#include <algorithm>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -93,11 +94,13 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
   return absl::OkStatus();
 }
 
-std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role) const {
+std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role,
+                                                   const std::vector<std::string>& avoid) const {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<WorkerHandle> best;
   for (const auto& [name, entry] : workers_) {
     if (!entry.Routable() || entry.handle->role != role) continue;
+    if (std::find(avoid.begin(), avoid.end(), name) != avoid.end()) continue;
     if (best == nullptr || entry.handle->active_requests < best->active_requests) {
       best = entry.handle;
     }

@@ -75,9 +75,12 @@ class WorkerRegistry {
   // name/address or a role that is not prefill/decode.
   absl::Status Register(const v1::RegisterWorkerRequest& request);
 
-  // The healthy worker of `role` with the fewest active requests (ties:
-  // name order), or nullptr.
-  std::shared_ptr<WorkerHandle> Pick(v1::WorkerRole role) const;
+  // The healthy (and not draining) worker of `role` whose name is not in
+  // `avoid` with the fewest active requests (ties: name order), or nullptr.
+  // `avoid` lets a retry or a migration skip the workers that already
+  // failed the request.
+  std::shared_ptr<WorkerHandle> Pick(v1::WorkerRole role,
+                                     const std::vector<std::string>& avoid = {}) const;
 
   // >= 1 healthy decode worker, and >= 1 healthy prefill worker when
   // prefill_required.
