@@ -6,6 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/server/log.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
 #include "common/server/status_util.h"
@@ -200,7 +201,10 @@ grpc::Status RouterService::RegistryService::RegisterWorkerParsed(
   // A refusal is the RPC's status (FAILED_PRECONDITION for another model or
   // KV layout, INVALID_ARGUMENT for a bad field): the worker exits on it.
   absl::Status s = registry_->Register(*request);
-  if (!s.ok()) return rpc::ToGrpc(s);
+  if (!s.ok()) {
+    rpc::Log(absl::StrCat("refused worker ", request->name(), ": ", s.message()));
+    return rpc::ToGrpc(s);
+  }
   response->set_accepted(true);
   return grpc::Status::OK;
 }

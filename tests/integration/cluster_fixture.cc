@@ -85,6 +85,7 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  poll_interval_ms: ", o.poll_interval_ms, "\n",
       "  unhealthy_after_missed_polls: ", o.unhealthy_after_missed_polls, "\n",
       "  rpc_timeout_ms: ", o.rpc_timeout_ms, "\n",
+      "  drop_after_ms: ", o.drop_after_ms, "\n",
       "prefill_workers:\n"
       "  - name: ", LocalCluster::kPrefillName, "\n",
       "    listen: ", o.worker_listen_host, ":0\n", advertise,

@@ -74,6 +74,7 @@ struct ClusterOptions {
   int32_t poll_interval_ms = 200;          // router.poll_interval_ms
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;           // router.rpc_timeout_ms
+  int32_t drop_after_ms = 30000;           // router.drop_after_ms
   int32_t shutdown_grace_s = 1;            // SIGTERM drain time
   // Passed to the prefill worker as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
