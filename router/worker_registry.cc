@@ -41,7 +41,8 @@ WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
 }
 
 WorkerRegistry::~WorkerRegistry() {
-  stop_.Notify();
+  // The poll thread runs until it receives this alarm's event, so the alarm
+  // is always set on a live queue.
   wake_.Set(&cq_, std::chrono::system_clock::now(), &wake_);
   poller_.join();
 }
@@ -290,7 +291,7 @@ void WorkerRegistry::PollLoop() {
   };
   std::map<const WorkerHandle*, Schedule> schedules;
   const absl::Duration interval = absl::Milliseconds(options_.poll_interval_ms);
-  while (!stop_.HasBeenNotified()) {
+  for (;;) {
     const absl::Time now = absl::Now();
     absl::Time wake = std::min(DropExpired(now), now + interval);
     std::set<const WorkerHandle*> live;
@@ -320,8 +321,8 @@ void WorkerRegistry::PollLoop() {
     bool ok = false;
     const grpc::CompletionQueue::NextStatus next =
         cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(wake));
-    if (next == grpc::CompletionQueue::SHUTDOWN) break;
-    if (next != grpc::CompletionQueue::GOT_EVENT || tag == &wake_) continue;
+    if (next == grpc::CompletionQueue::TIMEOUT) continue;
+    if (next == grpc::CompletionQueue::SHUTDOWN || tag == &wake_) break;  // the destructor
     auto* call = static_cast<PollCall*>(tag);
     schedules[call->handle.get()].call = nullptr;
     OnPollDone(call);

@@ -37,7 +37,6 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -154,8 +153,7 @@ class WorkerRegistry {
   bool reported_can_serve_ ABSL_GUARDED_BY(report_mu_) = false;
   bool reported_prefill_ ABSL_GUARDED_BY(report_mu_) = false;
   grpc::CompletionQueue cq_;  // the poll thread's GetStatus calls
-  grpc::Alarm wake_;          // set by the destructor: ends the wait at once
-  absl::Notification stop_;
+  grpc::Alarm wake_;          // set by the destructor: the poll thread stops
   std::thread poller_;
 };
 
