@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
+#include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
 #include "router/router_service.h"
 
@@ -68,7 +69,10 @@ int main(int argc, char** argv) {
   options.poll_interval_ms = config->router.poll_interval_ms;
   options.unhealthy_after_missed_polls = config->router.unhealthy_after_missed_polls;
   options.rpc_timeout_ms = config->router.rpc_timeout_ms;
-  options.prefill_required = !config->prefill_workers.empty();
+  options.drop_after_ms = config->router.drop_after_ms;
+  // What every worker's KV layout must be (the workers' own function).
+  options.kv_layout_id = ExpectedKvLayout(*config, **bundle).LayoutId();
+  rpc::Log(absl::StrCat("expected KV layout: ", options.kv_layout_id));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -6,6 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/server/log.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
 #include "common/server/status_util.h"
@@ -201,10 +202,11 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* context,
                                                    const v1::GetStatusRequest*,
                                                    v1::ClusterStatus* response) {
-  // Polling the workers blocks, so it runs off the callback thread.
+  // The workers are asked asynchronously (all at once, each with
+  // rpc_timeout_ms); the last answer finishes the call. No thread waits.
   auto* reactor = context->DefaultReactor();
-  std::thread([this, reactor, response] {
-    for (v1::WorkerStatus& w : registry_.StatusAll()) *response->add_workers() = std::move(w);
+  registry_.StatusAllAsync([this, reactor, response](std::vector<v1::WorkerStatus> workers) {
+    for (v1::WorkerStatus& w : workers) *response->add_workers() = std::move(w);
     const bool can_serve = registry_.CanServe();
     v1::WorkerStatus* self = response->mutable_router();
     self->set_name(name_);
@@ -217,7 +219,7 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     self->set_model_fingerprint(model_->fingerprint);
     response->set_can_serve(can_serve);
     reactor->Finish(grpc::Status::OK);
-  }).detach();
+  });
   return reactor;
 }
 
@@ -233,9 +235,14 @@ grpc::ServerUnaryReactor* RouterService::RegistryService::RegisterWorker(
 
 grpc::Status RouterService::RegistryService::RegisterWorkerParsed(
     const v1::RegisterWorkerRequest* request, v1::RegisterWorkerResponse* response) {
+  // A refusal is the RPC's status (FAILED_PRECONDITION for another model or
+  // KV layout, INVALID_ARGUMENT for a bad field): the worker exits on it.
   absl::Status s = registry_->Register(*request);
-  response->set_accepted(s.ok());
-  if (!s.ok()) response->set_reason(std::string(s.message()));
+  if (!s.ok()) {
+    rpc::Log(absl::StrCat("refused worker ", request->name(), ": ", s.message()));
+    return rpc::ToGrpc(s);
+  }
+  response->set_accepted(true);
   return grpc::Status::OK;
 }
 

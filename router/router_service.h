@@ -85,6 +85,10 @@ class RouterService final : public GenerationBase {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::GetModelInfoResponse* response) override;
+  // The router's own status plus a fresh GetStatus of every worker
+  // (WorkerRegistry::StatusAllAsync: asynchronous, rpc_timeout_ms each; the
+  // call finishes on the last answer, no thread waits). can_serve and
+  // router.ready: >= 1 healthy decode worker.
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::ClusterStatus* response) override;
@@ -100,7 +104,10 @@ class RouterService final : public GenerationBase {
                                              grpc::ByteBuffer* response) override;
 
    private:
-    // The typed body, once the request parsed.
+    // The typed body, once the request parsed: OK with accepted = true, or
+    // the registry's refusal as the RPC's status (FAILED_PRECONDITION for
+    // another model fingerprint or KV layout id, INVALID_ARGUMENT for a bad
+    // field), logged.
     grpc::Status RegisterWorkerParsed(const v1::RegisterWorkerRequest* request,
                                       v1::RegisterWorkerResponse* response);
 

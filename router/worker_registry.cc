@@ -2,24 +2,22 @@
 
 #include <algorithm>
 #include <future>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
 
 namespace tandem::router {
-namespace {
 
-// GetStatus on one worker with a deadline.
-grpc::Status QueryStatus(const WorkerHandle& w, int timeout_ms, v1::WorkerStatus* out) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(rpc::DeadlineFromNow(timeout_ms));
-  v1::GetStatusRequest req;
-  if (w.decode_stub) return w.decode_stub->GetStatus(&ctx, req, out);
-  return w.prefill_stub->GetStatus(&ctx, req, out);
-}
-
-}  // namespace
+// One GetStatus poll in flight on cq_; its address is the call's tag.
+struct WorkerRegistry::PollCall {
+  std::shared_ptr<WorkerHandle> handle;  // keeps the stub alive
+  grpc::ClientContext context;
+  v1::WorkerStatus reply;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::WorkerStatus>> reader;
+};
 
 uint64_t WorkerHandle::AddLostCallback(std::function<void()> callback) {
   absl::MutexLock lock(&lost_mu_);
@@ -44,8 +42,18 @@ WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
 }
 
 WorkerRegistry::~WorkerRegistry() {
-  stop_.Notify();
+  // The poll thread runs until it receives this alarm's event, so the alarm
+  // is always set on a live queue.
+  wake_.Set(&cq_, std::chrono::system_clock::now(), &wake_);
   poller_.join();
+}
+
+void WorkerRegistry::Log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    rpc::Log(line);
+  }
 }
 
 absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) {
@@ -61,10 +69,13 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
         "model_fingerprint: worker ", request.name(), " serves ",
         request.model_fingerprint(), " but the router serves ", options_.model_fingerprint));
   }
-  bool before;
+  if (request.kv_layout_id() != options_.kv_layout_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv_layout_id: worker ", request.name(), " has KV layout \"", request.kv_layout_id(),
+        "\" but the router's model and configuration give \"", options_.kv_layout_id, "\""));
+  }
   {
     absl::MutexLock lock(&mu_);
-    before = CanServeLocked();
     Entry& entry = workers_[request.name()];
     const bool same = entry.handle != nullptr && entry.handle->address == request.address() &&
                       entry.handle->kv_endpoint == request.kv_endpoint() &&
@@ -82,15 +93,14 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
         handle->prefill_stub = v1::PrefillWorker::NewStub(channel);
       }
       entry.handle = std::move(handle);
-      rpc::Log(absl::StrCat("worker ", request.name(), " (",
-                            v1::WorkerRole_Name(request.role()), ") at ",
-                            request.address(), " registered"));
+      Log(absl::StrCat("worker ", request.name(), " (", v1::WorkerRole_Name(request.role()),
+                       ") at ", request.address(), " registered"));
     }
     entry.healthy = true;
     entry.draining = false;
     entry.missed_polls = 0;
   }
-  NotifyIfChanged(before);
+  ReportHealth();
   return absl::OkStatus();
 }
 
@@ -109,13 +119,17 @@ std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role,
 }
 
 bool WorkerRegistry::CanServeLocked() const {
-  bool decode = false, prefill = false;
   for (const auto& [name, entry] : workers_) {
-    if (!entry.Routable()) continue;
-    decode |= entry.handle->role == v1::ROLE_DECODE;
-    prefill |= entry.handle->role == v1::ROLE_PREFILL;
+    if (entry.Routable() && entry.handle->role == v1::ROLE_DECODE) return true;
   }
-  return decode && (prefill || !options_.prefill_required);
+  return false;
+}
+
+bool WorkerRegistry::PrefillAvailableLocked() const {
+  for (const auto& [name, entry] : workers_) {
+    if (entry.Routable() && entry.handle->role == v1::ROLE_PREFILL) return true;
+  }
+  return false;
 }
 
 bool WorkerRegistry::CanServe() const {
@@ -123,74 +137,207 @@ bool WorkerRegistry::CanServe() const {
   return CanServeLocked();
 }
 
-void WorkerRegistry::NotifyIfChanged(bool before) {
-  const bool now = CanServe();
-  if (now != before && on_health_change_) on_health_change_(now);
+bool WorkerRegistry::Contains(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  return workers_.count(name) > 0;
 }
 
-std::vector<v1::WorkerStatus> WorkerRegistry::StatusAll() const {
-  std::vector<std::pair<std::shared_ptr<WorkerHandle>, bool>> handles;
+void WorkerRegistry::ReportHealth() {
+  absl::MutexLock report_lock(&report_mu_);
+  bool can_serve, prefill;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [name, entry] : workers_) handles.emplace_back(entry.handle, entry.healthy);
+    can_serve = CanServeLocked();
+    prefill = PrefillAvailableLocked();
   }
-  std::vector<std::future<v1::WorkerStatus>> futures;
-  for (auto& [handle, healthy] : handles) {
-    futures.push_back(std::async(std::launch::async, [this, h = handle, ok = healthy] {
-      v1::WorkerStatus status;
-      grpc::Status s = QueryStatus(*h, options_.rpc_timeout_ms, &status);
+  if (prefill != reported_prefill_) {
+    reported_prefill_ = prefill;
+    Log(prefill ? "prefill worker(s) available: long prompts are prefilled remotely"
+                : "no healthy prefill worker: long prompts are prefilled on the decode workers");
+  }
+  if (can_serve != reported_can_serve_) {
+    reported_can_serve_ = can_serve;
+    if (on_health_change_) on_health_change_(can_serve);
+  }
+}
+
+void WorkerRegistry::StatusAllAsync(
+    std::function<void(std::vector<v1::WorkerStatus>)> done) const {
+  // Shared by the calls' callbacks; the last one to finish calls `done`.
+  struct Gather {
+    std::vector<std::shared_ptr<WorkerHandle>> handles;  // keep the stubs alive
+    std::vector<bool> healthy;
+    std::vector<grpc::ClientContext> contexts;
+    std::vector<v1::WorkerStatus> results;
+    v1::GetStatusRequest request;
+    std::atomic<size_t> remaining{0};
+    std::function<void(std::vector<v1::WorkerStatus>)> done;
+  };
+  auto gather = std::make_shared<Gather>();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, entry] : workers_) {
+      gather->handles.push_back(entry.handle);
+      gather->healthy.push_back(entry.healthy);
+    }
+  }
+  const size_t n = gather->handles.size();
+  if (n == 0) {
+    done({});
+    return;
+  }
+  gather->contexts = std::vector<grpc::ClientContext>(n);
+  gather->results.resize(n);
+  gather->remaining = n;
+  gather->done = std::move(done);
+  for (size_t i = 0; i < n; ++i) {
+    gather->contexts[i].set_deadline(rpc::DeadlineFromNow(options_.rpc_timeout_ms));
+    auto on_done = [gather, i](grpc::Status s) {
+      v1::WorkerStatus& status = gather->results[i];
+      const WorkerHandle& h = *gather->handles[i];
       if (!s.ok()) {
         status.Clear();
-        status.set_name(h->name);
-        status.set_role(h->role);
-        status.set_address(h->address);
+        status.set_name(h.name);
+        status.set_role(h.role);
+        status.set_address(h.address);
       }
-      status.set_healthy(ok && s.ok());
-      return status;
-    }));
+      status.set_healthy(gather->healthy[i] && s.ok());
+      if (--gather->remaining == 0) gather->done(std::move(gather->results));
+    };
+    const WorkerHandle& h = *gather->handles[i];
+    if (h.decode_stub) {
+      h.decode_stub->async()->GetStatus(&gather->contexts[i], &gather->request,
+                                        &gather->results[i], std::move(on_done));
+    } else {
+      h.prefill_stub->async()->GetStatus(&gather->contexts[i], &gather->request,
+                                         &gather->results[i], std::move(on_done));
+    }
   }
-  std::vector<v1::WorkerStatus> out;
-  for (auto& f : futures) out.push_back(f.get());
-  return out;
+}
+
+WorkerRegistry::PollCall* WorkerRegistry::StartPoll(const std::shared_ptr<WorkerHandle>& handle) {
+  auto* call = new PollCall;
+  call->handle = handle;
+  call->context.set_deadline(rpc::DeadlineFromNow(options_.rpc_timeout_ms));
+  const v1::GetStatusRequest request;
+  call->reader = handle->decode_stub
+                     ? handle->decode_stub->PrepareAsyncGetStatus(&call->context, request, &cq_)
+                     : handle->prefill_stub->PrepareAsyncGetStatus(&call->context, request, &cq_);
+  call->reader->StartCall();
+  call->reader->Finish(&call->reply, &call->status, call);
+  return call;
+}
+
+void WorkerRegistry::OnPollDone(PollCall* call) {
+  const std::shared_ptr<WorkerHandle>& h = call->handle;
+  bool lost = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(h->name);
+    // Re-registered at another address, or dropped, meanwhile.
+    if (it == workers_.end() || it->second.handle != h) return;
+    Entry& e = it->second;
+    if (call->status.ok()) {
+      if (!e.healthy) Log(absl::StrCat("worker ", h->name, " answers polls again: healthy"));
+      e.missed_polls = 0;
+      e.healthy = true;
+      // A draining worker answers with ready = false: route nothing new
+      // to it, but let its requests finish.
+      if (!call->reply.ready() && !e.draining) {
+        Log(absl::StrCat("worker ", h->name, " is draining"));
+      }
+      e.draining = !call->reply.ready();
+    } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
+      e.healthy = false;
+      e.unhealthy_since = absl::Now();
+      lost = true;
+      Log(absl::StrCat("worker ", h->name, " missed ", e.missed_polls, " polls (last: ",
+                       call->status.error_message(), "): unhealthy"));
+    }
+  }
+  if (lost) h->NotifyLost();  // its in-flight requests fail now
+  ReportHealth();
+}
+
+absl::Time WorkerRegistry::DropExpired(absl::Time now) {
+  absl::Time next = absl::InfiniteFuture();
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      const Entry& e = it->second;
+      const absl::Time deadline = e.unhealthy_since + absl::Milliseconds(options_.drop_after_ms);
+      if (e.healthy || deadline > now) {
+        if (!e.healthy) next = std::min(next, deadline);
+        ++it;
+        continue;
+      }
+      Log(absl::StrCat("worker ", it->first, " unhealthy for ",
+                       absl::ToInt64Milliseconds(now - e.unhealthy_since),
+                       " ms: dropped from the registry"));
+      it = workers_.erase(it);
+      dropped = true;
+    }
+  }
+  if (dropped) ReportHealth();
+  return next;
 }
 
 void WorkerRegistry::PollLoop() {
-  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(options_.poll_interval_ms))) {
+  // Per worker handle: when its next poll is due, and its poll in flight.
+  struct Schedule {
+    std::shared_ptr<WorkerHandle> handle;
+    absl::Time due;
+    PollCall* call = nullptr;
+  };
+  std::map<const WorkerHandle*, Schedule> schedules;
+  const absl::Duration interval = absl::Milliseconds(options_.poll_interval_ms);
+  for (;;) {
+    const absl::Time now = absl::Now();
+    absl::Time wake = std::min(DropExpired(now), now + interval);
+    std::set<const WorkerHandle*> live;
     std::vector<std::shared_ptr<WorkerHandle>> handles;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [name, entry] : workers_) handles.push_back(entry.handle);
     }
-    for (const auto& h : handles) {
-      v1::WorkerStatus status;
-      const bool ok = QueryStatus(*h, options_.rpc_timeout_ms, &status).ok();
-      bool before;
-      bool lost = false;
-      {
-        absl::MutexLock lock(&mu_);
-        before = CanServeLocked();
-        auto it = workers_.find(h->name);
-        if (it == workers_.end() || it->second.handle != h) continue;
-        Entry& e = it->second;
-        if (ok) {
-          e.missed_polls = 0;
-          e.healthy = true;
-          // A draining worker answers with ready = false: route nothing new
-          // to it, but let its requests finish.
-          if (!status.ready() && !e.draining) {
-            rpc::Log(absl::StrCat("worker ", h->name, " is draining"));
-          }
-          e.draining = !status.ready();
-        } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
-          e.healthy = false;
-          lost = true;
-          rpc::Log(absl::StrCat("worker ", h->name, " missed ", e.missed_polls,
-                                " polls: unhealthy"));
-        }
+    for (const std::shared_ptr<WorkerHandle>& h : handles) {
+      live.insert(h.get());
+      // A new worker was just registered (healthy): first poll one period on.
+      Schedule& s = schedules.try_emplace(h.get(), Schedule{h, now + interval}).first->second;
+      if (s.call == nullptr && s.due <= now) {
+        s.call = StartPoll(h);
+        s.due = now + interval;
       }
-      if (lost) h->NotifyLost();  // its in-flight requests fail now
-      NotifyIfChanged(before);
+      if (s.call == nullptr) wake = std::min(wake, s.due);  // else its reply wakes us
     }
+    for (auto it = schedules.begin(); it != schedules.end();) {
+      if (live.count(it->first) == 0 && it->second.call == nullptr) {
+        it = schedules.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    const grpc::CompletionQueue::NextStatus next =
+        cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(wake));
+    if (next == grpc::CompletionQueue::TIMEOUT) continue;
+    if (next == grpc::CompletionQueue::SHUTDOWN || tag == &wake_) break;  // the destructor
+    auto* call = static_cast<PollCall*>(tag);
+    schedules[call->handle.get()].call = nullptr;
+    OnPollDone(call);
+    delete call;
+  }
+  // Stopping: cancel the polls in flight, then collect every event.
+  for (auto& [key, s] : schedules) {
+    if (s.call != nullptr) s.call->context.TryCancel();
+  }
+  cq_.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_.Next(&tag, &ok)) {
+    if (tag != &wake_) delete static_cast<PollCall*>(tag);
   }
 }
 

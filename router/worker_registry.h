@@ -3,16 +3,29 @@
 //
 // Owns: worker entries (from RegisterWorker), their channels and stubs,
 // health from GetStatus polls. Does not touch: requests (GenerateCall picks
-// workers through Pick*), the workers' own state.
-// Threads: a poll thread; every public method is thread-safe (mu_).
+// workers through Pick), the workers' own state.
+// Threads: one poll thread, which drives every status poll asynchronously
+// through one grpc::CompletionQueue (no thread per worker); StatusAllAsync
+// uses gRPC's callback API. Every public method is thread-safe (mu_).
 //
 // Health: a worker is healthy from a successful registration or poll until
 // `unhealthy_after_missed_polls` polls in a row fail (DESIGN.md, Router);
-// then its in-flight requests fail (NotifyLost). A poll answered with
-// ready = false (the worker is draining) is not a failure: the worker gets
-// no new requests but keeps finishing the ones it has.
+// then its in-flight requests fail (NotifyLost). Each worker is polled on
+// its own schedule, every poll_interval_ms with a deadline of
+// rpc_timeout_ms, so a frozen worker delays no other worker's health. A poll
+// answered with ready = false (the worker is draining) is not a failure: the
+// worker gets no new requests but keeps finishing the ones it has. A worker
+// unhealthy for drop_after_ms is removed (its handle lives on in the
+// requests holding it); it may register again.
+//
+// Serving: the router can serve with >= 1 healthy decode worker; prefill
+// workers are optional (without one, decode workers prefill every prompt
+// themselves). Each change of "a prefill worker is available" is logged once.
 #ifndef TANDEM_ROUTER_WORKER_REGISTRY_H_
 #define TANDEM_ROUTER_WORKER_REGISTRY_H_
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <functional>
@@ -24,13 +37,14 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
 
 // One worker as requests see it. Shared so a request keeps its stub alive
-// even if the worker re-registers at another address meanwhile.
+// even if the worker re-registers at another address, or is dropped from
+// the registry, meanwhile.
 struct WorkerHandle {
   std::string name;
   v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
@@ -56,23 +70,30 @@ struct WorkerHandle {
 
 struct RegistryOptions {
   std::string model_fingerprint;       // workers must serve the same file
-  int32_t poll_interval_ms = 500;
+  // KvLayout::LayoutId every worker must register with (ExpectedKvLayout
+  // of the router's model and configuration, common/server/worker_engine.h).
+  std::string kv_layout_id;
+  int32_t poll_interval_ms = 500;      // per worker, between poll starts
   int32_t unhealthy_after_missed_polls = 3;
-  int32_t rpc_timeout_ms = 2000;
-  bool prefill_required = true;        // remote prefill is configured
+  int32_t rpc_timeout_ms = 2000;       // deadline of each GetStatus
+  int32_t drop_after_ms = 30000;       // unhealthy this long -> removed
+  // Where the registry's lines go (registrations, health transitions,
+  // drops); rpc::Log when empty.
+  std::function<void(const std::string&)> log;
 };
 
 class WorkerRegistry {
  public:
-  // on_health_change(can_serve) runs (poll/registration thread) whenever
-  // CanServe() flips.
+  // on_health_change(can_serve) runs (poll/registration thread, one call at
+  // a time, in order) whenever CanServe() flips.
   WorkerRegistry(const RegistryOptions& options,
                  std::function<void(bool)> on_health_change);
-  ~WorkerRegistry();  // stops the poll thread
+  ~WorkerRegistry();  // cancels polls in flight and stops the poll thread
 
-  // Adds or refreshes a worker. FAILED_PRECONDITION when its model
-  // fingerprint differs (both values named); INVALID_ARGUMENT for a missing
-  // name/address or a role that is not prefill/decode.
+  // Adds or refreshes a worker. INVALID_ARGUMENT for a missing
+  // name/address or a role that is not prefill/decode; FAILED_PRECONDITION
+  // when its model fingerprint or its kv_layout_id differs from the
+  // router's (the field, the worker's and the router's values named).
   absl::Status Register(const v1::RegisterWorkerRequest& request);
 
   // The healthy (and not draining) worker of `role` whose name is not in
@@ -82,13 +103,19 @@ class WorkerRegistry {
   std::shared_ptr<WorkerHandle> Pick(v1::WorkerRole role,
                                      const std::vector<std::string>& avoid = {}) const;
 
-  // >= 1 healthy decode worker, and >= 1 healthy prefill worker when
-  // prefill_required.
+  // >= 1 healthy, not draining decode worker (prefill workers are optional).
   bool CanServe() const;
 
-  // Fresh GetStatus of every worker (parallel, rpc_timeout_ms each); an
-  // unreachable worker is reported with healthy = false.
-  std::vector<v1::WorkerStatus> StatusAll() const;
+  // Whether `name` is in the registry now (dropped workers are not).
+  bool Contains(const std::string& name) const;
+
+  // A fresh GetStatus of every worker, all in flight at once, each with a
+  // deadline of rpc_timeout_ms; never blocks. `done` runs exactly once with
+  // one status per worker in name order, on a gRPC thread (on the caller's
+  // when there is no worker). A worker that did not answer is reported with
+  // only name, role and address; healthy is the registry's health and the
+  // poll's success.
+  void StatusAllAsync(std::function<void(std::vector<v1::WorkerStatus>)> done) const;
 
  private:
   struct Entry {
@@ -96,18 +123,37 @@ class WorkerRegistry {
     bool healthy = true;
     bool draining = false;  // last poll answered ready = false
     int missed_polls = 0;
+    absl::Time unhealthy_since;  // when healthy became false
     // Takes new requests.
     bool Routable() const { return healthy && !draining; }
   };
+  struct PollCall;  // one GetStatus in flight on cq_
+
+  // The poll thread: starts due polls, applies results, drops workers.
   void PollLoop();
+  // Starts a GetStatus of `handle` on cq_ (deadline rpc_timeout_ms).
+  PollCall* StartPoll(const std::shared_ptr<WorkerHandle>& handle);
+  void OnPollDone(PollCall* call);
+  // Removes workers unhealthy for drop_after_ms; returns the earliest time
+  // another may be due (InfiniteFuture when none).
+  absl::Time DropExpired(absl::Time now);
   bool CanServeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotifyIfChanged(bool before);
+  bool PrefillAvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compares the current state with the last one reported: logs a change of
+  // prefill availability, calls on_health_change_ on a change of CanServe.
+  void ReportHealth();
+  void Log(const std::string& line) const;
 
   const RegistryOptions options_;
   const std::function<void(bool)> on_health_change_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
-  absl::Notification stop_;
+  // Held while ReportHealth compares and reports, so reports stay in order.
+  absl::Mutex report_mu_;
+  bool reported_can_serve_ ABSL_GUARDED_BY(report_mu_) = false;
+  bool reported_prefill_ ABSL_GUARDED_BY(report_mu_) = false;
+  grpc::CompletionQueue cq_;  // the poll thread's GetStatus calls
+  grpc::Alarm wake_;          // set by the destructor: the poll thread stops
   std::thread poller_;
 };
 

@@ -37,14 +37,30 @@ std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig&
                                                config.engine.num_kv_blocks);
 }
 
-kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string& fingerprint) {
+namespace {
+
+kvtransfer::KvLayout LayoutOf(const kv::KvShape& shape, kv::KvDtype dtype,
+                              const std::string& fingerprint) {
   kvtransfer::KvLayout layout;
   layout.model_fingerprint = fingerprint;
-  layout.n_layers = static_cast<uint32_t>(storage.shape().n_layers);
-  layout.n_kv_heads = static_cast<uint32_t>(storage.shape().n_kv_heads);
-  layout.head_dim = static_cast<uint32_t>(storage.shape().head_dim);
-  layout.dtype = storage.dtype();
+  layout.n_layers = static_cast<uint32_t>(shape.n_layers);
+  layout.n_kv_heads = static_cast<uint32_t>(shape.n_kv_heads);
+  layout.head_dim = static_cast<uint32_t>(shape.head_dim);
+  layout.dtype = dtype;
   return layout;
+}
+
+}  // namespace
+
+kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string& fingerprint) {
+  return LayoutOf(storage.shape(), storage.dtype(), fingerprint);
+}
+
+kvtransfer::KvLayout ExpectedKvLayout(const ClusterConfig& config, const ModelBundle& model) {
+  // The backend CpuBackendFromConfig builds: model->kv_shape over a
+  // CpuKvStorage (block size is not part of the layout).
+  return LayoutOf(model.model->kv_shape(config.engine.block_size), kv::CpuKvStorage::kDtype,
+                  model.fingerprint);
 }
 
 v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string& kv_layout_id,

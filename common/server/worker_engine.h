@@ -39,6 +39,12 @@ std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig&
 // heads, head dim, dtype): both ends of a KV transfer must have equal ones.
 kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string& fingerprint);
 
+// The KV layout a worker of this configuration serving `model` has, without
+// building its backend: KvLayoutFor of CpuBackendFromConfig(config,
+// model)'s storage (the model's KV shape, the CPU backend's KV dtype). The
+// router refuses a worker whose KvLayout::LayoutId differs from this one's.
+kvtransfer::KvLayout ExpectedKvLayout(const ClusterConfig& config, const ModelBundle& model);
+
 // The status fields a worker's engine core counts (running requests, KV
 // blocks, transfers, token and byte counters), plus the KV layout id and
 // the bit-exact class; name/role/address/ready are the caller's.

@@ -1,5 +1,8 @@
 #include "common/server/worker_main.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -22,9 +25,12 @@ int Fail(const std::string& message) {
 }
 
 // Registers with the router and repeats it as a heartbeat, so a restarted
-// router learns about this worker again within one period.
+// router learns about this worker again within one period. A refusal
+// (FAILED_PRECONDITION: another model or KV layout; INVALID_ARGUMENT: a bad
+// field) cannot heal by retrying: it is logged, stored in `*refusal` and
+// ends the process's wait for a termination signal (SIGTERM to itself).
 void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest request,
-                      absl::Notification* stop) {
+                      absl::Notification* stop, std::string* refusal) {
   auto stub = v1::Registry::NewStub(rpc::MakeChannel(router));
   bool registered = false;
   do {
@@ -32,12 +38,15 @@ void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest reque
     ctx.set_deadline(rpc::DeadlineFromNow(1000));
     v1::RegisterWorkerResponse response;
     grpc::Status s = stub->RegisterWorker(&ctx, request, &response);
-    if (s.ok() && response.accepted() && !registered) {
-      rpc::Log(absl::StrCat("registered with router ", router));
-    } else if (s.ok() && !response.accepted()) {
-      rpc::Log(absl::StrCat("router refused registration: ", response.reason()));
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT || (s.ok() && !response.accepted())) {
+      *refusal = s.ok() ? response.reason() : s.error_message();
+      rpc::Log(absl::StrCat("router ", router, " refused registration: ", *refusal));
+      kill(getpid(), SIGTERM);
+      return;
     }
-    registered = s.ok() && response.accepted();
+    if (s.ok() && !registered) rpc::Log(absl::StrCat("registered with router ", router));
+    registered = s.ok();
   } while (!stop->WaitForNotificationWithTimeout(
       absl::Milliseconds(registered ? 1000 : 200)));
 }
@@ -73,7 +82,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();
-  std::vector<std::string> allowed = {"config", "name", "model", "router", "advertise"};
+  std::vector<std::string> allowed = {"config", "name", "model", "router", "advertise",
+                                      "fault-kv-layout-id"};
   if (role == v1::ROLE_DECODE) allowed.push_back("kv-advertise");
   allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);
@@ -178,18 +188,25 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   v1::WorkerStatus initial = context.status();
   reg.set_kv_endpoint(initial.kv_endpoint());
   reg.set_model_fingerprint((*bundle)->fingerprint);
+  reg.set_kv_layout_id(flags->count("fault-kv-layout-id") ? flags->at("fault-kv-layout-id")
+                                                           : initial.kv_layout_id());
   const std::string router =
       flags->count("router") ? flags->at("router") : config->router.listen.ToString();
   absl::Notification stop_registration;
-  std::thread registration(RegistrationLoop, router, reg, &stop_registration);
+  std::string refusal;  // written by the registration thread before its SIGTERM
+  std::thread registration(RegistrationLoop, router, reg, &stop_registration, &refusal);
 
   int sig = rpc::WaitForTerminationSignal();
-  rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ",
-                        config->shutdown_grace_s, " s"));
   ready = false;
   health->SetServingStatus(false);
   stop_registration.Notify();
   registration.join();
+  if (refusal.empty()) {
+    rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ", config->shutdown_grace_s,
+                          " s"));
+  } else {
+    rpc::Log(absl::StrCat("exiting: draining for up to ", config->shutdown_grace_s, " s"));
+  }
   const absl::Time drain_deadline = absl::Now() + absl::Seconds(config->shutdown_grace_s);
   while (absl::Now() < drain_deadline && runtime->Status().running_requests() > 0) {
     absl::SleepFor(absl::Milliseconds(20));
@@ -198,7 +215,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   (*server)->Shutdown(rpc::DeadlineFromNow(1000));
   runtime.reset();
   rpc::Log("stopped");
-  return 0;
+  return refusal.empty() ? 0 : 1;
 }
 
 }  // namespace tandem

@@ -56,7 +56,12 @@ using RuntimeFactory =
 // endpoint prefill workers dial; default the entry's `kv_advertise`, else
 // the advertise host), plus `extra_flags`. A wildcard listen address
 // (0.0.0.0, [::]) without its advertise is refused naming the key.
-// Start-up errors print one line to stderr and return 1.
+// Start-up errors print one line to stderr and return 1. The registration
+// carries the worker's KV layout id (its runtime's Status().kv_layout_id);
+// when the router refuses it (FAILED_PRECONDITION: another model or KV
+// layout, INVALID_ARGUMENT: a bad field) the worker logs the reason, drains
+// and returns 1. --fault-kv-layout-id ID (tests only): register with ID
+// instead of the worker's own layout id.
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory);
 

@@ -24,8 +24,11 @@ class CpuKvStorage final : public KvStorage {
   // num_blocks blocks of `shape`, every element 0.0f.
   CpuKvStorage(const KvShape& shape, int32_t num_blocks);
 
+  // The element type of every CpuKvStorage.
+  static constexpr KvDtype kDtype = KvDtype::kF32;
+
   const KvShape& shape() const override { return shape_; }
-  KvDtype dtype() const override { return KvDtype::kF32; }
+  KvDtype dtype() const override { return kDtype; }
   int32_t num_blocks() const override { return num_blocks_; }
   void ReadTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
                   int32_t count, char* k_out, char* v_out) const override;

@@ -109,6 +109,7 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_migrations: ", o.max_migrations, "\n",
       "  max_inflight: ", o.max_inflight, "\n",
       "  max_queued: ", o.max_queued, "\n",
+      "  drop_after_ms: ", o.drop_after_ms, "\n",
       WorkerEntries(o),
       "engine:\n"
       "  block_size: ", o.block_size, "\n",

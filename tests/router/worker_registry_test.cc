@@ -1,0 +1,358 @@
+// WorkerRegistry against fake workers: in-process gRPC servers whose
+// GetStatus answers, or holds every call unanswered ("frozen"). Covers
+// Pick(avoid), serving with no prefill worker (and its log lines), layout id
+// refusal, drop_after_ms, and polls that a frozen worker does not delay.
+#include "router/worker_registry.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kFingerprint[] = "test-fp";
+constexpr char kLayout[] = "kv2/test-fp/L5.H4.D8/f32";
+
+// A worker's GetStatus on 127.0.0.1 (both worker services, so either role
+// can be polled).
+class FakeWorker {
+ public:
+  FakeWorker() : decode_(this), prefill_(this) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&decode_);
+    builder.RegisterService(&prefill_);
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~FakeWorker() {
+    Unfreeze();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+
+  const std::string& address() const { return address_; }
+  void SetReady(bool ready) {
+    absl::MutexLock lock(&mu_);
+    ready_ = ready;
+  }
+  void SetRunning(uint32_t running) {
+    absl::MutexLock lock(&mu_);
+    running_ = running;
+  }
+  // From now on GetStatus calls are held, unanswered.
+  void Freeze() {
+    absl::MutexLock lock(&mu_);
+    frozen_ = true;
+  }
+  // Answers the held calls with UNAVAILABLE; later calls are answered.
+  void Unfreeze() {
+    std::vector<grpc::ServerUnaryReactor*> held;
+    {
+      absl::MutexLock lock(&mu_);
+      frozen_ = false;
+      held.swap(held_);
+    }
+    for (auto* r : held) r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "was frozen"));
+  }
+
+ private:
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                   v1::WorkerStatus* response) {
+    auto* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    if (frozen_) {
+      held_.push_back(reactor);
+      return reactor;
+    }
+    response->set_ready(ready_);
+    response->set_running_requests(running_);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  struct Decode final : v1::DecodeWorker::CallbackService {
+    explicit Decode(FakeWorker* w) : worker(w) {}
+    grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                        const v1::GetStatusRequest*,
+                                        v1::WorkerStatus* response) override {
+      return worker->Answer(context, response);
+    }
+    FakeWorker* worker;
+  };
+  struct Prefill final : v1::PrefillWorker::CallbackService {
+    explicit Prefill(FakeWorker* w) : worker(w) {}
+    grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                        const v1::GetStatusRequest*,
+                                        v1::WorkerStatus* response) override {
+      return worker->Answer(context, response);
+    }
+    FakeWorker* worker;
+  };
+
+  Decode decode_;
+  Prefill prefill_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  absl::Mutex mu_;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
+  bool ready_ ABSL_GUARDED_BY(mu_) = true;
+  uint32_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::RegisterWorkerRequest Registration(const std::string& name, v1::WorkerRole role,
+                                       const std::string& address) {
+  v1::RegisterWorkerRequest r;
+  r.set_name(name);
+  r.set_role(role);
+  r.set_address(address);
+  r.set_model_fingerprint(kFingerprint);
+  r.set_kv_layout_id(kLayout);
+  return r;
+}
+
+// Polls `condition` every 5 ms; false if it is still false after `timeout`.
+bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// The registry's log lines and health changes, captured.
+struct Recorder {
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+  std::vector<bool> health;
+  int Count(const std::string& needle) {
+    absl::MutexLock lock(&mu);
+    int n = 0;
+    for (const std::string& l : lines) n += l.find(needle) != std::string::npos;
+    return n;
+  }
+};
+
+RegistryOptions Options(Recorder* recorder) {
+  RegistryOptions o;
+  o.model_fingerprint = kFingerprint;
+  o.kv_layout_id = kLayout;
+  o.poll_interval_ms = 20;
+  o.unhealthy_after_missed_polls = 2;
+  o.rpc_timeout_ms = 100;
+  o.drop_after_ms = 60000;
+  o.log = [recorder](const std::string& line) {
+    absl::MutexLock lock(&recorder->mu);
+    recorder->lines.push_back(line);
+  };
+  return o;
+}
+
+std::function<void(bool)> HealthTo(Recorder* recorder) {
+  return [recorder](bool serving) {
+    absl::MutexLock lock(&recorder->mu);
+    recorder->health.push_back(serving);
+  };
+}
+
+TEST(WorkerRegistryTest, PickPrefersFewestActiveThenNameAndSkipsAvoided) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  o.poll_interval_ms = 600000;  // no poll during the test
+  WorkerRegistry registry(o, HealthTo(&rec));
+  for (const char* name : {"d2", "d0", "d1"}) {
+    ASSERT_TRUE(registry.Register(Registration(name, v1::ROLE_DECODE, "127.0.0.1:1")).ok());
+  }
+  ASSERT_TRUE(registry.Register(Registration("p0", v1::ROLE_PREFILL, "127.0.0.1:1")).ok());
+
+  auto first = registry.Pick(v1::ROLE_DECODE);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->name, "d0");  // all idle: name order
+  first->active_requests = 2;
+  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE)->name, "d1");
+  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d1"})->name, "d2");
+  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d1", "d2"})->name, "d0");  // busy, but the only one
+  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d0", "d1", "d2"}), nullptr);
+  EXPECT_EQ(registry.Pick(v1::ROLE_PREFILL)->name, "p0");
+  EXPECT_EQ(registry.Pick(v1::ROLE_PREFILL, {"p0"}), nullptr);
+  EXPECT_EQ(registry.Pick(v1::ROLE_ROUTER), nullptr);
+}
+
+TEST(WorkerRegistryTest, ServesWithoutPrefillWorkersAndLogsEachPrefillTransitionOnce) {
+  Recorder rec;
+  FakeWorker decode, prefill;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  EXPECT_FALSE(registry.CanServe());
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode.address())).ok());
+  EXPECT_TRUE(registry.CanServe());  // no prefill worker needed
+  EXPECT_EQ(rec.Count("prefill worker"), 0);
+
+  ASSERT_TRUE(registry.Register(Registration("p0", v1::ROLE_PREFILL, prefill.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("p0", v1::ROLE_PREFILL, prefill.address())).ok());
+  EXPECT_EQ(rec.Count("prefill worker(s) available"), 1);
+
+  prefill.Freeze();
+  ASSERT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_PREFILL) == nullptr; },
+                      absl::Seconds(5)));
+  EXPECT_TRUE(registry.CanServe());
+  // A few more failed polls: still one line.
+  absl::SleepFor(absl::Milliseconds(150));
+  EXPECT_EQ(rec.Count("no healthy prefill worker: long prompts are prefilled on the decode "
+                      "workers"),
+            1);
+
+  prefill.Unfreeze();
+  ASSERT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_PREFILL) != nullptr; },
+                      absl::Seconds(5)));
+  EXPECT_EQ(rec.Count("prefill worker(s) available"), 2);
+  EXPECT_EQ(rec.Count("no healthy prefill worker"), 1);
+  absl::MutexLock lock(&rec.mu);
+  EXPECT_EQ(rec.health, std::vector<bool>{true});  // CanServe flipped once
+}
+
+TEST(WorkerRegistryTest, NoDecodeWorkerCannotServeAndHealthFollows) {
+  Recorder rec;
+  FakeWorker decode;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("p0", v1::ROLE_PREFILL, "127.0.0.1:1")).ok());
+  EXPECT_FALSE(registry.CanServe());
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode.address())).ok());
+  EXPECT_TRUE(registry.CanServe());
+  decode.Freeze();
+  ASSERT_TRUE(WaitFor([&] { return !registry.CanServe(); }, absl::Seconds(5)));
+  absl::MutexLock lock(&rec.mu);
+  EXPECT_EQ(rec.health, (std::vector<bool>{true, false}));
+}
+
+TEST(WorkerRegistryTest, RefusesAnotherKvLayoutNamingBothIds) {
+  Recorder rec;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  v1::RegisterWorkerRequest r = Registration("d0", v1::ROLE_DECODE, "127.0.0.1:1");
+  r.set_kv_layout_id("kv2/test-fp/L5.H4.D8/f16");
+  const absl::Status s = registry.Register(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "kv_layout_id: worker d0 has KV layout \"kv2/test-fp/L5.H4.D8/f16\" but the "
+            "router's model and configuration give \"kv2/test-fp/L5.H4.D8/f32\"");
+  EXPECT_FALSE(registry.Contains("d0"));
+  EXPECT_FALSE(registry.CanServe());
+
+  r.clear_kv_layout_id();  // a worker that sends none is refused too
+  EXPECT_EQ(registry.Register(r).code(), absl::StatusCode::kFailedPrecondition);
+
+  // The fingerprint is checked first: it says more.
+  r.set_model_fingerprint("other-fp");
+  EXPECT_THAT(registry.Register(r).message(), HasSubstr("model_fingerprint: worker d0 serves "
+                                                        "other-fp but the router serves test-fp"));
+}
+
+TEST(WorkerRegistryTest, DropsAWorkerUnhealthyForDropAfterMsAndTakesItBack) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  o.drop_after_ms = 300;
+  FakeWorker decode;
+  WorkerRegistry registry(o, HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode.address())).ok());
+  std::shared_ptr<WorkerHandle> held = registry.Pick(v1::ROLE_DECODE);
+  ASSERT_NE(held, nullptr);
+  absl::Notification lost;
+  absl::Time lost_at;
+  const uint64_t token = held->AddLostCallback([&] {
+    lost_at = absl::Now();
+    lost.Notify();
+  });
+
+  decode.Freeze();
+  ASSERT_TRUE(lost.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(registry.Contains("d0"));  // unhealthy, not yet dropped
+  ASSERT_TRUE(WaitFor([&] { return !registry.Contains("d0"); }, absl::Seconds(5)));
+  EXPECT_GE(absl::Now() - lost_at, absl::Milliseconds(300));
+  EXPECT_EQ(rec.Count("worker d0 unhealthy for "), 1);
+  EXPECT_EQ(rec.Count(" ms: dropped from the registry"), 1);
+  // The handle stays usable by the requests that hold it.
+  EXPECT_EQ(held->name, "d0");
+  EXPECT_NE(held->decode_stub, nullptr);
+  held->RemoveLostCallback(token);
+
+  decode.Unfreeze();
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode.address())).ok());
+  std::shared_ptr<WorkerHandle> again = registry.Pick(v1::ROLE_DECODE);
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again, held);  // a fresh entry
+  EXPECT_TRUE(registry.CanServe());
+}
+
+TEST(WorkerRegistryTest, AFrozenWorkerDelaysNoOtherWorkersPolls) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  o.rpc_timeout_ms = 30000;  // the frozen worker's polls hang for the whole test
+  o.unhealthy_after_missed_polls = 1;
+  FakeWorker frozen, live;
+  frozen.Freeze();
+  WorkerRegistry registry(o, HealthTo(&rec));
+  // "a" sorts first: polled one after the other, "b" would wait 30 s.
+  ASSERT_TRUE(registry.Register(Registration("a", v1::ROLE_DECODE, frozen.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("b", v1::ROLE_DECODE, live.address())).ok());
+  absl::SleepFor(absl::Milliseconds(100));  // "a"'s first poll is in flight
+  live.SetReady(false);                     // "b" starts draining
+  EXPECT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_DECODE, {"a"}) == nullptr; },
+                      absl::Seconds(3)));
+  live.SetReady(true);
+  EXPECT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_DECODE, {"a"}) != nullptr; },
+                      absl::Seconds(3)));
+}
+
+TEST(WorkerRegistryTest, StatusAllAsyncAnswersWithinTheDeadlineWithAFrozenWorker) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  o.poll_interval_ms = 600000;
+  o.rpc_timeout_ms = 200;
+  FakeWorker frozen, live;
+  frozen.Freeze();
+  live.SetRunning(3);
+  WorkerRegistry registry(o, HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("a", v1::ROLE_PREFILL, frozen.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("b", v1::ROLE_DECODE, live.address())).ok());
+
+  absl::Notification done;
+  std::vector<v1::WorkerStatus> got;
+  const absl::Time start = absl::Now();
+  registry.StatusAllAsync([&](std::vector<v1::WorkerStatus> all) {
+    got = std::move(all);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].name(), "a");
+  EXPECT_EQ(got[0].role(), v1::ROLE_PREFILL);
+  EXPECT_EQ(got[0].address(), frozen.address());
+  EXPECT_FALSE(got[0].healthy());
+  EXPECT_EQ(got[1].running_requests(), 3u);
+  EXPECT_TRUE(got[1].healthy());
+
+  WorkerRegistry empty(o, nullptr);
+  bool called = false;
+  empty.StatusAllAsync([&](std::vector<v1::WorkerStatus> all) {
+    called = true;
+    EXPECT_TRUE(all.empty());
+  });
+  EXPECT_TRUE(called);  // no worker: answered at once, on this thread
+}
+
+}  // namespace
+}  // namespace tandem::router
