@@ -225,7 +225,7 @@ TEST_F(CliTest, SigkilledUpLeavesNoOrphans) {
   ASSERT_TRUE(group.WaitForLine(0, kReady, absl::Seconds(30)).ok());
   const pid_t router = PidOf("router"), prefill = PidOf("prefill-0"), decode = PidOf("decode-0");
   ASSERT_EQ(kill(group.pid(0), SIGKILL), 0);
-  EXPECT_EQ(AwaitExit(group), "killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(AwaitExit(group), "killed by SIGKILL (signal 9)");
   for (pid_t pid : {router, prefill, decode}) {
     int status = 0;
     pid_t reaped = 0;
@@ -241,7 +241,7 @@ TEST_F(CliTest, SigkilledUpLeavesNoOrphans) {
     }
     // The fake router exits cleanly on SIGTERM; the shell workers die of it.
     EXPECT_EQ(DescribeWaitStatus(status),
-              pid == router ? "exited with status 0" : "killed by signal 15 (SIGTERM)");
+              pid == router ? "exited with status 0" : "killed by SIGTERM (signal 15)");
   }
   prctl(PR_SET_CHILD_SUBREAPER, 0);
 }
