@@ -184,7 +184,7 @@ class TempDir {
   std::string path_;
 };
 
-// Writes `config_path`'s text with the worker lists `options` asks for to
+// Writes --config's text with the worker lists `options` asks for to
 // dir/cluster.yaml; returns that path. Errors name --config or the flags.
 absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir& dir) {
   std::ifstream in(options.config, std::ios::binary);

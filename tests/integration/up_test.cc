@@ -90,21 +90,15 @@ TEST(UpTest, TwoPrefillTwoDecodeWorkersSurviveADecodeWorkersDeath) {
   for (const char* name : {"router", "prefill-0", "prefill-1", "decode-0"}) {
     EXPECT_FALSE(ProcessGone(cluster.pid(name))) << name;
   }
-  // Once the router has noticed, every request goes to decode-0.
+  // Once the router's registry has marked decode-1 unhealthy (its log line
+  // in tandem up's stderr: GetStatus says unhealthy as soon as one direct
+  // call fails, before routing changes), every request goes to decode-0.
   const ClusterOptions& o = UpClusterOptions().cluster;
-  const bool noticed = PollUntil(
+  ASSERT_TRUE(cluster.WaitForStderr(
+      absl::StrCat("worker decode-1 missed ", o.unhealthy_after_missed_polls, " polls: unhealthy"),
       absl::Milliseconds(o.poll_interval_ms * o.unhealthy_after_missed_polls + o.rpc_timeout_ms) +
-          absl::Seconds(5),
-      [&] {
-        absl::StatusOr<v1::ClusterStatus> s = cluster.ClusterStatus(absl::Seconds(2));
-        if (!s.ok()) return false;
-        for (const v1::WorkerStatus& w : s->workers()) {
-          if (w.name() == "decode-1") return !w.healthy();
-        }
-        return true;  // dropped from the registry
-      },
-      absl::Milliseconds(50));
-  ASSERT_TRUE(noticed) << "the router still reports decode-1 healthy";
+          absl::Seconds(5)))
+      << "the router never marked decode-1 unhealthy";
   for (int i = 0; i < 3; ++i) {
     StreamResult r;
     ASSERT_NO_FATAL_FAILURE(
