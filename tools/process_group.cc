@@ -157,9 +157,9 @@ bool ProcessGroup::ReadAvailable(Child& child) {
 void ProcessGroup::ForwardLines(Child& child) {
   size_t start = 0;
   for (size_t nl; (nl = child.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    WriteAll(STDERR_FILENO, absl::StrCat("[", child.name, "] ",
-                                         absl::string_view(child.pending).substr(start, nl - start),
-                                         "\n"));
+    WriteAll(STDERR_FILENO,
+             absl::StrCat("[", child.name, "] ",
+                          absl::string_view(child.pending).substr(start, nl - start), "\n"));
   }
   child.pending.erase(0, start);
   if (child.stdout_fd < 0 && !child.pending.empty()) {

@@ -75,8 +75,8 @@ class Supervisor {
       if (left <= absl::ZeroDuration()) return Event::kNothing;
       const int ms = timeout == absl::InfiniteDuration()
                          ? -1
-                         : static_cast<int>(absl::ToInt64Milliseconds(
-                               absl::Ceil(left, absl::Milliseconds(1))));
+                         : static_cast<int>(
+                               absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
       if (poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) return Event::kNothing;
       group_.ForwardOutput();
     }
@@ -116,8 +116,9 @@ class Supervisor {
     for (size_t i = 0; i < group_.size(); ++i) {
       if (group_.running(static_cast<int>(i))) running.push_back(group_.name(static_cast<int>(i)));
     }
-    std::cerr << "tandem: " << exit_->Describe() << "; still running: "
-              << (running.empty() ? "nothing" : absl::StrJoin(running, ", ")) << "\n";
+    std::cerr << "tandem: " << exit_->Describe()
+              << "; still running: " << (running.empty() ? "nothing" : absl::StrJoin(running, ", "))
+              << "\n";
   }
 
  private:
@@ -170,8 +171,8 @@ class TempDir {
 
   absl::Status Create() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                     "/tandem-up-XXXXXX");
+    std::string templ =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tandem-up-XXXXXX");
     if (mkdtemp(templ.data()) == nullptr) {
       return absl::InternalError(absl::StrCat("mkdtemp ", templ, ": ", strerror(errno)));
     }
@@ -190,11 +191,13 @@ absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir
   std::ifstream in(options.config, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cluster config '", options.config, "'"));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot read cluster config '", options.config, "'"));
   absl::StatusOr<std::string> resized =
       ResizeWorkerLists(text.str(), options.prefill_workers, options.decode_workers);
   if (!resized.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(options.config, ": ", resized.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.config, ": ", resized.status().message()));
   }
   if (absl::Status s = dir.Create(); !s.ok()) return s;
   const std::string path = dir.path() + "/cluster.yaml";
@@ -202,9 +205,9 @@ absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir
   out << "# Written by tandem up from " << options.config << " with"
       << (options.prefill_workers ? absl::StrCat(" --prefill-workers ", *options.prefill_workers)
                                   : "")
-      << (options.decode_workers ? absl::StrCat(" --decode-workers ", *options.decode_workers)
-                                 : "")
-      << "\n" << *resized;
+      << (options.decode_workers ? absl::StrCat(" --decode-workers ", *options.decode_workers) : "")
+      << "\n"
+      << *resized;
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   return path;
@@ -293,7 +296,8 @@ absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
   UpProcess p;
   p.name = fields[0];
   for (size_t i = 1; i < fields.size(); ++i) {
-    const std::pair<std::string, std::string> kv = absl::StrSplit(fields[i], absl::MaxSplits('=', 1));
+    const std::pair<std::string, std::string> kv =
+        absl::StrSplit(fields[i], absl::MaxSplits('=', 1));
     static constexpr const char* kKeys[] = {"", "role", "pid", "address", "kv"};
     if (kv.first != kKeys[i]) return bad();
     if (i == 1) p.role = kv.second;
@@ -392,7 +396,8 @@ int RunUp(const std::vector<std::string>& args) {
   for (const std::string& bin : {router_bin, prefill_bin, decode_bin}) {
     if (bin == prefill_bin && config->prefill_workers.empty()) continue;
     if (access(bin.c_str(), X_OK) != 0) {
-      return Fail(absl::StrCat("cannot run ", bin, " (build its target: cmake --build <dir> --target ",
+      return Fail(absl::StrCat("cannot run ", bin,
+                               " (build its target: cmake --build <dir> --target ",
                                std::filesystem::path(bin).filename().string(), ")"));
     }
   }
@@ -411,8 +416,8 @@ int RunUp(const std::vector<std::string>& args) {
     argv.insert(argv.end(), common_args.begin(), common_args.end());
     return argv;
   };
-  absl::StatusOr<int> router = sup.group().Spawn(config->router.name,
-                                                 argv_for(router_bin, config->router.name));
+  absl::StatusOr<int> router =
+      sup.group().Spawn(config->router.name, argv_for(router_bin, config->router.name));
   if (!router.ok()) return Fail(router.status().message());
   std::string router_address;
   const absl::Time listen_deadline = absl::Now() + options->listen_timeout;
@@ -484,7 +489,8 @@ int RunUp(const std::vector<std::string>& args) {
     }
   }
   // 4. The cluster: every process with its pid and address, then ready.
-  std::string table = FormatUpProcess({config->router.name, "router", sup.group().pid(*router), dial, ""});
+  std::string table =
+      FormatUpProcess({config->router.name, "router", sup.group().pid(*router), dial, ""});
   for (size_t i = 1; i < sup.group().size(); ++i) {
     const int index = static_cast<int>(i);
     for (const tandem::v1::WorkerStatus& w : status.workers()) {

@@ -85,8 +85,8 @@ absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
 // One process of a running `tandem up` cluster, as printed on stdout once
 // it is ready.
 struct UpProcess {
-  std::string name;         // the --name it runs under
-  std::string role;         // "router", "prefill" or "decode"
+  std::string name;  // the --name it runs under
+  std::string role;  // "router", "prefill" or "decode"
   pid_t pid = -1;
   std::string address;      // gRPC host:port (the router: the dial address)
   std::string kv_endpoint;  // decode workers: the KV receiver host:port
@@ -110,7 +110,7 @@ inline constexpr char kUpReadyPrefix[] = "tandem: cluster ready, router at ";
 
 // What a `tandem up` printed on stdout once its cluster was ready.
 struct UpReady {
-  std::string router_address;       // host:port to dial
+  std::string router_address;        // host:port to dial
   std::vector<UpProcess> processes;  // router first, then the workers in config order
   // The process named `name`, or nullptr.
   const UpProcess* Find(const std::string& name) const;

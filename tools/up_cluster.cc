@@ -69,8 +69,8 @@ absl::StatusOr<YAML::Node> ResizeList(const YAML::Node& listed, const YAML::Node
       entries.push_back(listed[i]);
     }
   }
-  const YAML::Node extra = entries.empty() ? EntryFromOtherRole(other)
-                                           : EphemeralCopy(entries.back());
+  const YAML::Node extra =
+      entries.empty() ? EntryFromOtherRole(other) : EphemeralCopy(entries.back());
   YAML::Node out(YAML::NodeType::Sequence);
   for (int i = 0; i < count; ++i) {
     YAML::Node entry = YAML::Clone(static_cast<size_t>(i) < entries.size() ? entries[i] : extra);
@@ -102,8 +102,8 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
                                                    kMaxWorkersPerRole, ", got ", *prefill));
   }
   if (decode && (*decode < 1 || *decode > kMaxWorkersPerRole)) {
-    return absl::InvalidArgumentError(absl::StrCat("decode worker count must be in 1..",
-                                                   kMaxWorkersPerRole, ", got ", *decode));
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode worker count must be in 1..", kMaxWorkersPerRole, ", got ", *decode));
   }
   YAML::Node root;
   try {

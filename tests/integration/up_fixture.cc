@@ -1,5 +1,6 @@
 #include "tests/integration/up_fixture.h"
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -134,8 +133,8 @@ std::string UpCluster::Stderr() const {
 }
 
 bool UpCluster::WaitForStderr(const std::string& text, absl::Duration timeout) const {
-  return PollUntil(timeout, [&] { return Stderr().find(text) != std::string::npos; },
-                   absl::Milliseconds(20));
+  return PollUntil(
+      timeout, [&] { return Stderr().find(text) != std::string::npos; }, absl::Milliseconds(20));
 }
 
 }  // namespace tandem::testing

@@ -24,8 +24,9 @@ using ::testing::HasSubstr;
 
 // The first `n` generated ids of `r` (all of them when fewer).
 std::vector<int32_t> Prefix(const StreamResult& r, size_t n) {
-  return std::vector<int32_t>(r.token_ids.begin(),
-                              r.token_ids.begin() + static_cast<ptrdiff_t>(std::min(n, r.token_ids.size())));
+  return std::vector<int32_t>(
+      r.token_ids.begin(),
+      r.token_ids.begin() + static_cast<ptrdiff_t>(std::min(n, r.token_ids.size())));
 }
 
 // A greedy request for golden case `g` on `route` returns g's strict ids.
@@ -74,7 +75,8 @@ TEST(UpTest, TwoPrefillTwoDecodeWorkersSurviveADecodeWorkersDeath) {
   }
 
   // Both routes work: local (short prompt) and remote (a long one).
-  ASSERT_NO_FATAL_FAILURE(ExpectServes(cluster.stub(), Golden("once_upon_a_time"), v1::ROUTE_LOCAL));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectServes(cluster.stub(), Golden("once_upon_a_time"), v1::ROUTE_LOCAL));
   ASSERT_NO_FATAL_FAILURE(
       ExpectServes(cluster.stub(), Golden("long_repeated_313tok"), v1::ROUTE_REMOTE));
 

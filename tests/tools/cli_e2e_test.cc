@@ -15,9 +15,8 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/cluster_config.h"
 #include "gmock/gmock.h"
@@ -216,14 +215,17 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
 
   Result status = RunCommand({tandem_, "status", "--router", *address});
   EXPECT_EQ(status.exit_code, 0) << status.err;
-  EXPECT_EQ(status.out,
-            "router router " + *address +
-                " ready healthy running=0 kv_blocks=0/0 cached=0 transfers=0 prefill_tokens=0 "
-                "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
-                "prefill-0 prefill 127.0.0.1:1 ready healthy running=0 kv_blocks=0/0 cached=0 transfers=0 "
-                "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
-                "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 transfers=0 "
-                "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
+  EXPECT_EQ(
+      status.out,
+      "router router " + *address +
+          " ready healthy running=0 kv_blocks=0/0 cached=0 transfers=0 prefill_tokens=0 "
+          "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+          "prefill-0 prefill 127.0.0.1:1 ready healthy running=0 kv_blocks=0/0 cached=0 "
+          "transfers=0 "
+          "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+          "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 "
+          "transfers=0 "
+          "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
 
   ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
   EXPECT_EQ(AwaitExit(group), "exited with status 0");
@@ -316,7 +318,8 @@ TEST_F(CliTest, UpResizesTheWorkerLists) {
   const std::string router_args = Slurp("router.args");
   const std::string prefix = "--name router --config ";
   ASSERT_THAT(router_args, StartsWith(prefix));
-  const std::string resized = router_args.substr(prefix.size(), router_args.find(' ', prefix.size()) - prefix.size());
+  const std::string resized =
+      router_args.substr(prefix.size(), router_args.find(' ', prefix.size()) - prefix.size());
   EXPECT_NE(resized, config_);
   EXPECT_EQ(Slurp("decode-2.args"), "--name decode-2 --config " + resized + " --model " + model_ +
                                         " --router " + ready->router_address + "\n");
@@ -395,7 +398,8 @@ TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
                        " (build its target: cmake --build <dir> --target tandem-router)\n");
   r = RunCommand({tandem_, "up", "--config", (dir_ / "missing.yaml").string()});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
+  EXPECT_EQ(r.err,
+            "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
   r = RunCommand({tandem_, "up", "--config", config_, "--model", "/nonexistent.gguf"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, StartsWith("tandem: --model /nonexistent.gguf: no such model file"));
@@ -423,7 +427,8 @@ TEST_F(CliTest, UpWithNoModelServesTheSyntheticOne) {
   const std::string kModel = "models/tandem-synthetic-byte.gguf";
   const std::string notice =
       "tandem: no model found; serving a small synthetic model with random weights "
-      "(its text is random): " + kModel + "\n";
+      "(its text is random): " +
+      kModel + "\n";
   fs::file_time_type written;
   for (int run = 0; run < 2; ++run) {  // the second run reuses the file
     ProcessGroup group;
@@ -465,7 +470,7 @@ TEST_F(CliTest, GenerateJsonAndText) {
   const std::string address = StartRouter(group);
   ASSERT_FALSE(address.empty());
   Result r = RunCommand({tandem_, "generate", "--router", address, "--json", "--max-tokens", "3",
-                  "--seed", "9", "hi"});
+                         "--seed", "9", "hi"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   nlohmann::json j = nlohmann::json::parse(r.out);
@@ -477,10 +482,11 @@ TEST_F(CliTest, GenerateJsonAndText) {
       "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
       "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100, 101, 102],
       "text": " t0 t1 t2", "finish_reason": "length", "stop_reason": null,
-      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})").dump());
+      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})")
+                          .dump());
 
   r = RunCommand({tandem_, "generate", "--router", address, "--max-tokens", "2", "--route", "local",
-           "hello", "there"});
+                  "hello", "there"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, " t0 t1\n");
 }
@@ -491,8 +497,8 @@ TEST_F(CliTest, GenerateSeveralSamples) {
   ASSERT_FALSE(address.empty());
   // Text: one line per sample, in finishing order (the fake finishes
   // sample 0 last).
-  Result r = RunCommand({tandem_, "generate", "--router", address, "--n", "2", "--max-tokens", "2",
-                         "hi"});
+  Result r =
+      RunCommand({tandem_, "generate", "--router", address, "--n", "2", "--max-tokens", "2", "hi"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "[sample 1]  s1t0 s1t1\n[sample 0]  t0 t1\n");
   // --json: sample 0 at the top, every sample under "samples".
@@ -520,7 +526,8 @@ TEST_F(CliTest, GenerateSeveralSamples) {
          "stop_reason": "\n", "completion_tokens": 1,
          "logprobs": [{"token_id": 1100, "logprob": -0.5,
                        "top_logprobs": [{"token_id": 1100, "logprob": -0.5},
-                                        {"token_id": 1101, "logprob": -1.5}]}]}]})").dump());
+                                        {"token_id": 1101, "logprob": -1.5}]}]}]})")
+                          .dump());
 }
 
 TEST_F(CliTest, GenerateErrors) {

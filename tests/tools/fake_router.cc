@@ -56,7 +56,8 @@ class FakeGeneration final : public tandem::v1::Generation::Service {
   grpc::Status Generate(grpc::ServerContext*, const tandem::v1::GenerateRequest* request,
                         grpc::ServerWriter<tandem::v1::GenerateResponse>* writer) override {
     if (request->prompt() == "fail") {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: rejected by the fake router");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "prompt: rejected by the fake router");
     }
     const bool local = request->route_override() == tandem::v1::ROUTE_LOCAL;
     tandem::v1::GenerateResponse meta;

@@ -34,14 +34,13 @@ TEST(DescribeWaitStatusTest, ExitAndSignal) {
 
 TEST(ProcessGroupTest, WaitForLineReturnsTheRestAndForwardsOtherLines) {
   ProcessGroup group;
-  absl::StatusOr<int> c = group.Spawn(
-      "router",
-      Sh("echo starting; echo 'TANDEM_LISTENING 127.0.0.1:4242 '; echo bye; echo DONE; exec sleep 30"));
+  absl::StatusOr<int> c =
+      group.Spawn("router", Sh("echo starting; echo 'TANDEM_LISTENING 127.0.0.1:4242 '; echo bye; "
+                               "echo DONE; exec sleep 30"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(*c, 0);
   ::testing::internal::CaptureStderr();
-  absl::StatusOr<std::string> line =
-      group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Seconds(10));
+  absl::StatusOr<std::string> line = group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Seconds(10));
   // Lines before the awaited one are forwarded, and so are lines after it.
   EXPECT_TRUE(group.WaitForLine(*c, "DONE", absl::Seconds(10)).ok());
   EXPECT_THAT(group.StopAll(absl::Seconds(5)), IsEmpty());
@@ -66,7 +65,8 @@ TEST(ProcessGroupTest, StderrPathAppendsTheChildsStderrToAFile) {
   ProcessGroup group;
   ProcessGroup::SpawnOptions options;
   options.stderr_path = path;
-  absl::StatusOr<int> c = group.Spawn("w", Sh("echo to-stderr >&2; echo DONE; exec sleep 30"), options);
+  absl::StatusOr<int> c =
+      group.Spawn("w", Sh("echo to-stderr >&2; echo DONE; exec sleep 30"), options);
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(group.WaitForLine(*c, "DONE", absl::Seconds(10)).ok());
   EXPECT_THAT(group.StopAll(absl::Seconds(5)), IsEmpty());
@@ -100,7 +100,8 @@ TEST(ProcessGroupTest, WaitForLineTimesOut) {
   ProcessGroup group;
   absl::StatusOr<int> c = group.Spawn("quiet", Sh("exec sleep 30"));
   ASSERT_TRUE(c.ok());
-  absl::StatusOr<std::string> line = group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Milliseconds(200));
+  absl::StatusOr<std::string> line =
+      group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Milliseconds(200));
   EXPECT_EQ(line.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(line.status().message(), HasSubstr("quiet did not print 'TANDEM_LISTENING '"));
 }

@@ -49,7 +49,8 @@ TEST(UpArgsTest, WorkerCounts) {
             "--prefill-workers: expected an integer, got 'two'");
   EXPECT_EQ(ParseUpArgs({"--decode-workers", "1.5"}).status().message(),
             "--decode-workers: expected an integer, got '1.5'");
-  EXPECT_EQ(ParseUpArgs({"--decode-workers"}).status().message(), "--decode-workers: missing value");
+  EXPECT_EQ(ParseUpArgs({"--decode-workers"}).status().message(),
+            "--decode-workers: missing value");
 }
 
 TEST(UpProcessTest, FormatAndParse) {
@@ -70,9 +71,10 @@ TEST(UpProcessTest, FormatAndParse) {
   back = ParseUpProcess("router role=router pid=7 address=[::1]:50051");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->kv_endpoint, "");
-  for (const char* bad : {"", "router", "router role=router pid=x address=a:1",
-                          "router pid=7 role=router address=a:1", "r role=router pid=7 address=a:1 x=1",
-                          "r role=router pid=0 address=a:1"}) {
+  for (const char* bad :
+       {"", "router", "router role=router pid=x address=a:1",
+        "router pid=7 role=router address=a:1", "r role=router pid=7 address=a:1 x=1",
+        "r role=router pid=0 address=a:1"}) {
     EXPECT_EQ(ParseUpProcess(bad).status().message(),
               std::string("not a tandem up process line: '") + bad + "'");
   }
@@ -161,7 +163,8 @@ TEST(ResizeWorkerListsTest, ShrinksKeepsAnUnresizedRoleAndAllowsNoPrefill) {
 TEST(ResizeWorkerListsTest, ARoleWithNoEntryTakesTheOtherRolesHosts) {
   const ClusterConfig c = ResizedConfig(
       "decode_workers:\n"
-      "  - {name: d, listen: '0.0.0.0:7000', advertise: 'node-1:7000', kv_listen: '0.0.0.0:7001'}\n",
+      "  - {name: d, listen: '0.0.0.0:7000', advertise: 'node-1:7000', kv_listen: "
+      "'0.0.0.0:7001'}\n",
       2, std::nullopt);
   ASSERT_EQ(c.prefill_workers.size(), 2u);
   EXPECT_EQ(c.prefill_workers[1].name, "prefill-1");
