@@ -39,7 +39,8 @@ int PollTimeoutMs(absl::Time deadline) {
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
-[[noreturn]] void ExecChild(pid_t parent, int stdout_fd, char* const argv[]) {
+// `stderr_fd` >= 0 replaces our stderr.
+[[noreturn]] void ExecChild(pid_t parent, int stdout_fd, int stderr_fd, char* const argv[]) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -59,7 +60,8 @@ int PollTimeoutMs(absl::Time deadline) {
     if (devnull != STDIN_FILENO) close(devnull);
   }
   if (dup2(stdout_fd, STDOUT_FILENO) < 0) _exit(126);
-  // stdout_fd and every other pipe of the group are O_CLOEXEC.
+  if (stderr_fd >= 0 && dup2(stderr_fd, STDERR_FILENO) < 0) _exit(126);
+  // stdout_fd, stderr_fd and every other pipe of the group are O_CLOEXEC.
   execv(argv[0], argv);
   static const char kMsg[] = "tandem: cannot exec ";
   WriteAll(STDERR_FILENO, absl::string_view(kMsg, sizeof(kMsg) - 1));
@@ -75,7 +77,8 @@ std::string DescribeWaitStatus(int wait_status) {
   if (WIFSIGNALED(wait_status)) {
     const int sig = WTERMSIG(wait_status);
     const char* abbrev = sigabbrev_np(sig);
-    return absl::StrCat("killed by signal ", sig, abbrev ? absl::StrCat(" (SIG", abbrev, ")") : "");
+    if (abbrev == nullptr) return absl::StrCat("killed by signal ", sig);
+    return absl::StrCat("killed by SIG", abbrev, " (signal ", sig, ")");
   }
   return absl::StrCat("stopped (wait status ", wait_status, ")");
 }
@@ -88,27 +91,43 @@ ProcessGroup::~ProcessGroup() { StopAll(absl::Seconds(2)); }
 
 absl::StatusOr<int> ProcessGroup::Spawn(const std::string& name,
                                         const std::vector<std::string>& argv) {
+  return Spawn(name, argv, SpawnOptions());
+}
+
+absl::StatusOr<int> ProcessGroup::Spawn(const std::string& name,
+                                        const std::vector<std::string>& argv,
+                                        const SpawnOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError("Spawn: empty argv");
+  int stderr_fd = -1;
+  if (!options.stderr_path.empty()) {
+    stderr_fd = open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (stderr_fd < 0) {
+      return absl::InternalError(
+          absl::StrCat("stderr of ", name, ": ", options.stderr_path, ": ", strerror(errno)));
+    }
+  }
   // Everything the child needs is built before fork.
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe for ", name, ": ", strerror(errno)));
+    const int err = errno;
+    if (stderr_fd >= 0) close(stderr_fd);
+    return absl::InternalError(absl::StrCat("pipe for ", name, ": ", strerror(err)));
   }
   const pid_t parent = getpid();
   fflush(stdout);
   fflush(stderr);
   const pid_t pid = fork();
-  if (pid < 0) {
-    const int err = errno;
-    close(fds[0]);
-    close(fds[1]);
-    return absl::InternalError(absl::StrCat("fork for ", name, ": ", strerror(err)));
-  }
-  if (pid == 0) ExecChild(parent, fds[1], cargv.data());
+  const int fork_errno = errno;
+  if (pid == 0) ExecChild(parent, fds[1], stderr_fd, cargv.data());
   close(fds[1]);
+  if (stderr_fd >= 0) close(stderr_fd);
+  if (pid < 0) {
+    close(fds[0]);
+    return absl::InternalError(absl::StrCat("fork for ", name, ": ", strerror(fork_errno)));
+  }
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   Child child;
   child.name = name;
@@ -138,9 +157,9 @@ bool ProcessGroup::ReadAvailable(Child& child) {
 void ProcessGroup::ForwardLines(Child& child) {
   size_t start = 0;
   for (size_t nl; (nl = child.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    WriteAll(STDERR_FILENO, absl::StrCat("[", child.name, "] ",
-                                         absl::string_view(child.pending).substr(start, nl - start),
-                                         "\n"));
+    WriteAll(STDERR_FILENO,
+             absl::StrCat("[", child.name, "] ",
+                          absl::string_view(child.pending).substr(start, nl - start), "\n"));
   }
   child.pending.erase(0, start);
   if (child.stdout_fd < 0 && !child.pending.empty()) {

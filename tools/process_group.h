@@ -8,7 +8,8 @@
 // when the *thread* that forked exits, not the process.
 //
 // Each child:
-//   * stdin from /dev/null, stderr inherited (its logs reach our stderr),
+//   * stdin from /dev/null, stderr inherited (its logs reach our stderr)
+//     or appended to SpawnOptions::stderr_path,
 //     stdout a pipe read by WaitForLine() / ForwardOutput(); lines other than
 //     the awaited one are copied to our stderr prefixed "[name] ", so our own
 //     stdout stays clean for the CLI's one result line;
@@ -35,8 +36,8 @@
 
 namespace tandem::cli {
 
-// "exited with status N" / "killed by signal N (SIGNAME)" for a waitpid()
-// status.
+// "exited with status N" / "killed by SIGNAME (signal N)" for a waitpid()
+// status ("killed by signal N" when the signal has no name).
 std::string DescribeWaitStatus(int wait_status);
 
 class ProcessGroup {
@@ -57,11 +58,21 @@ class ProcessGroup {
   // Stops whatever still runs (StopAll with a 2 s grace).
   ~ProcessGroup();
 
+  // How to start one child.
+  struct SpawnOptions {
+    // Non-empty: the child's stderr is appended to this file (created 0644
+    // if missing) instead of being ours.
+    std::string stderr_path;
+  };
+
   // Starts argv[0] (a path; no $PATH search) with argv as its arguments,
   // under `name`. Returns the child's index (0, 1, ...). INTERNAL when pipe
-  // or fork fails; an exec failure shows up as the child exiting with
-  // status 127 after printing "tandem: cannot exec <path>" to stderr.
+  // or fork fails or stderr_path cannot be opened; an exec failure shows up
+  // as the child exiting with status 127 after printing "tandem: cannot
+  // exec <path>" to stderr.
   absl::StatusOr<int> Spawn(const std::string& name, const std::vector<std::string>& argv);
+  absl::StatusOr<int> Spawn(const std::string& name, const std::vector<std::string>& argv,
+                            const SpawnOptions& options);
 
   // Reads child `index`'s stdout until a line that starts with `prefix` and
   // returns the rest of that line (surrounding whitespace trimmed). Errors:

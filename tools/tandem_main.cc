@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  up        run a local cluster (router + workers) in the foreground\n"
     "            [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n"
+    "            [--prefill-workers N] [--decode-workers M]   (N >= 0, M >= 1; default: the config's)\n"
     "  generate  stream one generation from the router\n"
     "            [--router H:P] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "            [--seed S] [--route auto|local|remote] [--json] [--timeout-ms MS]\n"

@@ -4,28 +4,34 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/cluster_config.h"
 #include "tools/cli_args.h"
 #include "tools/process_group.h"
 #include "tools/router_client.h"
 #include "tools/synth_model.h"
+#include "tools/up_cluster.h"
 
 namespace tandem::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: tandem up [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n";
+constexpr char kUsageHint[] = " (usage: tandem up --help)";
 constexpr char kListeningPrefix[] = "TANDEM_LISTENING ";
 
 // What woke the supervisor.
@@ -69,8 +75,8 @@ class Supervisor {
       if (left <= absl::ZeroDuration()) return Event::kNothing;
       const int ms = timeout == absl::InfiniteDuration()
                          ? -1
-                         : static_cast<int>(absl::ToInt64Milliseconds(
-                               absl::Ceil(left, absl::Milliseconds(1))));
+                         : static_cast<int>(
+                               absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))));
       if (poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) return Event::kNothing;
       group_.ForwardOutput();
     }
@@ -87,11 +93,32 @@ class Supervisor {
     }
   }
 
-  // Reports an unexpected exit, stops the rest; returns the exit status 1.
+  // Reports an exit during start-up, stops the rest; returns the exit
+  // status 1.
   int FailOnChildExit() {
     std::cerr << "tandem: " << exit_->Describe() << " unexpectedly; stopping the cluster\n";
     StopAll();
     return 1;
+  }
+
+  // Reports the router's exit and stops the workers; returns the exit
+  // status: 0 when the router exited with status 0, else 1.
+  int StopOnRouterExit() {
+    std::cerr << "tandem: " << exit_->Describe() << "; stopping the cluster\n";
+    StopAll();
+    const int ws = exit_->wait_status;
+    return WIFEXITED(ws) && WEXITSTATUS(ws) == 0 ? 0 : 1;
+  }
+
+  // Reports a worker's exit and who still runs; nothing else changes.
+  void ReportWorkerExit() {
+    std::vector<std::string> running;
+    for (size_t i = 0; i < group_.size(); ++i) {
+      if (group_.running(static_cast<int>(i))) running.push_back(group_.name(static_cast<int>(i)));
+    }
+    std::cerr << "tandem: " << exit_->Describe()
+              << "; still running: " << (running.empty() ? "nothing" : absl::StrJoin(running, ", "))
+              << "\n";
   }
 
  private:
@@ -129,11 +156,109 @@ int Fail(absl::string_view message) {
   return 1;
 }
 
+// A directory under $TMPDIR (or /tmp) for the resized config, removed with
+// its contents when this object goes away.
+class TempDir {
+ public:
+  TempDir() = default;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    if (path_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+
+  absl::Status Create() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tandem-up-XXXXXX");
+    if (mkdtemp(templ.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp ", templ, ": ", strerror(errno)));
+    }
+    path_ = templ;
+    return absl::OkStatus();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Writes --config's text with the worker lists `options` asks for to
+// dir/cluster.yaml; returns that path. Errors name --config or the flags.
+absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir& dir) {
+  std::ifstream in(options.config, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot read cluster config '", options.config, "'"));
+  absl::StatusOr<std::string> resized =
+      ResizeWorkerLists(text.str(), options.prefill_workers, options.decode_workers);
+  if (!resized.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.config, ": ", resized.status().message()));
+  }
+  if (absl::Status s = dir.Create(); !s.ok()) return s;
+  const std::string path = dir.path() + "/cluster.yaml";
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << "# Written by tandem up from " << options.config << " with"
+      << (options.prefill_workers ? absl::StrCat(" --prefill-workers ", *options.prefill_workers)
+                                  : "")
+      << (options.decode_workers ? absl::StrCat(" --decode-workers ", *options.decode_workers) : "")
+      << "\n"
+      << *resized;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return path;
+}
+
+// Parses one worker-count flag: nullopt when absent; INVALID_ARGUMENT
+// naming it when not an integer in [min, kMaxWorkersPerRole].
+absl::StatusOr<std::optional<int>> WorkerCount(const ParsedArgs& parsed, const std::string& flag,
+                                               int min) {
+  if (!parsed.Has(flag)) return std::optional<int>();
+  absl::StatusOr<int64_t> n = parsed.GetInt(flag, 0);
+  if (!n.ok()) return n.status();
+  if (*n < min || *n > kMaxWorkersPerRole) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be in ", min, "..", kMaxWorkersPerRole, ", got ", *n));
+  }
+  return std::optional<int>(static_cast<int>(*n));
+}
+
+// Why `status` does not yet show a cluster ready to be printed: "" when it
+// can serve and every name in `workers` is registered and healthy.
+std::string NotReadyReason(const tandem::v1::ClusterStatus& status,
+                           const std::vector<std::string>& workers) {
+  if (!status.can_serve()) return "router reports can_serve=false";
+  for (const std::string& name : workers) {
+    const tandem::v1::WorkerStatus* found = nullptr;
+    for (const tandem::v1::WorkerStatus& w : status.workers()) {
+      if (w.name() == name) found = &w;
+    }
+    if (found == nullptr) return absl::StrCat(name, " has not registered with the router");
+    if (!found->healthy()) return absl::StrCat(name, " is not healthy");
+  }
+  return "";
+}
+
+const char* RoleName(tandem::v1::WorkerRole role) {
+  switch (role) {
+    case tandem::v1::ROLE_PREFILL:
+      return "prefill";
+    case tandem::v1::ROLE_DECODE:
+      return "decode";
+    default:
+      return "router";
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed =
-      ParseArgs(args, {{"config"}, {"model"}, {"ready-timeout-s"}});
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(
+      args, {{"config"}, {"model"}, {"ready-timeout-s"}, {"prefill-workers"}, {"decode-workers"}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -148,7 +273,40 @@ absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError(absl::StrCat("--ready-timeout-s: must be > 0, got ", *ready));
   }
   o.ready_timeout = absl::Seconds(*ready);
+  absl::StatusOr<std::optional<int>> prefill = WorkerCount(*parsed, "prefill-workers", 0);
+  if (!prefill.ok()) return prefill.status();
+  o.prefill_workers = *prefill;
+  absl::StatusOr<std::optional<int>> decode = WorkerCount(*parsed, "decode-workers", 1);
+  if (!decode.ok()) return decode.status();
+  o.decode_workers = *decode;
   return o;
+}
+
+std::string FormatUpProcess(const UpProcess& p) {
+  return absl::StrCat(kUpProcessPrefix, p.name, " role=", p.role, " pid=", p.pid,
+                      " address=", p.address, p.kv_endpoint.empty() ? "" : " kv=", p.kv_endpoint);
+}
+
+absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("not a tandem up process line: '", text, "'"));
+  };
+  const std::vector<std::string> fields = absl::StrSplit(text, ' ');
+  if (fields.size() != 4 && fields.size() != 5) return bad();
+  UpProcess p;
+  p.name = fields[0];
+  for (size_t i = 1; i < fields.size(); ++i) {
+    const std::pair<std::string, std::string> kv =
+        absl::StrSplit(fields[i], absl::MaxSplits('=', 1));
+    static constexpr const char* kKeys[] = {"", "role", "pid", "address", "kv"};
+    if (kv.first != kKeys[i]) return bad();
+    if (i == 1) p.role = kv.second;
+    if (i == 2 && !absl::SimpleAtoi(kv.second, &p.pid)) return bad();
+    if (i == 3) p.address = kv.second;
+    if (i == 4) p.kv_endpoint = kv.second;
+  }
+  if (p.name.empty() || p.role.empty() || p.address.empty() || p.pid <= 0) return bad();
+  return p;
 }
 
 std::string DialAddress(const std::string& listening) {
@@ -177,14 +335,55 @@ absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
   return std::string(kOfflineModelPath);
 }
 
+const UpProcess* UpReady::Find(const std::string& name) const {
+  for (const UpProcess& p : processes) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout) {
+  // Both kinds of line start with "tandem: "; nothing else of tandem up
+  // goes to its stdout.
+  constexpr absl::string_view kLine = "tandem: ";
+  const absl::string_view process = absl::string_view(kUpProcessPrefix).substr(kLine.size());
+  const absl::string_view ready = absl::string_view(kUpReadyPrefix).substr(kLine.size());
+  const absl::Time deadline = absl::Now() + timeout;
+  UpReady out;
+  for (;;) {
+    absl::StatusOr<std::string> line = group.WaitForLine(index, kLine, deadline - absl::Now());
+    if (!line.ok()) return line.status();
+    if (absl::StartsWith(*line, ready)) {
+      out.router_address = line->substr(ready.size());
+      return out;
+    }
+    if (!absl::StartsWith(*line, process)) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected line from tandem up: ", *line));
+    }
+    absl::StatusOr<UpProcess> p = ParseUpProcess(line->substr(process.size()));
+    if (!p.ok()) return p.status();
+    out.processes.push_back(*std::move(p));
+  }
+}
+
 int RunUp(const std::vector<std::string>& args) {
   absl::StatusOr<UpOptions> options = ParseUpArgs(args);
   if (!options.ok()) {
-    std::cerr << "tandem up: " << options.status().message() << "\n" << kUsage;
+    std::cerr << "tandem up: " << options.status().message() << kUsageHint << "\n";
     return 2;
   }
   absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options->config);
   if (!config.ok()) return Fail(config.status().message());
+  // The file the children read: --config, or its resized copy.
+  std::string config_path = options->config;
+  TempDir resized_dir;
+  if (options->prefill_workers || options->decode_workers) {
+    absl::StatusOr<std::string> path = WriteResizedConfig(*options, resized_dir);
+    if (!path.ok()) return Fail(path.status().message());
+    config = LoadClusterConfig(*path);
+    if (!config.ok()) return Fail(config.status().message());
+    config_path = *path;
+  }
   std::string notice;
   absl::StatusOr<std::string> model = ResolveUpModel(options->model, *config, &notice);
   if (!model.ok()) return Fail(model.status().message());
@@ -197,24 +396,28 @@ int RunUp(const std::vector<std::string>& args) {
   for (const std::string& bin : {router_bin, prefill_bin, decode_bin}) {
     if (bin == prefill_bin && config->prefill_workers.empty()) continue;
     if (access(bin.c_str(), X_OK) != 0) {
-      return Fail(absl::StrCat("cannot run ", bin, " (build its target: cmake --build <dir> --target ",
+      return Fail(absl::StrCat("cannot run ", bin,
+                               " (build its target: cmake --build <dir> --target ",
                                std::filesystem::path(bin).filename().string(), ")"));
     }
   }
 
   Supervisor sup(absl::Seconds(config->shutdown_grace_s + 2));
   if (absl::Status s = sup.BlockSignals(); !s.ok()) return Fail(s.message());
-  std::cerr << "tandem: model " << *model << ", config " << options->config << "\n";
+  std::cerr << "tandem: model " << *model << ", config " << config_path
+            << (config_path == options->config ? "" : absl::StrCat(" (from ", options->config, ")"))
+            << ", " << config->prefill_workers.size() << " prefill and "
+            << config->decode_workers.size() << " decode workers\n";
 
   // 1. The router, and the address it really bound.
-  const std::vector<std::string> common_args = {"--config", options->config, "--model", *model};
+  const std::vector<std::string> common_args = {"--config", config_path, "--model", *model};
   auto argv_for = [&](const std::string& bin, const std::string& name) {
     std::vector<std::string> argv = {bin, "--name", name};
     argv.insert(argv.end(), common_args.begin(), common_args.end());
     return argv;
   };
-  absl::StatusOr<int> router = sup.group().Spawn(config->router.name,
-                                                 argv_for(router_bin, config->router.name));
+  absl::StatusOr<int> router =
+      sup.group().Spawn(config->router.name, argv_for(router_bin, config->router.name));
   if (!router.ok()) return Fail(router.status().message());
   std::string router_address;
   const absl::Time listen_deadline = absl::Now() + options->listen_timeout;
@@ -243,6 +446,7 @@ int RunUp(const std::vector<std::string>& args) {
   std::cerr << "tandem: router listening on " << router_address << "\n";
 
   // 2. Every worker, before any gRPC channel exists (fork with no threads).
+  std::vector<std::string> worker_names;
   for (const auto& [bin, workers] : {std::pair{prefill_bin, &config->prefill_workers},
                                      std::pair{decode_bin, &config->decode_workers}}) {
     for (const WorkerConfig& w : *workers) {
@@ -253,6 +457,7 @@ int RunUp(const std::vector<std::string>& args) {
         sup.StopAll();
         return Fail(child.status().message());
       }
+      worker_names.push_back(w.name);
     }
   }
 
@@ -260,13 +465,14 @@ int RunUp(const std::vector<std::string>& args) {
   std::unique_ptr<tandem::v1::Generation::Stub> stub = MakeGenerationStub(dial);
   const absl::Time ready_deadline = absl::Now() + options->ready_timeout;
   std::string last_problem = "no answer yet";
+  tandem::v1::ClusterStatus status;
   for (;;) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    tandem::v1::ClusterStatus status;
+    status.Clear();
     grpc::Status rpc = stub->GetStatus(&context, tandem::v1::GetStatusRequest(), &status);
-    if (rpc.ok() && status.can_serve()) break;
-    last_problem = rpc.ok() ? "router reports can_serve=false" : GrpcErrorLine(rpc);
+    last_problem = rpc.ok() ? NotReadyReason(status, worker_names) : GrpcErrorLine(rpc);
+    if (last_problem.empty()) break;
     if (absl::Now() >= ready_deadline) {
       sup.StopAll();
       return Fail(absl::StrCat("cluster not ready within ",
@@ -282,17 +488,32 @@ int RunUp(const std::vector<std::string>& args) {
         break;
     }
   }
-  std::printf("tandem: cluster ready, router at %s\n", dial.c_str());
+  // 4. The cluster: every process with its pid and address, then ready.
+  std::string table =
+      FormatUpProcess({config->router.name, "router", sup.group().pid(*router), dial, ""});
+  for (size_t i = 1; i < sup.group().size(); ++i) {
+    const int index = static_cast<int>(i);
+    for (const tandem::v1::WorkerStatus& w : status.workers()) {
+      if (w.name() != sup.group().name(index)) continue;
+      absl::StrAppend(&table, "\n",
+                      FormatUpProcess({w.name(), RoleName(w.role()), sup.group().pid(index),
+                                       w.address(), w.kv_endpoint()}));
+    }
+  }
+  std::printf("%s\n%s%s\n", table.c_str(), kUpReadyPrefix, dial.c_str());
   std::fflush(stdout);
 
-  // 4. Supervise until a signal or a child's death.
+  // 5. Supervise until a signal or the router's exit; a worker's exit is
+  // reported and the rest keep running.
   for (;;) {
     switch (sup.Wait(absl::InfiniteDuration())) {
       case Event::kStopSignal:
         sup.StopAll();
         return 0;
       case Event::kChildExited:
-        return sup.FailOnChildExit();
+        if (sup.exit().index == *router) return sup.StopOnRouterExit();
+        sup.ReportWorkerExit();
+        break;
       case Event::kNothing:
         break;
     }

@@ -1,28 +1,45 @@
 // `tandem up`: runs a local cluster in the foreground.
 //
 //   tandem up [--config deploy/local/cluster.yaml] [--model PATH]
-//             [--ready-timeout-s 60]
+//             [--prefill-workers N] [--decode-workers M] [--ready-timeout-s 60]
 //
-// Sequence: load the config; resolve the model (ResolveUpModel); start the
-// router (the sibling binary tandem-router next to /proc/self/exe) and read
-// its "TANDEM_LISTENING host:port" line (30 s); start every prefill and
-// decode worker of the config with --router <that address>; only then open
-// a gRPC channel and poll Generation.GetStatus until can_serve; print
+// Sequence: load the config; with --prefill-workers / --decode-workers,
+// write it with resized worker lists (ResizeWorkerLists: workers
+// prefill-0..N-1, decode-0..M-1) to a temporary directory, removed at exit,
+// and give the children that file; resolve the model (ResolveUpModel);
+// start the router (the sibling binary tandem-router next to
+// /proc/self/exe) and read its "TANDEM_LISTENING host:port" line (30 s);
+// start every prefill and decode worker of the config with --name <entry>
+// and --router <that address>; only then open a gRPC channel and poll
+// Generation.GetStatus until can_serve and every worker is registered and
+// healthy; print on stdout one FormatUpProcess line per process (router
+// first, then the workers in config order), then
 //   tandem: cluster ready, router at <host:port>
-// as the only line on stdout; supervise. SIGINT/SIGTERM/SIGHUP: SIGTERM to
-// every child, SIGKILL after shutdown_grace_s + 2 s, exit 0. A child that
-// exits on its own: say which and how, stop the rest, exit 1. Children carry
-// PR_SET_PDEATHSIG, so none survives even a SIGKILLed `tandem up`.
-// Exit 2 for a bad flag, 1 for any start-up failure (one line on stderr).
+// and supervise:
+//   * SIGINT/SIGTERM/SIGHUP: SIGTERM to every child, SIGKILL after
+//     shutdown_grace_s + 2 s, exit 0;
+//   * a worker exits: one line on stderr, "tandem: decode-1 (pid 123)
+//     killed by SIGKILL (signal 9); still running: ..." (or "exited with
+//     status N"); the rest keep running, nothing is restarted;
+//   * the router exits: stop the workers as above; exit 0 if the router
+//     exited with status 0, else 1.
+// Before the ready line any child's exit is a start-up failure: stop the
+// rest, exit 1. Children carry PR_SET_PDEATHSIG, so none survives even a
+// SIGKILLed `tandem up`. Exit 2 for a bad flag (one line naming it), 1 for
+// any start-up failure (one line on stderr).
 #ifndef TANDEM_TOOLS_UP_H_
 #define TANDEM_TOOLS_UP_H_
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cluster_config.h"
+#include "tools/process_group.h"
 
 namespace tandem::cli {
 
@@ -31,9 +48,15 @@ struct UpOptions {
   std::string model;                                  // --model; "" = resolution order
   absl::Duration listen_timeout = absl::Seconds(30);  // router's TANDEM_LISTENING line
   absl::Duration ready_timeout = absl::Seconds(60);   // until GetStatus.can_serve
+  // --prefill-workers (0..kMaxWorkersPerRole) / --decode-workers
+  // (1..kMaxWorkersPerRole); nullopt: the config's list as written.
+  std::optional<int> prefill_workers;
+  std::optional<int> decode_workers;
 };
 
-// Parses the arguments after "up". INVALID_ARGUMENT naming the flag.
+// Parses the arguments after "up". INVALID_ARGUMENT naming the flag:
+// "--decode-workers: must be in 1..64, got 0", "--prefill-workers: expected
+// an integer, got 'two'".
 absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args);
 
 // The address to dial for a process listening on `listening` ("host:port"):
@@ -58,6 +81,47 @@ inline constexpr char kOfflineModelPath[] = "models/tandem-synthetic-byte.gguf";
 // EnsureSynthModel.
 absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
                                            const ClusterConfig& config, std::string* notice);
+
+// One process of a running `tandem up` cluster, as printed on stdout once
+// it is ready.
+struct UpProcess {
+  std::string name;  // the --name it runs under
+  std::string role;  // "router", "prefill" or "decode"
+  pid_t pid = -1;
+  std::string address;      // gRPC host:port (the router: the dial address)
+  std::string kv_endpoint;  // decode workers: the KV receiver host:port
+};
+
+// The line prefix of FormatUpProcess.
+inline constexpr char kUpProcessPrefix[] = "tandem: process ";
+
+// "tandem: process decode-0 role=decode pid=123 address=127.0.0.1:4000
+// kv=127.0.0.1:4001" (one line, no newline; " kv=..." only when
+// kv_endpoint is set).
+std::string FormatUpProcess(const UpProcess& p);
+
+// The inverse of FormatUpProcess for the text after kUpProcessPrefix.
+// INVALID_ARGUMENT quoting the text when it is not such a line.
+absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text);
+
+// The prefix of the last line `tandem up` prints on stdout once ready,
+// followed by the router's dial address.
+inline constexpr char kUpReadyPrefix[] = "tandem: cluster ready, router at ";
+
+// What a `tandem up` printed on stdout once its cluster was ready.
+struct UpReady {
+  std::string router_address;        // host:port to dial
+  std::vector<UpProcess> processes;  // router first, then the workers in config order
+  // The process named `name`, or nullptr.
+  const UpProcess* Find(const std::string& name) const;
+};
+
+// For tests and tools that start `tandem up` as child `index` of `group`:
+// reads its stdout until the ready line (at most `timeout`) and returns the
+// process lines before it. Errors: those of ProcessGroup::WaitForLine
+// (UNAVAILABLE with the exit status when `tandem up` ends first,
+// DEADLINE_EXCEEDED), ParseUpProcess's for a malformed line.
+absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout);
 
 // Runs the subcommand; returns the process exit status (0, 1, 2).
 int RunUp(const std::vector<std::string>& args);

@@ -2,9 +2,11 @@
 // as tandem-router (canned Generation service) and /bin/sh scripts as the
 // workers, all copied next to a copy of `tandem` in a temporary directory,
 // because `tandem up` runs the binaries beside /proc/self/exe. Checks the
-// command lines the children get, the ready line, generate/status output
-// and exit codes, shutdown on SIGTERM, a dying worker, no orphans after
-// `tandem up` is SIGKILLed, and the offline path (no model anywhere).
+// command lines the children get, the process table and the ready line,
+// generate/status output and exit codes, shutdown on SIGTERM, a dying worker
+// (reported, the rest keep running), the router's exit, --prefill-workers /
+// --decode-workers, no orphans after `tandem up` is SIGKILLed, and the
+// offline path (no model anywhere).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -13,14 +15,14 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/cluster_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/process_group.h"
+#include "tools/up.h"
 
 namespace tandem::cli {
 namespace {
@@ -32,13 +34,17 @@ using ::testing::StartsWith;
 constexpr char kReady[] = "tandem: cluster ready, router at ";
 
 // Fake worker: records its argv and pid, then announces itself and sleeps
-// (or, when $FAKE_WORKER_EXIT names it, exits 3 after a moment).
+// (or, when $FAKE_WORKER_EXIT names it, exits 3 once the file <name>.exit
+// exists next to it).
 constexpr char kFakeWorker[] = R"(#!/bin/sh
 d=$(dirname "$0")
 echo "$*" > "$d/$2.args"
 echo $$ > "$d/$2.pid"
-if [ "$FAKE_WORKER_EXIT" = "$2" ]; then sleep 0.3; exit 3; fi
 echo "TANDEM_LISTENING 127.0.0.1:1"
+if [ "$FAKE_WORKER_EXIT" = "$2" ]; then
+  while [ ! -e "$d/$2.exit" ]; do sleep 0.02; done
+  exit 3
+fi
 exec sleep 60
 )";
 
@@ -132,22 +138,40 @@ class CliTest : public ::testing::Test {
   }
   pid_t PidOf(const std::string& name) const { return std::stoi(Slurp(name + ".pid")); }
 
-  // Starts `tandem up` with extra flags as child 0 of `group`.
-  void StartUp(ProcessGroup& group, std::vector<std::string> extra = {}) {
+  // Starts `tandem up` with extra flags as child 0 of `group`; its stderr
+  // goes to `stderr_path` when given.
+  void StartUp(ProcessGroup& group, std::vector<std::string> extra = {},
+               const std::string& stderr_path = "") {
     std::vector<std::string> argv = {tandem_, "up", "--config", config_, "--model", model_};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    ASSERT_EQ(group.Spawn("tandem-up", argv).value_or(-1), 0);
+    ProcessGroup::SpawnOptions options;
+    options.stderr_path = stderr_path;
+    ASSERT_EQ(group.Spawn("tandem-up", argv, options).value_or(-1), 0);
   }
 
-  // Waits (10 s at most) for child 0 of `group` to exit; returns its status.
-  static std::string AwaitExit(ProcessGroup& group) {
-    for (int i = 0; i < 1000; ++i) {
+  // Waits (`timeout` at most) for child 0 of `group` to exit; returns its
+  // status, or "still running".
+  static std::string AwaitExit(ProcessGroup& group, absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    do {
       if (std::optional<ProcessGroup::Exit> e = group.ReapExited()) {
         return DescribeWaitStatus(e->wait_status);
       }
       usleep(10000);
-    }
+    } while (absl::Now() < deadline);
     return "still running";
+  }
+
+  // True once the file at `path` contains `text` (10 s at most).
+  static bool LogHas(const std::string& path, const std::string& text) {
+    for (int i = 0; i < 1000; ++i) {
+      std::ifstream in(path);
+      std::stringstream s;
+      s << in.rdbuf();
+      if (s.str().find(text) != std::string::npos) return true;
+      usleep(10000);
+    }
+    return false;
   }
 
   // Starts the fake router alone; returns its address.
@@ -164,8 +188,9 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
   ProcessGroup group;
   StartUp(group);
-  absl::StatusOr<std::string> address = group.WaitForLine(0, kReady, absl::Seconds(30));
-  ASSERT_TRUE(address.ok()) << address.status();
+  absl::StatusOr<UpReady> ready = WaitForUpReady(group, 0, absl::Seconds(30));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  const std::string* address = &ready->router_address;
   absl::StatusOr<HostPort> hp = ParseHostPort(*address, "ready line");
   ASSERT_TRUE(hp.ok()) << hp.status();
   EXPECT_EQ(hp->host, "127.0.0.1");
@@ -176,25 +201,71 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
   EXPECT_EQ(Slurp("prefill-0.args"), "--name prefill-0" + common + " --router " + *address + "\n");
   EXPECT_EQ(Slurp("decode-0.args"), "--name decode-0" + common + " --router " + *address + "\n");
   const pid_t pids[] = {PidOf("router"), PidOf("prefill-0"), PidOf("decode-0")};
+  // The table: every process with the pid it really has, in start order.
+  ASSERT_EQ(ready->processes.size(), 3u);
+  const std::string names[] = {"router", "prefill-0", "decode-0"};
+  const std::string roles[] = {"router", "prefill", "decode"};
+  for (int i = 0; i < 3; ++i) {
+    const UpProcess& p = ready->processes[i];
+    EXPECT_EQ(p.name, names[i]);
+    EXPECT_EQ(p.role, roles[i]);
+    EXPECT_EQ(p.pid, pids[i]) << names[i];
+    EXPECT_EQ(p.address, i == 0 ? *address : "127.0.0.1:1") << names[i];
+  }
 
   Result status = RunCommand({tandem_, "status", "--router", *address});
   EXPECT_EQ(status.exit_code, 0) << status.err;
-  EXPECT_EQ(status.out,
-            "router router " + *address +
-                " ready healthy running=0 kv_blocks=0/0 cached=0 transfers=0 prefill_tokens=0 "
-                "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
-                "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 transfers=0 "
-                "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
+  EXPECT_EQ(
+      status.out,
+      "router router " + *address +
+          " ready healthy running=0 kv_blocks=0/0 cached=0 transfers=0 prefill_tokens=0 "
+          "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+          "prefill-0 prefill 127.0.0.1:1 ready healthy running=0 kv_blocks=0/0 cached=0 "
+          "transfers=0 "
+          "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+          "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 "
+          "transfers=0 "
+          "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
 
   ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
   EXPECT_EQ(AwaitExit(group), "exited with status 0");
   for (pid_t pid : pids) EXPECT_TRUE(Gone(pid)) << pid;
 }
 
-TEST_F(CliTest, UpReportsAWorkerThatExits) {
+// After the ready line a worker's exit is reported (exit status or signal
+// name) and the rest keep running; SIGTERM then stops them and exits 0.
+TEST_F(CliTest, UpReportsAWorkerThatExitsAndKeepsTheRest) {
   ScopedEnv env("FAKE_WORKER_EXIT", "decode-0");
+  const std::string log = (dir_ / "up.stderr").string();
   ProcessGroup group;
-  ::testing::internal::CaptureStderr();  // tandem up's stderr is ours
+  StartUp(group, {}, log);
+  absl::StatusOr<UpReady> ready = WaitForUpReady(group, 0, absl::Seconds(30));
+  ASSERT_TRUE(ready.ok()) << ready.status() << Slurp(log);
+  const pid_t router = PidOf("router"), prefill = PidOf("prefill-0"), decode = PidOf("decode-0");
+  std::ofstream(dir_ / "decode-0.exit").close();
+  const std::string exited = "tandem: decode-0 (pid " + std::to_string(decode) +
+                             ") exited with status 3; still running: router, prefill-0\n";
+  ASSERT_TRUE(LogHas(log, exited)) << Slurp(log);
+  EXPECT_EQ(AwaitExit(group, absl::Milliseconds(300)), "still running");
+  ASSERT_EQ(kill(prefill, SIGKILL), 0);
+  const std::string killed = "tandem: prefill-0 (pid " + std::to_string(prefill) +
+                             ") killed by SIGKILL (signal 9); still running: router\n";
+  ASSERT_TRUE(LogHas(log, killed)) << Slurp(log);
+  EXPECT_FALSE(Gone(router));
+  Result status = RunCommand({tandem_, "status", "--router", ready->router_address});
+  EXPECT_EQ(status.exit_code, 0) << status.err;  // the router still answers
+  ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(group), "exited with status 0");
+  EXPECT_TRUE(Gone(router));
+}
+
+// Before the ready line any child's exit ends `tandem up` with status 1.
+TEST_F(CliTest, UpFailsWhenAWorkerExitsDuringStartUp) {
+  ScopedEnv not_ready("FAKE_ROUTER_NOT_READY", "1");  // keeps it starting up
+  ScopedEnv env("FAKE_WORKER_EXIT", "decode-0");
+  std::ofstream(dir_ / "decode-0.exit").close();  // exits at once
+  ProcessGroup group;
+  ::testing::internal::CaptureStderr();
   StartUp(group);
   const std::string how = AwaitExit(group);
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -203,6 +274,79 @@ TEST_F(CliTest, UpReportsAWorkerThatExits) {
                              ") exited with status 3 unexpectedly; stopping the cluster\n"));
   EXPECT_TRUE(Gone(PidOf("router")));
   EXPECT_TRUE(Gone(PidOf("prefill-0")));
+}
+
+// The router's exit stops the cluster; tandem up's status follows the
+// router's: 0 after a clean exit (the fake exits 0 on SIGTERM), 1 when it
+// was killed.
+TEST_F(CliTest, UpStopsTheClusterWhenTheRouterExits) {
+  for (const int sig : {SIGTERM, SIGKILL}) {
+    ProcessGroup group;
+    const std::string log = (dir_ / ("up.stderr." + std::to_string(sig))).string();
+    StartUp(group, {}, log);
+    ASSERT_TRUE(WaitForUpReady(group, 0, absl::Seconds(30)).ok()) << Slurp(log);
+    const pid_t router = PidOf("router"), prefill = PidOf("prefill-0"), decode = PidOf("decode-0");
+    ASSERT_EQ(kill(router, sig), 0);
+    EXPECT_EQ(AwaitExit(group), sig == SIGTERM ? "exited with status 0" : "exited with status 1");
+    EXPECT_THAT(Slurp(log), HasSubstr("tandem: router (pid " + std::to_string(router) + ") " +
+                                      (sig == SIGTERM ? "exited with status 0"
+                                                      : "killed by SIGKILL (signal 9)") +
+                                      "; stopping the cluster\n"));
+    EXPECT_TRUE(Gone(prefill));
+    EXPECT_TRUE(Gone(decode));
+    for (const char* f : {"router.pid", "prefill-0.pid", "decode-0.pid"}) fs::remove(dir_ / f);
+  }
+}
+
+// --prefill-workers 2 --decode-workers 3: a temporary config (removed at
+// exit) with prefill-0..1 and decode-0..2, each started under its name.
+TEST_F(CliTest, UpResizesTheWorkerLists) {
+  ProcessGroup group;
+  StartUp(group, {"--prefill-workers", "2", "--decode-workers", "3"});
+  absl::StatusOr<UpReady> ready = WaitForUpReady(group, 0, absl::Seconds(30));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  const std::string names[] = {"router",   "prefill-0", "prefill-1",
+                               "decode-0", "decode-1",  "decode-2"};
+  ASSERT_EQ(ready->processes.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(ready->processes[i].name, names[i]);
+    EXPECT_EQ(ready->processes[i].pid, PidOf(names[i])) << names[i];
+  }
+  EXPECT_EQ(ready->Find("decode-2")->role, "decode");
+  EXPECT_EQ(ready->Find("nobody"), nullptr);
+  // Every child reads the same resized file, not --config.
+  const std::string router_args = Slurp("router.args");
+  const std::string prefix = "--name router --config ";
+  ASSERT_THAT(router_args, StartsWith(prefix));
+  const std::string resized =
+      router_args.substr(prefix.size(), router_args.find(' ', prefix.size()) - prefix.size());
+  EXPECT_NE(resized, config_);
+  EXPECT_EQ(Slurp("decode-2.args"), "--name decode-2 --config " + resized + " --model " + model_ +
+                                        " --router " + ready->router_address + "\n");
+  absl::StatusOr<ClusterConfig> config = LoadClusterConfig(resized);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->prefill_workers.size(), 2u);
+  EXPECT_EQ(config->decode_workers.size(), 3u);
+  EXPECT_EQ(config->shutdown_grace_s, 1);
+  ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(group), "exited with status 0");
+  for (const std::string& name : names) EXPECT_TRUE(Gone(PidOf(name))) << name;
+  EXPECT_FALSE(fs::exists(fs::path(resized).parent_path())) << resized;
+}
+
+TEST_F(CliTest, UpBadWorkerCountsAreOneLineAndExitTwo) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--prefill-workers", "-1"}, "--prefill-workers: must be in 0..64, got -1"},
+      {{"--decode-workers", "0"}, "--decode-workers: must be in 1..64, got 0"},
+      {{"--decode-workers", "x"}, "--decode-workers: expected an integer, got 'x'"},
+      {{"--prefill-workers=1e3"}, "--prefill-workers: expected an integer, got '1e3'"}};
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> argv = {tandem_, "up", "--config", config_, "--model", model_};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Result r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 2) << flags[0];
+    EXPECT_EQ(r.err, "tandem up: " + message + " (usage: tandem up --help)\n");
+  }
 }
 
 TEST_F(CliTest, UpGivesUpWhenTheClusterNeverBecomesReady) {
@@ -225,7 +369,7 @@ TEST_F(CliTest, SigkilledUpLeavesNoOrphans) {
   ASSERT_TRUE(group.WaitForLine(0, kReady, absl::Seconds(30)).ok());
   const pid_t router = PidOf("router"), prefill = PidOf("prefill-0"), decode = PidOf("decode-0");
   ASSERT_EQ(kill(group.pid(0), SIGKILL), 0);
-  EXPECT_EQ(AwaitExit(group), "killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(AwaitExit(group), "killed by SIGKILL (signal 9)");
   for (pid_t pid : {router, prefill, decode}) {
     int status = 0;
     pid_t reaped = 0;
@@ -241,7 +385,7 @@ TEST_F(CliTest, SigkilledUpLeavesNoOrphans) {
     }
     // The fake router exits cleanly on SIGTERM; the shell workers die of it.
     EXPECT_EQ(DescribeWaitStatus(status),
-              pid == router ? "exited with status 0" : "killed by signal 15 (SIGTERM)");
+              pid == router ? "exited with status 0" : "killed by SIGTERM (signal 15)");
   }
   prctl(PR_SET_CHILD_SUBREAPER, 0);
 }
@@ -254,7 +398,8 @@ TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
                        " (build its target: cmake --build <dir> --target tandem-router)\n");
   r = RunCommand({tandem_, "up", "--config", (dir_ / "missing.yaml").string()});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
+  EXPECT_EQ(r.err,
+            "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
   r = RunCommand({tandem_, "up", "--config", config_, "--model", "/nonexistent.gguf"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, StartsWith("tandem: --model /nonexistent.gguf: no such model file"));
@@ -282,7 +427,8 @@ TEST_F(CliTest, UpWithNoModelServesTheSyntheticOne) {
   const std::string kModel = "models/tandem-synthetic-byte.gguf";
   const std::string notice =
       "tandem: no model found; serving a small synthetic model with random weights "
-      "(its text is random): " + kModel + "\n";
+      "(its text is random): " +
+      kModel + "\n";
   fs::file_time_type written;
   for (int run = 0; run < 2; ++run) {  // the second run reuses the file
     ProcessGroup group;
@@ -324,7 +470,7 @@ TEST_F(CliTest, GenerateJsonAndText) {
   const std::string address = StartRouter(group);
   ASSERT_FALSE(address.empty());
   Result r = RunCommand({tandem_, "generate", "--router", address, "--json", "--max-tokens", "3",
-                  "--seed", "9", "hi"});
+                         "--seed", "9", "hi"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   nlohmann::json j = nlohmann::json::parse(r.out);
@@ -336,10 +482,11 @@ TEST_F(CliTest, GenerateJsonAndText) {
       "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
       "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100, 101, 102],
       "text": " t0 t1 t2", "finish_reason": "length", "stop_reason": null,
-      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})").dump());
+      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})")
+                          .dump());
 
   r = RunCommand({tandem_, "generate", "--router", address, "--max-tokens", "2", "--route", "local",
-           "hello", "there"});
+                  "hello", "there"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, " t0 t1\n");
 }
@@ -350,8 +497,8 @@ TEST_F(CliTest, GenerateSeveralSamples) {
   ASSERT_FALSE(address.empty());
   // Text: one line per sample, in finishing order (the fake finishes
   // sample 0 last).
-  Result r = RunCommand({tandem_, "generate", "--router", address, "--n", "2", "--max-tokens", "2",
-                         "hi"});
+  Result r =
+      RunCommand({tandem_, "generate", "--router", address, "--n", "2", "--max-tokens", "2", "hi"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "[sample 1]  s1t0 s1t1\n[sample 0]  t0 t1\n");
   // --json: sample 0 at the top, every sample under "samples".
@@ -379,7 +526,8 @@ TEST_F(CliTest, GenerateSeveralSamples) {
          "stop_reason": "\n", "completion_tokens": 1,
          "logprobs": [{"token_id": 1100, "logprob": -0.5,
                        "top_logprobs": [{"token_id": 1100, "logprob": -0.5},
-                                        {"token_id": 1101, "logprob": -1.5}]}]}]})").dump());
+                                        {"token_id": 1101, "logprob": -1.5}]}]}]})")
+                          .dump());
 }
 
 TEST_F(CliTest, GenerateErrors) {

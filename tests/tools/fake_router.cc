@@ -6,6 +6,9 @@
 //   --listen H:P (default 127.0.0.1:0); --config/--name/--model accepted.
 // It writes its arguments to <dir of this executable>/<name>.args and its
 // pid to <name>.pid.
+// GetStatus lists every worker of its --config as registered and healthy
+// (address 127.0.0.1:1; decode workers kv_blocks_total 2048), prefill
+// workers first; without --config, decode-0 alone.
 // Environment knobs: FAKE_ROUTER_NOT_READY=1 -> can_serve false;
 // FAKE_ROUTER_BUSY=1 -> decode-0 reports kv_blocks_in_use 3.
 //
@@ -29,7 +32,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "common/cluster_config.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace {
@@ -41,13 +47,17 @@ bool Env(const char* name) {
 
 class FakeGeneration final : public tandem::v1::Generation::Service {
  public:
-  explicit FakeGeneration(std::string name) : name_(std::move(name)) {}
+  // `workers`: (name, role) of every worker GetStatus reports.
+  FakeGeneration(std::string name,
+                 std::vector<std::pair<std::string, tandem::v1::WorkerRole>> workers)
+      : name_(std::move(name)), workers_(std::move(workers)) {}
   void set_address(const std::string& address) { address_ = address; }
 
   grpc::Status Generate(grpc::ServerContext*, const tandem::v1::GenerateRequest* request,
                         grpc::ServerWriter<tandem::v1::GenerateResponse>* writer) override {
     if (request->prompt() == "fail") {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: rejected by the fake router");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "prompt: rejected by the fake router");
     }
     const bool local = request->route_override() == tandem::v1::ROUTE_LOCAL;
     tandem::v1::GenerateResponse meta;
@@ -99,20 +109,24 @@ class FakeGeneration final : public tandem::v1::Generation::Service {
     router->set_address(address_);
     router->set_ready(true);
     router->set_healthy(true);
-    tandem::v1::WorkerStatus* decode = status->add_workers();
-    decode->set_name("decode-0");
-    decode->set_role(tandem::v1::ROLE_DECODE);
-    decode->set_address("127.0.0.1:1");
-    decode->set_ready(true);
-    decode->set_healthy(true);
-    decode->set_kv_blocks_total(2048);
-    decode->set_kv_blocks_in_use(Env("FAKE_ROUTER_BUSY") ? 3 : 0);
+    for (const auto& [name, role] : workers_) {
+      tandem::v1::WorkerStatus* w = status->add_workers();
+      w->set_name(name);
+      w->set_role(role);
+      w->set_address("127.0.0.1:1");
+      w->set_ready(true);
+      w->set_healthy(true);
+      if (role != tandem::v1::ROLE_DECODE) continue;
+      w->set_kv_blocks_total(2048);
+      w->set_kv_blocks_in_use(name == "decode-0" && Env("FAKE_ROUTER_BUSY") ? 3 : 0);
+    }
     status->set_can_serve(!Env("FAKE_ROUTER_NOT_READY"));
     return grpc::Status::OK;
   }
 
  private:
   const std::string name_;
+  const std::vector<std::pair<std::string, tandem::v1::WorkerRole>> workers_;
   std::string address_;
 };
 
@@ -121,12 +135,30 @@ class FakeGeneration final : public tandem::v1::Generation::Service {
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:0";
   std::string name = "router";
+  std::string config_path;
   std::string all_args;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     all_args += (i > 1 ? " " : "") + arg;
     if (i + 1 < argc && arg == "--listen") listen = argv[i + 1];
     if (i + 1 < argc && arg == "--name") name = argv[i + 1];
+    if (i + 1 < argc && arg == "--config") config_path = argv[i + 1];
+  }
+  std::vector<std::pair<std::string, tandem::v1::WorkerRole>> workers = {
+      {"decode-0", tandem::v1::ROLE_DECODE}};
+  if (!config_path.empty()) {
+    absl::StatusOr<tandem::ClusterConfig> config = tandem::LoadClusterConfig(config_path);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+      return 1;
+    }
+    workers.clear();
+    for (const tandem::WorkerConfig& w : config->prefill_workers) {
+      workers.emplace_back(w.name, tandem::v1::ROLE_PREFILL);
+    }
+    for (const tandem::WorkerConfig& w : config->decode_workers) {
+      workers.emplace_back(w.name, tandem::v1::ROLE_DECODE);
+    }
   }
   const std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe").parent_path();
   std::ofstream(dir / (name + ".args")) << all_args << "\n";
@@ -139,7 +171,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  FakeGeneration service(name);
+  FakeGeneration service(name, std::move(workers));
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,20 +28,19 @@ bool Gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
 
 TEST(DescribeWaitStatusTest, ExitAndSignal) {
   EXPECT_EQ(DescribeWaitStatus(3 << 8), "exited with status 3");  // W_EXITCODE(3, 0)
-  EXPECT_EQ(DescribeWaitStatus(SIGKILL), "killed by signal 9 (SIGKILL)");
-  EXPECT_EQ(DescribeWaitStatus(SIGTERM), "killed by signal 15 (SIGTERM)");
+  EXPECT_EQ(DescribeWaitStatus(SIGKILL), "killed by SIGKILL (signal 9)");
+  EXPECT_EQ(DescribeWaitStatus(SIGTERM), "killed by SIGTERM (signal 15)");
 }
 
 TEST(ProcessGroupTest, WaitForLineReturnsTheRestAndForwardsOtherLines) {
   ProcessGroup group;
-  absl::StatusOr<int> c = group.Spawn(
-      "router",
-      Sh("echo starting; echo 'TANDEM_LISTENING 127.0.0.1:4242 '; echo bye; echo DONE; exec sleep 30"));
+  absl::StatusOr<int> c =
+      group.Spawn("router", Sh("echo starting; echo 'TANDEM_LISTENING 127.0.0.1:4242 '; echo bye; "
+                               "echo DONE; exec sleep 30"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(*c, 0);
   ::testing::internal::CaptureStderr();
-  absl::StatusOr<std::string> line =
-      group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Seconds(10));
+  absl::StatusOr<std::string> line = group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Seconds(10));
   // Lines before the awaited one are forwarded, and so are lines after it.
   EXPECT_TRUE(group.WaitForLine(*c, "DONE", absl::Seconds(10)).ok());
   EXPECT_THAT(group.StopAll(absl::Seconds(5)), IsEmpty());
@@ -49,8 +49,38 @@ TEST(ProcessGroupTest, WaitForLineReturnsTheRestAndForwardsOtherLines) {
   EXPECT_EQ(*line, "127.0.0.1:4242");
   EXPECT_EQ(err, "[router] starting\n[router] bye\n");
   EXPECT_FALSE(group.running(*c));
-  EXPECT_EQ(DescribeWaitStatus(group.wait_status(*c)), "killed by signal 15 (SIGTERM)");
+  EXPECT_EQ(DescribeWaitStatus(group.wait_status(*c)), "killed by SIGTERM (signal 15)");
   EXPECT_TRUE(Gone(group.pid(*c)));
+}
+
+TEST(ProcessGroupTest, StderrPathAppendsTheChildsStderrToAFile) {
+  const std::string path = ::testing::TempDir() + "/process_group_stderr.txt";
+  std::remove(path.c_str());
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("before\n", f);
+    std::fclose(f);
+  }
+  ProcessGroup group;
+  ProcessGroup::SpawnOptions options;
+  options.stderr_path = path;
+  absl::StatusOr<int> c =
+      group.Spawn("w", Sh("echo to-stderr >&2; echo DONE; exec sleep 30"), options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(group.WaitForLine(*c, "DONE", absl::Seconds(10)).ok());
+  EXPECT_THAT(group.StopAll(absl::Seconds(5)), IsEmpty());
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char buf[64] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  EXPECT_EQ(std::string(buf, n), "before\nto-stderr\n");
+  std::remove(path.c_str());
+
+  options.stderr_path = "/nonexistent-dir/x";
+  EXPECT_THAT(group.Spawn("w", Sh("true"), options).status().message(),
+              HasSubstr("stderr of w: /nonexistent-dir/x: No such file or directory"));
 }
 
 TEST(ProcessGroupTest, ChildExitingBeforeTheLineIsUnavailableWithItsStatus) {
@@ -70,7 +100,8 @@ TEST(ProcessGroupTest, WaitForLineTimesOut) {
   ProcessGroup group;
   absl::StatusOr<int> c = group.Spawn("quiet", Sh("exec sleep 30"));
   ASSERT_TRUE(c.ok());
-  absl::StatusOr<std::string> line = group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Milliseconds(200));
+  absl::StatusOr<std::string> line =
+      group.WaitForLine(*c, "TANDEM_LISTENING ", absl::Milliseconds(200));
   EXPECT_EQ(line.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(line.status().message(), HasSubstr("quiet did not print 'TANDEM_LISTENING '"));
 }
@@ -117,8 +148,8 @@ TEST(ProcessGroupTest, StopAllKillsWhatIgnoresSigterm) {
   ASSERT_TRUE(group.WaitForLine(*stubborn, "READY", absl::Seconds(10)).ok());
   ASSERT_TRUE(group.WaitForLine(*polite, "READY", absl::Seconds(10)).ok());
   EXPECT_THAT(group.StopAll(absl::Seconds(1)), ElementsAre("stubborn"));
-  EXPECT_EQ(DescribeWaitStatus(group.wait_status(*stubborn)), "killed by signal 9 (SIGKILL)");
-  EXPECT_EQ(DescribeWaitStatus(group.wait_status(*polite)), "killed by signal 15 (SIGTERM)");
+  EXPECT_EQ(DescribeWaitStatus(group.wait_status(*stubborn)), "killed by SIGKILL (signal 9)");
+  EXPECT_EQ(DescribeWaitStatus(group.wait_status(*polite)), "killed by SIGTERM (signal 15)");
   EXPECT_TRUE(Gone(group.pid(*stubborn)));
   EXPECT_TRUE(Gone(group.pid(*polite)));
   EXPECT_THAT(group.StopAll(absl::Seconds(1)), IsEmpty());  // idempotent
@@ -136,7 +167,7 @@ TEST(ProcessGroupTest, ChildrenStartWithSignalsUnblocked) {
     ASSERT_TRUE(c.ok());
     ASSERT_TRUE(group.WaitForLine(*c, "READY", absl::Seconds(10)).ok());
     EXPECT_THAT(group.StopAll(absl::Seconds(10)), IsEmpty());
-    EXPECT_EQ(DescribeWaitStatus(group.wait_status(*c)), "killed by signal 15 (SIGTERM)");
+    EXPECT_EQ(DescribeWaitStatus(group.wait_status(*c)), "killed by SIGTERM (signal 15)");
   }
   sigprocmask(SIG_SETMASK, &old, nullptr);
 }
@@ -180,7 +211,7 @@ TEST(ProcessGroupTest, ChildrenDieWithTheirParent) {
   ASSERT_EQ(kill(middle, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(waitpid(middle, &status, 0), middle);
-  EXPECT_EQ(DescribeWaitStatus(status), "killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(DescribeWaitStatus(status), "killed by SIGKILL (signal 9)");
 
   pid_t reaped = 0;
   for (int i = 0; i < 1000 && reaped == 0; ++i) {  // up to 10 s
@@ -193,7 +224,7 @@ TEST(ProcessGroupTest, ChildrenDieWithTheirParent) {
     ADD_FAILURE() << "worker survived its parent";
   } else {
     ASSERT_EQ(reaped, worker);
-    EXPECT_EQ(DescribeWaitStatus(status), "killed by signal 15 (SIGTERM)");
+    EXPECT_EQ(DescribeWaitStatus(status), "killed by SIGTERM (signal 15)");
   }
   prctl(PR_SET_CHILD_SUBREAPER, 0);
 }

@@ -1,0 +1,136 @@
+#include "tools/up_cluster.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster_config.h"
+
+namespace tandem::cli {
+namespace {
+
+// "host:port" -> "host:0"; text that does not parse is returned unchanged
+// (the caller's ParseClusterConfig names it).
+std::string EphemeralListen(const std::string& text) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(text, "listen");
+  if (!hp.ok()) return text;
+  hp->port = 0;
+  return hp->ToString();
+}
+
+// "host[:port]" -> "host" (bracketed when IPv6): the port then follows the
+// one the listener bound. Text that does not parse is returned unchanged.
+std::string BareAdvertiseHost(const std::string& text) {
+  absl::StatusOr<Advertise> a = ParseAdvertise(text, "advertise");
+  if (!a.ok()) return text;
+  return a->host.find(':') != std::string::npos ? absl::StrCat("[", a->host, "]") : a->host;
+}
+
+// A deep copy of `entry` with every port made ephemeral.
+YAML::Node EphemeralCopy(const YAML::Node& entry) {
+  YAML::Node copy = YAML::Clone(entry);
+  for (const char* key : {"listen", "kv_listen"}) {
+    if (copy[key] && copy[key].IsScalar()) copy[key] = EphemeralListen(copy[key].as<std::string>());
+  }
+  for (const char* key : {"advertise", "kv_advertise"}) {
+    if (copy[key] && copy[key].IsScalar()) {
+      copy[key] = BareAdvertiseHost(copy[key].as<std::string>());
+    }
+  }
+  return copy;
+}
+
+// The template of extra entries of a role with no listed entry: the
+// other role's first entry's listen host and advertise host.
+YAML::Node EntryFromOtherRole(const YAML::Node& other) {
+  YAML::Node entry(YAML::NodeType::Map);
+  entry["listen"] = "127.0.0.1:0";
+  if (!other.IsSequence() || other.size() == 0 || !other[0].IsMap()) return entry;
+  const YAML::Node first = EphemeralCopy(other[0]);
+  if (first["listen"]) entry["listen"] = first["listen"];
+  if (first["advertise"]) entry["advertise"] = first["advertise"];
+  return entry;
+}
+
+// The resized list of one role: `count` entries named "<role>-i".
+absl::StatusOr<YAML::Node> ResizeList(const YAML::Node& listed, const YAML::Node& other,
+                                      const std::string& list_name, const std::string& role,
+                                      int count) {
+  if (!listed.IsNull() && !listed.IsSequence()) {
+    return absl::InvalidArgumentError(absl::StrCat(list_name, ": expected a list"));
+  }
+  std::vector<YAML::Node> entries;
+  if (listed.IsSequence()) {
+    for (size_t i = 0; i < listed.size(); ++i) {
+      if (!listed[i].IsMap()) {
+        return absl::InvalidArgumentError(absl::StrCat(list_name, "[", i, "]: expected a map"));
+      }
+      entries.push_back(listed[i]);
+    }
+  }
+  const YAML::Node extra =
+      entries.empty() ? EntryFromOtherRole(other) : EphemeralCopy(entries.back());
+  YAML::Node out(YAML::NodeType::Sequence);
+  for (int i = 0; i < count; ++i) {
+    YAML::Node entry = YAML::Clone(static_cast<size_t>(i) < entries.size() ? entries[i] : extra);
+    // The name first, as in the files people write.
+    YAML::Node named(YAML::NodeType::Map);
+    named["name"] = absl::StrCat(role, "-", i);
+    for (const auto& kv : entry) {
+      const std::string key = kv.first.as<std::string>();
+      if (key != "name") named[key] = kv.second;
+    }
+    out.push_back(named);
+  }
+  return out;
+}
+
+// A deep copy of root[key]; a null node when the key is absent.
+YAML::Node CloneKey(const YAML::Node& root, const char* key) {
+  const YAML::Node value = root[key];
+  return value.IsDefined() ? YAML::Clone(value) : YAML::Node();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
+                                              std::optional<int> prefill,
+                                              std::optional<int> decode) {
+  if (prefill && (*prefill < 0 || *prefill > kMaxWorkersPerRole)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill worker count must be in 0..",
+                                                   kMaxWorkersPerRole, ", got ", *prefill));
+  }
+  if (decode && (*decode < 1 || *decode > kMaxWorkersPerRole)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode worker count must be in 1..", kMaxWorkersPerRole, ", got ", *decode));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error: ", e.msg));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("cluster config: expected a map");
+  // Both new lists are computed from the original ones before either is set.
+  const YAML::Node prefill_listed = CloneKey(root, "prefill_workers");
+  const YAML::Node decode_listed = CloneKey(root, "decode_workers");
+  if (prefill) {
+    absl::StatusOr<YAML::Node> list =
+        ResizeList(prefill_listed, decode_listed, "prefill_workers", "prefill", *prefill);
+    if (!list.ok()) return list.status();
+    root["prefill_workers"] = *list;
+  }
+  if (decode) {
+    absl::StatusOr<YAML::Node> list =
+        ResizeList(decode_listed, prefill_listed, "decode_workers", "decode", *decode);
+    if (!list.ok()) return list.status();
+    root["decode_workers"] = *list;
+  }
+  YAML::Emitter out;
+  out << root;
+  if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
+  return absl::StrCat(out.c_str(), "\n");
+}
+
+}  // namespace tandem::cli

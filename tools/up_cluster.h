@@ -1,0 +1,46 @@
+// The cluster `tandem up --prefill-workers N --decode-workers M` runs: the
+// config file's text with its worker lists resized.
+//
+// Owns: rewriting the two worker lists of a cluster YAML. Does not touch:
+// the schema or its validation (common/cluster_config: the caller parses the
+// result with ParseClusterConfig), files, processes. Threads: pure functions.
+#ifndef TANDEM_TOOLS_UP_CLUSTER_H_
+#define TANDEM_TOOLS_UP_CLUSTER_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::cli {
+
+// The largest --prefill-workers / --decode-workers `tandem up` accepts:
+// every worker is a process that loads the whole model.
+inline constexpr int kMaxWorkersPerRole = 64;
+
+// Returns `yaml_text` (a cluster config, e.g. deploy/local/cluster.yaml)
+// with `prefill_workers` resized to `prefill` entries and `decode_workers`
+// to `decode` entries; a role whose count is nullopt keeps its list as
+// written. Every other key is copied as it is (comments are dropped).
+//
+// Entry i of a resized role is named "<role>-i" (prefill-0, prefill-1, ...;
+// decode-0, ...), the name `tandem up` passes as --name. Its other keys:
+//   * i < the number of listed entries: those of listed entry i (its
+//     listen/kv_listen ports and advertise addresses as written);
+//   * beyond the listed entries: those of the last listed entry with every
+//     port made 0 (ephemeral; workers register the port they bound), i.e.
+//     listen and kv_listen "host:0", advertise and kv_advertise the bare
+//     host (its port follows the bound one). A role with no listed entry
+//     takes the hosts of the other role's first entry (decode_workers
+//     always has one once valid).
+// Errors: INVALID_ARGUMENT for YAML that does not parse or whose worker
+// lists are not lists of maps (the caller's ParseClusterConfig of the
+// original reports these better: call it first), or a count outside
+// [0, kMaxWorkersPerRole] (decode: [1, ...]).
+absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
+                                              std::optional<int> prefill,
+                                              std::optional<int> decode);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_TOOLS_UP_CLUSTER_H_
