@@ -11,6 +11,7 @@
 #include <iostream>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -41,7 +42,9 @@ absl::Status UpCluster::StartProcess(const UpClusterOptions& options) {
                                    "--config",
                                    config_path_,
                                    "--model",
-                                   SharedPath("models/" + options.cluster.model),
+                                   absl::StartsWith(options.cluster.model, "/")
+                                       ? options.cluster.model
+                                       : SharedPath("models/" + options.cluster.model),
                                    "--prefill-workers",
                                    absl::StrCat(options.prefill_workers),
                                    "--decode-workers",

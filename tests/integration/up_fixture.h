@@ -40,7 +40,7 @@ struct UpClusterOptions {
   int decode_workers = 2;   // --decode-workers
   // The config `tandem up` resizes: ClusterYaml(cluster) (its one prefill
   // and one decode entry are the templates), unless config_yaml is set.
-  // cluster.model is the --model (relative to ../shared/models).
+  // cluster.model is the --model (relative to ../shared/models, or absolute).
   ClusterOptions cluster;
   std::string config_yaml;
   std::vector<std::string> extra_args;  // more flags for `tandem up`
