@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -241,8 +242,15 @@ std::string PeerAddress(int fd) {
   return "unknown peer";
 }
 
-absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
-                                 Deadline deadline) {
+namespace {
+
+// Tries each address of `endpoint` in turn: a non-blocking socket and
+// connect(). `settle(fd, in_progress, &stop)` finishes one attempt: OK
+// keeps that socket; an error moves on to the next address (or ends the
+// loop if it sets stop). Errors: the last attempt's.
+absl::StatusOr<ScopedFd> ConnectFirst(
+    const std::string& endpoint,
+    const std::function<absl::Status(int fd, bool in_progress, bool* stop)>& settle) {
   absl::StatusOr<HostPort> hp = ParseEndpoint(endpoint);
   if (!hp.ok()) return hp.status();
   absl::StatusOr<struct addrinfo*> res = Resolve(hp->host, hp->port, false);
@@ -267,62 +275,47 @@ absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
           "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(errno)));
       continue;
     }
-    if (rc != 0) {
-      absl::Status ready = WaitFor(
-          fd.get(), POLLOUT, deadline,
-          absl::StrCat("connecting to KV endpoint ", endpoint).c_str());
-      if (!ready.ok()) {
-        last = ready;
-        if (absl::IsDeadlineExceeded(ready)) break;
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof(err);
-      ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        last = absl::UnavailableError(absl::StrCat(
-            "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
-        continue;
-      }
+    bool stop = false;
+    last = settle(fd.get(), rc != 0, &stop);
+    if (last.ok()) {
+      ::freeaddrinfo(*res);
+      return fd;
     }
-    SetNoDelay(fd.get());
-    ::freeaddrinfo(*res);
-    return fd;
+    if (stop) break;
   }
   ::freeaddrinfo(*res);
   return last;
 }
 
+}  // namespace
+
+absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
+                                 Deadline deadline) {
+  return ConnectFirst(endpoint, [&](int fd, bool in_progress, bool* stop) {
+    if (in_progress) {
+      absl::Status ready = WaitFor(
+          fd, POLLOUT, deadline,
+          absl::StrCat("connecting to KV endpoint ", endpoint).c_str());
+      if (!ready.ok()) {
+        *stop = absl::IsDeadlineExceeded(ready);
+        return ready;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        return absl::UnavailableError(absl::StrCat(
+            "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
+      }
+    }
+    SetNoDelay(fd);
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint) {
-  absl::StatusOr<HostPort> hp = ParseEndpoint(endpoint);
-  if (!hp.ok()) return hp.status();
-  absl::StatusOr<struct addrinfo*> res = Resolve(hp->host, hp->port, false);
-  if (!res.ok()) return res.status();
-  absl::Status last = absl::UnavailableError(
-      absl::StrCat("no address for KV endpoint ", endpoint));
-  for (struct addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
-    ScopedFd fd(::socket(ai->ai_family,
-                         ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                         ai->ai_protocol));
-    if (!fd.valid()) {
-      last = absl::UnavailableError(
-          absl::StrCat("socket() failed: ", ErrnoText(errno)));
-      continue;
-    }
-    int rc;
-    do {
-      rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINPROGRESS) {
-      last = absl::UnavailableError(absl::StrCat(
-          "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(errno)));
-      continue;
-    }
-    ::freeaddrinfo(*res);
-    return fd;
-  }
-  ::freeaddrinfo(*res);
-  return last;
+  return ConnectFirst(endpoint,
+                      [](int, bool, bool*) { return absl::OkStatus(); });
 }
 
 absl::Status FinishConnect(int fd, const std::string& endpoint) {

@@ -38,6 +38,18 @@ class ActiveGuard {
   uint64_t lost_token_;
 };
 
+// One asynchronous unary call's state, alive until its callback ran.
+template <class Request, class Response>
+struct UnaryCall {
+  explicit UnaryCall(int32_t timeout_ms) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(timeout_ms));
+  }
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+};
+
 // Errors that say the call could not reach its worker (or the worker went
 // away), as opposed to an answer from a live worker.
 bool IsTransportError(const grpc::Status& s) {
@@ -250,14 +262,8 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
       if (!Migrate(lost_error_.error_message())) DecodeEnded(lost_error_);
     } else if (IsTransportError(status) && CanMigrate()) {
       // Dead, or an error of D's own? Ask it.
-      struct Probe {
-        grpc::ClientContext context;
-        v1::GetStatusRequest request;
-        v1::WorkerStatus response;
-      };
-      auto probe = std::make_shared<Probe>();
-      probe->context.set_deadline(std::chrono::system_clock::now() +
-                                  std::chrono::milliseconds(params_.probe_timeout_ms));
+      auto probe = std::make_shared<UnaryCall<v1::GetStatusRequest, v1::WorkerStatus>>(
+          params_.probe_timeout_ms);
       ++outstanding_;
       std::shared_ptr<WorkerHandle> worker = stream->worker();
       deferred_.push_back([this, self = shared_from_this(), probe, worker, status] {
@@ -421,14 +427,8 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
 
 void GenerateCall::AbortTransfer(uint32_t attempt, std::string reason, bool no_prefill_worker) {
   if (decode_ == nullptr) return;
-  struct Abort {
-    grpc::ClientContext context;
-    v1::AbortTransferRequest request;
-    v1::AbortTransferResponse response;
-  };
-  auto abort = std::make_shared<Abort>();
-  abort->context.set_deadline(std::chrono::system_clock::now() +
-                              std::chrono::milliseconds(params_.probe_timeout_ms));
+  auto abort = std::make_shared<UnaryCall<v1::AbortTransferRequest, v1::AbortTransferResponse>>(
+      params_.probe_timeout_ms);
   abort->request.set_request_id(params_.request_id);
   abort->request.set_attempt(attempt);
   abort->request.set_reason(std::move(reason));
