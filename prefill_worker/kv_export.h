@@ -39,6 +39,10 @@ struct KvSendOptions {
   // stalled, holding the connection open until the request is cancelled
   // or the receiver gives up. < 0 = off.
   int32_t fault_stall_after_frames = -1;
+  // Fault injection for tests (--fault-fail-reply): every Prefill call
+  // whose transfer succeeded answers UNAVAILABLE, as if the worker died
+  // after writing FINAL and before its reply.
+  bool fault_fail_reply = false;
   // The sender every export queues into; StartKvSendQueue sets it.
   std::shared_ptr<kvtransfer::KvSendQueue> queue;
 };

@@ -1,9 +1,12 @@
 // tandem-prefill-worker: thin main; see common/server/worker_main.h.
 // Extra flag --fault-stall-after-frames N (tests only): stall the KV send
 // after N frames, to exercise the decode worker's transfer timeout.
+// --fault-fail-reply true (tests only): answer every Prefill whose KV
+// transfer succeeded with UNAVAILABLE (a reply lost after FINAL).
 // kv.send_buffer_bytes and kv.transfer_timeout_ms configure the KV sender
 // (kvtransfer::KvSendQueue: one thread for every transfer).
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
 #include "prefill_worker/prefill_service.h"
@@ -11,7 +14,7 @@
 int main(int argc, char** argv) {
   using namespace tandem;
   return RunWorkerMain(
-      argc, argv, v1::ROLE_PREFILL, {"fault-stall-after-frames"},
+      argc, argv, v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"},
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
         std::unique_ptr<backend::ModelBackend> backend =
             CpuBackendFromConfig(*ctx.config, *ctx.model);
@@ -24,6 +27,13 @@ int main(int argc, char** argv) {
         if (it != ctx.flags->end() &&
             !absl::SimpleAtoi(it->second, &send.fault_stall_after_frames)) {
           return absl::InvalidArgumentError("--fault-stall-after-frames: not an integer");
+        }
+        if (auto fail = ctx.flags->find("fault-fail-reply"); fail != ctx.flags->end()) {
+          if (fail->second != "true" && fail->second != "false") {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "--fault-fail-reply: expected true or false, got '", fail->second, "'"));
+          }
+          send.fault_fail_reply = fail->second == "true";
         }
         if (absl::Status started = prefill::StartKvSendQueue(&send); !started.ok()) {
           return started;

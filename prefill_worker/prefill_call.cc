@@ -11,8 +11,10 @@ namespace {
 // Collects token 0 and turns the finish into the call's one result.
 class PrefillOutput : public core::RequestOutput {
  public:
-  PrefillOutput(std::shared_ptr<const SenderKvExport> kv_export, PrefillDone done)
-      : export_(std::move(kv_export)), done_(std::move(done)) {}
+  PrefillOutput(std::shared_ptr<const SenderKvExport> kv_export, PrefillDone done,
+                bool fault_fail_reply)
+      : export_(std::move(kv_export)), done_(std::move(done)),
+        fault_fail_reply_(fault_fail_reply) {}
   void OnRemotePrefill(const core::RemotePrefillTarget&) override {}  // never: P prefills
   void OnToken(uint32_t sample_index, uint32_t, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override {
@@ -27,6 +29,12 @@ class PrefillOutput : public core::RequestOutput {
       done_(status);
       return;
     }
+    if (fault_fail_reply_) {
+      // The KV and FINAL went out; the reply is what goes missing.
+      done_(absl::UnavailableError(
+          "fault injection (--fault-fail-reply): the reply is lost after the KV transfer"));
+      return;
+    }
     result_.kv_bytes_sent = export_->bytes_sent();
     done_(result_);
   }
@@ -39,6 +47,7 @@ class PrefillOutput : public core::RequestOutput {
 
   const std::shared_ptr<const SenderKvExport> export_;
   const PrefillDone done_;
+  const bool fault_fail_reply_;
   PrefillResult result_;
 };
 
@@ -62,7 +71,7 @@ void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillReq
   req.sampling = request.sampling;
   req.controls = std::move(request.controls);
   req.route = core::RouteChoice::kLocal;
-  req.output = std::make_shared<PrefillOutput>(kv_export, done);
+  req.output = std::make_shared<PrefillOutput>(kv_export, done, send.fault_fail_reply);
   req.kv_export = std::move(kv_export);
   absl::Status submitted = core.Submit(std::move(req));
   if (!submitted.ok()) done(submitted);

@@ -88,7 +88,8 @@ class GenerateCall::DecodeStream final
   }
   void TryCancel() { context_.TryCancel(); }
   const std::shared_ptr<WorkerHandle>& worker() const { return worker_; }
-  bool lost = false;  // the registry marked the worker unhealthy (under mu_)
+  bool lost = false;      // the registry marked the worker unhealthy (under mu_)
+  bool received = false;  // a message arrived (under mu_)
 
  private:
   const std::shared_ptr<GenerateCall> call_;
@@ -200,8 +201,14 @@ void GenerateCall::CancelCalls() {
 }
 
 void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
+  // Each decode stream after the first has its own id on the workers: the
+  // old stream's prefill may still be running under the old id on P.
+  worker_request_id_ = decode_streams_ == 0
+                           ? params_.request_id
+                           : absl::StrCat(params_.request_id, ".", decode_streams_);
+  ++decode_streams_;
   v1::DecodeGenerateRequest dreq;
-  dreq.set_request_id(params_.request_id);
+  dreq.set_request_id(worker_request_id_);
   dreq.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
   dreq.set_max_tokens(params_.request.max_tokens());
   *dreq.mutable_sampling() = params_.request.sampling();
@@ -231,6 +238,7 @@ void GenerateCall::OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerat
   {
     absl::MutexLock lock(&mu_);
     if (stream != decode_stream_ || finished_) return;
+    stream->received = true;
     if (msg.has_need_remote_prefill()) StartPrefill(msg.need_remote_prefill());
     for (const v1::TokenOutput& t : msg.tokens()) {
       if (t.index() == 0 && t.sample_index() == 0 && route_ == "local") {
@@ -251,31 +259,28 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
     absl::MutexLock lock(&mu_);
     --outstanding_;
     if (stream == decode_stream_) decode_stream_ = nullptr;
-    const std::string name = stream->worker()->name;
+    const std::shared_ptr<WorkerHandle>& worker = stream->worker();
     if (finished_ || cancelled_ || samples_left_ == 0) {
       DecodeEnded(status);
     } else if (stream->lost) {
       lost_error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 absl::StrCat("decode worker ", name,
+                                 absl::StrCat("decode worker ", worker->name,
                                               " stopped answering status polls"));
-      failed_decode_.push_back(name);
-      if (!Migrate(lost_error_.error_message())) DecodeEnded(lost_error_);
-    } else if (IsTransportError(status) && CanMigrate()) {
+      failed_decode_.push_back(worker->name);
+      if (!MoveOn(stream->received, lost_error_.error_message())) DecodeEnded(lost_error_);
+    } else if (IsTransportError(status)) {
       // Dead, or an error of D's own? Ask it.
       auto probe = std::make_shared<UnaryCall<v1::GetStatusRequest, v1::WorkerStatus>>(
           params_.probe_timeout_ms);
       ++outstanding_;
-      std::shared_ptr<WorkerHandle> worker = stream->worker();
-      deferred_.push_back([this, self = shared_from_this(), probe, worker, status] {
+      deferred_.push_back([self = shared_from_this(), probe, worker, status,
+                           received = stream->received] {
         worker->decode_stub->async()->GetStatus(
             &probe->context, &probe->request, &probe->response,
-            [self, probe, worker, status](grpc::Status probe_status) {
-              self->OnProbeDone(worker, status, probe_status.ok());
+            [self, probe, worker, status, received](grpc::Status probe_status) {
+              self->OnProbeDone(worker, status, received, probe_status.ok());
             });
       });
-    } else if (IsTransportError(status)) {
-      DecodeEnded(grpc::Status(status.error_code(),
-                               absl::StrCat("decode worker ", name, ": ", status.error_message())));
     } else {
       DecodeEnded(status);
     }
@@ -284,7 +289,7 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
 }
 
 void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
-                               bool decode_alive) {
+                               bool received, bool decode_alive) {
   {
     absl::MutexLock lock(&mu_);
     --outstanding_;
@@ -294,7 +299,13 @@ void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Statu
       failed_decode_.push_back(decode->name);
       const std::string why = absl::StrCat("decode worker ", decode->name, " failed: ",
                                            stream_status.error_message());
-      if (!Migrate(why)) DecodeEnded(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
+      // New requests and migrations skip it from now on.
+      deferred_.push_back([registry = registry_, decode, why] {
+        registry->ReportUnreachable(decode, why);
+      });
+      if (!MoveOn(received, why)) {
+        DecodeEnded(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
+      }
     }
   }
   RunDeferred();
@@ -306,19 +317,28 @@ bool GenerateCall::CanMigrate() const {
          params_.request.route_override() != v1::ROUTE_REMOTE;
 }
 
-bool GenerateCall::Migrate(const std::string& why) {
-  if (!CanMigrate()) return false;
+bool GenerateCall::MoveOn(bool received, const std::string& why) {
+  if (finished_ || cancelled_ || samples_left_ == 0) return false;
+  // A stream that never answered did not start the request there: sending
+  // it to another decode worker is routing, not a migration (no budget; the
+  // failed workers are skipped, so this ends).
+  const bool reroute = !received;
+  if (!reroute && !CanMigrate()) return false;
   std::shared_ptr<WorkerHandle> next = registry_->Pick(v1::ROLE_DECODE, failed_decode_);
   if (next == nullptr) return false;
-  ++migrations_;
+  if (!reroute) ++migrations_;
   // Whatever P still does was for the old D's receiver.
   for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
     call->superseded = true;
     call->context.TryCancel();
   }
-  rpc::Log(absl::StrCat("request ", params_.request_id, ": ", why, "; migrating to ",
-                        next->name, " at output index ", samples_[0].next_index,
-                        " (migration ", migrations_, " of ", params_.max_migrations, ")"));
+  rpc::Log(reroute
+               ? absl::StrCat("request ", params_.request_id, ": ", why, "; sending it to ",
+                              next->name)
+               : absl::StrCat("request ", params_.request_id, ": ", why, "; migrating to ",
+                              next->name, " at output index ", samples_[0].next_index,
+                              " (migration ", migrations_, " of ", params_.max_migrations,
+                              ")"));
   StartDecode(std::move(next));
   return true;
 }
@@ -374,14 +394,14 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
       params_.deadline,
       std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms)));
   v1::PrefillRequest& req = call->request;
-  req.set_request_id(params_.request_id);
+  req.set_request_id(worker_request_id_);
   req.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
   req.set_max_tokens(params_.request.max_tokens());
   *req.mutable_sampling() = params_.request.sampling();
   *req.mutable_controls() = params_.controls;
   auto* target = req.mutable_kv_target();
   target->set_endpoint(need.kv_endpoint());
-  target->set_request_id(params_.request_id);
+  target->set_request_id(worker_request_id_);
   target->set_attempt(attempt);
   target->set_hit_tokens(need.hit_tokens());
   prefill_calls_.push_back(call);
@@ -429,7 +449,7 @@ void GenerateCall::AbortTransfer(uint32_t attempt, std::string reason, bool no_p
   if (decode_ == nullptr) return;
   auto abort = std::make_shared<UnaryCall<v1::AbortTransferRequest, v1::AbortTransferResponse>>(
       params_.probe_timeout_ms);
-  abort->request.set_request_id(params_.request_id);
+  abort->request.set_request_id(worker_request_id_);
   abort->request.set_attempt(attempt);
   abort->request.set_reason(std::move(reason));
   abort->request.set_no_prefill_worker(no_prefill_worker);
@@ -440,8 +460,34 @@ void GenerateCall::AbortTransfer(uint32_t attempt, std::string reason, bool no_p
   });
 }
 
+bool GenerateCall::RestartAfterLostFirstToken() {
+  // D finished from the KV P sent, but P's reply (token 0 of each sample)
+  // was lost: P died after writing FINAL. Nothing reached the client yet,
+  // so the request runs again from the start, once.
+  if (restarted_ || cancelled_ || !decode_status_.ok() || prefill_error_.ok() ||
+      samples_left_ == 0) {
+    return false;
+  }
+  for (const SampleStream& sample : samples_) {
+    if (sample.next_index != 0 || sample.done) return false;
+  }
+  std::shared_ptr<WorkerHandle> next = registry_->Pick(v1::ROLE_DECODE);
+  if (next == nullptr) return false;
+  restarted_ = true;
+  rpc::Log(absl::StrCat("request ", params_.request_id, ": token 0 was lost with ",
+                        prefill_error_.error_message(), "; running the request again on ",
+                        next->name));
+  for (SampleStream& sample : samples_) {
+    sample.pending.clear();
+    sample.finish = v1::FINISH_NONE;
+  }
+  decode_ended_ = false;
+  StartDecode(std::move(next));
+  return true;
+}
+
 void GenerateCall::MaybeFinish() {
-  if (!finished_ && decode_ended_ && prefill_calls_.empty()) {
+  if (!finished_ && decode_ended_ && prefill_calls_.empty() && !RestartAfterLostFirstToken()) {
     finished_ = true;
     grpc::Status status = decode_status_;
     if (samples_left_ == 0 && !cancelled_) {
@@ -550,7 +596,7 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
         };
         auto call = std::make_shared<CancelCall>();
         call->context.set_deadline(params_.deadline);
-        call->request.set_request_id(params_.request_id);
+        call->request.set_request_id(worker_request_id_);
         call->request.set_sample_index(s);
         decode_->decode_stub->async()->CancelSample(
             &call->context, &call->request, &call->response,

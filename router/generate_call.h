@@ -114,7 +114,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // The status probe after D's stream broke: answered -> the error was D's
   // own; failed -> D is gone.
   void OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
-                   bool decode_alive);
+                   bool received, bool decode_alive);
   // D asked for a remote prefill (attempt need.attempt()).
   void StartPrefill(const v1::NeedRemotePrefill& need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPrefillDone(const std::shared_ptr<PrefillCall>& call, const grpc::Status& status);
@@ -128,9 +128,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // Whether a dead D may be replaced (n = 1, router.max_migrations left,
   // not route_override REMOTE, the request still running).
   bool CanMigrate() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Migrates to another healthy decode worker (not one that failed this
-  // request) if allowed; true if it did. `why` is logged.
-  bool Migrate(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After D's stream failed because D is gone: a stream that `received`
+  // nothing is sent to another healthy decode worker (routing, no budget);
+  // one that did migrates if CanMigrate(). Skips workers that failed this
+  // request. True if a new stream started; `why` is logged.
+  bool MoveOn(bool received, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the actions queued in deferred_ (starting calls, on_done) outside
   // mu_: gRPC may run a reactor's callback on the starting thread, and the
   // registry's lost callbacks take the handle's lock before mu_.
@@ -138,6 +140,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // Finishes the sink with the request's outcome once D's stream ended
   // and no prefill call is outstanding; runs on_done when nothing is left.
   void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // D ended OK but a failed prefill call took token 0 with it (nothing was
+  // streamed yet): starts the request again on a decode worker, once. True
+  // if it did.
+  bool RestartAfterLostFirstToken() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelCalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Buffers `token` and emits every token of its sample that is next in
@@ -182,6 +188,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   bool decode_ended_ ABSL_GUARDED_BY(mu_) = false;  // no stream will follow
   grpc::Status decode_status_ ABSL_GUARDED_BY(mu_);  // how the last one ended
   int32_t migrations_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t decode_streams_ ABSL_GUARDED_BY(mu_) = 0;  // started so far
+  bool restarted_ ABSL_GUARDED_BY(mu_) = false;  // RestartAfterLostFirstToken ran
+  // The request's id on the workers: params_.request_id for the first
+  // decode stream, "<id>.<n>" for the n-th after it.
+  std::string worker_request_id_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> failed_decode_ ABSL_GUARDED_BY(mu_);  // died under us
   // Prefill calls not yet answered (every attempt's; a superseded one is
   // cancelled but still counted until its callback runs).

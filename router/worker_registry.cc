@@ -96,12 +96,33 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       Log(absl::StrCat("worker ", request.name(), " (", v1::WorkerRole_Name(request.role()),
                        ") at ", request.address(), " registered"));
     }
-    entry.healthy = true;
-    entry.draining = false;
-    entry.missed_polls = 0;
+    if (!same) {
+      entry.healthy = true;
+      entry.draining = false;
+      entry.missed_polls = 0;
+    }
+    // A heartbeat of a known worker at the same address changes nothing:
+    // only a poll that reaches it makes an unhealthy worker healthy again
+    // (a worker can register while its advertised address is unreachable).
   }
   ReportHealth();
   return absl::OkStatus();
+}
+
+void WorkerRegistry::ReportUnreachable(const std::shared_ptr<WorkerHandle>& handle,
+                                       const std::string& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(handle->name);
+    if (it == workers_.end() || it->second.handle != handle || !it->second.healthy) return;
+    Entry& e = it->second;
+    e.healthy = false;
+    e.unhealthy_since = absl::Now();
+    e.missed_polls = options_.unhealthy_after_missed_polls;
+    Log(absl::StrCat("worker ", handle->name, " unreachable (", why, "): unhealthy"));
+  }
+  handle->NotifyLost();  // its other requests move on now
+  ReportHealth();
 }
 
 std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role,

@@ -8,9 +8,11 @@
 // through one grpc::CompletionQueue (no thread per worker); StatusAllAsync
 // uses gRPC's callback API. Every public method is thread-safe (mu_).
 //
-// Health: a worker is healthy from a successful registration or poll until
-// `unhealthy_after_missed_polls` polls in a row fail (DESIGN.md, Router);
-// then its in-flight requests fail (NotifyLost). Each worker is polled on
+// Health: a worker is healthy from its first registration (at an address)
+// or a successful poll until `unhealthy_after_missed_polls` polls in a row
+// fail (DESIGN.md, Router) or a request reports it unreachable; then its
+// in-flight requests are told (NotifyLost: failover, migration). Heartbeat
+// re-registrations at the same address do not make it healthy again. Each worker is polled on
 // its own schedule, every poll_interval_ms with a deadline of
 // rpc_timeout_ms, so a frozen worker delays no other worker's health. A poll
 // answered with ready = false (the worker is draining) is not a failure: the
@@ -95,6 +97,13 @@ class WorkerRegistry {
   // when its model fingerprint or its kv_layout_id differs from the
   // router's (the field, the worker's and the router's values named).
   absl::Status Register(const v1::RegisterWorkerRequest& request);
+
+  // A request found `handle`'s worker unreachable (a call failed at the
+  // transport and a status probe failed too): it is unhealthy at once,
+  // without waiting for missed polls (its other requests are told, as for
+  // missed polls); a later successful poll makes it healthy again. No-op
+  // if the worker re-registered elsewhere or is already unhealthy.
+  void ReportUnreachable(const std::shared_ptr<WorkerHandle>& handle, const std::string& why);
 
   // The healthy (and not draining) worker of `role` whose name is not in
   // `avoid` with the fewest active requests (ties: name order), or nullptr.

@@ -435,7 +435,14 @@ int RunGenerate(const std::vector<std::string>& args) {
     std::fflush(stdout);
   }
   if (!status.ok()) {
-    std::cerr << GrpcErrorLine(status) << "\n";
+    std::cerr << GrpcErrorLine(status);
+    // The router's admission control says when to come back.
+    const auto& trailers = context.GetServerTrailingMetadata();
+    if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+      std::cerr << " (retry after " << std::string(it->second.data(), it->second.size())
+                << " ms)";
+    }
+    std::cerr << "\n";
     return 1;
   }
   if (per_sample) {

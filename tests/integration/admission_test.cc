@@ -121,6 +121,19 @@ TEST_F(RouterAdmissionTest, ThirdRequestRefusedWithRetryAfterAndSecondRunsAfterF
   EXPECT_EQ(RetryAfterMs(third), 10000);
   // The refusal left the queue as it was.
   EXPECT_EQ(RouterCounts(cluster()), std::make_pair(1, 1));
+  // The CLI names the hint, and `tandem status` shows the queue.
+  const ProcessResult cli =
+      RunProcess({BinaryPath("tandem"), "generate", "--router", cluster().router_address(),
+                  "--max-tokens", "4", "Once upon a time"},
+                 absl::Seconds(20));
+  EXPECT_EQ(cli.exit_code, 1) << cli.Describe();
+  EXPECT_EQ(cli.err,
+            "tandem: RESOURCE_EXHAUSTED: router at capacity: 1 running, 1 queued "
+            "(router.max_inflight, router.max_queued) (retry after 10000 ms)\n");
+  const ProcessResult status = RunProcess(
+      {BinaryPath("tandem"), "status", "--router", cluster().router_address()},
+      absl::Seconds(20));
+  EXPECT_THAT(status.out, ::testing::HasSubstr(" running=1 queued=1 ")) << status.Describe();
 
   ResumeDecode();
   const StreamResult& a = first.Finish();
@@ -173,8 +186,10 @@ TEST_F(RouterAdmissionTest, CancelledQueuedRequestLeavesTheQueueAtOnce) {
 TEST_F(RouterAdmissionTest, QueuedRequestPastItsDeadlineLeavesTheQueue) {
   GenerateStream first(cluster().stub(), MakeRequest(kPrompt, kMaxTokens, v1::ROUTE_LOCAL));
   ASSERT_TRUE(WaitForCounts(cluster(), 1, 0)) << "the first request is not running";
+  // Long enough that a loaded machine still sees it queued (each status
+  // call waits rpc_timeout_ms on the stopped decode worker).
   GenerateStream second(cluster().stub(), MakeRequest(kPrompt, kMaxTokens, v1::ROUTE_LOCAL),
-                        absl::Seconds(3));
+                        absl::Seconds(8));
   ASSERT_TRUE(WaitForCounts(cluster(), 1, 1)) << "the second request is not queued";
   EXPECT_EQ(second.Finish().status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitForCounts(cluster(), 1, 0)) << "the expired request is still queued";

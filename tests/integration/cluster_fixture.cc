@@ -209,6 +209,10 @@ absl::Status LocalCluster::StartProcesses() {
     std::vector<std::string> argv = {
         BinaryPath(prefill ? "tandem-prefill-worker" : "tandem-decode-worker"),
         "--config", config_path_, "--name", name, "--model", model, "--router", router_address_};
+    if (name == kPrefillName && options_.prefill_fault_fail_reply) {
+      argv.push_back("--fault-fail-reply");
+      argv.push_back("true");
+    }
     if (name == kPrefillName && options_.prefill_fault_stall_after_frames >= 0) {
       argv.push_back("--fault-stall-after-frames");
       argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));

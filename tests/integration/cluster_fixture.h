@@ -85,6 +85,9 @@ struct ClusterOptions {
   std::string on_prefill_failure = "fail";  // conditional.on_prefill_failure
   int32_t max_prefill_attempts = 2;         // kv.max_prefill_attempts
   int32_t max_migrations = 1;               // router.max_migrations
+  // Passed to prefill-0 (only) as --fault-fail-reply true: every Prefill
+  // whose transfer succeeded answers UNAVAILABLE (a reply lost after FINAL).
+  bool prefill_fault_fail_reply = false;
   // Passed to prefill-0 (only) as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
   // Bound on start-up: every process announced and GetStatus.can_serve.

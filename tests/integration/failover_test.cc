@@ -171,6 +171,30 @@ TEST_F(PrefillFailoverTest, NoHealthyPrefillWorkerMeansLongPromptsArePrefilledLo
   ExpectHealthyWorkersIdle(cluster());
 }
 
+// P writes FINAL and then its reply is lost (--fault-fail-reply): D holds
+// the KV and decodes from index 1 while token 0 never reaches the router,
+// unless D saw the router's AbortTransfer first and prefilled itself.
+// Either way the client gets the undisturbed ids (the router runs the
+// request again when it is left without token 0).
+TEST_F(PrefillFailoverTest, ReplyLostAfterFinalStillGivesTheSameIds) {
+  ClusterOptions o;
+  o.on_prefill_failure = "retry";
+  o.prefill_fault_fail_reply = true;
+  o.enable_prefix_caching = false;
+  o.capture_stderr = true;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  const v1::GenerateRequest request = LongRequest(cluster());
+  const StreamResult reference = Undisturbed(cluster(), request);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  for (int i = 0; i < 3; ++i) {
+    const StreamResult r = RunGenerate(cluster().stub(), request);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.token_ids, reference.token_ids) << "run " << i;
+    EXPECT_TRUE(r.IndicesAreSequential());
+  }
+  ExpectHealthyWorkersIdle(cluster());
+}
+
 // ---- Migration -----------------------------------------------------------------
 
 // A model slow enough on the CPU (about 27M parameters) that a stream is

@@ -296,6 +296,53 @@ TEST(WorkerRegistryTest, DropsAWorkerUnhealthyForDropAfterMsAndTakesItBack) {
   EXPECT_TRUE(registry.CanServe());
 }
 
+// A worker that registers at an address nobody can reach (a wrong
+// advertise) keeps heartbeating: only a poll that reaches it may make it
+// healthy again, so its missed polls stand.
+TEST(WorkerRegistryTest, HeartbeatsDoNotMakeAnUnreachableWorkerHealthy) {
+  Recorder rec;
+  FakeWorker good;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, "127.0.0.1:1")).ok());
+  ASSERT_TRUE(registry.Register(Registration("d1", v1::ROLE_DECODE, good.address())).ok());
+  ASSERT_TRUE(WaitFor([&] { return rec.Count("worker d0 missed 2 polls") == 1; },
+                      absl::Seconds(5)));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, "127.0.0.1:1")).ok());
+    EXPECT_EQ(registry.Pick(v1::ROLE_DECODE)->name, "d1") << "heartbeat " << i;
+    absl::SleepFor(absl::Milliseconds(30));
+  }
+  EXPECT_EQ(rec.Count("worker d0 missed"), 1);  // it stayed unhealthy
+}
+
+// A request that found a worker unreachable marks it unhealthy at once (its
+// other requests are told); a successful poll brings it back.
+TEST(WorkerRegistryTest, ReportUnreachableMarksUnhealthyUntilAPollSucceeds) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  FakeWorker decode0, decode1;
+  WorkerRegistry registry(o, HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode0.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("d1", v1::ROLE_DECODE, decode1.address())).ok());
+  std::shared_ptr<WorkerHandle> d0 = registry.Pick(v1::ROLE_DECODE);
+  ASSERT_EQ(d0->name, "d0");
+  absl::Notification lost;
+  const uint64_t token = d0->AddLostCallback([&] { lost.Notify(); });
+  decode0.Freeze();  // polls of d0 now time out, but slower than the report
+  registry.ReportUnreachable(d0, "stream broke");
+  EXPECT_TRUE(lost.HasBeenNotified());
+  EXPECT_EQ(rec.Count("worker d0 unreachable (stream broke): unhealthy"), 1);
+  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE)->name, "d1");
+  registry.ReportUnreachable(d0, "again");  // already unhealthy: nothing
+  EXPECT_EQ(rec.Count("unreachable"), 1);
+  d0->RemoveLostCallback(token);
+  decode0.Unfreeze();
+  ASSERT_TRUE(WaitFor([&] { return rec.Count("worker d0 answers polls again: healthy") == 1; },
+                      absl::Seconds(5)));
+  d0->active_requests = 0;
+  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d1"})->name, "d0");
+}
+
 TEST(WorkerRegistryTest, AFrozenWorkerDelaysNoOtherWorkersPolls) {
   Recorder rec;
   RegistryOptions o = Options(&rec);

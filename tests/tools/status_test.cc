@@ -45,6 +45,14 @@ TEST(StatusFormatTest, OneLinePerProcess) {
   EXPECT_THAT(FormatStatusLine(p),
               ::testing::EndsWith(
                   " preemptions=0 kv_layout=kv2/abc/L5.H4.D8/f32 bit_exact=tandem-cpu/avx2/v2"));
+  // The router's line also has its admission queue (router.max_queued).
+  tandem::v1::WorkerStatus router;
+  router.set_name("router");
+  router.set_role(tandem::v1::ROLE_ROUTER);
+  router.set_running_requests(512);
+  router.set_queued_requests(7);
+  EXPECT_THAT(FormatStatusLine(router),
+              ::testing::HasSubstr(" running=512 queued=7 kv_blocks=0/0 "));
 }
 
 TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
@@ -60,7 +68,7 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
   EXPECT_EQ(j["workers"][0].dump(),
             R"({"name":"decode-0","role":"decode","address":"127.0.0.1:40001",)"
             R"("kv_endpoint":"127.0.0.1:40002","ready":true,"healthy":true,"running_requests":2,)"
-            R"("kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,"transfers_in_flight":1,)"
+            R"("queued_requests":0,"kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,"transfers_in_flight":1,)"
             R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
             R"("kv_bytes_received_total":8589934592,"decode_tokens_total":77,)"
             R"("max_decode_batch_size":2,"preemptions_total":0,"model_fingerprint":"",)"
