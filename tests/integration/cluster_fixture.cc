@@ -70,6 +70,19 @@ std::string MakeTempDir() {
   return templ;
 }
 
+std::string WriteSlowModel(const std::string& dir) {
+  const std::string path = dir + "/slow-27M.gguf";
+  const ProcessResult made = RunProcess(
+      {BinaryPath("tandem"), "synth-model", "--out", path, "--vocab-from", ModelPath(), "--dim",
+       "512", "--layers", "8", "--heads", "8", "--ff", "1536", "--context", "1024", "--seed", "7"},
+      absl::Seconds(120));
+  if (!made.exited || made.exit_code != 0) {
+    ADD_FAILURE() << "tandem synth-model: " << made.Describe();
+    return "";
+  }
+  return path;
+}
+
 bool WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << contents;

@@ -47,6 +47,12 @@ std::string ModelPath();
 // empty string (and an ADD_FAILURE) if it cannot be created.
 std::string MakeTempDir();
 
+// Writes `dir`/slow-27M.gguf with `tandem synth-model` (about 27M
+// parameters, stories260K's vocabulary, seed 7): slow enough on the CPU
+// that a stream is still running when a test kills its worker. Returns its
+// path, or "" (and a test failure) if the tool failed.
+std::string WriteSlowModel(const std::string& dir);
+
 // Writes `contents` to `path` (binary); false on failure.
 bool WriteFile(const std::string& path, const std::string& contents);
 

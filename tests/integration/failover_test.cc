@@ -198,23 +198,12 @@ TEST_F(PrefillFailoverTest, ReplyLostAfterFinalStillGivesTheSameIds) {
 
 // ---- Migration -----------------------------------------------------------------
 
-// A model slow enough on the CPU (about 27M parameters) that a stream is
-// still running when the test kills its decode worker.
-std::string WriteSlowModel(const std::string& dir) {
-  const std::string path = dir + "/slow-27M.gguf";
-  const ProcessResult made = RunProcess(
-      {BinaryPath("tandem"), "synth-model", "--out", path, "--vocab-from", ModelPath(), "--dim",
-       "512", "--layers", "8", "--heads", "8", "--ff", "1536", "--context", "1024", "--seed", "7"},
-      absl::Seconds(120));
-  EXPECT_TRUE(made.exited && made.exit_code == 0) << made.Describe();
-  return path;
-}
-
 class MigrationE2ETest : public OwnClusterTest {
  protected:
   void SetUp() override {
     dir_ = MakeTempDir();
     model_ = WriteSlowModel(dir_);
+    ASSERT_FALSE(model_.empty());
   }
   void TearDown() override {
     StopCluster();

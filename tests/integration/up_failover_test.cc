@@ -32,13 +32,8 @@ class UpFailoverTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = MakeTempDir();
-    model_ = dir_ + "/slow-27M.gguf";
-    const ProcessResult made = RunProcess(
-        {BinaryPath("tandem"), "synth-model", "--out", model_, "--vocab-from", ModelPath(),
-         "--dim", "512", "--layers", "8", "--heads", "8", "--ff", "1536", "--context", "1024",
-         "--seed", "7"},
-        absl::Seconds(120));
-    ASSERT_TRUE(made.exited && made.exit_code == 0) << made.Describe();
+    model_ = WriteSlowModel(dir_);
+    ASSERT_FALSE(model_.empty());
   }
   void TearDown() override {
     cluster_.reset();
