@@ -158,10 +158,15 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
 }
 
 // Reads map[key] as a string into *out when present; null leaves *out as is.
+// A key written with nothing after it ("key:"): refused rather than
+// silently taking the default.
+constexpr char kNoValue[] = "has no value (remove the key to use the default)";
+
 absl::Status ReadString(const YAML::Node& map, absl::string_view key, const std::string& path,
                         std::string* out) {
   const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+  if (!node.IsDefined()) return absl::OkStatus();
+  if (node.IsNull()) return Invalid(KeyPath(path, key), kNoValue, node);
   if (!node.IsScalar()) return Invalid(KeyPath(path, key), "expected a string", node);
   *out = node.Scalar();
   return absl::OkStatus();
@@ -182,6 +187,7 @@ absl::Status ReadInt(const YAML::Node& map, const std::string& path, absl::strin
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   const std::string field = KeyPath(path, key);
+  if (node.IsNull()) return Invalid(field, kNoValue, node);
   int64_t value = 0;
   if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
     return Invalid(field, absl::StrCat("expected an integer, got '",

@@ -216,6 +216,12 @@ TEST(ClusterConfigTest, RangesAreChecked) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {on_prefill_failure: panic}\n"),
               HasSubstr("conditional.on_prefill_failure: must be one of fail, retry, local; got "
                         "'panic'"));
+  // A key with nothing after it is refused, not read as "use the default".
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional:\n  on_prefill_failure:\n"),
+              HasSubstr("conditional.on_prefill_failure: has no value (remove the key to use "
+                        "the default)"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  name: r\n  max_inflight:\n"),
+              HasSubstr("router.max_inflight: has no value"));
 }
 
 TEST(ClusterConfigTest, CrossFieldChecks) {
