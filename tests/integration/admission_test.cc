@@ -45,9 +45,16 @@ std::pair<int, int> RouterCounts(LocalCluster& cluster) {
 }
 
 // Waits until the router reports `running` and `queued` requests.
-bool WaitForCounts(LocalCluster& cluster, int running, int queued) {
-  return PollUntil(absl::Seconds(20),
-                   [&] { return RouterCounts(cluster) == std::make_pair(running, queued); });
+::testing::AssertionResult WaitForCounts(LocalCluster& cluster, int running, int queued) {
+  std::pair<int, int> last;
+  if (PollUntil(absl::Seconds(20), [&] {
+        last = RouterCounts(cluster);
+        return last == std::make_pair(running, queued);
+      })) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "the router reports " << last.first << " running, "
+                                       << last.second << " queued";
 }
 
 // One Generate read to its end, keeping the server's trailing metadata.
@@ -95,6 +102,8 @@ class RouterAdmissionTest : public OwnClusterTest {
   void StopDecode() {
     ASSERT_EQ(kill(cluster().decode_pid(), SIGSTOP), 0);
     stopped_ = true;
+    ASSERT_TRUE(WaitStopped(cluster().decode_pid(), absl::Seconds(5)))
+        << "the decode worker did not stop";
   }
   void ResumeDecode() {
     if (stopped_) kill(cluster().decode_pid(), SIGCONT);

@@ -83,6 +83,17 @@ std::string WriteSlowModel(const std::string& dir) {
   return path;
 }
 
+bool WaitStopped(pid_t pid, absl::Duration timeout) {
+  return PollUntil(timeout, [pid] {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    // "pid (comm) state ...": comm may hold spaces and parentheses.
+    const size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+  });
+}
+
 bool WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << contents;

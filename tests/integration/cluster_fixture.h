@@ -53,6 +53,11 @@ std::string MakeTempDir();
 // path, or "" (and a test failure) if the tool failed.
 std::string WriteSlowModel(const std::string& dir);
 
+// kill(SIGSTOP) returns before every thread of the process has stopped:
+// polls /proc/<pid>/stat until its state is T (stopped); false after
+// `timeout`.
+bool WaitStopped(pid_t pid, absl::Duration timeout);
+
 // Writes `contents` to `path` (binary); false on failure.
 bool WriteFile(const std::string& path, const std::string& contents);
 

@@ -161,6 +161,7 @@ TEST_F(UpFailoverTest, StoppedDecodeWorkerDelaysOnlyItsOwnRemotePrefills) {
   const std::string stopped = BusyWorker(v1::ROLE_DECODE, absl::Seconds(20));
   ASSERT_FALSE(stopped.empty());
   ASSERT_EQ(kill(cluster_->pid(stopped), SIGSTOP), 0);
+  ASSERT_TRUE(WaitStopped(cluster_->pid(stopped), absl::Seconds(5)));
   // The router now sends the next request to the other decode worker (it
   // has fewer requests); the same prefill worker serves it.
   const StreamResult r = RunGenerate(cluster_->stub(), second, absl::Seconds(40));
