@@ -194,6 +194,10 @@ void GenerateCall::WorkerLost(const std::string& name) {
 
 void GenerateCall::CancelCalls() {
   if (decode_stream_ != nullptr) decode_stream_->TryCancel();
+  CancelPrefillCalls();
+}
+
+void GenerateCall::CancelPrefillCalls() {
   for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
     call->superseded = true;
     call->context.TryCancel();
@@ -327,11 +331,7 @@ bool GenerateCall::MoveOn(bool received, const std::string& why) {
   std::shared_ptr<WorkerHandle> next = registry_->Pick(v1::ROLE_DECODE, failed_decode_);
   if (next == nullptr) return false;
   if (!reroute) ++migrations_;
-  // Whatever P still does was for the old D's receiver.
-  for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
-    call->superseded = true;
-    call->context.TryCancel();
-  }
+  CancelPrefillCalls();  // whatever P still does was for the old D's receiver
   rpc::Log(reroute
                ? absl::StrCat("request ", params_.request_id, ": ", why, "; sending it to ",
                               next->name)
@@ -347,11 +347,7 @@ void GenerateCall::DecodeEnded(grpc::Status status) {
   decode_ended_ = true;
   decode_status_ = std::move(status);
   if (!decode_status_.ok() && decode_status_.error_code() != grpc::StatusCode::CANCELLED) {
-    // D failed: stop P's work too.
-    for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
-      call->superseded = true;
-      call->context.TryCancel();
-    }
+    CancelPrefillCalls();  // D failed: stop P's work too
   }
   MaybeFinish();
 }

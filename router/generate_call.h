@@ -144,7 +144,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // streamed yet): starts the request again on a decode worker, once. True
   // if it did.
   bool RestartAfterLostFirstToken() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the decode stream and every prefill call.
   void CancelCalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels every outstanding prefill call (marked superseded: its
+  // failure is not a failover).
+  void CancelPrefillCalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Buffers `token` and emits every token of its sample that is next in
   // index order (ending the sample if a stop string matches).
