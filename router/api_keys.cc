@@ -1,0 +1,300 @@
+// API keys: the keys file parser (yaml-cpp; every call into it inside one
+// try-block, scalars converted by hand so messages name our fields), the
+// SHA-256 of a presented key (OpenSSL), per-key admission and counters.
+#include "router/api_keys.h"
+
+#include <openssl/evp.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "router/admission.h"
+
+namespace tandem::router {
+
+std::string Sha256Hex(absl::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+    std::abort();  // only on allocation failure inside OpenSSL
+  }
+  std::string hex;
+  hex.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
+
+namespace {
+
+absl::Status Invalid(const std::string& field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// A name as it may appear in status lines and logs.
+bool ValidName(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+// map[key] as an integer in [0, max] into *out when present.
+template <typename T>
+absl::Status ReadLimit(const YAML::Node& map, const char* key, const std::string& path,
+                       int64_t max, T* out) {
+  const YAML::Node node = map[key];
+  if (!node.IsDefined()) return absl::OkStatus();
+  const std::string field = absl::StrCat(path, ".", key);
+  int64_t value = 0;
+  if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value) || value < 0 || value > max) {
+    return Invalid(field, absl::StrCat("expected an integer in [0, ", max, "], got '",
+                                       node.IsScalar() ? node.Scalar() : "<not a scalar>", "'"));
+  }
+  *out = static_cast<T>(value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
+  std::string path = absl::StrCat("keys[", index, "]");
+  if (!item.IsMap()) return Invalid(path, "expected a mapping");
+  ApiKeyEntry e;
+  const YAML::Node name = item["name"];
+  if (!name.IsDefined() || !name.IsScalar() || !ValidName(name.Scalar())) {
+    return Invalid(path + ".name", "required, letters, digits, '.', '_' or '-'");
+  }
+  e.name = name.Scalar();
+  path = absl::StrCat(path, " (", e.name, ")");
+  static const std::set<std::string> kKnown = {"name", "sha256", "tokens_per_minute",
+                                               "max_concurrent_requests"};
+  for (const auto& kv : item) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "<not a scalar>";
+    if (!kKnown.count(key)) {
+      return Invalid(path, absl::StrCat("unknown key '", key,
+                                        "' (known: name, sha256, tokens_per_minute, "
+                                        "max_concurrent_requests)"));
+    }
+  }
+  const YAML::Node hash = item["sha256"];
+  const std::string hash_text = hash.IsDefined() && hash.IsScalar() ? hash.Scalar() : "";
+  if (hash_text.size() != 64 ||
+      !std::all_of(hash_text.begin(), hash_text.end(), absl::ascii_isxdigit)) {
+    return Invalid(path + ".sha256",
+                   absl::StrCat("expected the key's SHA-256 as 64 hex digits "
+                                "(printf %s KEY | sha256sum), got '",
+                                hash_text, "'"));
+  }
+  e.sha256_hex = absl::AsciiStrToLower(hash_text);
+  if (absl::Status s = ReadLimit(item, "tokens_per_minute", path,
+                                 TokenBucket::kMaxTokensPerMinute, &e.tokens_per_minute);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          ReadLimit(item, "max_concurrent_requests", path, INT32_MAX, &e.max_concurrent_requests);
+      !s.ok()) {
+    return s;
+  }
+  return e;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text) {
+  std::vector<ApiKeyEntry> entries;
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsMap()) return Invalid("api keys file", "expected a mapping with 'keys'");
+    for (const auto& kv : root) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "<not a scalar>";
+      if (key != "keys") return Invalid("api keys file", absl::StrCat("unknown key '", key, "'"));
+    }
+    const YAML::Node keys = root["keys"];
+    if (!keys.IsDefined() || !keys.IsSequence() || keys.size() == 0) {
+      return Invalid("keys", "expected a non-empty list of keys");
+    }
+    std::map<std::string, std::string> names_by_hash;
+    std::set<std::string> names;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      absl::StatusOr<ApiKeyEntry> e = ParseEntry(keys[i], i);
+      if (!e.ok()) return e.status();
+      if (!names.insert(e->name).second) {
+        return Invalid(absl::StrCat("keys[", i, "].name"),
+                       absl::StrCat("duplicate name '", e->name, "'"));
+      }
+      auto [it, inserted] = names_by_hash.emplace(e->sha256_hex, e->name);
+      if (!inserted) {
+        return Invalid(absl::StrCat("keys[", i, "] (", e->name, ").sha256"),
+                       absl::StrCat("the same hash as key '", it->second, "'"));
+      }
+      entries.push_back(*std::move(e));
+    }
+  } catch (const YAML::Exception& e) {
+    std::string where;
+    if (!e.mark.is_null()) {
+      where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("YAML error", where, ": ", e.msg));
+  }
+  return entries;
+}
+
+absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read API keys file '", path, "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<std::vector<ApiKeyEntry>> entries = ParseApiKeys(text.str());
+  if (!entries.ok()) {
+    return absl::Status(entries.status().code(),
+                        absl::StrCat(path, ": ", entries.status().message()));
+  }
+  return entries;
+}
+
+ApiKeys::Clock ApiKeys::MonotonicClock() {
+  return [] {
+    return absl::FromUnixNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+  };
+}
+
+ApiKeys::Key::Key(const ApiKeyEntry& e, absl::Time now) : entry(e) {
+  if (e.tokens_per_minute > 0) bucket.emplace(e.tokens_per_minute, now);
+}
+
+ApiKeys::ApiKeys(const std::vector<ApiKeyEntry>& entries, Clock clock)
+    : clock_(std::move(clock)) {
+  const absl::Time now = clock_();
+  for (const ApiKeyEntry& e : entries) {
+    by_hash_[e.sha256_hex] = static_cast<int>(keys_.size());
+    keys_.push_back(std::make_unique<Key>(e, now));
+  }
+}
+
+absl::StatusOr<int> ApiKeys::Authenticate(const std::string* value) const {
+  constexpr char kMissing[] = "missing API key (authorization: Bearer ...)";
+  if (value == nullptr) return absl::UnauthenticatedError(kMissing);
+  absl::string_view v = absl::StripAsciiWhitespace(*value);
+  constexpr absl::string_view kScheme = "bearer";
+  if (v.size() < kScheme.size() || !absl::EqualsIgnoreCase(v.substr(0, kScheme.size()), kScheme)) {
+    return absl::UnauthenticatedError("invalid API key");
+  }
+  v.remove_prefix(kScheme.size());
+  if (!v.empty() && !absl::ascii_isspace(static_cast<unsigned char>(v[0]))) {
+    return absl::UnauthenticatedError("invalid API key");  // "Bearerxyz"
+  }
+  const absl::string_view key = absl::StripAsciiWhitespace(v);
+  if (key.empty()) return absl::UnauthenticatedError(kMissing);
+  auto it = by_hash_.find(Sha256Hex(key));
+  if (it == by_hash_.end()) return absl::UnauthenticatedError("invalid API key");
+  return it->second;
+}
+
+ApiKeys::Decision ApiKeys::Admit(int id, int64_t prompt_tokens) {
+  Key& k = *keys_[id];
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&k.mu);
+  const std::string& name = k.entry.name;
+  Decision d;
+  if (k.bucket && prompt_tokens > k.bucket->capacity()) {
+    ++k.refused;
+    d.status = absl::ResourceExhaustedError(
+        absl::StrCat("API key '", name, "': the prompt's ", prompt_tokens,
+                     " tokens exceed its tokens_per_minute of ", k.bucket->capacity(),
+                     "; this request can never be admitted"));
+    return d;
+  }
+  const int64_t token_wait = k.bucket ? k.bucket->MsUntil(prompt_tokens, now) : 0;
+  const int32_t max = k.entry.max_concurrent_requests;
+  if (max > 0 && k.in_flight >= max) {
+    while (!k.completions.empty() && now - k.completions.front() > Admission::kRateHorizon) {
+      k.completions.pop_front();
+    }
+    const absl::Duration span =
+        k.completions.empty() ? absl::ZeroDuration() : now - k.completions.front();
+    ++k.refused;
+    d.retry_after_ms = std::max(
+        Admission::RetryAfterMs(0, static_cast<int>(k.completions.size()), span), token_wait);
+    d.status = absl::ResourceExhaustedError(
+        absl::StrCat("API key '", name, "': ", k.in_flight,
+                     " requests in flight (max_concurrent_requests ", max, ")"));
+    return d;
+  }
+  if (token_wait > 0) {
+    ++k.refused;
+    d.retry_after_ms = token_wait;
+    d.status = absl::ResourceExhaustedError(absl::StrCat(
+        "API key '", name, "': ", k.bucket->Available(now), " tokens available, the prompt needs ",
+        prompt_tokens, " (tokens_per_minute ", k.bucket->capacity(), ")"));
+    return d;
+  }
+  if (k.bucket) k.bucket->Take(prompt_tokens, now);
+  ++k.in_flight;
+  return d;
+}
+
+void ApiKeys::Refund(int id, int64_t prompt_tokens) {
+  Key& k = *keys_[id];
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&k.mu);
+  if (k.bucket) k.bucket->Give(prompt_tokens, now);
+  --k.in_flight;
+}
+
+void ApiKeys::Started(int id, int64_t prompt_tokens) {
+  Key& k = *keys_[id];
+  absl::MutexLock lock(&k.mu);
+  ++k.requests;
+  k.prompt_tokens += static_cast<uint64_t>(prompt_tokens);
+}
+
+void ApiKeys::Generated(int id, int64_t tokens) {
+  Key& k = *keys_[id];
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&k.mu);
+  if (k.bucket) k.bucket->Take(tokens, now);
+  k.generated_tokens += static_cast<uint64_t>(tokens);
+}
+
+void ApiKeys::Ended(int id) {
+  Key& k = *keys_[id];
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&k.mu);
+  --k.in_flight;
+  k.completions.push_back(now);
+  while (k.completions.size() > static_cast<size_t>(Admission::kRateWindow)) {
+    k.completions.pop_front();
+  }
+}
+
+std::vector<ApiKeys::Usage> ApiKeys::Snapshot() const {
+  const absl::Time now = clock_();
+  std::vector<Usage> out;
+  for (const auto& key : keys_) {
+    Key& k = *key;
+    absl::MutexLock lock(&k.mu);
+    Usage u;
+    u.name = k.entry.name;
+    u.requests = k.requests;
+    u.refused = k.refused;
+    u.prompt_tokens = k.prompt_tokens;
+    u.generated_tokens = k.generated_tokens;
+    u.in_flight = k.in_flight;
+    u.tokens_available = k.bucket ? k.bucket->Available(now) : 0;
+    u.tokens_per_minute = k.entry.tokens_per_minute;
+    u.max_concurrent_requests = k.entry.max_concurrent_requests;
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+}  // namespace tandem::router

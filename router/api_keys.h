@@ -1,0 +1,165 @@
+// Client API keys and their quotas (router.api_keys_file): who may call
+// tandem.v1.Generation, and how much each key may use.
+//
+// The keys file (YAML; unknown keys anywhere are refused, as in the cluster
+// config; deploy/api-keys.example.yaml):
+//   keys:
+//     - name: alice                  # [A-Za-z0-9._-]+, unique
+//       sha256: <64 hex digits>      # SHA-256 of the key: printf %s KEY | sha256sum
+//       tokens_per_minute: 6000      # optional; absent or 0 = unlimited
+//       max_concurrent_requests: 4   # optional; absent or 0 = unlimited
+// The key itself is never stored, logged or reported: only its hash is.
+//
+// Per key:
+// - A token bucket (router/token_bucket.h) of tokens_per_minute: a
+//   Generate request is admitted only when the bucket holds at least its
+//   prompt's tokens, which are charged then; generated tokens are charged
+//   as they reach the client (the level may go negative: a running stream
+//   is finished, not cut; the next request waits until the bucket refills).
+//   A prompt longer than tokens_per_minute can never be admitted.
+// - A limit on requests in flight (admitted and not yet ended, including
+//   those waiting in the router's admission queue).
+// The limits are per router replica: each replica keeps its own buckets.
+//
+// Owns: the keys, their buckets, in-flight counts, counters and recent
+// completion times. Does not touch: gRPC (the router reads the metadata and
+// converts the statuses), the router's own admission (router/admission.h).
+// Threads: every method is thread-safe (one mutex per key, a leaf lock).
+#ifndef TANDEM_ROUTER_API_KEYS_H_
+#define TANDEM_ROUTER_API_KEYS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "router/token_bucket.h"
+
+namespace tandem::router {
+
+// Lowercase hex SHA-256 of `data` (OpenSSL EVP_Digest with EVP_sha256), as
+// `printf %s DATA | sha256sum` prints it.
+std::string Sha256Hex(absl::string_view data);
+
+// One entry of the keys file.
+struct ApiKeyEntry {
+  std::string name;
+  std::string sha256_hex;             // 64 lowercase hex digits
+  int64_t tokens_per_minute = 0;      // 0 = unlimited; <= TokenBucket::kMaxTokensPerMinute
+  int32_t max_concurrent_requests = 0;  // 0 = unlimited
+};
+
+// Parses the keys file's YAML text. Errors (INVALID_ARGUMENT naming the
+// entry and field, e.g. "keys[1] (bob).tokens_per_minute: expected an
+// integer in [0, 1000000000], got 'ten'"): a YAML syntax error, an unknown
+// key, a missing or empty `keys` list, a missing or malformed name or
+// sha256, a negative or non-integer limit, a duplicate name or hash.
+absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text);
+// Reads and parses `path`: NOT_FOUND if it cannot be read; parse errors
+// prefixed with the path.
+absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path);
+
+class ApiKeys {
+ public:
+  // Where time comes from (tests inject a fake one). MonotonicClock():
+  // std::chrono::steady_clock as an absl::Time.
+  using Clock = std::function<absl::Time()>;
+  static Clock MonotonicClock();
+
+  // What Admit decided.
+  struct Decision {
+    // OK (charged: the caller must later call either Refund, or Started
+    // and then Ended) or RESOURCE_EXHAUSTED naming the key, the numbers and
+    // the limit's field.
+    absl::Status status;
+    // With RESOURCE_EXHAUSTED: when to retry, ms; -1 when retrying cannot
+    // help (the prompt exceeds tokens_per_minute).
+    int64_t retry_after_ms = -1;
+  };
+
+  // One key's counters and limits (GetStatus).
+  struct Usage {
+    std::string name;
+    uint64_t requests = 0;          // admitted requests that started running
+    uint64_t refused = 0;           // refused by this key's limits
+    uint64_t prompt_tokens = 0;     // charged for requests that started
+    uint64_t generated_tokens = 0;  // charged as they reached the client
+    int32_t in_flight = 0;          // admitted, not yet ended (queued included)
+    int64_t tokens_available = 0;   // the bucket's level now (0 when unlimited)
+    int64_t tokens_per_minute = 0;  // 0 = unlimited
+    int32_t max_concurrent_requests = 0;  // 0 = unlimited
+  };
+
+  // `entries` as ParseApiKeys returns them (valid, unique).
+  explicit ApiKeys(const std::vector<ApiKeyEntry>& entries, Clock clock = MonotonicClock());
+  ApiKeys(const ApiKeys&) = delete;
+  ApiKeys& operator=(const ApiKeys&) = delete;
+
+  // The key named by an `authorization` metadata value ("Bearer <key>",
+  // the scheme case-insensitive); `value` null when the metadata is absent.
+  // Returns the key's id for the calls below. Errors: UNAUTHENTICATED
+  // "missing API key (authorization: Bearer ...)" (absent, or no key after
+  // "Bearer"), "invalid API key" (not Bearer, or no key has its hash).
+  absl::StatusOr<int> Authenticate(const std::string* value) const;
+
+  // Admits a Generate request of `prompt_tokens` under key `id`, checked
+  // in this order:
+  //   1. prompt_tokens > tokens_per_minute: RESOURCE_EXHAUSTED, never
+  //      admissible (retry_after_ms -1);
+  //   2. in flight == max_concurrent_requests: RESOURCE_EXHAUSTED with
+  //      retry_after_ms = Admission::RetryAfterMs(0, n, span) over the
+  //      key's own recent completions (one of its requests ends every
+  //      span / n on average; none recorded: Admission::kMaxRetryAfterMs),
+  //      or the bucket's wait below when that is longer;
+  //   3. the bucket holds fewer than prompt_tokens: RESOURCE_EXHAUSTED with
+  //      retry_after_ms = the exact time until it holds them (rounded up);
+  // else OK: the prompt's tokens are taken from the bucket and the
+  // request counts as in flight. Each refusal counts in `refused`.
+  Decision Admit(int id, int64_t prompt_tokens);
+  // An admitted request that never ran (the router's admission refused or
+  // dropped it): its prompt tokens go back (the bucket capped at its
+  // capacity) and it leaves the in-flight count. Counters are untouched.
+  void Refund(int id, int64_t prompt_tokens);
+  // An admitted request started running: counts it and its prompt tokens
+  // (kept from now on, whatever happens to the request).
+  void Started(int id, int64_t prompt_tokens);
+  // `tokens` generated tokens reached the client: charged and counted.
+  void Generated(int id, int64_t tokens);
+  // A started request ended (any outcome): leaves the in-flight count and
+  // is recorded for the concurrency retry-after estimate.
+  void Ended(int id);
+
+  std::vector<Usage> Snapshot() const;  // in file order
+  int size() const { return static_cast<int>(keys_.size()); }
+
+ private:
+  struct Key {
+    Key(const ApiKeyEntry& entry, absl::Time now);
+    const ApiKeyEntry entry;
+    mutable absl::Mutex mu;
+    std::optional<TokenBucket> bucket ABSL_GUARDED_BY(mu);  // unset: unlimited
+    int32_t in_flight ABSL_GUARDED_BY(mu) = 0;
+    uint64_t requests ABSL_GUARDED_BY(mu) = 0;
+    uint64_t refused ABSL_GUARDED_BY(mu) = 0;
+    uint64_t prompt_tokens ABSL_GUARDED_BY(mu) = 0;
+    uint64_t generated_tokens ABSL_GUARDED_BY(mu) = 0;
+    std::deque<absl::Time> completions ABSL_GUARDED_BY(mu);  // oldest first
+  };
+
+  const Clock clock_;
+  std::vector<std::unique_ptr<Key>> keys_;  // const after construction
+  std::map<std::string, int> by_hash_;      // sha256 hex -> index
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_API_KEYS_H_

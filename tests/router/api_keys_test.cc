@@ -1,0 +1,298 @@
+// router::TokenBucket and router::ApiKeys alone, on an injected clock: the
+// keys file parser, SHA-256, authentication, the bucket's refill and the
+// exact retry-after values, prompt > capacity, the negative bucket after
+// generation, the concurrency limit, refunds and counters.
+#include "router/api_keys.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/token_bucket.h"
+
+namespace tandem::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+// printf %s KEY | sha256sum (coreutils), for the keys used below.
+constexpr char kEmptySha[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+constexpr char kAliceKey[] = "sk-test-alice";
+constexpr char kAliceSha[] = "4d692786b022a5d5a48381dcaf1e5e346366feb5579a1d699de2991d153b05f9";
+constexpr char kBobKey[] = "sk-test-bob";
+constexpr char kBobSha[] = "126fa001bf47b8fca67b958c7cdb3745b15c8eab28dd77b91a53305b5f90632f";
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST(Sha256HexTest, MatchesSha256sum) {
+  EXPECT_EQ(Sha256Hex(""), kEmptySha);
+  EXPECT_EQ(Sha256Hex(kAliceKey), kAliceSha);
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(TokenBucketTest, StartsFullAndRefillsContinuously) {
+  TokenBucket b(60, kT0);  // 1 token per second
+  EXPECT_EQ(b.capacity(), 60);
+  EXPECT_EQ(b.Available(kT0), 60);
+  b.Take(50, kT0);
+  EXPECT_EQ(b.Available(kT0), 10);
+  EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(999)), 10);
+  EXPECT_EQ(b.Available(kT0 + absl::Seconds(1)), 11);
+  EXPECT_EQ(b.Available(kT0 + absl::Seconds(30)), 40);
+  // Never above capacity, however long it idles.
+  EXPECT_EQ(b.Available(kT0 + absl::Hours(100000)), 60);
+}
+
+TEST(TokenBucketTest, MsUntilIsExactAndRoundsUp) {
+  TokenBucket b(7, kT0);  // 7 tokens per 60 s: one per 8571.43 ms
+  b.Take(7, kT0);
+  EXPECT_EQ(b.MsUntil(0, kT0), 0);
+  EXPECT_EQ(b.MsUntil(1, kT0), 8572);
+  EXPECT_EQ(b.MsUntil(7, kT0), 60000);
+  EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(8571)), 0);
+  EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(8572)), 1);
+  // Time going backwards refills nothing and loses nothing.
+  EXPECT_EQ(b.Available(kT0), 1);
+}
+
+TEST(TokenBucketTest, GoesNegativeAndRefillsFromThere) {
+  TokenBucket b(60, kT0);
+  b.Take(100, kT0);
+  EXPECT_EQ(b.Available(kT0), -40);
+  EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(500)), -40);  // -39.5 rounds down
+  // From -39.5 to 5 at 1 token per second.
+  EXPECT_EQ(b.MsUntil(5, kT0 + absl::Milliseconds(500)), 44500);
+  b.Give(1000, kT0 + absl::Seconds(1));  // a refund never overfills
+  EXPECT_EQ(b.Available(kT0 + absl::Seconds(1)), 60);
+}
+
+// A clock the test moves by hand.
+struct FakeClock {
+  absl::Time now = kT0;
+  ApiKeys::Clock clock() {
+    return [this] { return now; };
+  }
+};
+
+std::vector<ApiKeyEntry> TwoKeys(int64_t alice_tpm, int32_t alice_max) {
+  return {{"alice", kAliceSha, alice_tpm, alice_max}, {"bob", kBobSha, 0, 0}};
+}
+
+TEST(ApiKeysTest, AuthenticatesBearerKeysByHash) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(100, 0), t.clock());
+  const std::string alice = std::string("Bearer ") + kAliceKey;
+  const std::string bob = std::string("bearer   ") + kBobKey + " ";
+  EXPECT_EQ(*keys.Authenticate(&alice), 0);
+  EXPECT_EQ(*keys.Authenticate(&bob), 1);
+  auto expect = [&](const std::string* value, const std::string& message) {
+    absl::StatusOr<int> id = keys.Authenticate(value);
+    ASSERT_FALSE(id.ok()) << (value ? *value : "null");
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(id.status().message(), message);
+  };
+  const std::string missing = "missing API key (authorization: Bearer ...)";
+  expect(nullptr, missing);
+  const std::string empty = "Bearer ";
+  expect(&empty, missing);
+  const std::string wrong = "Bearer sk-test-carol";
+  expect(&wrong, "invalid API key");
+  const std::string basic = std::string("Basic ") + kAliceKey;
+  expect(&basic, "invalid API key");
+  const std::string glued = std::string("Bearer") + kAliceKey;
+  expect(&glued, "invalid API key");
+  // The hash itself is not a key.
+  const std::string hash = std::string("Bearer ") + kAliceSha;
+  expect(&hash, "invalid API key");
+}
+
+TEST(ApiKeysTest, PromptChargedAtAdmissionRetryAfterExact) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(120, 0), t.clock());  // 2 tokens per second
+  ApiKeys::Decision d = keys.Admit(0, 100);
+  ASSERT_TRUE(d.status.ok()) << d.status;
+  keys.Started(0, 100);
+  // 20 left: a 30-token prompt waits for 10 more = 5000 ms.
+  d = keys.Admit(0, 30);
+  EXPECT_EQ(d.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.status.message(),
+            "API key 'alice': 20 tokens available, the prompt needs 30 (tokens_per_minute 120)");
+  EXPECT_EQ(d.retry_after_ms, 5000);
+  t.now += absl::Milliseconds(4999);
+  d = keys.Admit(0, 30);
+  EXPECT_EQ(d.retry_after_ms, 1);
+  t.now += absl::Milliseconds(1);
+  d = keys.Admit(0, 30);
+  EXPECT_TRUE(d.status.ok()) << d.status;
+  keys.Started(0, 30);
+  // Bob is unlimited meanwhile.
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(keys.Admit(1, 1000).status.ok());
+  std::vector<ApiKeys::Usage> u = keys.Snapshot();
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_EQ(u[0].name, "alice");
+  EXPECT_EQ(u[0].requests, 2u);
+  EXPECT_EQ(u[0].refused, 2u);
+  EXPECT_EQ(u[0].prompt_tokens, 130u);
+  EXPECT_EQ(u[0].in_flight, 2);
+  EXPECT_EQ(u[0].tokens_available, 0);
+  EXPECT_EQ(u[0].tokens_per_minute, 120);
+  EXPECT_EQ(u[1].name, "bob");
+  EXPECT_EQ(u[1].in_flight, 5);
+  EXPECT_EQ(u[1].tokens_available, 0);  // unlimited: no bucket
+  EXPECT_EQ(u[1].requests, 0u);         // admitted, not started
+}
+
+TEST(ApiKeysTest, PromptOverCapacityIsNeverAdmissible) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(120, 0), t.clock());
+  ApiKeys::Decision d = keys.Admit(0, 121);
+  EXPECT_EQ(d.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.status.message(),
+            "API key 'alice': the prompt's 121 tokens exceed its tokens_per_minute of 120; "
+            "this request can never be admitted");
+  EXPECT_EQ(d.retry_after_ms, -1);
+  EXPECT_TRUE(keys.Admit(0, 120).status.ok());  // exactly the capacity: fine
+  EXPECT_EQ(keys.Snapshot()[0].refused, 1u);
+}
+
+TEST(ApiKeysTest, GeneratedTokensMayDriveTheBucketNegative) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(60, 0), t.clock());  // 1 token per second
+  ASSERT_TRUE(keys.Admit(0, 10).status.ok());
+  keys.Started(0, 10);
+  keys.Generated(0, 40);
+  keys.Generated(0, 30);  // the stream goes on past the limit
+  keys.Ended(0);
+  ApiKeys::Usage u = keys.Snapshot()[0];
+  EXPECT_EQ(u.tokens_available, -20);
+  EXPECT_EQ(u.generated_tokens, 70u);
+  EXPECT_EQ(u.prompt_tokens, 10u);
+  EXPECT_EQ(u.in_flight, 0);
+  // A 5-token prompt waits until the level is back at 5: 25 s.
+  ApiKeys::Decision d = keys.Admit(0, 5);
+  EXPECT_EQ(d.retry_after_ms, 25000);
+  t.now += absl::Seconds(25);
+  EXPECT_TRUE(keys.Admit(0, 5).status.ok());
+}
+
+TEST(ApiKeysTest, RefundReturnsThePromptAndTheSlot) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(60, 1), t.clock());
+  ASSERT_TRUE(keys.Admit(0, 50).status.ok());
+  keys.Refund(0, 50);
+  ApiKeys::Usage u = keys.Snapshot()[0];
+  EXPECT_EQ(u.tokens_available, 60);
+  EXPECT_EQ(u.in_flight, 0);
+  EXPECT_EQ(u.requests, 0u);
+  EXPECT_EQ(u.prompt_tokens, 0u);
+  EXPECT_TRUE(keys.Admit(0, 60).status.ok());
+}
+
+TEST(ApiKeysTest, ConcurrencyLimitRetryAfterFromTheKeysCompletions) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(0, 2), t.clock());  // no token limit, 2 at once
+  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
+  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
+  ApiKeys::Decision d = keys.Admit(0, 5);
+  EXPECT_EQ(d.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.status.message(), "API key 'alice': 2 requests in flight (max_concurrent_requests 2)");
+  EXPECT_EQ(d.retry_after_ms, 10000);  // no completion yet: Admission::kMaxRetryAfterMs
+  keys.Started(0, 5);
+  keys.Started(0, 5);
+  t.now += absl::Seconds(1);
+  keys.Ended(0);
+  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
+  keys.Started(0, 5);
+  t.now += absl::Seconds(1);
+  keys.Ended(0);
+  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
+  keys.Started(0, 5);
+  t.now += absl::Seconds(1);
+  // Two completions, the older 2 s ago: one ends every 1000 ms.
+  d = keys.Admit(0, 5);
+  EXPECT_EQ(d.retry_after_ms, 1000);
+  EXPECT_EQ(keys.Snapshot()[0].refused, 2u);
+  // Bob has no limit.
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(keys.Admit(1, 5).status.ok());
+}
+
+TEST(ApiKeysTest, ConcurrencyRefusalWaitsForTheBucketToo) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(60, 1), t.clock());
+  ASSERT_TRUE(keys.Admit(0, 60).status.ok());  // bucket empty, slot taken
+  ApiKeys::Decision d = keys.Admit(0, 30);
+  EXPECT_THAT(d.status.message(), HasSubstr("max_concurrent_requests 1"));
+  EXPECT_EQ(d.retry_after_ms, 30000);  // the bucket's wait beats the 10 s default
+}
+
+// ---- the keys file ---------------------------------------------------------
+
+TEST(ParseApiKeysTest, ReadsEntriesAndDefaults) {
+  absl::StatusOr<std::vector<ApiKeyEntry>> e = ParseApiKeys(
+      std::string("keys:\n"
+                  "  - name: alice\n"
+                  "    sha256: ") + absl::AsciiStrToUpper(kAliceSha) + "\n" +
+      "    tokens_per_minute: 6000\n"
+      "    max_concurrent_requests: 4\n"
+      "  - name: bob.batch-2\n"
+      "    sha256: " + kBobSha + "\n");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->size(), 2u);
+  EXPECT_EQ((*e)[0].name, "alice");
+  EXPECT_EQ((*e)[0].sha256_hex, kAliceSha);  // lowercased
+  EXPECT_EQ((*e)[0].tokens_per_minute, 6000);
+  EXPECT_EQ((*e)[0].max_concurrent_requests, 4);
+  EXPECT_EQ((*e)[1].name, "bob.batch-2");
+  EXPECT_EQ((*e)[1].tokens_per_minute, 0);  // absent: unlimited
+  EXPECT_EQ((*e)[1].max_concurrent_requests, 0);
+}
+
+TEST(ParseApiKeysTest, ErrorsNameTheEntryAndField) {
+  const std::string alice = std::string("  - name: alice\n    sha256: ") + kAliceSha + "\n";
+  const std::string bob = std::string("  - name: bob\n    sha256: ") + kBobSha + "\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "api keys file: expected a mapping with 'keys'"},
+      {"keys: []\n", "keys: expected a non-empty list of keys"},
+      {"key:\n" + alice, "api keys file: unknown key 'key'"},
+      {"keys:\n  - sha256: " + std::string(kAliceSha) + "\n",
+       "keys[0].name: required, letters, digits, '.', '_' or '-'"},
+      {"keys:\n  - name: al ice\n    sha256: " + std::string(kAliceSha) + "\n",
+       "keys[0].name: required, letters, digits, '.', '_' or '-'"},
+      {"keys:\n" + alice + "  - name: bob\n    sha256: 1234\n",
+       "keys[1] (bob).sha256: expected the key's SHA-256 as 64 hex digits "
+       "(printf %s KEY | sha256sum), got '1234'"},
+      {"keys:\n  - name: bob\n", "keys[0] (bob).sha256: expected the key's SHA-256"},
+      {"keys:\n" + bob + "    tokens_per_minute: ten\n",
+       "keys[0] (bob).tokens_per_minute: expected an integer in [0, 1000000000], got 'ten'"},
+      {"keys:\n" + bob + "    tokens_per_minute: -1\n",
+       "keys[0] (bob).tokens_per_minute: expected an integer in [0, 1000000000], got '-1'"},
+      {"keys:\n" + bob + "    max_concurrent_requests: 1.5\n",
+       "keys[0] (bob).max_concurrent_requests: expected an integer in [0, 2147483647], got '1.5'"},
+      {"keys:\n" + bob + "    tokens_per_min: 5\n",
+       "keys[0] (bob): unknown key 'tokens_per_min'"},
+      {"keys:\n" + bob + "    key: sk-test-bob\n", "keys[0] (bob): unknown key 'key'"},
+      {"keys:\n" + alice + "  - name: alice\n    sha256: " + kBobSha + "\n",
+       "keys[1].name: duplicate name 'alice'"},
+      {"keys:\n" + alice + "  - name: carol\n    sha256: " + kAliceSha + "\n",
+       "keys[1] (carol).sha256: the same hash as key 'alice'"},
+      {"keys: [\n", "YAML error at line"},
+  };
+  for (const auto& [text, message] : cases) {
+    absl::StatusOr<std::vector<ApiKeyEntry>> e = ParseApiKeys(text);
+    ASSERT_FALSE(e.ok()) << text;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(e.status().message(), HasSubstr(message)) << text;
+  }
+}
+
+TEST(ParseApiKeysTest, LoadNamesTheFile) {
+  absl::StatusOr<std::vector<ApiKeyEntry>> e = LoadApiKeys("/nonexistent/keys.yaml");
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(e.status().message(), "cannot read API keys file '/nonexistent/keys.yaml'");
+}
+
+}  // namespace
+}  // namespace tandem::router
