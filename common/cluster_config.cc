@@ -246,7 +246,7 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                                  {"name", "listen", "advertise", "poll_interval_ms",
                                   "unhealthy_after_missed_polls", "rpc_timeout_ms",
                                   "max_inflight", "max_queued", "max_migrations",
-                                  "drop_after_ms"});
+                                  "drop_after_ms", "api_keys_file"});
       !s.ok()) {
     return s;
   }
@@ -254,6 +254,13 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   if (r->name.empty()) return Invalid("router.name", "must not be empty", node);
   if (absl::Status s = ReadHostPort(node, "listen", path, &r->listen); !s.ok()) return s;
   if (absl::Status s = ReadAdvertise(node, "advertise", path, &r->advertise); !s.ok()) return s;
+  if (absl::Status s = ReadString(node, "api_keys_file", path, &r->api_keys_file); !s.ok()) {
+    return s;
+  }
+  if (node["api_keys_file"].IsDefined() && r->api_keys_file.empty()) {
+    return Invalid("router.api_keys_file", "must not be empty (remove the key for no API keys)",
+                   node["api_keys_file"]);
+  }
   return ReadInts(node, path,
                   {{"poll_interval_ms", &r->poll_interval_ms, 1},
                    {"unhealthy_after_missed_polls", &r->unhealthy_after_missed_polls, 1},

@@ -9,7 +9,7 @@
 //   router: {name, listen: "host:port", advertise: "host[:port]",
 //            poll_interval_ms: 500, unhealthy_after_missed_polls: 3,
 //            rpc_timeout_ms: 2000, max_inflight: 512, max_queued: 512,
-//            max_migrations: 1, drop_after_ms: 30000}
+//            max_migrations: 1, drop_after_ms: 30000, api_keys_file: PATH}
 //   prefill_workers: [{name, listen, advertise}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
@@ -88,6 +88,11 @@ struct RouterConfig {
   // A worker unhealthy (missed polls, no re-registration) this long is
   // dropped from the registry; it must register again to get requests.
   int32_t drop_after_ms = 30000;
+  // Client API keys and their quotas (router/api_keys.h); a path as
+  // written, relative to the router's working directory like `model`.
+  // Empty (default): Generation is open, no key required. Read by the
+  // router only, at start (an unreadable or invalid file stops it).
+  std::string api_keys_file;
 };
 
 struct WorkerConfig {

@@ -598,12 +598,14 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
             &call->context, &call->request, &call->response,
             [call, worker = decode_](grpc::Status) {});
       }
+      if (params_.on_tokens_emitted) params_.on_tokens_emitted(msg.tokens_size());
       EndSample(s, std::move(*msg.mutable_text()), v1::FINISH_STOP, &reason, &msg);
       return;
     }
     msg.mutable_text()->append(pushed.text);
   }
   if (msg.tokens_size() > 0) {
+    if (params_.on_tokens_emitted) params_.on_tokens_emitted(msg.tokens_size());
     EmitHeader();
     msg.set_completion_tokens(sample.next_index);
     sink_->Write(std::move(msg));

@@ -69,6 +69,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     // Deadline of the status probe that tells a dead D from a D that ended
     // the stream with an error of its own (router.rpc_timeout_ms), ms.
     int32_t probe_timeout_ms = 2000;
+    // Runs (under the call's lock: must not call back into it) with the
+    // number of tokens about to be written to the client, every sample's,
+    // each token once (the API key's generated-token charge); may be empty.
+    std::function<void(int64_t)> on_tokens_emitted;
   };
 
   GenerateCall(Params params, WorkerRegistry* registry,

@@ -1,5 +1,5 @@
 // tandem-router: flags -> config -> model (tokenizer, context length, chat
-// template) -> gRPC server (Generation, Registry, health) -> wait for SIGTERM -> drain.
+// template) -> API keys (router.api_keys_file) -> gRPC server (Generation, Registry, health) -> wait for SIGTERM -> drain.
 #include <cstdio>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -88,6 +88,17 @@ int main(int argc, char** argv) {
     if (health != nullptr) health->SetServingStatus(serving);
   });
   service.set_failover(config->router.max_migrations, config->router.rpc_timeout_ms);
+  if (!config->router.api_keys_file.empty()) {
+    auto keys = router::LoadApiKeys(config->router.api_keys_file);
+    if (!keys.ok()) {
+      return Fail(absl::StrCat("router.api_keys_file: ", keys.status().message()));
+    }
+    rpc::Log(absl::StrCat("API keys: ", keys->size(), " from ", config->router.api_keys_file,
+                          " (limits per router replica)"));
+    service.set_api_keys(std::make_unique<router::ApiKeys>(*keys));
+  } else {
+    rpc::Log("API keys: none (Generation is open)");
+  }
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   builder.RegisterService(service.registry_service());

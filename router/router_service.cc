@@ -72,14 +72,27 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
   return prompt;
 }
 
+absl::StatusOr<int> RouterService::Authenticate(
+    const grpc::CallbackServerContext* context) const {
+  if (api_keys_ == nullptr) return -1;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return api_keys_->Authenticate(nullptr);
+  const std::string value(it->second.data(), it->second.size());
+  return api_keys_->Authenticate(&value);
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return rpc::ServeStream<v1::GenerateRequest>(
-      request, [&](const v1::GenerateRequest* parsed) { return GenerateParsed(context, parsed); });
+  absl::StatusOr<int> key = Authenticate(context);
+  if (!key.ok()) return rpc::FinishedStream(rpc::ToGrpc(key.status()));
+  return rpc::ServeStream<v1::GenerateRequest>(request, [&](const v1::GenerateRequest* parsed) {
+    return GenerateParsed(context, parsed, *key);
+  });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request, int key) {
   // What OnCancel reaches: the call (once created) and its admission id
   // (once submitted; a queued request leaves the queue at once).
   struct CancelState {
@@ -125,6 +138,23 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
     }
   }
   params.prompt = std::move(*prompt);
+  const int64_t prompt_tokens = static_cast<int64_t>(params.prompt.size());
+  // The key's limits before the router's admission: a refused key holds no
+  // slot and no place in the queue.
+  if (key >= 0) {
+    ApiKeys::Decision d = api_keys_->Admit(key, prompt_tokens);
+    if (!d.status.ok()) {
+      if (d.retry_after_ms < 0) {
+        sink->Finish(rpc::ToGrpc(d.status));
+      } else {
+        sink->Finish(rpc::ToGrpc(d.status), {{"retry-after-ms", absl::StrCat(d.retry_after_ms)}});
+      }
+      return reactor;
+    }
+    params.on_tokens_emitted = [keys = api_keys_.get(), key](int64_t n) {
+      keys->Generated(key, n);
+    };
+  }
   params.controls = ControlsOf(*request);
   params.max_migrations = max_migrations_;
   params.probe_timeout_ms = probe_timeout_ms_;
@@ -141,10 +171,22 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   }
   // Runs once the request holds an admission slot; the slot is released
   // once the call finished its sink and every call to a worker ended.
-  auto start = [this, call] { call->Start([this] { admission_.Release(); }); };
-  Admission::Ticket ticket = admission_.Submit(
-      deadline, std::move(start), [sink](absl::Status s) { sink->Finish(rpc::ToGrpc(s)); });
+  // With a key: counted as started (its prompt charge kept) when it gets a
+  // slot, ended with the slot; refunded if it never gets one.
+  auto start = [this, call, key, prompt_tokens] {
+    if (key >= 0) api_keys_->Started(key, prompt_tokens);
+    call->Start([this, key] {
+      if (key >= 0) api_keys_->Ended(key);
+      admission_.Release();
+    });
+  };
+  auto drop = [this, sink, key, prompt_tokens](absl::Status s) {
+    if (key >= 0) api_keys_->Refund(key, prompt_tokens);
+    sink->Finish(rpc::ToGrpc(s));
+  };
+  Admission::Ticket ticket = admission_.Submit(deadline, std::move(start), std::move(drop));
   if (!ticket.status.ok()) {
+    if (key >= 0) api_keys_->Refund(key, prompt_tokens);
     sink->Finish(rpc::ToGrpc(ticket.status),
                  {{"retry-after-ms", absl::StrCat(ticket.retry_after_ms)}});
     return reactor;
@@ -164,6 +206,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
 grpc::ServerUnaryReactor* RouterService::Tokenize(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
+  if (absl::StatusOr<int> key = Authenticate(context); !key.ok()) {
+    return rpc::FinishUnary(context, rpc::ToGrpc(key.status()));
+  }
   return rpc::ServeUnary<v1::TokenizeRequest, v1::TokenizeResponse>(
       context, request, response,
       [this](const v1::TokenizeRequest* parsed, v1::TokenizeResponse* out) {
@@ -186,6 +231,9 @@ grpc::Status RouterService::TokenizeParsed(const v1::TokenizeRequest* request,
 grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const v1::GetModelInfoRequest*,
                                                       v1::GetModelInfoResponse* response) {
+  if (absl::StatusOr<int> key = Authenticate(context); !key.ok()) {
+    return rpc::FinishUnary(context, rpc::ToGrpc(key.status()));
+  }
   const model::LlamaConfig& config = model_->model->config();
   response->set_name(config.name);
   response->set_architecture(config.architecture);
@@ -202,6 +250,9 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* context,
                                                    const v1::GetStatusRequest*,
                                                    v1::ClusterStatus* response) {
+  if (absl::StatusOr<int> key = Authenticate(context); !key.ok()) {
+    return rpc::FinishUnary(context, rpc::ToGrpc(key.status()));
+  }
   // The workers are asked asynchronously (all at once, each with
   // rpc_timeout_ms); the last answer finishes the call. No thread waits.
   auto* reactor = context->DefaultReactor();
@@ -218,6 +269,21 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     self->set_queued_requests(static_cast<uint32_t>(admission_.queued()));
     self->set_model_fingerprint(model_->fingerprint);
     response->set_can_serve(can_serve);
+    response->set_api_keys_required(api_keys_ != nullptr);
+    if (api_keys_ != nullptr) {
+      for (const ApiKeys::Usage& u : api_keys_->Snapshot()) {
+        v1::ApiKeyUsage* out = response->add_api_keys();
+        out->set_name(u.name);
+        out->set_requests(u.requests);
+        out->set_refused(u.refused);
+        out->set_prompt_tokens(u.prompt_tokens);
+        out->set_generated_tokens(u.generated_tokens);
+        out->set_in_flight(static_cast<uint32_t>(u.in_flight));
+        out->set_tokens_available(u.tokens_available);
+        out->set_tokens_per_minute(static_cast<uint64_t>(u.tokens_per_minute));
+        out->set_max_concurrent_requests(static_cast<uint32_t>(u.max_concurrent_requests));
+      }
+    }
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

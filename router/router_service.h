@@ -7,6 +7,17 @@
 // router.max_queued waiting, beyond them RESOURCE_EXHAUSTED with trailing
 // metadata retry-after-ms).
 //
+// With API keys (router.api_keys_file, router/api_keys.h; set_api_keys),
+// every Generation call needs `authorization: Bearer <key>` metadata,
+// checked before anything else (UNAUTHENTICATED otherwise; the gRPC
+// health service stays open). A Generate request is then validated and
+// tokenized, admitted by its key's limits (the prompt's tokens charged;
+// RESOURCE_EXHAUSTED with retry-after-ms otherwise, holding no admission
+// slot) and only then submitted to the router's admission: refused there
+// or dropped from its queue, the key's charge is refunded; once it starts
+// running the prompt's charge is kept whatever happens to the request.
+// Generated tokens are charged as GenerateCall emits them.
+//
 // Owns: request admission at the router, the worker registry, health
 // status. Does not touch: engine state (workers own it).
 // Threads: gRPC callback threads (no thread per request); the admission
@@ -22,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "common/server/model_bundle.h"
 #include "router/admission.h"
+#include "router/api_keys.h"
 #include "router/chat_template.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.grpc.pb.h"
@@ -53,6 +65,9 @@ class RouterService final : public GenerationBase {
     max_migrations_ = max_migrations;
     probe_timeout_ms_ = probe_timeout_ms;
   }
+  // Client API keys (router.api_keys_file): from now on every Generation
+  // call needs one (call before serving). Without: open, as before.
+  void set_api_keys(std::unique_ptr<ApiKeys> keys) { api_keys_ = std::move(keys); }
   // SIGTERM: new Generate calls get UNAVAILABLE; running and queued ones
   // continue.
   void StopAccepting() { accepting_ = false; }
@@ -116,10 +131,16 @@ class RouterService final : public GenerationBase {
   RegistryService* registry_service() { return &registry_service_; }
 
  private:
+  // The caller's API key id (ApiKeys::Authenticate of the `authorization`
+  // metadata), or -1 when no keys are configured. UNAUTHENTICATED when
+  // keys are required and the metadata is missing or names no key.
+  absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext* context) const;
+
   // The typed bodies of Generate and Tokenize, once the request parsed.
-  // `request` is valid until they return.
+  // `request` is valid until they return. `key`: Authenticate's id.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateParsed(grpc::CallbackServerContext* context,
-                                                             const v1::GenerateRequest* request);
+                                                             const v1::GenerateRequest* request,
+                                                             int key);
   grpc::Status TokenizeParsed(const v1::TokenizeRequest* request, v1::TokenizeResponse* response);
 
   // Const after construction.
@@ -135,6 +156,7 @@ class RouterService final : public GenerationBase {
   // router.max_inflight / max_queued; its timer thread is joined when the
   // service is destroyed.
   Admission admission_;
+  std::unique_ptr<ApiKeys> api_keys_;  // null: no key required; set before serving
   std::atomic<bool> accepting_{true};
 };
 

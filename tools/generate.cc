@@ -17,7 +17,7 @@ namespace tandem::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: tandem generate [--router H:P] [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "usage: tandem generate [--router H:P] [--api-key KEY] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--seed S] [--repetition-penalty P]\n"
     "                       [--presence-penalty P] [--frequency-penalty P]\n"
     "                       [--logit-bias ID=BIAS]... [--stop STR]... [--stop-token-id ID]...\n"
@@ -122,6 +122,7 @@ nlohmann::ordered_json StopReasonJson(const tandem::v1::StopReason& r) {
 absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(
       args, {{"router"},
+             {"api-key"},
              {"max-tokens"},
              {"temperature"},
              {"top-k"},
@@ -147,6 +148,10 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   GenerateOptions o;
   o.router = parsed->GetString("router", o.router);
   if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
+  if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
+    return absl::InvalidArgumentError("--api-key: must not be empty");
+  }
+  o.api_key = ResolveApiKey(parsed->GetString("api-key", ""));
   o.json = parsed->Has("json");
   o.chat = parsed->Has("chat");
   o.include_stop_str = parsed->Has("include-stop-str");
@@ -394,6 +399,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   std::unique_ptr<tandem::v1::Generation::Stub> stub = MakeGenerationStub(options->router);
   grpc::ClientContext context;
+  SetApiKey(&context, options->api_key);
   if (options->timeout_ms > 0) {
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(options->timeout_ms));

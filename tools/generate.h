@@ -1,6 +1,6 @@
 // `tandem generate`: one streaming Generation.Generate call.
 //
-//   tandem generate [--router H:P] [--max-tokens N] [--temperature T]
+//   tandem generate [--router H:P] [--api-key KEY] [--max-tokens N] [--temperature T]
 //                   [--top-k K] [--top-p P] [--min-p P] [--seed S]
 //                   [--repetition-penalty P] [--presence-penalty P]
 //                   [--frequency-penalty P] [--logit-bias ID=BIAS]...
@@ -10,7 +10,8 @@
 //                   [--route auto|local|remote] [--chat] [--json]
 //                   [--timeout-ms MS] PROMPT...
 //
-// --chat sends PROMPT as one user message (GenerateRequest.messages), which
+// --api-key (else $TANDEM_API_KEY) is sent as `authorization: Bearer KEY`
+// (a router with router.api_keys_file requires it). --chat sends PROMPT as one user message (GenerateRequest.messages), which
 // the router renders with the model's chat template; without it PROMPT is
 // the raw prompt text. The generation flags map one to one onto
 // GenerateRequest (stop, stop_token_ids, include_stop_str_in_output,
@@ -47,6 +48,7 @@ namespace tandem::cli {
 
 struct GenerateOptions {
   std::string router = "127.0.0.1:50051";  // router's gRPC address
+  std::string api_key;                     // --api-key, else $TANDEM_API_KEY; "" = none
   uint32_t max_tokens = 32;                // the router requires >= 1
   float temperature = 0;                   // 0 = greedy (also when the flag is absent)
   int32_t top_k = 0;                       // <= 0 = off

@@ -1,5 +1,7 @@
 #include "tools/router_client.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "common/cluster_config.h"
 
@@ -17,6 +19,16 @@ std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::stri
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return tandem::v1::Generation::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+std::string ResolveApiKey(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const char* env = std::getenv(kApiKeyEnv);
+  return env != nullptr ? env : "";
+}
+
+void SetApiKey(grpc::ClientContext* context, const std::string& api_key) {
+  if (!api_key.empty()) context->AddMetadata("authorization", "Bearer " + api_key);
 }
 
 std::string GrpcErrorLine(const grpc::Status& status) {

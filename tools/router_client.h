@@ -27,6 +27,18 @@ std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::stri
 // out-of-range port or log raw errors for an empty one).
 absl::Status CheckRouterAddress(const std::string& address);
 
+// The environment variable the CLI reads an API key from when --api-key is
+// not given (tandem generate, tandem status, tandem up's readiness polls).
+inline constexpr char kApiKeyEnv[] = "TANDEM_API_KEY";
+
+// The API key to send: `flag_value` when not empty, else $TANDEM_API_KEY,
+// else "" (none).
+std::string ResolveApiKey(const std::string& flag_value);
+
+// Adds `authorization: Bearer <api_key>` to `context` (nothing when
+// `api_key` is empty): what a router with router.api_keys_file requires.
+void SetApiKey(grpc::ClientContext* context, const std::string& api_key);
+
 // "tandem: UNAVAILABLE: <message>": the CLI's one-line report of a failed
 // RPC, the code spelled as in grpc/absl ("DEADLINE_EXCEEDED").
 std::string GrpcErrorLine(const grpc::Status& status);

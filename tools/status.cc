@@ -11,13 +11,14 @@ namespace tandem::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: tandem status [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n";
+    "usage: tandem status [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms MS]\n";
 
 }  // namespace
 
 absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed =
-      ParseArgs(args, {{"router"}, {"check-idle", false}, {"json", false}, {"timeout-ms"}});
+      ParseArgs(args, {{"router"}, {"api-key"}, {"check-idle", false}, {"json", false},
+                       {"timeout-ms"}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -26,6 +27,10 @@ absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& ar
   StatusOptions o;
   o.router = parsed->GetString("router", o.router);
   if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
+  if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
+    return absl::InvalidArgumentError("--api-key: must not be empty");
+  }
+  o.api_key = ResolveApiKey(parsed->GetString("api-key", ""));
   o.check_idle = parsed->Has("check-idle");
   o.json = parsed->Has("json");
   absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);
@@ -95,6 +100,15 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
           {"bit_exact_class", s.bit_exact_class()}};
 }
 
+std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& u) {
+  return absl::StrCat("api_key ", u.name(), " requests=", u.requests(), " refused=", u.refused(),
+                      " prompt_tokens=", u.prompt_tokens(),
+                      " generated_tokens=", u.generated_tokens(), " in_flight=", u.in_flight(),
+                      " tokens_available=", u.tokens_available(),
+                      " tokens_per_minute=", u.tokens_per_minute(),
+                      " max_concurrent_requests=", u.max_concurrent_requests());
+}
+
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status) {
   nlohmann::ordered_json j;
   j["can_serve"] = status.can_serve();
@@ -102,6 +116,19 @@ nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& stat
   j["workers"] = nlohmann::ordered_json::array();
   for (const tandem::v1::WorkerStatus& w : status.workers()) {
     j["workers"].push_back(WorkerStatusToJson(w));
+  }
+  j["api_keys_required"] = status.api_keys_required();
+  j["api_keys"] = nlohmann::ordered_json::array();
+  for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
+    j["api_keys"].push_back({{"name", u.name()},
+                             {"requests", u.requests()},
+                             {"refused", u.refused()},
+                             {"prompt_tokens", u.prompt_tokens()},
+                             {"generated_tokens", u.generated_tokens()},
+                             {"in_flight", u.in_flight()},
+                             {"tokens_available", u.tokens_available()},
+                             {"tokens_per_minute", u.tokens_per_minute()},
+                             {"max_concurrent_requests", u.max_concurrent_requests()}});
   }
   return j;
 }
@@ -129,6 +156,7 @@ int RunStatus(const std::vector<std::string>& args) {
   }
   std::unique_ptr<tandem::v1::Generation::Stub> stub = MakeGenerationStub(options->router);
   grpc::ClientContext context;
+  SetApiKey(&context, options->api_key);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(options->timeout_ms));
   tandem::v1::ClusterStatus status;
@@ -145,6 +173,9 @@ int RunStatus(const std::vector<std::string>& args) {
     std::printf("%s\n", FormatStatusLine(status.router()).c_str());
     for (const tandem::v1::WorkerStatus& w : status.workers()) {
       std::printf("%s\n", FormatStatusLine(w).c_str());
+    }
+    for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
+      std::printf("%s\n", FormatApiKeyLine(u).c_str());
     }
   }
   std::fflush(stdout);

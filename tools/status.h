@@ -1,6 +1,13 @@
 // `tandem status`: the router's Generation.GetStatus, one line per process.
 //
-//   tandem status [--router H:P] [--check-idle] [--json] [--timeout-ms MS]
+//   tandem status [--router H:P] [--api-key KEY] [--check-idle] [--json]
+//                 [--timeout-ms MS]
+//
+// --api-key (else $TANDEM_API_KEY) is sent as `authorization: Bearer KEY`
+// (a router with router.api_keys_file requires it). With API keys, one
+// FormatApiKeyLine per key follows the process lines (usage on this router
+// replica); without, nothing more is printed (--json says
+// "api_keys_required": false).
 //
 // Exit status: 0 when the cluster can serve; 1 when the router is
 // unreachable or cannot serve; 3 with --check-idle while any worker still
@@ -23,6 +30,7 @@ namespace tandem::cli {
 
 struct StatusOptions {
   std::string router = "127.0.0.1:50051";
+  std::string api_key;  // --api-key, else $TANDEM_API_KEY; "" = none
   bool check_idle = false;
   bool json = false;
   int64_t timeout_ms = 5000;  // GetStatus deadline
@@ -41,11 +49,18 @@ std::string RoleName(tandem::v1::WorkerRole role);
 // with " kv=<endpoint>" after the address for decode workers that have one.
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 
+// One line for one API key's usage (ClusterStatus.api_keys):
+//   "api_key <name> requests=N refused=N prompt_tokens=N generated_tokens=N
+//    in_flight=N tokens_available=N tokens_per_minute=N
+//    max_concurrent_requests=N" (one line; a limit of 0 = unlimited).
+std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& usage);
+
 // Every WorkerStatus field under its proto name, numbers as JSON numbers
 // (not the strings of proto3's JSON mapping for 64-bit values), role as
 // RoleName.
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& status);
-// {"can_serve": bool, "router": {...}, "workers": [{...}, ...]}.
+// {"can_serve": bool, "router": {...}, "workers": [{...}, ...],
+//  "api_keys_required": bool, "api_keys": [{every ApiKeyUsage field}, ...]}.
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status);
 
 // True when no worker has kv_blocks_in_use, transfers_in_flight or

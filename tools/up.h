@@ -12,7 +12,9 @@
 // start every prefill and decode worker of the config with --name <entry>
 // and --router <that address>; only then open a gRPC channel and poll
 // Generation.GetStatus until can_serve and every worker is registered and
-// healthy; print on stdout one FormatUpProcess line per process (router
+// healthy (sending $TANDEM_API_KEY when set: a router with
+// router.api_keys_file answers UNAUTHENTICATED without a valid key, which
+// is a start-up failure naming the variable); print on stdout one FormatUpProcess line per process (router
 // first, then the workers in config order), then
 //   tandem: cluster ready, router at <host:port>
 // and supervise:

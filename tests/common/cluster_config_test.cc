@@ -154,6 +154,22 @@ TEST(ClusterConfigTest, ChatTemplateOverride) {
   EXPECT_THAT(error, HasSubstr("line 3"));
 }
 
+TEST(ClusterConfigTest, ApiKeysFile) {
+  absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->router.api_keys_file, "");  // open: no key required
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      std::string(kMinimal) + "router:\n  api_keys_file: secrets/keys.yaml\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router.api_keys_file, "secrets/keys.yaml");  // as written
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  api_keys_file: \"\"\n"),
+              HasSubstr("router.api_keys_file: must not be empty"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  api_keys_file:\n"),
+              HasSubstr("router.api_keys_file: has no value"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  api_keys_file: [a]\n"),
+              HasSubstr("router.api_keys_file: expected a string"));
+}
+
 TEST(ClusterConfigTest, UnknownTopLevelKeyIsNamed) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "shutdown_grace: 3\n"),
               HasSubstr("unknown key 'shutdown_grace'"));

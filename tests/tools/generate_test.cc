@@ -2,6 +2,8 @@
 // --json summary folded from a GenerateResponse stream.
 #include "tools/generate.h"
 
+#include <stdlib.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -140,6 +142,16 @@ TEST(GenerateArgsTest, ChatSendsOneUserMessage) {
   EXPECT_EQ(plain.messages_size(), 0);
 }
 
+TEST(GenerateArgsTest, ApiKeyFromFlagOrEnvironment) {
+  unsetenv("TANDEM_API_KEY");
+  EXPECT_EQ(ParseGenerateArgs({"p"})->api_key, "");  // none: nothing sent
+  EXPECT_EQ(ParseGenerateArgs({"--api-key", "sk-1", "p"})->api_key, "sk-1");
+  setenv("TANDEM_API_KEY", "sk-env", 1);
+  EXPECT_EQ(ParseGenerateArgs({"p"})->api_key, "sk-env");
+  EXPECT_EQ(ParseGenerateArgs({"--api-key=sk-1", "p"})->api_key, "sk-1");  // the flag wins
+  unsetenv("TANDEM_API_KEY");
+}
+
 TEST(GenerateArgsTest, Errors) {
   struct Case {
     std::vector<std::string> args;
@@ -158,6 +170,7 @@ TEST(GenerateArgsTest, Errors) {
        "--top-k: must be in -2147483648..2147483647, got 9999999999"},
       {{"--timeout-ms", "-5", "p"}, "--timeout-ms: must be >= 0, got -5"},
       {{"--stream", "p"}, "unknown flag --stream"},
+      {{"--api-key", "", "p"}, "--api-key: must not be empty"},
       {{"--n", "two", "p"}, "--n: expected an integer, got 'two'"},
       {{"--n", "-1", "p"}, "--n: must be in 0..4294967295, got -1"},
       {{"--n", "1", "--n", "2", "p"}, "--n: given more than once"},

@@ -2,6 +2,8 @@
 // status rules of `tandem status`.
 #include "tools/status.h"
 
+#include <stdlib.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -75,6 +77,32 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
             R"("kv_layout_id":"","bit_exact_class":""})");
 }
 
+TEST(StatusFormatTest, ApiKeyUsageLineAndJson) {
+  tandem::v1::ClusterStatus s;
+  s.set_can_serve(true);
+  EXPECT_EQ(ClusterStatusToJson(s)["api_keys_required"], false);
+  EXPECT_EQ(ClusterStatusToJson(s)["api_keys"].dump(), "[]");
+  s.set_api_keys_required(true);
+  tandem::v1::ApiKeyUsage* u = s.add_api_keys();
+  u->set_name("alice");
+  u->set_requests(3);
+  u->set_refused(1);
+  u->set_prompt_tokens(30);
+  u->set_generated_tokens(48);
+  u->set_in_flight(1);
+  u->set_tokens_available(-5);
+  u->set_tokens_per_minute(120);
+  EXPECT_EQ(FormatApiKeyLine(*u),
+            "api_key alice requests=3 refused=1 prompt_tokens=30 generated_tokens=48 "
+            "in_flight=1 tokens_available=-5 tokens_per_minute=120 max_concurrent_requests=0");
+  const nlohmann::ordered_json j = ClusterStatusToJson(s);
+  EXPECT_EQ(j["api_keys_required"], true);
+  EXPECT_EQ(j["api_keys"].dump(),
+            R"([{"name":"alice","requests":3,"refused":1,"prompt_tokens":30,)"
+            R"("generated_tokens":48,"in_flight":1,"tokens_available":-5,)"
+            R"("tokens_per_minute":120,"max_concurrent_requests":0}])");
+}
+
 TEST(StatusExitCodeTest, Rules) {
   tandem::v1::ClusterStatus s;
   tandem::v1::WorkerStatus* w = s.add_workers();
@@ -115,7 +143,18 @@ TEST(StatusArgsTest, ParsesAndRejects) {
   EXPECT_TRUE(o->check_idle);
   EXPECT_TRUE(o->json);
   EXPECT_EQ(o->timeout_ms, 100);
+  unsetenv("TANDEM_API_KEY");
+  EXPECT_EQ(o->api_key, "");
+  o = ParseStatusArgs({"--api-key", "sk-1"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->api_key, "sk-1");
+  // $TANDEM_API_KEY when the flag is absent; the flag wins.
+  setenv("TANDEM_API_KEY", "sk-env", 1);
+  EXPECT_EQ(ParseStatusArgs({})->api_key, "sk-env");
+  EXPECT_EQ(ParseStatusArgs({"--api-key=sk-1"})->api_key, "sk-1");
+  unsetenv("TANDEM_API_KEY");
   EXPECT_EQ(ParseStatusArgs({"extra"}).status().message(), "unexpected argument 'extra'");
+  EXPECT_EQ(ParseStatusArgs({"--api-key", ""}).status().message(), "--api-key: must not be empty");
   EXPECT_EQ(ParseStatusArgs({"--timeout-ms", "0"}).status().message(),
             "--timeout-ms: must be > 0, got 0");
 }
