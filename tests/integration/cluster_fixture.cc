@@ -134,6 +134,7 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_inflight: ", o.max_inflight, "\n",
       "  max_queued: ", o.max_queued, "\n",
       "  drop_after_ms: ", o.drop_after_ms, "\n",
+      o.api_keys_file.empty() ? "" : absl::StrCat("  api_keys_file: ", o.api_keys_file, "\n"),
       WorkerEntries(o),
       "engine:\n"
       "  block_size: ", o.block_size, "\n",
@@ -319,6 +320,9 @@ absl::StatusOr<v1::ClusterStatus> LocalCluster::ClusterStatus(absl::Duration tim
   if (stub_ == nullptr) return absl::FailedPreconditionError("the cluster is stopped");
   grpc::ClientContext context;
   SetTimeout(context, timeout);
+  if (!options_.api_key.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options_.api_key);
+  }
   v1::ClusterStatus status;
   grpc::Status s = stub_->GetStatus(&context, v1::GetStatusRequest(), &status);
   if (!s.ok()) return FromGrpc(s);

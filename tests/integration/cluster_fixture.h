@@ -101,6 +101,11 @@ struct ClusterOptions {
   bool prefill_fault_fail_reply = false;
   // Passed to prefill-0 (only) as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
+  // router.api_keys_file (a path; empty: no keys, Generation open) and
+  // the key the fixture's own GetStatus calls send (ClusterStatus(), the
+  // start-up wait) as `authorization: Bearer <api_key>` (empty: none).
+  std::string api_keys_file;
+  std::string api_key;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
   // true: the children's stderr (their logs) goes to a file in the
@@ -162,7 +167,8 @@ class LocalCluster {
   // to it as the router does.
   v1::DecodeWorker::Stub& decode_stub() { return *decode_stub_; }
 
-  // Generation.GetStatus on the router with a deadline.
+  // Generation.GetStatus on the router with a deadline (and
+  // options.api_key, when set).
   absl::StatusOr<v1::ClusterStatus> ClusterStatus(
       absl::Duration timeout = absl::Seconds(5));
   // GetStatus straight from a worker (not through the router, whose call

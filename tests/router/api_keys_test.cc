@@ -288,6 +288,18 @@ TEST(ParseApiKeysTest, ErrorsNameTheEntryAndField) {
   }
 }
 
+TEST(ParseApiKeysTest, TheDeployExampleParses) {
+  absl::StatusOr<std::vector<ApiKeyEntry>> e =
+      LoadApiKeys(std::string(TANDEM_SOURCE_DIR) + "/deploy/api-keys.example.yaml");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->size(), 2u);
+  EXPECT_EQ((*e)[0].name, "team-a");
+  EXPECT_EQ((*e)[0].tokens_per_minute, 60000);
+  EXPECT_EQ((*e)[0].max_concurrent_requests, 8);
+  EXPECT_EQ((*e)[1].name, "batch-jobs");
+  EXPECT_EQ((*e)[1].max_concurrent_requests, 0);
+}
+
 TEST(ParseApiKeysTest, LoadNamesTheFile) {
   absl::StatusOr<std::vector<ApiKeyEntry>> e = LoadApiKeys("/nonexistent/keys.yaml");
   EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);

@@ -1,0 +1,285 @@
+// API keys and token quotas (issue #13, item 4) on a real cluster whose
+// router has router.api_keys_file with two keys: alice (tokens_per_minute
+// 120: 2 tokens a second, so a spent bucket refills within seconds) and
+// bob (no limits). Every Generation call needs `authorization: Bearer`;
+// the gRPC health service stays open; alice is served until her bucket is
+// spent, then refused with retry-after-ms while bob is served, then served
+// again once it refilled; GetStatus reports per key exactly the prompt and
+// generated tokens the client was sent.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <stdlib.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/generate_client.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// printf %s KEY | sha256sum
+constexpr char kAliceKey[] = "sk-test-alice";
+constexpr char kAliceSha[] = "4d692786b022a5d5a48381dcaf1e5e346366feb5579a1d699de2991d153b05f9";
+constexpr char kBobKey[] = "sk-test-bob";
+constexpr char kBobSha[] = "126fa001bf47b8fca67b958c7cdb3745b15c8eab28dd77b91a53305b5f90632f";
+constexpr int64_t kAliceTokensPerMinute = 120;
+constexpr char kPrompt[] = "Once upon a time";
+constexpr uint32_t kMaxTokens = 10;
+
+// One Generate call with `key` ("" = no metadata), read to its end.
+struct Call {
+  grpc::Status status;
+  uint32_t prompt_tokens = 0;
+  uint64_t generated = 0;        // tokens received, every sample
+  int64_t retry_after_ms = -1;   // the trailer; -1 when absent
+};
+
+Call Generate(LocalCluster& cluster, const std::string& key, const v1::GenerateRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  if (!key.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", key));
+  Call call;
+  auto reader = cluster.stub().Generate(&context, request);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    if (msg.prompt_tokens() != 0) call.prompt_tokens = msg.prompt_tokens();
+    call.generated += static_cast<uint64_t>(msg.tokens_size());
+  }
+  call.status = reader->Finish();
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+    int64_t ms = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &ms));
+    call.retry_after_ms = ms;
+  }
+  return call;
+}
+
+// Exactly kMaxTokens generated tokens (no early end of generation).
+v1::GenerateRequest Request(const std::string& prompt = kPrompt) {
+  v1::GenerateRequest r = MakeRequest(prompt, kMaxTokens);
+  r.set_ignore_eos(true);
+  return r;
+}
+
+// One key's usage from the router's GetStatus (sent with bob's key).
+v1::ApiKeyUsage Usage(LocalCluster& cluster, const std::string& name) {
+  absl::StatusOr<v1::ClusterStatus> s = cluster.ClusterStatus();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return {};
+  EXPECT_TRUE(s->api_keys_required());
+  for (const v1::ApiKeyUsage& u : s->api_keys()) {
+    if (u.name() == name) return u;
+  }
+  ADD_FAILURE() << "no usage for key " << name;
+  return {};
+}
+
+class ApiKeysTest : public OwnClusterTest {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
+    const std::string keys = dir_ + "/keys.yaml";
+    ASSERT_TRUE(WriteFile(keys, absl::StrCat("keys:\n"
+                                             "  - name: alice\n"
+                                             "    sha256: ", kAliceSha, "\n",
+                                             "    tokens_per_minute: ", kAliceTokensPerMinute, "\n",
+                                             "  - name: bob\n"
+                                             "    sha256: ", kBobSha, "\n")));
+    ClusterOptions o;
+    o.api_keys_file = keys;
+    o.api_key = kBobKey;
+    ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  }
+  std::string dir_;
+};
+
+TEST_F(ApiKeysTest, MissingOrInvalidKeyIsUnauthenticatedHealthStaysOpen) {
+  const std::string missing = "missing API key (authorization: Bearer ...)";
+  Call none = Generate(cluster(), "", Request());
+  EXPECT_EQ(none.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(none.status.error_message(), missing);
+  Call wrong = Generate(cluster(), "sk-test-carol", Request());
+  EXPECT_EQ(wrong.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(wrong.status.error_message(), "invalid API key");
+
+  // The unary methods too.
+  {
+    grpc::ClientContext context;
+    v1::TokenizeRequest request;
+    request.set_text(kPrompt);
+    v1::TokenizeResponse response;
+    grpc::Status s = cluster().stub().Tokenize(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(), missing);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer sk-test-carol");
+    v1::GetModelInfoResponse response;
+    grpc::Status s = cluster().stub().GetModelInfo(&context, {}, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(), "invalid API key");
+  }
+  {
+    grpc::ClientContext context;
+    v1::ClusterStatus response;
+    grpc::Status s = cluster().stub().GetStatus(&context, {}, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kAliceKey));
+    v1::GetModelInfoResponse response;
+    grpc::Status s = cluster().stub().GetModelInfo(&context, {}, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+
+  // grpc.health.v1.Health/Check needs no key: SERVING (status = 1, the
+  // message's bytes 08 01).
+  auto channel = grpc::CreateChannel(cluster().router_address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request;  // HealthCheckRequest{} serializes to no bytes
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::Status health;
+  absl::Notification done;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      health = s;
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  ASSERT_TRUE(health.ok()) << health.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+
+  // Nothing was charged or counted for the refused calls.
+  const v1::ApiKeyUsage alice = Usage(cluster(), "alice");
+  EXPECT_EQ(alice.requests(), 0u);
+  EXPECT_EQ(alice.refused(), 0u);
+  EXPECT_EQ(alice.tokens_available(), kAliceTokensPerMinute);
+}
+
+TEST_F(ApiKeysTest, SpentKeyRefusedWithRetryAfterOtherKeyServedThenRefilled) {
+  uint64_t served = 0, refused = 0, prompt_tokens = 0, generated = 0;
+  // Alice's bucket (120) runs out after a few requests of ~5 + 10 tokens.
+  Call last;
+  for (int i = 0; i < 40; ++i) {
+    last = Generate(cluster(), kAliceKey, Request());
+    if (!last.status.ok()) break;
+    ++served;
+    prompt_tokens += last.prompt_tokens;
+    generated += last.generated;
+    EXPECT_EQ(last.generated, kMaxTokens);
+  }
+  ASSERT_EQ(last.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << last.status.error_message();
+  ++refused;
+  EXPECT_GE(served, 3u);
+  EXPECT_THAT(last.status.error_message(), HasSubstr("API key 'alice': "));
+  EXPECT_THAT(last.status.error_message(), HasSubstr("(tokens_per_minute 120)"));
+  // The wait for at most the whole prompt at 2 tokens a second.
+  const uint32_t prompt_len = static_cast<uint32_t>(prompt_tokens / served);
+  EXPECT_GT(last.retry_after_ms, 0);
+  EXPECT_LE(last.retry_after_ms, int64_t{prompt_len} * 500);
+
+  // Bob is served meanwhile.
+  Call bob = Generate(cluster(), kBobKey, Request());
+  ASSERT_TRUE(bob.status.ok()) << bob.status.error_message();
+  EXPECT_EQ(bob.generated, kMaxTokens);
+
+  // Alice again once the bucket refilled (about retry_after_ms later).
+  Call again;
+  ASSERT_TRUE(PollUntil(
+      absl::Seconds(20),
+      [&] {
+        again = Generate(cluster(), kAliceKey, Request());
+        if (again.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
+        return again.status.ok();
+      },
+      absl::Milliseconds(100)))
+      << again.status.error_message();
+  ++served;
+  prompt_tokens += again.prompt_tokens;
+  generated += again.generated;
+
+  // Usage per key: exactly what the clients were sent.
+  v1::ApiKeyUsage alice;
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    alice = Usage(cluster(), "alice");
+    return alice.in_flight() == 0;
+  }));
+  EXPECT_EQ(alice.requests(), served);
+  EXPECT_EQ(alice.refused(), refused);
+  EXPECT_EQ(alice.prompt_tokens(), prompt_tokens);
+  EXPECT_EQ(alice.generated_tokens(), generated);
+  EXPECT_EQ(alice.tokens_per_minute(), 120u);
+  EXPECT_EQ(alice.max_concurrent_requests(), 0u);
+  EXPECT_LT(alice.tokens_available(), int64_t{prompt_len} + kMaxTokens);
+  const v1::ApiKeyUsage b = Usage(cluster(), "bob");
+  EXPECT_EQ(b.requests(), 1u);
+  EXPECT_EQ(b.refused(), 0u);
+  EXPECT_EQ(b.prompt_tokens(), bob.prompt_tokens);
+  EXPECT_EQ(b.generated_tokens(), kMaxTokens);
+  EXPECT_EQ(b.tokens_available(), 0);  // unlimited: no bucket
+}
+
+TEST_F(ApiKeysTest, PromptOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
+  std::string long_prompt;
+  for (int i = 0; i < 150; ++i) absl::StrAppend(&long_prompt, i ? " " : "", "a");
+  Call big = Generate(cluster(), kAliceKey, Request(long_prompt));
+  ASSERT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(big.status.error_message(),
+              HasSubstr("tokens exceed its tokens_per_minute of 120; this request can never be "
+                        "admitted"));
+  EXPECT_EQ(big.retry_after_ms, -1);  // no point retrying
+  EXPECT_EQ(Usage(cluster(), "alice").tokens_available(), kAliceTokensPerMinute);
+
+  // tandem generate / status with --api-key, and without.
+  const std::string router = cluster().router_address();
+  unsetenv("TANDEM_API_KEY");
+  ProcessResult no_key = RunProcess(
+      {BinaryPath("tandem"), "generate", "--router", router, "--max-tokens", "4", kPrompt},
+      absl::Seconds(30));
+  EXPECT_EQ(no_key.exit_code, 1) << no_key.Describe();
+  EXPECT_EQ(no_key.err,
+            "tandem: UNAUTHENTICATED: missing API key (authorization: Bearer ...)\n");
+  ProcessResult gen = RunProcess({BinaryPath("tandem"), "generate", "--router", router,
+                                  "--api-key", kBobKey, "--max-tokens", "4", "--ignore-eos",
+                                  "--json", kPrompt},
+                                 absl::Seconds(30));
+  ASSERT_EQ(gen.exit_code, 0) << gen.Describe();
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] { return Usage(cluster(), "bob").in_flight() == 0; }));
+  setenv("TANDEM_API_KEY", kBobKey, 1);
+  ProcessResult status = RunProcess({BinaryPath("tandem"), "status", "--router", router},
+                                    absl::Seconds(30));
+  unsetenv("TANDEM_API_KEY");
+  ASSERT_EQ(status.exit_code, 0) << status.Describe();
+  EXPECT_THAT(status.out, HasSubstr("\napi_key alice requests=0 refused=1 prompt_tokens=0 "
+                                    "generated_tokens=0 in_flight=0 tokens_available=120 "
+                                    "tokens_per_minute=120 max_concurrent_requests=0\n"));
+  EXPECT_THAT(status.out, HasSubstr("\napi_key bob requests=1 refused=0 "));
+  EXPECT_THAT(status.out, HasSubstr(" generated_tokens=4 in_flight=0 tokens_available=0 "
+                                    "tokens_per_minute=0 max_concurrent_requests=0\n"));
+}
+
+}  // namespace
+}  // namespace tandem::testing
