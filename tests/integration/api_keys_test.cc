@@ -8,10 +8,12 @@
 // generated tokens the client was sent.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -44,9 +46,10 @@ struct Call {
   int64_t retry_after_ms = -1;   // the trailer; -1 when absent
 };
 
-Call Generate(LocalCluster& cluster, const std::string& key, const v1::GenerateRequest& request) {
+Call Generate(LocalCluster& cluster, const std::string& key, const v1::GenerateRequest& request,
+              absl::Duration timeout = absl::Seconds(30)) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!key.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", key));
   Call call;
   auto reader = cluster.stub().Generate(&context, request);
@@ -279,6 +282,103 @@ TEST_F(ApiKeysTest, PromptOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
   EXPECT_THAT(status.out, HasSubstr("\napi_key bob requests=1 refused=0 "));
   EXPECT_THAT(status.out, HasSubstr(" generated_tokens=4 in_flight=0 tokens_available=0 "
                                     "tokens_per_minute=0 max_concurrent_requests=0\n"));
+}
+
+// The key's limits come before the router's admission (router.max_inflight
+// 1, router.max_queued 1, the decode worker stopped so the first request
+// holds the only slot): a request refused by its key takes no queue place;
+// one the router refuses, or drops from its queue, is refunded in full and
+// not counted; an invalid request costs nothing.
+TEST(ApiKeysAdmissionTest, KeyRefusalHoldsNoSlotRouterRefusalRefunds) {
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string keys = dir + "/keys.yaml";
+  // bob: 60 tokens a minute, so a missing refund shows for a minute.
+  ASSERT_TRUE(WriteFile(keys, absl::StrCat("keys:\n"
+                                           "  - name: alice\n"
+                                           "    sha256: ", kAliceSha, "\n",
+                                           "    max_concurrent_requests: 1\n"
+                                           "  - name: bob\n"
+                                           "    sha256: ", kBobSha, "\n",
+                                           "    tokens_per_minute: 60\n")));
+  ClusterOptions o;
+  o.api_keys_file = keys;
+  o.api_key = kBobKey;
+  o.max_inflight = 1;
+  o.max_queued = 1;
+  // As admission_test: no health poll while the decode worker is stopped.
+  o.poll_interval_ms = 600000;
+  o.rpc_timeout_ms = 300;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+
+  // Invalid: INVALID_ARGUMENT, nothing charged or counted.
+  v1::GenerateRequest invalid = Request();
+  invalid.set_max_tokens(0);
+  Call bad = Generate(cluster, kBobKey, invalid);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ApiKeyUsage bob = Usage(cluster, "bob");
+  EXPECT_EQ(bob.tokens_available(), 60);
+  EXPECT_EQ(bob.refused(), 0u);
+  EXPECT_EQ(bob.in_flight(), 0u);
+
+  ASSERT_EQ(kill(cluster.decode_pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitStopped(cluster.decode_pid(), absl::Seconds(5)));
+  auto router_counts = [&] {
+    absl::StatusOr<v1::ClusterStatus> s = cluster.ClusterStatus();
+    if (!s.ok()) return std::make_pair(-1, -1);
+    return std::make_pair(static_cast<int>(s->router().running_requests()),
+                          static_cast<int>(s->router().queued_requests()));
+  };
+  Call a1;
+  std::thread first([&] { a1 = Generate(cluster, kAliceKey, Request()); });
+  EXPECT_TRUE(PollUntil(absl::Seconds(20), [&] { return router_counts() == std::make_pair(1, 0); }));
+
+  // Alice's second request: refused by her key, not queued.
+  Call a2 = Generate(cluster, kAliceKey, Request());
+  EXPECT_EQ(a2.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(a2.status.error_message(),
+            "API key 'alice': 1 requests in flight (max_concurrent_requests 1)");
+  EXPECT_EQ(a2.retry_after_ms, 10000);  // none of her requests has ended yet
+  EXPECT_EQ(router_counts(), std::make_pair(1, 0));
+
+  // Bob's first request takes the queue place (deadline 1.5 s) ...
+  Call b1;
+  std::thread queued([&] { b1 = Generate(cluster, kBobKey, Request(), absl::Milliseconds(1500)); });
+  EXPECT_TRUE(PollUntil(absl::Seconds(20), [&] { return router_counts() == std::make_pair(1, 1); }));
+  // ... his second is refused by the router, refunded, not counted.
+  Call b2 = Generate(cluster, kBobKey, Request());
+  EXPECT_EQ(b2.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(b2.status.error_message(), HasSubstr("router at capacity"));
+  bob = Usage(cluster, "bob");
+  EXPECT_EQ(bob.in_flight(), 1u);  // b1, queued
+  EXPECT_EQ(bob.refused(), 0u);
+  queued.join();
+  EXPECT_EQ(b1.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // b1 left the queue without running: refunded too, so the bucket is
+  // full again (without the refunds it would be two prompts short).
+  EXPECT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    bob = Usage(cluster, "bob");
+    return bob.in_flight() == 0;
+  }));
+  EXPECT_EQ(bob.tokens_available(), 60);
+  EXPECT_EQ(bob.requests(), 0u);
+  EXPECT_EQ(bob.prompt_tokens(), 0u);
+
+  ASSERT_EQ(kill(cluster.decode_pid(), SIGCONT), 0);
+  first.join();
+  ASSERT_TRUE(a1.status.ok()) << a1.status.error_message();
+  v1::ApiKeyUsage alice;
+  EXPECT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    alice = Usage(cluster, "alice");
+    return alice.in_flight() == 0;
+  }));
+  EXPECT_EQ(alice.requests(), 1u);
+  EXPECT_EQ(alice.refused(), 1u);
+  EXPECT_EQ(alice.prompt_tokens(), a1.prompt_tokens);
+  EXPECT_EQ(alice.generated_tokens(), a1.generated);
+  EXPECT_EQ(a1.generated, kMaxTokens);
 }
 
 }  // namespace
