@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
+#include "tests/integration/up_fixture.h"
 
 namespace tandem::testing {
 namespace {
@@ -379,6 +380,77 @@ TEST(ApiKeysAdmissionTest, KeyRefusalHoldsNoSlotRouterRefusalRefunds) {
   EXPECT_EQ(alice.prompt_tokens(), a1.prompt_tokens);
   EXPECT_EQ(alice.generated_tokens(), a1.generated);
   EXPECT_EQ(a1.generated, kMaxTokens);
+}
+
+// Every emitted token is charged once, over n samples and when a stop
+// string ends a sample mid-message (tokens after the match never reach the
+// client and are not charged).
+TEST_F(ApiKeysTest, EveryEmittedTokenOfEverySampleIsCharged) {
+  v1::GenerateRequest three = Request();
+  three.set_n(3);
+  three.mutable_sampling()->set_temperature(0.8f);
+  three.mutable_sampling()->set_seed(5);
+  three.mutable_sampling()->set_has_seed(true);
+  Call samples = Generate(cluster(), kBobKey, three);
+  ASSERT_TRUE(samples.status.ok()) << samples.status.error_message();
+  EXPECT_EQ(samples.generated, 3 * kMaxTokens);
+
+  // A stop string from the middle of the greedy text.
+  StreamResult greedy = RunGenerate(cluster().stub(), Request());  // no key: refused
+  EXPECT_EQ(greedy.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", absl::StrCat("Bearer ", kBobKey));
+  v1::GenerateRequest plain = Request();
+  plain.set_max_tokens(20);
+  auto reader = cluster().stub().Generate(&context, plain);
+  std::string text;
+  uint64_t plain_tokens = 0;
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    text += msg.text();
+    plain_tokens += static_cast<uint64_t>(msg.tokens_size());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_GE(text.size(), 12u) << text;
+  v1::GenerateRequest stopped = plain;
+  stopped.add_stop(text.substr(text.size() / 2, 3));
+  Call stop = Generate(cluster(), kBobKey, stopped);
+  ASSERT_TRUE(stop.status.ok()) << stop.status.error_message();
+  EXPECT_LT(stop.generated, 20u) << "the stop string '" << stopped.stop(0) << "' never matched";
+
+  v1::ApiKeyUsage bob;
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    bob = Usage(cluster(), "bob");
+    return bob.in_flight() == 0;
+  }));
+  EXPECT_EQ(bob.requests(), 3u);
+  EXPECT_EQ(bob.generated_tokens(), samples.generated + plain_tokens + stop.generated);
+  EXPECT_EQ(bob.prompt_tokens(), 3u * samples.prompt_tokens);
+}
+
+// `tandem up` polls GetStatus with $TANDEM_API_KEY: without it a router
+// with keys never gets ready, which ends start-up at once naming the
+// variable; with it the cluster comes up.
+TEST(ApiKeysUpTest, TandemUpSendsTheEnvironmentsKey) {
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string keys = dir + "/keys.yaml";
+  ASSERT_TRUE(WriteFile(keys, absl::StrCat("keys:\n  - name: bob\n    sha256: ", kBobSha, "\n")));
+  UpClusterOptions o;
+  o.prefill_workers = 0;
+  o.decode_workers = 1;
+  o.cluster.api_keys_file = keys;
+  unsetenv("TANDEM_API_KEY");
+  absl::StatusOr<std::unique_ptr<UpCluster>> refused = UpCluster::Start(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("tandem: UNAUTHENTICATED: missing API key (authorization: Bearer ...) "
+                        "(the router requires an API key: set $TANDEM_API_KEY to one of "
+                        "router.api_keys_file's keys)"));
+  setenv("TANDEM_API_KEY", kBobKey, 1);
+  absl::StatusOr<std::unique_ptr<UpCluster>> up = UpCluster::Start(o);
+  unsetenv("TANDEM_API_KEY");
+  ASSERT_TRUE(up.ok()) << up.status();
 }
 
 }  // namespace
