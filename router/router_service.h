@@ -86,12 +86,17 @@ class RouterService final : public GenerationBase {
   // stop_token_ids).
   absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
 
+  // Every method below first checks the API key when keys are configured
+  // (Authenticate: UNAUTHENTICATED before the request is even parsed).
   // Generate and Tokenize: a request whose text is not UTF-8 gets
   // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
   // bodies below. A valid Generate runs when admitted: at once, after
   // waiting in the FIFO (its deadline passing there: DEADLINE_EXCEEDED;
   // the client cancelling: CANCELLED), or refused with RESOURCE_EXHAUSTED
-  // "router at capacity: ..." and trailing metadata retry-after-ms.
+  // "router at capacity: ..." and trailing metadata retry-after-ms. With
+  // keys, the key's limits come first (ApiKeys::Admit: RESOURCE_EXHAUSTED
+  // "API key '<name>': ..." with retry-after-ms, none for a prompt over
+  // tokens_per_minute).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
@@ -103,7 +108,8 @@ class RouterService final : public GenerationBase {
   // The router's own status plus a fresh GetStatus of every worker
   // (WorkerRegistry::StatusAllAsync: asynchronous, rpc_timeout_ms each; the
   // call finishes on the last answer, no thread waits). can_serve and
-  // router.ready: >= 1 healthy decode worker.
+  // router.ready: >= 1 healthy decode worker. api_keys_required, and with
+  // keys each key's usage on this replica (ApiKeys::Snapshot).
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::ClusterStatus* response) override;
