@@ -78,7 +78,7 @@ absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_por
 // docs/architecture.md "Choosing workers: the routing score").
 enum class RouterPolicy {
   kKvAware,     // highest score from cached prefix, free KV blocks, load
-  kLeastLoaded,  // fewest running + waiting + router in-flight requests
+  kLeastLoaded,  // least load: running + waiting + router in-flight requests
   kRoundRobin,  // each routable worker of the role in turn
 };
 
@@ -89,8 +89,9 @@ struct KvAwareWeights {
   double prefix_weight = 1.0;
   // x (free KV blocks / total KV blocks); D.
   double free_blocks_weight = 0.25;
-  // x (running + waiting + router in-flight requests) / engine.max_num_seqs,
-  // subtracted; D (P: router in-flight requests only).
+  // x load / engine.max_num_seqs (running + waiting + router in-flight
+  // requests, router/routing_policy.h), subtracted; D (P: router in-flight
+  // requests only).
   double load_weight = 1.0;
   // x (queued prefill tokens / engine.max_num_batched_tokens), subtracted; P.
   double prefill_queue_weight = 1.0;

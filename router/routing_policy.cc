@@ -17,6 +17,11 @@ std::string LoadText(const Candidate& c) {
 
 }  // namespace
 
+int64_t CandidateLoad(const Candidate& c) {
+  return std::max<int64_t>(0, int64_t{c.running} + c.waiting - c.in_flight_at_poll) +
+         c.in_flight;
+}
+
 Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
                       const RoutingOptions& options) {
   Scored out;
@@ -25,7 +30,7 @@ Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
       out.explanation = "round_robin";
       return out;
     case RouterPolicy::kLeastLoaded:
-      out.score = -static_cast<double>(int64_t{c.running} + c.waiting + c.in_flight);
+      out.score = -static_cast<double>(CandidateLoad(c));
       out.explanation = absl::StrCat("least_loaded: ", LoadText(c));
       return out;
     case RouterPolicy::kKvAware:
@@ -42,7 +47,7 @@ Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
     const uint32_t free_blocks = c.kv_blocks_total - in_use;
     const double free_fraction =
         c.kv_blocks_total == 0 ? 1.0 : Fraction(free_blocks, c.kv_blocks_total);
-    const double load = static_cast<double>(int64_t{c.running} + c.waiting + c.in_flight);
+    const double load = static_cast<double>(CandidateLoad(c));
     out.score += w.free_blocks_weight * free_fraction -
                  w.load_weight * Fraction(load, std::max(options.max_num_seqs, 1));
     const std::string blocks_text =

@@ -11,11 +11,14 @@
 // weights router.kv_aware.* compare like with like):
 //   decode  = prefix_weight      x cached_prefix_tokens / prompt_tokens
 //           + free_blocks_weight x free_blocks / total_blocks
-//           - load_weight        x (running + waiting + in_flight) / max_num_seqs
+//           - load_weight        x load / max_num_seqs
+// where load = max(0, running + waiting - in_flight_at_poll) + in_flight:
+// the polled load less this router's requests it included, plus this
+// router's requests now (fresh between polls, never counted twice).
 //   prefill = prefix_weight        x cached_prefix_tokens / prompt_tokens
 //           - prefill_queue_weight x queued_prefill_tokens / max_num_batched_tokens
 //           - load_weight          x in_flight / max_num_seqs
-// least_loaded: score = -(running + waiting + in_flight).
+// least_loaded: score = -load.
 // round_robin: every candidate scores 0.
 // Candidates whose scores are equal (within kScoreEpsilon) are taken in
 // turn: the cursor advances on every choice.
@@ -46,7 +49,14 @@ struct Candidate {
   uint64_t queued_prefill_tokens = 0;
   // Requests this router sent it that have not finished (fresh, not polled).
   int64_t in_flight = 0;
+  // in_flight when the last poll's reply arrived: the part of running +
+  // waiting that is this router's own requests.
+  int64_t in_flight_at_poll = 0;
 };
+
+// The candidate's load in sequences: max(0, running + waiting -
+// in_flight_at_poll) + in_flight.
+int64_t CandidateLoad(const Candidate& candidate);
 
 // The policy and the normalisers of its terms.
 struct RoutingOptions {

@@ -101,6 +101,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       entry.draining = false;
       entry.missed_polls = 0;
       entry.status.Clear();  // another process: its old load says nothing
+      entry.in_flight_at_poll = 0;
     }
     // A heartbeat of a known worker at the same address changes nothing:
     // only a poll that reaches it makes an unhealthy worker healthy again
@@ -154,6 +155,7 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
       c.running = st.running_requests() - std::min(st.waiting_requests(), st.running_requests());
       c.queued_prefill_tokens = st.queued_prefill_tokens();
       c.in_flight = entry.handle->active_requests.load();
+      c.in_flight_at_poll = entry.in_flight_at_poll;
       handles.push_back(entry.handle);
       candidates.push_back(std::move(c));
     }
@@ -313,6 +315,7 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
       }
       e.draining = !call->reply.ready();
       e.status = call->reply;  // Pick's load and KV inputs
+      e.in_flight_at_poll = h->active_requests.load();
     } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
       e.healthy = false;
       e.unhealthy_since = absl::Now();

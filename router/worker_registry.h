@@ -173,6 +173,9 @@ class WorkerRegistry {
     // The last successful poll's reply (load and KV blocks for Pick);
     // empty until the first one.
     v1::WorkerStatus status;
+    // The handle's active_requests when that reply arrived (this router's
+    // requests the status counts).
+    int in_flight_at_poll = 0;
     // Takes new requests.
     bool Routable() const { return healthy && !draining; }
   };

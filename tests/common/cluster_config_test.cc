@@ -50,6 +50,8 @@ TEST(ClusterConfigTest, ParsesLocalConfig) {
   EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
   EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
   EXPECT_EQ(c->kv.handshake_timeout_ms, 5000);
+  EXPECT_EQ(c->router.policy, RouterPolicy::kKvAware);
+  EXPECT_EQ(c->router.kv_aware.free_blocks_weight, 0.25);
   EXPECT_EQ(c->FindWorker("decode-0"), &c->decode_workers[0]);
   EXPECT_EQ(c->FindWorker("prefill-0"), &c->prefill_workers[0]);
   EXPECT_EQ(c->FindWorker("router"), nullptr);

@@ -85,6 +85,28 @@ TEST(RoutingPolicyTest, EachDecodeInputMovesTheScoreByItsTerm) {
   EXPECT_EQ(ScoreCandidate(c, true, 200, weighted).score, 2 * 0.5 - 0.5 * 1.0);
 }
 
+// The polled running + waiting less this router's requests counted in it,
+// plus this router's requests now.
+TEST(RoutingPolicyTest, LoadCountsThisRoutersRequestsOnce) {
+  Candidate c = Idle("d");
+  c.running = 3;
+  c.waiting = 1;
+  c.in_flight_at_poll = 2;  // two of the four polled were ours
+  c.in_flight = 1;          // one of them has finished since
+  EXPECT_EQ(CandidateLoad(c), 3);
+  EXPECT_EQ(ScoreCandidate(c, true, 200, KvAware()).score, 0.25 - 3.0 / 64);
+  c.in_flight_at_poll = 6;  // more than polled (the poll raced a start)
+  EXPECT_EQ(CandidateLoad(c), 1);
+  RoutingOptions least;
+  least.policy = RouterPolicy::kLeastLoaded;
+  EXPECT_EQ(ScoreCandidate(c, true, 200, least).score, -1.0);
+  // A poll that saw our one request, which has ended since: idle again.
+  Candidate ended = Idle("e");
+  ended.running = 1;
+  ended.in_flight_at_poll = 1;
+  EXPECT_EQ(CandidateLoad(ended), 0);
+}
+
 TEST(RoutingPolicyTest, DecodeEdgeCases) {
   const RoutingOptions o = KvAware();
   Candidate c;  // never polled: free blocks count as all free

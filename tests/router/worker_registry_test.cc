@@ -503,7 +503,9 @@ TEST(WorkerRegistryTest, StatusAllAsyncAnswersWithinTheDeadlineWithAFrozenWorker
   o.rpc_timeout_ms = 200;
   FakeWorker frozen, live;
   frozen.Freeze();
-  live.SetRunning(3);
+  v1::WorkerStatus load;
+  load.set_running_requests(3);
+  live.SetLoad(load);
   WorkerRegistry registry(o, HealthTo(&rec));
   ASSERT_TRUE(registry.Register(Registration("a", v1::ROLE_PREFILL, frozen.address())).ok());
   ASSERT_TRUE(registry.Register(Registration("b", v1::ROLE_DECODE, live.address())).ok());
