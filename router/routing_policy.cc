@@ -61,8 +61,9 @@ Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
                               std::max(options.max_num_batched_tokens, 1)) +
                  w.load_weight * Fraction(static_cast<double>(c.in_flight),
                                           std::max(options.max_num_seqs, 1));
-    out.explanation = absl::StrFormat("kv_aware score %.2f: %s, %d queued prefill tokens, %d in flight",
-                                      out.score, cached_text, c.queued_prefill_tokens, c.in_flight);
+    out.explanation =
+        absl::StrFormat("kv_aware score %.2f: %s, %d queued prefill tokens, %d in flight",
+                        out.score, cached_text, c.queued_prefill_tokens, c.in_flight);
   }
   return out;
 }
