@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +108,18 @@ absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_por
     return HostPort{listen.host, bound_port};
   }
   return HostPort{advertise.host, advertise.port != 0 ? advertise.port : bound_port};
+}
+
+const char* RouterPolicyName(RouterPolicy policy) {
+  switch (policy) {
+    case RouterPolicy::kKvAware:
+      return "kv_aware";
+    case RouterPolicy::kLeastLoaded:
+      return "least_loaded";
+    case RouterPolicy::kRoundRobin:
+      return "round_robin";
+  }
+  return "unknown";
 }
 
 const WorkerConfig* ClusterConfig::FindWorker(const std::string& name) const {
@@ -240,13 +253,76 @@ absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const st
   return absl::OkStatus();
 }
 
+// Reads map[key], when present, into *out: a finite number >= 0.
+absl::Status ReadWeight(const YAML::Node& map, const std::string& path, absl::string_view key,
+                        double* out) {
+  const YAML::Node node = map[std::string(key)];
+  if (!node.IsDefined()) return absl::OkStatus();
+  const std::string field = KeyPath(path, key);
+  if (node.IsNull()) return Invalid(field, kNoValue, node);
+  double value = 0;
+  if (!node.IsScalar() || !absl::SimpleAtod(node.Scalar(), &value) || !std::isfinite(value)) {
+    return Invalid(field, absl::StrCat("expected a number, got '",
+                                       node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
+                   node);
+  }
+  if (value < 0) return Invalid(field, absl::StrCat("must be >= 0, got ", node.Scalar()), node);
+  *out = value;
+  return absl::OkStatus();
+}
+
+// router.policy and router.kv_aware.
+absl::Status ParseRoutingPolicy(const YAML::Node& node, RouterConfig* r) {
+  const std::string path = "router";
+  if (node["policy"].IsDefined()) {
+    std::string policy;
+    if (absl::Status s = ReadString(node, "policy", path, &policy); !s.ok()) return s;
+    if (policy == "kv_aware") {
+      r->policy = RouterPolicy::kKvAware;
+    } else if (policy == "least_loaded") {
+      r->policy = RouterPolicy::kLeastLoaded;
+    } else if (policy == "round_robin") {
+      r->policy = RouterPolicy::kRoundRobin;
+    } else {
+      return Invalid("router.policy",
+                     absl::StrCat("must be one of kv_aware, least_loaded, round_robin; got '",
+                                  policy, "'"),
+                     node["policy"]);
+    }
+  }
+  const YAML::Node weights = node["kv_aware"];
+  if (!weights.IsDefined()) return absl::OkStatus();
+  if (r->policy != RouterPolicy::kKvAware) {
+    return Invalid("router.kv_aware",
+                   absl::StrCat("weights of router.policy kv_aware, but router.policy is ",
+                                RouterPolicyName(r->policy)),
+                   weights);
+  }
+  const std::string wpath = "router.kv_aware";
+  if (absl::Status s = CheckKeys(weights, wpath,
+                                 {"prefix_weight", "free_blocks_weight", "load_weight",
+                                  "prefill_queue_weight"});
+      !s.ok()) {
+    return s;
+  }
+  KvAwareWeights& w = r->kv_aware;
+  for (const auto& [key, out] : {std::pair<absl::string_view, double*>{"prefix_weight",
+                                                                       &w.prefix_weight},
+                                 {"free_blocks_weight", &w.free_blocks_weight},
+                                 {"load_weight", &w.load_weight},
+                                 {"prefill_queue_weight", &w.prefill_queue_weight}}) {
+    if (absl::Status s = ReadWeight(weights, wpath, key, out); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   const std::string path = "router";
   if (absl::Status s = CheckKeys(node, path,
                                  {"name", "listen", "advertise", "poll_interval_ms",
                                   "unhealthy_after_missed_polls", "rpc_timeout_ms",
                                   "max_inflight", "max_queued", "max_migrations",
-                                  "drop_after_ms", "api_keys_file"});
+                                  "drop_after_ms", "api_keys_file", "policy", "kv_aware"});
       !s.ok()) {
     return s;
   }
@@ -261,6 +337,7 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
     return Invalid("router.api_keys_file", "must not be empty (remove the key for no API keys)",
                    node["api_keys_file"]);
   }
+  if (absl::Status s = ParseRoutingPolicy(node, r); !s.ok()) return s;
   return ReadInts(node, path,
                   {{"poll_interval_ms", &r->poll_interval_ms, 1},
                    {"unhealthy_after_missed_polls", &r->unhealthy_after_missed_polls, 1},

@@ -9,7 +9,10 @@
 //   router: {name, listen: "host:port", advertise: "host[:port]",
 //            poll_interval_ms: 500, unhealthy_after_missed_polls: 3,
 //            rpc_timeout_ms: 2000, max_inflight: 512, max_queued: 512,
-//            max_migrations: 1, drop_after_ms: 30000, api_keys_file: PATH}
+//            max_migrations: 1, drop_after_ms: 30000, api_keys_file: PATH,
+//            policy: kv_aware,   # kv_aware | least_loaded | round_robin
+//            kv_aware: {prefix_weight: 1.0, free_blocks_weight: 0.25,
+//                       load_weight: 1.0, prefill_queue_weight: 1.0}}
 //   prefill_workers: [{name, listen, advertise}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
@@ -71,6 +74,29 @@ absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_por
                                            const std::string& listen_key,
                                            const std::string& advertise_key);
 
+// How the router picks a worker for a request (router/routing_policy.h,
+// docs/architecture.md "Choosing workers: the routing score").
+enum class RouterPolicy {
+  kKvAware,     // highest score from cached prefix, free KV blocks, load
+  kLeastLoaded,  // least load: running + waiting + router in-flight requests
+  kRoundRobin,  // each routable worker of the role in turn
+};
+
+// The weights of router.policy kv_aware (router.kv_aware.*): each a finite
+// number >= 0; each term they multiply is normalised to about [0, 1].
+struct KvAwareWeights {
+  // x (cached prefix tokens of the prompt / prompt tokens); D and P.
+  double prefix_weight = 1.0;
+  // x (free KV blocks / total KV blocks); D.
+  double free_blocks_weight = 0.25;
+  // x load / engine.max_num_seqs (running + waiting + router in-flight
+  // requests, router/routing_policy.h), subtracted; D (P: router in-flight
+  // requests only).
+  double load_weight = 1.0;
+  // x (queued prefill tokens / engine.max_num_batched_tokens), subtracted; P.
+  double prefill_queue_weight = 1.0;
+};
+
 struct RouterConfig {
   std::string name = "router";
   HostPort listen{"127.0.0.1", 50051};
@@ -93,7 +119,13 @@ struct RouterConfig {
   // Empty (default): Generation is open, no key required. Read by the
   // router only, at start (an unreadable or invalid file stops it).
   std::string api_keys_file;
+  RouterPolicy policy = RouterPolicy::kKvAware;  // router.policy
+  // router.kv_aware; setting it under another policy is an error.
+  KvAwareWeights kv_aware;
 };
+
+// "kv_aware", "least_loaded" or "round_robin" (as router.policy spells it).
+const char* RouterPolicyName(RouterPolicy policy);
 
 struct WorkerConfig {
   std::string name;

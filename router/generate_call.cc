@@ -151,14 +151,15 @@ void GenerateCall::Start(std::function<void()> on_done) {
   {
     absl::MutexLock lock(&mu_);
     on_done_ = std::move(on_done);
-    std::shared_ptr<WorkerHandle> decode = registry_->Pick(v1::ROLE_DECODE);
+    std::shared_ptr<WorkerHandle> decode =
+        cancelled_ ? nullptr : PickWorker(v1::ROLE_DECODE, {});
     if (cancelled_) {
       decode_ended_ = true;
     } else if (decode == nullptr) {
       decode_ended_ = true;
       decode_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy decode worker");
     } else if (params_.request.route_override() == v1::ROUTE_REMOTE &&
-               registry_->Pick(v1::ROLE_PREFILL) == nullptr) {
+               !registry_->HasRoutable(v1::ROLE_PREFILL)) {
       decode_ended_ = true;
       decode_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                     "route_override REMOTE: no healthy prefill worker");
@@ -218,7 +219,7 @@ void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
   *dreq.mutable_sampling() = params_.request.sampling();
   dreq.set_route_override(params_.request.route_override());
   *dreq.mutable_controls() = params_.controls;
-  if (dreq.route_override() == v1::ROUTE_AUTO && registry_->Pick(v1::ROLE_PREFILL) == nullptr) {
+  if (dreq.route_override() == v1::ROUTE_AUTO && !registry_->HasRoutable(v1::ROLE_PREFILL)) {
     // No healthy prefill worker: D prefills every prompt itself.
     dreq.set_route_override(v1::ROUTE_LOCAL);
   }
@@ -321,6 +322,21 @@ bool GenerateCall::CanMigrate() const {
          params_.request.route_override() != v1::ROUTE_REMOTE;
 }
 
+std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
+                                                       std::vector<std::string> avoid) {
+  PickRequest pick;
+  pick.role = role;
+  pick.prompt = params_.prompt;
+  pick.avoid = std::move(avoid);
+  PickResult result = registry_->Pick(pick);
+  if (result.worker != nullptr) {
+    rpc::Log(absl::StrCat("request ", params_.request_id, ": ",
+                          role == v1::ROLE_DECODE ? "decode" : "prefill", " worker ",
+                          result.worker->name, " (", result.explanation, ")"));
+  }
+  return std::move(result.worker);
+}
+
 bool GenerateCall::MoveOn(bool received, const std::string& why) {
   if (finished_ || cancelled_ || samples_left_ == 0) return false;
   // A stream that never answered did not start the request there: sending
@@ -328,7 +344,7 @@ bool GenerateCall::MoveOn(bool received, const std::string& why) {
   // failed workers are skipped, so this ends).
   const bool reroute = !received;
   if (!reroute && !CanMigrate()) return false;
-  std::shared_ptr<WorkerHandle> next = registry_->Pick(v1::ROLE_DECODE, failed_decode_);
+  std::shared_ptr<WorkerHandle> next = PickWorker(v1::ROLE_DECODE, failed_decode_);
   if (next == nullptr) return false;
   if (!reroute) ++migrations_;
   CancelPrefillCalls();  // whatever P still does was for the old D's receiver
@@ -366,7 +382,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
       }
     }
   }
-  std::shared_ptr<WorkerHandle> prefill = registry_->Pick(v1::ROLE_PREFILL, failed_prefill_);
+  std::shared_ptr<WorkerHandle> prefill = PickWorker(v1::ROLE_PREFILL, failed_prefill_);
   if (prefill == nullptr) {
     // D prefills itself (conditional disaggregation's fallback), unless
     // the request forbids it.
@@ -467,7 +483,7 @@ bool GenerateCall::RestartAfterLostFirstToken() {
   for (const SampleStream& sample : samples_) {
     if (sample.next_index != 0 || sample.done) return false;
   }
-  std::shared_ptr<WorkerHandle> next = registry_->Pick(v1::ROLE_DECODE);
+  std::shared_ptr<WorkerHandle> next = PickWorker(v1::ROLE_DECODE, {});
   if (next == nullptr) return false;
   restarted_ = true;
   rpc::Log(absl::StrCat("request ", params_.request_id, ": token 0 was lost with ",

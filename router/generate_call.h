@@ -129,6 +129,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // No decode stream follows: records how the last one ended, stops P's
   // work if D failed, and finishes when nothing else is outstanding.
   void DecodeEnded(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker of `role` router.policy chooses for this request's prompt,
+  // skipping `avoid` (workers that failed it), or null; logs "request <id>:
+  // decode worker <name> (<score and its inputs>)" for a choice.
+  std::shared_ptr<WorkerHandle> PickWorker(v1::WorkerRole role, std::vector<std::string> avoid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a dead D may be replaced (n = 1, router.max_migrations left,
   // not route_override REMOTE, the request still running).
   bool CanMigrate() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

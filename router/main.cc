@@ -70,6 +70,19 @@ int main(int argc, char** argv) {
   options.unhealthy_after_missed_polls = config->router.unhealthy_after_missed_polls;
   options.rpc_timeout_ms = config->router.rpc_timeout_ms;
   options.drop_after_ms = config->router.drop_after_ms;
+  options.routing.policy = config->router.policy;
+  options.routing.weights = config->router.kv_aware;
+  options.routing.max_num_seqs = config->engine.max_num_seqs;
+  options.routing.max_num_batched_tokens = config->engine.max_num_batched_tokens;
+  {
+    const KvAwareWeights& w = options.routing.weights;
+    rpc::Log(options.routing.policy == RouterPolicy::kKvAware
+                 ? absl::StrCat("routing policy: kv_aware (prefix_weight ", w.prefix_weight,
+                                ", free_blocks_weight ", w.free_blocks_weight, ", load_weight ",
+                                w.load_weight, ", prefill_queue_weight ", w.prefill_queue_weight,
+                                ")")
+                 : absl::StrCat("routing policy: ", RouterPolicyName(options.routing.policy)));
+  }
   // What every worker's KV layout must be (the workers' own function).
   options.kv_layout_id = ExpectedKvLayout(*config, **bundle).LayoutId();
   rpc::Log(absl::StrCat("expected KV layout: ", options.kv_layout_id));

@@ -100,6 +100,8 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       entry.healthy = true;
       entry.draining = false;
       entry.missed_polls = 0;
+      entry.status.Clear();  // another process: its old load says nothing
+      entry.in_flight_at_poll = 0;
     }
     // A heartbeat of a known worker at the same address changes nothing:
     // only a poll that reaches it makes an unhealthy worker healthy again
@@ -125,32 +127,76 @@ void WorkerRegistry::ReportUnreachable(const std::shared_ptr<WorkerHandle>& hand
   ReportHealth();
 }
 
-std::shared_ptr<WorkerHandle> WorkerRegistry::Pick(v1::WorkerRole role,
-                                                   const std::vector<std::string>& avoid) const {
-  absl::MutexLock lock(&mu_);
-  std::shared_ptr<WorkerHandle> best;
-  for (const auto& [name, entry] : workers_) {
-    if (!entry.Routable() || entry.handle->role != role) continue;
-    if (std::find(avoid.begin(), avoid.end(), name) != avoid.end()) continue;
-    if (best == nullptr || entry.handle->active_requests < best->active_requests) {
-      best = entry.handle;
+int32_t WorkerRegistry::CachedPrefixTokens(const std::string& worker,
+                                           std::span<const int32_t> prompt) const {
+  // Filled by the KV event index (issue #13, item 1).
+  (void)worker;
+  (void)prompt;
+  return 0;
+}
+
+PickResult WorkerRegistry::Pick(const PickRequest& request) {
+  std::vector<std::shared_ptr<WorkerHandle>> handles;
+  std::vector<Candidate> candidates;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, entry] : workers_) {
+      if (!entry.Routable() || entry.handle->role != request.role) continue;
+      if (std::find(request.avoid.begin(), request.avoid.end(), name) != request.avoid.end()) {
+        continue;
+      }
+      const v1::WorkerStatus& st = entry.status;
+      Candidate c;
+      c.name = name;
+      c.kv_blocks_total = st.kv_blocks_total();
+      c.kv_blocks_in_use = st.kv_blocks_in_use();
+      c.waiting = st.waiting_requests();
+      // running_requests includes the waiting ones.
+      c.running = st.running_requests() - std::min(st.waiting_requests(), st.running_requests());
+      c.queued_prefill_tokens = st.queued_prefill_tokens();
+      c.in_flight = entry.handle->active_requests.load();
+      c.in_flight_at_poll = entry.in_flight_at_poll;
+      handles.push_back(entry.handle);
+      candidates.push_back(std::move(c));
     }
   }
-  return best;
+  if (candidates.empty()) return {};
+  // The prefix index has its own lock: asked outside mu_.
+  if (options_.routing.policy == RouterPolicy::kKvAware) {
+    for (Candidate& c : candidates) {
+      c.cached_prefix_tokens = CachedPrefixTokens(c.name, request.prompt);
+    }
+  }
+  const bool decode = request.role == v1::ROLE_DECODE;
+  std::optional<Choice> choice;
+  {
+    absl::MutexLock lock(&mu_);
+    choice = ChooseCandidate(candidates, decode, static_cast<int64_t>(request.prompt.size()),
+                             options_.routing, &cursors_[request.role]);
+  }
+  PickResult result;
+  result.worker = handles[choice->index];
+  result.score = choice->scored.score;
+  result.explanation = std::move(choice->scored.explanation);
+  return result;
 }
 
-bool WorkerRegistry::CanServeLocked() const {
+bool WorkerRegistry::HasRoutable(v1::WorkerRole role) const {
+  absl::MutexLock lock(&mu_);
+  return HasRoutableLocked(role);
+}
+
+bool WorkerRegistry::HasRoutableLocked(v1::WorkerRole role) const {
   for (const auto& [name, entry] : workers_) {
-    if (entry.Routable() && entry.handle->role == v1::ROLE_DECODE) return true;
+    if (entry.Routable() && entry.handle->role == role) return true;
   }
   return false;
 }
+
+bool WorkerRegistry::CanServeLocked() const { return HasRoutableLocked(v1::ROLE_DECODE); }
 
 bool WorkerRegistry::PrefillAvailableLocked() const {
-  for (const auto& [name, entry] : workers_) {
-    if (entry.Routable() && entry.handle->role == v1::ROLE_PREFILL) return true;
-  }
-  return false;
+  return HasRoutableLocked(v1::ROLE_PREFILL);
 }
 
 bool WorkerRegistry::CanServe() const {
@@ -268,6 +314,8 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
         Log(absl::StrCat("worker ", h->name, " is draining"));
       }
       e.draining = !call->reply.ready();
+      e.status = call->reply;  // Pick's load and KV inputs
+      e.in_flight_at_poll = h->active_requests.load();
     } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
       e.healthy = false;
       e.unhealthy_since = absl::Now();

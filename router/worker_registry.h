@@ -2,8 +2,10 @@
 // whether each is healthy, and how loaded it is.
 //
 // Owns: worker entries (from RegisterWorker), their channels and stubs,
-// health from GetStatus polls. Does not touch: requests (GenerateCall picks
-// workers through Pick), the workers' own state.
+// health from GetStatus polls, each worker's last polled status, the
+// per-role round-robin cursors. Does not touch: requests (GenerateCall picks
+// workers through Pick), the workers' own state, the scores themselves
+// (router/routing_policy.h).
 // Threads: one poll thread, which drives every status poll asynchronously
 // through one grpc::CompletionQueue (no thread per worker); StatusAllAsync
 // uses gRPC's callback API. Every public method is thread-safe (mu_).
@@ -33,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "router/routing_policy.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -79,9 +83,33 @@ struct RegistryOptions {
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;       // deadline of each GetStatus
   int32_t drop_after_ms = 30000;       // unhealthy this long -> removed
+  // router.policy, its weights and its normalisers (engine.max_num_seqs,
+  // engine.max_num_batched_tokens).
+  RoutingOptions routing;
   // Where the registry's lines go (registrations, health transitions,
   // drops); rpc::Log when empty.
   std::function<void(const std::string&)> log;
+};
+
+// A worker wanted for one request.
+struct PickRequest {
+  v1::WorkerRole role = v1::ROLE_UNSPECIFIED;  // ROLE_DECODE or ROLE_PREFILL
+  // The request's prompt token ids (BOS included): its cached prefix on
+  // each worker is a score input. Must outlive the Pick call.
+  std::span<const int32_t> prompt;
+  // Workers that already failed this request (a retry or a migration
+  // skips them).
+  std::vector<std::string> avoid;
+};
+
+// The chosen worker (null: no routable worker of the role outside avoid),
+// its score under router.policy and the inputs that gave it, e.g.
+// "kv_aware score 0.93: 192/200 prompt tokens cached, 1990/2048 blocks free,
+// 0 running, 0 waiting, 0 in flight" (routing_policy.h).
+struct PickResult {
+  std::shared_ptr<WorkerHandle> worker;
+  double score = 0;
+  std::string explanation;
 };
 
 class WorkerRegistry {
@@ -105,12 +133,21 @@ class WorkerRegistry {
   // if the worker re-registered elsewhere or is already unhealthy.
   void ReportUnreachable(const std::shared_ptr<WorkerHandle>& handle, const std::string& why);
 
-  // The healthy (and not draining) worker of `role` whose name is not in
-  // `avoid` with the fewest active requests (ties: name order), or nullptr.
-  // `avoid` lets a retry or a migration skip the workers that already
-  // failed the request.
-  std::shared_ptr<WorkerHandle> Pick(v1::WorkerRole role,
-                                     const std::vector<std::string>& avoid = {}) const;
+  // Chooses the routable (healthy, not draining) worker of request.role
+  // not in request.avoid with the best score under options.routing
+  // (routing_policy.h) from its last polled status, this router's
+  // in-flight requests on it and CachedPrefixTokens of the prompt; equal
+  // scores are taken in turn (one cursor per role). Workers not polled yet
+  // count as idle and empty.
+  PickResult Pick(const PickRequest& request);
+
+  // Whether a routable worker of `role` exists (cheap; no score).
+  bool HasRoutable(v1::WorkerRole role) const;
+
+  // Tokens of `prompt` (from its start) whose KV worker `worker` holds, as
+  // the router's prefix index knows it; 0 for an unknown worker. A hint:
+  // the worker's own cache decides. Thread-safe.
+  int32_t CachedPrefixTokens(const std::string& worker, std::span<const int32_t> prompt) const;
 
   // >= 1 healthy, not draining decode worker (prefill workers are optional).
   bool CanServe() const;
@@ -133,6 +170,12 @@ class WorkerRegistry {
     bool draining = false;  // last poll answered ready = false
     int missed_polls = 0;
     absl::Time unhealthy_since;  // when healthy became false
+    // The last successful poll's reply (load and KV blocks for Pick);
+    // empty until the first one.
+    v1::WorkerStatus status;
+    // The handle's active_requests when that reply arrived (this router's
+    // requests the status counts).
+    int in_flight_at_poll = 0;
     // Takes new requests.
     bool Routable() const { return healthy && !draining; }
   };
@@ -146,6 +189,7 @@ class WorkerRegistry {
   // Removes workers unhealthy for drop_after_ms; returns the earliest time
   // another may be due (InfiniteFuture when none).
   absl::Time DropExpired(absl::Time now);
+  bool HasRoutableLocked(v1::WorkerRole role) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanServeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PrefillAvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Compares the current state with the last one reported: logs a change of
@@ -157,6 +201,8 @@ class WorkerRegistry {
   const std::function<void(bool)> on_health_change_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  // Round-robin cursor of Pick per role (ties, round_robin).
+  std::map<v1::WorkerRole, uint64_t> cursors_ ABSL_GUARDED_BY(mu_);
   // Held while ReportHealth compares and reports, so reports stay in order.
   absl::Mutex report_mu_;
   bool reported_can_serve_ ABSL_GUARDED_BY(report_mu_) = false;

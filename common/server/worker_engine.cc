@@ -67,6 +67,8 @@ v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string&
                                 const std::string& bit_exact_class) {
   v1::WorkerStatus status;
   status.set_running_requests(stats.running_requests);
+  status.set_waiting_requests(stats.waiting_requests);
+  status.set_queued_prefill_tokens(stats.queued_prefill_tokens);
   status.set_kv_blocks_in_use(stats.kv_blocks_in_use);
   status.set_kv_blocks_total(stats.kv_blocks_total);
   status.set_kv_blocks_cached(stats.kv_blocks_cached);

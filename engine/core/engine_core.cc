@@ -213,6 +213,11 @@ CoreStats EngineCore::GetStats() const {
   } else {
     stats.transfers_in_flight = open_exports_;
   }
+  // Submitted but not yet seen by the loop: waiting, every prompt token queued.
+  stats.waiting_requests += static_cast<uint32_t>(inbox_new_.size());
+  for (const std::unique_ptr<Request>& r : inbox_new_) {
+    stats.queued_prefill_tokens += r->req.prompt.size();
+  }
   return stats;
 }
 
@@ -220,6 +225,34 @@ void EngineCore::UpdateKvStats() {
   stats_.kv_blocks_in_use = static_cast<uint32_t>(kv_.num_blocks_in_use());
   stats_.kv_blocks_cached = static_cast<uint32_t>(kv_.num_blocks_cached());
   stats_.prefix_cache = kv_.prefix_cache_stats();
+  // Queue gauges (loop thread: requests_ and the scheduler are its own).
+  uint32_t waiting = 0;
+  uint64_t queued_tokens = 0;
+  auto prompt_left = [](const scheduler::SeqState& s) -> uint64_t {
+    return s.num_computed < s.num_prompt_tokens
+               ? static_cast<uint64_t>(s.num_prompt_tokens - s.num_computed)
+               : 0;
+  };
+  for (const auto& [id, r] : requests_) {
+    if (r->unscheduled.has_value()) {  // a prefill-only request waiting for room
+      ++waiting;
+      queued_tokens += prompt_left(*r->unscheduled);
+      continue;
+    }
+    bool is_waiting = false;
+    for (int64_t seq_id : r->seq_ids) {
+      const scheduler::SeqState* s = seq_id == 0 ? nullptr : scheduler_.Find(seq_id);
+      if (s == nullptr) continue;
+      if (s->status == scheduler::SeqStatus::kWaiting) is_waiting = true;
+      if (s->status == scheduler::SeqStatus::kWaiting ||
+          s->status == scheduler::SeqStatus::kRunning) {
+        queued_tokens += prompt_left(*s);
+      }
+    }
+    if (is_waiting) ++waiting;
+  }
+  stats_.waiting_requests = waiting;
+  stats_.queued_prefill_tokens = queued_tokens;
 }
 
 void EngineCore::Loop() {

@@ -93,7 +93,18 @@ struct EngineCoreOptions {
 };
 
 struct CoreStats {
-  uint32_t running_requests = 0;  // accepted, not finished
+  uint32_t running_requests = 0;  // accepted, not finished (waiting ones included)
+  // Of running_requests: those not yet arrived at the loop, or with a
+  // sequence in the scheduler's waiting queue (new, preempted, or a forked
+  // sample), or a prefill-only request whose export has no room yet.
+  uint32_t waiting_requests = 0;
+  // Prompt tokens not yet computed here, summed over those waiting
+  // sequences and the running ones still prefilling: prompt length minus
+  // num_computed (a waiting prompt counts whole, its prefix-cache hit is
+  // looked up at admission). Sequences prefilled remotely
+  // (WAITING_FOR_REMOTE_KV) and the recomputation of generated tokens
+  // (preemption, migration) are not counted.
+  uint64_t queued_prefill_tokens = 0;
   uint32_t kv_blocks_in_use = 0;  // ref count > 0
   uint32_t kv_blocks_cached = 0;  // findable in the prefix cache
   uint32_t kv_blocks_total = 0;
@@ -231,6 +242,8 @@ class EngineCore {
   // (OnSampleFinish for `last`, if given, then OnFinish(status)).
   void EndRequest(const std::string& request_id, const absl::Status& status,
                   const Ending* last = nullptr);
+  // Refreshes the KV gauges and the queue gauges (waiting_requests and
+  // queued_prefill_tokens of the requests that reached the loop) in stats_.
   void UpdateKvStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Const after construction.

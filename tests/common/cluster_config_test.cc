@@ -50,6 +50,8 @@ TEST(ClusterConfigTest, ParsesLocalConfig) {
   EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
   EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
   EXPECT_EQ(c->kv.handshake_timeout_ms, 5000);
+  EXPECT_EQ(c->router.policy, RouterPolicy::kKvAware);
+  EXPECT_EQ(c->router.kv_aware.free_blocks_weight, 0.25);
   EXPECT_EQ(c->FindWorker("decode-0"), &c->decode_workers[0]);
   EXPECT_EQ(c->FindWorker("prefill-0"), &c->prefill_workers[0]);
   EXPECT_EQ(c->FindWorker("router"), nullptr);
@@ -238,6 +240,70 @@ TEST(ClusterConfigTest, RangesAreChecked) {
                         "the default)"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  name: r\n  max_inflight:\n"),
               HasSubstr("router.max_inflight: has no value"));
+}
+
+// router.policy and router.kv_aware (router/routing_policy.h): defaults,
+// every key read, bad values refused naming the key.
+TEST(ClusterConfigTest, RoutingPolicyAndWeights) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router.policy, RouterPolicy::kKvAware);
+  EXPECT_EQ(c->router.kv_aware.prefix_weight, 1.0);
+  EXPECT_EQ(c->router.kv_aware.free_blocks_weight, 0.25);
+  EXPECT_EQ(c->router.kv_aware.load_weight, 1.0);
+  EXPECT_EQ(c->router.kv_aware.prefill_queue_weight, 1.0);
+
+  c = ParseClusterConfig(std::string(kMinimal) + R"(router:
+  policy: kv_aware
+  kv_aware: {prefix_weight: 2.5, free_blocks_weight: 0, load_weight: 0.125,
+             prefill_queue_weight: 3}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router.policy, RouterPolicy::kKvAware);
+  EXPECT_EQ(c->router.kv_aware.prefix_weight, 2.5);
+  EXPECT_EQ(c->router.kv_aware.free_blocks_weight, 0.0);
+  EXPECT_EQ(c->router.kv_aware.load_weight, 0.125);
+  EXPECT_EQ(c->router.kv_aware.prefill_queue_weight, 3.0);
+  // Weights without the policy key: kv_aware is the default.
+  c = ParseClusterConfig(std::string(kMinimal) + "router: {kv_aware: {load_weight: 2}}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router.kv_aware.load_weight, 2.0);
+  EXPECT_EQ(c->router.kv_aware.prefix_weight, 1.0);
+
+  for (const auto& [text, policy] :
+       {std::pair<const char*, RouterPolicy>{"least_loaded", RouterPolicy::kLeastLoaded},
+        {"round_robin", RouterPolicy::kRoundRobin}}) {
+    c = ParseClusterConfig(std::string(kMinimal) + "router: {policy: " + text + "}\n");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->router.policy, policy);
+    EXPECT_STREQ(RouterPolicyName(policy), text);
+  }
+  EXPECT_STREQ(RouterPolicyName(RouterPolicy::kKvAware), "kv_aware");
+
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {policy: random}\n"),
+              HasSubstr("router.policy: must be one of kv_aware, least_loaded, round_robin; "
+                        "got 'random'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  policy:\n"),
+              HasSubstr("router.policy: has no value"));
+  // Weights that would be ignored are refused.
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) +
+                      "router: {policy: round_robin, kv_aware: {load_weight: 1}}\n"),
+              HasSubstr("router.kv_aware: weights of router.policy kv_aware, but router.policy "
+                        "is round_robin"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: {load: 1}}\n"),
+              HasSubstr("unknown key 'router.kv_aware.load'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: {prefix_weight: -0.5}}\n"),
+              HasSubstr("router.kv_aware.prefix_weight: must be >= 0, got -0.5"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: {free_blocks_weight: x}}\n"),
+              HasSubstr("router.kv_aware.free_blocks_weight: expected a number, got 'x'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: {load_weight: .nan}}\n"),
+              HasSubstr("router.kv_aware.load_weight: expected a number, got '.nan'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: {prefill_queue_weight: inf}}\n"),
+              HasSubstr("router.kv_aware.prefill_queue_weight: expected a number, got 'inf'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: {load_weight: }}\n"),
+              HasSubstr("router.kv_aware.load_weight: has no value"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router: {kv_aware: [1]}\n"),
+              HasSubstr("router.kv_aware: expected a mapping"));
 }
 
 TEST(ClusterConfigTest, CrossFieldChecks) {

@@ -1,5 +1,6 @@
 // ExpectedKvLayout (what the router requires of every worker) against the
-// layout a worker really has: KvLayoutFor of the backend it builds.
+// layout a worker really has: KvLayoutFor of the backend it builds; and
+// StatusFromCore's copy of the core's counters.
 #include "common/server/worker_engine.h"
 
 #include "gtest/gtest.h"
@@ -33,6 +34,41 @@ TEST(ExpectedKvLayoutTest, EqualsTheLayoutOfTheBackendAWorkerBuilds) {
             ExpectedKvLayout(ClusterConfig(), **b).LayoutId());
   EXPECT_EQ(ExpectedKvLayout(ClusterConfig(), **a).LayoutId(),
             "kv2/" + (*a)->fingerprint + "/L5.H4.D8/f32");
+}
+
+// Every counter the router reads lands in its WorkerStatus field (each
+// value distinct, so a swapped field shows).
+TEST(StatusFromCoreTest, CopiesTheCoreCounters) {
+  core::CoreStats stats;
+  stats.running_requests = 7;
+  stats.waiting_requests = 3;
+  stats.queued_prefill_tokens = 5000000000ull;  // past 32 bits
+  stats.kv_blocks_in_use = 11;
+  stats.kv_blocks_total = 13;
+  stats.kv_blocks_cached = 17;
+  stats.transfers_in_flight = 19;
+  stats.prefill_tokens_computed_total = 23;
+  stats.kv_bytes_sent_total = 29;
+  stats.kv_bytes_received_total = 31;
+  stats.decode_tokens_total = 37;
+  stats.max_decode_batch_size = 41;
+  stats.preemptions_total = 43;
+  const v1::WorkerStatus s = StatusFromCore(stats, "layout", "class");
+  EXPECT_EQ(s.running_requests(), 7u);
+  EXPECT_EQ(s.waiting_requests(), 3u);
+  EXPECT_EQ(s.queued_prefill_tokens(), 5000000000ull);
+  EXPECT_EQ(s.kv_blocks_in_use(), 11u);
+  EXPECT_EQ(s.kv_blocks_total(), 13u);
+  EXPECT_EQ(s.kv_blocks_cached(), 17u);
+  EXPECT_EQ(s.transfers_in_flight(), 19u);
+  EXPECT_EQ(s.prefill_tokens_computed_total(), 23u);
+  EXPECT_EQ(s.kv_bytes_sent_total(), 29u);
+  EXPECT_EQ(s.kv_bytes_received_total(), 31u);
+  EXPECT_EQ(s.decode_tokens_total(), 37u);
+  EXPECT_EQ(s.max_decode_batch_size(), 41u);
+  EXPECT_EQ(s.preemptions_total(), 43u);
+  EXPECT_EQ(s.kv_layout_id(), "layout");
+  EXPECT_EQ(s.bit_exact_class(), "class");
 }
 
 }  // namespace

@@ -135,6 +135,7 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_queued: ", o.max_queued, "\n",
       "  drop_after_ms: ", o.drop_after_ms, "\n",
       o.api_keys_file.empty() ? "" : absl::StrCat("  api_keys_file: ", o.api_keys_file, "\n"),
+      o.router_policy.empty() ? "" : absl::StrCat("  policy: ", o.router_policy, "\n"),
       WorkerEntries(o),
       "engine:\n"
       "  block_size: ", o.block_size, "\n",

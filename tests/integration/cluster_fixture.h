@@ -89,6 +89,9 @@ struct ClusterOptions {
   int32_t max_inflight = 512;              // router.max_inflight, Generate streams
   int32_t max_queued = 512;                // router.max_queued, Generate streams
   int32_t drop_after_ms = 30000;           // router.drop_after_ms
+  // router.policy (kv_aware, least_loaded, round_robin); empty: not
+  // written, the config's default (kv_aware).
+  std::string router_policy;
   int32_t shutdown_grace_s = 1;            // SIGTERM drain time
   // Workers: prefill-0 .. prefill-(N-1) and decode-0 .. decode-(M-1).
   int32_t num_prefill_workers = 1;

@@ -1,7 +1,8 @@
 // WorkerRegistry against fake workers: in-process gRPC servers whose
 // GetStatus answers, or holds every call unanswered ("frozen"). Covers
-// Pick(avoid), serving with no prefill worker (and its log lines), layout id
-// refusal, drop_after_ms, and polls that a frozen worker does not delay.
+// Pick (scores from polled load and in-flight requests, ties in turn, avoid,
+// the policies), serving with no prefill worker (and its log lines), layout
+// id refusal, drop_after_ms, and polls that a frozen worker does not delay.
 #include "router/worker_registry.h"
 
 #include <grpcpp/grpcpp.h>
@@ -48,9 +49,10 @@ class FakeWorker {
     absl::MutexLock lock(&mu_);
     ready_ = ready;
   }
-  void SetRunning(uint32_t running) {
+  // What GetStatus reports from now on (its load and KV block fields).
+  void SetLoad(const v1::WorkerStatus& load) {
     absl::MutexLock lock(&mu_);
-    running_ = running;
+    load_ = load;
   }
   // From now on GetStatus calls are held, unanswered.
   void Freeze() {
@@ -77,8 +79,8 @@ class FakeWorker {
       held_.push_back(reactor);
       return reactor;
     }
+    *response = load_;
     response->set_ready(ready_);
-    response->set_running_requests(running_);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -109,7 +111,7 @@ class FakeWorker {
   absl::Mutex mu_;
   bool frozen_ ABSL_GUARDED_BY(mu_) = false;
   bool ready_ ABSL_GUARDED_BY(mu_) = true;
-  uint32_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::WorkerStatus load_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -122,6 +124,17 @@ v1::RegisterWorkerRequest Registration(const std::string& name, v1::WorkerRole r
   r.set_model_fingerprint(kFingerprint);
   r.set_kv_layout_id(kLayout);
   return r;
+}
+
+// Pick's worker for a 3-token prompt of `role` outside `avoid` (null: none).
+std::shared_ptr<WorkerHandle> PickOf(WorkerRegistry& registry, v1::WorkerRole role,
+                                     std::vector<std::string> avoid = {}) {
+  static const std::vector<int32_t> kPrompt = {1, 2, 3};
+  PickRequest request;
+  request.role = role;
+  request.prompt = kPrompt;
+  request.avoid = std::move(avoid);
+  return registry.Pick(request).worker;
 }
 
 // Polls `condition` every 5 ms; false if it is still false after `timeout`.
@@ -169,27 +182,147 @@ std::function<void(bool)> HealthTo(Recorder* recorder) {
   };
 }
 
-TEST(WorkerRegistryTest, PickPrefersFewestActiveThenNameAndSkipsAvoided) {
+TEST(WorkerRegistryTest, PickTakesEqualWorkersInTurnCountsInFlightAndSkipsAvoided) {
   Recorder rec;
   RegistryOptions o = Options(&rec);
-  o.poll_interval_ms = 600000;  // no poll during the test
+  o.poll_interval_ms = 600000;  // no poll during the test: no status, all idle
   WorkerRegistry registry(o, HealthTo(&rec));
   for (const char* name : {"d2", "d0", "d1"}) {
     ASSERT_TRUE(registry.Register(Registration(name, v1::ROLE_DECODE, "127.0.0.1:1")).ok());
   }
   ASSERT_TRUE(registry.Register(Registration("p0", v1::ROLE_PREFILL, "127.0.0.1:1")).ok());
 
-  auto first = registry.Pick(v1::ROLE_DECODE);
-  ASSERT_NE(first, nullptr);
-  EXPECT_EQ(first->name, "d0");  // all idle: name order
-  first->active_requests = 2;
-  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE)->name, "d1");
-  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d1"})->name, "d2");
-  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d1", "d2"})->name, "d0");  // busy, but the only one
-  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d0", "d1", "d2"}), nullptr);
-  EXPECT_EQ(registry.Pick(v1::ROLE_PREFILL)->name, "p0");
-  EXPECT_EQ(registry.Pick(v1::ROLE_PREFILL, {"p0"}), nullptr);
-  EXPECT_EQ(registry.Pick(v1::ROLE_ROUTER), nullptr);
+  // All equal: in turn, in name order.
+  std::vector<std::string> names;
+  for (int i = 0; i < 4; ++i) names.push_back(PickOf(registry, v1::ROLE_DECODE)->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"d0", "d1", "d2", "d0"}));
+  // d0 has two of this router's requests in flight: the others alternate.
+  std::shared_ptr<WorkerHandle> d0 = PickOf(registry, v1::ROLE_DECODE, {"d1", "d2"});
+  ASSERT_NE(d0, nullptr);
+  EXPECT_EQ(d0->name, "d0");
+  d0->active_requests = 2;
+  names.clear();
+  for (int i = 0; i < 2; ++i) names.push_back(PickOf(registry, v1::ROLE_DECODE)->name);
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("d1", "d2"));
+  EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE, {"d1"})->name, "d2");
+  // Busy, but the only one left; the result says why it scored so.
+  PickRequest only;
+  only.role = v1::ROLE_DECODE;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  only.prompt = prompt;
+  only.avoid = {"d1", "d2"};
+  const PickResult result = registry.Pick(only);
+  ASSERT_NE(result.worker, nullptr);
+  EXPECT_EQ(result.worker->name, "d0");
+  EXPECT_EQ(result.score, 0.25 - 2.0 / 64);
+  EXPECT_EQ(result.explanation,
+            "kv_aware score 0.22: 0/4 prompt tokens cached, blocks not polled yet, 0 running, "
+            "0 waiting, 2 in flight");
+  EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE, {"d0", "d1", "d2"}), nullptr);
+  EXPECT_EQ(PickOf(registry, v1::ROLE_PREFILL)->name, "p0");
+  EXPECT_EQ(PickOf(registry, v1::ROLE_PREFILL, {"p0"}), nullptr);
+  EXPECT_EQ(PickOf(registry, v1::ROLE_ROUTER), nullptr);
+  EXPECT_TRUE(registry.HasRoutable(v1::ROLE_DECODE));
+  EXPECT_TRUE(registry.HasRoutable(v1::ROLE_PREFILL));
+  EXPECT_FALSE(registry.HasRoutable(v1::ROLE_ROUTER));
+  // The prefix index is another component's (issue #13, item 1).
+  EXPECT_EQ(registry.CachedPrefixTokens("d0", prompt), 0);
+}
+
+// The polled status is the score's input: KV blocks, running and waiting
+// requests for decode workers, queued prefill tokens for prefill workers.
+TEST(WorkerRegistryTest, PickScoresTheLastPolledLoad) {
+  Recorder rec;
+  FakeWorker busy_d, idle_d, busy_p, idle_p;
+  v1::WorkerStatus load;
+  load.set_kv_blocks_total(2048);
+  idle_d.SetLoad(load);
+  idle_p.SetLoad(load);
+  load.set_kv_blocks_in_use(1024);
+  load.set_running_requests(10);  // 4 of them waiting
+  load.set_waiting_requests(4);
+  busy_d.SetLoad(load);
+  load.set_queued_prefill_tokens(1024);
+  busy_p.SetLoad(load);
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d-busy", v1::ROLE_DECODE, busy_d.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("d-idle", v1::ROLE_DECODE, idle_d.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("p-busy", v1::ROLE_PREFILL, busy_p.address())).ok());
+  ASSERT_TRUE(registry.Register(Registration("p-idle", v1::ROLE_PREFILL, idle_p.address())).ok());
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  PickRequest request;
+  request.prompt = prompt;
+  request.role = v1::ROLE_DECODE;
+  request.avoid = {"d-idle"};
+  PickResult result;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        result = registry.Pick(request);
+        return result.explanation.find("blocks free") != std::string::npos;
+      },
+      absl::Seconds(5)));
+  EXPECT_EQ(result.score, 0.25 * 0.5 - 10.0 / 64);
+  EXPECT_EQ(result.explanation,
+            "kv_aware score -0.03: 0/4 prompt tokens cached, 1024/2048 blocks free, 6 running, "
+            "4 waiting, 0 in flight");
+  request.role = v1::ROLE_PREFILL;
+  request.avoid = {"p-idle"};
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        result = registry.Pick(request);
+        return result.explanation.find("1024 queued") != std::string::npos;
+      },
+      absl::Seconds(5)));
+  EXPECT_EQ(result.score, -0.5);
+  EXPECT_EQ(result.explanation,
+            "kv_aware score -0.50: 0/4 prompt tokens cached, 1024 queued prefill tokens, "
+            "0 in flight");
+  // Once the idle ones were polled too, every pick goes to them.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return registry.Pick({v1::ROLE_DECODE, prompt, {"d-busy"}}).explanation.find(
+                   "2048/2048 blocks free") != std::string::npos;
+      },
+      absl::Seconds(5)));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(registry.Pick({v1::ROLE_DECODE, prompt, {}}).worker->name, "d-idle");
+    EXPECT_EQ(registry.Pick({v1::ROLE_PREFILL, prompt, {}}).worker->name, "p-idle");
+  }
+}
+
+// least_loaded and round_robin over the same polled load.
+TEST(WorkerRegistryTest, OtherPoliciesChooseAsDocumented) {
+  for (const RouterPolicy policy : {RouterPolicy::kLeastLoaded, RouterPolicy::kRoundRobin}) {
+    SCOPED_TRACE(RouterPolicyName(policy));
+    Recorder rec;
+    FakeWorker busy, idle;
+    v1::WorkerStatus load;
+    load.set_running_requests(3);
+    load.set_waiting_requests(1);
+    busy.SetLoad(load);
+    RegistryOptions o = Options(&rec);
+    o.routing.policy = policy;
+    WorkerRegistry registry(o, HealthTo(&rec));
+    ASSERT_TRUE(registry.Register(Registration("a", v1::ROLE_DECODE, busy.address())).ok());
+    ASSERT_TRUE(registry.Register(Registration("b", v1::ROLE_DECODE, idle.address())).ok());
+    const std::vector<int32_t> prompt = {1};
+    if (policy == RouterPolicy::kLeastLoaded) {
+      ASSERT_TRUE(WaitFor(
+          [&] {
+            return registry.Pick({v1::ROLE_DECODE, prompt, {"b"}}).explanation ==
+                   "least_loaded: 2 running, 1 waiting, 0 in flight";
+          },
+          absl::Seconds(5)));
+    }
+    std::vector<std::string> names;
+    for (int i = 0; i < 4; ++i) names.push_back(PickOf(registry, v1::ROLE_DECODE)->name);
+    if (policy == RouterPolicy::kLeastLoaded) {
+      EXPECT_EQ(names, (std::vector<std::string>{"b", "b", "b", "b"}));
+    } else {
+      // In turn whatever the load (the cursor continues from nothing picked).
+      EXPECT_THAT(names, ::testing::ElementsAre("a", "b", "a", "b"));
+    }
+  }
 }
 
 TEST(WorkerRegistryTest, ServesWithoutPrefillWorkersAndLogsEachPrefillTransitionOnce) {
@@ -206,7 +339,7 @@ TEST(WorkerRegistryTest, ServesWithoutPrefillWorkersAndLogsEachPrefillTransition
   EXPECT_EQ(rec.Count("prefill worker(s) available"), 1);
 
   prefill.Freeze();
-  ASSERT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_PREFILL) == nullptr; },
+  ASSERT_TRUE(WaitFor([&] { return PickOf(registry, v1::ROLE_PREFILL) == nullptr; },
                       absl::Seconds(5)));
   EXPECT_TRUE(registry.CanServe());
   // A few more failed polls: still one line.
@@ -216,7 +349,7 @@ TEST(WorkerRegistryTest, ServesWithoutPrefillWorkersAndLogsEachPrefillTransition
             1);
 
   prefill.Unfreeze();
-  ASSERT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_PREFILL) != nullptr; },
+  ASSERT_TRUE(WaitFor([&] { return PickOf(registry, v1::ROLE_PREFILL) != nullptr; },
                       absl::Seconds(5)));
   EXPECT_EQ(rec.Count("prefill worker(s) available"), 2);
   EXPECT_EQ(rec.Count("no healthy prefill worker"), 1);
@@ -267,7 +400,7 @@ TEST(WorkerRegistryTest, DropsAWorkerUnhealthyForDropAfterMsAndTakesItBack) {
   FakeWorker decode;
   WorkerRegistry registry(o, HealthTo(&rec));
   ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode.address())).ok());
-  std::shared_ptr<WorkerHandle> held = registry.Pick(v1::ROLE_DECODE);
+  std::shared_ptr<WorkerHandle> held = PickOf(registry, v1::ROLE_DECODE);
   ASSERT_NE(held, nullptr);
   absl::Notification lost;
   absl::Time lost_at;
@@ -290,7 +423,7 @@ TEST(WorkerRegistryTest, DropsAWorkerUnhealthyForDropAfterMsAndTakesItBack) {
 
   decode.Unfreeze();
   ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode.address())).ok());
-  std::shared_ptr<WorkerHandle> again = registry.Pick(v1::ROLE_DECODE);
+  std::shared_ptr<WorkerHandle> again = PickOf(registry, v1::ROLE_DECODE);
   ASSERT_NE(again, nullptr);
   EXPECT_NE(again, held);  // a fresh entry
   EXPECT_TRUE(registry.CanServe());
@@ -309,7 +442,7 @@ TEST(WorkerRegistryTest, HeartbeatsDoNotMakeAnUnreachableWorkerHealthy) {
                       absl::Seconds(5)));
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, "127.0.0.1:1")).ok());
-    EXPECT_EQ(registry.Pick(v1::ROLE_DECODE)->name, "d1") << "heartbeat " << i;
+    EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE)->name, "d1") << "heartbeat " << i;
     absl::SleepFor(absl::Milliseconds(30));
   }
   EXPECT_EQ(rec.Count("worker d0 missed"), 1);  // it stayed unhealthy
@@ -324,7 +457,7 @@ TEST(WorkerRegistryTest, ReportUnreachableMarksUnhealthyUntilAPollSucceeds) {
   WorkerRegistry registry(o, HealthTo(&rec));
   ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode0.address())).ok());
   ASSERT_TRUE(registry.Register(Registration("d1", v1::ROLE_DECODE, decode1.address())).ok());
-  std::shared_ptr<WorkerHandle> d0 = registry.Pick(v1::ROLE_DECODE);
+  std::shared_ptr<WorkerHandle> d0 = PickOf(registry, v1::ROLE_DECODE);
   ASSERT_EQ(d0->name, "d0");
   absl::Notification lost;
   const uint64_t token = d0->AddLostCallback([&] { lost.Notify(); });
@@ -332,7 +465,7 @@ TEST(WorkerRegistryTest, ReportUnreachableMarksUnhealthyUntilAPollSucceeds) {
   registry.ReportUnreachable(d0, "stream broke");
   EXPECT_TRUE(lost.HasBeenNotified());
   EXPECT_EQ(rec.Count("worker d0 unreachable (stream broke): unhealthy"), 1);
-  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE)->name, "d1");
+  EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE)->name, "d1");
   registry.ReportUnreachable(d0, "again");  // already unhealthy: nothing
   EXPECT_EQ(rec.Count("unreachable"), 1);
   d0->RemoveLostCallback(token);
@@ -340,7 +473,7 @@ TEST(WorkerRegistryTest, ReportUnreachableMarksUnhealthyUntilAPollSucceeds) {
   ASSERT_TRUE(WaitFor([&] { return rec.Count("worker d0 answers polls again: healthy") == 1; },
                       absl::Seconds(5)));
   d0->active_requests = 0;
-  EXPECT_EQ(registry.Pick(v1::ROLE_DECODE, {"d1"})->name, "d0");
+  EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE, {"d1"})->name, "d0");
 }
 
 TEST(WorkerRegistryTest, AFrozenWorkerDelaysNoOtherWorkersPolls) {
@@ -356,10 +489,10 @@ TEST(WorkerRegistryTest, AFrozenWorkerDelaysNoOtherWorkersPolls) {
   ASSERT_TRUE(registry.Register(Registration("b", v1::ROLE_DECODE, live.address())).ok());
   absl::SleepFor(absl::Milliseconds(100));  // "a"'s first poll is in flight
   live.SetReady(false);                     // "b" starts draining
-  EXPECT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_DECODE, {"a"}) == nullptr; },
+  EXPECT_TRUE(WaitFor([&] { return PickOf(registry, v1::ROLE_DECODE, {"a"}) == nullptr; },
                       absl::Seconds(3)));
   live.SetReady(true);
-  EXPECT_TRUE(WaitFor([&] { return registry.Pick(v1::ROLE_DECODE, {"a"}) != nullptr; },
+  EXPECT_TRUE(WaitFor([&] { return PickOf(registry, v1::ROLE_DECODE, {"a"}) != nullptr; },
                       absl::Seconds(3)));
 }
 
@@ -370,7 +503,9 @@ TEST(WorkerRegistryTest, StatusAllAsyncAnswersWithinTheDeadlineWithAFrozenWorker
   o.rpc_timeout_ms = 200;
   FakeWorker frozen, live;
   frozen.Freeze();
-  live.SetRunning(3);
+  v1::WorkerStatus load;
+  load.set_running_requests(3);
+  live.SetLoad(load);
   WorkerRegistry registry(o, HealthTo(&rec));
   ASSERT_TRUE(registry.Register(Registration("a", v1::ROLE_PREFILL, frozen.address())).ok());
   ASSERT_TRUE(registry.Register(Registration("b", v1::ROLE_DECODE, live.address())).ok());

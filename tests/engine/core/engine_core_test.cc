@@ -414,6 +414,10 @@ TEST(EngineCoreTest, ExportWithoutRoomWaitsWhileOthersRun) {
   EXPECT_FALSE(held[1]->WaitFinish(absl::Milliseconds(1)));
   EXPECT_EQ(mid->finishes(), 0);
   EXPECT_GE(not_started->ready_calls(), 1);
+  // "not-started" waits outside the scheduler with its 40 prompt tokens;
+  // "mid" runs with 40 - 16 left to prefill.
+  ASSERT_TRUE(WaitFor([&] { return h.core->GetStats().queued_prefill_tokens == 64u; }));
+  EXPECT_EQ(h.core->GetStats().waiting_requests, 1u);
 
   not_started->SetRoom(true);
   mid->SetRoom(true);
@@ -427,6 +431,30 @@ TEST(EngineCoreTest, ExportWithoutRoomWaitsWhileOthersRun) {
     EXPECT_EQ(e->sent().back().start + e->sent().back().count, 40);
   }
   ASSERT_TRUE(h.WaitIdle());
+}
+
+// The queue gauges the router scores with: a request waiting for the only
+// sequence slot counts as waiting with its whole prompt queued; one
+// waiting for remote KV holds the slot but queues nothing here.
+TEST(EngineCoreTest, StatsCountWaitingRequestsAndTheirQueuedPromptTokens) {
+  EngineCoreOptions options = Options();
+  options.scheduler.max_num_seqs = 1;
+  Harness h(64, std::make_unique<FakeLoader>(), options);
+  auto remote = h.Submit("remote", FakePrompt(40, 2), 4);  // 40 > 32: remote
+  ASSERT_TRUE(h.loader->WaitStarted("remote"));
+  auto local = h.Submit("local", FakePrompt(10, 3), 2, RouteChoice::kLocal);
+  ASSERT_TRUE(WaitFor([&] { return h.core->GetStats().waiting_requests == 1; }));
+  CoreStats stats = h.core->GetStats();
+  EXPECT_EQ(stats.running_requests, 2u);  // waiting ones included
+  EXPECT_EQ(stats.waiting_requests, 1u);
+  EXPECT_EQ(stats.queued_prefill_tokens, 10u);  // "local" whole; "remote" is not computed here
+  h.loader->Complete("remote", FakePrompt(40, 2), FakeGenerate(FakePrompt(40, 2), 1)[0]);
+  ASSERT_TRUE(remote->WaitFinish());
+  ASSERT_TRUE(local->WaitFinish());
+  ASSERT_TRUE(h.WaitIdle());
+  stats = h.core->GetStats();
+  EXPECT_EQ(stats.waiting_requests, 0u);
+  EXPECT_EQ(stats.queued_prefill_tokens, 0u);
 }
 
 // After token 0 the request keeps its KV blocks until the export's result:
