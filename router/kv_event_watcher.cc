@@ -1,6 +1,7 @@
 #include "router/kv_event_watcher.h"
 
 #include <algorithm>
+#include <vector>
 #include <utility>
 
 #include <grpcpp/alarm.h>
@@ -15,10 +16,11 @@ constexpr int32_t kMaxRetryMs = 2000;  // a worker that stays away is tried this
 
 }  // namespace
 
-// One worker's watch. Lives (shared) until its last call and timer have
-// ended; only a watch that is not stopping touches the index, under mu_, so
-// once Stop returns nothing of it reaches the index again. gRPC is never
-// called with mu_ held.
+// One worker's watch. Lives (shared: the owner's map, its call, its
+// pending timer) until its last call and timer have ended; its destructor
+// tells the owner. Only a watch that is not stopping touches the index,
+// under mu_, so once Stop returns nothing of it reaches the index again.
+// gRPC is never called with mu_ held.
 class KvEventWatchers::Stream : public std::enable_shared_from_this<Stream> {
  public:
   Stream(KvEventWatchers* owner, std::string worker, std::string address)
@@ -27,6 +29,15 @@ class KvEventWatchers::Stream : public std::enable_shared_from_this<Stream> {
         address_(std::move(address)),
         stub_(v1::KvEvents::NewStub(rpc::MakeChannel(address_))),
         retry_ms_(owner->options_.retry_ms) {}
+  // Its call and timer have ended. This usually runs on a gRPC callback
+  // thread of the stub's own channel, which must not drop the channel's
+  // last reference there: the owner frees the stub later, on its caller's
+  // thread. Then the owner may go (nothing of the watch is touched after).
+  ~Stream() {
+    alarm_.reset();
+    owner_->Bury(std::move(stub_));
+    owner_->StreamEnded();
+  }
 
   const std::string& address() const { return address_; }
 
@@ -35,21 +46,20 @@ class KvEventWatchers::Stream : public std::enable_shared_from_this<Stream> {
     StartCallLocked();
   }
 
-  // Ends the watch: cancels the call or the timer. Never blocks.
+  // Ends the watch: cancels the call or the timer. Never blocks. The caller
+  // holds the watch (a shared_ptr), so a pending alarm_ outlives the Cancel.
   void Stop() {
     std::shared_ptr<grpc::ClientContext> context;
-    bool cancel_alarm = false, ended = false;
+    grpc::Alarm* alarm = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      stopping_ = true;
+      stopping_ = true;  // from now on no call starts and alarm_ stays
       context = context_;
-      cancel_alarm = alarm_pending_;
-      ended = EndedLocked();
+      if (alarm_pending_) alarm = alarm_.get();
     }
     if (context != nullptr) context->TryCancel();
-    if (cancel_alarm) alarm_->Cancel();  // its callback still runs (ok = false)
-    if (ended) owner_->StreamEnded();
+    if (alarm != nullptr) alarm->Cancel();  // its callback still runs (ok = false)
   }
 
  private:
@@ -112,53 +122,38 @@ class KvEventWatchers::Stream : public std::enable_shared_from_this<Stream> {
   }
 
   void OnCallDone(const grpc::Status& status) {
-    bool ended = false;
-    {
-      absl::MutexLock lock(&mu_);
-      context_.reset();
-      if (stopping_) {
-        ended = EndedLocked();
-      } else {
-        owner_->index_->Drop(worker_, absl::StrCat("event stream ended: ",
-                                                   status.error_message().empty()
-                                                       ? "no error"
-                                                       : status.error_message(),
-                                                   "; watching again"));
-        // A worker that keeps refusing or is away is tried less often.
-        const int32_t delay = retry_ms_;
-        if (!got_snapshot_) retry_ms_ = std::min(kMaxRetryMs, retry_ms_ * 2);
-        alarm_ = std::make_unique<grpc::Alarm>();
-        alarm_pending_ = true;
-        alarm_->Set(std::chrono::system_clock::now() + std::chrono::milliseconds(delay),
-                    [self = shared_from_this()](bool ok) { self->OnAlarm(ok); });
-      }
+    absl::MutexLock lock(&mu_);
+    context_.reset();
+    if (!stopping_) {
+      owner_->index_->Drop(worker_, absl::StrCat("event stream ended: ",
+                                                 status.error_message().empty()
+                                                     ? "no error"
+                                                     : status.error_message(),
+                                                 "; watching again"));
+      // A worker that keeps refusing or is away is tried less often.
+      const int32_t delay = retry_ms_;
+      if (!got_snapshot_) retry_ms_ = std::min(kMaxRetryMs, retry_ms_ * 2);
+      alarm_ = std::make_unique<grpc::Alarm>();
+      alarm_pending_ = true;
+      // The alarm keeps its callback until the alarm is destroyed: the
+      // callback holds `this` raw (no cycle through alarm_), alarm_hold_
+      // keeps the watch alive until it ran.
+      alarm_hold_ = shared_from_this();
+      alarm_->Set(std::chrono::system_clock::now() + std::chrono::milliseconds(delay),
+                  [this](bool ok) { OnAlarm(ok); });
     }
-    if (ended) owner_->StreamEnded();
   }
 
   void OnAlarm(bool /*ok*/) {
-    bool ended = false;
+    std::shared_ptr<Stream> hold;  // released last: may destroy this watch
     {
       absl::MutexLock lock(&mu_);
+      hold = std::move(alarm_hold_);
       alarm_pending_ = false;
-      if (stopping_) {
-        ended = EndedLocked();
-      } else {
-        StartCallLocked();
-      }
-    }
-    if (ended) {
-      owner_->StreamEnded();
-      return;
+      if (stopping_) return;
+      StartCallLocked();
     }
     StartPending();
-  }
-
-  // Whether the watch just ended (stopping, no call, no timer): true once.
-  bool EndedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!stopping_ || context_ != nullptr || alarm_pending_ || ended_) return false;
-    ended_ = true;
-    return true;
   }
 
   friend class KvEventWatchers;
@@ -166,17 +161,19 @@ class KvEventWatchers::Stream : public std::enable_shared_from_this<Stream> {
   KvEventWatchers* const owner_;
   const std::string worker_;
   const std::string address_;
-  const std::unique_ptr<v1::KvEvents::Stub> stub_;
+  std::unique_ptr<v1::KvEvents::Stub> stub_;  // handed to the owner by the destructor
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // The current call's context (null between calls).
   std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
   Call* pending_start_ ABSL_GUARDED_BY(mu_) = nullptr;  // created, not started
   bool got_snapshot_ ABSL_GUARDED_BY(mu_) = false;      // on the current call
   int32_t retry_ms_ ABSL_GUARDED_BY(mu_);
+  // The restart timer; replaced only after it fired (no call and no timer
+  // pending), so Stop may cancel it outside mu_ while it holds the watch.
   std::unique_ptr<grpc::Alarm> alarm_ ABSL_GUARDED_BY(mu_);
   bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Stream> alarm_hold_ ABSL_GUARDED_BY(mu_);  // while alarm_ is pending
 };
 
 KvEventWatchers::KvEventWatchers(PrefixIndex* index, const KvEventWatcherOptions& options)
@@ -189,8 +186,12 @@ KvEventWatchers::~KvEventWatchers() {
     streams.swap(streams_);
   }
   for (auto& [name, s] : streams) s->Stop();
-  absl::MutexLock lock(&live_mu_);
-  live_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live_));
+  streams.clear();  // each watch goes once its call and timer have ended
+  {
+    absl::MutexLock lock(&live_mu_);
+    live_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live_));
+  }
+  ClearGraveyard();
 }
 
 void KvEventWatchers::StartCall(v1::KvEvents::Stub* stub, grpc::ClientContext* context,
@@ -199,12 +200,26 @@ void KvEventWatchers::StartCall(v1::KvEvents::Stub* stub, grpc::ClientContext* c
   stub->async()->Watch(context, request, reactor);
 }
 
+void KvEventWatchers::Bury(std::unique_ptr<v1::KvEvents::Stub> stub) {
+  absl::MutexLock lock(&grave_mu_);
+  graveyard_.push_back(std::move(stub));
+}
+
+void KvEventWatchers::ClearGraveyard() {
+  std::vector<std::unique_ptr<v1::KvEvents::Stub>> dead;
+  {
+    absl::MutexLock lock(&grave_mu_);
+    dead.swap(graveyard_);
+  }
+}
+
 void KvEventWatchers::StreamEnded() {
   absl::MutexLock lock(&live_mu_);
   --live_;
 }
 
 void KvEventWatchers::Watch(const std::string& worker, const std::string& address) {
+  ClearGraveyard();
   std::shared_ptr<Stream> old, fresh;
   {
     absl::MutexLock lock(&mu_);
@@ -225,6 +240,7 @@ void KvEventWatchers::Watch(const std::string& worker, const std::string& addres
 }
 
 void KvEventWatchers::Stop(const std::string& worker, const std::string& why) {
+  ClearGraveyard();
   std::shared_ptr<Stream> s;
   {
     absl::MutexLock lock(&mu_);

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "router/prefix_index.h"
@@ -58,15 +59,23 @@ class KvEventWatchers {
   void StartCall(v1::KvEvents::Stub* stub, grpc::ClientContext* context,
                  const v1::WatchKvEventsRequest* request,
                  grpc::ClientReadReactor<v1::KvEventBatch>* reactor);
-  // A Stream's last callback ended: one fewer to wait for in the destructor.
+  // A Stream was destroyed (its last call and timer ended): one fewer to
+  // wait for in the destructor.
   void StreamEnded();
+  // Keeps a dead Stream's stub (and so its channel) until ClearGraveyard,
+  // which Watch, Stop and the destructor call on their caller's thread: a
+  // channel must not be destroyed on one of its own callback threads.
+  void Bury(std::unique_ptr<v1::KvEvents::Stub> stub);
+  void ClearGraveyard();
 
   PrefixIndex* const index_;
   const KvEventWatcherOptions options_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   absl::Mutex live_mu_;
-  int live_ ABSL_GUARDED_BY(live_mu_) = 0;  // Streams not ended yet
+  int live_ ABSL_GUARDED_BY(live_mu_) = 0;  // Streams not destroyed yet
+  absl::Mutex grave_mu_;
+  std::vector<std::unique_ptr<v1::KvEvents::Stub>> graveyard_ ABSL_GUARDED_BY(grave_mu_);
 };
 
 }  // namespace tandem::router
