@@ -139,7 +139,8 @@ TEST(PrefixIndexTest, GapDropsEntriesUntilTheNextSnapshot) {
   EXPECT_EQ(index.NumBlocks("d0"), 0u);
   EXPECT_EQ(index.CachedPrefixTokens("d0", prompt), 0);
   ASSERT_EQ(log.Get().size(), 1u);
-  EXPECT_THAT(log.Get()[0], HasSubstr("worker d0: 2 blocks dropped (gap: expected sequence 6, got 7)"));
+  EXPECT_THAT(log.Get()[0],
+              HasSubstr("worker d0: 2 blocks dropped (gap: expected sequence 6, got 7)"));
   // Batches are refused until a snapshot; the refusal of an empty entry is not logged again.
   EXPECT_FALSE(index.Apply("d0", Batch(7, 4, 6)));
   EXPECT_EQ(log.Get().size(), 1u);
