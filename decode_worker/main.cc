@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
         decode::ReceiverKvLoader* loader = receiver->get();
         const std::string bit_exact_class = backend->bit_exact_class();
         auto core = std::make_unique<core::EngineCore>(
-            CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker"), std::move(backend),
+            CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker", ctx.kv_events),
+            std::move(backend),
             *std::move(receiver));
         return std::make_unique<decode::DecodeService>(std::move(core), loader, bit_exact_class,
                                                        ctx.status);

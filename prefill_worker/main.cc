@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
           return started;
         }
         auto core = std::make_unique<core::EngineCore>(
-            CoreOptionsFromConfig(*ctx.config, *ctx.model, "prefill worker"), std::move(backend),
+            CoreOptionsFromConfig(*ctx.config, *ctx.model, "prefill worker", ctx.kv_events),
+            std::move(backend),
             nullptr);
         return std::make_unique<prefill::PrefillService>(std::move(core), std::move(send),
                                                          ctx.status);

@@ -37,7 +37,11 @@ void WorkerHandle::NotifyLost() {
 
 WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
                                std::function<void(bool)> on_health_change)
-    : options_(options), on_health_change_(std::move(on_health_change)) {
+    : options_(options),
+      on_health_change_(std::move(on_health_change)),
+      index_(options.model_fingerprint,
+             [this](const std::string& line) { Log(line); }),
+      watchers_(&index_, KvEventWatcherOptions{options.kv_watch_retry_ms}) {
   poller_ = std::thread([this] { PollLoop(); });
 }
 
@@ -93,6 +97,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
         handle->prefill_stub = v1::PrefillWorker::NewStub(channel);
       }
       entry.handle = std::move(handle);
+      watchers_.Watch(request.name(), request.address());
       Log(absl::StrCat("worker ", request.name(), " (", v1::WorkerRole_Name(request.role()),
                        ") at ", request.address(), " registered"));
     }
@@ -125,14 +130,6 @@ void WorkerRegistry::ReportUnreachable(const std::shared_ptr<WorkerHandle>& hand
   }
   handle->NotifyLost();  // its other requests move on now
   ReportHealth();
-}
-
-int32_t WorkerRegistry::CachedPrefixTokens(const std::string& worker,
-                                           std::span<const int32_t> prompt) const {
-  // Filled by the KV event index (issue #13, item 1).
-  (void)worker;
-  (void)prompt;
-  return 0;
 }
 
 PickResult WorkerRegistry::Pick(const PickRequest& request) {
@@ -179,6 +176,11 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
   result.score = choice->scored.score;
   result.explanation = std::move(choice->scored.explanation);
   return result;
+}
+
+int32_t WorkerRegistry::CachedPrefixTokens(const std::string& worker,
+                                           std::span<const int32_t> prompt) const {
+  return index_.CachedPrefixTokens(worker, prompt);
 }
 
 bool WorkerRegistry::HasRoutable(v1::WorkerRole role) const {
@@ -234,6 +236,7 @@ void WorkerRegistry::StatusAllAsync(
   struct Gather {
     std::vector<std::shared_ptr<WorkerHandle>> handles;  // keep the stubs alive
     std::vector<bool> healthy;
+    std::vector<uint32_t> index_blocks;
     std::vector<grpc::ClientContext> contexts;
     std::vector<v1::WorkerStatus> results;
     v1::GetStatusRequest request;
@@ -246,6 +249,7 @@ void WorkerRegistry::StatusAllAsync(
     for (const auto& [name, entry] : workers_) {
       gather->handles.push_back(entry.handle);
       gather->healthy.push_back(entry.healthy);
+      gather->index_blocks.push_back(index_.NumBlocks(name));
     }
   }
   const size_t n = gather->handles.size();
@@ -269,6 +273,7 @@ void WorkerRegistry::StatusAllAsync(
         status.set_address(h.address);
       }
       status.set_healthy(gather->healthy[i] && s.ok());
+      status.set_kv_index_blocks(gather->index_blocks[i]);
       if (--gather->remaining == 0) gather->done(std::move(gather->results));
     };
     const WorkerHandle& h = *gather->handles[i];
@@ -344,6 +349,7 @@ absl::Time WorkerRegistry::DropExpired(absl::Time now) {
       Log(absl::StrCat("worker ", it->first, " unhealthy for ",
                        absl::ToInt64Milliseconds(now - e.unhealthy_since),
                        " ms: dropped from the registry"));
+      watchers_.Stop(it->first, "dropped from the registry");
       it = workers_.erase(it);
       dropped = true;
     }

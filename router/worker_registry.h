@@ -22,6 +22,11 @@
 // unhealthy for drop_after_ms is removed (its handle lives on in the
 // requests holding it); it may register again.
 //
+// KV events: the registry owns the prefix index and one KvEvents watch per
+// worker (kv_event_watcher.h), started when a worker registers (again when
+// it re-registers at another address) and stopped, its index entries
+// erased, when it is dropped.
+//
 // Serving: the router can serve with >= 1 healthy decode worker; prefill
 // workers are optional (without one, decode workers prefill every prompt
 // themselves). Each change of "a prefill worker is available" is logged once.
@@ -44,6 +49,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/routing_policy.h"
+#include "router/kv_event_watcher.h"
+#include "router/prefix_index.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -87,8 +94,11 @@ struct RegistryOptions {
   // engine.max_num_batched_tokens).
   RoutingOptions routing;
   // Where the registry's lines go (registrations, health transitions,
-  // drops); rpc::Log when empty.
+  // drops, prefix-index drops); rpc::Log when empty.
   std::function<void(const std::string&)> log;
+  // Between a worker's KvEvents stream ending and the next Watch (doubling
+  // while the worker stays away, up to 2 s).
+  int32_t kv_watch_retry_ms = 200;
 };
 
 // A worker wanted for one request.
@@ -144,23 +154,25 @@ class WorkerRegistry {
   // Whether a routable worker of `role` exists (cheap; no score).
   bool HasRoutable(v1::WorkerRole role) const;
 
-  // Tokens of `prompt` (from its start) whose KV worker `worker` holds, as
-  // the router's prefix index knows it; 0 for an unknown worker. A hint:
-  // the worker's own cache decides. Thread-safe.
-  int32_t CachedPrefixTokens(const std::string& worker, std::span<const int32_t> prompt) const;
-
   // >= 1 healthy, not draining decode worker (prefill workers are optional).
   bool CanServe() const;
 
   // Whether `name` is in the registry now (dropped workers are not).
   bool Contains(const std::string& name) const;
 
+  // Tokens of `prompt` covered by the longest chain of its full blocks
+  // that the router's prefix index says `worker` holds (PrefixIndex::
+  // CachedPrefixTokens): a hint; 0 for an unknown worker or one whose
+  // event stream is down.
+  int32_t CachedPrefixTokens(const std::string& worker, std::span<const int32_t> prompt) const;
+
   // A fresh GetStatus of every worker, all in flight at once, each with a
   // deadline of rpc_timeout_ms; never blocks. `done` runs exactly once with
   // one status per worker in name order, on a gRPC thread (on the caller's
   // when there is no worker). A worker that did not answer is reported with
   // only name, role and address; healthy is the registry's health and the
-  // poll's success.
+  // poll's success. kv_index_blocks is the prefix index's block count for
+  // the worker when the call started.
   void StatusAllAsync(std::function<void(std::vector<v1::WorkerStatus>)> done) const;
 
  private:
@@ -207,6 +219,8 @@ class WorkerRegistry {
   absl::Mutex report_mu_;
   bool reported_can_serve_ ABSL_GUARDED_BY(report_mu_) = false;
   bool reported_prefill_ ABSL_GUARDED_BY(report_mu_) = false;
+  PrefixIndex index_;
+  KvEventWatchers watchers_;  // after index_: stopped (and waited for) first
   grpc::CompletionQueue cq_;  // the poll thread's GetStatus calls
   grpc::Alarm wake_;          // set by the destructor: the poll thread stops
   std::thread poller_;

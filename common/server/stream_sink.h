@@ -113,6 +113,13 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
     if (finish != nullptr) finish->Finish(status);
   }
 
+  // Messages written and not yet sent (the one being written included):
+  // lets a producer bound what a slow client makes it hold.
+  size_t Queued() {
+    absl::MutexLock lock(&mu_);
+    return pending_.size();
+  }
+
   // False once cancelled, broken or finished.
   bool IsOpen() {
     absl::MutexLock lock(&mu_);

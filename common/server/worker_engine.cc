@@ -7,7 +7,8 @@ namespace tandem {
 
 core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
                                               const ModelBundle& model,
-                                              const std::string& worker_label) {
+                                              const std::string& worker_label,
+                                              KvEventPublisher* kv_events) {
   core::EngineCoreOptions o;
   o.scheduler.max_num_batched_tokens = config.engine.max_num_batched_tokens;
   o.scheduler.max_num_seqs = config.engine.max_num_seqs;
@@ -28,6 +29,11 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
   }
   o.max_prefill_attempts = config.kv.max_prefill_attempts;
   o.log = [](const std::string& line) { rpc::Log(line); };
+  if (kv_events != nullptr && config.engine.enable_prefix_caching) {
+    o.kv_event_sink = [kv_events](std::vector<kv::KvCacheEvent> events) {
+      kv_events->Publish(std::move(events));
+    };
+  }
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/cluster_config.h"
+#include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "engine/core/engine_core.h"
@@ -26,9 +27,13 @@ namespace tandem {
 // on_prefill_failure}, kv.max_prefill_attempts, the tokenizer's
 // end-of-generation ids and the model fingerprint; failover lines go to
 // rpc::Log. `worker_label` names the worker in errors ("decode worker").
+// `kv_events` (may be null) receives the engine's KV events
+// (kv_event_sink), only when engine.enable_prefix_caching is on: without
+// it nothing is recorded.
 core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
                                               const ModelBundle& model,
-                                              const std::string& worker_label);
+                                              const std::string& worker_label,
+                                              KvEventPublisher* kv_events = nullptr);
 
 // The CPU backend over model.model with a KV pool of engine.num_kv_blocks
 // blocks of engine.block_size tokens.

@@ -146,7 +146,10 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
 
   std::string address;
   std::atomic<bool> ready{false};
-  WorkerContext context{&*config, worker, bundle->get(), &*flags, nullptr};
+  // Declared before the runtime and the server: the engine publishes into
+  // it and the server serves it until both are gone.
+  KvEventPublisher kv_events(KvEventPublisherOptions{config->engine.block_size});
+  WorkerContext context{&*config, worker, bundle->get(), &*flags, nullptr, &kv_events};
   std::unique_ptr<WorkerRuntime> runtime;
   context.status = [&]() {
     v1::WorkerStatus status = runtime->Status();
@@ -164,6 +167,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.RegisterService(runtime->service());
+  builder.RegisterService(kv_events.service());
   int port = 0;
   const std::string key = key_prefix + "listen";
   auto server = rpc::BuildAndStart(builder, worker->listen, key, &port);

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/cluster_config.h"
+#include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
 #include "tandem/v1/common.pb.h"
 
@@ -43,6 +44,9 @@ struct WorkerContext {
   const std::map<std::string, std::string>* flags;
   // The worker's own status, filled by RunWorkerMain (for GetStatus).
   std::function<v1::WorkerStatus()> status;
+  // The KV event publisher RunWorkerMain serves (KvEvents.Watch); outlives
+  // the runtime. The factory hands it to CoreOptionsFromConfig.
+  KvEventPublisher* kv_events = nullptr;
 };
 
 using RuntimeFactory =
@@ -61,7 +65,8 @@ using RuntimeFactory =
 // when the router refuses it (FAILED_PRECONDITION: another model or KV
 // layout, INVALID_ARGUMENT: a bad field) the worker logs the reason, drains
 // and returns 1. --fault-kv-layout-id ID (tests only): register with ID
-// instead of the worker's own layout id.
+// instead of the worker's own layout id. Both roles serve KvEvents.Watch
+// (the runtime's engine publishes through WorkerContext::kv_events).
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory);
 

@@ -71,7 +71,8 @@ EngineCore::EngineCore(const EngineCoreOptions& options,
       pool_(backend_->kv_storage().num_blocks()),
       kv_(&pool_, kv::KvCacheManagerOptions{options.scheduler.enable_prefix_caching,
                                             options.model_fingerprint,
-                                            backend_->kv_storage().shape().block_size}),
+                                            backend_->kv_storage().shape().block_size,
+                                            /*record_events=*/options.kv_event_sink != nullptr}),
       scheduler_(WithLoader(options.scheduler, loader_ != nullptr), &kv_) {
   stats_.kv_blocks_total = static_cast<uint32_t>(pool_.num_blocks());
   loop_ = std::thread([this] { Loop(); });
@@ -297,7 +298,16 @@ void EngineCore::Loop() {
       continue;
     }
     pending = Step() && scheduler_.HasWork();
+    // After the inbox and the step: publishes (remote KV arrivals, step
+    // commits) and evictions (allocations) of this iteration, in order.
+    PublishKvEvents();
   }
+}
+
+void EngineCore::PublishKvEvents() {
+  if (!options_.kv_event_sink) return;
+  std::vector<kv::KvCacheEvent> events = kv_.TakeEvents();
+  if (!events.empty()) options_.kv_event_sink(std::move(events));
 }
 
 void EngineCore::Arrive(std::unique_ptr<Request> request) {

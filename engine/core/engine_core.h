@@ -90,6 +90,15 @@ struct EngineCoreOptions {
   // One line per failover decision (which request, attempt, cause, what
   // now); called on the loop thread. May be empty.
   std::function<void(const std::string&)> log;
+  // KV events (docs/architecture.md, "KV events and the router's prefix
+  // index"): when set and scheduler.enable_prefix_caching is on, the KV
+  // cache manager records block stored/removed events and the loop thread
+  // hands them here after each loop iteration that produced some (never an
+  // empty batch), oldest first; every event since construction goes
+  // through, so replaying them gives the prefix cache's set of hashes. Runs
+  // on the loop thread: it must not block. Empty (default): nothing is
+  // recorded.
+  std::function<void(std::vector<kv::KvCacheEvent>)> kv_event_sink;
 };
 
 struct CoreStats {
@@ -245,6 +254,8 @@ class EngineCore {
   // Refreshes the KV gauges and the queue gauges (waiting_requests and
   // queued_prefill_tokens of the requests that reached the loop) in stats_.
   void UpdateKvStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the KV cache manager's recorded events to options_.kv_event_sink.
+  void PublishKvEvents();
 
   // Const after construction.
   const EngineCoreOptions options_;

@@ -53,7 +53,8 @@ KvCacheManager::KvCacheManager(BlockPool* pool, const KvCacheManagerOptions& opt
     : pool_(pool),
       options_(options),
       block_size_(options.block_size),
-      meta_(static_cast<size_t>(pool->num_blocks())) {
+      meta_(static_cast<size_t>(pool->num_blocks())),
+      record_events_(options.record_events && options.enable_prefix_caching) {
   // The manager is the pool's only user, so it must start with every block free.
   assert(pool->num_free() == pool->num_blocks() && options.block_size > 0);
 }
@@ -134,6 +135,7 @@ bool KvCacheManager::AllocateSlots(int64_t seq_id, int32_t num_tokens) {
     lru_.pop_front();
     m.in_lru = false;
     cache_.erase(m.hash);
+    if (record_events_) events_.push_back({KvCacheEvent::Kind::kRemoved, m.hash});
     m.cached = false;
     m.hash = BlockHash{};
     m.ref = 1;
@@ -167,6 +169,7 @@ void KvCacheManager::CommitComputed(int64_t seq_id, std::span<const int32_t> tok
     if (cache_.try_emplace(h, b).second) {
       m.cached = true;
       m.hash = h;
+      if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, h});
     }
   }
 }
@@ -215,6 +218,19 @@ int32_t KvCacheManager::RefCount(int32_t block) const {
 
 bool KvCacheManager::IsCached(int32_t block) const {
   return meta_.at(static_cast<size_t>(block)).cached;
+}
+
+std::vector<KvCacheEvent> KvCacheManager::TakeEvents() {
+  std::vector<KvCacheEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+std::vector<BlockHash> KvCacheManager::CachedHashes() const {
+  std::vector<BlockHash> out;
+  out.reserve(cache_.size());
+  for (const auto& [hash, block] : cache_) out.push_back(hash);
+  return out;
 }
 
 void KvCacheManager::Acquire(int32_t block) {

@@ -58,6 +58,24 @@ struct KvCacheManagerOptions {
   std::string model_fingerprint;
   // Tokens per block (> 0). Default 16.
   int32_t block_size = 16;
+  // true: every block published into the prefix cache (a kStored event)
+  // and every cached block evicted (kRemoved) is recorded, in order, until
+  // the owner takes them (TakeEvents). Default false: nothing is recorded
+  // (and nothing is, whatever this says, without enable_prefix_caching).
+  bool record_events = false;
+};
+
+// A change of the prefix cache's set of findable hashes (KV events,
+// docs/architecture.md "KV events and the router's prefix index").
+// kStored: `hash` became findable (CommitComputed published a block; a
+// duplicate of a hash already cached records nothing). kRemoved: the block
+// holding `hash` was evicted (AllocateSlots reused it). Replaying a
+// manager's events in order over an empty set gives CachedHashes().
+struct KvCacheEvent {
+  enum class Kind { kStored, kRemoved };
+  Kind kind = Kind::kStored;
+  BlockHash hash;
+  bool operator==(const KvCacheEvent& o) const { return kind == o.kind && hash == o.hash; }
 };
 
 // Counters of FindCachedPrefix since construction (vLLM's
@@ -147,6 +165,14 @@ class KvCacheManager {
   bool IsCached(int32_t block) const;
   const PrefixCacheStats& prefix_cache_stats() const { return stats_; }
 
+  // The events recorded since the last call, oldest first (empty unless
+  // options.record_events); the list is cleared.
+  std::vector<KvCacheEvent> TakeEvents();
+  // Every hash findable in the prefix cache now, in no particular order
+  // (num_blocks_cached() of them): the state the events taken so far plus
+  // those still pending describe.
+  std::vector<BlockHash> CachedHashes() const;
+
  private:
   struct BlockHashHasher {
     size_t operator()(const BlockHash& h) const {
@@ -189,6 +215,8 @@ class KvCacheManager {
   std::unordered_map<int64_t, Sequence> seqs_;
   int32_t num_in_use_ = 0;  // blocks with ref > 0
   mutable PrefixCacheStats stats_;  // FindCachedPrefix is a const query
+  const bool record_events_;           // options.record_events && prefix caching
+  std::vector<KvCacheEvent> events_;   // recorded, not yet taken
 };
 
 }  // namespace tandem::kv

@@ -71,5 +71,27 @@ TEST(StatusFromCoreTest, CopiesTheCoreCounters) {
   EXPECT_EQ(s.bit_exact_class(), "class");
 }
 
+// The router's prefix index hashes prompts with the model file's
+// fingerprint (RegistryOptions::model_fingerprint = ModelBundle::
+// fingerprint): the workers' engines must mix in exactly that string. KV
+// events are wired only with prefix caching on.
+TEST(CoreOptionsFromConfigTest, FingerprintIsTheModelFilesAndEventsNeedPrefixCaching) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  ClusterConfig config;
+  KvEventPublisher publisher(KvEventPublisherOptions{config.engine.block_size, 1});
+  config.engine.enable_prefix_caching = true;
+  core::EngineCoreOptions on = CoreOptionsFromConfig(config, **model, "decode worker", &publisher);
+  EXPECT_EQ(on.model_fingerprint, (*model)->fingerprint);
+  ASSERT_TRUE(on.kv_event_sink != nullptr);
+  on.kv_event_sink({{kv::KvCacheEvent::Kind::kStored, kv::BlockHash{1, 2}}});
+  EXPECT_EQ(publisher.last_sequence(), 1u);
+  EXPECT_EQ(publisher.num_cached(), 1u);
+  EXPECT_EQ(CoreOptionsFromConfig(config, **model, "decode worker").kv_event_sink, nullptr);
+  config.engine.enable_prefix_caching = false;
+  EXPECT_EQ(CoreOptionsFromConfig(config, **model, "decode worker", &publisher).kv_event_sink,
+            nullptr);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -243,6 +243,7 @@ absl::Status LocalCluster::StartProcesses() {
       argv.push_back("--fault-stall-after-frames");
       argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));
     }
+    worker_argv_[name] = argv;
     absl::StatusOr<int> spawned = Spawn(name, argv);
     if (!spawned.ok()) return spawned.status();
     worker_index_[name] = *spawned;
@@ -283,6 +284,26 @@ absl::Status LocalCluster::StartProcesses() {
     return absl::DeadlineExceededError(
         absl::StrCat("the cluster did not become servable within ",
                      absl::FormatDuration(options_.start_timeout), "; last: ", last.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartWorker(const std::string& name) {
+  auto argv = worker_argv_.find(name);
+  if (argv == worker_argv_.end()) return absl::NotFoundError(absl::StrCat("no worker ", name));
+  int index = -1;
+  absl::StatusOr<std::string> address = SpawnAndWait(name, argv->second, &index);
+  if (!address.ok()) return address.status();
+  worker_index_[name] = index;
+  worker_address_[name] = *address;
+  if (name == kDecodeName) {
+    decode_index_ = index;
+    decode_address_ = *address;
+    decode_stub_ = v1::DecodeWorker::NewStub(Channel(decode_address_));
+  } else if (name == kPrefillName) {
+    prefill_index_ = index;
+    prefill_address_ = *address;
+    prefill_stub_ = v1::PrefillWorker::NewStub(Channel(prefill_address_));
   }
   return absl::OkStatus();
 }

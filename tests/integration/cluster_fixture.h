@@ -160,6 +160,12 @@ class LocalCluster {
   pid_t decode_pid() const { return group_.pid(decode_index_); }
   // The pid of worker `name` ("prefill-1", "decode-0", ...); -1 if none.
   pid_t worker_pid(const std::string& name) const;
+  // Starts worker `name` again (after the test killed it and it exited)
+  // with its first command line and waits for its TANDEM_LISTENING line:
+  // worker_pid(name) and the addresses are the new process's (a new port;
+  // the router learns it from the registration). Errors: NOT_FOUND for an
+  // unknown name, whatever stopped it from announcing itself.
+  absl::Status RestartWorker(const std::string& name);
   // The process group (exit statuses after Stop()).
   const cli::ProcessGroup& group() const { return group_; }
 
@@ -208,6 +214,7 @@ class LocalCluster {
   int decode_index_ = -1;
   std::map<std::string, int> worker_index_;            // name -> group_ index
   std::map<std::string, std::string> worker_address_;  // name -> gRPC host:port
+  std::map<std::string, std::vector<std::string>> worker_argv_;  // name -> command line
   std::string router_address_;
   std::string prefill_address_;
   std::string decode_address_;

@@ -2,19 +2,24 @@
 // GetStatus answers, or holds every call unanswered ("frozen"). Covers
 // Pick (scores from polled load and in-flight requests, ties in turn, avoid,
 // the policies), serving with no prefill worker (and its log lines), layout
-// id refusal, drop_after_ms, and polls that a frozen worker does not delay.
+// id refusal, drop_after_ms, polls that a frozen worker does not delay, and
+// the prefix index fed by each registered worker's KvEvents stream.
 #include "router/worker_registry.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
+#include <future>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/server/kv_event_publisher.h"
+#include "engine/kv/kv_cache_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,15 +32,16 @@ constexpr char kFingerprint[] = "test-fp";
 constexpr char kLayout[] = "kv2/test-fp/L5.H4.D8/f32";
 
 // A worker's GetStatus on 127.0.0.1 (both worker services, so either role
-// can be polled).
+// can be polled) and its KvEvents (a real publisher, block size 4).
 class FakeWorker {
  public:
-  FakeWorker() : decode_(this), prefill_(this) {
+  FakeWorker() : decode_(this), prefill_(this), kv_events_(KvEventPublisherOptions{4}) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&decode_);
     builder.RegisterService(&prefill_);
+    builder.RegisterService(kv_events_.service());
     server_ = builder.BuildAndStart();
     address_ = "127.0.0.1:" + std::to_string(port);
   }
@@ -45,6 +51,7 @@ class FakeWorker {
   }
 
   const std::string& address() const { return address_; }
+  KvEventPublisher& kv_events() { return kv_events_; }
   void SetReady(bool ready) {
     absl::MutexLock lock(&mu_);
     ready_ = ready;
@@ -106,6 +113,7 @@ class FakeWorker {
 
   Decode decode_;
   Prefill prefill_;
+  KvEventPublisher kv_events_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   absl::Mutex mu_;
@@ -534,6 +542,53 @@ TEST(WorkerRegistryTest, StatusAllAsyncAnswersWithinTheDeadlineWithAFrozenWorker
     EXPECT_TRUE(all.empty());
   });
   EXPECT_TRUE(called);  // no worker: answered at once, on this thread
+}
+
+// KV events: a registered worker's events reach the registry's prefix
+// index (CachedPrefixTokens, kv_index_blocks), and a re-registration at
+// another address follows the new process.
+TEST(WorkerRegistryTest, PrefixIndexFollowsEachRegisteredWorkersEvents) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  o.poll_interval_ms = 600000;  // no poll during the test
+  WorkerRegistry registry(o, HealthTo(&rec));
+  std::vector<int32_t> prompt(10);
+  std::iota(prompt.begin(), prompt.end(), 100);  // 2 full blocks of 4 + 2
+  const std::vector<kv::BlockHash> h = kv::HashFullBlocks(prompt, 4, kFingerprint);
+  auto stored = [](const kv::BlockHash& hash) {
+    return kv::KvCacheEvent{kv::KvCacheEvent::Kind::kStored, hash};
+  };
+  FakeWorker first, second;
+  first.kv_events().Publish({stored(h[0])});
+  second.kv_events().Publish({stored(h[0]), stored(h[1])});
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, first.address())).ok());
+  ASSERT_TRUE(WaitFor([&] { return registry.CachedPrefixTokens("d0", prompt) == 4; },
+                      absl::Seconds(10)));
+  first.kv_events().Publish({stored(h[1])});
+  ASSERT_TRUE(WaitFor([&] { return registry.CachedPrefixTokens("d0", prompt) == 8; },
+                      absl::Seconds(10)));
+  EXPECT_EQ(registry.CachedPrefixTokens("d1", prompt), 0);  // unknown worker
+  std::promise<std::vector<v1::WorkerStatus>> statuses;
+  registry.StatusAllAsync(
+      [&](std::vector<v1::WorkerStatus> s) { statuses.set_value(std::move(s)); });
+  const std::vector<v1::WorkerStatus> s = statuses.get_future().get();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].kv_index_blocks(), 2u);
+
+  // d0 re-registers at another address: the index follows the new process
+  // (first's later events no longer count).
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, second.address())).ok());
+  ASSERT_TRUE(WaitFor([&] { return second.kv_events().num_subscribers() == 1; },
+                      absl::Seconds(10)));
+  ASSERT_TRUE(WaitFor([&] { return registry.CachedPrefixTokens("d0", prompt) == 8; },
+                      absl::Seconds(10)));
+  first.kv_events().Publish({{kv::KvCacheEvent::Kind::kRemoved, h[0]}});
+  second.kv_events().Publish({{kv::KvCacheEvent::Kind::kRemoved, h[1]}});
+  ASSERT_TRUE(WaitFor([&] { return registry.CachedPrefixTokens("d0", prompt) == 4; },
+                      absl::Seconds(10)));
+  EXPECT_EQ(rec.Count("kv index: worker d0: 2 blocks dropped (re-registered at " +
+                      second.address() + ")"),
+            1);
 }
 
 }  // namespace

@@ -232,10 +232,10 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
           " ready healthy running=0 queued=0 kv_blocks=0/0 cached=0 transfers=0 prefill_tokens=0 "
           "decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
           "prefill-0 prefill 127.0.0.1:1 ready healthy running=0 kv_blocks=0/0 cached=0 "
-          "transfers=0 "
+          "kv_index=0 transfers=0 "
           "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
           "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 "
-          "transfers=0 "
+          "kv_index=0 transfers=0 "
           "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
 
   ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);

@@ -25,21 +25,24 @@ tandem::v1::WorkerStatus Decode() {
   w.set_decode_tokens_total(77);
   w.set_kv_bytes_received_total(1ull << 33);
   w.set_max_decode_batch_size(2);
+  w.set_kv_index_blocks(3);
   return w;
 }
 
 TEST(StatusFormatTest, OneLinePerProcess) {
   EXPECT_EQ(FormatStatusLine(Decode()),
             "decode-0 decode 127.0.0.1:40001 kv=127.0.0.1:40002 ready healthy running=2 "
-            "kv_blocks=5/2048 cached=0 transfers=1 prefill_tokens=0 decode_tokens=77 kv_sent=0 "
+            "kv_blocks=5/2048 cached=0 kv_index=3 transfers=1 prefill_tokens=0 decode_tokens=77 "
+            "kv_sent=0 "
             "kv_received=8589934592 max_batch=2 preemptions=0");
   tandem::v1::WorkerStatus p;
   p.set_name("prefill-0");
   p.set_role(tandem::v1::ROLE_PREFILL);
   p.set_prefill_tokens_computed_total(300);
   EXPECT_EQ(FormatStatusLine(p),
-            "prefill-0 prefill - not-ready unhealthy running=0 kv_blocks=0/0 cached=0 transfers=0 "
-            "prefill_tokens=300 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0");
+            "prefill-0 prefill - not-ready unhealthy running=0 kv_blocks=0/0 cached=0 kv_index=0 "
+            "transfers=0 prefill_tokens=300 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 "
+            "preemptions=0");
   // Workers report what a KV transfer peer must match and what must match
   // for bit-identical results.
   p.set_kv_layout_id("kv2/abc/L5.H4.D8/f32");
@@ -54,7 +57,7 @@ TEST(StatusFormatTest, OneLinePerProcess) {
   router.set_running_requests(512);
   router.set_queued_requests(7);
   EXPECT_THAT(FormatStatusLine(router),
-              ::testing::HasSubstr(" running=512 queued=7 kv_blocks=0/0 "));
+              ::testing::HasSubstr(" running=512 queued=7 kv_blocks=0/0 cached=0 transfers=0 "));
 }
 
 TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
@@ -70,7 +73,8 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
   EXPECT_EQ(j["workers"][0].dump(),
             R"({"name":"decode-0","role":"decode","address":"127.0.0.1:40001",)"
             R"("kv_endpoint":"127.0.0.1:40002","ready":true,"healthy":true,"running_requests":2,)"
-            R"("queued_requests":0,"kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,"transfers_in_flight":1,)"
+            R"("queued_requests":0,"kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,)"
+            R"("kv_index_blocks":3,"transfers_in_flight":1,)"
             R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
             R"("kv_bytes_received_total":8589934592,"decode_tokens_total":77,)"
             R"("max_decode_batch_size":2,"preemptions_total":0,"model_fingerprint":"",)"

@@ -7,11 +7,13 @@
 #include "engine/core/engine_core.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/core/core_harness.h"
@@ -551,6 +553,67 @@ TEST(EngineCoreTest, SubmitRefusesWhatCanNeverRun) {
   h.core->Shutdown();
   EXPECT_EQ(submit("late", FakePrompt(4, 1), 2, RouteChoice::kLocal).code(),
             absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::core
+
+namespace tandem::core {
+namespace {
+
+// Collects what the core hands to kv_event_sink (loop thread).
+struct EventLog {
+  absl::Mutex mu;
+  std::vector<kv::KvCacheEvent> events;
+  int batches = 0;
+  std::function<void(std::vector<kv::KvCacheEvent>)> Sink() {
+    return [this](std::vector<kv::KvCacheEvent> batch) {
+      absl::MutexLock lock(&mu);
+      EXPECT_FALSE(batch.empty());
+      ++batches;
+      events.insert(events.end(), batch.begin(), batch.end());
+    };
+  }
+  std::vector<kv::KvCacheEvent> Take() {
+    absl::MutexLock lock(&mu);
+    return events;
+  }
+};
+
+TEST(EngineCoreTest, KvEventSinkGetsEveryPublishedBlockAfterTheStep) {
+  EventLog log;
+  EngineCoreOptions options = Options();
+  options.kv_event_sink = log.Sink();
+  Harness h(64, nullptr, options);
+  const std::vector<int32_t> prompt = FakePrompt(18, 4);  // 4 full blocks + 2
+  auto sink = h.Submit("a", prompt, 1, RouteChoice::kLocal);
+  ASSERT_TRUE(sink->WaitFinish());
+  ASSERT_TRUE(h.WaitIdle());
+  // max_tokens 1: no decode step, so exactly the prompt's full blocks.
+  const std::vector<kv::BlockHash> want = kv::HashFullBlocks(prompt, kBlockSize, "fake-model");
+  std::vector<kv::KvCacheEvent> expected;
+  for (const kv::BlockHash& hash : want) {
+    expected.push_back({kv::KvCacheEvent::Kind::kStored, hash});
+  }
+  // Published after the step that finished the request: poll (bounded).
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (log.Take().size() < expected.size() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(log.Take(), expected);
+}
+
+TEST(EngineCoreTest, KvEventSinkGetsNothingWithoutPrefixCaching) {
+  EventLog log;
+  EngineCoreOptions options = Options();
+  options.scheduler.enable_prefix_caching = false;
+  options.kv_event_sink = log.Sink();
+  Harness h(64, nullptr, options);
+  auto sink = h.Submit("a", FakePrompt(18, 4), 3, RouteChoice::kLocal);
+  ASSERT_TRUE(sink->WaitFinish());
+  ASSERT_TRUE(h.WaitIdle());
+  EXPECT_TRUE(log.Take().empty());
+  EXPECT_EQ(log.batches, 0);
 }
 
 }  // namespace

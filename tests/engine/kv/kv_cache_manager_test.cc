@@ -14,6 +14,8 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -62,10 +64,11 @@ BlockHash RefHash(const BlockHash& parent, const std::vector<int32_t>& block,
 
 class KvCacheManagerTest : public ::testing::Test {
  protected:
-  void Init(int32_t num_blocks, bool caching = true) {
+  void Init(int32_t num_blocks, bool caching = true, bool events = false) {
     pool_ = std::make_unique<BlockPool>(num_blocks);
     KvCacheManagerOptions options;
     options.enable_prefix_caching = caching;
+    options.record_events = events;
     options.model_fingerprint = "test-model";
     options.block_size = kBs;
     mgr_ = std::make_unique<KvCacheManager>(pool_.get(), options);
@@ -674,4 +677,141 @@ TEST_F(KvCacheManagerTest, ForkSharesBlocksByReferenceWithTheirHashChain) {
   }
 }
 
+}  // namespace tandem::kv
+
+namespace tandem::kv {
+namespace {
+
+KvCacheEvent Stored(const BlockHash& h) { return {KvCacheEvent::Kind::kStored, h}; }
+KvCacheEvent Removed(const BlockHash& h) { return {KvCacheEvent::Kind::kRemoved, h}; }
+
+// Set of hashes from replaying `events` over `start`.
+std::vector<std::pair<uint64_t, uint64_t>> Replay(const std::vector<KvCacheEvent>& events,
+                                                  std::vector<BlockHash> start = {}) {
+  std::set<std::pair<uint64_t, uint64_t>> set;
+  for (const BlockHash& h : start) set.insert({h.hi, h.lo});
+  for (const KvCacheEvent& e : events) {
+    if (e.kind == KvCacheEvent::Kind::kStored) {
+      EXPECT_TRUE(set.insert({e.hash.hi, e.hash.lo}).second) << "stored twice";
+    } else {
+      EXPECT_EQ(set.erase({e.hash.hi, e.hash.lo}), 1u) << "removed without being stored";
+    }
+  }
+  return {set.begin(), set.end()};
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Sorted(const std::vector<BlockHash>& hashes) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const BlockHash& h : hashes) out.push_back({h.hi, h.lo});
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_F(KvCacheManagerTest, EventsStoredOnPublishInChainOrder) {
+  Init(10, true, true);
+  const std::vector<int32_t> prompt = Tokens(0, 10);  // 2 full blocks + 2 tokens
+  const std::vector<BlockHash> h = HashFullBlocks(prompt, kBs, "test-model");
+  mgr_->StartSequence(1, PrefixHit{});
+  ASSERT_TRUE(mgr_->AllocateSlots(1, 10));
+  mgr_->CommitComputed(1, prompt, 5);  // block 0 only
+  EXPECT_THAT(mgr_->TakeEvents(), ElementsAre(Stored(h[0])));
+  EXPECT_THAT(mgr_->TakeEvents(), IsEmpty());  // taken once
+  mgr_->CommitComputed(1, prompt, 10);  // block 1; the partial block never
+  EXPECT_THAT(mgr_->TakeEvents(), ElementsAre(Stored(h[1])));
+  EXPECT_EQ(Sorted(mgr_->CachedHashes()), Sorted({h[0], h[1]}));
+  // Freeing keeps the blocks findable: no event.
+  mgr_->FreeSequence(1);
+  EXPECT_THAT(mgr_->TakeEvents(), IsEmpty());
+}
+
+TEST_F(KvCacheManagerTest, DuplicateAndHitBlocksAreNotStoredAgain) {
+  Init(20, true, true);
+  const std::vector<int32_t> prompt = Tokens(0, 9);
+  const std::vector<BlockHash> h = HashFullBlocks(prompt, kBs, "test-model");
+  // Two sequences compute the same prompt side by side: the first commit
+  // publishes, the second is a private duplicate.
+  mgr_->StartSequence(1, PrefixHit{});
+  mgr_->StartSequence(2, PrefixHit{});
+  ASSERT_TRUE(mgr_->AllocateSlots(1, 9));
+  ASSERT_TRUE(mgr_->AllocateSlots(2, 9));
+  mgr_->CommitComputed(1, prompt, 9);
+  mgr_->CommitComputed(2, prompt, 9);
+  EXPECT_THAT(mgr_->TakeEvents(), ElementsAre(Stored(h[0]), Stored(h[1])));
+  // A third reaches them through a hit: nothing new.
+  Run(3, prompt, LocalCap(prompt.size()));
+  EXPECT_THAT(mgr_->TakeEvents(), IsEmpty());
+}
+
+TEST_F(KvCacheManagerTest, EvictionRecordsRemovedAndEventsReplayToCachedHashes) {
+  Init(4, true, true);
+  const std::vector<int32_t> a = Tokens(0, 8);
+  const std::vector<int32_t> b = Tokens(100, 8);
+  const std::vector<BlockHash> ha = HashFullBlocks(a, kBs, "test-model");
+  const std::vector<BlockHash> hb = HashFullBlocks(b, kBs, "test-model");
+  Run(1, a, LocalCap(a.size()));
+  mgr_->FreeSequence(1);  // a's blocks evictable, tail first
+  std::vector<KvCacheEvent> all = mgr_->TakeEvents();
+  EXPECT_THAT(all, ElementsAre(Stored(ha[0]), Stored(ha[1])));
+  // b takes the 2 free blocks, then 1 more evicts a's tail block.
+  mgr_->StartSequence(2, PrefixHit{});
+  ASSERT_TRUE(mgr_->AllocateSlots(2, 12));
+  mgr_->CommitComputed(2, Concat(b, Tokens(200, 4)), 12);
+  const std::vector<BlockHash> hb3 = HashFullBlocks(Concat(b, Tokens(200, 4)), kBs, "test-model");
+  std::vector<KvCacheEvent> more = mgr_->TakeEvents();
+  EXPECT_THAT(more, ElementsAre(Removed(ha[1]), Stored(hb[0]), Stored(hb[1]), Stored(hb3[2])));
+  all.insert(all.end(), more.begin(), more.end());
+  EXPECT_EQ(Replay(all), Sorted(mgr_->CachedHashes()));
+  EXPECT_EQ(mgr_->CachedHashes().size(), 4u);
+}
+
+TEST_F(KvCacheManagerTest, EventsOffByDefaultAndWithoutPrefixCaching) {
+  Init(4);  // record_events defaults to false
+  Run(1, Tokens(0, 8), 0);
+  mgr_->FreeSequence(1);
+  Run(2, Tokens(50, 16), 0);  // evicts
+  EXPECT_THAT(mgr_->TakeEvents(), IsEmpty());
+  EXPECT_EQ(mgr_->CachedHashes().size(), 4u);
+
+  Init(4, /*caching=*/false, /*events=*/true);
+  Run(1, Tokens(0, 8), 0);
+  EXPECT_THAT(mgr_->TakeEvents(), IsEmpty());
+  EXPECT_THAT(mgr_->CachedHashes(), IsEmpty());
+}
+
+TEST(KvCacheManagerRandomTest, EventsReplayToCachedHashesOverRandomOperations) {
+  BlockPool pool(12);
+  KvCacheManagerOptions options;
+  options.model_fingerprint = "fp";
+  options.block_size = kBs;
+  options.record_events = true;
+  KvCacheManager mgr(&pool, options);
+  std::mt19937 rng(7);
+  std::vector<KvCacheEvent> all;
+  std::vector<int64_t> live;
+  for (int64_t id = 1; id <= 400; ++id) {
+    // Prompts from a few shared prefixes, so hits, duplicates and evictions mix.
+    std::vector<int32_t> prompt = Tokens(static_cast<int32_t>(rng() % 3) * 1000,
+                                         static_cast<int32_t>(4 + rng() % 12));
+    if (rng() % 2) prompt.back() = static_cast<int32_t>(rng() % 50);
+    if (!live.empty() && (live.size() > 2 || rng() % 2)) {
+      const size_t i = rng() % live.size();
+      mgr.FreeSequence(live[i]);
+      live.erase(live.begin() + static_cast<ptrdiff_t>(i));
+    }
+    PrefixHit hit = mgr.FindCachedPrefix(prompt, static_cast<int32_t>(prompt.size()) - 1);
+    mgr.StartSequence(id, hit);
+    if (!mgr.AllocateSlots(id, static_cast<int32_t>(prompt.size()))) {
+      mgr.FreeSequence(id);
+      continue;
+    }
+    live.push_back(id);
+    mgr.CommitComputed(id, prompt, static_cast<int32_t>(prompt.size()));
+    std::vector<KvCacheEvent> ev = mgr.TakeEvents();
+    all.insert(all.end(), ev.begin(), ev.end());
+    ASSERT_EQ(Replay(all), Sorted(mgr.CachedHashes())) << "after sequence " << id;
+  }
+  EXPECT_GT(all.size(), 20u);
+}
+
+}  // namespace
 }  // namespace tandem::kv
