@@ -4,8 +4,13 @@
 // so both workers stay equal and idle to it: kv_aware takes them in turn
 // and logs each choice with its score; round_robin alternates too. The
 // workers' own decode counters agree with the headers. (Scores from
-// polled load: tests/router/worker_registry_test.cc.)
+// polled load: tests/router/worker_registry_test.cc.) With one prefill
+// worker and real status polls: 8 distinct long prompts, then each again,
+// the repeats go to the decode worker that holds the prompt's blocks (the
+// router's prefix index, fed by KV events) and are served from its cache.
+#include <algorithm>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -86,6 +91,66 @@ TEST_F(RoutingPolicyTest, KvAwareSpreadsRequestsThatShareNothing) {
     }
   }
   EXPECT_EQ(lines, 8) << log;
+}
+
+// 8 distinct long prompts over 2 decode workers (prefilled remotely by P,
+// the KV shipped to the chosen D, which caches the full blocks), then each
+// prompt again: every repeat lands on the decode worker that served it
+// first and reports every full block before the last prompt token as
+// cached. Without the index a repeat would find its worker by chance (all
+// 8: 1/256).
+TEST_F(RoutingPolicyTest, KvAwareSendsARepeatedPromptToTheWorkerHoldingItsPrefix) {
+  ClusterOptions o = Options("");
+  o.num_prefill_workers = 1;
+  o.poll_interval_ms = 200;  // real polls: load and free blocks as a user has them
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  static const char* const kOpenings[] = {"Tom",  "Lily", "A big dog", "The old man",
+                                          "Sue",  "Ben",  "A small cat", "The queen"};
+  const std::string body =
+      " went to the park with a red ball. The sun was warm and the sky was blue. They played "
+      "and ran and laughed until it was time to go home for dinner. At home, mom made soup "
+      "and bread, and everyone was happy.";
+  std::vector<std::string> first(8);
+  std::vector<uint32_t> prompt_tokens(8);
+  for (int i = 0; i < 8; ++i) {
+    const StreamResult r =
+        RunGenerate(cluster().stub(), MakeRequest(kOpenings[i] + body, 4), absl::Seconds(60));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.route, "remote") << i;  // longer than max_local_prefill_tokens
+    ASSERT_GT(r.prompt_tokens, 3 * 16u) << i;
+    EXPECT_EQ(r.cached_prompt_tokens, 0u) << i;
+    first[i] = r.decode_worker;
+    prompt_tokens[i] = r.prompt_tokens;
+  }
+  // Nothing shared: the first round spreads over both decode workers.
+  EXPECT_GE(std::count(first.begin(), first.end(), "decode-0"), 2);
+  EXPECT_GE(std::count(first.begin(), first.end(), "decode-1"), 2);
+  // The index has caught up with each decode worker's own cache (events
+  // are asynchronous) before the repeats.
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+    if (!status.ok()) return false;
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (w.role() != v1::ROLE_DECODE) continue;
+      if (w.kv_blocks_cached() == 0 || w.kv_index_blocks() != w.kv_blocks_cached()) return false;
+    }
+    return true;
+  }));
+  for (int i = 0; i < 8; ++i) {
+    const StreamResult r =
+        RunGenerate(cluster().stub(), MakeRequest(kOpenings[i] + body, 4), absl::Seconds(60));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.decode_worker, first[i]) << "repeat of prompt " << i;
+    // D's local prefix hit: every full block before the last prompt token.
+    EXPECT_EQ(r.cached_prompt_tokens, (prompt_tokens[i] - 1) / 16 * 16) << "prompt " << i;
+  }
+  const std::string log = cluster().CapturedStderr();
+  // The repeats' log lines show the index's hit (the first round's show 0/L).
+  const std::regex hit(
+      R"(: decode worker decode-[01] \(kv_aware score [-0-9.]+: [1-9][0-9]*/[0-9]+ prompt tokens cached)");
+  int hits = 0;
+  for (const std::string& line : Lines(log)) hits += std::regex_search(line, hit);
+  EXPECT_EQ(hits, 8) << log;
 }
 
 TEST_F(RoutingPolicyTest, RoundRobinAlternates) {
