@@ -49,6 +49,12 @@ int main(int argc, char** argv) {
   }
   const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
   rpc::SetLogComponent(name);
+  auto cluster_auth =
+      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms);
+  if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
+  rpc::Log((*cluster_auth)->open()
+               ? "peer authentication: open (no cluster.secret_file)"
+               : "peer authentication: HMAC-SHA256 (cluster.secret_file)");
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
   auto bundle = LoadModelBundle(*model_path);
@@ -70,6 +76,7 @@ int main(int argc, char** argv) {
   options.unhealthy_after_missed_polls = config->router.unhealthy_after_missed_polls;
   options.rpc_timeout_ms = config->router.rpc_timeout_ms;
   options.drop_after_ms = config->router.drop_after_ms;
+  options.auth = cluster_auth->get();
   // What every worker's KV layout must be (the workers' own function).
   options.kv_layout_id = ExpectedKvLayout(*config, **bundle).LayoutId();
   rpc::Log(absl::StrCat("expected KV layout: ", options.kv_layout_id));

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth/cluster_auth.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -54,6 +55,9 @@ struct WorkerHandle {
   std::string kv_endpoint;
   std::unique_ptr<v1::DecodeWorker::Stub> decode_stub;    // decode workers
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub;  // prefill workers
+  // Signs every call to this worker (rpc::SignCall); the registry's
+  // RegistryOptions::auth (nullptr or open: calls carry no credential).
+  const auth::ClusterAuth* auth = nullptr;
   std::atomic<int> active_requests{0};  // routed by this router, not finished
 
   // Requests using this worker register a callback that runs when the
@@ -79,6 +83,10 @@ struct RegistryOptions {
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;       // deadline of each GetStatus
   int32_t drop_after_ms = 30000;       // unhealthy this long -> removed
+  // The cluster credential signer/verifier (cluster.secret_file; nullptr
+  // or open: none). Polls and every call through a WorkerHandle are signed
+  // with it, RegisterWorker verified. Outlives the registry.
+  const auth::ClusterAuth* auth = nullptr;
   // Where the registry's lines go (registrations, health transitions,
   // drops); rpc::Log when empty.
   std::function<void(const std::string&)> log;
@@ -114,6 +122,9 @@ class WorkerRegistry {
 
   // >= 1 healthy, not draining decode worker (prefill workers are optional).
   bool CanServe() const;
+
+  // RegistryOptions::auth (nullptr when unset).
+  const auth::ClusterAuth* auth() const { return options_.auth; }
 
   // Whether `name` is in the registry now (dropped workers are not).
   bool Contains(const std::string& name) const;

@@ -41,11 +41,19 @@ std::string RoleName(tandem::v1::WorkerRole role);
 // with " kv=<endpoint>" after the address for decode workers that have one.
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 
+// The cluster's peer authentication (ClusterStatus.cluster_auth), one line:
+//   "cluster: authenticated (HMAC-SHA256)" for "hmac-sha256",
+//   "cluster: open (no cluster.secret_file: any host that reaches a worker
+//    port can register or call it)" for "open",
+//   "cluster: authentication unknown (the router does not report it)" else.
+std::string FormatClusterAuthLine(const tandem::v1::ClusterStatus& status);
+
 // Every WorkerStatus field under its proto name, numbers as JSON numbers
 // (not the strings of proto3's JSON mapping for 64-bit values), role as
 // RoleName.
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& status);
-// {"can_serve": bool, "router": {...}, "workers": [{...}, ...]}.
+// {"can_serve": bool, "cluster_auth": "hmac-sha256"|"open"|"",
+//  "router": {...}, "workers": [{...}, ...]}.
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status);
 
 // True when no worker has kv_blocks_in_use, transfers_in_flight or

@@ -150,7 +150,8 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_prefill_attempts: ", o.max_prefill_attempts, "\n",
       "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",
       "  handshake_timeout_ms: ", o.handshake_timeout_ms, "\n",
-      "shutdown_grace_s: ", o.shutdown_grace_s, "\n");
+      "shutdown_grace_s: ", o.shutdown_grace_s, "\n",
+      o.secret_file.empty() ? "" : absl::StrCat("cluster:\n  secret_file: ", o.secret_file, "\n"));
 }
 
 bool PollUntil(absl::Duration timeout, const std::function<bool()>& done,

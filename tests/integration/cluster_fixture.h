@@ -101,6 +101,11 @@ struct ClusterOptions {
   bool prefill_fault_fail_reply = false;
   // Passed to prefill-0 (only) as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
+  // cluster.secret_file of every process (empty: none, an open cluster).
+  // With one, the fixture's direct worker stubs (decode_stub(),
+  // DecodeStatus(), PrefillStatus()) carry no credential: the workers
+  // answer them UNAUTHENTICATED.
+  std::string secret_file;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
   // true: the children's stderr (their logs) goes to a file in the
