@@ -86,10 +86,12 @@ TEST(HelloAuthWireTest, CredentialAndAnswerRoundTrip) {
 // any auth.
 class HelloAuthTest : public ::testing::Test {
  protected:
-  void Start(const auth::ClusterAuth* receiver_auth) {
+  // The receiver's secret: 40 x `fill`, or none (open) for 0.
+  void Start(char fill) {
+    receiver_auth_ = Auth(fill);
     KvReceiver::Options o;
     o.host = "127.0.0.1";
-    o.auth = receiver_auth;
+    o.auth = receiver_auth_.get();
     o.log = [this](std::string_view line) {
       absl::MutexLock lock(&mu_);
       log_.emplace_back(line);
@@ -117,26 +119,29 @@ class HelloAuthTest : public ::testing::Test {
     return log_;
   }
 
+  void TearDown() override { receiver_.reset(); }  // its threads log into log_
+
   static constexpr uint32_t kPrompt = 8;
   const KvLayout layout_ = TestLayout(2, 2, 4);
   VectorKvWriter writer_{layout_, kPrompt};
   DoneRecorder done_;
-  std::unique_ptr<KvReceiver> receiver_;
   absl::Mutex mu_;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<auth::ClusterAuth> receiver_auth_;
+  std::unique_ptr<KvReceiver> receiver_;  // last: destroyed first
 };
 
 TEST_F(HelloAuthTest, SameSecretTransfers) {
-  auto d = Auth('a'), p = Auth('a');
-  Start(d.get());
+  auto p = Auth('a');
+  Start('a');
   auto sender = Connect(p.get());
   ASSERT_TRUE(sender.ok()) << sender.status();
   ExpectDelivers(**sender);
 }
 
 TEST_F(HelloAuthTest, SenderWithAnotherSecretOrNoneIsRefusedAndTheTransferLivesOn) {
-  auto d = Auth('a'), wrong = Auth('b'), open = Auth(0);
-  Start(d.get());
+  auto wrong = Auth('b'), open = Auth(0);
+  Start('a');
   absl::StatusOr<std::unique_ptr<KvSender>> bad = Connect(wrong.get());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(bad.status().message(),
@@ -163,8 +168,8 @@ TEST_F(HelloAuthTest, SenderWithAnotherSecretOrNoneIsRefusedAndTheTransferLivesO
 }
 
 TEST_F(HelloAuthTest, ReplayedHelloIsRefused) {
-  auto d = Auth('a'), p = Auth('a');
-  Start(d.get());
+  auto p = Auth('a');
+  Start('a');
   wire::Hello h{kKvProtocolVersion, "req", 1, layout_, kTestBitExactClass, {}};
   SignHello(p.get(), &h);
   const std::string bytes = wire::EncodeHello(h);
@@ -193,8 +198,8 @@ TEST_F(HelloAuthTest, ReplayedHelloIsRefused) {
 }
 
 TEST_F(HelloAuthTest, ReceiverWithAnotherSecretCannotTakeKv) {
-  auto d = Auth('b'), p = Auth('a');
-  Start(d.get());
+  auto p = Auth('a');
+  Start('b');
   absl::StatusOr<std::unique_ptr<KvSender>> sender = Connect(p.get());
   EXPECT_EQ(sender.status().code(), absl::StatusCode::kUnauthenticated) << sender.status();
   EXPECT_EQ(done_.calls(), 0);
@@ -202,7 +207,7 @@ TEST_F(HelloAuthTest, ReceiverWithAnotherSecretCannotTakeKv) {
 
 TEST_F(HelloAuthTest, OpenReceiverCannotTakeKvFromASecuredSender) {
   auto p = Auth('a');
-  Start(nullptr);
+  Start(0);
   absl::StatusOr<std::unique_ptr<KvSender>> sender = Connect(p.get());
   EXPECT_EQ(sender.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(sender.status().message(),
@@ -212,7 +217,7 @@ TEST_F(HelloAuthTest, OpenReceiverCannotTakeKvFromASecuredSender) {
 }
 
 TEST_F(HelloAuthTest, OpenPairTransfersAsBefore) {
-  Start(nullptr);
+  Start(0);
   auto sender = Connect(nullptr);
   ASSERT_TRUE(sender.ok()) << sender.status();
   ExpectDelivers(**sender);
@@ -220,8 +225,7 @@ TEST_F(HelloAuthTest, OpenPairTransfersAsBefore) {
 
 // The prefill worker's sender: the same checks on its poll loop.
 TEST_F(HelloAuthTest, SendQueueAuthenticatesBothWays) {
-  auto d = Auth('a');
-  Start(d.get());
+  Start('a');
   for (char fill : {'b', 'a'}) {
     auto p = Auth(fill);
     KvSendQueue::Options qo;
