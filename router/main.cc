@@ -52,9 +52,6 @@ int main(int argc, char** argv) {
   auto cluster_auth =
       auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms);
   if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
-  rpc::Log((*cluster_auth)->open()
-               ? "peer authentication: open (no cluster.secret_file)"
-               : "peer authentication: HMAC-SHA256 (cluster.secret_file)");
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
   auto bundle = LoadModelBundle(*model_path);
@@ -69,6 +66,11 @@ int main(int argc, char** argv) {
   } else {
     rpc::Log(absl::StrCat("chat format: none (", chat_template->status().message(), ")"));
   }
+
+  // Logged once start-up errors (one stderr line each) are behind us.
+  rpc::Log((*cluster_auth)->open()
+               ? "peer authentication: open (no cluster.secret_file)"
+               : "peer authentication: HMAC-SHA256 (cluster.secret_file)");
 
   router::RegistryOptions options;
   options.model_fingerprint = (*bundle)->fingerprint;
