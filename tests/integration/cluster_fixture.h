@@ -34,6 +34,10 @@
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tools/process_group.h"
 
+namespace tandem::auth {
+class ClusterAuth;  // common/auth/cluster_auth.h
+}  // namespace tandem::auth
+
 namespace tandem::testing {
 
 // Absolute path of a binary built by this build tree: "tandem-router",
@@ -102,9 +106,9 @@ struct ClusterOptions {
   // Passed to prefill-0 (only) as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
   // cluster.secret_file of every process (empty: none, an open cluster).
-  // With one, the fixture's direct worker stubs (decode_stub(),
-  // DecodeStatus(), PrefillStatus()) carry no credential: the workers
-  // answer them UNAUTHENTICATED.
+  // With one, DecodeStatus() and PrefillStatus() sign their calls
+  // (LocalCluster::Sign); calls a test makes on decode_stub() carry no
+  // credential unless it signs them.
   std::string secret_file;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
@@ -167,6 +171,12 @@ class LocalCluster {
   // to it as the router does.
   v1::DecodeWorker::Stub& decode_stub() { return *decode_stub_; }
 
+  // With options.secret_file: adds the cluster credential for `request`
+  // sent to `method` ("/tandem.v1.DecodeWorker/GetStatus") to `context`, as
+  // the router does; no-op in an open cluster.
+  void Sign(grpc::ClientContext* context, const std::string& method,
+            const google::protobuf::Message& request) const;
+
   // Generation.GetStatus on the router with a deadline.
   absl::StatusOr<v1::ClusterStatus> ClusterStatus(
       absl::Duration timeout = absl::Seconds(5));
@@ -208,6 +218,8 @@ class LocalCluster {
   std::string prefill_address_;
   std::string decode_address_;
   std::unique_ptr<v1::Generation::Stub> stub_;
+  // options_.secret_file's, or open (shared_ptr: the type is incomplete here).
+  std::shared_ptr<const auth::ClusterAuth> auth_;
   std::unique_ptr<v1::DecodeWorker::Stub> decode_stub_;
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub_;
 };

@@ -111,20 +111,26 @@ TEST_F(TrustTest, DirectWorkerCallsNeedTheClusterCredential) {
   }
   // GetStatus: without a credential refused; with one made from the
   // cluster secret answered (so the refusal above is the credential's).
-  EXPECT_EQ(cluster().DecodeStatus().status().code(), absl::StatusCode::kUnauthenticated);
-  absl::StatusOr<std::unique_ptr<auth::ClusterAuth>> a = auth::ClusterAuth::Load(secret_, 30000);
-  ASSERT_TRUE(a.ok()) << a.status();
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::GetStatusRequest req;
-    ctx.AddMetadata(auth::kAuthMetadataKey,
-                    auth::FormatCredential((*a)->Sign("/tandem.v1.DecodeWorker/GetStatus",
-                                                      req.SerializeAsString())));
+    v1::WorkerStatus status;
+    grpc::Status s = cluster().decode_stub().GetStatus(&ctx, v1::GetStatusRequest(), &status);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  absl::StatusOr<v1::WorkerStatus> signed_status = cluster().DecodeStatus();
+  ASSERT_TRUE(signed_status.ok()) << signed_status.status();
+  EXPECT_EQ(signed_status->name(), LocalCluster::kDecodeName);
+  {  // A credential for another method does not open this one.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const v1::GetStatusRequest req;
+    cluster().Sign(&ctx, "/tandem.v1.PrefillWorker/GetStatus", req);
     v1::WorkerStatus status;
     grpc::Status s = cluster().decode_stub().GetStatus(&ctx, req, &status);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(status.name(), LocalCluster::kDecodeName);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(),
+              "bad signature (another cluster secret, or the message was altered)");
   }
   const std::string log = cluster().CapturedStderr();
   EXPECT_THAT(log, HasSubstr("refused /tandem.v1.DecodeWorker/Generate from "));
