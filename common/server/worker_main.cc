@@ -28,8 +28,10 @@ int Fail(const std::string& message) {
 // Registers with the router and repeats it as a heartbeat, so a restarted
 // router learns about this worker again within one period. A refusal
 // (FAILED_PRECONDITION: another model or KV layout; INVALID_ARGUMENT: a bad
-// field; UNAUTHENTICATED: another cluster secret) cannot heal by retrying: it is logged, stored in `*refusal` and
-// ends the process's wait for a termination signal (SIGTERM to itself).
+// field; UNAUTHENTICATED: another cluster secret, or a clock outside
+// cluster.auth_max_skew_ms) cannot heal by retrying: it is logged, stored in
+// `*refusal` and ends the process's wait for a termination signal (SIGTERM
+// to itself). Every attempt is signed afresh (rpc::SignCall).
 void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest request,
                       const auth::ClusterAuth* auth, absl::Notification* stop,
                       std::string* refusal) {
