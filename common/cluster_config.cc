@@ -379,7 +379,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   absl::Status s = CheckKeys(root, "",
                              {"model", "chat_template", "router", "prefill_workers",
                               "decode_workers", "engine", "conditional", "kv",
-                              "shutdown_grace_s"});
+                              "shutdown_grace_s", "cluster"});
   if (!s.ok()) return s;
   if (s = ReadString(root, "model", "", &c->model); !s.ok()) return s;
   if (s = ReadString(root, "chat_template", "", &c->chat_template); !s.ok()) return s;
@@ -468,6 +468,16 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     if (!s.ok()) return s;
     s = ReadInt(n, "kv", "send_buffer_bytes", &c->kv.send_buffer_bytes,
                 KvConfig::kMinSendBufferBytes, KvConfig::kMaxSendBufferBytes);
+    if (!s.ok()) return s;
+  }
+  if (const YAML::Node n = root["cluster"]; n.IsDefined()) {
+    if (s = CheckKeys(n, "cluster", {"secret_file", "auth_max_skew_ms"}); !s.ok()) return s;
+    if (s = ReadString(n, "secret_file", "cluster", &c->cluster.secret_file); !s.ok()) return s;
+    if (n["secret_file"].IsDefined() && c->cluster.secret_file.empty()) {
+      return Invalid("cluster.secret_file", "must not be empty (remove the key to run open)",
+                     n["secret_file"]);
+    }
+    s = ReadInts(n, "cluster", {{"auth_max_skew_ms", &c->cluster.auth_max_skew_ms, 1000, 600000}});
     if (!s.ok()) return s;
   }
   return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});

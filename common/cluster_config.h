@@ -23,6 +23,7 @@
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
 //        max_prefill_attempts: 2, send_buffer_bytes: 268435456}
 //   shutdown_grace_s: 5
+//   cluster: {secret_file: PATH, auth_max_skew_ms: 30000}
 // Ports may be 0 (ephemeral).
 #ifndef TANDEM_COMMON_CLUSTER_CONFIG_H_
 #define TANDEM_COMMON_CLUSTER_CONFIG_H_
@@ -182,6 +183,17 @@ inline constexpr std::array<absl::string_view, 12> kChatTemplateNames = {
     "mistral-v1",     "mistral-v3",       "mistral-v3-tekken",
     "mistral-v7",     "mistral-v7-tekken"};
 
+// Peer authentication (common/auth/cluster_auth.h). No secret_file: the
+// cluster runs open (any host that reaches a worker port can call it).
+struct ClusterAuthConfig {
+  // A file holding the shared secret (>= 32 bytes, trailing newline
+  // trimmed); relative paths from the working directory, like `model`.
+  std::string secret_file;
+  // Largest accepted |sender's clock - receiver's clock| of a credential;
+  // nonces are remembered this long. In [1000, 600000].
+  int32_t auth_max_skew_ms = 30000;
+};
+
 struct ClusterConfig {
   std::string model;  // as written in the file (may be empty)
   // The chat format GenerateRequest.messages are rendered with, overriding
@@ -195,6 +207,7 @@ struct ClusterConfig {
   ConditionalConfig conditional;
   KvConfig kv;
   int32_t shutdown_grace_s = 5;
+  ClusterAuthConfig cluster;
 
   // The entry named `name` in prefill_workers or decode_workers, or nullptr.
   const WorkerConfig* FindWorker(const std::string& name) const;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/server/auth_call.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
 #include "common/server/status_util.h"
@@ -49,14 +50,20 @@ class GrpcDecodeOutput : public core::RequestOutput {
 
 DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
                              const ReceiverKvLoader* receiver, std::string bit_exact_class,
-                             std::function<v1::WorkerStatus()> status)
+                             std::function<v1::WorkerStatus()> status,
+                             const auth::ClusterAuth* auth)
     : core_(std::move(core)),
       receiver_(receiver),
       bit_exact_class_(std::move(bit_exact_class)),
-      status_(std::move(status)) {}
+      status_(std::move(status)),
+      auth_(auth) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeGenerateMethod, *request);
+      !s.ok()) {
+    return rpc::FinishedStream(s);
+  }
   return rpc::ServeStream<v1::DecodeGenerateRequest>(
       request,
       [&](const v1::DecodeGenerateRequest* parsed) { return GenerateParsed(context, parsed); });
@@ -97,6 +104,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
 grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
+  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeCancelSampleMethod, *request);
+      !s.ok()) {
+    return rpc::FinishUnary(context, s);
+  }
   return rpc::ServeUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
       context, request, response,
       [this](const v1::CancelSampleRequest* parsed, v1::CancelSampleResponse* out) {
@@ -118,6 +129,10 @@ grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* re
 grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
+  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeAbortTransferMethod, *request);
+      !s.ok()) {
+    return rpc::FinishUnary(context, s);
+  }
   return rpc::ServeUnary<v1::AbortTransferRequest, v1::AbortTransferResponse>(
       context, request, response,
       [this](const v1::AbortTransferRequest* parsed, v1::AbortTransferResponse* out) {
@@ -148,8 +163,12 @@ v1::WorkerStatus DecodeService::Status() {
 }
 
 grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* context,
-                                                   const v1::GetStatusRequest*,
+                                                   const v1::GetStatusRequest* request,
                                                    v1::WorkerStatus* response) {
+  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeGetStatusMethod, *request);
+      !s.ok()) {
+    return rpc::FinishUnary(context, s);
+  }
   *response = status_();
   return rpc::FinishUnary(context, grpc::Status::OK);
 }

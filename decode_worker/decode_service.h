@@ -28,9 +28,12 @@ using DecodeWorkerBase = v1::DecodeWorker::WithRawCallbackMethod_Generate<
 class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
  public:
   // `receiver` is the core's loader (owned by the core). `status` fills
-  // name/role/address for GetStatus (from RunWorkerMain).
+  // name/role/address for GetStatus (from RunWorkerMain). `auth`: every
+  // method first checks the caller's cluster credential (rpc::VerifyCall;
+  // nullptr or open: none required); it outlives the service.
   DecodeService(std::unique_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
-                std::string bit_exact_class, std::function<v1::WorkerStatus()> status);
+                std::string bit_exact_class, std::function<v1::WorkerStatus()> status,
+                const auth::ClusterAuth* auth = nullptr);
 
   // Generate, CancelSample and AbortTransfer: a request whose text is not UTF-8 gets
   // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
@@ -73,6 +76,7 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   const ReceiverKvLoader* const receiver_;
   const std::string bit_exact_class_;
   std::function<v1::WorkerStatus()> status_;
+  const auth::ClusterAuth* const auth_;
 };
 
 }  // namespace tandem::decode

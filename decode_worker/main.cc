@@ -11,9 +11,11 @@ int main(int argc, char** argv) {
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
         std::unique_ptr<backend::ModelBackend> backend =
             CpuBackendFromConfig(*ctx.config, *ctx.model);
+        kvtransfer::KvReceiver::Options kv_options =
+            decode::ReceiverKvLoader::OptionsFromConfig(ctx.worker->kv_listen, ctx.config->kv);
+        kv_options.auth = ctx.auth;  // HELLOs must carry the cluster credential
         auto receiver = decode::ReceiverKvLoader::Start(
-            decode::ReceiverKvLoader::OptionsFromConfig(ctx.worker->kv_listen, ctx.config->kv),
-            KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint));
+            kv_options, KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint));
         if (!receiver.ok()) {
           return absl::Status(receiver.status().code(),
                               absl::StrCat("decode_workers[", ctx.worker->name,
@@ -32,6 +34,6 @@ int main(int argc, char** argv) {
             std::move(backend),
             *std::move(receiver));
         return std::make_unique<decode::DecodeService>(std::move(core), loader, bit_exact_class,
-                                                       ctx.status);
+                                                       ctx.status, ctx.auth);
       });
 }

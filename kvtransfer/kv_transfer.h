@@ -48,6 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/auth/cluster_auth.h"
 #include "engine/kv/kv_dtype.h"
 
 namespace tandem::kvtransfer {
@@ -164,6 +165,12 @@ class KvReceiver {
     // once), never with the receiver's lock held; must be thread-safe and
     // must not call back into the receiver. Empty: no lines.
     std::function<void(std::string_view)> log;
+    // The cluster secret (hello_auth.h): with one, a HELLO without a valid
+    // credential (missing, clock skew, bad signature, replayed) is REJECT
+    // UNAUTHENTICATED and touches no transfer, and ACCEPT carries the
+    // answer that proves the secret to P. nullptr or open: HELLOs as in an
+    // open cluster. Must outlive the receiver.
+    const auth::ClusterAuth* auth = nullptr;
   };
   // Binds and starts the I/O and completion threads. Any known KvDtype is
   // fine (D only moves bytes). Errors: UNAVAILABLE if the bind (or the
@@ -229,11 +236,15 @@ class KvSender {
   // outside KvDtype, or a HELLO over wire::kMaxControlPayload bytes),
   // UNAVAILABLE (connect), the code of a REJECT with the peer's reason
   // (FAILED_PRECONDITION for a layout mismatch or a version/dtype D does not
-  // speak, NOT_FOUND, ABORTED), DEADLINE_EXCEEDED.
+  // speak, NOT_FOUND, ABORTED; UNAUTHENTICATED for a credential D refused),
+  // DEADLINE_EXCEEDED. `auth` (hello_auth.h; nullptr or open: none): signs
+  // the HELLO and requires D's ACCEPT to prove the secret (UNAUTHENTICATED
+  // otherwise, connection closed, nothing sent).
   static absl::StatusOr<std::unique_ptr<KvSender>> Connect(
       const std::string& endpoint, const std::string& request_id,
       uint32_t attempt, const KvLayout& layout,
-      const std::string& bit_exact_class, int timeout_ms);
+      const std::string& bit_exact_class, int timeout_ms,
+      const auth::ClusterAuth* auth = nullptr);
   ~KvSender();  // closes the connection
   KvSender(const KvSender&) = delete;
   KvSender& operator=(const KvSender&) = delete;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/hello_auth.h"
 #include "kvtransfer/receiver_impl.h"
 
 namespace tandem::kvtransfer {
@@ -51,9 +52,10 @@ void KvReceiver::Impl::OnHello(Conn& c) {
           layout_.FrameBytes(t->prompt_len - t->hit_tokens));
   c.phase = ConnPhase::kReceiving;
   c.deadline = tcp::DeadlineIn(options_.transfer_timeout_ms);
+  const std::string answer = AcceptAnswer(options_.auth, hello);
   c.hello = std::move(hello);
   c.transfer = std::move(t);
-  Queue(c, wire::EncodeAccept());
+  Queue(c, wire::EncodeAccept(answer));
 }
 
 absl::Status KvReceiver::Impl::Handshake(const Conn& c, wire::Hello* hello,
@@ -72,6 +74,12 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, wire::Hello* hello,
                       hello->protocol_version == kKvProtocolVersion);
   if (!named) return decoded.status();
   const std::string& id = hello->request_id;
+  // An unauthenticated HELLO must not touch any transfer (nor end one).
+  if (absl::Status authentic = VerifyHello(options_.auth, *hello); !authentic.ok()) {
+    return absl::Status(authentic.code(), absl::StrCat("KV receiver rejects request ", id,
+                                                       " attempt ", hello->attempt, ": ",
+                                                       authentic.message()));
+  }
   absl::Status refused;
   if (!decoded.ok()) {
     refused = absl::FailedPreconditionError(absl::StrCat(

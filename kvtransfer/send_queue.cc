@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/hello_auth.h"
 #include "kvtransfer/tcp.h"
 #include "kvtransfer/wire.h"
 
@@ -59,6 +60,7 @@ struct Transfer {
   State state = State::kNew;
   tcp::ScopedFd fd;
   std::string hello;  // unwritten tail of the HELLO
+  wire::Hello sent_hello;  // what the HELLO said (its nonce, for ACCEPT's answer)
   std::deque<std::string> out;  // messages after HELLO, front partly written
   size_t front_written = 0;     // bytes of out.front() already written
   uint64_t queued = 0;          // bytes of `out` not written yet
@@ -129,6 +131,7 @@ class KvSendQueue::Impl {
     h.attempt = attempt;
     h.layout = layout;
     h.bit_exact_class = bit_exact_class;
+    SignHello(options_.auth, &h);
     std::string hello = wire::EncodeHello(h);
     if (hello.size() - wire::kHeaderBytes > wire::kMaxControlPayload) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -148,6 +151,7 @@ class KvSendQueue::Impl {
       t.row_bytes = layout.RowBytes();
       t.notify = std::move(notify);
       t.hello = std::move(hello);
+      t.sent_hello = std::move(h);
       t.last_progress = Clock::now();
       if (stop_) {
         End(t, absl::CancelledError("KvSendQueue: shutting down"));
@@ -392,9 +396,14 @@ class KvSendQueue::Impl {
     }
     if (type == static_cast<uint32_t>(wire::MessageType::kAccept) &&
         t.state == State::kHandshake && t.hello.empty()) {
-      absl::Status s = wire::DecodeAccept(payload);
+      std::string answer;
+      absl::Status s = wire::DecodeAccept(payload, &answer);
       if (!s.ok()) {
         End(t, s);
+        return true;
+      }
+      if (s = CheckAcceptAnswer(options_.auth, t.sent_hello, answer); !s.ok()) {
+        End(t, Error(t, s.code(), std::string(s.message())));
         return true;
       }
       t.in.erase(0, wire::kHeaderBytes + length);

@@ -53,6 +53,11 @@ class KvSendQueue {
     // the transfer has something to do before it fails with
     // DEADLINE_EXCEEDED (kv.transfer_timeout_ms). > 0.
     int transfer_timeout_ms = 5000;
+    // The cluster secret (hello_auth.h): with one, every HELLO carries a
+    // credential and a transfer whose ACCEPT does not prove the secret
+    // fails with UNAUTHENTICATED before any KV is written. nullptr or
+    // open: no credential. Must outlive the queue.
+    const auth::ClusterAuth* auth = nullptr;
   };
   using TransferId = uint64_t;
   // Called (sender thread, lock held) when the transfer's result is known,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/hello_auth.h"
 #include "kvtransfer/kv_transfer.h"
 #include "kvtransfer/tcp.h"
 #include "kvtransfer/wire.h"
@@ -75,7 +76,7 @@ class KvSender::Impl {
 absl::StatusOr<std::unique_ptr<KvSender>> KvSender::Connect(
     const std::string& endpoint, const std::string& request_id,
     uint32_t attempt, const KvLayout& layout,
-    const std::string& bit_exact_class, int timeout_ms) {
+    const std::string& bit_exact_class, int timeout_ms, const auth::ClusterAuth* auth) {
   if (timeout_ms <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvSender timeout_ms must be > 0, got ", timeout_ms));
@@ -86,8 +87,9 @@ absl::StatusOr<std::unique_ptr<KvSender>> KvSender::Connect(
         "KvSender: KV layout dtype ", static_cast<uint32_t>(layout.dtype),
         " is not a known KvDtype (f32 = 0, f16 = 1, bf16 = 30)"));
   }
-  const std::string hello = wire::EncodeHello(
-      {kKvProtocolVersion, request_id, attempt, layout, bit_exact_class});
+  wire::Hello hello_fields{kKvProtocolVersion, request_id, attempt, layout, bit_exact_class, {}};
+  SignHello(auth, &hello_fields);
+  const std::string hello = wire::EncodeHello(hello_fields);
   if (hello.size() - wire::kHeaderBytes > wire::kMaxControlPayload) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KvSender: HELLO for request ", request_id, " would be ",
@@ -120,10 +122,14 @@ absl::StatusOr<std::unique_ptr<KvSender>> KvSender::Connect(
                        &payload);
   if (!s.ok()) return fail(s);
   switch (static_cast<wire::MessageType>(type)) {
-    case wire::MessageType::kAccept:
-      s = wire::DecodeAccept(payload);
+    case wire::MessageType::kAccept: {
+      std::string answer;
+      s = wire::DecodeAccept(payload, &answer);
+      if (!s.ok()) return fail(s);
+      s = CheckAcceptAnswer(auth, hello_fields, answer);
       if (!s.ok()) return fail(s);
       return std::unique_ptr<KvSender>(new KvSender(std::move(impl)));
+    }
     case wire::MessageType::kReject: {
       absl::StatusOr<wire::Reject> rejected = wire::DecodeReject(payload);
       if (!rejected.ok()) return fail(rejected.status());

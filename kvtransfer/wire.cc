@@ -129,23 +129,44 @@ void GetHeader(const char* in, uint32_t* type, uint32_t* payload_bytes) {
   std::memcpy(payload_bytes, in + 4, 4);
 }
 
+namespace {
+// HELLO's fields before the credential.
+void WriteHelloFields(const Hello& hello, Writer& w) {
+  const KvLayout& l = hello.layout;
+  w.U32(hello.protocol_version);
+  w.Str(hello.request_id);
+  w.U32(hello.attempt);
+  w.Str(l.model_fingerprint);
+  w.U32(l.n_layers);
+  w.U32(l.n_kv_heads);
+  w.U32(l.head_dim);
+  w.U32(static_cast<uint32_t>(l.dtype));
+  w.Str(hello.bit_exact_class);
+}
+}  // namespace
+
 std::string EncodeHello(const Hello& hello) {
   return Message(MessageType::kHello, [&](Writer& w) {
-    const KvLayout& l = hello.layout;
-    w.U32(hello.protocol_version);
-    w.Str(hello.request_id);
-    w.U32(hello.attempt);
-    w.Str(l.model_fingerprint);
-    w.U32(l.n_layers);
-    w.U32(l.n_kv_heads);
-    w.U32(l.head_dim);
-    w.U32(static_cast<uint32_t>(l.dtype));
-    w.Str(hello.bit_exact_class);
+    WriteHelloFields(hello, w);
+    if (hello.auth.has_value()) {
+      w.U64(hello.auth->ts_ms);
+      w.Str(hello.auth->nonce);
+      w.Str(hello.auth->sig);
+    }
   });
 }
 
-std::string EncodeAccept() {
-  return Message(MessageType::kAccept, [](Writer&) {});
+std::string HelloSignedBytes(const Hello& hello) {
+  std::string out;
+  Writer w(&out);
+  WriteHelloFields(hello, w);
+  return out;
+}
+
+std::string EncodeAccept(absl::string_view answer) {
+  return Message(MessageType::kAccept, [&](Writer& w) {
+    if (!answer.empty()) w.Str(answer);
+  });
 }
 
 std::string EncodeReject(const absl::Status& status) {
@@ -203,6 +224,18 @@ absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
   return out;
 }
 
+namespace {
+bool ReadHelloAuth(Reader& r, Hello* h) {
+  HelloAuth a;
+  if (!(r.U64("auth_ts_ms", &a.ts_ms) && r.Str("auth_nonce", &a.nonce) &&
+        r.Str("auth_sig", &a.sig))) {
+    return false;
+  }
+  h->auth = std::move(a);
+  return true;
+}
+}  // namespace
+
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
   Reader r(payload, "HELLO");
   Hello local;
@@ -223,7 +256,8 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
       r.Str("model_fingerprint", &l.model_fingerprint) &&
       r.U32("n_layers", &l.n_layers) && r.U32("n_kv_heads", &l.n_kv_heads) &&
       r.U32("head_dim", &l.head_dim) && r.U32("kv_dtype", &dtype) &&
-      r.Str("bit_exact_class", &h.bit_exact_class) && r.End();
+      r.Str("bit_exact_class", &h.bit_exact_class) &&
+      (r.Rest().empty() || ReadHelloAuth(r, &h)) && r.End();
   // KvDtype has a fixed u32 underlying type, so any value is representable;
   // callers that get `fields` back see the raw number.
   l.dtype = static_cast<KvDtype>(dtype);
@@ -293,8 +327,12 @@ absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
   return r.status();
 }
 
-absl::Status DecodeAccept(absl::string_view payload) {
+absl::Status DecodeAccept(absl::string_view payload, std::string* answer) {
   Reader r(payload, "ACCEPT");
+  std::string local;
+  std::string& a = answer != nullptr ? *answer : local;
+  a.clear();
+  if (!r.Rest().empty() && !r.Str("answer", &a)) return r.status();
   if (!r.End()) return r.status();
   return absl::OkStatus();
 }

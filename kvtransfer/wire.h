@@ -10,7 +10,11 @@
 //                  u32 n_layers, u32 n_kv_heads, u32 head_dim,
 //                  u32 kv_dtype (KvDtype = ggml_type number),
 //                  str bit_exact_class
-//   type 2 ACCEPT  (empty)
+//                  [u64 auth_ts_ms, str auth_nonce, str auth_sig]
+//                  (the credential, only from a sender with the cluster
+//                  secret; hello_auth.h)
+//   type 2 ACCEPT  (empty) or str answer (a receiver with the cluster
+//                  secret: its HMAC over the HELLO's nonce)
 //   type 3 REJECT  u32 absl::StatusCode, str reason
 //   type 4 FRAME   str request_id, u32 attempt, u32 layer, u32 token_start,
 //                  u32 token_count, K bytes[token_count * RowBytes],
@@ -38,6 +42,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -75,12 +80,21 @@ inline size_t FrameFieldsBytes(size_t request_id_size) {
   return 4 + request_id_size + 4 * 4;
 }
 
+// HELLO's optional credential (common/auth/cluster_auth.h): the HMAC of
+// "kv/HELLO" over the HELLO's other fields (HelloSignedBytes).
+struct HelloAuth {
+  uint64_t ts_ms = 0;
+  std::string nonce;
+  std::string sig;
+};
+
 struct Hello {
   uint32_t protocol_version = kKvProtocolVersion;
   std::string request_id;
   uint32_t attempt = 0;
   KvLayout layout;
   std::string bit_exact_class;  // not enforced; see kv_transfer.h
+  std::optional<HelloAuth> auth;  // absent in an open cluster
 };
 
 // FRAME fields without the K/V rows.
@@ -118,7 +132,10 @@ void GetHeader(const char* in, uint32_t* type, uint32_t* payload_bytes);
 // HELLO: every field as given, protocol_version and layout.dtype included
 // (no check: tests build HELLOs of other versions and dtypes with it).
 std::string EncodeHello(const Hello& hello);
-std::string EncodeAccept();
+// HELLO's payload without the credential: what its HMAC covers.
+std::string HelloSignedBytes(const Hello& hello);
+// ACCEPT: empty payload for an empty `answer`, else str answer.
+std::string EncodeAccept(absl::string_view answer = "");
 // `status` must not be OK; its code and message travel.
 std::string EncodeReject(const absl::Status& status);
 // FINAL: result.samples, frames and kv_bytes as given (peer_bit_exact_class
@@ -150,7 +167,9 @@ absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
 // `fields` (optional) receives every field read, also on failure: after an
 // unknown dtype it is the whole HELLO (layout.dtype holding the raw value),
 // so the receiver can tell which transfer the refused HELLO was for; after
-// a version error only protocol_version is set.
+// a version error only protocol_version is set. Bytes after
+// bit_exact_class are the credential (u64 ts, str nonce, str sig, then the
+// end); anything else there is DATA_LOSS.
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload,
                                   Hello* fields = nullptr);
 // code is never OK: 0 and codes outside 1..16 become UNKNOWN.
@@ -165,8 +184,9 @@ absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
 // "samples[i].top_logprobs[j].token_id". finish_reason values are not
 // checked. peer_bit_exact_class stays empty.
 absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
-// ACCEPT must be empty.
-absl::Status DecodeAccept(absl::string_view payload);
+// ACCEPT: empty (answer "") or one str (the answer); DATA_LOSS otherwise.
+// `answer` may be nullptr.
+absl::Status DecodeAccept(absl::string_view payload, std::string* answer = nullptr);
 
 }  // namespace tandem::kvtransfer::wire
 

@@ -10,6 +10,7 @@ absl::Status StartKvSendQueue(KvSendOptions* options) {
   kvtransfer::KvSendQueue::Options q;
   q.send_buffer_bytes = options->send_buffer_bytes;
   q.transfer_timeout_ms = options->transfer_timeout_ms;
+  q.auth = options->auth;
   absl::StatusOr<std::unique_ptr<kvtransfer::KvSendQueue>> queue =
       kvtransfer::KvSendQueue::Start(q);
   if (!queue.ok()) return queue.status();

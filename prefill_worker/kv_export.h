@@ -34,6 +34,10 @@ struct KvSendOptions {
   // Per decode worker (KV endpoint): bytes queued but not yet written
   // (kv.send_buffer_bytes). A request whose receiver is at it waits.
   uint64_t send_buffer_bytes = 268435456;
+  // The cluster secret (cluster.secret_file): HELLOs are signed and a
+  // decode worker that cannot prove the secret gets no KV (the transfer
+  // fails UNAUTHENTICATED). nullptr or open: none. Outlives the queue.
+  const auth::ClusterAuth* auth = nullptr;
   // Fault injection for tests (--fault-stall-after-frames): after this
   // many frames, send nothing more (no FINAL either), as if the link
   // stalled, holding the connection open until the request is cancelled
@@ -47,7 +51,7 @@ struct KvSendOptions {
   std::shared_ptr<kvtransfer::KvSendQueue> queue;
 };
 
-// Starts options->queue from transfer_timeout_ms and send_buffer_bytes.
+// Starts options->queue from transfer_timeout_ms, send_buffer_bytes and auth.
 // Errors: as kvtransfer::KvSendQueue::Start (INVALID_ARGUMENT naming the
 // option).
 absl::Status StartKvSendQueue(KvSendOptions* options);

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
         send.bit_exact_class = backend->bit_exact_class();
         send.transfer_timeout_ms = ctx.config->kv.transfer_timeout_ms;
         send.send_buffer_bytes = ctx.config->kv.send_buffer_bytes;
+        send.auth = ctx.auth;
         auto it = ctx.flags->find("fault-stall-after-frames");
         if (it != ctx.flags->end() &&
             !absl::SimpleAtoi(it->second, &send.fault_stall_after_frames)) {
@@ -43,6 +44,6 @@ int main(int argc, char** argv) {
             std::move(backend),
             nullptr);
         return std::make_unique<prefill::PrefillService>(std::move(core), std::move(send),
-                                                         ctx.status);
+                                                         ctx.status, ctx.auth);
       });
 }

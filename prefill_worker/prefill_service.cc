@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/server/auth_call.h"
 #include "common/server/proto_convert.h"
 #include "common/server/status_util.h"
 #include "common/server/worker_engine.h"
@@ -25,12 +26,17 @@ class PrefillReactor : public rpc::UnaryCall<v1::PrefillRequest, v1::PrefillResp
 }  // namespace
 
 PrefillService::PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
-                               std::function<v1::WorkerStatus()> status)
-    : send_(std::move(send)), core_(std::move(core)), status_(std::move(status)) {}
+                               std::function<v1::WorkerStatus()> status,
+                               const auth::ClusterAuth* auth)
+    : send_(std::move(send)), core_(std::move(core)), status_(std::move(status)), auth_(auth) {}
 
-grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
+  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kPrefillPrefillMethod, *request);
+      !s.ok()) {
+    return rpc::FinishUnary(context, s);
+  }
   auto* reactor = new PrefillReactor(core_.get(), response);
   if (reactor->Parse(*request)) PrefillParsed(reactor, reactor->request(), reactor->response());
   return reactor->reactor();
@@ -70,8 +76,12 @@ v1::WorkerStatus PrefillService::Status() {
 }
 
 grpc::ServerUnaryReactor* PrefillService::GetStatus(grpc::CallbackServerContext* context,
-                                                    const v1::GetStatusRequest*,
+                                                    const v1::GetStatusRequest* request,
                                                     v1::WorkerStatus* response) {
+  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kPrefillGetStatusMethod, *request);
+      !s.ok()) {
+    return rpc::FinishUnary(context, s);
+  }
   *response = status_();
   return rpc::FinishUnary(context, grpc::Status::OK);
 }

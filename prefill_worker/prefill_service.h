@@ -24,8 +24,11 @@ using PrefillWorkerBase = v1::PrefillWorker::WithRawCallbackMethod_Prefill<
 class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
  public:
   // `send`: the KV layout, bit-exact class and timeouts of every transfer.
+  // `auth`: every method first checks the caller's cluster credential
+  // (rpc::VerifyCall; nullptr or open: none required); outlives the service.
   PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
-                 std::function<v1::WorkerStatus()> status);
+                 std::function<v1::WorkerStatus()> status,
+                 const auth::ClusterAuth* auth = nullptr);
 
   // A request whose text is not UTF-8 gets INVALID_ARGUMENT naming the
   // field (rpc::ParseStrict); then PrefillParsed.
@@ -52,6 +55,7 @@ class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
   const KvSendOptions send_;
   std::unique_ptr<core::EngineCore> core_;
   std::function<v1::WorkerStatus()> status_;
+  const auth::ClusterAuth* const auth_;
 };
 
 }  // namespace tandem::prefill

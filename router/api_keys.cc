@@ -3,7 +3,6 @@
 // SHA-256 of a presented key (OpenSSL), per-key admission and counters.
 #include "router/api_keys.h"
 
-#include <openssl/evp.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -17,21 +16,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/auth/crypto.h"
 #include "router/admission.h"
 
 namespace tandem::router {
 
-std::string Sha256Hex(absl::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
-    std::abort();  // only on allocation failure inside OpenSSL
-  }
-  std::string hex;
-  hex.reserve(2 * length);
-  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
-  return hex;
-}
+std::string Sha256Hex(absl::string_view data) { return auth::Hex(auth::Sha256(data)); }
 
 namespace {
 

@@ -46,7 +46,7 @@
 
 namespace tandem::router {
 
-// Lowercase hex SHA-256 of `data` (OpenSSL EVP_Digest with EVP_sha256), as
+// Lowercase hex SHA-256 of `data` (common/auth/crypto.h, OpenSSL), as
 // `printf %s DATA | sha256sum` prints it.
 std::string Sha256Hex(absl::string_view data);
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/server/auth_call.h"
 #include "common/server/log.h"
 
 namespace tandem::router {
@@ -73,6 +74,7 @@ class GenerateCall::DecodeStream final
   // Outside the request's mutex.
   void Begin() {
     guard_.emplace(worker_, call_);
+    rpc::SignCall(worker_->auth, &context_, rpc::kDecodeGenerateMethod, request_);
     worker_->decode_stub->async()->Generate(&context_, &request_, this);
     StartRead(&msg_);
     StartCall();
@@ -280,6 +282,7 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
       ++outstanding_;
       deferred_.push_back([self = shared_from_this(), probe, worker, status,
                            received = stream->received] {
+        rpc::SignCall(worker->auth, &probe->context, rpc::kDecodeGetStatusMethod, probe->request);
         worker->decode_stub->async()->GetStatus(
             &probe->context, &probe->request, &probe->response,
             [self, probe, worker, status, received](grpc::Status probe_status) {
@@ -420,6 +423,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
   ++outstanding_;
   deferred_.push_back([self = shared_from_this(), call] {
     call->guard.emplace(call->worker, self);
+    rpc::SignCall(call->worker->auth, &call->context, rpc::kPrefillPrefillMethod, call->request);
     call->worker->prefill_stub->async()->Prefill(
         &call->context, &call->request, &call->response,
         [self, call](grpc::Status status) { self->OnPrefillDone(call, status); });
@@ -466,6 +470,7 @@ void GenerateCall::AbortTransfer(uint32_t attempt, std::string reason, bool no_p
   abort->request.set_reason(std::move(reason));
   abort->request.set_no_prefill_worker(no_prefill_worker);
   deferred_.push_back([abort, worker = decode_] {
+    rpc::SignCall(worker->auth, &abort->context, rpc::kDecodeAbortTransferMethod, abort->request);
     worker->decode_stub->async()->AbortTransfer(&abort->context, &abort->request,
                                                 &abort->response,
                                                 [abort, worker](grpc::Status) {});
@@ -610,6 +615,8 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
         call->context.set_deadline(params_.deadline);
         call->request.set_request_id(worker_request_id_);
         call->request.set_sample_index(s);
+        rpc::SignCall(decode_->auth, &call->context, rpc::kDecodeCancelSampleMethod,
+                      call->request);
         decode_->decode_stub->async()->CancelSample(
             &call->context, &call->request, &call->response,
             [call, worker = decode_](grpc::Status) {});

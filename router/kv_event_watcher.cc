@@ -7,6 +7,7 @@
 #include <grpcpp/alarm.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/server/auth_call.h"
 #include "common/server/server_util.h"
 
 namespace tandem::router {
@@ -197,6 +198,7 @@ KvEventWatchers::~KvEventWatchers() {
 void KvEventWatchers::StartCall(v1::KvEvents::Stub* stub, grpc::ClientContext* context,
                                 const v1::WatchKvEventsRequest* request,
                                 grpc::ClientReadReactor<v1::KvEventBatch>* reactor) {
+  rpc::SignCall(options_.auth, context, rpc::kKvEventsWatchMethod, *request);
   stub->async()->Watch(context, request, reactor);
 }
 

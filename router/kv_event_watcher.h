@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/auth/cluster_auth.h"
 #include "router/prefix_index.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -33,6 +34,9 @@ namespace tandem::router {
 
 struct KvEventWatcherOptions {
   int32_t retry_ms = 200;  // between a stream's end and the next Watch
+  // Signs every Watch call (cluster.secret_file); nullptr or open: none.
+  // Outlives the watchers.
+  const auth::ClusterAuth* auth = nullptr;
 };
 
 class KvEventWatchers {

@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   }
   const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
   rpc::SetLogComponent(name);
+  auto cluster_auth =
+      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms);
+  if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
   auto bundle = LoadModelBundle(*model_path);
@@ -63,6 +66,11 @@ int main(int argc, char** argv) {
   } else {
     rpc::Log(absl::StrCat("chat format: none (", chat_template->status().message(), ")"));
   }
+
+  // Logged once start-up errors (one stderr line each) are behind us.
+  rpc::Log((*cluster_auth)->open()
+               ? "peer authentication: open (no cluster.secret_file)"
+               : "peer authentication: HMAC-SHA256 (cluster.secret_file)");
 
   router::RegistryOptions options;
   options.model_fingerprint = (*bundle)->fingerprint;
@@ -83,6 +91,7 @@ int main(int argc, char** argv) {
                                 ")")
                  : absl::StrCat("routing policy: ", RouterPolicyName(options.routing.policy)));
   }
+  options.auth = cluster_auth->get();
   // What every worker's KV layout must be (the workers' own function).
   options.kv_layout_id = ExpectedKvLayout(*config, **bundle).LayoutId();
   rpc::Log(absl::StrCat("expected KV layout: ", options.kv_layout_id));

@@ -6,6 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
@@ -284,6 +285,8 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
         out->set_max_concurrent_requests(static_cast<uint32_t>(u.max_concurrent_requests));
       }
     }
+    response->set_cluster_auth(std::string(
+        registry_.auth() != nullptr ? registry_.auth()->mode() : "open"));
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -292,6 +295,11 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* RouterService::RegistryService::RegisterWorker(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
+  if (grpc::Status s = rpc::VerifyCall(registry_->auth(), context, rpc::kRegisterWorkerMethod,
+                                       *request);
+      !s.ok()) {
+    return rpc::FinishUnary(context, s);
+  }
   return rpc::ServeUnary<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
       context, request, response,
       [this](const v1::RegisterWorkerRequest* parsed, v1::RegisterWorkerResponse* out) {

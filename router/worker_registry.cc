@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
 
@@ -41,7 +42,7 @@ WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
       on_health_change_(std::move(on_health_change)),
       index_(options.model_fingerprint,
              [this](const std::string& line) { Log(line); }),
-      watchers_(&index_, KvEventWatcherOptions{options.kv_watch_retry_ms}) {
+      watchers_(&index_, KvEventWatcherOptions{options.kv_watch_retry_ms, options.auth}) {
   poller_ = std::thread([this] { PollLoop(); });
 }
 
@@ -90,6 +91,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       handle->role = request.role();
       handle->address = request.address();
       handle->kv_endpoint = request.kv_endpoint();
+      handle->auth = options_.auth;
       auto channel = rpc::MakeChannel(request.address());
       if (request.role() == v1::ROLE_DECODE) {
         handle->decode_stub = v1::DecodeWorker::NewStub(channel);
@@ -277,6 +279,9 @@ void WorkerRegistry::StatusAllAsync(
       if (--gather->remaining == 0) gather->done(std::move(gather->results));
     };
     const WorkerHandle& h = *gather->handles[i];
+    rpc::SignCall(h.auth, &gather->contexts[i],
+                  h.decode_stub ? rpc::kDecodeGetStatusMethod : rpc::kPrefillGetStatusMethod,
+                  gather->request);
     if (h.decode_stub) {
       h.decode_stub->async()->GetStatus(&gather->contexts[i], &gather->request,
                                         &gather->results[i], std::move(on_done));
@@ -292,6 +297,9 @@ WorkerRegistry::PollCall* WorkerRegistry::StartPoll(const std::shared_ptr<Worker
   call->handle = handle;
   call->context.set_deadline(rpc::DeadlineFromNow(options_.rpc_timeout_ms));
   const v1::GetStatusRequest request;
+  rpc::SignCall(handle->auth, &call->context,
+                handle->decode_stub ? rpc::kDecodeGetStatusMethod : rpc::kPrefillGetStatusMethod,
+                request);
   call->reader = handle->decode_stub
                      ? handle->decode_stub->PrepareAsyncGetStatus(&call->context, request, &cq_)
                      : handle->prefill_stub->PrepareAsyncGetStatus(&call->context, request, &cq_);

@@ -48,6 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth/cluster_auth.h"
 #include "router/routing_policy.h"
 #include "router/kv_event_watcher.h"
 #include "router/prefix_index.h"
@@ -65,6 +66,9 @@ struct WorkerHandle {
   std::string kv_endpoint;
   std::unique_ptr<v1::DecodeWorker::Stub> decode_stub;    // decode workers
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub;  // prefill workers
+  // Signs every call to this worker (rpc::SignCall); the registry's
+  // RegistryOptions::auth (nullptr or open: calls carry no credential).
+  const auth::ClusterAuth* auth = nullptr;
   std::atomic<int> active_requests{0};  // routed by this router, not finished
 
   // Requests using this worker register a callback that runs when the
@@ -93,6 +97,10 @@ struct RegistryOptions {
   // router.policy, its weights and its normalisers (engine.max_num_seqs,
   // engine.max_num_batched_tokens).
   RoutingOptions routing;
+  // The cluster credential signer/verifier (cluster.secret_file; nullptr
+  // or open: none). Polls and every call through a WorkerHandle are signed
+  // with it, RegisterWorker verified. Outlives the registry.
+  const auth::ClusterAuth* auth = nullptr;
   // Where the registry's lines go (registrations, health transitions,
   // drops, prefix-index drops); rpc::Log when empty.
   std::function<void(const std::string&)> log;
@@ -156,6 +164,9 @@ class WorkerRegistry {
 
   // >= 1 healthy, not draining decode worker (prefill workers are optional).
   bool CanServe() const;
+
+  // RegistryOptions::auth (nullptr when unset).
+  const auth::ClusterAuth* auth() const { return options_.auth; }
 
   // Whether `name` is in the registry now (dropped workers are not).
   bool Contains(const std::string& name) const;

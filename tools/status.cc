@@ -113,9 +113,19 @@ std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& u) {
                       " max_concurrent_requests=", u.max_concurrent_requests());
 }
 
+std::string FormatClusterAuthLine(const tandem::v1::ClusterStatus& status) {
+  if (status.cluster_auth() == "hmac-sha256") return "cluster: authenticated (HMAC-SHA256)";
+  if (status.cluster_auth() == "open") {
+    return "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
+           "register or call it)";
+  }
+  return "cluster: authentication unknown (the router does not report it)";
+}
+
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status) {
   nlohmann::ordered_json j;
   j["can_serve"] = status.can_serve();
+  j["cluster_auth"] = status.cluster_auth();
   j["router"] = WorkerStatusToJson(status.router());
   j["workers"] = nlohmann::ordered_json::array();
   for (const tandem::v1::WorkerStatus& w : status.workers()) {
@@ -178,6 +188,7 @@ int RunStatus(const std::vector<std::string>& args) {
     for (const tandem::v1::WorkerStatus& w : status.workers()) {
       std::printf("%s\n", FormatStatusLine(w).c_str());
     }
+    std::printf("%s\n", FormatClusterAuthLine(status).c_str());
     for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
       std::printf("%s\n", FormatApiKeyLine(u).c_str());
     }

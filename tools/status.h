@@ -55,11 +55,19 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 //    max_concurrent_requests=N" (one line; a limit of 0 = unlimited).
 std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& usage);
 
+// The cluster's peer authentication (ClusterStatus.cluster_auth), one line:
+//   "cluster: authenticated (HMAC-SHA256)" for "hmac-sha256",
+//   "cluster: open (no cluster.secret_file: any host that reaches a worker
+//    port can register or call it)" for "open",
+//   "cluster: authentication unknown (the router does not report it)" else.
+std::string FormatClusterAuthLine(const tandem::v1::ClusterStatus& status);
+
 // Every WorkerStatus field under its proto name, numbers as JSON numbers
 // (not the strings of proto3's JSON mapping for 64-bit values), role as
 // RoleName.
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& status);
-// {"can_serve": bool, "router": {...}, "workers": [{...}, ...],
+// {"can_serve": bool, "cluster_auth": "hmac-sha256"|"open"|"",
+//  "router": {...}, "workers": [{...}, ...],
 //  "api_keys_required": bool, "api_keys": [{every ApiKeyUsage field}, ...]}.
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status);
 

@@ -2,6 +2,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/server/auth_call.h"
 #include "common/server/raw_call.h"
 #include "common/server/stream_sink.h"
 
@@ -44,6 +45,11 @@ class KvEventPublisher::Service
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request) override {
+    if (grpc::Status s = rpc::VerifyCall(publisher_->options_.auth, context,
+                                         rpc::kKvEventsWatchMethod, *request);
+        !s.ok()) {
+      return rpc::FinishedStream(s);
+    }
     return rpc::ServeStream<v1::WatchKvEventsRequest>(
         request, [&](const v1::WatchKvEventsRequest*) {
           // A cancelled watch (the client left, the server shuts down) is

@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "common/auth/cluster_auth.h"
 #include "engine/kv/kv_cache_manager.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -51,6 +52,10 @@ struct KvEventPublisherOptions {
   int32_t block_size = 16;    // engine.block_size, sent in every batch (> 0)
   uint64_t instance_id = 0;   // 0: a random non-zero 64-bit id
   size_t max_queued_batches = 1024;  // per subscriber (>= 1)
+  // Verifies every Watch call (cluster.secret_file: a call without the
+  // router's credential is UNAUTHENTICATED); nullptr or open: none.
+  // Outlives the publisher.
+  const auth::ClusterAuth* auth = nullptr;
 };
 
 class KvEventPublisher {

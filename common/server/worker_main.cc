@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -27,19 +28,24 @@ int Fail(const std::string& message) {
 // Registers with the router and repeats it as a heartbeat, so a restarted
 // router learns about this worker again within one period. A refusal
 // (FAILED_PRECONDITION: another model or KV layout; INVALID_ARGUMENT: a bad
-// field) cannot heal by retrying: it is logged, stored in `*refusal` and
-// ends the process's wait for a termination signal (SIGTERM to itself).
+// field; UNAUTHENTICATED: another cluster secret, or a clock outside
+// cluster.auth_max_skew_ms) cannot heal by retrying: it is logged, stored in
+// `*refusal` and ends the process's wait for a termination signal (SIGTERM
+// to itself). Every attempt is signed afresh (rpc::SignCall).
 void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest request,
-                      absl::Notification* stop, std::string* refusal) {
+                      const auth::ClusterAuth* auth, absl::Notification* stop,
+                      std::string* refusal) {
   auto stub = v1::Registry::NewStub(rpc::MakeChannel(router));
   bool registered = false;
   do {
     grpc::ClientContext ctx;
     ctx.set_deadline(rpc::DeadlineFromNow(1000));
+    rpc::SignCall(auth, &ctx, rpc::kRegisterWorkerMethod, request);
     v1::RegisterWorkerResponse response;
     grpc::Status s = stub->RegisterWorker(&ctx, request, &response);
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT || (s.ok() && !response.accepted())) {
+        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        s.error_code() == grpc::StatusCode::UNAUTHENTICATED || (s.ok() && !response.accepted())) {
       *refusal = s.ok() ? response.reason() : s.error_message();
       rpc::Log(absl::StrCat("router ", router, " refused registration: ", *refusal));
       kill(getpid(), SIGTERM);
@@ -135,6 +141,9 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
       return Fail(std::string(a.status().message()));
     }
   }
+  auto cluster_auth =
+      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms);
+  if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
   if (absl::Status s = model::PinKernelIsa(config->engine.kernel_isa); !s.ok()) {
@@ -148,8 +157,10 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   std::atomic<bool> ready{false};
   // Declared before the runtime and the server: the engine publishes into
   // it and the server serves it until both are gone.
-  KvEventPublisher kv_events(KvEventPublisherOptions{config->engine.block_size});
-  WorkerContext context{&*config, worker, bundle->get(), &*flags, nullptr, &kv_events};
+  KvEventPublisher kv_events(
+      KvEventPublisherOptions{config->engine.block_size, 0, 1024, cluster_auth->get()});
+  WorkerContext context{&*config,          worker,  bundle->get(), &*flags,
+                        cluster_auth->get(), nullptr, &kv_events};
   std::unique_ptr<WorkerRuntime> runtime;
   context.status = [&]() {
     v1::WorkerStatus status = runtime->Status();
@@ -198,7 +209,8 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
       flags->count("router") ? flags->at("router") : config->router.listen.ToString();
   absl::Notification stop_registration;
   std::string refusal;  // written by the registration thread before its SIGTERM
-  std::thread registration(RegistrationLoop, router, reg, &stop_registration, &refusal);
+  std::thread registration(RegistrationLoop, router, reg, cluster_auth->get(), &stop_registration,
+                           &refusal);
 
   int sig = rpc::WaitForTerminationSignal();
   ready = false;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/auth/cluster_auth.h"
 #include "common/cluster_config.h"
 #include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
@@ -42,6 +43,10 @@ struct WorkerContext {
   const WorkerConfig* worker;   // this process's entry
   const ModelBundle* model;
   const std::map<std::string, std::string>* flags;
+  // The cluster credential checker/signer (cluster.secret_file; open when
+  // unset): services verify every peer call with it (rpc::VerifyCall), the
+  // KV transfer its HELLO. Outlives the runtime.
+  const auth::ClusterAuth* auth;
   // The worker's own status, filled by RunWorkerMain (for GetStatus).
   std::function<v1::WorkerStatus()> status;
   // The KV event publisher RunWorkerMain serves (KvEvents.Watch); outlives
@@ -63,8 +68,11 @@ using RuntimeFactory =
 // Start-up errors print one line to stderr and return 1. The registration
 // carries the worker's KV layout id (its runtime's Status().kv_layout_id);
 // when the router refuses it (FAILED_PRECONDITION: another model or KV
-// layout, INVALID_ARGUMENT: a bad field) the worker logs the reason, drains
-// and returns 1. --fault-kv-layout-id ID (tests only): register with ID
+// layout, INVALID_ARGUMENT: a bad field, UNAUTHENTICATED: another cluster
+// secret or a clock beyond cluster.auth_max_skew_ms) the worker logs the
+// reason, drains and returns 1. cluster.secret_file is read at start-up
+// (unreadable or short: one line naming the key, return 1); registrations
+// are signed with it. --fault-kv-layout-id ID (tests only): register with ID
 // instead of the worker's own layout id. Both roles serve KvEvents.Watch
 // (the runtime's engine publishes through WorkerContext::kv_events).
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,

@@ -441,6 +441,33 @@ TEST(ClusterConfigTest, ParsesTheMultiHostExample) {
   }
 }
 
+TEST(ClusterConfigTest, ClusterAuthKeys) {
+  absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->cluster.secret_file, "");
+  EXPECT_EQ(none->cluster.auth_max_skew_ms, 30000);
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      absl::StrCat(kMinimal, "cluster:\n  secret_file: s/x.secret\n  auth_max_skew_ms: 5000\n"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.secret_file, "s/x.secret");
+  EXPECT_EQ(c->cluster.auth_max_skew_ms, 5000);
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: ''\n")),
+              HasSubstr("cluster.secret_file: must not be empty (remove the key to run open)"));
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  auth_max_skew_ms: 999\n")),
+              HasSubstr("cluster.auth_max_skew_ms: must be in [1000, 600000], got 999"));
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret: x\n")),
+              HasSubstr("unknown key 'cluster.secret'"));
+}
+
+TEST(ClusterConfigTest, ParsesTheSecuredExample) {
+  absl::StatusOr<ClusterConfig> c =
+      LoadClusterConfig(std::string(TANDEM_SOURCE_DIR) + "/deploy/secured/cluster.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.secret_file, "deploy/secured/cluster.secret");
+  EXPECT_EQ(c->cluster.auth_max_skew_ms, 30000);
+  EXPECT_EQ(c->decode_workers.at(0).name, "decode-0");
+}
+
 TEST(ClusterConfigTest, AdvertiseKeys) {
   absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"(
 router: {listen: "0.0.0.0:50051", advertise: "10.0.0.1"}

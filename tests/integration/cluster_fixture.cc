@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/auth/cluster_auth.h"
 #include "tests/test_util.h"
 
 namespace tandem::testing {
@@ -152,7 +153,8 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_prefill_attempts: ", o.max_prefill_attempts, "\n",
       "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",
       "  handshake_timeout_ms: ", o.handshake_timeout_ms, "\n",
-      "shutdown_grace_s: ", o.shutdown_grace_s, "\n");
+      "shutdown_grace_s: ", o.shutdown_grace_s, "\n",
+      o.secret_file.empty() ? "" : absl::StrCat("cluster:\n  secret_file: ", o.secret_file, "\n"));
 }
 
 bool PollUntil(absl::Duration timeout, const std::function<bool()>& done,
@@ -214,6 +216,10 @@ absl::Status LocalCluster::StartProcesses() {
   if (!WriteFile(config_path_, ClusterYaml(options_))) {
     return absl::InternalError(absl::StrCat("cannot write ", config_path_));
   }
+  absl::StatusOr<std::unique_ptr<auth::ClusterAuth>> loaded =
+      auth::ClusterAuth::Load(options_.secret_file, auth::kDefaultMaxSkewMs);
+  if (!loaded.ok()) return loaded.status();
+  auth_ = *std::move(loaded);
   const absl::Time start = absl::Now();
   const std::string model = absl::StartsWith(options_.model, "/")
                                 ? options_.model
@@ -351,12 +357,21 @@ absl::StatusOr<v1::ClusterStatus> LocalCluster::ClusterStatus(absl::Duration tim
   return status;
 }
 
+void LocalCluster::Sign(grpc::ClientContext* context, const std::string& method,
+                        const google::protobuf::Message& request) const {
+  if (auth_ == nullptr || auth_->open()) return;
+  context->AddMetadata(auth::kAuthMetadataKey,
+                       auth::FormatCredential(auth_->Sign(method, request.SerializeAsString())));
+}
+
 absl::StatusOr<v1::WorkerStatus> LocalCluster::DecodeStatus(absl::Duration timeout) {
   if (decode_stub_ == nullptr) return absl::FailedPreconditionError("the cluster is stopped");
   grpc::ClientContext context;
   SetTimeout(context, timeout);
   v1::WorkerStatus status;
-  grpc::Status s = decode_stub_->GetStatus(&context, v1::GetStatusRequest(), &status);
+  const v1::GetStatusRequest request;
+  Sign(&context, "/tandem.v1.DecodeWorker/GetStatus", request);
+  grpc::Status s = decode_stub_->GetStatus(&context, request, &status);
   if (!s.ok()) return FromGrpc(s);
   return status;
 }
@@ -366,7 +381,9 @@ absl::StatusOr<v1::WorkerStatus> LocalCluster::PrefillStatus(absl::Duration time
   grpc::ClientContext context;
   SetTimeout(context, timeout);
   v1::WorkerStatus status;
-  grpc::Status s = prefill_stub_->GetStatus(&context, v1::GetStatusRequest(), &status);
+  const v1::GetStatusRequest request;
+  Sign(&context, "/tandem.v1.PrefillWorker/GetStatus", request);
+  grpc::Status s = prefill_stub_->GetStatus(&context, request, &status);
   if (!s.ok()) return FromGrpc(s);
   return status;
 }

@@ -34,6 +34,10 @@
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tools/process_group.h"
 
+namespace tandem::auth {
+class ClusterAuth;  // common/auth/cluster_auth.h
+}  // namespace tandem::auth
+
 namespace tandem::testing {
 
 // Absolute path of a binary built by this build tree: "tandem-router",
@@ -109,6 +113,11 @@ struct ClusterOptions {
   // start-up wait) as `authorization: Bearer <api_key>` (empty: none).
   std::string api_keys_file;
   std::string api_key;
+  // cluster.secret_file of every process (empty: none, an open cluster).
+  // With one, DecodeStatus() and PrefillStatus() sign their calls
+  // (LocalCluster::Sign); calls a test makes on decode_stub() carry no
+  // credential unless it signs them.
+  std::string secret_file;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
   // true: the children's stderr (their logs) goes to a file in the
@@ -176,6 +185,12 @@ class LocalCluster {
   // to it as the router does.
   v1::DecodeWorker::Stub& decode_stub() { return *decode_stub_; }
 
+  // With options.secret_file: adds the cluster credential for `request`
+  // sent to `method` ("/tandem.v1.DecodeWorker/GetStatus") to `context`, as
+  // the router does; no-op in an open cluster.
+  void Sign(grpc::ClientContext* context, const std::string& method,
+            const google::protobuf::Message& request) const;
+
   // Generation.GetStatus on the router with a deadline (and
   // options.api_key, when set).
   absl::StatusOr<v1::ClusterStatus> ClusterStatus(
@@ -219,6 +234,8 @@ class LocalCluster {
   std::string prefill_address_;
   std::string decode_address_;
   std::unique_ptr<v1::Generation::Stub> stub_;
+  // options_.secret_file's, or open (shared_ptr: the type is incomplete here).
+  std::shared_ptr<const auth::ClusterAuth> auth_;
   std::unique_ptr<v1::DecodeWorker::Stub> decode_stub_;
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub_;
 };

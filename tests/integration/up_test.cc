@@ -61,7 +61,10 @@ TEST(UpTest, TwoPrefillTwoDecodeWorkersSurviveADecodeWorkersDeath) {
       {BinaryPath("tandem"), "status", "--router", cluster.router_address()}, absl::Seconds(20));
   ASSERT_TRUE(status.exited && status.exit_code == 0) << status.Describe();
   const std::vector<std::string> lines = Lines(status.out);
-  ASSERT_EQ(lines.size(), names.size()) << status.out;
+  ASSERT_EQ(lines.size(), names.size() + 1) << status.out;  // + the "cluster: ..." line
+  EXPECT_EQ(lines.back(),
+            "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
+            "register or call it)");
   for (size_t i = 1; i < names.size(); ++i) {
     const cli::UpProcess& p = cluster.processes()[i];
     const std::string head = absl::StrCat(p.name, " ", p.role, " ", p.address, " ");

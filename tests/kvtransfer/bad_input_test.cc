@@ -145,7 +145,7 @@ TEST_F(KvBadInputTest, HugeLengthPrefixMidTransfer) {
 
 TEST_F(KvBadInputTest, UnexpectedMessageMidTransfer) {
   ExpectDataLoss(wire::EncodeHello({kKvProtocolVersion, "req", 1, layout_,
-                                    kTestBitExactClass}),
+                                    kTestBitExactClass, {}}),
                  "unexpected KV message HELLO");
 }
 

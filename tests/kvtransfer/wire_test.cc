@@ -303,7 +303,7 @@ TEST(KvWireTest, HelloV2RoundTrip) {
 // FAILED_PRECONDITION whatever follows, never DATA_LOSS.
 TEST(KvWireTest, HelloWithOtherVersionIsFailedPrecondition) {
   const std::string v2 =
-      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "c"}));
+      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "c", {}}));
   for (uint32_t version : {1u, 7u}) {
     const std::string want =
         absl::StrCat("KV protocol version ", version,
@@ -320,7 +320,7 @@ TEST(KvWireTest, HelloWithOtherVersionIsFailedPrecondition) {
     }
   }
   // The encoder writes whatever version it is given (tests use that).
-  EXPECT_EQ(Payload(EncodeHello({7, "req", 1, TestLayout(2, 2, 4), "c"}))
+  EXPECT_EQ(Payload(EncodeHello({7, "req", 1, TestLayout(2, 2, 4), "c", {}}))
                 .substr(0, 4),
             U32(7));
 }
@@ -330,7 +330,7 @@ TEST(KvWireTest, HelloWithUnknownDtypeIsFailedPreconditionNamingIt) {
     KvLayout l = TestLayout(2, 2, 4);
     l.dtype = static_cast<KvDtype>(dtype);
     const std::string payload =
-        Payload(EncodeHello({2, "req-dt", 4, l, "cls"}));
+        Payload(EncodeHello({2, "req-dt", 4, l, "cls", {}}));
     Hello fields;
     absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
     EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
@@ -369,7 +369,7 @@ TEST(KvWireTest, RejectRoundTripAndUnknownCode) {
 // read past the end; so is one trailing byte.
 TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
   const std::string hello =
-      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "class"}));
+      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "class", {}}));
   TransferResult one_sample;
   one_sample.samples = ::tandem::kvtransfer::testing::OneSample(3, -1.5f, 1);
   const std::string final_msg = Payload(EncodeFinal(one_sample));

@@ -236,7 +236,9 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
           "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
           "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 "
           "kv_index=0 transfers=0 "
-          "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n");
+          "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+          "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
+          "register or call it)\n");
 
   ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
   EXPECT_EQ(AwaitExit(group), "exited with status 0");

@@ -121,6 +121,7 @@ class FakeGeneration final : public tandem::v1::Generation::Service {
       w->set_kv_blocks_in_use(name == "decode-0" && Env("FAKE_ROUTER_BUSY") ? 3 : 0);
     }
     status->set_can_serve(!Env("FAKE_ROUTER_NOT_READY"));
+    status->set_cluster_auth("open");
     return grpc::Status::OK;
   }
 

@@ -107,6 +107,20 @@ TEST(StatusFormatTest, ApiKeyUsageLineAndJson) {
             R"("tokens_per_minute":120,"max_concurrent_requests":0}])");
 }
 
+TEST(StatusFormatTest, ClusterAuthLine) {
+  tandem::v1::ClusterStatus s;
+  s.set_cluster_auth("hmac-sha256");
+  EXPECT_EQ(FormatClusterAuthLine(s), "cluster: authenticated (HMAC-SHA256)");
+  EXPECT_EQ(ClusterStatusToJson(s)["cluster_auth"], "hmac-sha256");
+  s.set_cluster_auth("open");
+  EXPECT_EQ(FormatClusterAuthLine(s),
+            "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
+            "register or call it)");
+  s.clear_cluster_auth();
+  EXPECT_EQ(FormatClusterAuthLine(s),
+            "cluster: authentication unknown (the router does not report it)");
+}
+
 TEST(StatusExitCodeTest, Rules) {
   tandem::v1::ClusterStatus s;
   tandem::v1::WorkerStatus* w = s.add_workers();

@@ -1,0 +1,195 @@
+// The cluster secret with real processes (issue #13, Trust): a cluster
+// with cluster.secret_file serves local and remote (KV HELLO signed both
+// ways) requests, also ones with a logit_bias map (the HMAC covers the
+// bytes the router's stub sends, map order included); a direct call to a
+// worker without the router's credential is UNAUTHENTICATED, with it OK;
+// a decode worker with another secret is refused at registration
+// (UNAUTHENTICATED), exits 1 and never gets a request; `tandem status`
+// says authenticated, or open without a secret.
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth/cluster_auth.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/generate_client.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class TrustTest : public OwnClusterTest {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
+    secret_ = dir_ + "/cluster.secret";
+    ASSERT_TRUE(WriteFile(secret_, std::string(64, 'c') + "\n"));
+    wrong_secret_ = dir_ + "/wrong.secret";
+    ASSERT_TRUE(WriteFile(wrong_secret_, std::string(64, 'w') + "\n"));
+  }
+  void TearDown() override {
+    StopCluster();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  ClusterOptions Secured() {
+    ClusterOptions o;
+    o.secret_file = secret_;
+    o.capture_stderr = true;
+    return o;
+  }
+  // `tandem status` against the cluster's router: its last line.
+  std::string StatusAuthLine() {
+    ProcessResult r = RunProcess(
+        {BinaryPath("tandem"), "status", "--router", cluster().router_address()},
+        absl::Seconds(20));
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe();
+    const std::vector<std::string> lines = Lines(r.out);
+    return lines.empty() ? "" : lines.back();
+  }
+
+  std::string dir_, secret_, wrong_secret_;
+};
+
+TEST_F(TrustTest, SecuredClusterServesLocalAndRemoteAndSaysSo) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Secured()));
+  const GoldenCase& g = Golden("once_upon_a_time");
+  ExpectGolden(RunGenerate(cluster().stub(), MakeRequest(g.prompt, kGoldenMaxTokens,
+                                                         v1::ROUTE_LOCAL)),
+               g, "local");
+  ExpectGolden(RunGenerate(cluster().stub(), MakeRequest(g.prompt, kGoldenMaxTokens,
+                                                         v1::ROUTE_REMOTE)),
+               g, "remote");
+  // A map field (no canonical order): 64 zero biases change no logit, so
+  // the output stays the golden one, and both P and D verify the bytes.
+  v1::GenerateRequest biased = MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_REMOTE);
+  for (int id = 100; id < 164; ++id) (*biased.mutable_sampling()->mutable_logit_bias())[id] = 0.0f;
+  ExpectGolden(RunGenerate(cluster().stub(), biased), g, "remote");
+
+  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->cluster_auth(), "hmac-sha256");
+  EXPECT_EQ(StatusAuthLine(), "cluster: authenticated (HMAC-SHA256)");
+  EXPECT_THAT(cluster().CapturedStderr(), Not(HasSubstr("refused /tandem.v1.")));
+}
+
+TEST_F(TrustTest, DirectWorkerCallsNeedTheClusterCredential) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Secured()));
+  const std::string missing =
+      "missing x-tandem-auth credential (this cluster requires the cluster secret)";
+  {  // DecodeWorker.Generate, no credential.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::DecodeGenerateRequest req;
+    req.set_request_id("intruder");
+    req.add_prompt_token_ids(1);
+    req.set_max_tokens(4);
+    auto reader = cluster().decode_stub().Generate(&ctx, req);
+    v1::DecodeGenerateResponse msg;
+    EXPECT_FALSE(reader->Read(&msg));
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(), missing);
+  }
+  {  // PrefillWorker.Prefill, no credential.
+    auto prefill = v1::PrefillWorker::NewStub(
+        grpc::CreateChannel(cluster().prefill_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::PrefillRequest req;
+    req.set_request_id("intruder");
+    req.add_prompt_token_ids(1);
+    v1::PrefillResponse resp;
+    grpc::Status s = prefill->Prefill(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(), missing);
+  }
+  // GetStatus: without a credential refused; with one made from the
+  // cluster secret answered (so the refusal above is the credential's).
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::WorkerStatus status;
+    grpc::Status s = cluster().decode_stub().GetStatus(&ctx, v1::GetStatusRequest(), &status);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  absl::StatusOr<v1::WorkerStatus> signed_status = cluster().DecodeStatus();
+  ASSERT_TRUE(signed_status.ok()) << signed_status.status();
+  EXPECT_EQ(signed_status->name(), LocalCluster::kDecodeName);
+  {  // A credential for another method does not open this one.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const v1::GetStatusRequest req;
+    cluster().Sign(&ctx, "/tandem.v1.PrefillWorker/GetStatus", req);
+    v1::WorkerStatus status;
+    grpc::Status s = cluster().decode_stub().GetStatus(&ctx, req, &status);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(),
+              "bad signature (another cluster secret, or the message was altered)");
+  }
+  const std::string log = cluster().CapturedStderr();
+  EXPECT_THAT(log, HasSubstr("refused /tandem.v1.DecodeWorker/Generate from "));
+  EXPECT_THAT(log, HasSubstr("refused /tandem.v1.PrefillWorker/Prefill from "));
+  EXPECT_THAT(log, Not(HasSubstr("sig=")));
+}
+
+TEST_F(TrustTest, DecodeWorkerWithAnotherSecretCannotRegister) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Secured()));
+  ClusterOptions wrong = cluster().options();
+  wrong.secret_file = wrong_secret_;
+  wrong.num_decode_workers = 2;  // it runs as decode-1
+  const std::string config = dir_ + "/wrong.yaml";
+  ASSERT_TRUE(WriteFile(config, ClusterYaml(wrong)));
+  ProcessResult r = RunProcess({BinaryPath("tandem-decode-worker"), "--config", config, "--name",
+                                "decode-1", "--model", ModelPath(), "--router",
+                                cluster().router_address()},
+                               absl::Seconds(30));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
+                         "router ", cluster().router_address(),
+                         " refused registration: bad signature (another cluster secret, or the "
+                         "message was altered)")))
+      << r.err;
+  EXPECT_THAT(cluster().CapturedStderr(),
+              HasSubstr("refused /tandem.v1.Registry/RegisterWorker from "));
+  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  for (const v1::WorkerStatus& w : status->workers()) EXPECT_NE(w.name(), "decode-1");
+  EXPECT_EQ(status->workers_size(), 2);
+}
+
+TEST_F(TrustTest, OpenClusterSaysSo) {
+  ClusterOptions o;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->cluster_auth(), "open");
+  EXPECT_EQ(StatusAuthLine(),
+            "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
+            "register or call it)");
+}
+
+TEST_F(TrustTest, ShortSecretIsAStartUpErrorNamingTheKey) {
+  const std::string short_secret = dir_ + "/short.secret";
+  ASSERT_TRUE(WriteFile(short_secret, "too-short\n"));
+  ClusterOptions o;
+  o.secret_file = short_secret;
+  const std::string config = dir_ + "/short.yaml";
+  ASSERT_TRUE(WriteFile(config, ClusterYaml(o)));
+  ProcessResult r = RunProcess({BinaryPath("tandem-router"), "--config", config, "--model",
+                                ModelPath()},
+                               absl::Seconds(20));
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("cluster.secret_file: '", short_secret,
+                                            "' holds a secret of 9 bytes; at least 32 are "
+                                            "required")));
+}
+
+}  // namespace
+}  // namespace tandem::testing
