@@ -465,6 +465,7 @@ TEST(ClusterConfigTest, ParsesTheSecuredExample) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cluster.secret_file, "deploy/secured/cluster.secret");
   EXPECT_EQ(c->cluster.auth_max_skew_ms, 30000);
+  EXPECT_EQ(c->router.api_keys_file, "deploy/secured/api-keys.yaml");
   EXPECT_EQ(c->decode_workers.at(0).name, "decode-0");
 }
 

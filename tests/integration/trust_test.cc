@@ -71,7 +71,22 @@ TEST_F(TrustTest, SecuredClusterServesLocalAndRemoteAndSaysSo) {
   for (int id = 100; id < 164; ++id) (*biased.mutable_sampling()->mutable_logit_bias())[id] = 0.0f;
   ExpectGolden(RunGenerate(cluster().stub(), biased), g, "remote");
 
-  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+  // The router's signed KvEvents.Watch streams are accepted: its prefix
+  // index follows the decode worker's cache (19 full blocks of this one).
+  const StreamResult long_one =
+      RunGenerate(cluster().stub(), MakeRequest(Golden("long_repeated_313tok").prompt, 4));
+  ASSERT_TRUE(long_one.status.ok()) << long_one.status.error_message();
+  absl::StatusOr<v1::ClusterStatus> status;
+  EXPECT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    status = cluster().ClusterStatus();
+    if (!status.ok()) return false;
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (w.role() == v1::ROLE_DECODE) {
+        return w.kv_blocks_cached() > 0 && w.kv_index_blocks() == w.kv_blocks_cached();
+      }
+    }
+    return false;
+  }));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->cluster_auth(), "hmac-sha256");
   EXPECT_EQ(StatusAuthLine(), "cluster: authenticated (HMAC-SHA256)");
@@ -109,6 +124,18 @@ TEST_F(TrustTest, DirectWorkerCallsNeedTheClusterCredential) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
     EXPECT_EQ(s.error_message(), missing);
   }
+  {  // KvEvents.Watch (the prefix-cache events), no credential.
+    auto events = v1::KvEvents::NewStub(
+        grpc::CreateChannel(cluster().decode_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto reader = events->Watch(&ctx, v1::WatchKvEventsRequest());
+    v1::KvEventBatch batch;
+    EXPECT_FALSE(reader->Read(&batch));
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(s.error_message(), missing);
+  }
   // GetStatus: without a credential refused; with one made from the
   // cluster secret answered (so the refusal above is the credential's).
   {
@@ -135,6 +162,7 @@ TEST_F(TrustTest, DirectWorkerCallsNeedTheClusterCredential) {
   const std::string log = cluster().CapturedStderr();
   EXPECT_THAT(log, HasSubstr("refused /tandem.v1.DecodeWorker/Generate from "));
   EXPECT_THAT(log, HasSubstr("refused /tandem.v1.PrefillWorker/Prefill from "));
+  EXPECT_THAT(log, HasSubstr("refused /tandem.v1.KvEvents/Watch from "));
   EXPECT_THAT(log, Not(HasSubstr("sig=")));
 }
 
