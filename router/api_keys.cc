@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -64,8 +67,12 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
   path = absl::StrCat(path, " (", e.name, ")");
   static const std::set<std::string> kKnown = {"name", "sha256", "tokens_per_minute",
                                                "max_concurrent_requests"};
+  std::set<std::string> seen;
   for (const auto& kv : item) {
     const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "<not a scalar>";
+    if (!seen.insert(key).second) {
+      return Invalid(path, absl::StrCat("duplicate key '", key, "'"));
+    }
     if (!kKnown.count(key)) {
       return Invalid(path, absl::StrCat("unknown key '", key,
                                         "' (known: name, sha256, tokens_per_minute, "
@@ -78,8 +85,13 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
       !std::all_of(hash_text.begin(), hash_text.end(), absl::ascii_isxdigit)) {
     return Invalid(path + ".sha256",
                    absl::StrCat("expected the key's SHA-256 as 64 hex digits "
-                                "(printf %s KEY | sha256sum), got '",
-                                hash_text, "'"));
+                                "(printf %s KEY | sha256sum), got ", hash_text.size(),
+                                " characters",
+                                std::all_of(hash_text.begin(), hash_text.end(),
+                                            absl::ascii_isxdigit)
+                                    ? ""
+                                    : ", not all hex",
+                                " (the value is not shown: it may be the key itself)"));
   }
   e.sha256_hex = absl::AsciiStrToLower(hash_text);
   if (absl::Status s = ReadLimit(item, "tokens_per_minute", path,
@@ -102,9 +114,11 @@ absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_te
   try {
     const YAML::Node root = YAML::Load(yaml_text);
     if (!root.IsMap()) return Invalid("api keys file", "expected a mapping with 'keys'");
+    int keys_seen = 0;
     for (const auto& kv : root) {
       const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "<not a scalar>";
       if (key != "keys") return Invalid("api keys file", absl::StrCat("unknown key '", key, "'"));
+      if (++keys_seen > 1) return Invalid("api keys file", "duplicate key 'keys'");
     }
     const YAML::Node keys = root["keys"];
     if (!keys.IsDefined() || !keys.IsSequence() || keys.size() == 0) {
@@ -137,8 +151,16 @@ absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_te
 }
 
 absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("API keys file '", path, "' is a directory, not a file"));
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read API keys file '", path, "'"));
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read API keys file '", path, "': ", std::strerror(errno)));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   absl::StatusOr<std::vector<ApiKeyEntry>> entries = ParseApiKeys(text.str());

@@ -78,9 +78,18 @@ absl::StatusOr<int> RouterService::Authenticate(
   if (api_keys_ == nullptr) return -1;
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return api_keys_->Authenticate(nullptr);
-  const std::string value(it->second.data(), it->second.size());
-  return api_keys_->Authenticate(&value);
+  absl::StatusOr<int> key;
+  if (it == metadata.end()) {
+    key = api_keys_->Authenticate(nullptr);
+  } else {
+    const std::string value(it->second.data(), it->second.size());
+    key = api_keys_->Authenticate(&value);
+  }
+  // Who knocked and why, never what they sent.
+  if (!key.ok()) {
+    rpc::Log(absl::StrCat("refused a call from ", context->peer(), ": ", key.status().message()));
+  }
+  return key;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(

@@ -151,7 +151,9 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
     return absl::InvalidArgumentError("--api-key: must not be empty");
   }
-  o.api_key = ResolveApiKey(parsed->GetString("api-key", ""));
+  absl::StatusOr<std::string> api_key = ResolveApiKey(parsed->GetString("api-key", ""));
+  if (!api_key.ok()) return api_key.status();
+  o.api_key = *api_key;
   o.json = parsed->Has("json");
   o.chat = parsed->Has("chat");
   o.include_stop_str = parsed->Has("include-stop-str");

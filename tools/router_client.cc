@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/cluster_config.h"
 
 #include "absl/status/status.h"
@@ -21,10 +22,20 @@ std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::stri
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
-std::string ResolveApiKey(const std::string& flag_value) {
-  if (!flag_value.empty()) return flag_value;
+absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value) {
+  const bool from_flag = !flag_value.empty();
   const char* env = std::getenv(kApiKeyEnv);
-  return env != nullptr ? env : "";
+  std::string key = from_flag ? flag_value : (env != nullptr ? env : "");
+  for (size_t i = 0; i < key.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(key[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: an API key is visible ASCII only (no spaces, newlines or other control "
+          "characters); byte %d of %d is 0x%02x",
+          from_flag ? "--api-key" : absl::StrCat("$", kApiKeyEnv), i + 1, key.size(), c));
+    }
+  }
+  return key;
 }
 
 void SetApiKey(grpc::ClientContext* context, const std::string& api_key) {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include <string>
 
 #include "tandem/v1/generation.grpc.pb.h"
@@ -32,8 +33,12 @@ absl::Status CheckRouterAddress(const std::string& address);
 inline constexpr char kApiKeyEnv[] = "TANDEM_API_KEY";
 
 // The API key to send: `flag_value` when not empty, else $TANDEM_API_KEY,
-// else "" (none).
-std::string ResolveApiKey(const std::string& flag_value);
+// else "" (none). A key must be visible ASCII (0x21..0x7E: no space, tab,
+// newline or other control byte, nothing outside ASCII), as gRPC metadata
+// and RFC 6750's Bearer token require; else INVALID_ARGUMENT naming
+// --api-key or $TANDEM_API_KEY and the offending byte's position and value
+// (never the key).
+absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value);
 
 // Adds `authorization: Bearer <api_key>` to `context` (nothing when
 // `api_key` is empty): what a router with router.api_keys_file requires.

@@ -30,7 +30,9 @@ absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& ar
   if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
     return absl::InvalidArgumentError("--api-key: must not be empty");
   }
-  o.api_key = ResolveApiKey(parsed->GetString("api-key", ""));
+  absl::StatusOr<std::string> api_key = ResolveApiKey(parsed->GetString("api-key", ""));
+  if (!api_key.ok()) return api_key.status();
+  o.api_key = *api_key;
   o.check_idle = parsed->Has("check-idle");
   o.json = parsed->Has("json");
   absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);
@@ -105,12 +107,16 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
 }
 
 std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& u) {
-  return absl::StrCat("api_key ", u.name(), " requests=", u.requests(), " refused=", u.refused(),
-                      " prompt_tokens=", u.prompt_tokens(),
-                      " generated_tokens=", u.generated_tokens(), " in_flight=", u.in_flight(),
-                      " tokens_available=", u.tokens_available(),
-                      " tokens_per_minute=", u.tokens_per_minute(),
-                      " max_concurrent_requests=", u.max_concurrent_requests());
+  // A limit of 0 is no limit; so is the bucket of a key without one.
+  auto limit = [](uint64_t n) { return n == 0 ? std::string("unlimited") : absl::StrCat(n); };
+  const bool tokens_limited = u.tokens_per_minute() != 0;
+  return absl::StrCat(
+      "api_key ", u.name(), " requests=", u.requests(), " refused=", u.refused(),
+      " prompt_tokens=", u.prompt_tokens(), " generated_tokens=", u.generated_tokens(),
+      " in_flight=", u.in_flight(), " tokens_available=",
+      tokens_limited ? absl::StrCat(u.tokens_available()) : std::string("unlimited"),
+      " tokens_per_minute=", limit(u.tokens_per_minute()),
+      " max_concurrent_requests=", limit(u.max_concurrent_requests()));
 }
 
 std::string FormatClusterAuthLine(const tandem::v1::ClusterStatus& status) {

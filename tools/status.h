@@ -52,7 +52,8 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 // One line for one API key's usage (ClusterStatus.api_keys):
 //   "api_key <name> requests=N refused=N prompt_tokens=N generated_tokens=N
 //    in_flight=N tokens_available=N tokens_per_minute=N
-//    max_concurrent_requests=N" (one line; a limit of 0 = unlimited).
+//    max_concurrent_requests=N" (one line; a limit of 0 and the bucket of
+//    a key without a token limit print as "unlimited"; --json keeps 0).
 std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& usage);
 
 // The cluster's peer authentication (ClusterStatus.cluster_auth), one line:

@@ -20,18 +20,22 @@ constexpr char kUsage[] =
     "            [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n"
     "            [--prefill-workers N] [--decode-workers M]   (N >= 0, M >= 1; default: the config's)\n"
     "  generate  stream one generation from the router\n"
-    "            [--router H:P] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "            [--router H:P] [--api-key KEY] [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "            [--top-p P]\n"
     "            [--seed S] [--route auto|local|remote] [--json] [--timeout-ms MS]\n"
     "            [--stop STR]... [--stop-token-id ID]... [--include-stop-str] [--ignore-eos]\n"
     "            [--min-tokens N] [--logprobs N] [--n N] [--min-p P] [--repetition-penalty P]\n"
     "            [--presence-penalty P] [--frequency-penalty P] [--logit-bias ID=BIAS]...\n"
     "            [--chat] PROMPT   (--chat: send PROMPT as one user message)\n"
     "  status    one line per process; exit 0 when the cluster can serve\n"
-    "            [--router H:P] [--check-idle] [--json] [--timeout-ms MS]\n"
+    "            [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms MS]\n"
     "  synth-model  write a llama or qwen2 GGUF of a given shape with seeded random weights\n"
     "            --out PATH (--vocab-from GGUF | --vocab byte) [--preset 15M|110M|1B | --dim N --layers N\n"
     "            --heads N [--kv-heads N] --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n"
-    "            [--arch llama|qwen2]\n";
+    "            [--arch llama|qwen2]\n"
+    "\n"
+    "API keys (router.api_keys_file): --api-key KEY, else $TANDEM_API_KEY (which `up`\n"
+    "sends in its readiness checks).\n";
 
 }  // namespace
 

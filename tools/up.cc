@@ -402,6 +402,16 @@ int RunUp(const std::vector<std::string>& args) {
     }
   }
 
+  // The readiness polls are Generation.GetStatus calls: with API keys the
+  // router answers them only with a key, so check for one before starting.
+  absl::StatusOr<std::string> api_key = ResolveApiKey("");  // $TANDEM_API_KEY
+  if (!api_key.ok()) return Fail(api_key.status().message());
+  if (!config->router.api_keys_file.empty() && api_key->empty()) {
+    return Fail(absl::StrCat("router.api_keys_file is set (", config->router.api_keys_file,
+                             "): set $", kApiKeyEnv,
+                             " to one of its keys, which tandem up sends to check readiness"));
+  }
+
   Supervisor sup(absl::Seconds(config->shutdown_grace_s + 2));
   if (absl::Status s = sup.BlockSignals(); !s.ok()) return Fail(s.message());
   std::cerr << "tandem: model " << *model << ", config " << config_path
@@ -463,21 +473,21 @@ int RunUp(const std::vector<std::string>& args) {
 
   // 3. Readiness as the router sees it.
   std::unique_ptr<tandem::v1::Generation::Stub> stub = MakeGenerationStub(dial);
-  const std::string api_key = ResolveApiKey("");  // $TANDEM_API_KEY
   const absl::Time ready_deadline = absl::Now() + options->ready_timeout;
   std::string last_problem = "no answer yet";
   tandem::v1::ClusterStatus status;
   for (;;) {
     grpc::ClientContext context;
-    SetApiKey(&context, api_key);
+    SetApiKey(&context, *api_key);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     status.Clear();
     grpc::Status rpc = stub->GetStatus(&context, tandem::v1::GetStatusRequest(), &status);
     if (rpc.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       // router.api_keys_file is set: no key, or a wrong one, never becomes ready.
       sup.StopAll();
-      return Fail(absl::StrCat(GrpcErrorLine(rpc), " (the router requires an API key: set $",
-                               kApiKeyEnv, " to one of router.api_keys_file's keys)"));
+      std::cerr << GrpcErrorLine(rpc) << " (the router requires an API key: set $" << kApiKeyEnv
+                << " to one of router.api_keys_file's keys)\n";
+      return 1;
     }
     last_problem = rpc.ok() ? NotReadyReason(status, worker_names) : GrpcErrorLine(rpc);
     if (last_problem.empty()) break;

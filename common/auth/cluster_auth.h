@@ -42,7 +42,7 @@ inline constexpr size_t kSigHexChars = 64;    // HMAC-SHA256
 
 // Reads a secret file: its bytes with trailing '\n' / '\r' removed.
 // INVALID_ARGUMENT naming `key` (e.g. "cluster.secret_file") for an
-// unreadable file or a secret shorter than kMinSecretBytes; the secret's
+// unreadable file, a directory or a secret shorter than kMinSecretBytes; the secret's
 // bytes are never in the message.
 absl::StatusOr<std::string> LoadSecretFile(const std::string& path,
                                            absl::string_view key = "cluster.secret_file");

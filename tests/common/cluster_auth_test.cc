@@ -212,6 +212,9 @@ TEST_F(SecretFileTest, MissingFileIsRefusedNamingTheKey) {
             "cluster.secret_file: cannot read '/nonexistent/secret': No such file or directory");
   absl::StatusOr<std::unique_ptr<ClusterAuth>> auth = ClusterAuth::Load("/nonexistent/secret", 100);
   EXPECT_EQ(auth.status().message(), s.status().message());
+  s = LoadSecretFile("/tmp");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(), "cluster.secret_file: '/tmp' is a directory, not a file");
 }
 
 TEST_F(SecretFileTest, LoadWithoutFileIsOpen) {

@@ -29,6 +29,7 @@ namespace tandem::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // printf %s KEY | sha256sum
 constexpr char kAliceKey[] = "sk-test-alice";
@@ -279,10 +280,11 @@ TEST_F(ApiKeysTest, PromptOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
   ASSERT_EQ(status.exit_code, 0) << status.Describe();
   EXPECT_THAT(status.out, HasSubstr("\napi_key alice requests=0 refused=1 prompt_tokens=0 "
                                     "generated_tokens=0 in_flight=0 tokens_available=120 "
-                                    "tokens_per_minute=120 max_concurrent_requests=0\n"));
+                                    "tokens_per_minute=120 max_concurrent_requests=unlimited\n"));
   EXPECT_THAT(status.out, HasSubstr("\napi_key bob requests=1 refused=0 "));
-  EXPECT_THAT(status.out, HasSubstr(" generated_tokens=4 in_flight=0 tokens_available=0 "
-                                    "tokens_per_minute=0 max_concurrent_requests=0\n"));
+  EXPECT_THAT(status.out, HasSubstr(" generated_tokens=4 in_flight=0 tokens_available=unlimited "
+                                    "tokens_per_minute=unlimited "
+                                    "max_concurrent_requests=unlimited\n"));
 }
 
 // The key's limits come before the router's admission (router.max_inflight
@@ -429,8 +431,9 @@ TEST_F(ApiKeysTest, EveryEmittedTokenOfEverySampleIsCharged) {
 }
 
 // `tandem up` polls GetStatus with $TANDEM_API_KEY: without it a router
-// with keys never gets ready, which ends start-up at once naming the
-// variable; with it the cluster comes up.
+// with keys never gets ready, so start-up fails before any process starts,
+// naming the variable; a wrong key ends it at the first poll; with a valid
+// one the cluster comes up.
 TEST(ApiKeysUpTest, TandemUpSendsTheEnvironmentsKey) {
   const std::string dir = MakeTempDir();
   ASSERT_FALSE(dir.empty());
@@ -444,9 +447,16 @@ TEST(ApiKeysUpTest, TandemUpSendsTheEnvironmentsKey) {
   absl::StatusOr<std::unique_ptr<UpCluster>> refused = UpCluster::Start(o);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(),
-              HasSubstr("tandem: UNAUTHENTICATED: missing API key (authorization: Bearer ...) "
-                        "(the router requires an API key: set $TANDEM_API_KEY to one of "
-                        "router.api_keys_file's keys)"));
+              HasSubstr(absl::StrCat("tandem: router.api_keys_file is set (", keys,
+                                     "): set $TANDEM_API_KEY to one of its keys, which tandem "
+                                     "up sends to check readiness")));
+  EXPECT_THAT(refused.status().message(), Not(HasSubstr("router listening")));
+  setenv("TANDEM_API_KEY", "not-a-key", 1);
+  absl::StatusOr<std::unique_ptr<UpCluster>> wrong = UpCluster::Start(o);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("\ntandem: UNAUTHENTICATED: invalid API key (the router requires an API "
+                        "key: set $TANDEM_API_KEY to one of router.api_keys_file's keys)"));
   setenv("TANDEM_API_KEY", kBobKey, 1);
   absl::StatusOr<std::unique_ptr<UpCluster>> up = UpCluster::Start(o);
   unsetenv("TANDEM_API_KEY");

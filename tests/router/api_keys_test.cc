@@ -263,7 +263,16 @@ TEST(ParseApiKeysTest, ErrorsNameTheEntryAndField) {
        "keys[0].name: required, letters, digits, '.', '_' or '-'"},
       {"keys:\n" + alice + "  - name: bob\n    sha256: 1234\n",
        "keys[1] (bob).sha256: expected the key's SHA-256 as 64 hex digits "
-       "(printf %s KEY | sha256sum), got '1234'"},
+       "(printf %s KEY | sha256sum), got 4 characters (the value is not shown: it may be "
+       "the key itself)"},
+      // A raw key pasted instead of its hash is never echoed.
+      {"keys:\n" + alice + "  - name: bob\n    sha256: sk-my-raw-key\n",
+       "keys[1] (bob).sha256: expected the key's SHA-256 as 64 hex digits "
+       "(printf %s KEY | sha256sum), got 13 characters, not all hex (the value is not shown: "
+       "it may be the key itself)"},
+      {"keys:\n" + bob + "    tokens_per_minute: 5\n    tokens_per_minute: 10\n",
+       "keys[0] (bob): duplicate key 'tokens_per_minute'"},
+      {"keys:\n" + alice + "keys:\n" + bob, "api keys file: duplicate key 'keys'"},
       {"keys:\n  - name: bob\n", "keys[0] (bob).sha256: expected the key's SHA-256"},
       {"keys:\n" + bob + "    tokens_per_minute: ten\n",
        "keys[0] (bob).tokens_per_minute: expected an integer in [0, 1000000000], got 'ten'"},
@@ -303,7 +312,11 @@ TEST(ParseApiKeysTest, TheDeployExampleParses) {
 TEST(ParseApiKeysTest, LoadNamesTheFile) {
   absl::StatusOr<std::vector<ApiKeyEntry>> e = LoadApiKeys("/nonexistent/keys.yaml");
   EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(e.status().message(), "cannot read API keys file '/nonexistent/keys.yaml'");
+  EXPECT_EQ(e.status().message(),
+            "cannot read API keys file '/nonexistent/keys.yaml': No such file or directory");
+  e = LoadApiKeys("/tmp");
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.status().message(), "API keys file '/tmp' is a directory, not a file");
 }
 
 }  // namespace

@@ -149,7 +149,19 @@ TEST(GenerateArgsTest, ApiKeyFromFlagOrEnvironment) {
   setenv("TANDEM_API_KEY", "sk-env", 1);
   EXPECT_EQ(ParseGenerateArgs({"p"})->api_key, "sk-env");
   EXPECT_EQ(ParseGenerateArgs({"--api-key=sk-1", "p"})->api_key, "sk-1");  // the flag wins
+  // Not visible ASCII: refused naming the source and the byte, never the key.
+  setenv("TANDEM_API_KEY", "sk-env\n", 1);
+  EXPECT_EQ(ParseGenerateArgs({"p"}).status().message(),
+            "$TANDEM_API_KEY: an API key is visible ASCII only (no spaces, newlines or other "
+            "control characters); byte 7 of 7 is 0x0a");
   unsetenv("TANDEM_API_KEY");
+  for (const std::string bad : {"ab cd", "cl\xc3\xa9", "a\tb"}) {
+    absl::StatusOr<GenerateOptions> o = ParseGenerateArgs({"--api-key", bad, "p"});
+    ASSERT_FALSE(o.ok()) << bad;
+    const std::string message(o.status().message());
+    EXPECT_THAT(message, ::testing::StartsWith("--api-key: an API key is visible"));
+    EXPECT_THAT(message, ::testing::Not(::testing::HasSubstr(bad)));
+  }
 }
 
 TEST(GenerateArgsTest, Errors) {

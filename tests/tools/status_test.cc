@@ -98,7 +98,17 @@ TEST(StatusFormatTest, ApiKeyUsageLineAndJson) {
   u->set_tokens_per_minute(120);
   EXPECT_EQ(FormatApiKeyLine(*u),
             "api_key alice requests=3 refused=1 prompt_tokens=30 generated_tokens=48 "
-            "in_flight=1 tokens_available=-5 tokens_per_minute=120 max_concurrent_requests=0");
+            "in_flight=1 tokens_available=-5 tokens_per_minute=120 "
+            "max_concurrent_requests=unlimited");
+  u->set_tokens_per_minute(0);
+  u->set_tokens_available(0);
+  u->set_max_concurrent_requests(4);
+  EXPECT_THAT(FormatApiKeyLine(*u),
+              ::testing::EndsWith(" tokens_available=unlimited tokens_per_minute=unlimited "
+                                  "max_concurrent_requests=4"));
+  u->set_tokens_per_minute(120);
+  u->set_tokens_available(-5);
+  u->set_max_concurrent_requests(0);
   const nlohmann::ordered_json j = ClusterStatusToJson(s);
   EXPECT_EQ(j["api_keys_required"], true);
   EXPECT_EQ(j["api_keys"].dump(),
