@@ -285,7 +285,7 @@ TEST_F(RegistryTest, ASecondProcessWithTheSameNameWaitsUntilTheFirstDies) {
   const GoldenCase& g = Golden("once_upon_a_time");
   ExpectGolden(RunGenerate(cluster().stub(),
                            MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL)),
-               g, "local, on the second process");
+               g, "local");  // served by the second process
 }
 
 }  // namespace
