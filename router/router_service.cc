@@ -320,12 +320,19 @@ grpc::Status RouterService::RegistryService::RegisterWorkerParsed(
     const v1::RegisterWorkerRequest* request, v1::RegisterWorkerResponse* response) {
   // A refusal is the RPC's status (FAILED_PRECONDITION for another model or
   // KV layout, INVALID_ARGUMENT for a bad field): the worker exits on it.
+  // ALREADY_EXISTS (the name is held by a healthy worker elsewhere) is
+  // retried by the worker every heartbeat; the registry logs it once.
   absl::Status s = registry_->Register(*request);
   if (!s.ok()) {
-    rpc::Log(absl::StrCat("refused worker ", request->name(), ": ", s.message()));
+    if (!absl::IsAlreadyExists(s)) {
+      rpc::Log(absl::StrCat("refused worker ", request->name(), ": ", s.message()));
+    }
     return rpc::ToGrpc(s);
   }
   response->set_accepted(true);
+  // A worker with a cluster secret refuses to join an open router.
+  response->set_cluster_auth(
+      std::string(registry_->auth() != nullptr ? registry_->auth()->mode() : "open"));
   return grpc::Status::OK;
 }
 

@@ -81,6 +81,21 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
   }
   {
     absl::MutexLock lock(&mu_);
+    auto held = workers_.find(request.name());
+    if (held != workers_.end() && held->second.handle != nullptr && held->second.healthy &&
+        held->second.handle->address != request.address()) {
+      // Two processes with one name: the one that holds it keeps it until it
+      // dies (misses polls or is reported unreachable); see the header.
+      std::string why = absl::StrCat("worker name '", request.name(),
+                                     "' is held by a healthy worker at ",
+                                     held->second.handle->address,
+                                     "; another process registered with the same name from ",
+                                     request.address());
+      if (duplicate_logged_.insert({request.name(), request.address()}).second) {
+        Log(absl::StrCat("refused worker ", request.name(), ": ", why));
+      }
+      return absl::AlreadyExistsError(why);
+    }
     Entry& entry = workers_[request.name()];
     const bool same = entry.handle != nullptr && entry.handle->address == request.address() &&
                       entry.handle->kv_endpoint == request.kv_endpoint() &&
@@ -99,6 +114,9 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
         handle->prefill_stub = v1::PrefillWorker::NewStub(channel);
       }
       entry.handle = std::move(handle);
+      // A later duplicate of the new holder is logged again.
+      std::erase_if(duplicate_logged_,
+                    [&](const auto& key) { return key.first == request.name(); });
       watchers_.Watch(request.name(), request.address());
       Log(absl::StrCat("worker ", request.name(), " (", v1::WorkerRole_Name(request.role()),
                        ") at ", request.address(), " registered"));

@@ -40,9 +40,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -142,6 +144,11 @@ class WorkerRegistry {
   // name/address or a role that is not prefill/decode; FAILED_PRECONDITION
   // when its model fingerprint or its kv_layout_id differs from the
   // router's (the field, the worker's and the router's values named).
+  // ALREADY_EXISTS when the name is held by a healthy worker at another
+  // address (two processes started with one --name): the entry is left
+  // alone and the refusal logged once per (name, address). A registration
+  // at the holder's address, or once the holder is unhealthy (missed polls
+  // or reported unreachable: the old process died), takes the name over.
   absl::Status Register(const v1::RegisterWorkerRequest& request);
 
   // A request found `handle`'s worker unreachable (a call failed at the
@@ -224,6 +231,9 @@ class WorkerRegistry {
   const std::function<void(bool)> on_health_change_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  // (name, address) of duplicate registrations already logged; a name's
+  // pairs are forgotten when it gets a new holder.
+  std::set<std::pair<std::string, std::string>> duplicate_logged_ ABSL_GUARDED_BY(mu_);
   // Round-robin cursor of Pick per role (ties, round_robin).
   std::map<v1::WorkerRole, uint64_t> cursors_ ABSL_GUARDED_BY(mu_);
   // Held while ReportHealth compares and reports, so reports stay in order.

@@ -31,12 +31,18 @@ int Fail(const std::string& message) {
 // field; UNAUTHENTICATED: another cluster secret, or a clock outside
 // cluster.auth_max_skew_ms) cannot heal by retrying: it is logged, stored in
 // `*refusal` and ends the process's wait for a termination signal (SIGTERM
-// to itself). Every attempt is signed afresh (rpc::SignCall).
+// to itself). So is an acceptance from an open router (no
+// cluster.secret_file) when this worker has a secret: the router would not
+// sign its polls and this worker would refuse them forever. ALREADY_EXISTS
+// (another healthy process holds this worker's name) is logged once and
+// retried every second: the name frees when the holder dies. Every attempt
+// is signed afresh (rpc::SignCall).
 void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest request,
                       const auth::ClusterAuth* auth, absl::Notification* stop,
                       std::string* refusal) {
   auto stub = v1::Registry::NewStub(rpc::MakeChannel(router));
   bool registered = false;
+  bool held_elsewhere = false;  // the last answer was ALREADY_EXISTS
   do {
     grpc::ClientContext ctx;
     ctx.set_deadline(rpc::DeadlineFromNow(1000));
@@ -51,10 +57,27 @@ void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest reque
       kill(getpid(), SIGTERM);
       return;
     }
+    if (s.ok() && auth != nullptr && !auth->open() && response.cluster_auth() != "hmac-sha256") {
+      *refusal = absl::StrCat("router ", router,
+                              " runs an open cluster (no cluster.secret_file) but this worker "
+                              "has one: refusing to join");
+      rpc::Log(*refusal);
+      kill(getpid(), SIGTERM);
+      return;
+    }
+    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      if (!held_elsewhere) {
+        rpc::Log(absl::StrCat("router ", router, " refused registration: ", s.error_message(),
+                              " (retrying until the name frees)"));
+      }
+      held_elsewhere = true;
+    } else {
+      held_elsewhere = false;
+    }
     if (s.ok() && !registered) rpc::Log(absl::StrCat("registered with router ", router));
     registered = s.ok();
   } while (!stop->WaitForNotificationWithTimeout(
-      absl::Milliseconds(registered ? 1000 : 200)));
+      absl::Milliseconds(registered || held_elsewhere ? 1000 : 200)));
 }
 
 }  // namespace

@@ -5,13 +5,17 @@
 // router was up first or started after it; the cluster keeps serving with
 // its own workers. Health: with its prefill worker killed the router still
 // serves (logging the change once), and drops the worker after
-// router.drop_after_ms.
+// router.drop_after_ms. Names (issue #13): a second process started with a
+// running worker's --name is refused (ALREADY_EXISTS), keeps retrying, and
+// gets the name once the first dies.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
+#include "tools/process_group.h"
 
 namespace tandem::testing {
 namespace {
@@ -209,6 +214,78 @@ TEST_F(RegistryTest, KilledPrefillWorkerLeavesARouterThatServesAndIsDroppedLater
   EXPECT_EQ(CountLines(log, "router: worker prefill-0 unhealthy for "), 1) << log;
   EXPECT_EQ(CountLines(log, " ms: dropped from the registry"), 1) << log;
   EXPECT_EQ(CountLines(log, "cluster cannot serve"), 0) << log;
+}
+
+// The whole contents of `path` ("" when it cannot be read).
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Two processes started with one --name: the second is refused with
+// ALREADY_EXISTS naming both addresses, keeps running and retrying, and the
+// router keeps the first (logging the refusal once); when the first dies
+// the second gets the name.
+TEST_F(RegistryTest, ASecondProcessWithTheSameNameWaitsUntilTheFirstDies) {
+  ClusterOptions options;
+  options.capture_stderr = true;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(options));
+  const std::string config = dir_ + "/dup.yaml";
+  ASSERT_TRUE(WriteFile(config, ClusterYaml(cluster().options())));  // fresh ports
+  const std::string err_path = dir_ + "/dup.err";
+  cli::ProcessGroup group;
+  absl::StatusOr<int> dup = group.Spawn(
+      "decode-0-again",
+      {BinaryPath("tandem-decode-worker"), "--config", config, "--name",
+       LocalCluster::kDecodeName, "--model", ModelPath(), "--router", cluster().router_address()},
+      cli::ProcessGroup::SpawnOptions{err_path});
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  absl::StatusOr<std::string> dup_address =
+      group.WaitForLine(*dup, "TANDEM_LISTENING ", absl::Seconds(30));
+  ASSERT_TRUE(dup_address.ok()) << dup_address.status();
+  const std::string why = absl::StrCat(
+      "worker name 'decode-0' is held by a healthy worker at ", cluster().decode_address(),
+      "; another process registered with the same name from ", *dup_address);
+  const std::string worker_line = absl::StrCat("router ", cluster().router_address(),
+                                               " refused registration: ", why,
+                                               " (retrying until the name frees)");
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    return CountLines(ReadAll(err_path), worker_line) == 1;
+  })) << ReadAll(err_path);
+  // A few more of its once-a-second retries: still running, still refused,
+  // each side's line still logged once.
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_FALSE(group.ReapExited().has_value());
+  EXPECT_TRUE(group.running(*dup));
+  EXPECT_EQ(CountLines(ReadAll(err_path), "refused registration"), 1) << ReadAll(err_path);
+  EXPECT_EQ(CountLines(cluster().CapturedStderr(), "refused worker decode-0: " + why), 1)
+      << cluster().CapturedStderr();
+  ExpectClusterUnchanged();
+
+  // The first dies: once it misses its polls the second takes the name.
+  ASSERT_EQ(kill(cluster().decode_pid(), SIGKILL), 0);
+  v1::ClusterStatus last;
+  ASSERT_TRUE(PollUntil(absl::Seconds(15), [&] {
+    absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+    if (!status.ok()) return false;
+    last = *status;
+    for (const v1::WorkerStatus& w : last.workers()) {
+      if (w.name() == LocalCluster::kDecodeName) {
+        return w.healthy() && w.address() == *dup_address && last.can_serve();
+      }
+    }
+    return false;
+  })) << last.DebugString();
+  EXPECT_EQ(CountLines(ReadAll(err_path), absl::StrCat("registered with router ",
+                                                       cluster().router_address())),
+            1)
+      << ReadAll(err_path);
+  const GoldenCase& g = Golden("once_upon_a_time");
+  ExpectGolden(RunGenerate(cluster().stub(),
+                           MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL)),
+               g, "local");  // served by the second process
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // bytes the router's stub sends, map order included); a direct call to a
 // worker without the router's credential is UNAUTHENTICATED, with it OK;
 // a decode worker with another secret is refused at registration
-// (UNAUTHENTICATED), exits 1 and never gets a request; `tandem status`
+// (UNAUTHENTICATED), exits 1 and never gets a request; a decode worker
+// with a secret refuses an open router and exits 1; `tandem status`
 // says authenticated, or open without a secret.
 #include <filesystem>
 #include <string>
@@ -190,6 +191,35 @@ TEST_F(TrustTest, DecodeWorkerWithAnotherSecretCannotRegister) {
   ASSERT_TRUE(status.ok()) << status.status();
   for (const v1::WorkerStatus& w : status->workers()) EXPECT_NE(w.name(), "decode-1");
   EXPECT_EQ(status->workers_size(), 2);
+}
+
+// The reverse of an open worker at a secured router (UNAUTHENTICATED
+// above): the open router accepts the registration, but would never sign
+// its polls or watches, so the worker refuses to join and exits 1.
+TEST_F(TrustTest, DecodeWorkerWithASecretRefusesAnOpenRouter) {
+  ClusterOptions open;
+  open.capture_stderr = true;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(open));
+  ClusterOptions secured = cluster().options();
+  secured.secret_file = secret_;
+  secured.num_decode_workers = 2;  // it runs as decode-1
+  const std::string config = dir_ + "/secured.yaml";
+  ASSERT_TRUE(WriteFile(config, ClusterYaml(secured)));
+  ProcessResult r = RunProcess({BinaryPath("tandem-decode-worker"), "--config", config, "--name",
+                                "decode-1", "--model", ModelPath(), "--router",
+                                cluster().router_address()},
+                               absl::Seconds(30));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
+                         "router ", cluster().router_address(),
+                         " runs an open cluster (no cluster.secret_file) but this worker has "
+                         "one: refusing to join")))
+      << r.err;
+  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->cluster_auth(), "open");
+  EXPECT_TRUE(status->can_serve());
 }
 
 TEST_F(TrustTest, OpenClusterSaysSo) {

@@ -544,6 +544,64 @@ TEST(WorkerRegistryTest, StatusAllAsyncAnswersWithinTheDeadlineWithAFrozenWorker
   EXPECT_TRUE(called);  // no worker: answered at once, on this thread
 }
 
+std::string DuplicateMessage(const std::string& holder, const std::string& other) {
+  return "worker name 'd0' is held by a healthy worker at " + holder +
+         "; another process registered with the same name from " + other;
+}
+
+// Two processes started with one name: the second is refused while the
+// first is healthy, the entry (and its handle) stay the first's, and the
+// refusal is logged once however often the second retries.
+TEST(WorkerRegistryTest, ANameHeldByAHealthyWorkerElsewhereIsRefused) {
+  Recorder rec;
+  FakeWorker first, second;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, first.address())).ok());
+  std::shared_ptr<WorkerHandle> held = PickOf(registry, v1::ROLE_DECODE);
+  ASSERT_NE(held, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    const absl::Status s =
+        registry.Register(Registration("d0", v1::ROLE_DECODE, second.address()));
+    EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(s.message(), DuplicateMessage(first.address(), second.address()));
+    // The holder's heartbeats still go through.
+    ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, first.address())).ok());
+  }
+  EXPECT_EQ(rec.Count("refused worker d0: " + DuplicateMessage(first.address(), second.address())),
+            1);
+  EXPECT_EQ(rec.Count("worker d0 (ROLE_DECODE) at "), 1);  // only the first's registration
+  held->active_requests = 0;
+  EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE), held);  // the same entry, at first
+  EXPECT_EQ(held->address, first.address());
+}
+
+// A holder that stopped answering polls (its process died) is taken over
+// by the process that registers the name elsewhere; the old process, if
+// it comes back, is then the duplicate (logged again: a new holder).
+TEST(WorkerRegistryTest, AnUnhealthyHolderIsTakenOver) {
+  Recorder rec;
+  FakeWorker first, second;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, first.address())).ok());
+  ASSERT_EQ(registry.Register(Registration("d0", v1::ROLE_DECODE, second.address())).code(),
+            absl::StatusCode::kAlreadyExists);
+  first.Freeze();
+  ASSERT_TRUE(WaitFor([&] { return rec.Count("worker d0 missed 2 polls") == 1; },
+                      absl::Seconds(5)));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, second.address())).ok());
+  EXPECT_EQ(rec.Count("worker d0 (ROLE_DECODE) at " + second.address() + " registered"), 1);
+  std::shared_ptr<WorkerHandle> now = PickOf(registry, v1::ROLE_DECODE);
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(now->address, second.address());
+
+  first.Unfreeze();
+  const absl::Status s = registry.Register(Registration("d0", v1::ROLE_DECODE, first.address()));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.message(), DuplicateMessage(second.address(), first.address()));
+  EXPECT_EQ(rec.Count("refused worker d0: " + DuplicateMessage(second.address(), first.address())),
+            1);
+}
+
 // KV events: a registered worker's events reach the registry's prefix
 // index (CachedPrefixTokens, kv_index_blocks), and a re-registration at
 // another address follows the new process.
@@ -575,8 +633,12 @@ TEST(WorkerRegistryTest, PrefixIndexFollowsEachRegisteredWorkersEvents) {
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].kv_index_blocks(), 2u);
 
-  // d0 re-registers at another address: the index follows the new process
+  // d0's process dies (a request found it unreachable) and a new one
+  // registers at another address: the index follows the new process
   // (first's later events no longer count).
+  std::shared_ptr<WorkerHandle> old_d0 = PickOf(registry, v1::ROLE_DECODE);
+  ASSERT_NE(old_d0, nullptr);
+  registry.ReportUnreachable(old_d0, "process died");
   ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, second.address())).ok());
   ASSERT_TRUE(WaitFor([&] { return second.kv_events().num_subscribers() == 1; },
                       absl::Seconds(10)));
