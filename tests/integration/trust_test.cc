@@ -54,6 +54,24 @@ class TrustTest : public OwnClusterTest {
     return lines.empty() ? "" : lines.back();
   }
 
+  // Runs one more decode worker, "decode-1", against the running cluster's
+  // router with cluster.secret_file `secret_file` (empty: none) in its own
+  // config; returns once it exits (30 s at most).
+  ProcessResult RunExtraDecodeWorker(const std::string& secret_file) {
+    ClusterOptions extra = cluster().options();
+    extra.secret_file = secret_file;
+    extra.num_decode_workers = 2;  // it runs as decode-1
+    const std::string config = dir_ + "/extra.yaml";
+    EXPECT_TRUE(WriteFile(config, ClusterYaml(extra)));
+    ProcessResult r = RunProcess({BinaryPath("tandem-decode-worker"), "--config", config,
+                                  "--name", "decode-1", "--model", ModelPath(), "--router",
+                                  cluster().router_address()},
+                                 absl::Seconds(30));
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+    return r;
+  }
+
   std::string dir_, secret_, wrong_secret_;
 };
 
@@ -169,17 +187,7 @@ TEST_F(TrustTest, DirectWorkerCallsNeedTheClusterCredential) {
 
 TEST_F(TrustTest, DecodeWorkerWithAnotherSecretCannotRegister) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(Secured()));
-  ClusterOptions wrong = cluster().options();
-  wrong.secret_file = wrong_secret_;
-  wrong.num_decode_workers = 2;  // it runs as decode-1
-  const std::string config = dir_ + "/wrong.yaml";
-  ASSERT_TRUE(WriteFile(config, ClusterYaml(wrong)));
-  ProcessResult r = RunProcess({BinaryPath("tandem-decode-worker"), "--config", config, "--name",
-                                "decode-1", "--model", ModelPath(), "--router",
-                                cluster().router_address()},
-                               absl::Seconds(30));
-  EXPECT_FALSE(r.timed_out);
-  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  const ProcessResult r = RunExtraDecodeWorker(wrong_secret_);
   EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
                          "router ", cluster().router_address(),
                          " refused registration: bad signature (another cluster secret, or the "
@@ -200,17 +208,7 @@ TEST_F(TrustTest, DecodeWorkerWithASecretRefusesAnOpenRouter) {
   ClusterOptions open;
   open.capture_stderr = true;
   ASSERT_NO_FATAL_FAILURE(StartCluster(open));
-  ClusterOptions secured = cluster().options();
-  secured.secret_file = secret_;
-  secured.num_decode_workers = 2;  // it runs as decode-1
-  const std::string config = dir_ + "/secured.yaml";
-  ASSERT_TRUE(WriteFile(config, ClusterYaml(secured)));
-  ProcessResult r = RunProcess({BinaryPath("tandem-decode-worker"), "--config", config, "--name",
-                                "decode-1", "--model", ModelPath(), "--router",
-                                cluster().router_address()},
-                               absl::Seconds(30));
-  EXPECT_FALSE(r.timed_out);
-  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  const ProcessResult r = RunExtraDecodeWorker(secret_);
   EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
                          "router ", cluster().router_address(),
                          " runs an open cluster (no cluster.secret_file) but this worker has "
