@@ -479,6 +479,11 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     }
     s = ReadInts(n, "cluster", {{"auth_max_skew_ms", &c->cluster.auth_max_skew_ms, 1000, 600000}});
     if (!s.ok()) return s;
+    if (n["auth_max_skew_ms"].IsDefined() && c->cluster.secret_file.empty()) {
+      return Invalid("cluster.auth_max_skew_ms",
+                     "has no effect without cluster.secret_file (the cluster runs open)",
+                     n["auth_max_skew_ms"]);
+    }
   }
   return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});
 }

@@ -455,6 +455,10 @@ TEST(ClusterConfigTest, ClusterAuthKeys) {
               HasSubstr("cluster.secret_file: must not be empty (remove the key to run open)"));
   EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  auth_max_skew_ms: 999\n")),
               HasSubstr("cluster.auth_max_skew_ms: must be in [1000, 600000], got 999"));
+  // A window with no secret to check would be parsed and ignored: refused.
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  auth_max_skew_ms: 5000\n")),
+              HasSubstr("cluster.auth_max_skew_ms: has no effect without cluster.secret_file "
+                        "(the cluster runs open)"));
   EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret: x\n")),
               HasSubstr("unknown key 'cluster.secret'"));
 }
