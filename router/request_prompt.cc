@@ -3,6 +3,7 @@
 #include <variant>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace tandem::router {
 
@@ -17,12 +18,32 @@ absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
     const v1::GenerateRequest& request, const tokenizer::Tokenizer& tokenizer,
     const ChatTemplate& chat_template, absl::string_view bos_text) {
   const bool chat = request.messages_size() > 0;
-  if (!chat && request.prompt().empty()) {
-    return absl::InvalidArgumentError(
-        "prompt: must not be empty (set exactly one of prompt and messages)");
+  const bool ids = request.prompt_token_ids_size() > 0;
+  const bool has_text = !request.prompt().empty();
+  if (int(chat) + int(ids) + int(has_text) > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt, prompt_token_ids, messages: set exactly one of them, got ",
+        has_text ? "prompt " : "", ids ? "prompt_token_ids " : "", chat ? "messages" : ""));
   }
-  if (chat && !request.prompt().empty()) {
-    return absl::InvalidArgumentError("prompt, messages: set exactly one of them, got both");
+  if (!chat && !ids && !has_text) {
+    return absl::InvalidArgumentError(
+        "prompt: must not be empty (set exactly one of prompt, prompt_token_ids and messages)");
+  }
+  if (ids) {
+    if (request.split_special_tokens()) {
+      return absl::InvalidArgumentError(
+          "split_special_tokens: applies to prompt text only, not to prompt_token_ids");
+    }
+    for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
+      const int32_t id = request.prompt_token_ids(i);
+      if (id < 0 || id >= tokenizer.vocab_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "]: ", id,
+                                                       " is not in [0, ", tokenizer.vocab_size(),
+                                                       ")"));
+      }
+    }
+    return std::vector<int32_t>(request.prompt_token_ids().begin(),
+                                request.prompt_token_ids().end());
   }
   tokenizer::EncodeOptions options;
   if (!chat) {

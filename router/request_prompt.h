@@ -34,8 +34,10 @@ std::string BosTokenText(const gguf::GgufFile& file, int32_t bos_id);
 //             true); Encode(text, {add_bos = tokenizer.add_bos() and text
 //             does not start with `bos_text` (no double BOS; "" never
 //             matches), parse_special = true})
-// Errors: INVALID_ARGUMENT "prompt: must not be empty (...)" when neither
-// is set, "prompt, messages: ..." when both are, "split_special_tokens:
+//   prompt_token_ids: the ids as given (each in [0, vocab_size))
+// Errors: INVALID_ARGUMENT "prompt: must not be empty (...)" when none
+// is set, "prompt, prompt_token_ids, messages: ..." when several are,
+// "prompt_token_ids[i]: ..." for an id outside the vocabulary, "split_special_tokens:
 // ..." with messages (the template's own control tokens must be parsed),
 // and ChatTemplate::Apply's errors (INVALID_ARGUMENT naming
 // messages[i].role; FAILED_PRECONDITION when the model has no chat format).

@@ -166,7 +166,8 @@ TEST(RequestPromptTest, PromptAndMessagesExactlyOne) {
   absl::StatusOr<std::vector<int32_t>> r = stories.Tokenize(both);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(), "prompt, messages: set exactly one of them, got both");
+  EXPECT_EQ(r.status().message(),
+            "prompt, prompt_token_ids, messages: set exactly one of them, got prompt messages");
 
   v1::GenerateRequest split = Chat({{"user", "Hi"}});
   split.set_split_special_tokens(true);
@@ -174,6 +175,30 @@ TEST(RequestPromptTest, PromptAndMessagesExactlyOne) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("split_special_tokens"));
+}
+
+TEST(RequestPromptTest, PromptTokenIdsAreUsedAsGiven) {
+  Model stories = Load("stories260K.gguf");
+  ASSERT_NE(stories.tokenizer, nullptr);
+  v1::GenerateRequest ids;
+  for (int32_t id : {1, 403, 407, 261}) ids.add_prompt_token_ids(id);
+  absl::StatusOr<std::vector<int32_t>> r = stories.Tokenize(ids);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (std::vector<int32_t>{1, 403, 407, 261}));  // no second BOS, nothing merged
+
+  ids.add_prompt_token_ids(512);  // stories260K's vocabulary has 512 ids
+  r = stories.Tokenize(ids);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "prompt_token_ids[4]: 512 is not in [0, 512)");
+
+  v1::GenerateRequest both = Prompt("Hi");
+  both.add_prompt_token_ids(1);
+  r = stories.Tokenize(both);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "prompt, prompt_token_ids, messages: set exactly one of them, got prompt "
+            "prompt_token_ids ");
 }
 
 TEST(RequestPromptTest, BadRoleAndNoTemplate) {

@@ -1,0 +1,115 @@
+// An HTTP/1.1 server on libevent's evhttp: one event-loop thread serves
+// every connection, so an open stream (server-sent events) holds a socket
+// and a little memory, never a thread.
+//
+// Handlers run on the loop thread and must not block. A handler answers at
+// once (Exchange::Respond) or keeps the Exchange (a shared_ptr) and answers
+// later from any thread: Respond, or StartStream + Send... + EndStream for a
+// chunked body. Calls from other threads are queued to the loop thread
+// (event_active on a wake-up event); they never block on the network. Once
+// the client has gone (connection closed, a write failed) every call is a
+// no-op and the exchange's on_close callback runs once, on the loop thread.
+//
+// Limits (Options): a request body over max_body_bytes is answered 413 by
+// libevent before a handler sees it; headers over max_header_bytes 431/400;
+// more than max_streams open streams -> StartStream fails and the caller
+// answers 503 (see Exchange::StartStream).
+//
+// Owns: sockets, HTTP parsing and framing. Does not touch: what the paths
+// mean (router/openai, common/metrics register handlers).
+// Threads: one loop thread (Start .. Stop), plus callers of Exchange.
+#ifndef TANDEM_COMMON_HTTP_HTTP_SERVER_H_
+#define TANDEM_COMMON_HTTP_HTTP_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tandem::http {
+
+// (name, value) pairs; names as sent (compare case-insensitively).
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+// One request and its response. Thread-safe; see the file comment.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+
+  // The request, fixed when the handler is called.
+  virtual const std::string& method() const = 0;  // "GET", "POST", ...
+  virtual const std::string& path() const = 0;    // without the query, e.g. "/v1/models"
+  virtual const std::string& body() const = 0;    // bytes as received
+  // The first header named `name` (case-insensitive), or "" when absent.
+  virtual std::string header(const std::string& name) const = 0;
+  virtual const std::string& peer() const = 0;  // "ip:port" of the client
+
+  // A whole response with Content-Length. `status`: 100..599.
+  virtual void Respond(int status, Headers headers, std::string body) = 0;
+
+  // Starts a chunked response (Transfer-Encoding: chunked) with `status`.
+  // Returns false, sending nothing, when the server already holds
+  // Options::max_streams open streams (the caller answers 503 with
+  // Respond) or the client has gone.
+  virtual bool StartStream(int status, Headers headers) = 0;
+  // One chunk of a started stream (e.g. an SSE event "data: ...\n\n").
+  // False once the client has gone. Queued bytes are bounded by the
+  // client's reading speed only: producers bound what they write.
+  virtual bool Send(std::string chunk) = 0;
+  // Ends a started stream (the terminating zero-length chunk).
+  virtual void EndStream() = 0;
+
+  // Runs `cb` once on the loop thread when the client goes away before the
+  // response ended (closed connection, failed write); at once (on the
+  // caller's thread) if it already has. Set at most once.
+  virtual void OnClose(std::function<void()> cb) = 0;
+  // False once the client has gone or the response ended.
+  virtual bool open() const = 0;
+};
+
+// Called on the loop thread for a request whose (method, path) matched.
+using Handler = std::function<void(std::shared_ptr<Exchange>)>;
+
+class HttpServer {
+ public:
+  struct Options {
+    int64_t max_body_bytes = 8 << 20;   // larger bodies: 413
+    int64_t max_header_bytes = 64 << 10;
+    int max_streams = 1024;             // open chunked responses at once
+    int idle_timeout_s = 120;           // an idle keep-alive connection is closed
+  };
+
+  explicit HttpServer(Options options);
+  ~HttpServer();  // Stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Registers a handler for exact `method` and `path` (before Start).
+  // Unknown paths get 404, a known path with another method 405, both as
+  // `fallback_body(status)` if set (JSON error shapes), else plain text.
+  void Handle(const std::string& method, const std::string& path, Handler handler);
+  void set_fallback_body(std::function<std::string(int status, const std::string& path)> f);
+
+  // Binds host:port (port 0: any) and starts the loop thread. Returns the
+  // bound port. Errors: UNAVAILABLE naming the address when it cannot bind.
+  absl::StatusOr<int> Start(const std::string& host, int port);
+  // Closes the listener and every connection (on_close runs for open
+  // exchanges), joins the loop thread. Idempotent.
+  void Stop();
+
+  // Open chunked responses now (<= Options::max_streams).
+  int open_streams() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::http
+
+#endif  // TANDEM_COMMON_HTTP_HTTP_SERVER_H_
