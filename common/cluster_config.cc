@@ -322,9 +322,26 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                                  {"name", "listen", "advertise", "poll_interval_ms",
                                   "unhealthy_after_missed_polls", "rpc_timeout_ms",
                                   "max_inflight", "max_queued", "max_migrations",
-                                  "drop_after_ms", "api_keys_file", "policy", "kv_aware"});
+                                  "drop_after_ms", "api_keys_file", "policy", "kv_aware",
+                                  "http_listen", "served_model_name", "http_max_streams",
+                                  "http_max_body_bytes"});
       !s.ok()) {
     return s;
+  }
+  if (node["http_listen"].IsDefined()) {
+    r->http_listen.emplace();
+    if (absl::Status s = ReadHostPort(node, "http_listen", path, &*r->http_listen); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = ReadString(node, "served_model_name", path, &r->served_model_name);
+      !s.ok()) {
+    return s;
+  }
+  if (node["served_model_name"].IsDefined() && r->served_model_name.empty()) {
+    return Invalid("router.served_model_name",
+                   "must not be empty (remove the key to serve the model file's stem)",
+                   node["served_model_name"]);
   }
   if (absl::Status s = ReadString(node, "name", path, &r->name); !s.ok()) return s;
   if (r->name.empty()) return Invalid("router.name", "must not be empty", node);
@@ -345,7 +362,9 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                    {"max_inflight", &r->max_inflight, 1},
                    {"max_queued", &r->max_queued, 0},
                    {"max_migrations", &r->max_migrations, 0},
-                   {"drop_after_ms", &r->drop_after_ms, 1}});
+                   {"drop_after_ms", &r->drop_after_ms, 1},
+                   {"http_max_streams", &r->http_max_streams, 1},
+                   {"http_max_body_bytes", &r->http_max_body_bytes, 1024}});
 }
 
 // prefill_workers / decode_workers: a sequence of {name, listen[, kv_listen]}.

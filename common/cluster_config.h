@@ -12,7 +12,9 @@
 //            max_migrations: 1, drop_after_ms: 30000, api_keys_file: PATH,
 //            policy: kv_aware,   # kv_aware | least_loaded | round_robin
 //            kv_aware: {prefix_weight: 1.0, free_blocks_weight: 0.25,
-//                       load_weight: 1.0, prefill_queue_weight: 1.0}}
+//                       load_weight: 1.0, prefill_queue_weight: 1.0},
+//            http_listen: "host:port", served_model_name: NAME,
+//            http_max_streams: 1024, http_max_body_bytes: 8388608}
 //   prefill_workers: [{name, listen, advertise}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
@@ -30,6 +32,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +126,18 @@ struct RouterConfig {
   RouterPolicy policy = RouterPolicy::kKvAware;  // router.policy
   // router.kv_aware; setting it under another policy is an error.
   KvAwareWeights kv_aware;
+  // The OpenAI-compatible HTTP front door (router/openai): POST
+  // /v1/completions, /v1/chat/completions, GET /v1/models, /health, /ready,
+  // /metrics. Unset: no HTTP listener (gRPC only).
+  std::optional<HostPort> http_listen;
+  // The model name clients send (`model`) and GET /v1/models lists; empty:
+  // the model file's stem ("stories260K" for stories260K.gguf).
+  std::string served_model_name;
+  // Open streaming (SSE) responses at once; beyond: 503. One event-loop
+  // thread serves them all.
+  int32_t http_max_streams = 1024;
+  // Largest request body in bytes; larger: 413 (>= 1024).
+  int32_t http_max_body_bytes = 8 << 20;
 };
 
 // "kv_aware", "least_loaded" or "round_robin" (as router.policy spells it).

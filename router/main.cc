@@ -1,6 +1,8 @@
 // tandem-router: flags -> config -> model (tokenizer, context length, chat
-// template) -> API keys (router.api_keys_file) -> gRPC server (Generation, Registry, health) -> wait for SIGTERM -> drain.
+// template) -> API keys (router.api_keys_file) -> gRPC server (Generation, Registry, health)
+// -> HTTP front door (router.http_listen: OpenAI API, /metrics) -> wait for SIGTERM -> drain.
 #include <cstdio>
+#include <filesystem>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -10,6 +12,8 @@
 #include "common/server/server_util.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
+#include "common/metrics/metrics_http.h"
+#include "router/openai/openai_frontend.h"
 #include "router/router_service.h"
 
 namespace {
@@ -22,7 +26,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   using namespace tandem;
   rpc::BlockTerminationSignals();
-  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen", "advertise"});
+  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen", "advertise", "http-listen"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()));
   const std::string config_path =
       flags->count("config") ? flags->at("config") : "deploy/local/cluster.yaml";
@@ -46,6 +50,12 @@ int main(int argc, char** argv) {
   }
   if (auto a = AdvertisedAddress(listen, 0, advertise, listen_key, advertise_key); !a.ok()) {
     return Fail(std::string(a.status().message()));
+  }
+  std::optional<HostPort> http_listen = config->router.http_listen;
+  if (flags->count("http-listen")) {
+    auto parsed = ParseHostPort(flags->at("http-listen"), "--http-listen");
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    http_listen = *parsed;
   }
   const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
   rpc::SetLogComponent(name);
@@ -135,6 +145,41 @@ int main(int argc, char** argv) {
     health = (*server)->GetHealthCheckService();
     health->SetServingStatus(service.registry().CanServe());
   }
+  // The HTTP front door calls the Generation service above in-process.
+  std::unique_ptr<router::openai::OpenAiFrontend> frontend;
+  if (http_listen.has_value()) {
+    const model::LlamaConfig& model_config = (*bundle)->model->config();
+    router::openai::OpenAiFrontend::Options http_options;
+    http_options.limits.served_model_name =
+        config->router.served_model_name.empty()
+            ? std::filesystem::path(*model_path).stem().string()
+            : config->router.served_model_name;
+    http_options.limits.context_length = model_config.context_length;
+    http_options.limits.vocab_size = model_config.vocab_size;
+    http_options.http.max_streams = config->router.http_max_streams;
+    http_options.http.max_body_bytes = config->router.http_max_body_bytes;
+    const tokenizer::Tokenizer* tok = (*bundle)->tokenizer.get();
+    router::openai::OpenAiFrontend::Router hooks;
+    hooks.channel = (*server)->InProcessChannel(grpc::ChannelArguments());
+    hooks.token_bytes = [tok](int32_t id) { return tok->TokenBytes(id); };
+    hooks.prompt_tokens = [&service](const v1::GenerateRequest& r) -> absl::StatusOr<int> {
+      auto ids = service.PromptTokens(r);
+      if (!ids.ok()) return ids.status();
+      return static_cast<int>(ids->size());
+    };
+    hooks.ready = [&service] { return service.registry().CanServe(); };
+    hooks.authenticate = [&service](const std::string* a) { return service.AuthenticateHeader(a); };
+    frontend = std::make_unique<router::openai::OpenAiFrontend>(http_options, std::move(hooks));
+    metrics::ServeMetrics(&frontend->server(), {service.metrics().registry()});
+    auto http_port = frontend->Start(http_listen->host, http_listen->port);
+    if (!http_port.ok()) {
+      return Fail(absl::StrCat(flags->count("http-listen") ? "--http-listen" : "router.http_listen",
+                               ": ", http_port.status().message()));
+    }
+    rpc::Log(absl::StrCat("HTTP (OpenAI API, /metrics) on ", http_listen->host, ":", *http_port,
+                          ", model \"", http_options.limits.served_model_name, "\""));
+    std::printf("TANDEM_HTTP_LISTENING %s:%d\n", http_listen->host.c_str(), *http_port);
+  }
   rpc::AnnounceListening(advertised.host, advertised.port);
 
   int sig = rpc::WaitForTerminationSignal();
@@ -149,6 +194,8 @@ int main(int argc, char** argv) {
   while (absl::Now() < deadline && service.running_requests() > 0) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  // HTTP streams still open end now (their gRPC calls are cancelled).
+  if (frontend) frontend->Stop();
   (*server)->Shutdown(rpc::DeadlineFromNow(1000));
   // Shutdown cancelled the remaining streams; let their request threads
   // see it before the service they use is destroyed.

@@ -50,10 +50,19 @@ RouterService::RouterService(const ModelBundle* model, ChatTemplate chat_templat
       registry_service_(&registry_),
       admission_(admission_options) {}
 
+absl::StatusOr<std::vector<int32_t>> RouterService::PromptTokens(
+    const v1::GenerateRequest& request) const {
+  return TokenizeRequestPrompt(request, *model_->tokenizer, chat_template_, bos_text_);
+}
+
+absl::Status RouterService::AuthenticateHeader(const std::string* authorization) const {
+  if (api_keys_ == nullptr) return absl::OkStatus();
+  return api_keys_->Authenticate(authorization).status();
+}
+
 absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
     const v1::GenerateRequest& request) const {
-  absl::StatusOr<std::vector<int32_t>> prompt =
-      TokenizeRequestPrompt(request, *model_->tokenizer, chat_template_, bos_text_);
+  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(request);
   if (!prompt.ok()) return prompt.status();
   if (absl::StatusOr<core::RouteChoice> route = RouteFromProto(request.route_override());
       !route.ok()) {

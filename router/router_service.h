@@ -85,6 +85,15 @@ class RouterService final : public GenerationBase {
   // penalties, logit_bias and logprobs; stop; n, min_tokens,
   // stop_token_ids).
   absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
+  // The prompt ids of `request` alone (TokenizeRequestPrompt with this
+  // router's tokenizer and chat template; its errors), e.g. for the HTTP
+  // front end's chat default max_tokens (context - prompt).
+  absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request) const;
+  // API keys for callers outside gRPC (the HTTP front end's routes that
+  // make no Generate call): OK when no keys are configured or
+  // `authorization` ("Bearer <key>"; nullptr: absent) names a key;
+  // UNAUTHENTICATED otherwise.
+  absl::Status AuthenticateHeader(const std::string* authorization) const;
 
   // Every method below first checks the API key when keys are configured
   // (Authenticate: UNAUTHENTICATED before the request is even parsed).

@@ -137,6 +137,8 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  drop_after_ms: ", o.drop_after_ms, "\n",
       o.api_keys_file.empty() ? "" : absl::StrCat("  api_keys_file: ", o.api_keys_file, "\n"),
       o.router_policy.empty() ? "" : absl::StrCat("  policy: ", o.router_policy, "\n"),
+      o.http_listen.empty() ? "" : absl::StrCat("  http_listen: ", o.http_listen, "\n"),
+      o.http_max_streams > 0 ? absl::StrCat("  http_max_streams: ", o.http_max_streams, "\n") : "",
       WorkerEntries(o),
       "engine:\n"
       "  block_size: ", o.block_size, "\n",
@@ -224,11 +226,23 @@ absl::Status LocalCluster::StartProcesses() {
   const std::string model = absl::StartsWith(options_.model, "/")
                                 ? options_.model
                                 : SharedPath("models/" + options_.model);
-  absl::StatusOr<std::string> router =
-      SpawnAndWait("router",
-                   {BinaryPath("tandem-router"), "--config", config_path_, "--name", "router",
-                    "--model", model},
-                   &router_index_);
+  const std::vector<std::string> router_argv = {BinaryPath("tandem-router"), "--config",
+                                                config_path_, "--name", "router", "--model",
+                                                model};
+  absl::StatusOr<std::string> router;
+  if (options_.http_listen.empty()) {
+    router = SpawnAndWait("router", router_argv, &router_index_);
+  } else {
+    // The HTTP line comes first (router/main.cc), then the gRPC one.
+    absl::StatusOr<int> spawned = Spawn("router", router_argv);
+    if (!spawned.ok()) return spawned.status();
+    router_index_ = *spawned;
+    absl::StatusOr<std::string> http =
+        group_.WaitForLine(router_index_, "TANDEM_HTTP_LISTENING ", options_.start_timeout);
+    if (!http.ok()) return http.status();
+    http_address_ = *http;
+    router = group_.WaitForLine(router_index_, kListening, options_.start_timeout);
+  }
   if (!router.ok()) return router.status();
   router_address_ = *router;
 

@@ -113,6 +113,10 @@ struct ClusterOptions {
   // start-up wait) as `authorization: Bearer <api_key>` (empty: none).
   std::string api_keys_file;
   std::string api_key;
+  // router.http_listen (e.g. "127.0.0.1:0"; empty: no HTTP front door) and
+  // router.http_max_streams (0: the default).
+  std::string http_listen;
+  int32_t http_max_streams = 0;
   // cluster.secret_file of every process (empty: none, an open cluster).
   // With one, DecodeStatus() and PrefillStatus() sign their calls
   // (LocalCluster::Sign); calls a test makes on decode_stub() carry no
@@ -162,6 +166,8 @@ class LocalCluster {
 
   const ClusterOptions& options() const { return options_; }
   const std::string& router_address() const { return router_address_; }
+  // The router's HTTP host:port (ClusterOptions::http_listen set), else "".
+  const std::string& http_address() const { return http_address_; }
   const std::string& prefill_address() const { return prefill_address_; }
   const std::string& decode_address() const { return decode_address_; }
   pid_t router_pid() const { return group_.pid(router_index_); }
@@ -231,6 +237,7 @@ class LocalCluster {
   std::map<std::string, std::string> worker_address_;  // name -> gRPC host:port
   std::map<std::string, std::vector<std::string>> worker_argv_;  // name -> command line
   std::string router_address_;
+  std::string http_address_;
   std::string prefill_address_;
   std::string decode_address_;
   std::unique_ptr<v1::Generation::Stub> stub_;

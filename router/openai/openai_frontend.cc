@@ -1,0 +1,362 @@
+#include "router/openai/openai_frontend.h"
+
+#include <chrono>
+#include <ctime>
+
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/server/log.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::router::openai {
+namespace {
+
+constexpr char kJson[] = "application/json";
+constexpr size_t kMaxClientIdBytes = 128;
+
+// X-Request-Id: visible ASCII only (it is logged and echoed in a header).
+bool ValidClientId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxClientIdBytes) return false;
+  for (unsigned char c : id) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+std::string MintClientId() {
+  static absl::Mutex mu;
+  static absl::BitGen gen;
+  absl::MutexLock lock(&mu);
+  return absl::StrFormat("http-%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+// Answers `error` in OpenAI's shape (Retry-After in whole seconds, rounded
+// up, when the router gave a hint).
+void RespondError(http::Exchange& exchange, const ApiError& error,
+                  const std::string& client_id) {
+  http::Headers headers = {{"Content-Type", kJson}};
+  if (!client_id.empty()) headers.push_back({"X-Request-Id", client_id});
+  if (error.retry_after_ms >= 0) {
+    headers.push_back({"Retry-After", absl::StrCat((error.retry_after_ms + 999) / 1000)});
+  }
+  exchange.Respond(error.http_status, std::move(headers), ErrorBody(error));
+}
+
+ApiError FromStatus(const absl::Status& status) {
+  return FromRpcError(static_cast<int>(status.code()), status.message(), -1);
+}
+
+int64_t UnixSeconds() { return absl::ToUnixSeconds(absl::Now()); }
+
+// GET /v1/models: the one served model (OpenAI's list shape; vLLM's
+// max_model_len added).
+std::string ModelsBody(const ModelLimits& limits, int64_t created_s) {
+  nlohmann::json model = {{"id", limits.served_model_name},
+                          {"object", "model"},
+                          {"created", created_s},
+                          {"owned_by", "tandem"},
+                          {"max_model_len", limits.context_length}};
+  return nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}}.dump();
+}
+
+}  // namespace
+
+// One HTTP generation request as a gRPC Generate client call. Owns itself
+// from Start to OnDone (self_).
+class OpenAiFrontend::Call final : public grpc::ClientReadReactor<v1::GenerateResponse>,
+                                   public std::enable_shared_from_this<Call> {
+ public:
+  Call(ParsedRequest parsed, std::shared_ptr<http::Exchange> exchange, std::string client_id,
+       std::string model, TokenBytes token_bytes,
+       std::shared_ptr<std::atomic<int>> open_streams, std::shared_ptr<std::atomic<int>> calls)
+      : parsed_(std::move(parsed)),
+        exchange_(std::move(exchange)),
+        client_id_(std::move(client_id)),
+        builder_(parsed_, UnixSeconds(), std::move(model), std::move(token_bytes)),
+        open_streams_(std::move(open_streams)),
+        calls_(std::move(calls)),
+        last_send_(absl::Now()) {}
+
+  void Start(v1::Generation::Stub* stub, const std::string& authorization) {
+    self_ = shared_from_this();
+    calls_->fetch_add(1);
+    if (!authorization.empty()) context_.AddMetadata("authorization", authorization);
+    stub->async()->Generate(&context_, &parsed_.request, this);
+    StartRead(&message_);
+    StartCall();
+  }
+
+  // The client went away (or the server stops): the router cancels the
+  // request on P and D.
+  void Cancel() { context_.TryCancel(); }
+
+  // Keep-alive tick: a stream quiet for `period` gets a comment (starting
+  // the SSE response first if no message came yet).
+  void KeepAlive(absl::Duration period) {
+    absl::MutexLock lock(&mu_);
+    if (done_ || !parsed_.stream || absl::Now() - last_send_ < period) return;
+    StartStreamLocked();
+    SendLocked(": keep-alive\n\n");
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    {
+      absl::MutexLock lock(&mu_);
+      if (parsed_.stream) {
+        StartStreamLocked();
+        for (std::string& chunk : builder_.Chunks(message_)) {
+          SendLocked(absl::StrCat("data: ", chunk, "\n\n"));
+        }
+      } else {
+        builder_.Add(message_);
+      }
+    }
+    StartRead(&message_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<Call> self;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      self = std::move(self_);
+      if (status.ok()) {
+        FinishOkLocked();
+      } else {
+        int64_t retry_after_ms = -1;
+        const auto& trailers = context_.GetServerTrailingMetadata();
+        if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+          int64_t v = 0;
+          if (absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &v)) {
+            retry_after_ms = v;
+          }
+        }
+        const ApiError error =
+            FromRpcError(status.error_code(), status.error_message(), retry_after_ms);
+        if (started_) {
+          // After the 200: the error as one event, then the stream ends.
+          SendLocked(absl::StrCat("data: ", ErrorBody(error), "\n\n"));
+          exchange_->EndStream();
+        } else {
+          RespondError(*exchange_, error, client_id_);
+        }
+      }
+    }
+    if (parsed_.stream) open_streams_->fetch_sub(1);
+    calls_->fetch_sub(1);
+  }
+
+ private:
+  void FinishOkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!parsed_.stream) {
+      exchange_->Respond(200, {{"Content-Type", kJson}, {"X-Request-Id", client_id_}},
+                         builder_.Body());
+      return;
+    }
+    StartStreamLocked();
+    if (parsed_.include_usage) SendLocked(absl::StrCat("data: ", builder_.UsageChunk(), "\n\n"));
+    SendLocked("data: [DONE]\n\n");
+    exchange_->EndStream();
+  }
+
+  void StartStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (started_) return;
+    started_ = true;
+    exchange_->StartStream(200, {{"Content-Type", "text/event-stream"},
+                                 {"Cache-Control", "no-cache"},
+                                 {"X-Accel-Buffering", "no"},
+                                 {"X-Request-Id", client_id_}});
+  }
+
+  void SendLocked(std::string chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    last_send_ = absl::Now();
+    if (!exchange_->Send(std::move(chunk))) context_.TryCancel();
+  }
+
+  ParsedRequest parsed_;
+  const std::shared_ptr<http::Exchange> exchange_;
+  const std::string client_id_;
+  grpc::ClientContext context_;
+  v1::GenerateResponse message_;  // the read in flight (one at a time)
+
+  absl::Mutex mu_;
+  ResponseBuilder builder_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // SSE headers sent
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<std::atomic<int>> open_streams_;
+  const std::shared_ptr<std::atomic<int>> calls_;
+  absl::Time last_send_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Call> self_;  // set by Start, released by OnDone
+};
+
+OpenAiFrontend::OpenAiFrontend(Options options, Router router)
+    : options_(std::move(options)),
+      router_(std::move(router)),
+      started_s_(UnixSeconds()),
+      stub_(v1::Generation::NewStub(router_.channel)),
+      server_(std::make_unique<http::HttpServer>(options_.http)),
+      open_streams_(std::make_shared<std::atomic<int>>(0)),
+      calls_(std::make_shared<std::atomic<int>>(0)) {
+  server_->set_fallback_body([](int status, const std::string& path) {
+    ApiError e;
+    e.http_status = status;
+    e.type = "not_found_error";
+    e.message = status == 404 ? absl::StrCat("no route ", path)
+                              : absl::StrCat("method not allowed for ", path);
+    return ErrorBody(e);
+  });
+  server_->Handle("POST", "/v1/completions", [this](std::shared_ptr<http::Exchange> e) {
+    HandleGenerate(Endpoint::kCompletions, std::move(e));
+  });
+  server_->Handle("POST", "/v1/chat/completions", [this](std::shared_ptr<http::Exchange> e) {
+    HandleGenerate(Endpoint::kChatCompletions, std::move(e));
+  });
+  server_->Handle("GET", "/v1/models",
+                  [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e)); });
+  server_->Handle("GET", "/health", [](std::shared_ptr<http::Exchange> e) {
+    e->Respond(200, {{"Content-Type", kJson}}, R"({"status":"ok"})");
+  });
+  server_->Handle("GET", "/ready", [this](std::shared_ptr<http::Exchange> e) {
+    const bool ready = router_.ready();
+    e->Respond(ready ? 200 : 503, {{"Content-Type", kJson}},
+               ready ? R"({"status":"ready"})"
+                     : R"({"status":"not ready","reason":"no healthy decode worker"})");
+  });
+}
+
+OpenAiFrontend::~OpenAiFrontend() { Stop(); }
+
+absl::StatusOr<int> OpenAiFrontend::Start(const std::string& host, int port) {
+  absl::StatusOr<int> bound = server_->Start(host, port);
+  if (!bound.ok()) return bound;
+  keepalive_ = std::thread([this] { KeepAliveLoop(); });
+  return bound;
+}
+
+void OpenAiFrontend::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (keepalive_.joinable()) keepalive_.join();
+  server_->Stop();  // open exchanges' OnClose cancel their calls
+  // Cancelled calls end on gRPC threads; they hold no pointer to this
+  // object, but give them a moment so their answers are not cut.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (calls_->load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+}
+
+void OpenAiFrontend::KeepAliveLoop() {
+  const absl::Duration period = absl::Milliseconds(options_.keepalive_ms);
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), period / 4);
+    if (stopping_) break;
+    std::vector<std::shared_ptr<Call>> live;
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      if (std::shared_ptr<Call> call = it->lock()) {
+        live.push_back(std::move(call));
+        ++it;
+      } else {
+        it = streams_.erase(it);
+      }
+    }
+    mu_.Unlock();
+    for (const std::shared_ptr<Call>& call : live) call->KeepAlive(period);
+    live.clear();
+    mu_.Lock();
+  }
+}
+
+void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange) {
+  std::string client_id = exchange->header("X-Request-Id");
+  if (!client_id.empty() && !ValidClientId(client_id)) {
+    ApiError e;
+    e.param = "X-Request-Id";
+    e.message = absl::StrCat("X-Request-Id: must be 1..", kMaxClientIdBytes,
+                             " visible ASCII characters");
+    RespondError(*exchange, e, "");
+    return;
+  }
+  if (client_id.empty()) client_id = MintClientId();
+  const std::string authorization = exchange->header("Authorization");
+  if (router_.authenticate) {
+    absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
+    if (!s.ok()) {
+      RespondError(*exchange, FromStatus(s), client_id);
+      return;
+    }
+  }
+  std::variant<ParsedRequest, ApiError> parsed =
+      ParseRequest(endpoint, exchange->body(), options_.limits);
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
+    RespondError(*exchange, *e, client_id);
+    return;
+  }
+  ParsedRequest request = std::get<ParsedRequest>(std::move(parsed));
+  request.request.set_client_request_id(client_id);
+  if (request.request.max_tokens() == 0) {
+    // Chat without max_tokens: up to the context (OpenAI's default).
+    absl::StatusOr<int> prompt_tokens = router_.prompt_tokens(request.request);
+    if (!prompt_tokens.ok()) {
+      RespondError(*exchange, FromStatus(prompt_tokens.status()), client_id);
+      return;
+    }
+    const int remaining = options_.limits.context_length - *prompt_tokens;
+    if (remaining < 1) {
+      ApiError e;
+      e.param = "messages";
+      e.code = "context_length_exceeded";
+      e.message = absl::StrCat("messages: the prompt is ", *prompt_tokens,
+                               " tokens, which leaves no room to generate in the context of ",
+                               options_.limits.context_length, " tokens");
+      RespondError(*exchange, e, client_id);
+      return;
+    }
+    request.request.set_max_tokens(remaining);
+  }
+  const bool stream = request.stream;
+  if (stream && open_streams_->fetch_add(1) >= options_.http.max_streams) {
+    open_streams_->fetch_sub(1);
+    ApiError e;
+    e.http_status = 503;
+    e.type = "server_error";
+    e.message = absl::StrCat("too many open streams: ", options_.http.max_streams,
+                             " (router.http_max_streams); retry later");
+    e.retry_after_ms = 1000;
+    RespondError(*exchange, e, client_id);
+    return;
+  }
+  auto call = std::make_shared<Call>(std::move(request), exchange, client_id,
+                                     options_.limits.served_model_name, router_.token_bytes,
+                                     open_streams_, calls_);
+  exchange->OnClose([weak = std::weak_ptr<Call>(call)] {
+    if (std::shared_ptr<Call> c = weak.lock()) c->Cancel();
+  });
+  if (stream) {
+    absl::MutexLock lock(&mu_);
+    streams_.push_back(call);
+  }
+  call->Start(stub_.get(), authorization);
+}
+
+void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange) {
+  const std::string authorization = exchange->header("Authorization");
+  if (router_.authenticate) {
+    absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
+    if (!s.ok()) {
+      RespondError(*exchange, FromStatus(s), "");
+      return;
+    }
+  }
+  exchange->Respond(200, {{"Content-Type", kJson}},
+                    ModelsBody(options_.limits, started_s_));
+}
+
+}  // namespace tandem::router::openai
