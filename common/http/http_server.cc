@@ -414,7 +414,7 @@ struct HttpServer::Impl {
     // Left only if libevent skipped a close callback; their requests are
     // freed with the connections.
     while (!core->live.empty()) core->live.begin()->second->Closed(/*request_alive=*/false);
-    event_base_loopbreak(core->base);
+    event_base_loopexit(core->base, nullptr);  // after the callbacks now active
   }
 };
 
@@ -478,10 +478,14 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address, ": ", err != 0 ? std::strerror(err) : "bind failed"));
   }
+  const evutil_socket_t fd = evhttp_bound_socket_get_fd(bound);
+  // evhttp listens with a backlog of 128; a burst of clients (hundreds of
+  // streams opening at once) would see dropped SYNs and 1 s retries.
+  listen(fd, SOMAXCONN);
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   int bound_port = port;
-  if (getsockname(evhttp_bound_socket_get_fd(bound), reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
     if (ss.ss_family == AF_INET) {
       bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
     } else if (ss.ss_family == AF_INET6) {
