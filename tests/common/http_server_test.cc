@@ -346,6 +346,18 @@ TEST_F(HttpServerTest, BodyOverTheLimitIs413WithoutReachingTheHandler) {
   EXPECT_TRUE(c.WaitClosed());
 }
 
+TEST_F(HttpServerTest, HeadersOverTheLimitAreRefused) {
+  HttpServer::Options o;
+  o.max_header_bytes = 1024;
+  StartServer(o);
+  Conn c(port_);
+  ASSERT_TRUE(c.Request("GET", "/hello", "", absl::StrCat("X-Big: ", std::string(2048, 'h'), "\r\n")));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadHead(&r));
+  EXPECT_EQ(r.status, 400);  // libevent 2.1's answer
+  EXPECT_TRUE(c.WaitClosed());
+}
+
 TEST_F(HttpServerTest, StreamWrittenFromAnotherThreadArrivesInOrderAndEnds) {
   StartServer();
   Conn c(port_);
