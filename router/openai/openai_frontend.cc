@@ -47,7 +47,8 @@ void RespondError(http::Exchange& exchange, const ApiError& error,
 }
 
 ApiError FromStatus(const absl::Status& status) {
-  return FromRpcError(static_cast<int>(status.code()), status.message(), -1);
+  return FromRpcError(static_cast<int>(status.code()),
+                      std::string_view(status.message().data(), status.message().size()), -1);
 }
 
 int64_t UnixSeconds() { return absl::ToUnixSeconds(absl::Now()); }

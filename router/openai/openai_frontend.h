@@ -44,7 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
 #include "router/openai/openai_protocol.h"
-#include "tandem/v1/generation.pb.h"
+#include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::router::openai {
 
