@@ -88,9 +88,11 @@ ApiError WrongType(const std::string& param, const char* expected, const Json& v
   return BadRequest(param, absl::StrCat(param, ": expected ", expected, ", got ", TypeName(v)));
 }
 
-// A JSON value as the message quotes it (strings cut at 64 bytes; invalid
-// UTF-8 cannot occur: the parser refuses it).
+// A JSON value as the message quotes it: a scalar's JSON cut at 64 bytes
+// (invalid UTF-8 cannot occur: the parser refuses it), an array or object
+// by its type (never dumped: its nesting depth is the client's choice).
 std::string Quote(const Json& v) {
+  if (v.is_structured()) return TypeName(v);
   std::string s = v.dump();
   if (s.size() > 64) s = s.substr(0, 61) + "...";
   return s;
@@ -230,32 +232,34 @@ void ReadPrompt(BodyReader& r, const Json* prompt, const ModelLimits& limits,
     return;
   }
   const Json* p = prompt;
+  std::string param = "prompt";
   // A batch of one is that prompt.
   if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
     p = &(*p)[0];
+    param = "prompt[0]";
   }
   if (p->is_string()) {
     if (p->get_ref<const std::string&>().empty()) {
-      r.Fail(BadRequest("prompt", "prompt: must not be empty"));
+      r.Fail(BadRequest(param, param + ": must not be empty"));
       return;
     }
     request->set_prompt(p->get<std::string>());
     return;
   }
   if (!p->is_array()) {
-    r.Fail(WrongType("prompt", "a string or an array of token ids", *p));
+    r.Fail(WrongType(param, "a string or an array of token ids", *p));
     return;
   }
   if (p->empty()) {
-    r.Fail(BadRequest("prompt", "prompt: must not be empty"));
+    r.Fail(BadRequest(param, param + ": must not be empty"));
     return;
   }
-  if ((*p)[0].is_string() || (*p)[0].is_array()) {
+  if (p == prompt && ((*p)[0].is_string() || (*p)[0].is_array())) {
     r.Fail(BadRequest("prompt", absl::StrCat("prompt: batch prompts are not supported (got ",
                                               p->size(), " prompts); send one per request")));
     return;
   }
-  ReadIds(r, *p, "prompt", limits.vocab_size, request->mutable_prompt_token_ids());
+  ReadIds(r, *p, param, limits.vocab_size, request->mutable_prompt_token_ids());
 }
 
 // messages[i].content: a string, or text parts concatenated.

@@ -268,6 +268,12 @@ TEST(OpenAiParseTest, BadInputNamesTheField) {
        "prompt[1]: must be an integer in [0, 511], got 512"},
       {kC, R"({"model":"stories260K","prompt":[1,"a"]})", 400, "prompt[1]",
        "expected an integer"},
+      {kC, R"({"model":"stories260K","prompt":[[1,512]]})", 400, "prompt[0][1]",
+       "prompt[0][1]: must be an integer in [0, 511], got 512"},
+      {kC, R"({"model":"stories260K","prompt":[""]})", 400, "prompt[0]",
+       "prompt[0]: must not be empty"},
+      {kC, R"({"model":"stories260K","prompt":[[]]})", 400, "prompt[0]",
+       "prompt[0]: must not be empty"},
       {kC, R"({"model":"stories260K","prompt":{}})", 400, "prompt",
        "expected a string or an array of token ids, got an object"},
       // Chat.
@@ -324,6 +330,22 @@ TEST(OpenAiParseTest, BadInputNamesTheField) {
       EXPECT_EQ(body["error"]["param"], bad.param);
     }
   }
+}
+
+TEST(OpenAiParseTest, DeepNestingIsRefusedWithoutRecursion) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const ApiError format = ParseError(
+      Endpoint::kChatCompletions,
+      R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"response_format":)" +
+          deep + "}");
+  EXPECT_EQ(format.param, "response_format");
+  EXPECT_THAT(format.message, HasSubstr("got an array"));
+  const ApiError prompt =
+      ParseError(Endpoint::kCompletions, R"({"model":"stories260K","prompt":)" + deep + "}");
+  EXPECT_EQ(prompt.param, "prompt[0][0]");
+  EXPECT_EQ(prompt.message, "prompt[0][0]: expected an integer, got an array");
+  const ApiError model = ParseError(Endpoint::kCompletions, R"({"model":)" + deep + "}");
+  EXPECT_EQ(model.message, "model: expected a string, got an array");
 }
 
 TEST(OpenAiErrorTest, ErrorBodyShape) {
