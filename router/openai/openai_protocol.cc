@@ -421,7 +421,8 @@ void ReadRoute(BodyReader& r, v1::GenerateRequest* request) {
   } else if (*route == "remote") {
     request->set_route_override(v1::ROUTE_REMOTE);
   } else {
-    r.Fail(BadRequest("route", absl::StrCat("route: must be \"auto\", \"local\" or \"remote\", got ",
+    r.Fail(BadRequest("route", absl::StrCat("route: must be \"auto\", \"local\" or "
+                                            "\"remote\", got ",
                                             Quote(*r.Get("route")))));
   }
 }

@@ -35,7 +35,9 @@ struct ApiError {
   // invalid_request_error (400, 404 model, 413), authentication_error (401),
   // not_found_error (404 path), rate_limit_error (429), server_error (5xx).
   std::string type = "invalid_request_error";
-  std::string param;  // the offending field as the client wrote it ("temperature", "messages[0].content")
+  // The offending field as the client wrote it ("temperature",
+  // "messages[0].content").
+  std::string param;
   std::string code;   // e.g. "model_not_found", "context_length_exceeded"
   int64_t retry_after_ms = -1;  // >= 0: the caller sends Retry-After (seconds, rounded up)
 };

@@ -222,7 +222,8 @@ TEST(OpenAiParseTest, BadInputNamesTheField) {
       {kC, c + R"("n":17})", 400, "n", "n: must be an integer in [1, 16], got 17"},
       {kC, c + R"("presence_penalty":-2.5})", 400, "presence_penalty", "must be in [-2, 2]"},
       {kC, c + R"("stream":"yes"})", 400, "stream", "stream: expected a boolean, got a string"},
-      {kC, c + R"("logprobs":21})", 400, "logprobs", "logprobs: must be an integer in [0, 20], got 21"},
+      {kC, c + R"("logprobs":21})", 400, "logprobs",
+       "logprobs: must be an integer in [0, 20], got 21"},
       {kC, c + R"("logprobs":true})", 400, "logprobs", "expected an integer, got a boolean"},
       {kC, c + R"("stop":["a",3]})", 400, "stop[1]", "stop[1]: expected a string, got an integer"},
       {kC, c + R"("stop":5})", 400, "stop", "expected a string or an array of strings"},
@@ -291,7 +292,9 @@ TEST(OpenAiParseTest, BadInputNamesTheField) {
       {kChat, R"({"model":"stories260K","messages":[{"role":"user","content":"a","name":"bob"}]})",
        400, "messages[0].name", "not supported"},
       {kChat,
-       R"({"model":"stories260K","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]})",
+       R"({"model":"stories260K","messages":[{"role":"user","content":"a"},)"
+       R"({"role":"user","content":[{"type":"text","text":"a"},)"
+       R"({"type":"image_url","image_url":{"url":"x"}}]}]})",
        400, "messages[1].content[1].type", "only \"text\" parts are supported, got \"image_url\""},
       {kChat,
        R"({"model":"stories260K","messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
@@ -355,7 +358,8 @@ TEST(OpenAiErrorTest, ErrorBodyShape) {
   e.param = "model";
   e.code = "model_not_found";
   EXPECT_EQ(ErrorBody(e),
-            R"({"error":{"message":"The model \"x\" does not exist","type":"invalid_request_error",)"
+            R"({"error":{"message":"The model \"x\" does not exist",)"
+            R"("type":"invalid_request_error",)"
             R"("param":"model","code":"model_not_found"}})");
   ApiError plain;
   plain.message = "bad \xff byte";  // never throws: invalid UTF-8 is replaced
@@ -387,7 +391,8 @@ TEST(OpenAiErrorTest, FromRpcErrorOnRouterTexts) {
       {grpc::StatusCode::INVALID_ARGUMENT, "min_tokens: must be in [0, max_tokens = 4], got 9",
        400, "invalid_request_error", "min_tokens", ""},
       // engine/sampling/sampling_options.cc (and a sampling.-prefixed name)
-      {grpc::StatusCode::INVALID_ARGUMENT, "temperature: must be 0 (greedy) or in [1e-05, inf), got 1e-06",
+      {grpc::StatusCode::INVALID_ARGUMENT,
+       "temperature: must be 0 (greedy) or in [1e-05, inf), got 1e-06",
        400, "invalid_request_error", "temperature", ""},
       {grpc::StatusCode::INVALID_ARGUMENT, "sampling.temperature: must be >= 0", 400,
        "invalid_request_error", "temperature", ""},
@@ -508,9 +513,11 @@ std::vector<v1::GenerateResponse> Script() {
   s.push_back(Step(0, "Hello", {Token(0, 10, -0.5f, 0, {{10, -0.5f}, {15, -1.25f}})}, 1));
   s.push_back(Step(1, "", {Token(0, 12, -0.75f, 1, {{12, -0.75f}, {10, -2.0f}})}, 1));
   s.push_back(Step(1, "\xE2\x82\xAC", {Token(1, 13, -0.125f, 1, {{14, -3.0f}, {13, -0.125f}})}, 2));
-  v1::GenerateResponse stop = Step(0, " world", {Token(1, 11, -1.0f, 0, {{11, -1.0f}, {14, -1.5f}}),
-                                                 Token(2, 14, -0.25f, 0, {{14, -0.25f}, {10, -4.0f}})},
-                                   3);
+  v1::GenerateResponse stop =
+      Step(0, " world",
+           {Token(1, 11, -1.0f, 0, {{11, -1.0f}, {14, -1.5f}}),
+            Token(2, 14, -0.25f, 0, {{14, -0.25f}, {10, -4.0f}})},
+           3);
   stop.mutable_stop_reason()->set_text("!");
   s.push_back(Finish(stop, v1::FINISH_STOP));
   s.push_back(Finish(Step(1, "", {}, 2), v1::FINISH_LENGTH));
@@ -596,7 +603,7 @@ TEST(OpenAiResponseTest, ChatBodyWithLogprobs) {
   EXPECT_EQ(t0["bytes"], json({72, 101, 108, 108, 111}));
   EXPECT_EQ(t0["top_logprobs"],
             json::parse(R"([{"token":"Hello","logprob":-0.5,"bytes":[72,101,108,108,111]},
-                            {"token":" there","logprob":-1.25,"bytes":[32,116,104,101,114,101]}])"));
+                {"token":" there","logprob":-1.25,"bytes":[32,116,104,101,114,101]}])"));
   const json& c1 = j["choices"][1];
   EXPECT_EQ(c1["message"]["content"], "\xE2\x82\xAC");
   EXPECT_EQ(c1["logprobs"]["content"][0]["token"], "bytes:\\xe2\\x82");
