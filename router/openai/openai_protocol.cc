@@ -545,12 +545,14 @@ void ReadChat(BodyReader& r, ParsedRequest* out) {
     }
   }
   if (const Json* format = r.Get("response_format"); format != nullptr && r.ok()) {
+    // {"type": "json_object"} names its type; any other value its JSON type.
     auto type = format->is_object() ? format->find("type") : format->end();
-    if (!format->is_object() || type == format->end() || *type != "text") {
+    const bool has_type = format->is_object() && type != format->end();
+    if (!has_type || *type != "text" || format->size() != 1) {
       r.Fail(BadRequest("response_format",
                         absl::StrCat("response_format: only {\"type\": \"text\"} is supported, "
                                      "got ",
-                                     Quote(*format))));
+                                     has_type ? "type " + Quote(*type) : Quote(*format))));
     }
   }
   for (const char* name :
