@@ -88,13 +88,17 @@ ApiError WrongType(const std::string& param, const char* expected, const Json& v
   return BadRequest(param, absl::StrCat(param, ": expected ", expected, ", got ", TypeName(v)));
 }
 
-// A JSON value as the message quotes it: a scalar's JSON cut at 64 bytes
-// (invalid UTF-8 cannot occur: the parser refuses it), an array or object
+// A JSON value as the message quotes it: a scalar's JSON cut to at most 64
+// bytes between characters (the parser refuses invalid UTF-8), an array or object
 // by its type (never dumped: its nesting depth is the client's choice).
 std::string Quote(const Json& v) {
   if (v.is_structured()) return TypeName(v);
   std::string s = v.dump();
-  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  if (s.size() > 64) {
+    size_t cut = 61;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole chars
+    s = s.substr(0, cut) + "...";
+  }
   return s;
 }
 

@@ -242,6 +242,9 @@ TEST(OpenAiParseTest, BadInputNamesTheField) {
       {kC, c + R"("route":"fast"})", 400, "route",
        "route: must be \"auto\", \"local\" or \"remote\", got \"fast\""},
       {kC, c + R"("user":5})", 400, "user", "user: expected a string"},
+      // A long value is quoted cut between characters (59 ASCII bytes, then é).
+      {kC, c + R"("route":")" + std::string(59, 'a') + "\xC3\xA9\xC3\xA9\"}", 400, "route",
+       "got \"" + std::string(59, 'a') + "..."},
       {kC, c + R"("skip_special_tokens":false})", 400, "skip_special_tokens", "not supported"},
       // Stream options.
       {kC, c + R"("stream_options":{"include_usage":true}})", 400, "stream_options",
