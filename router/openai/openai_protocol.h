@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -34,7 +35,9 @@ struct ApiError {
   // invalid_request_error (400, 404 model, 413), authentication_error (401),
   // not_found_error (404 path), rate_limit_error (429), server_error (5xx).
   std::string type = "invalid_request_error";
-  std::string param;  // the offending field as the client wrote it ("temperature", "messages[0].content")
+  // The offending field as the client wrote it ("temperature",
+  // "messages[0].content").
+  std::string param;
   std::string code;   // e.g. "model_not_found", "context_length_exceeded"
   int64_t retry_after_ms = -1;  // >= 0: the caller sends Retry-After (seconds, rounded up)
 };
@@ -75,6 +78,26 @@ struct ParsedRequest {
 // messages; logprobs > 20; top_logprobs without logprobs: true. `user` is
 // accepted and unused. Limits checked later by the router (context length,
 // stop list size, ...) come back as its gRPC errors (FromRpcError).
+//
+// Decisions (README.md of this directory lists every field and range):
+// - null is "not given" for every optional field.
+// - integers: a JSON integer, or a float with an integral value (16.0).
+// - temperature in [0, 2] (OpenAI's range; the engine itself takes any
+//   value >= 0); top_p (0, 1]; n 1..16; presence/frequency_penalty
+//   [-2, 2]; logit_bias keys decimal token ids < vocab_size, values
+//   [-100, 100] (param "logit_bias.<key>"); repetition_penalty [0.01, 100];
+//   min_p [0, 1]; top_k -1 or >= 0 (-1 and 0: off).
+// - seed: any int64; a negative seed is its 64-bit two's complement.
+// - prompt: a string, an id array, or a batch of one of them ([..] of
+//   length 1; errors then name prompt[0]); a longer batch -> 400.
+// - messages[i]: role and content only (name, tool_calls, ... non-null ->
+//   400 naming messages[i].<key>); content a string or "text" parts; null
+//   content only for role assistant ("").
+// - skip_special_tokens: true (the router always drops control tokens'
+//   text) or 400; echo: false; suffix: null or ""; best_of: == n;
+//   response_format: {"type": "text"}; stream_options only with stream.
+// - chat: max_completion_tokens wins over max_tokens.
+// - A malformed body's error quotes no byte outside printable ASCII.
 std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, std::string_view body,
                                                     const ModelLimits& limits);
 
@@ -85,16 +108,39 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, std::strin
 // context_length_exceeded when the prompt and max_tokens exceed the
 // context); UNAUTHENTICATED 401; PERMISSION_DENIED 403; NOT_FOUND 404;
 // RESOURCE_EXHAUSTED 429; UNAVAILABLE 503; DEADLINE_EXCEEDED 504;
-// CANCELLED 499; anything else 500.
+// CANCELLED 499; anything else 500. `message` is kept as is; param is
+// empty when the text before ':' is not a field path ("router at
+// capacity: ...", the context-length message). Other field names map as
+// prompt_token_ids[i] -> prompt[i], route_override -> route. Types:
+// 400 invalid_request_error, 401 authentication_error (code
+// invalid_api_key), 403 permission_error, 404 not_found_error, 429
+// rate_limit_error (code rate_limit_exceeded), 499 / 5xx server_error
+// (codes cancelled, timeout for 499, 504).
 ApiError FromRpcError(int grpc_code, std::string_view message, int64_t retry_after_ms);
 
 // A token's bytes (its text piece; may be part of a UTF-8 character).
+// Called on the thread that calls the builder.
 using TokenBytes = std::function<std::string(int32_t token_id)>;
 
 // Builds the response of one request from its GenerateResponse messages
 // (as the router streams them: any order of samples, one finish message
 // per sample). The response id is "cmpl-<request_id>" /
 // "chatcmpl-<request_id>" (from the first message).
+//
+// finish_reason: FINISH_STOP "stop", FINISH_LENGTH and FINISH_CONTEXT
+// "length", FINISH_CANCELLED "abort" (vLLM's); stop_reason (vLLM's): the
+// stop string, the stop_token_ids id, or null (end-of-generation token,
+// length). Logprobs: a token whose bytes are not valid UTF-8 is written
+// "bytes:\xNN..." in `tokens` / `token` (chat also gives `bytes`); a -inf
+// logprob is written -9999.0 (vLLM). Completions' top_logprobs hold the
+// request's top-n and the sampled token (so logprobs: 0 gives
+// {sampled: logprob}, as vLLM); a text seen twice keeps the more likely
+// entry. text_offset: the Unicode code points (UTF-8 lead bytes) of the
+// sample's token bytes before each token, continuing across chunks; a stop
+// token's bytes count though its text is not in `text`. usage:
+// prompt_tokens, completion_tokens summed over the samples, total_tokens,
+// prompt_tokens_details.cached_tokens; no system_fingerprint. Output is
+// dumped with invalid UTF-8 replaced by U+FFFD (never throws).
 class ResponseBuilder {
  public:
   // `created_s`: Unix seconds; `model`: the served model name.
@@ -102,10 +148,14 @@ class ResponseBuilder {
                   TokenBytes token_bytes);
 
   // stream: true. The JSON payloads (without "data: ") of the SSE events
-  // for one message: chat sends {"delta":{"role":"assistant","content":""}}
-  // first for each sample, then content deltas; the finish chunk carries
-  // finish_reason ("stop" | "length"; stop_reason as vLLM). With
-  // include_usage every chunk has "usage": null.
+  // for one message (zero, one or two): chat sends
+  // {"delta":{"role":"assistant","content":""}} first for each sample (with
+  // that sample's first message; sample 0's with the metadata message),
+  // then one chunk per message with text, with tokens when logprobs are
+  // on, or with finish_reason: delta {"content": text} (or {} for a bare
+  // finish), choice "text" for completions. The finish chunk carries the
+  // message's last text and tokens too, finish_reason and stop_reason.
+  // With include_usage every chunk has "usage": null.
   std::vector<std::string> Chunks(const v1::GenerateResponse& message);
   // With include_usage, after the last message: {"choices": [], "usage": {...}}.
   std::string UsageChunk() const;
