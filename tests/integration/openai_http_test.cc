@@ -284,6 +284,81 @@ TEST_F(HttpTest, ManyConcurrentStreamsComplete) {
   }
 }
 
+// Chat on a model with a chat template (qwen2-tiny-synth: ChatML, the real
+// Qwen vocabulary, random weights).
+class HttpChatTest : public ClusterSuite {
+ protected:
+  static void SetUpTestSuite() {
+    ClusterOptions options;
+    options.model = "qwen2-tiny-synth.gguf";
+    options.http_listen = "127.0.0.1:0";
+    StartSuiteCluster(options);
+  }
+  static std::string http() { return cluster().http_address(); }
+};
+
+TEST_F(HttpChatTest, ChatEqualsGrpcMessagesStreamedAndNot) {
+  const std::string question = "What is the capital of France?";
+  v1::GenerateRequest request;
+  request.set_max_tokens(12);
+  request.mutable_sampling()->set_temperature(0);
+  request.set_logprobs(2);
+  v1::ChatMessage* m = request.add_messages();
+  m->set_role("user");
+  m->set_content(question);
+  StreamResult grpc = RunGenerate(cluster().stub(), request);
+  ASSERT_TRUE(grpc.status.ok()) << grpc.status.error_message();
+  // The ChatML rendering of ../shared/goldens/qwen2-tiny-synth_chat.json's
+  // single_user case: 15 tokens.
+  EXPECT_EQ(grpc.prompt_tokens, 15u);
+
+  // Content as text parts, split in two: the same prompt.
+  json body = {{"model", "qwen2-tiny-synth"},
+               {"messages", {{{"role", "user"},
+                              {"content", {{{"type", "text"}, {"text", "What is the capital"}},
+                                           {{"type", "text"}, {"text", " of France?"}}}}}}},
+               {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true},
+               {"top_logprobs", 2}};
+  HttpResult r = HttpCall(http(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_THAT(j["id"].get<std::string>(), ::testing::StartsWith("chatcmpl-"));
+  const json& choice = j["choices"][0];
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_EQ(choice["message"]["content"], grpc.text);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 15);
+  const json& content = choice["logprobs"]["content"];
+  ASSERT_EQ(content.size(), grpc.logprobs.size());
+  for (size_t i = 0; i < content.size(); ++i) {
+    EXPECT_EQ(static_cast<float>(content[i]["logprob"].get<double>()), grpc.logprobs[i]);
+    EXPECT_EQ(content[i]["top_logprobs"].size(), 2u);
+    EXPECT_TRUE(content[i]["bytes"].is_array());
+  }
+
+  body["stream"] = true;
+  absl::StatusOr<SseStream> s = SseStream::Open(http(), "/v1/chat/completions", body.dump());
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<std::vector<std::string>> events = s->ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 2u);
+  json first = Parse(events->front());
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(JoinStream(*events, /*chat=*/true).text, grpc.text);
+
+  // Without max_tokens a chat generates up to the context: accepted.
+  json open_ended = {{"model", "qwen2-tiny-synth"},
+                     {"messages", {{{"role", "user"}, {"content", question}}}},
+                     {"temperature", 0}, {"stop", {"a", "e", "i", "o", "u"}}};
+  HttpResult r2 = HttpCall(http(), "POST", "/v1/chat/completions", open_ended.dump());
+  EXPECT_EQ(r2.status, 200) << r2.body;
+  HttpResult tools = HttpCall(
+      http(), "POST", "/v1/chat/completions",
+      R"({"model":"qwen2-tiny-synth","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}]})");
+  EXPECT_EQ(tools.status, 400);
+  EXPECT_EQ(Parse(tools.body)["error"]["param"], "tools");
+}
+
 // Every remote prefill stalls after two KV frames (until cancelled or the
 // 20 s transfer timeout), so streams stay open as long as the test wants.
 class HttpStallTest : public ClusterSuite {
