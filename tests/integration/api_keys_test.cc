@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
+#include "tests/integration/http_client.h"
 #include "tests/integration/up_fixture.h"
 
 namespace tandem::testing {
@@ -105,6 +106,7 @@ class ApiKeysTest : public OwnClusterTest {
     ClusterOptions o;
     o.api_keys_file = keys;
     o.api_key = kBobKey;
+    o.http_listen = "127.0.0.1:0";
     ASSERT_NO_FATAL_FAILURE(StartCluster(o));
   }
   std::string dir_;
@@ -461,6 +463,37 @@ TEST(ApiKeysUpTest, TandemUpSendsTheEnvironmentsKey) {
   absl::StatusOr<std::unique_ptr<UpCluster>> up = UpCluster::Start(o);
   unsetenv("TANDEM_API_KEY");
   ASSERT_TRUE(up.ok()) << up.status();
+}
+
+// The HTTP front door takes the same keys (Authorization: Bearer), as
+// OpenAI's API does, on every /v1 route; /health, /ready stay open.
+TEST_F(ApiKeysTest, HttpNeedsTheKeyToo) {
+  const std::string http = cluster().http_address();
+  const std::string body =
+      R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":4,"temperature":0})";
+  HttpResult none = HttpCall(http, "POST", "/v1/completions", body);
+  EXPECT_EQ(none.status, 401) << none.body;
+  EXPECT_THAT(none.body, HasSubstr("missing API key"));
+  HttpResult wrong = HttpCall(http, "POST", "/v1/completions", body,
+                              {{"Authorization", "Bearer sk-test-carol"}});
+  EXPECT_EQ(wrong.status, 401) << wrong.body;
+  EXPECT_THAT(wrong.body, HasSubstr("invalid API key"));
+  EXPECT_EQ(HttpCall(http, "GET", "/v1/models").status, 401);
+  EXPECT_EQ(HttpCall(http, "GET", "/health").status, 200);
+  EXPECT_EQ(HttpCall(http, "GET", "/ready").status, 200);
+
+  const v1::ApiKeyUsage before = Usage(cluster(), "bob");
+  HttpResult ok = HttpCall(http, "POST", "/v1/completions", body,
+                           {{"Authorization", absl::StrCat("Bearer ", kBobKey)}});
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(HttpCall(http, "GET", "/v1/models", "",
+                     {{"Authorization", absl::StrCat("Bearer ", kBobKey)}})
+                .status,
+            200);
+  // Charged to bob like a gRPC call: the prompt and the 4 tokens.
+  const v1::ApiKeyUsage after = Usage(cluster(), "bob");
+  EXPECT_EQ(after.requests() - before.requests(), 1u);
+  EXPECT_EQ(after.generated_tokens() - before.generated_tokens(), 4u);
 }
 
 }  // namespace
