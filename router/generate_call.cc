@@ -325,6 +325,12 @@ bool GenerateCall::CanMigrate() const {
          params_.request.route_override() != v1::ROUTE_REMOTE;
 }
 
+std::string GenerateCall::LogTag() const {
+  const std::string& client = params_.request.client_request_id();
+  return client.empty() ? absl::StrCat("request ", params_.request_id)
+                        : absl::StrCat("request ", params_.request_id, " (client ", client, ")");
+}
+
 std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
                                                        std::vector<std::string> avoid) {
   PickRequest pick;
@@ -333,7 +339,7 @@ std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
   pick.avoid = std::move(avoid);
   PickResult result = registry_->Pick(pick);
   if (result.worker != nullptr) {
-    rpc::Log(absl::StrCat("request ", params_.request_id, ": ",
+    rpc::Log(absl::StrCat(LogTag(), ": ",
                           role == v1::ROLE_DECODE ? "decode" : "prefill", " worker ",
                           result.worker->name, " (", result.explanation, ")"));
   }
@@ -352,9 +358,9 @@ bool GenerateCall::MoveOn(bool received, const std::string& why) {
   if (!reroute) ++migrations_;
   CancelPrefillCalls();  // whatever P still does was for the old D's receiver
   rpc::Log(reroute
-               ? absl::StrCat("request ", params_.request_id, ": ", why, "; sending it to ",
+               ? absl::StrCat(LogTag(), ": ", why, "; sending it to ",
                               next->name)
-               : absl::StrCat("request ", params_.request_id, ": ", why, "; migrating to ",
+               : absl::StrCat(LogTag(), ": ", why, "; migrating to ",
                               next->name, " at output index ", samples_[0].next_index,
                               " (migration ", migrations_, " of ", params_.max_migrations,
                               ")"));
@@ -450,7 +456,7 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
       prefill_error_ = grpc::Status(
           call->lost ? grpc::StatusCode::UNAVAILABLE : status.error_code(), reason);
       failed_prefill_.push_back(name);
-      rpc::Log(absl::StrCat("request ", params_.request_id, ": remote prefill attempt ",
+      rpc::Log(absl::StrCat(LogTag(), ": remote prefill attempt ",
                             call->attempt, " failed: ", reason));
       // D decides (conditional.on_prefill_failure); it may have seen the
       // failure on its KV connection already.
@@ -491,7 +497,7 @@ bool GenerateCall::RestartAfterLostFirstToken() {
   std::shared_ptr<WorkerHandle> next = PickWorker(v1::ROLE_DECODE, {});
   if (next == nullptr) return false;
   restarted_ = true;
-  rpc::Log(absl::StrCat("request ", params_.request_id, ": token 0 was lost with ",
+  rpc::Log(absl::StrCat(LogTag(), ": token 0 was lost with ",
                         prefill_error_.error_message(), "; running the request again on ",
                         next->name));
   for (SampleStream& sample : samples_) {
@@ -540,7 +546,7 @@ void GenerateCall::MaybeFinish() {
       }
       if (status.error_code() != grpc::StatusCode::CANCELLED) {
         rpc::Log(
-            absl::StrCat("request ", params_.request_id, " failed: ", status.error_message()));
+            absl::StrCat(LogTag(), " failed: ", status.error_message()));
       }
     }
     sink_->Finish(status);

@@ -129,6 +129,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // No decode stream follows: records how the last one ended, stops P's
   // work if D failed, and finishes when nothing else is outstanding.
   void DecodeEnded(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How every log line names this request: "request <id>", plus
+  // " (client <client_request_id>)" when the client gave one (HTTP:
+  // X-Request-Id), so a client's id finds every line about its request.
+  std::string LogTag() const;
   // The worker of `role` router.policy chooses for this request's prompt,
   // skipping `avoid` (workers that failed it), or null; logs "request <id>:
   // decode worker <name> (<score and its inputs>)" for a choice.
