@@ -38,12 +38,14 @@ TEST_F(RouterCountersTest, GetStatusCountsWhatTheClientsSaw) {
   requests.push_back(two);
   // A stop string ends the sample early (its tokens up to the match count).
   v1::GenerateRequest stop = MakeRequest(Golden("the_little_dog").prompt, 32);
-  stop.add_stop(" ");
+  stop.add_stop(std::string(" "));
   requests.push_back(stop);
 
   uint64_t completion_tokens = 0, prompt_tokens = 0, cached = 0, received = 0;
+  std::vector<StreamResult> results;
   for (const v1::GenerateRequest& request : requests) {
-    const StreamResult r = RunGenerate(cluster().stub(), request);
+    results.push_back(RunGenerate(cluster().stub(), request));
+    const StreamResult& r = results.back();
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
     for (const SampleResult& s : r.samples) completion_tokens += s.completion_tokens;
     received += r.token_ids.size();
@@ -52,6 +54,10 @@ TEST_F(RouterCountersTest, GetStatusCountsWhatTheClientsSaw) {
   }
   EXPECT_EQ(completion_tokens, received);  // what the client counted = what it got
   EXPECT_GT(cached, 0u);                   // the repeated prompt hit the cache
+  EXPECT_EQ(results[1].route, "remote");
+  EXPECT_EQ(results[4].samples.size(), 2u);
+  EXPECT_EQ(results[5].finish_reason, v1::FINISH_STOP);  // the stop string matched
+  EXPECT_LT(results[5].completion_tokens, 32u);
 
   // Refused before running: counted as requests and errors, no tokens.
   const StreamResult zero = RunGenerate(cluster().stub(), MakeRequest("Once", 0));
