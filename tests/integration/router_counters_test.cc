@@ -3,7 +3,10 @@
 // clients of a real cluster saw: every request, every token streamed, every
 // prompt token, every cached prompt token, every refusal. /metrics serves
 // the same counters (the HTTP tests compare the two).
+#include <signal.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,6 +84,59 @@ TEST_F(RouterCountersTest, GetStatusCountsWhatTheClientsSaw) {
   EXPECT_EQ(router.router_prompt_tokens_total(), prompt_tokens);
   EXPECT_EQ(router.router_prompt_tokens_cached_total(), cached);
   EXPECT_EQ(router.queued_requests(), 0u);
+}
+
+TEST_F(RouterCountersTest, QueuedAndRefusedRequestsCountWithoutTokens) {
+  // One slot, one place in the queue; the decode worker stopped holds the
+  // slot (no health poll meanwhile, as in admission_test.cc).
+  ClusterOptions options;
+  options.max_inflight = 1;
+  options.max_queued = 1;
+  options.poll_interval_ms = 600000;
+  options.rpc_timeout_ms = 300;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(options));
+  const pid_t decode = cluster().decode_pid();
+  ASSERT_EQ(kill(decode, SIGSTOP), 0);
+  ASSERT_TRUE(WaitStopped(decode, absl::Seconds(5)));
+  auto router_status = [&] {
+    absl::StatusOr<v1::ClusterStatus> s = cluster().ClusterStatus();
+    return s.ok() ? s->router() : v1::WorkerStatus();
+  };
+  v1::WorkerStatus router;
+  auto wait_for = [&](const std::function<bool(const v1::WorkerStatus&)>& done) {
+    return PollUntil(absl::Seconds(20), [&] {
+      router = router_status();
+      return done(router);
+    });
+  };
+
+  const GoldenCase& g = Golden("once_upon_a_time");
+  GenerateStream running(cluster().stub(), MakeRequest(g.prompt, 8, v1::ROUTE_LOCAL));
+  ASSERT_TRUE(wait_for([](const v1::WorkerStatus& r) { return r.running_requests() == 1; }));
+  GenerateStream queued(cluster().stub(), MakeRequest("The little dog", 8, v1::ROUTE_LOCAL));
+  ASSERT_TRUE(wait_for([](const v1::WorkerStatus& r) { return r.queued_requests() == 1; }));
+  const StreamResult refused =
+      RunGenerate(cluster().stub(), MakeRequest("Lily and Ben", 8, v1::ROUTE_LOCAL));
+  ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  queued.Cancel();  // leaves the queue without ever running
+  EXPECT_EQ(queued.Finish().status.error_code(), grpc::StatusCode::CANCELLED);
+  // Nothing ran to its end yet: the two that never got a slot are counted,
+  // with no prompt or generated token.
+  ASSERT_TRUE(wait_for([](const v1::WorkerStatus& r) { return r.router_requests_total() == 2; }));
+  EXPECT_EQ(router.router_request_errors_total(), 2u);
+  EXPECT_EQ(router.router_prompt_tokens_total(), g.prompt_ids.size());  // the running one
+  EXPECT_EQ(router.router_generation_tokens_total(), 0u);
+
+  ASSERT_EQ(kill(decode, SIGCONT), 0);
+  const StreamResult& done = running.Finish();
+  ASSERT_TRUE(done.status.ok()) << done.status.error_message();
+  ASSERT_TRUE(wait_for([](const v1::WorkerStatus& r) {
+    return r.router_requests_total() == 3 && r.running_requests() == 0;
+  }));
+  EXPECT_EQ(router.router_request_errors_total(), 2u);
+  EXPECT_EQ(router.router_prompt_tokens_total(), done.prompt_tokens);
+  EXPECT_EQ(router.router_generation_tokens_total(), done.completion_tokens);
+  EXPECT_EQ(done.completion_tokens, 8u);
 }
 
 }  // namespace
