@@ -34,7 +34,8 @@ absl::Status Admission::ValidateOptions(const Options& options) {
   return absl::OkStatus();
 }
 
-Admission::Admission(const Options& options) : options_(options) {
+Admission::Admission(const Options& options, Observer observer)
+    : options_(options), observer_(std::move(observer)) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) {
     std::fprintf(stderr, "Admission: %s\n", std::string(s.message()).c_str());
     std::abort();
@@ -58,12 +59,15 @@ Admission::Ticket Admission::Submit(absl::Time deadline, StartFn start, DropFn d
     ticket.id = next_id_++;
     if (running_ < options_.max_inflight && queue_.empty()) {
       ++running_;
+      NotifyWaitedLocked(absl::ZeroDuration());
+      NotifyCountsLocked();
     } else if (static_cast<int64_t>(queue_.size()) < options_.max_queued) {
       ticket.queued = true;
       const bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
       queue_.emplace(ticket.id, Waiter{deadline, absl::Now(), std::move(start), std::move(drop)});
       deadlines_.emplace(deadline, ticket.id);
       if (earliest) timer_cv_.Signal();
+      NotifyCountsLocked();
       return ticket;
     } else {
       ticket.status = absl::ResourceExhaustedError(
@@ -88,6 +92,8 @@ void Admission::Cancel(uint64_t id) {
     enqueued = it->second.enqueued;
     deadlines_.erase({it->second.deadline, id});
     queue_.erase(it);
+    NotifyWaitedLocked(absl::Now() - enqueued);
+    NotifyCountsLocked();
   }
   drop(absl::CancelledError(absl::StrCat("cancelled by the client after ",
                                          WaitedMs(enqueued, absl::Now()),
@@ -103,6 +109,7 @@ void Admission::Release() {
     completions_.push_back(now);
     if (completions_.size() > kRateWindow) completions_.pop_front();
     next = TakeNextLocked();
+    NotifyCountsLocked();
   }
   if (next) RunStarts(std::move(next));
 }
@@ -129,6 +136,7 @@ Admission::StartFn Admission::TakeNextLocked() {
   if (queue_.empty() || running_ >= options_.max_inflight) return nullptr;
   auto it = queue_.begin();
   StartFn start = std::move(it->second.start);
+  NotifyWaitedLocked(absl::Now() - it->second.enqueued);
   deadlines_.erase({it->second.deadline, it->first});
   queue_.erase(it);
   ++running_;
@@ -169,8 +177,10 @@ void Admission::TimerLoop() {
                                "deadline passed after ", WaitedMs(it->second.enqueued, now),
                                " ms in the router's queue: all router.max_inflight = ",
                                options_.max_inflight, " slots stayed busy")));
+      NotifyWaitedLocked(now - it->second.enqueued);
       queue_.erase(it);
     }
+    if (!expired.empty()) NotifyCountsLocked();
     if (!expired.empty()) {
       mu_.Unlock();
       for (auto& [drop, status] : expired) drop(std::move(status));
@@ -183,6 +193,14 @@ void Admission::TimerLoop() {
       timer_cv_.WaitWithDeadline(&mu_, deadlines_.begin()->first);
     }
   }
+}
+
+void Admission::NotifyCountsLocked() {
+  if (observer_.on_counts) observer_.on_counts(running_, static_cast<int>(queue_.size()));
+}
+
+void Admission::NotifyWaitedLocked(absl::Duration waited) {
+  if (observer_.on_waited) observer_.on_waited(waited);
 }
 
 int64_t Admission::RetryAfterLocked(absl::Time now) {

@@ -43,6 +43,20 @@ class Admission {
   // status' message says how long it waited and why.
   using DropFn = std::function<void(absl::Status)>;
 
+  // What an owner may watch (router/router_metrics.h: the router's
+  // gauges and its queue-time histogram). Both callbacks run under
+  // Admission's lock, so they see every change in order; they must be
+  // cheap and must not call back into this Admission. Either may be empty.
+  struct Observer {
+    // After every change of the counts: running() and queued() now.
+    std::function<void(int running, int queued)> on_counts;
+    // A request left the wait stage: `waited` is zero for one started at
+    // once, else its time in the queue, whether it then got a slot or was
+    // dropped (deadline, cancel). Not called for a refused request (it
+    // never waited) nor for one still queued when Admission is destroyed.
+    std::function<void(absl::Duration waited)> on_waited;
+  };
+
   // What Submit did with a request.
   struct Ticket {
     // OK: started (`start` already ran) or queued. RESOURCE_EXHAUSTED:
@@ -69,7 +83,7 @@ class Admission {
 
   // Starts the timer thread. `options` must pass ValidateOptions (a bad
   // value aborts with its message).
-  explicit Admission(const Options& options);
+  explicit Admission(const Options& options, Observer observer = {});
   // Stops the timer thread. Requests still queued get neither callback.
   ~Admission();
   Admission(const Admission&) = delete;
@@ -122,8 +136,13 @@ class Admission {
   // The timer thread: drops queued requests whose deadline passed.
   void TimerLoop();
   int64_t RetryAfterLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // observer_.on_counts with the counts now (after each change).
+  void NotifyCountsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // observer_.on_waited(waited).
+  void NotifyWaitedLocked(absl::Duration waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  const Observer observer_;
   mutable absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

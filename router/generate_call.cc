@@ -119,7 +119,9 @@ GenerateCall::GenerateCall(Params params, WorkerRegistry* registry,
     : params_(std::move(params)),
       registry_(registry),
       tokenizer_(tokenizer),
-      sink_(std::move(sink)) {
+      sink_(std::move(sink)),
+      timer_(params_.metrics, params_.arrival,
+             params_.request.has_n() ? params_.request.n() : 1) {
   const v1::GenerateRequest& request = params_.request;
   stop_criteria_.eog_token_ids = tokenizer_->eog_ids();
   std::sort(stop_criteria_.eog_token_ids.begin(), stop_criteria_.eog_token_ids.end());
@@ -549,6 +551,11 @@ void GenerateCall::MaybeFinish() {
             absl::StrCat(LogTag(), " failed: ", status.error_message()));
       }
     }
+    const RouterMetrics::Route route = decode_streams_ == 0 ? RouterMetrics::Route::kNone
+                                       : route_ == "remote" ? RouterMetrics::Route::kRemote
+                                                            : RouterMetrics::Route::kLocal;
+    timer_.Finished(absl::Now(), route, static_cast<absl::StatusCode>(status.error_code()),
+                    samples_[0].sent, cached_prompt_tokens_);
     sink_->Finish(status);
   }
   if (finished_ && outstanding_ == 0 && on_done_) {
@@ -570,6 +577,11 @@ void GenerateCall::EmitHeader() {
   msg.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
   msg.set_seed(params_.request.sampling().seed());
   sink_->Write(std::move(msg));
+}
+
+void GenerateCall::TokensEmitted(uint32_t s, int64_t n) {
+  if (params_.on_tokens_emitted) params_.on_tokens_emitted(n);
+  timer_.TokensSent(s, n, absl::Now());
 }
 
 void GenerateCall::Deliver(const v1::TokenOutput& token) {
@@ -627,14 +639,14 @@ void GenerateCall::Deliver(const v1::TokenOutput& token) {
             &call->context, &call->request, &call->response,
             [call, worker = decode_](grpc::Status) {});
       }
-      if (params_.on_tokens_emitted) params_.on_tokens_emitted(msg.tokens_size());
+      TokensEmitted(s, msg.tokens_size());
       EndSample(s, std::move(*msg.mutable_text()), v1::FINISH_STOP, &reason, &msg);
       return;
     }
     msg.mutable_text()->append(pushed.text);
   }
   if (msg.tokens_size() > 0) {
-    if (params_.on_tokens_emitted) params_.on_tokens_emitted(msg.tokens_size());
+    TokensEmitted(s, msg.tokens_size());
     EmitHeader();
     msg.set_completion_tokens(sample.next_index);
     sink_->Write(std::move(msg));
@@ -684,6 +696,7 @@ void GenerateCall::EndSample(uint32_t s, std::string text, v1::FinishReason reas
                              const v1::StopReason* stop_reason, v1::GenerateResponse* with) {
   SampleStream& sample = samples_[s];
   sample.done = true;
+  sample.sent = reason;
   EmitHeader();
   v1::GenerateResponse last;
   if (with != nullptr) last = std::move(*with);  // the tokens of this push

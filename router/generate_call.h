@@ -47,6 +47,7 @@
 #include "common/server/stream_sink.h"
 #include "engine/core/stop_checker.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "router/router_metrics.h"
 #include "router/stop_strings.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.pb.h"
@@ -73,6 +74,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     // number of tokens about to be written to the client, every sample's,
     // each token once (the API key's generated-token charge); may be empty.
     std::function<void(int64_t)> on_tokens_emitted;
+    // The router's metrics (router/router_metrics.h: the request's token
+    // times, its end and outcome); null: none recorded. `arrival`: when the
+    // call reached the router (the start of TTFT and end-to-end latency).
+    RouterMetrics* metrics = nullptr;
+    absl::Time arrival;
   };
 
   GenerateCall(Params params, WorkerRegistry* registry,
@@ -106,6 +112,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     std::vector<int32_t> emitted;                 // ids of indices < next_index
     int32_t last_token = -1;
     v1::FinishReason finish = v1::FINISH_NONE;    // as the decode worker reported it
+    v1::FinishReason sent = v1::FINISH_NONE;      // what its last message said
     bool done = false;                            // its last message was sent
   };
 
@@ -180,6 +187,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
                  const v1::StopReason* stop_reason, v1::GenerateResponse* with)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `n` tokens of sample `s` are about to be written to the client: the
+  // API key's charge (on_tokens_emitted) and the request's timer.
+  void TokensEmitted(uint32_t s, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Params params_;
   WorkerRegistry* const registry_;
@@ -222,6 +232,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   grpc::Status prefill_error_ ABSL_GUARDED_BY(mu_);
   // Prompt tokens the prefilling worker did not compute (prefix-cache hit).
   uint32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  RequestTimer timer_ ABSL_GUARDED_BY(mu_);  // params_.metrics' view of this request
 };
 
 }  // namespace tandem::router

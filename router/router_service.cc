@@ -48,7 +48,7 @@ RouterService::RouterService(const ModelBundle* model, ChatTemplate chat_templat
       name_(std::move(name)),
       registry_(registry_options, std::move(on_health_change)),
       registry_service_(&registry_),
-      admission_(admission_options) {}
+      admission_(admission_options, metrics_.AdmissionObserver()) {}
 
 absl::StatusOr<std::vector<int32_t>> RouterService::PromptTokens(
     const v1::GenerateRequest& request) const {
@@ -103,15 +103,32 @@ absl::StatusOr<int> RouterService::Authenticate(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  const absl::Time arrival = absl::Now();
   absl::StatusOr<int> key = Authenticate(context);
-  if (!key.ok()) return rpc::FinishedStream(rpc::ToGrpc(key.status()));
-  return rpc::ServeStream<v1::GenerateRequest>(request, [&](const v1::GenerateRequest* parsed) {
-    return GenerateParsed(context, parsed, *key);
-  });
+  if (!key.ok()) {
+    metrics_.RequestRefused(key.status().code());
+    return rpc::FinishedStream(rpc::ToGrpc(key.status()));
+  }
+  bool parsed_ok = false;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = rpc::ServeStream<v1::GenerateRequest>(
+      request, [&](const v1::GenerateRequest* parsed) {
+        parsed_ok = true;
+        return GenerateParsed(context, parsed, *key, arrival);
+      });
+  // ParseStrict's only error.
+  if (!parsed_ok) metrics_.RequestRefused(absl::StatusCode::kInvalidArgument);
+  return reactor;
+}
+
+void RouterService::Refuse(GenerateCall::Sink& sink, const absl::Status& status,
+                           GenerateCall::Sink::Trailers trailers) {
+  metrics_.RequestRefused(status.code());
+  sink.Finish(rpc::ToGrpc(status), std::move(trailers));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request, int key) {
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request, int key,
+    absl::Time arrival) {
   // What OnCancel reaches: the call (once created) and its admission id
   // (once submitted; a queued request leaves the queue at once).
   struct CancelState {
@@ -136,12 +153,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
       },
       context);
   if (!accepting_) {
-    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"));
+    Refuse(*sink, absl::UnavailableError("router is shutting down"));
     return reactor;
   }
   auto prompt = Validate(*request);
   if (!prompt.ok()) {
-    sink->Finish(rpc::ToGrpc(prompt.status()));
+    Refuse(*sink, prompt.status());
     return reactor;
   }
   static absl::Mutex gen_mu;
@@ -164,9 +181,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
     ApiKeys::Decision d = api_keys_->Admit(key, prompt_tokens);
     if (!d.status.ok()) {
       if (d.retry_after_ms < 0) {
-        sink->Finish(rpc::ToGrpc(d.status));
+        Refuse(*sink, d.status);
       } else {
-        sink->Finish(rpc::ToGrpc(d.status), {{"retry-after-ms", absl::StrCat(d.retry_after_ms)}});
+        Refuse(*sink, d.status, {{"retry-after-ms", absl::StrCat(d.retry_after_ms)}});
       }
       return reactor;
     }
@@ -181,6 +198,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   // the admission queue or running).
   const auto max_deadline = std::chrono::system_clock::now() + std::chrono::hours(1);
   params.deadline = std::min(context->deadline(), max_deadline);
+  params.metrics = &metrics_;
+  params.arrival = arrival;
   const absl::Time deadline = absl::FromChrono(params.deadline);
   auto call = std::make_shared<GenerateCall>(std::move(params), &registry_,
                                              model_->tokenizer.get(), sink);
@@ -193,6 +212,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   // With a key: counted as started (its prompt charge kept) when it gets a
   // slot, ended with the slot; refunded if it never gets one.
   auto start = [this, call, key, prompt_tokens] {
+    metrics_.RequestStarted(prompt_tokens);
     if (key >= 0) api_keys_->Started(key, prompt_tokens);
     call->Start([this, key] {
       if (key >= 0) api_keys_->Ended(key);
@@ -201,13 +221,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   };
   auto drop = [this, sink, key, prompt_tokens](absl::Status s) {
     if (key >= 0) api_keys_->Refund(key, prompt_tokens);
-    sink->Finish(rpc::ToGrpc(s));
+    Refuse(*sink, s);
   };
   Admission::Ticket ticket = admission_.Submit(deadline, std::move(start), std::move(drop));
   if (!ticket.status.ok()) {
     if (key >= 0) api_keys_->Refund(key, prompt_tokens);
-    sink->Finish(rpc::ToGrpc(ticket.status),
-                 {{"retry-after-ms", absl::StrCat(ticket.retry_after_ms)}});
+    Refuse(*sink, ticket.status, {{"retry-after-ms", absl::StrCat(ticket.retry_after_ms)}});
     return reactor;
   }
   if (ticket.queued) {
@@ -287,6 +306,12 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     self->set_running_requests(static_cast<uint32_t>(admission_.running()));
     self->set_queued_requests(static_cast<uint32_t>(admission_.queued()));
     self->set_model_fingerprint(model_->fingerprint);
+    const RouterMetrics::Totals totals = metrics_.totals();
+    self->set_router_requests_total(totals.requests);
+    self->set_router_request_errors_total(totals.request_errors);
+    self->set_router_prompt_tokens_total(totals.prompt_tokens);
+    self->set_router_generation_tokens_total(totals.generation_tokens);
+    self->set_router_prompt_tokens_cached_total(totals.prompt_tokens_cached);
     response->set_can_serve(can_serve);
     response->set_api_keys_required(api_keys_ != nullptr);
     if (api_keys_ != nullptr) {

@@ -18,8 +18,12 @@
 // running the prompt's charge is kept whatever happens to the request.
 // Generated tokens are charged as GenerateCall emits them.
 //
+// Every Generate call is measured (router/router_metrics.h, metrics()):
+// from its arrival here to its stream's end, refusals included; GetStatus
+// reports the same counters (WorkerStatus.router_*_total).
+//
 // Owns: request admission at the router, the worker registry, health
-// status. Does not touch: engine state (workers own it).
+// status, the router's metrics. Does not touch: engine state (workers own it).
 // Threads: gRPC callback threads (no thread per request); the admission
 // timer thread (queued deadlines).
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
@@ -35,6 +39,8 @@
 #include "router/admission.h"
 #include "router/api_keys.h"
 #include "router/chat_template.h"
+#include "router/generate_call.h"
+#include "router/router_metrics.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -72,6 +78,8 @@ class RouterService final : public GenerationBase {
   // continue.
   void StopAccepting() { accepting_ = false; }
   WorkerRegistry& registry() { return registry_; }
+  // The router's Prometheus metrics (registry() to serve on /metrics).
+  RouterMetrics& metrics() { return metrics_; }
   // Generate requests holding an admission slot plus those queued for one.
   int running_requests() const { return admission_.running() + admission_.queued(); }
 
@@ -153,9 +161,14 @@ class RouterService final : public GenerationBase {
 
   // The typed bodies of Generate and Tokenize, once the request parsed.
   // `request` is valid until they return. `key`: Authenticate's id.
+  // `arrival`: when Generate was called (metrics).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateParsed(grpc::CallbackServerContext* context,
                                                              const v1::GenerateRequest* request,
-                                                             int key);
+                                                             int key, absl::Time arrival);
+  // Ends a Generate call that never got an admission slot: counted in the
+  // metrics (RouterMetrics::RequestRefused), then `sink` finished.
+  void Refuse(GenerateCall::Sink& sink, const absl::Status& status,
+              GenerateCall::Sink::Trailers trailers = {});
   grpc::Status TokenizeParsed(const v1::TokenizeRequest* request, v1::TokenizeResponse* response);
 
   // Const after construction.
@@ -168,6 +181,8 @@ class RouterService final : public GenerationBase {
   RegistryService registry_service_;
   int32_t max_migrations_ = 0;
   int32_t probe_timeout_ms_ = 2000;
+  // Before admission_, which reports to it until destroyed.
+  RouterMetrics metrics_;
   // router.max_inflight / max_queued; its timer thread is joined when the
   // service is destroyed.
   Admission admission_;

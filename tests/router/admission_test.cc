@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -252,6 +253,34 @@ TEST(AdmissionTest, RetryAfterUsesRecentCompletions) {
   Admission::Ticket t = admission.Submit(Later(), r.Start("c"), r.Drop("c"));
   ASSERT_EQ(t.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(t.retry_after_ms, Admission::kMinRetryAfterMs);
+}
+
+TEST(AdmissionTest, ObserverSeesEveryCountChangeAndEachWait) {
+  // The router's gauges and queue-time histogram (router/router_metrics.h)
+  // are fed from here: every change of (running, queued) in order, one
+  // wait per request that started or left the queue, none for a refusal.
+  std::vector<std::pair<int, int>> counts;
+  std::vector<absl::Duration> waits;
+  Admission::Observer observer;
+  observer.on_counts = [&](int running, int queued) { counts.emplace_back(running, queued); };
+  observer.on_waited = [&](absl::Duration waited) { waits.push_back(waited); };
+  Admission admission(Opts(1, 2), observer);
+  Recorder r;
+  admission.Submit(Later(), r.Start("a"), r.Drop("a"));                  // runs: (1, 0)
+  admission.Submit(Later(), r.Start("b"), r.Drop("b"));                  // (1, 1)
+  Admission::Ticket c = admission.Submit(Later(), r.Start("c"), r.Drop("c"));  // (1, 2)
+  ASSERT_EQ(admission.Submit(Later(), r.Start("x"), r.Drop("x")).status.code(),
+            absl::StatusCode::kResourceExhausted);  // refused: no change, no wait
+  admission.Cancel(c.id);  // (1, 1), c waited
+  admission.Release();     // a ends, b starts: (1, 0), b waited
+  admission.Release();     // (0, 0)
+  using P = std::pair<int, int>;
+  EXPECT_THAT(counts, ElementsAre(P(1, 0), P(1, 1), P(1, 2), P(1, 1), P(1, 0), P(0, 0)));
+  ASSERT_EQ(waits.size(), 3u);  // a (at once), c (cancelled), b (started)
+  EXPECT_EQ(waits[0], absl::ZeroDuration());
+  EXPECT_GE(waits[1], absl::ZeroDuration());
+  EXPECT_GE(waits[2], waits[1]);  // b was queued before c and left after it
+  EXPECT_THAT(r.started(), ElementsAre("a", "b"));
 }
 
 TEST(AdmissionTest, ValidateOptionsNamesTheKey) {
