@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
     };
     hooks.ready = [&service] { return service.registry().CanServe(); };
     hooks.authenticate = [&service](const std::string* a) { return service.AuthenticateHeader(a); };
+    hooks.refused = [&service](absl::StatusCode code) { service.metrics().RequestRefused(code); };
     frontend = std::make_unique<router::openai::OpenAiFrontend>(http_options, std::move(hooks));
     metrics::ServeMetrics(&frontend->server(), {service.metrics().registry()});
     auto http_port = frontend->Start(http_listen->host, http_listen->port);

@@ -282,7 +282,7 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
     e.param = "X-Request-Id";
     e.message = absl::StrCat("X-Request-Id: must be 1..", kMaxClientIdBytes,
                              " visible ASCII characters");
-    RespondError(*exchange, e, "");
+    Refuse(*exchange, e, "");
     return;
   }
   if (client_id.empty()) client_id = MintClientId();
@@ -290,14 +290,14 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
   if (router_.authenticate) {
     absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
     if (!s.ok()) {
-      RespondError(*exchange, FromStatus(s), client_id);
+      Refuse(*exchange, FromStatus(s), client_id);
       return;
     }
   }
   std::variant<ParsedRequest, ApiError> parsed =
       ParseRequest(endpoint, exchange->body(), options_.limits);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) {
-    RespondError(*exchange, *e, client_id);
+    Refuse(*exchange, *e, client_id);
     return;
   }
   ParsedRequest request = std::get<ParsedRequest>(std::move(parsed));
@@ -306,7 +306,7 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
     // Chat without max_tokens: up to the context (OpenAI's default).
     absl::StatusOr<int> prompt_tokens = router_.prompt_tokens(request.request);
     if (!prompt_tokens.ok()) {
-      RespondError(*exchange, FromStatus(prompt_tokens.status()), client_id);
+      Refuse(*exchange, FromStatus(prompt_tokens.status()), client_id);
       return;
     }
     const int remaining = options_.limits.context_length - *prompt_tokens;
@@ -317,7 +317,7 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
       e.message = absl::StrCat("messages: the prompt is ", *prompt_tokens,
                                " tokens, which leaves no room to generate in the context of ",
                                options_.limits.context_length, " tokens");
-      RespondError(*exchange, e, client_id);
+      Refuse(*exchange, e, client_id);
       return;
     }
     request.request.set_max_tokens(remaining);
@@ -331,7 +331,7 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
     e.message = absl::StrCat("too many open streams: ", options_.http.max_streams,
                              " (router.http_max_streams); retry later");
     e.retry_after_ms = 1000;
-    RespondError(*exchange, e, client_id);
+    Refuse(*exchange, e, client_id);
     return;
   }
   auto call = std::make_shared<Call>(std::move(request), exchange, client_id,
@@ -345,6 +345,22 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
     streams_.push_back(call);
   }
   call->Start(stub_.get(), authorization);
+}
+
+void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
+                            const std::string& client_id) {
+  if (router_.refused) {
+    absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+    switch (error.http_status) {
+      case 401: code = absl::StatusCode::kUnauthenticated; break;
+      case 404: code = absl::StatusCode::kNotFound; break;
+      case 429: code = absl::StatusCode::kResourceExhausted; break;
+      case 503: code = absl::StatusCode::kUnavailable; break;
+      default: break;
+    }
+    router_.refused(code);
+  }
+  RespondError(exchange, error, client_id);
 }
 
 void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange) {

@@ -70,6 +70,10 @@ class OpenAiFrontend {
     // API keys: OK or UNAUTHENTICATED for an Authorization header value
     // (nullptr: absent); for routes that make no gRPC call (/v1/models).
     std::function<absl::Status(const std::string* authorization)> authenticate;
+    // A generation request this front end refused before any gRPC call
+    // (bad JSON, unknown model, ...), with its gRPC-equivalent code, for
+    // the router's request counters (RouterMetrics::RequestRefused).
+    std::function<void(absl::StatusCode)> refused;
   };
 
   OpenAiFrontend(Options options, Router router);
@@ -92,6 +96,8 @@ class OpenAiFrontend {
 
   void HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
   void HandleModels(std::shared_ptr<http::Exchange> exchange);
+  // Answers a generation request refused here (RespondError) and counts it.
+  void Refuse(http::Exchange& exchange, const ApiError& error, const std::string& client_id);
   void KeepAliveLoop();
 
   const Options options_;
