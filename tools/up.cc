@@ -33,6 +33,7 @@ namespace {
 
 constexpr char kUsageHint[] = " (usage: tandem up --help)";
 constexpr char kListeningPrefix[] = "TANDEM_LISTENING ";
+constexpr char kHttpListeningPrefix[] = "TANDEM_HTTP_LISTENING ";
 
 // What woke the supervisor.
 enum class Event { kNothing, kStopSignal, kChildExited };
@@ -429,29 +430,39 @@ int RunUp(const std::vector<std::string>& args) {
   absl::StatusOr<int> router =
       sup.group().Spawn(config->router.name, argv_for(router_bin, config->router.name));
   if (!router.ok()) return Fail(router.status().message());
-  std::string router_address;
+  // The router's stdout: TANDEM_HTTP_LISTENING (with router.http_listen),
+  // then TANDEM_LISTENING. Sets `address`; an exit code when up must end.
   const absl::Time listen_deadline = absl::Now() + options->listen_timeout;
-  for (;;) {
-    absl::StatusOr<std::string> line = sup.group().WaitForLine(
-        *router, kListeningPrefix, listen_deadline - absl::Now(), sup.signal_fd());
-    if (line.ok()) {
-      router_address = *line;
-      break;
-    }
-    if (!absl::IsCancelled(line.status())) {
-      sup.StopAll();
-      return Fail(line.status().message());
-    }
-    switch (sup.Wait(absl::ZeroDuration())) {
-      case Event::kStopSignal:
+  auto wait_router_line = [&](const char* prefix,
+                              std::string* address) -> std::optional<int> {
+    for (;;) {
+      absl::StatusOr<std::string> line = sup.group().WaitForLine(
+          *router, prefix, listen_deadline - absl::Now(), sup.signal_fd());
+      if (line.ok()) {
+        *address = *line;
+        return std::nullopt;
+      }
+      if (!absl::IsCancelled(line.status())) {
         sup.StopAll();
-        return 0;
-      case Event::kChildExited:
-        return sup.FailOnChildExit();
-      case Event::kNothing:
-        break;  // a SIGCHLD already handled; keep waiting
+        return Fail(line.status().message());
+      }
+      switch (sup.Wait(absl::ZeroDuration())) {
+        case Event::kStopSignal:
+          sup.StopAll();
+          return 0;
+        case Event::kChildExited:
+          return sup.FailOnChildExit();
+        case Event::kNothing:
+          break;  // a SIGCHLD already handled; keep waiting
+      }
     }
+  };
+  std::string http_address;
+  if (config->router.http_listen.has_value()) {
+    if (std::optional<int> rc = wait_router_line(kHttpListeningPrefix, &http_address)) return *rc;
   }
+  std::string router_address;
+  if (std::optional<int> rc = wait_router_line(kListeningPrefix, &router_address)) return *rc;
   const std::string dial = DialAddress(router_address);
   std::cerr << "tandem: router listening on " << router_address << "\n";
 
@@ -517,6 +528,10 @@ int RunUp(const std::vector<std::string>& args) {
                       FormatUpProcess({w.name(), RoleName(w.role()), sup.group().pid(index),
                                        w.address(), w.kv_endpoint()}));
     }
+  }
+  if (!http_address.empty()) {
+    absl::StrAppend(&table, "\ntandem: OpenAI-compatible HTTP at http://", http_address,
+                    " (/v1/completions, /v1/chat/completions, /metrics)");
   }
   std::printf("%s\n%s%s\n", table.c_str(), kUpReadyPrefix, dial.c_str());
   std::fflush(stdout);
