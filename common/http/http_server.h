@@ -11,7 +11,7 @@
 // no-op and the exchange's on_close callback runs once, on the loop thread.
 //
 // Limits (Options): a request body over max_body_bytes is answered 413 by
-// libevent before a handler sees it; headers over max_header_bytes 431/400;
+// libevent before a handler sees it; headers over max_header_bytes 400;
 // more than max_streams open streams -> StartStream fails and the caller
 // answers 503 (see Exchange::StartStream).
 //
@@ -73,6 +73,7 @@ class Exchange {
 };
 
 // Called on the loop thread for a request whose (method, path) matched.
+// A handler that neither answers nor keeps the Exchange gets a 500.
 using Handler = std::function<void(std::shared_ptr<Exchange>)>;
 
 class HttpServer {
@@ -81,7 +82,10 @@ class HttpServer {
     int64_t max_body_bytes = 8 << 20;   // larger bodies: 413
     int64_t max_header_bytes = 64 << 10;
     int max_streams = 1024;             // open chunked responses at once
-    int idle_timeout_s = 120;           // an idle keep-alive connection is closed
+    // An idle keep-alive connection (no request in progress) is closed;
+    // while a handler holds a request only a client that reads nothing
+    // while output waits is (a quiet stream is not idle).
+    int idle_timeout_s = 120;
   };
 
   explicit HttpServer(Options options);
@@ -96,10 +100,12 @@ class HttpServer {
   void set_fallback_body(std::function<std::string(int status, const std::string& path)> f);
 
   // Binds host:port (port 0: any) and starts the loop thread. Returns the
-  // bound port. Errors: UNAVAILABLE naming the address when it cannot bind.
+  // bound port. Errors: UNAVAILABLE naming the address when it cannot bind;
+  // INVALID_ARGUMENT for negative limits or idle_timeout_s <= 0.
+  // Once per process: evthread_use_pthreads() and SIGPIPE ignored.
   absl::StatusOr<int> Start(const std::string& host, int port);
   // Closes the listener and every connection (on_close runs for open
-  // exchanges), joins the loop thread. Idempotent.
+  // exchanges), joins the loop thread. Idempotent. Not from a handler.
   void Stop();
 
   // Open chunked responses now (<= Options::max_streams).
