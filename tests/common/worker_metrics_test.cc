@@ -1,13 +1,16 @@
 // WorkerMetrics: every family's value comes from the status snapshot it is
 // given, read back through metrics::Scrape (prometheus-cpp's text
 // serializer) and an independent parser (python3-prometheus-client); the
-// step histogram's buckets and counts.
+// step histogram's buckets and counts; ServeMetrics over real HTTP.
 #include "common/server/worker_metrics.h"
 
 #include <map>
 #include <memory>
 #include <string>
 
+#include <httplib.h>
+
+#include "common/http/http_server.h"
 #include "common/metrics/metrics_server.h"
 #include "gtest/gtest.h"
 #include "tests/common/prometheus_text.h"
@@ -122,6 +125,36 @@ TEST(WorkerMetricsTest, ScrapeSkipsExpiredCollectables) {
     gone = m;
   }
   EXPECT_EQ(metrics::Scrape({gone}), "");
+}
+
+// GET /metrics over real HTTP: 200, the exposition content type, a body
+// collected at scrape time; another method on the path is 405.
+TEST(MetricsServerTest, ServesTheCollectablesOverHttp) {
+  uint32_t steps = 0;
+  auto m = std::make_shared<WorkerMetrics>([&] {
+    v1::WorkerStatus s;
+    s.set_engine_steps_total(++steps);  // a new value per scrape
+    return s;
+  });
+  http::HttpServer server{http::HttpServer::Options{}};
+  metrics::ServeMetrics(&server, {m});
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Client client("127.0.0.1", *port);
+  for (int scrape = 1; scrape <= 2; ++scrape) {
+    httplib::Result r = client.Get("/metrics");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), metrics::kContentType);
+    absl::StatusOr<std::map<std::string, PromSample>> parsed = ParsePrometheusText(r->body);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->size(), 35u);
+    EXPECT_EQ(steps, static_cast<uint32_t>(scrape));
+  }
+  httplib::Result post = client.Post("/metrics", "x", "text/plain");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  server.Stop();
 }
 
 }  // namespace
