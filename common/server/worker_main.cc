@@ -12,12 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/http/http_server.h"
+#include "common/metrics/metrics_server.h"
 #include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
 #include "common/server/worker_metrics.h"
-#include "common/http/http_server.h"
-#include "common/metrics/metrics_server.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
@@ -202,12 +202,13 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     status.set_model_fingerprint((*bundle)->fingerprint);
     return status;
   };
-  // Metrics read context.status (so the runtime): the server stops before
-  // the runtime goes.
+  // Metrics read context.status (so the runtime): the metrics server,
+  // declared after the runtime, stops before it goes. The engine's step
+  // observer holds the collector.
   std::shared_ptr<WorkerMetrics> metrics;
   if (worker->metrics_listen.has_value()) {
     metrics = std::make_shared<WorkerMetrics>(context.status);
-    context.step_observer = [m = metrics.get()](double seconds) { m->ObserveStep(seconds); };
+    context.step_observer = [metrics](double seconds) { metrics->ObserveStep(seconds); };
   }
   auto created = factory(context);
   if (!created.ok()) return Fail(std::string(created.status().message()));

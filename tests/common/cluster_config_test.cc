@@ -438,6 +438,10 @@ TEST(ClusterConfigTest, ParsesTheMultiHostExample) {
   absl::StatusOr<ClusterConfig> decode = LoadClusterConfig(dir + "decode-host.yaml");
   ASSERT_TRUE(decode.ok()) << decode.status();
   EXPECT_EQ(decode->decode_workers.at(0).kv_advertise.host, "10.0.0.3");
+  EXPECT_EQ(prefill->prefill_workers.at(0).metrics_listen.value_or(HostPort{}).ToString(),
+            "0.0.0.0:9101");
+  EXPECT_EQ(decode->decode_workers.at(0).metrics_listen.value_or(HostPort{}).ToString(),
+            "0.0.0.0:9101");
   // The KV layout must match across hosts.
   for (const ClusterConfig* c : {&*prefill, &*decode}) {
     EXPECT_EQ(c->engine.block_size, router->engine.block_size);
