@@ -119,9 +119,9 @@ void ExpectEqualsStatus(const Samples& m, const v1::WorkerStatus& st) {
   }
 }
 
-class WorkerMetricsTest : public OwnClusterTest {};
+class WorkerMetricsClusterTest : public OwnClusterTest {};
 
-TEST_F(WorkerMetricsTest, EveryWorkersMetricsEqualItsGetStatus) {
+TEST_F(WorkerMetricsClusterTest, EveryWorkersMetricsEqualItsGetStatus) {
   ClusterOptions options;
   options.worker_metrics = true;
   options.capture_stderr = true;
