@@ -475,8 +475,8 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
     event_base_free(core.base);
     core.http = nullptr;
     core.base = nullptr;
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, ": ", err != 0 ? std::strerror(err) : "bind failed"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ",
+                                               err != 0 ? std::strerror(err) : "bind failed"));
   }
   const evutil_socket_t fd = evhttp_bound_socket_get_fd(bound);
   // evhttp listens with a backlog of 128; a burst of clients (hundreds of

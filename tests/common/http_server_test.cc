@@ -351,7 +351,8 @@ TEST_F(HttpServerTest, HeadersOverTheLimitAreRefused) {
   o.max_header_bytes = 1024;
   StartServer(o);
   Conn c(port_);
-  ASSERT_TRUE(c.Request("GET", "/hello", "", absl::StrCat("X-Big: ", std::string(2048, 'h'), "\r\n")));
+  std::string big_header = absl::StrCat("X-Big: ", std::string(2048, 'h'), "\r\n");
+  ASSERT_TRUE(c.Request("GET", "/hello", "", big_header));
   Conn::Response r;
   ASSERT_TRUE(c.ReadHead(&r));
   EXPECT_EQ(r.status, 400);  // libevent 2.1's answer
