@@ -367,7 +367,8 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                    {"http_max_body_bytes", &r->http_max_body_bytes, 1024}});
 }
 
-// prefill_workers / decode_workers: a sequence of {name, listen[, kv_listen]}.
+// prefill_workers / decode_workers: a sequence of {name, listen, advertise,
+// metrics_listen[, kv_listen, kv_advertise]}.
 absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, bool has_kv,
                           std::vector<WorkerConfig>* out) {
   if (node.IsNull()) return absl::OkStatus();  // "prefill_workers:" with no entries
@@ -376,14 +377,21 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
     const YAML::Node item = node[i];
     const std::string path = absl::StrCat(list_name, "[", i, "]");
     absl::Status s =
-        has_kv ? CheckKeys(item, path, {"name", "listen", "advertise", "kv_listen", "kv_advertise"})
-               : CheckKeys(item, path, {"name", "listen", "advertise"});
+        has_kv ? CheckKeys(item, path,
+                           {"name", "listen", "advertise", "kv_listen", "kv_advertise",
+                            "metrics_listen"})
+               : CheckKeys(item, path, {"name", "listen", "advertise", "metrics_listen"});
     if (!s.ok()) return s;
     WorkerConfig w;
     if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;
     if (w.name.empty()) return Invalid(path + ".name", "is required", item);
     if (s = ReadHostPort(item, "listen", path, &w.listen); !s.ok()) return s;
     if (s = ReadAdvertise(item, "advertise", path, &w.advertise); !s.ok()) return s;
+    if (item["metrics_listen"].IsDefined()) {
+      HostPort metrics;
+      if (s = ReadHostPort(item, "metrics_listen", path, &metrics); !s.ok()) return s;
+      w.metrics_listen = metrics;
+    }
     if (has_kv && !(s = ReadHostPort(item, "kv_listen", path, &w.kv_listen)).ok()) return s;
     if (has_kv && !(s = ReadAdvertise(item, "kv_advertise", path, &w.kv_advertise)).ok()) {
       return s;

@@ -15,8 +15,9 @@
 //                       load_weight: 1.0, prefill_queue_weight: 1.0},
 //            http_listen: "host:port", served_model_name: NAME,
 //            http_max_streams: 1024, http_max_body_bytes: 8388608}
-//   prefill_workers: [{name, listen, advertise}]
-//   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise}]
+//   prefill_workers: [{name, listen, advertise, metrics_listen}]
+//   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise,
+//                      metrics_listen}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
 //            threads: 1, max_num_batched_tokens: 2048,
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
@@ -151,6 +152,10 @@ struct WorkerConfig {
   // Decode workers only: the KV endpoint prefill workers dial; unset: the
   // host of `advertise` (if set) with the bound KV port.
   Advertise kv_advertise;
+  // Where the worker serves GET /metrics (Prometheus text format) over
+  // HTTP; flag --metrics-listen wins. Unset: no metrics server. A wildcard
+  // host is fine (Prometheus scrapes it; no peer in the cluster dials it).
+  std::optional<HostPort> metrics_listen;
 };
 
 struct EngineConfig {

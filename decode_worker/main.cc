@@ -29,9 +29,11 @@ int main(int argc, char** argv) {
         (*receiver)->set_endpoint(kv_address->ToString());
         decode::ReceiverKvLoader* loader = receiver->get();
         const std::string bit_exact_class = backend->bit_exact_class();
+        core::EngineCoreOptions core_options =
+            CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker", ctx.kv_events);
+        core_options.step_observer = ctx.step_observer;
         auto core = std::make_unique<core::EngineCore>(
-            CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker", ctx.kv_events),
-            std::move(backend),
+            core_options, std::move(backend),
             *std::move(receiver));
         return std::make_unique<decode::DecodeService>(std::move(core), loader, bit_exact_class,
                                                        ctx.status, ctx.auth);

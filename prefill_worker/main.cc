@@ -39,9 +39,11 @@ int main(int argc, char** argv) {
         if (absl::Status started = prefill::StartKvSendQueue(&send); !started.ok()) {
           return started;
         }
+        core::EngineCoreOptions core_options =
+            CoreOptionsFromConfig(*ctx.config, *ctx.model, "prefill worker", ctx.kv_events);
+        core_options.step_observer = ctx.step_observer;
         auto core = std::make_unique<core::EngineCore>(
-            CoreOptionsFromConfig(*ctx.config, *ctx.model, "prefill worker", ctx.kv_events),
-            std::move(backend),
+            core_options, std::move(backend),
             nullptr);
         return std::make_unique<prefill::PrefillService>(std::move(core), std::move(send),
                                                          ctx.status, ctx.auth);

@@ -12,7 +12,7 @@
 #include "common/server/server_util.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
-#include "common/metrics/metrics_http.h"
+#include "common/metrics/metrics_server.h"
 #include "router/openai/openai_frontend.h"
 #include "router/router_service.h"
 

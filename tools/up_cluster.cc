@@ -30,7 +30,7 @@ std::string BareAdvertiseHost(const std::string& text) {
 // A deep copy of `entry` with every port made ephemeral.
 YAML::Node EphemeralCopy(const YAML::Node& entry) {
   YAML::Node copy = YAML::Clone(entry);
-  for (const char* key : {"listen", "kv_listen"}) {
+  for (const char* key : {"listen", "kv_listen", "metrics_listen"}) {
     if (copy[key] && copy[key].IsScalar()) copy[key] = EphemeralListen(copy[key].as<std::string>());
   }
   for (const char* key : {"advertise", "kv_advertise"}) {

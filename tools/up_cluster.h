@@ -29,7 +29,8 @@ inline constexpr int kMaxWorkersPerRole = 64;
 //     listen/kv_listen ports and advertise addresses as written);
 //   * beyond the listed entries: those of the last listed entry with every
 //     port made 0 (ephemeral; workers register the port they bound), i.e.
-//     listen and kv_listen "host:0", advertise and kv_advertise the bare
+//     listen, kv_listen and metrics_listen "host:0" (a worker logs the
+//     metrics port it bound), advertise and kv_advertise the bare
 //     host (its port follows the bound one). A role with no listed entry
 //     takes the hosts of the other role's first entry (decode_workers
 //     always has one once valid).

@@ -85,6 +85,16 @@ v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string&
   status.set_decode_tokens_total(stats.decode_tokens_total);
   status.set_max_decode_batch_size(stats.max_decode_batch_size);
   status.set_preemptions_total(stats.preemptions_total);
+  status.set_prompt_tokens_total(stats.prompt_tokens_total);
+  status.set_prompt_tokens_cached_total(stats.prompt_tokens_cached_total);
+  status.set_generation_tokens_total(stats.generation_tokens_total);
+  status.set_prefix_cache_queried_tokens_total(stats.prefix_cache.queried_tokens);
+  status.set_prefix_cache_hit_tokens_total(stats.prefix_cache.hit_tokens);
+  status.set_engine_steps_total(stats.engine_steps_total);
+  status.set_kv_transfers_sent_total(stats.kv_transfers_sent_total);
+  status.set_kv_transfers_received_total(stats.kv_transfers_received_total);
+  status.set_kv_transfer_seconds_sent_total(stats.kv_transfer_seconds_sent_total);
+  status.set_kv_transfer_seconds_received_total(stats.kv_transfer_seconds_received_total);
   status.set_kv_layout_id(kv_layout_id);
   status.set_bit_exact_class(bit_exact_class);
   return status;

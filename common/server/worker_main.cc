@@ -12,9 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/http/http_server.h"
+#include "common/metrics/metrics_server.h"
 #include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
+#include "common/server/worker_metrics.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
@@ -112,7 +115,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();
   std::vector<std::string> allowed = {"config", "name", "model", "router", "advertise",
-                                      "fault-kv-layout-id"};
+                                      "metrics-listen", "fault-kv-layout-id"};
   if (role == v1::ROLE_DECODE) allowed.push_back("kv-advertise");
   allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);
@@ -148,6 +151,11 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     auto parsed = ParseAdvertise(flags->at(flag), absl::StrCat("--", flag));
     if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
     *target = *parsed;
+  }
+  if (flags->count("metrics-listen")) {
+    auto parsed = ParseHostPort(flags->at("metrics-listen"), "--metrics-listen");
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    effective.metrics_listen = *parsed;
   }
   if (decode && effective.kv_advertise.empty() && !effective.advertise.empty()) {
     effective.kv_advertise.host = effective.advertise.host;
@@ -194,9 +202,31 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     status.set_model_fingerprint((*bundle)->fingerprint);
     return status;
   };
+  // Metrics read context.status (so the runtime): the metrics server,
+  // declared after the runtime, stops before it goes. The engine's step
+  // observer holds the collector.
+  std::shared_ptr<WorkerMetrics> metrics;
+  if (worker->metrics_listen.has_value()) {
+    metrics = std::make_shared<WorkerMetrics>(context.status);
+    context.step_observer = [metrics](double seconds) { metrics->ObserveStep(seconds); };
+  }
   auto created = factory(context);
   if (!created.ok()) return Fail(std::string(created.status().message()));
   runtime = std::move(*created);
+  std::unique_ptr<http::HttpServer> metrics_server;
+  if (metrics != nullptr) {
+    metrics_server = std::make_unique<http::HttpServer>(http::HttpServer::Options{});
+    metrics::ServeMetrics(metrics_server.get(), {metrics});
+    const HostPort& at = *worker->metrics_listen;
+    absl::StatusOr<int> bound = metrics_server->Start(at.host, at.port);
+    if (!bound.ok()) {
+      runtime->Shutdown();
+      runtime.reset();
+      return Fail(absl::StrCat(key_prefix, "metrics_listen: ", bound.status().message()));
+    }
+    rpc::Log(absl::StrCat("metrics: serving http://", HostPort{at.host, *bound}.ToString(),
+                          "/metrics"));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -252,6 +282,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   }
   runtime->Shutdown();
   (*server)->Shutdown(rpc::DeadlineFromNow(1000));
+  if (metrics_server != nullptr) metrics_server->Stop();
   runtime.reset();
   rpc::Log("stopped");
   return refusal.empty() ? 0 : 1;

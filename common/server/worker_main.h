@@ -52,6 +52,10 @@ struct WorkerContext {
   // The KV event publisher RunWorkerMain serves (KvEvents.Watch); outlives
   // the runtime. The factory hands it to CoreOptionsFromConfig.
   KvEventPublisher* kv_events = nullptr;
+  // The engine's step observer (EngineCoreOptions::step_observer): feeds
+  // the worker's /metrics step-time histogram when metrics_listen is set;
+  // empty otherwise. The factory copies it into its core options.
+  std::function<void(double seconds)> step_observer;
 };
 
 using RuntimeFactory =
@@ -63,7 +67,11 @@ using RuntimeFactory =
 // HOST[:PORT] (the gRPC address registered with the router; default the
 // entry's `advertise`), decode workers --kv-advertise HOST[:PORT] (the KV
 // endpoint prefill workers dial; default the entry's `kv_advertise`, else
-// the advertise host), plus `extra_flags`. A wildcard listen address
+// the advertise host), --metrics-listen HOST:PORT (default: the entry's
+// `metrics_listen`; set: GET /metrics on an HTTP server there, serving
+// WorkerMetrics over the same status GetStatus answers with; the bound
+// address is logged as "metrics: serving http://HOST:PORT/metrics"; a
+// wildcard host is allowed), plus `extra_flags`. A wildcard listen address
 // (0.0.0.0, [::]) without its advertise is refused naming the key.
 // Start-up errors print one line to stderr and return 1. The registration
 // carries the worker's KV layout id (its runtime's Status().kv_layout_id);

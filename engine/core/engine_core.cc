@@ -1,6 +1,7 @@
 #include "engine/core/engine_core.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <set>
 #include <utility>
@@ -35,6 +36,7 @@ struct EngineCore::Request {
   std::vector<bool> cancel_requested;  // per sample: CancelSample before token 0
   int32_t samples_left = 0;            // samples not finished
   bool export_open = false;       // kv_export: Open succeeded, not closed yet
+  std::chrono::steady_clock::time_point export_opened;  // kv_export: when Open ran
   bool cached_rows_sent = false;  // kv_export: rows from the prefix cache went out
   absl::Status export_error;      // kv_export: first failure
   // kv_export: the sequence, until Ready() first lets it run (a request
@@ -169,6 +171,7 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   }
   live_[r->req.request_id] = r->cancelled;
   stats_.running_requests = static_cast<uint32_t>(live_.size());
+  stats_.prompt_tokens_total += r->req.prompt.size();
   inbox_new_.push_back(std::move(r));
   cv_.Signal();
   return absl::OkStatus();
@@ -226,6 +229,7 @@ void EngineCore::UpdateKvStats() {
   stats_.kv_blocks_in_use = static_cast<uint32_t>(kv_.num_blocks_in_use());
   stats_.kv_blocks_cached = static_cast<uint32_t>(kv_.num_blocks_cached());
   stats_.prefix_cache = kv_.prefix_cache_stats();
+  stats_.prompt_tokens_cached_total = scheduler_.cached_prompt_tokens_total();
   // Queue gauges (loop thread: requests_ and the scheduler are its own).
   uint32_t waiting = 0;
   uint64_t queued_tokens = 0;
@@ -342,6 +346,7 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
     r.export_error = absl::CancelledError("request cancelled");
     return;
   }
+  r.export_opened = std::chrono::steady_clock::now();
   absl::Status open = r.req.kv_export->Open(r.cancelled, [this] {
     absl::MutexLock lock(&mu_);
     export_wake_ = true;
@@ -408,8 +413,13 @@ void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens
   absl::StatusOr<RemotePrefillTarget> target = loader_->StartLoad(
       r.req.request_id, r.remote_attempt, hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
       &backend_->kv_storage(), kv_.BlockTable(seq_id),
-      [this, seq_id](absl::Status status, RemotePrefillResult result) {
+      [this, seq_id, started = std::chrono::steady_clock::now()](absl::Status status,
+                                                                  RemotePrefillResult result) {
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
         absl::MutexLock lock(&mu_);
+        ++stats_.kv_transfers_received_total;
+        stats_.kv_transfer_seconds_received_total += seconds;
         inbox_done_.push_back(RemoteDone{seq_id, std::move(status), std::move(result)});
         cv_.Signal();
       });
@@ -625,7 +635,13 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
     live_.erase(r->req.request_id);
     stats_.running_requests = static_cast<uint32_t>(live_.size());
     stats_.kv_bytes_sent_total += bytes_sent;
-    if (r->export_open) --open_exports_;
+    if (r->export_open) {
+      --open_exports_;
+      ++stats_.kv_transfers_sent_total;
+      stats_.kv_transfer_seconds_sent_total +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r->export_opened)
+              .count();
+    }
     UpdateKvStats();
   }
   // The output hears last, so whoever reacts to OnFinish sees the blocks
@@ -670,6 +686,7 @@ void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t f
 }
 
 bool EngineCore::Step() {
+  step_start_ = std::chrono::steady_clock::now();
   const std::set<int64_t> held = PollExports();
   const scheduler::StepPlan plan = scheduler_.Schedule(held);
   {
@@ -761,6 +778,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
   std::vector<Ending> endings;
   std::vector<Fork> forks;
   uint64_t prefill_tokens = 0;
+  uint64_t generated = 0;  // tokens drawn this step, every sample
   uint32_t num_decode = 0;
   size_t view = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -787,6 +805,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
       // Prefill-only: the request ends with the samples' token 0 here;
       // kNone tells the decode worker to go on.
       std::vector<SampleStart> starts = DrawFirstTokens(r, row, prompt_computed, false);
+      generated += starts.size();
       sampled.push_back(starts[0].token.token_id);
       if (r.export_error.ok()) r.export_error = r.req.kv_export->Finish(starts);
       if (!r.export_error.ok()) {
@@ -805,6 +824,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
       // Sample 0's token 0 of an n > 1 request: draw all n, fork after
       // the step (the parent's prompt is then computed).
       std::vector<SampleStart> starts = DrawFirstTokens(r, row, prompt_computed, true);
+      generated += starts.size();
       sampled.push_back(starts[0].token.token_id);
       sample.num_generated = 1;
       forks.push_back(Fork{id, chunk.id, std::move(starts)});
@@ -815,6 +835,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
     const uint32_t index = static_cast<uint32_t>(sample.num_generated++);
     const sampling::SampledToken t = sampling::SampleFromView(row, r.sampling[sample.index], index);
     sampled.push_back(t.token_id);
+    ++generated;
     r.req.output->OnToken(sample.index, index, t, prompt_computed);
     const FinishReason reason = CheckStop(stop_, r.stops(), t.token_id, sample.num_generated,
                                           static_cast<int32_t>(s.tokens.size()) + 1);
@@ -827,7 +848,15 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
     absl::MutexLock lock(&mu_);
     stats_.prefill_tokens_computed_total += prefill_tokens;
     stats_.decode_tokens_total += num_decode;
+    stats_.generation_tokens_total += generated;
     stats_.max_decode_batch_size = std::max(stats_.max_decode_batch_size, num_decode);
+    ++stats_.engine_steps_total;
+  }
+  // The step is counted before any of its requests ends: whoever sees a
+  // request finish sees its steps in GetStats() (and the histogram).
+  if (options_.step_observer) {
+    options_.step_observer(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count());
   }
   for (const Fork& f : forks) {
     auto it = requests_.find(f.request_id);

@@ -40,6 +40,7 @@
 #ifndef TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 #define TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -99,6 +100,14 @@ struct EngineCoreOptions {
   // on the loop thread: it must not block. Empty (default): nothing is
   // recorded.
   std::function<void(std::vector<kv::KvCacheEvent>)> kv_event_sink;
+  // Called on the loop thread for each step that ran the model (one
+  // backend Forward), with its wall time in seconds (steady clock) from
+  // the step's start (export polls, Schedule) through the forward, the
+  // sampling, the token outputs and stop checks, before the requests it
+  // finished are freed; CoreStats::engine_steps_total counts the same
+  // steps and is incremented first. Must not block (a metrics histogram's
+  // Observe). Empty (default): not called.
+  std::function<void(double seconds)> step_observer;
 };
 
 struct CoreStats {
@@ -126,6 +135,15 @@ struct CoreStats {
   uint64_t kv_bytes_sent_total = 0;      // by finished KV exports
   uint64_t kv_bytes_received_total = 0;  // by the remote KV loader
   kv::PrefixCacheStats prefix_cache;     // lookups, queried and hit tokens
+  // tandem.v1.WorkerStatus fields 30-39 document these.
+  uint64_t prompt_tokens_total = 0;         // of accepted requests (Submit OK)
+  uint64_t prompt_tokens_cached_total = 0;  // prefix-cache hit at first admission
+  uint64_t generation_tokens_total = 0;     // tokens drawn here, every sample
+  uint64_t engine_steps_total = 0;          // steps that ran the model
+  uint64_t kv_transfers_sent_total = 0;     // KV exports ended (opened ones)
+  uint64_t kv_transfers_received_total = 0;  // remote KV load attempts ended
+  double kv_transfer_seconds_sent_total = 0;      // Open .. end, summed
+  double kv_transfer_seconds_received_total = 0;  // StartLoad .. done, summed
 };
 
 class EngineCore {
@@ -289,6 +307,8 @@ class EngineCore {
   // An export's Wake ran: poll the exports (PollExports) before waiting.
   bool export_wake_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats stats_ ABSL_GUARDED_BY(mu_);
+  // Loop thread: when the current Step() began (step_observer).
+  std::chrono::steady_clock::time_point step_start_;
 
   std::thread loop_;
 };

@@ -83,6 +83,7 @@ void Scheduler::Fork(int64_t parent_id, int64_t child_id, int32_t first_token) {
   child.tokens.push_back(first_token);
   child.num_prompt_tokens = parent.num_prompt_tokens;
   child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens;
+  child.cached_counted = true;  // the request's hit counted with its parent
   child.route = RouteChoice::kLocal;
   child.preemptible = true;
   child.status = SeqStatus::kWaiting;
@@ -171,6 +172,12 @@ bool Scheduler::AdmitForked(SeqState& seq, StepPlan* plan) {
   return true;
 }
 
+void Scheduler::CountCached(SeqState& seq) {
+  if (seq.cached_counted) return;
+  seq.cached_counted = true;
+  cached_prompt_tokens_total_ += static_cast<uint64_t>(seq.num_cached_prompt_tokens);
+}
+
 bool Scheduler::AdmitHead(StepPlan* plan) {
   const int64_t id = waiting_.front();
   SeqState& seq = seqs_.at(id);
@@ -215,6 +222,7 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
     seq.status = SeqStatus::kWaitingForRemoteKv;
     seq.num_computed = hit.num_tokens;
     seq.num_cached_prompt_tokens = hit.num_tokens;
+    CountCached(seq);
     plan->remote_kv_starts.push_back(RemoteKvStart{id, hit.num_tokens});
     return true;
   }
@@ -234,6 +242,7 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
     return false;
   }
   waiting_.pop_front();
+  CountCached(seq);
   InsertRunning(id);
   plan->chunks.push_back(ScheduledChunk{id, seq.num_computed, count, seq.num_computed + count == len});
   plan->num_batched_tokens += count;

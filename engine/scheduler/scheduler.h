@@ -97,6 +97,9 @@ struct SeqState {
   SeqStatus status = SeqStatus::kWaiting;
   uint64_t arrival = 0;         // FCFS order, set by Add
   int32_t num_preemptions = 0;
+  // num_cached_prompt_tokens went into cached_prompt_tokens_total() (at
+  // the first admission; a fallback to a local prefill does not recount).
+  bool cached_counted = false;
 };
 
 // One entry of a step: compute tokens [start, start + count) of `id`.
@@ -182,6 +185,10 @@ class Scheduler {
   // Whether Schedule() may have something to do: sequences waiting or
   // running (those waiting for remote KV wait for FinishRemoteKv).
   bool HasWork() const;
+  // Sum of num_cached_prompt_tokens over sequences at their first admission
+  // (forked samples share their parent's and add nothing): prompt tokens
+  // whose KV came from the prefix cache.
+  uint64_t cached_prompt_tokens_total() const { return cached_prompt_tokens_total_; }
 
  private:
   bool AllocateOrPreempt(SeqState& seq, int32_t num_tokens, StepPlan* plan);
@@ -191,6 +198,8 @@ class Scheduler {
   bool AdmitHead(StepPlan* plan);
   // AdmitHead for a forked sample, which holds its shared blocks already.
   bool AdmitForked(SeqState& seq, StepPlan* plan);
+  // Adds seq.num_cached_prompt_tokens to cached_prompt_tokens_total_ once.
+  void CountCached(SeqState& seq);
   // Whether running plus remote-KV-waiting sequences leave one of the
   // max_num_seqs slots free.
   bool HasSeqSlot() const;
@@ -199,6 +208,7 @@ class Scheduler {
   const SchedulerOptions options_;
   kv::KvCacheManager* const kv_;
   uint64_t next_arrival_ = 0;
+  uint64_t cached_prompt_tokens_total_ = 0;
   std::map<int64_t, SeqState> seqs_;
   // FCFS; preempted and forked sequences go to the front. A waiting
   // sequence with num_computed > 0 is a forked child holding shared blocks.

@@ -45,6 +45,10 @@ TEST(ClusterConfigTest, ParsesLocalConfig) {
   EXPECT_EQ(c->decode_workers[0].name, "decode-0");
   EXPECT_EQ(c->decode_workers[0].listen.ToString(), "127.0.0.1:0");
   EXPECT_EQ(c->decode_workers[0].kv_listen.ToString(), "127.0.0.1:0");
+  ASSERT_TRUE(c->prefill_workers[0].metrics_listen.has_value());
+  EXPECT_EQ(c->prefill_workers[0].metrics_listen->ToString(), "127.0.0.1:9101");
+  ASSERT_TRUE(c->decode_workers[0].metrics_listen.has_value());
+  EXPECT_EQ(c->decode_workers[0].metrics_listen->ToString(), "127.0.0.1:9102");
   EXPECT_EQ(c->engine.block_size, 16);
   EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
   EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
@@ -434,6 +438,10 @@ TEST(ClusterConfigTest, ParsesTheMultiHostExample) {
   absl::StatusOr<ClusterConfig> decode = LoadClusterConfig(dir + "decode-host.yaml");
   ASSERT_TRUE(decode.ok()) << decode.status();
   EXPECT_EQ(decode->decode_workers.at(0).kv_advertise.host, "10.0.0.3");
+  EXPECT_EQ(prefill->prefill_workers.at(0).metrics_listen.value_or(HostPort{}).ToString(),
+            "0.0.0.0:9101");
+  EXPECT_EQ(decode->decode_workers.at(0).metrics_listen.value_or(HostPort{}).ToString(),
+            "0.0.0.0:9101");
   // The KV layout must match across hosts.
   for (const ClusterConfig* c : {&*prefill, &*decode}) {
     EXPECT_EQ(c->engine.block_size, router->engine.block_size);
@@ -495,6 +503,26 @@ decode_workers:
   EXPECT_FALSE(
       ParseClusterConfig("prefill_workers:\n  - {name: p, listen: \"h:0\", kv_advertise: x}\n")
           .ok());
+}
+
+TEST(ClusterConfigTest, MetricsListenKey) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"(
+prefill_workers:
+  - {name: p, listen: "127.0.0.1:0", metrics_listen: "0.0.0.0:9101"}
+decode_workers:
+  - {name: d, listen: "127.0.0.1:0", kv_listen: "127.0.0.1:0", metrics_listen: "127.0.0.1:0"}
+  - {name: e, listen: "127.0.0.1:0"}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->prefill_workers[0].metrics_listen.has_value());
+  EXPECT_EQ(c->prefill_workers[0].metrics_listen->ToString(), "0.0.0.0:9101");
+  ASSERT_TRUE(c->decode_workers[0].metrics_listen.has_value());
+  EXPECT_EQ(c->decode_workers[0].metrics_listen->ToString(), "127.0.0.1:0");
+  EXPECT_FALSE(c->decode_workers[1].metrics_listen.has_value());  // absent: no server
+  EXPECT_THAT(ErrorOf("decode_workers:\n  - {name: d, metrics_listen: \"h:99999\"}\n"),
+              HasSubstr("decode_workers[0].metrics_listen"));
+  EXPECT_THAT(ErrorOf("decode_workers:\n  - {name: d, metrics_listen: 9101}\n"),
+              HasSubstr("decode_workers[0].metrics_listen"));
 }
 
 // Runs each test in a fresh temporary working directory, with

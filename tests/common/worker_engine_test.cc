@@ -53,6 +53,17 @@ TEST(StatusFromCoreTest, CopiesTheCoreCounters) {
   stats.decode_tokens_total = 37;
   stats.max_decode_batch_size = 41;
   stats.preemptions_total = 43;
+  stats.prompt_tokens_total = 47;
+  stats.prompt_tokens_cached_total = 53;
+  stats.generation_tokens_total = 59;
+  stats.prefix_cache.queried_tokens = 61;
+  stats.prefix_cache.hit_tokens = 67;
+  stats.prefix_cache.lookups = 71;
+  stats.engine_steps_total = 73;
+  stats.kv_transfers_sent_total = 79;
+  stats.kv_transfers_received_total = 83;
+  stats.kv_transfer_seconds_sent_total = 0.125;
+  stats.kv_transfer_seconds_received_total = 2.5;
   const v1::WorkerStatus s = StatusFromCore(stats, "layout", "class");
   EXPECT_EQ(s.running_requests(), 7u);
   EXPECT_EQ(s.waiting_requests(), 3u);
@@ -67,6 +78,16 @@ TEST(StatusFromCoreTest, CopiesTheCoreCounters) {
   EXPECT_EQ(s.decode_tokens_total(), 37u);
   EXPECT_EQ(s.max_decode_batch_size(), 41u);
   EXPECT_EQ(s.preemptions_total(), 43u);
+  EXPECT_EQ(s.prompt_tokens_total(), 47u);
+  EXPECT_EQ(s.prompt_tokens_cached_total(), 53u);
+  EXPECT_EQ(s.generation_tokens_total(), 59u);
+  EXPECT_EQ(s.prefix_cache_queried_tokens_total(), 61u);
+  EXPECT_EQ(s.prefix_cache_hit_tokens_total(), 67u);
+  EXPECT_EQ(s.engine_steps_total(), 73u);
+  EXPECT_EQ(s.kv_transfers_sent_total(), 79u);
+  EXPECT_EQ(s.kv_transfers_received_total(), 83u);
+  EXPECT_EQ(s.kv_transfer_seconds_sent_total(), 0.125);
+  EXPECT_EQ(s.kv_transfer_seconds_received_total(), 2.5);
   EXPECT_EQ(s.kv_layout_id(), "layout");
   EXPECT_EQ(s.bit_exact_class(), "class");
 }

@@ -105,18 +105,22 @@ namespace {
 
 // The prefill_workers and decode_workers lists of ClusterYaml.
 std::string WorkerEntries(const ClusterOptions& o) {
-  const std::string advertise =
+  // Keys every entry gets (advertise, metrics_listen).
+  std::string per_worker =
       o.worker_advertise.empty() ? "" : absl::StrCat("    advertise: ", o.worker_advertise, "\n");
+  if (o.worker_metrics) {
+    absl::StrAppend(&per_worker, "    metrics_listen: ", o.worker_listen_host, ":0\n");
+  }
   std::string yaml = "prefill_workers:\n";
   if (o.num_prefill_workers == 0) yaml = "prefill_workers: []\n";
   for (int i = 0; i < o.num_prefill_workers; ++i) {
     absl::StrAppend(&yaml, "  - name: prefill-", i, "\n    listen: ", o.worker_listen_host,
-                    ":0\n", advertise);
+                    ":0\n", per_worker);
   }
   absl::StrAppend(&yaml, "decode_workers:\n");
   for (int i = 0; i < o.num_decode_workers; ++i) {
     absl::StrAppend(&yaml, "  - name: decode-", i, "\n    listen: ", o.worker_listen_host,
-                    ":0\n", advertise, "    kv_listen: ", o.worker_listen_host, ":0\n");
+                    ":0\n", per_worker, "    kv_listen: ", o.worker_listen_host, ":0\n");
   }
   return yaml;
 }

@@ -129,6 +129,9 @@ struct ClusterOptions {
   // LocalCluster::CapturedStderr(); it is copied to the test's stderr when
   // the cluster is destroyed.
   bool capture_stderr = false;
+  // true: every worker gets metrics_listen "<worker_listen_host>:0" (GET
+  // /metrics); each logs "metrics: serving http://HOST:PORT/metrics".
+  bool worker_metrics = false;
 };
 
 // The YAML text of a cluster with options.num_prefill_workers prefill

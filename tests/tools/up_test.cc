@@ -89,6 +89,7 @@ prefill_workers:
   - name: p-a
     listen: 0.0.0.0:50061
     advertise: 10.0.0.5:50061
+    metrics_listen: 0.0.0.0:9101
 decode_workers:
   - listen: 0.0.0.0:50071
     name: d-a
@@ -134,7 +135,11 @@ TEST(ResizeWorkerListsTest, ListedEntriesKeepTheirPortsExtraOnesAreEphemeral) {
     EXPECT_EQ(p.listen.ToString(), "0.0.0.0:0");
     EXPECT_EQ(p.advertise.host, "10.0.0.5");
     EXPECT_EQ(p.advertise.port, 0);
+    ASSERT_TRUE(p.metrics_listen.has_value());
+    EXPECT_EQ(p.metrics_listen->ToString(), "0.0.0.0:0");
   }
+  ASSERT_TRUE(c.prefill_workers[0].metrics_listen.has_value());
+  EXPECT_EQ(c.prefill_workers[0].metrics_listen->ToString(), "0.0.0.0:9101");
   EXPECT_EQ(c.decode_workers[2].name, "decode-2");
   EXPECT_EQ(c.decode_workers[2].listen.ToString(), "127.0.0.1:0");
   EXPECT_EQ(c.decode_workers[2].kv_listen.ToString(), "127.0.0.1:0");

@@ -277,6 +277,70 @@ TEST(EngineCoreTest, OnePrefixLookupPerAdmission) {
   EXPECT_EQ(h.core->GetStats().prefix_cache.lookups, lookups);
 }
 
+// The counters behind WorkerStatus fields 30-39 (a worker's /metrics):
+// prompt, cached, generated tokens, prefix-cache tokens queried and hit,
+// steps (one step_observer call each) and remote KV loads.
+TEST(EngineCoreTest, MetricCountersCountRequestsTokensStepsAndLoads) {
+  absl::Mutex mu;
+  std::vector<double> steps;
+  EngineCoreOptions options = Options();
+  options.step_observer = [&](double seconds) {
+    absl::MutexLock lock(&mu);
+    steps.push_back(seconds);
+  };
+  Harness h(64, std::make_unique<FakeLoader>(), options);
+  const std::vector<int32_t> prompt = FakePrompt(40, 10);  // 10 full blocks
+  // Local, nothing cached: lookup capped at 36 (the last token is computed).
+  ASSERT_TRUE(h.Submit("warm", prompt, 2, RouteChoice::kLocal)->WaitFinish());
+  // AUTO: lookup capped at 40 (a remote hit may cover L), hit 40; local
+  // keeps 36 of it.
+  ASSERT_TRUE(h.Submit("local", prompt, 2)->WaitFinish());
+  // REMOTE: hit 40, token 0 from the prefill worker, 2 tokens drawn here.
+  auto remote = h.Submit("remote", prompt, 3, RouteChoice::kRemote);
+  ASSERT_TRUE(h.loader->WaitStarted("remote"));
+  h.loader->Complete("remote", prompt, FakeGenerate(prompt, 1)[0]);
+  ASSERT_TRUE(remote->WaitFinish());
+  ASSERT_TRUE(h.WaitIdle());
+  const CoreStats s = h.core->GetStats();
+  EXPECT_EQ(s.prompt_tokens_total, 120u);
+  EXPECT_EQ(s.prompt_tokens_cached_total, 36u + 40u);
+  EXPECT_EQ(s.generation_tokens_total, 2u + 2u + 2u);
+  EXPECT_EQ(s.prefix_cache.queried_tokens, 36u + 40u + 40u);
+  EXPECT_EQ(s.prefix_cache.hit_tokens, 40u + 40u);
+  EXPECT_EQ(s.kv_transfers_received_total, 1u);
+  EXPECT_GE(s.kv_transfer_seconds_received_total, 0.0);
+  EXPECT_EQ(s.kv_transfers_sent_total, 0u);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(s.engine_steps_total, steps.size());
+  EXPECT_EQ(s.engine_steps_total, static_cast<uint64_t>(h.backend->forward_calls()));
+  for (double seconds : steps) EXPECT_GE(seconds, 0.0);
+}
+
+// A prefill-only request counts one sent transfer, its prompt and the
+// token 0 of each of its samples.
+TEST(EngineCoreTest, MetricCountersCountAnExportAsOneSentTransfer) {
+  Harness h(64);
+  auto kv_export = std::make_shared<FakeExport>(0);
+  auto sink = std::make_shared<RecordingSink>();
+  EngineRequest r;
+  r.request_id = "p";
+  r.prompt = FakePrompt(30, 12);
+  r.max_tokens = 5;
+  r.output = sink;
+  r.kv_export = kv_export;
+  ASSERT_TRUE(h.core->Submit(std::move(r)).ok());
+  ASSERT_TRUE(sink->WaitFinish());
+  ASSERT_TRUE(h.WaitIdle());
+  const CoreStats s = h.core->GetStats();
+  EXPECT_EQ(s.kv_transfers_sent_total, 1u);
+  EXPECT_GE(s.kv_transfer_seconds_sent_total, 0.0);
+  EXPECT_EQ(s.kv_transfers_received_total, 0u);
+  EXPECT_EQ(s.prompt_tokens_total, 30u);
+  EXPECT_EQ(s.prompt_tokens_cached_total, 0u);
+  EXPECT_EQ(s.generation_tokens_total, 1u);
+  EXPECT_EQ(s.engine_steps_total, static_cast<uint64_t>(h.backend->forward_calls()));
+}
+
 // A prefill-only request: every layer of [first_token_to_send, L) goes out
 // once, in order, cached rows first; it ends after token 0.
 TEST(EngineCoreTest, PrefillOnlyRequestExportsItsKvAndEndsAfterTokenZero) {

@@ -254,6 +254,50 @@ TEST(SchedulerTest, CachedPromptTokensAreReportedOnce) {
   const SeqState* s = h.scheduler.Find(2);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->num_cached_prompt_tokens, 8);
+  EXPECT_EQ(h.scheduler.cached_prompt_tokens_total(), 8u);
+  h.RunToCompletion();
+  EXPECT_EQ(h.scheduler.cached_prompt_tokens_total(), 8u);
+}
+
+// cached_prompt_tokens_total (a worker's tandem_prompt_tokens_cached_total):
+// a head that cannot get its blocks yet adds nothing until admitted, and a
+// forked sample admitted through the normal path adds nothing (its
+// request's hit counted with the parent).
+TEST(SchedulerTest, CachedPromptTokensTotalCountsEachRequestOnce) {
+  kv::BlockPool pool(6);
+  kv::KvCacheManager kv(&pool, kv::KvCacheManagerOptions{true, "test-model", kBlockSize});
+  Scheduler scheduler(SchedulerOptions{256, 8, 256, true}, &kv);
+  const std::vector<int32_t> prompt = Prompt(9, 5);  // 2 full blocks + 1
+  scheduler.Add(MakeSeq(1, prompt));
+  StepPlan plan = scheduler.Schedule();
+  scheduler.OnStepDone(plan, {7});  // blocks 0-1 published, 3 blocks held
+  // Same prompt, hit 8: needs 1 new block + room for its growth; a third
+  // sequence holding the free blocks makes it wait.
+  scheduler.Add(MakeSeq(3, Prompt(12, 9)));  // 3 blocks: 6 in use
+  plan = scheduler.Schedule();
+  scheduler.OnStepDone(plan, std::vector<int32_t>(plan.chunks.size(), 7));
+  EXPECT_EQ(scheduler.cached_prompt_tokens_total(), 0u);
+  scheduler.Add(MakeSeq(2, prompt));
+  plan = scheduler.Schedule();
+  EXPECT_NE(scheduler.Find(2)->status, SeqStatus::kRunning) << "no block for it yet";
+  EXPECT_EQ(scheduler.cached_prompt_tokens_total(), 0u);
+  scheduler.OnStepDone(plan, std::vector<int32_t>(plan.chunks.size(), 7));
+  scheduler.Remove(3);
+  plan = scheduler.Schedule();
+  EXPECT_EQ(scheduler.Find(2)->status, SeqStatus::kRunning);
+  EXPECT_EQ(scheduler.cached_prompt_tokens_total(), 8u);
+  scheduler.OnStepDone(plan, std::vector<int32_t>(plan.chunks.size(), 7));
+  // A short prompt's fork waits with nothing computed and is admitted by
+  // the normal path: no new count.
+  scheduler.Remove(1);
+  scheduler.Remove(2);
+  scheduler.Add(MakeSeq(4, Prompt(3, 3)));
+  plan = scheduler.Schedule();
+  scheduler.OnStepDone(plan, std::vector<int32_t>(plan.chunks.size(), 9));
+  scheduler.Fork(4, 5, 10);
+  plan = scheduler.Schedule();
+  EXPECT_EQ(scheduler.Find(5)->status, SeqStatus::kRunning);
+  EXPECT_EQ(scheduler.cached_prompt_tokens_total(), 8u);
 }
 
 TEST(SchedulerTest, RemoveFreesBlocksAnywhere) {

@@ -1,0 +1,116 @@
+#include "common/server/worker_metrics.h"
+
+#include <string>
+#include <utility>
+
+namespace tandem {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+ClientMetric Value(MetricType type, double value, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return m;
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type,
+                    std::vector<ClientMetric> metrics) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  f.metric = std::move(metrics);
+  return f;
+}
+
+// A family with one unlabelled sample.
+MetricFamily Single(std::string name, std::string help, MetricType type, double value) {
+  return Family(std::move(name), std::move(help), type, {Value(type, value)});
+}
+
+// A counter family with direction="sent" and direction="received".
+MetricFamily Directions(std::string name, std::string help, double sent, double received) {
+  return Family(std::move(name), std::move(help), MetricType::Counter,
+                {Value(MetricType::Counter, sent, {{"direction", "sent"}}),
+                 Value(MetricType::Counter, received, {{"direction", "received"}})});
+}
+
+}  // namespace
+
+const std::vector<double>& WorkerMetrics::StepBuckets() {
+  static const std::vector<double> buckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                              0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
+  return buckets;
+}
+
+WorkerMetrics::WorkerMetrics(std::function<v1::WorkerStatus()> status)
+    : status_(std::move(status)), step_(StepBuckets()) {}
+
+void WorkerMetrics::ObserveStep(double seconds) { step_.Observe(seconds); }
+
+std::vector<MetricFamily> WorkerMetrics::Collect() const {
+  const v1::WorkerStatus s = status_();
+  constexpr MetricType kCounter = MetricType::Counter;
+  constexpr MetricType kGauge = MetricType::Gauge;
+  const auto d = [](auto v) { return static_cast<double>(v); };
+  std::vector<MetricFamily> families;
+  families.push_back(Single("tandem_prompt_tokens_total",
+                            "Prompt tokens of the requests this worker accepted.", kCounter,
+                            d(s.prompt_tokens_total())));
+  families.push_back(Single("tandem_prompt_tokens_cached_total",
+                            "Prompt tokens whose KV came from this worker's prefix cache.",
+                            kCounter, d(s.prompt_tokens_cached_total())));
+  families.push_back(Single("tandem_generation_tokens_total",
+                            "Tokens sampled by this worker (every sample).", kCounter,
+                            d(s.generation_tokens_total())));
+  families.push_back(Single("tandem_prefill_tokens_computed_total",
+                            "Prompt tokens whose KV this worker computed.", kCounter,
+                            d(s.prefill_tokens_computed_total())));
+  families.push_back(Single("tandem_prefix_cache_queries_total",
+                            "Prefix-cache lookups, in tokens asked for.", kCounter,
+                            d(s.prefix_cache_queried_tokens_total())));
+  families.push_back(Single("tandem_prefix_cache_hits_total",
+                            "Prefix-cache lookups, in tokens found.", kCounter,
+                            d(s.prefix_cache_hit_tokens_total())));
+  families.push_back(Single("tandem_preemptions_total",
+                            "Sequences preempted (their KV freed, recomputed later).", kCounter,
+                            d(s.preemptions_total())));
+  families.push_back(Directions("tandem_kv_transfer_bytes_total",
+                                "KV cache payload bytes sent to / received from peers.",
+                                d(s.kv_bytes_sent_total()), d(s.kv_bytes_received_total())));
+  families.push_back(Directions("tandem_kv_transfers_total", "KV transfers that ended.",
+                                d(s.kv_transfers_sent_total()),
+                                d(s.kv_transfers_received_total())));
+  families.push_back(Directions("tandem_kv_transfer_seconds_total",
+                                "Seconds the ended KV transfers took, summed per transfer.",
+                                s.kv_transfer_seconds_sent_total(),
+                                s.kv_transfer_seconds_received_total()));
+  const uint32_t waiting = s.waiting_requests();
+  const uint32_t running = s.running_requests() > waiting ? s.running_requests() - waiting : 0;
+  families.push_back(Single("tandem_num_requests_running",
+                            "Requests with a sequence scheduled or waiting for remote KV.",
+                            kGauge, d(running)));
+  families.push_back(Single("tandem_num_requests_waiting",
+                            "Requests waiting to be admitted (new or preempted).", kGauge,
+                            d(waiting)));
+  families.push_back(Family("tandem_kv_cache_blocks", "KV cache blocks by state.", kGauge,
+                            {Value(kGauge, d(s.kv_blocks_in_use()), {{"state", "used"}}),
+                             Value(kGauge, d(s.kv_blocks_cached()), {{"state", "cached"}}),
+                             Value(kGauge, d(s.kv_blocks_total()), {{"state", "total"}})}));
+  families.push_back(Single("tandem_kv_transfers_in_flight", "KV transfers open now.", kGauge,
+                            d(s.transfers_in_flight())));
+  families.push_back(Family("tandem_engine_step_duration_seconds",
+                            "Wall time of engine steps that ran the model.",
+                            MetricType::Histogram, {step_.Collect()}));
+  return families;
+}
+
+}  // namespace tandem

@@ -1,0 +1,60 @@
+// A worker's Prometheus metrics (docs/architecture.md, "Metrics"): every
+// counter and gauge is read at scrape time from the same WorkerStatus
+// snapshot GetStatus answers with (WorkerContext::status), so /metrics and
+// GetStatus never disagree; the step-time histogram is observed by the
+// engine loop (EngineCoreOptions::step_observer -> ObserveStep).
+//
+// Owns: the metric names, types, labels and step-time buckets. Does not
+// touch: the counters themselves (the engine core counts), HTTP
+// (common/metrics serves any collectable).
+// Threads: ObserveStep and Collect are thread-safe.
+#ifndef TANDEM_COMMON_SERVER_WORKER_METRICS_H_
+#define TANDEM_COMMON_SERVER_WORKER_METRICS_H_
+
+#include <functional>
+#include <vector>
+
+#include "prometheus/collectable.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem {
+
+class WorkerMetrics : public prometheus::Collectable {
+ public:
+  // Upper bounds (seconds) of tandem_engine_step_duration_seconds: 1 ms ..
+  // 10 s, roughly x2.5 apart (+Inf implied).
+  static const std::vector<double>& StepBuckets();
+
+  // `status`: the worker's status snapshot (thread-safe, quick).
+  explicit WorkerMetrics(std::function<v1::WorkerStatus()> status);
+
+  // One engine step that ran the model took `seconds`.
+  void ObserveStep(double seconds);
+
+  // Families (names by Prometheus conventions, prefix tandem_, no request
+  // ids in labels):
+  //  counters  tandem_prompt_tokens_total, tandem_prompt_tokens_cached_total,
+  //            tandem_generation_tokens_total, tandem_prefill_tokens_computed_total,
+  //            tandem_prefix_cache_queries_total, tandem_prefix_cache_hits_total
+  //            (tokens), tandem_preemptions_total,
+  //            tandem_kv_transfer_bytes_total{direction},
+  //            tandem_kv_transfers_total{direction},
+  //            tandem_kv_transfer_seconds_total{direction}
+  //            (direction "sent" | "received");
+  //  gauges    tandem_num_requests_running (running_requests minus
+  //            waiting_requests), tandem_num_requests_waiting,
+  //            tandem_kv_cache_blocks{state="used"|"cached"|"total"},
+  //            tandem_kv_transfers_in_flight;
+  //  histogram tandem_engine_step_duration_seconds (StepBuckets()).
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const std::function<v1::WorkerStatus()> status_;
+  prometheus::Histogram step_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVER_WORKER_METRICS_H_

@@ -1,0 +1,161 @@
+// WorkerMetrics: every family's value comes from the status snapshot it is
+// given, read back through metrics::Scrape (prometheus-cpp's text
+// serializer) and an independent parser (python3-prometheus-client); the
+// step histogram's buckets and counts; ServeMetrics over real HTTP.
+#include "common/server/worker_metrics.h"
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <httplib.h>
+
+#include "common/http/http_server.h"
+#include "common/metrics/metrics_server.h"
+#include "gtest/gtest.h"
+#include "tests/common/prometheus_text.h"
+
+namespace tandem {
+namespace {
+
+using testing::ParsePrometheusText;
+using testing::PromSample;
+
+// A status with a distinct value in every field the metrics read.
+v1::WorkerStatus DistinctStatus() {
+  v1::WorkerStatus s;
+  s.set_running_requests(7);
+  s.set_waiting_requests(3);
+  s.set_kv_blocks_in_use(11);
+  s.set_kv_blocks_cached(13);
+  s.set_kv_blocks_total(512);
+  s.set_transfers_in_flight(2);
+  s.set_prefill_tokens_computed_total(1001);
+  s.set_kv_bytes_sent_total(123456789012ull);
+  s.set_kv_bytes_received_total(2002);
+  s.set_preemptions_total(5);
+  s.set_prompt_tokens_total(3003);
+  s.set_prompt_tokens_cached_total(404);
+  s.set_generation_tokens_total(5005);
+  s.set_prefix_cache_queried_tokens_total(6006);
+  s.set_prefix_cache_hit_tokens_total(707);
+  s.set_engine_steps_total(8008);
+  s.set_kv_transfers_sent_total(17);
+  s.set_kv_transfers_received_total(19);
+  s.set_kv_transfer_seconds_sent_total(1.25);
+  s.set_kv_transfer_seconds_received_total(2.5);
+  return s;
+}
+
+std::map<std::string, PromSample> ScrapeAndParse(const std::shared_ptr<WorkerMetrics>& m) {
+  const std::string text = metrics::Scrape({m});
+  absl::StatusOr<std::map<std::string, PromSample>> parsed = ParsePrometheusText(text);
+  EXPECT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  return parsed.ok() ? *parsed : std::map<std::string, PromSample>{};
+}
+
+void ExpectSample(const std::map<std::string, PromSample>& samples, const std::string& key,
+                  const std::string& type, double value) {
+  auto it = samples.find(key);
+  ASSERT_NE(it, samples.end()) << key;
+  EXPECT_EQ(it->second.type, type) << key;
+  EXPECT_EQ(it->second.value, value) << key;
+}
+
+TEST(WorkerMetricsTest, EveryFamilyReadsTheStatusSnapshot) {
+  int snapshots = 0;
+  auto m = std::make_shared<WorkerMetrics>([&] {
+    ++snapshots;
+    return DistinctStatus();
+  });
+  const std::map<std::string, PromSample> s = ScrapeAndParse(m);
+  EXPECT_EQ(snapshots, 1);  // one snapshot per scrape: the values agree
+  ExpectSample(s, "tandem_prompt_tokens_total{}", "counter", 3003);
+  ExpectSample(s, "tandem_prompt_tokens_cached_total{}", "counter", 404);
+  ExpectSample(s, "tandem_generation_tokens_total{}", "counter", 5005);
+  ExpectSample(s, "tandem_prefill_tokens_computed_total{}", "counter", 1001);
+  ExpectSample(s, "tandem_prefix_cache_queries_total{}", "counter", 6006);
+  ExpectSample(s, "tandem_prefix_cache_hits_total{}", "counter", 707);
+  ExpectSample(s, "tandem_preemptions_total{}", "counter", 5);
+  ExpectSample(s, "tandem_kv_transfer_bytes_total{direction=\"sent\"}", "counter",
+               123456789012.0);
+  ExpectSample(s, "tandem_kv_transfer_bytes_total{direction=\"received\"}", "counter", 2002);
+  ExpectSample(s, "tandem_kv_transfers_total{direction=\"sent\"}", "counter", 17);
+  ExpectSample(s, "tandem_kv_transfers_total{direction=\"received\"}", "counter", 19);
+  ExpectSample(s, "tandem_kv_transfer_seconds_total{direction=\"sent\"}", "counter", 1.25);
+  ExpectSample(s, "tandem_kv_transfer_seconds_total{direction=\"received\"}", "counter", 2.5);
+  ExpectSample(s, "tandem_num_requests_running{}", "gauge", 7 - 3);
+  ExpectSample(s, "tandem_num_requests_waiting{}", "gauge", 3);
+  ExpectSample(s, "tandem_kv_cache_blocks{state=\"used\"}", "gauge", 11);
+  ExpectSample(s, "tandem_kv_cache_blocks{state=\"cached\"}", "gauge", 13);
+  ExpectSample(s, "tandem_kv_cache_blocks{state=\"total\"}", "gauge", 512);
+  ExpectSample(s, "tandem_kv_transfers_in_flight{}", "gauge", 2);
+  ExpectSample(s, "tandem_engine_step_duration_seconds_count{}", "histogram", 0);
+  // Nothing else: 13 single samples, 3 x 2 directions, 3 states, and the
+  // histogram's 14 buckets + _count + _sum.
+  EXPECT_EQ(s.size(), 10u + 6u + 3u + 14u + 2u);
+}
+
+TEST(WorkerMetricsTest, StepHistogramHasTheDocumentedBuckets) {
+  auto m = std::make_shared<WorkerMetrics>([] { return v1::WorkerStatus(); });
+  const std::vector<double> expected = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                        0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
+  EXPECT_EQ(WorkerMetrics::StepBuckets(), expected);
+  m->ObserveStep(0.0004);  // first bucket
+  m->ObserveStep(0.003);   // le 0.005
+  m->ObserveStep(0.003);
+  m->ObserveStep(20.0);    // only +Inf
+  const std::map<std::string, PromSample> s = ScrapeAndParse(m);
+  const std::string h = "tandem_engine_step_duration_seconds";
+  ExpectSample(s, h + "_bucket{le=\"0.001\"}", "histogram", 1);
+  ExpectSample(s, h + "_bucket{le=\"0.0025\"}", "histogram", 1);
+  ExpectSample(s, h + "_bucket{le=\"0.005\"}", "histogram", 3);
+  ExpectSample(s, h + "_bucket{le=\"10\"}", "histogram", 3);
+  ExpectSample(s, h + "_bucket{le=\"+Inf\"}", "histogram", 4);
+  ExpectSample(s, h + "_count{}", "histogram", 4);
+  ExpectSample(s, h + "_sum{}", "histogram", 0.0004 + 0.003 + 0.003 + 20.0);
+  // Every counter of an empty status is 0, not absent.
+  ExpectSample(s, "tandem_prompt_tokens_total{}", "counter", 0);
+}
+
+TEST(WorkerMetricsTest, ScrapeSkipsExpiredCollectables) {
+  std::weak_ptr<prometheus::Collectable> gone;
+  {
+    auto m = std::make_shared<WorkerMetrics>([] { return DistinctStatus(); });
+    gone = m;
+  }
+  EXPECT_EQ(metrics::Scrape({gone}), "");
+}
+
+// GET /metrics over real HTTP: 200, the exposition content type, a body
+// collected at scrape time; another method on the path is 405.
+TEST(MetricsServerTest, ServesTheCollectablesOverHttp) {
+  uint32_t steps = 0;
+  auto m = std::make_shared<WorkerMetrics>([&] {
+    v1::WorkerStatus s;
+    s.set_engine_steps_total(++steps);  // a new value per scrape
+    return s;
+  });
+  http::HttpServer server{http::HttpServer::Options{}};
+  metrics::ServeMetrics(&server, {m});
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Client client("127.0.0.1", *port);
+  for (int scrape = 1; scrape <= 2; ++scrape) {
+    httplib::Result r = client.Get("/metrics");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), metrics::kContentType);
+    absl::StatusOr<std::map<std::string, PromSample>> parsed = ParsePrometheusText(r->body);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->size(), 35u);
+    EXPECT_EQ(steps, static_cast<uint32_t>(scrape));
+  }
+  httplib::Result post = client.Post("/metrics", "x", "text/plain");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  server.Stop();
+}
+
+}  // namespace
+}  // namespace tandem
