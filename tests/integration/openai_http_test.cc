@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/prometheus_text.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/http_client.h"
@@ -23,6 +24,7 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 json Parse(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -177,6 +179,55 @@ TEST_F(HttpTest, ModelsHealthReadyAndUnknownRoutes) {
                                     R"({"model":"gpt-4","prompt":"Hi","max_tokens":2})");
   EXPECT_EQ(wrong_model.status, 404);
   EXPECT_EQ(Parse(wrong_model.body)["error"]["code"], "model_not_found");
+}
+
+// The router's /metrics, read by python3-prometheus-client, agrees with its
+// GetStatus counters and with what the HTTP clients were sent.
+TEST_F(HttpTest, MetricsAgreeWithGetStatusAndTheClients) {
+  const GoldenCase& g = Golden("once_upon_a_time");
+  const json plain = {{"model", "stories260K"}, {"prompt", g.prompt}, {"max_tokens", 8},
+                      {"temperature", 0}, {"ignore_eos", true}};
+  json streamed = plain;
+  streamed["stream"] = true;
+  HttpResult a = HttpCall(http(), "POST", "/v1/completions", plain.dump());
+  ASSERT_EQ(a.status, 200) << a.body;
+  absl::StatusOr<SseStream> s = SseStream::Open(http(), "/v1/completions", streamed.dump());
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->ReadAll().ok());
+  HttpResult bad = HttpCall(http(), "POST", "/v1/completions", R"({"model":"stories260K"})");
+  ASSERT_EQ(bad.status, 400);
+
+  HttpResult m = HttpCall(http(), "GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_THAT(m.headers["content-type"], HasSubstr("text/plain"));
+  absl::StatusOr<std::map<std::string, PromSample>> samples = ParsePrometheusText(m.body);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  const v1::WorkerStatus& router = status->router();
+
+  double requests = 0;
+  for (const auto& [key, sample] : *samples) {
+    if (absl::StartsWith(key, "tandem_requests_total{")) requests += sample.value;
+    EXPECT_THAT(key, Not(HasSubstr("request_id")));
+  }
+  EXPECT_EQ(requests, router.router_requests_total());
+  EXPECT_EQ(requests, 3);  // the two served, the one refused
+  auto value = [&](const std::string& key) {
+    auto it = samples->find(key);
+    EXPECT_NE(it, samples->end()) << key;
+    return it == samples->end() ? -1.0 : it->second.value;
+  };
+  EXPECT_EQ(value("tandem_generation_tokens_total{}"), router.router_generation_tokens_total());
+  EXPECT_EQ(value("tandem_generation_tokens_total{}"), 16);  // 8 + 8 sent to the clients
+  EXPECT_EQ(value("tandem_prompt_tokens_total{}"), router.router_prompt_tokens_total());
+  EXPECT_EQ(value("tandem_prompt_tokens_total{}"), 2.0 * g.prompt_ids.size());
+  EXPECT_EQ(value("tandem_time_to_first_token_seconds_count{}"), 2);
+  EXPECT_EQ(value("tandem_e2e_request_latency_seconds_count{}"), 2);
+  EXPECT_EQ(value("tandem_request_queue_time_seconds_count{}"), 2);
+  EXPECT_EQ(value("tandem_time_per_output_token_seconds_count{}"), 2);
+  EXPECT_EQ(samples->at("tandem_time_to_first_token_seconds_count{}").type, "histogram");
+  EXPECT_EQ(value("tandem_num_requests_running{}"), 0);
 }
 
 TEST_F(HttpTest, ChatWithoutATemplateIs400NamingIt) {
