@@ -183,8 +183,44 @@ TEST_F(HttpTest, ModelsHealthReadyAndUnknownRoutes) {
 
 // The router's /metrics, read by python3-prometheus-client, agrees with its
 // GetStatus counters and with what the HTTP clients were sent.
+// The router's /metrics as python3-prometheus-client reads it: a map
+// from `name{labels}` to the sample, and the router's GetStatus taken
+// right after (idle: nothing changes in between).
+struct RouterScrape {
+  std::map<std::string, PromSample> samples;
+  v1::WorkerStatus status;
+  double requests = 0;  // tandem_requests_total over every label set
+
+  double operator[](const std::string& key) const {
+    auto it = samples.find(key);
+    EXPECT_NE(it, samples.end()) << key;
+    return it == samples.end() ? -1.0 : it->second.value;
+  }
+};
+
+RouterScrape ScrapeRouter(LocalCluster& cluster) {
+  RouterScrape out;
+  HttpResult m = HttpCall(cluster.http_address(), "GET", "/metrics");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_THAT(m.headers["content-type"], HasSubstr("text/plain"));
+  absl::StatusOr<std::map<std::string, PromSample>> samples = ParsePrometheusText(m.body);
+  EXPECT_TRUE(samples.ok()) << samples.status();
+  if (samples.ok()) out.samples = *std::move(samples);
+  absl::StatusOr<v1::ClusterStatus> status = cluster.ClusterStatus();
+  EXPECT_TRUE(status.ok()) << status.status();
+  if (status.ok()) out.status = status->router();
+  for (const auto& [key, sample] : out.samples) {
+    if (absl::StartsWith(key, "tandem_requests_total{")) out.requests += sample.value;
+    EXPECT_THAT(key, Not(HasSubstr("request_id")));
+  }
+  return out;
+}
+
+// The router's /metrics agrees with its GetStatus counters, and grows by
+// exactly what the HTTP clients were sent.
 TEST_F(HttpTest, MetricsAgreeWithGetStatusAndTheClients) {
   const GoldenCase& g = Golden("once_upon_a_time");
+  const RouterScrape before = ScrapeRouter(cluster());
   const json plain = {{"model", "stories260K"}, {"prompt", g.prompt}, {"max_tokens", 8},
                       {"temperature", 0}, {"ignore_eos", true}};
   json streamed = plain;
@@ -196,38 +232,23 @@ TEST_F(HttpTest, MetricsAgreeWithGetStatusAndTheClients) {
   ASSERT_TRUE(s->ReadAll().ok());
   HttpResult bad = HttpCall(http(), "POST", "/v1/completions", R"({"model":"stories260K"})");
   ASSERT_EQ(bad.status, 400);
+  const RouterScrape after = ScrapeRouter(cluster());
 
-  HttpResult m = HttpCall(http(), "GET", "/metrics");
-  ASSERT_EQ(m.status, 200);
-  EXPECT_THAT(m.headers["content-type"], HasSubstr("text/plain"));
-  absl::StatusOr<std::map<std::string, PromSample>> samples = ParsePrometheusText(m.body);
-  ASSERT_TRUE(samples.ok()) << samples.status();
-  absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
-  ASSERT_TRUE(status.ok()) << status.status();
-  const v1::WorkerStatus& router = status->router();
-
-  double requests = 0;
-  for (const auto& [key, sample] : *samples) {
-    if (absl::StartsWith(key, "tandem_requests_total{")) requests += sample.value;
-    EXPECT_THAT(key, Not(HasSubstr("request_id")));
+  for (const RouterScrape* r : {&before, &after}) {
+    EXPECT_EQ(r->requests, r->status.router_requests_total());
+    EXPECT_EQ((*r)["tandem_generation_tokens_total{}"], r->status.router_generation_tokens_total());
+    EXPECT_EQ((*r)["tandem_prompt_tokens_total{}"], r->status.router_prompt_tokens_total());
+    EXPECT_EQ((*r)["tandem_num_requests_running{}"], 0);
+    EXPECT_EQ(r->samples.at("tandem_time_to_first_token_seconds_count{}").type, "histogram");
   }
-  EXPECT_EQ(requests, router.router_requests_total());
-  EXPECT_EQ(requests, 3);  // the two served, the one refused
-  auto value = [&](const std::string& key) {
-    auto it = samples->find(key);
-    EXPECT_NE(it, samples->end()) << key;
-    return it == samples->end() ? -1.0 : it->second.value;
-  };
-  EXPECT_EQ(value("tandem_generation_tokens_total{}"), router.router_generation_tokens_total());
-  EXPECT_EQ(value("tandem_generation_tokens_total{}"), 16);  // 8 + 8 sent to the clients
-  EXPECT_EQ(value("tandem_prompt_tokens_total{}"), router.router_prompt_tokens_total());
-  EXPECT_EQ(value("tandem_prompt_tokens_total{}"), 2.0 * g.prompt_ids.size());
-  EXPECT_EQ(value("tandem_time_to_first_token_seconds_count{}"), 2);
-  EXPECT_EQ(value("tandem_e2e_request_latency_seconds_count{}"), 2);
-  EXPECT_EQ(value("tandem_request_queue_time_seconds_count{}"), 2);
-  EXPECT_EQ(value("tandem_time_per_output_token_seconds_count{}"), 2);
-  EXPECT_EQ(samples->at("tandem_time_to_first_token_seconds_count{}").type, "histogram");
-  EXPECT_EQ(value("tandem_num_requests_running{}"), 0);
+  auto grew = [&](const std::string& key) { return after[key] - before[key]; };
+  EXPECT_EQ(after.requests - before.requests, 3);  // the two served, the one refused
+  EXPECT_EQ(grew("tandem_generation_tokens_total{}"), 16);  // 8 + 8 sent to the clients
+  EXPECT_EQ(grew("tandem_prompt_tokens_total{}"), 2.0 * g.prompt_ids.size());
+  EXPECT_EQ(grew("tandem_time_to_first_token_seconds_count{}"), 2);
+  EXPECT_EQ(grew("tandem_e2e_request_latency_seconds_count{}"), 2);
+  EXPECT_EQ(grew("tandem_request_queue_time_seconds_count{}"), 2);
+  EXPECT_EQ(grew("tandem_time_per_output_token_seconds_count{}"), 2);
 }
 
 TEST_F(HttpTest, ChatWithoutATemplateIs400NamingIt) {
