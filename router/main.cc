@@ -132,6 +132,11 @@ int main(int argc, char** argv) {
     rpc::Log("API keys: none (Generation is open)");
   }
   grpc::ServerBuilder builder;
+  // Requests as large as the HTTP front door takes (its JSON body at most
+  // router.http_max_body_bytes; the GenerateRequest is no larger), or
+  // gRPC's default 4 MiB.
+  builder.SetMaxReceiveMessageSize(
+      std::max(4 << 20, config->router.http_max_body_bytes + (64 << 10)));
   builder.RegisterService(&service);
   builder.RegisterService(service.registry_service());
   int port = 0;
@@ -167,7 +172,10 @@ int main(int argc, char** argv) {
       if (!ids.ok()) return ids.status();
       return static_cast<int>(ids->size());
     };
-    hooks.ready = [&service] { return service.registry().CanServe(); };
+    hooks.not_ready = [&service]() -> std::string {
+      if (!service.accepting()) return "shutting down";
+      return service.registry().CanServe() ? "" : "no healthy decode worker";
+    };
     hooks.authenticate = [&service](const std::string* a) { return service.AuthenticateHeader(a); };
     hooks.refused = [&service](absl::StatusCode code) { service.metrics().RequestRefused(code); };
     frontend = std::make_unique<router::openai::OpenAiFrontend>(http_options, std::move(hooks));

@@ -77,6 +77,7 @@ class RouterService final : public GenerationBase {
   // SIGTERM: new Generate calls get UNAVAILABLE; running and queued ones
   // continue.
   void StopAccepting() { accepting_ = false; }
+  bool accepting() const { return accepting_; }
   WorkerRegistry& registry() { return registry_; }
   // The router's Prometheus metrics (registry() to serve on /metrics).
   RouterMetrics& metrics() { return metrics_; }

@@ -25,7 +25,11 @@ std::string SanitizeUtf8(absl::string_view bytes) {
 }
 
 std::string IncrementalDecoder::Push(int32_t token_id) {
-  pending_ += tokenizer_->TokenBytes(token_id);
+  return PushBytes(tokenizer_->TokenBytes(token_id));
+}
+
+std::string IncrementalDecoder::PushBytes(absl::string_view bytes) {
+  pending_.append(bytes.data(), bytes.size());
   // Find the last lead byte within the final 4 bytes; hold it back if its
   // sequence is not complete yet. Stray continuation bytes are released.
   size_t keep = 0;

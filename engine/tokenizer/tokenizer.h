@@ -151,14 +151,21 @@ class IncrementalDecoder {
  public:
   // `tokenizer` must outlive the decoder.
   explicit IncrementalDecoder(const Tokenizer& tokenizer);
+  // A decoder of raw bytes: PushBytes only (Push needs a tokenizer), e.g.
+  // to find where each token's text starts in the decoded text.
+  IncrementalDecoder() = default;
   // Appends the bytes of `token_id`; returns the newly completed text.
   std::string Push(int32_t token_id);
+  // Appends `bytes` (one token's); returns the newly completed text: valid
+  // UTF-8 with one U+FFFD per invalid byte, an incomplete last character
+  // held back until its bytes arrive.
+  std::string PushBytes(absl::string_view bytes);
   // Returns whatever is held back (an incomplete tail becomes U+FFFD) and
   // resets.
   std::string Flush();
 
  private:
-  const Tokenizer* tokenizer_;
+  const Tokenizer* tokenizer_ = nullptr;
   std::string pending_;  // bytes not yet returned: an incomplete UTF-8 tail
 };
 

@@ -95,6 +95,23 @@ class OpenAiFrontend::Call final : public grpc::ClientReadReactor<v1::GenerateRe
   // request on P and D.
   void Cancel() { context_.TryCancel(); }
 
+  // The client went away: logged, then Cancel.
+  void ClientGone() {
+    rpc::Log(absl::StrCat("http request ", client_id_, ": the client went away; cancelling"));
+    Cancel();
+  }
+
+  // The router stops: the call ends now, answered 503 (OnDone).
+  void Shutdown() {
+    {
+      absl::MutexLock lock(&mu_);
+      shutting_down_ = true;
+    }
+    Cancel();
+  }
+
+  bool stream() const { return parsed_.stream; }
+
   // Keep-alive tick: a stream quiet for `period` gets a comment (starting
   // the SSE response first if no message came yet).
   void KeepAlive(absl::Duration period) {
@@ -137,8 +154,18 @@ class OpenAiFrontend::Call final : public grpc::ClientReadReactor<v1::GenerateRe
             retry_after_ms = v;
           }
         }
-        const ApiError error =
+        ApiError error =
             FromRpcError(status.error_code(), status.error_message(), retry_after_ms);
+        if (shutting_down_) {
+          error = ApiError();
+          error.http_status = 503;
+          error.type = "server_error";
+          error.message = "router is shutting down";
+        }
+        if (exchange_->open()) {
+          rpc::Log(absl::StrCat("http request ", client_id_, ": ", error.http_status, " ",
+                                error.message));
+        }
         if (started_) {
           // After the 200: the error as one event, then the stream ends.
           SendLocked(absl::StrCat("data: ", ErrorBody(error), "\n\n"));
@@ -189,6 +216,7 @@ class OpenAiFrontend::Call final : public grpc::ClientReadReactor<v1::GenerateRe
   ResponseBuilder builder_ ABSL_GUARDED_BY(mu_);
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // SSE headers sent
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   const std::shared_ptr<std::atomic<int>> open_streams_;
   const std::shared_ptr<std::atomic<int>> calls_;
   absl::Time last_send_ ABSL_GUARDED_BY(mu_);
@@ -206,7 +234,7 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
   server_->set_fallback_body([](int status, const std::string& path) {
     ApiError e;
     e.http_status = status;
-    e.type = "not_found_error";
+    e.type = status == 404 ? "not_found_error" : "invalid_request_error";
     e.message = status == 404 ? absl::StrCat("no route ", path)
                               : absl::StrCat("method not allowed for ", path);
     return ErrorBody(e);
@@ -223,10 +251,11 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
     e->Respond(200, {{"Content-Type", kJson}}, R"({"status":"ok"})");
   });
   server_->Handle("GET", "/ready", [this](std::shared_ptr<http::Exchange> e) {
-    const bool ready = router_.ready();
-    e->Respond(ready ? 200 : 503, {{"Content-Type", kJson}},
-               ready ? R"({"status":"ready"})"
-                     : R"({"status":"not ready","reason":"no healthy decode worker"})");
+    const std::string reason = router_.not_ready();
+    e->Respond(reason.empty() ? 200 : 503, {{"Content-Type", kJson}},
+               reason.empty()
+                   ? std::string(R"({"status":"ready"})")
+                   : nlohmann::json{{"status", "not ready"}, {"reason", reason}}.dump());
   });
 }
 
@@ -246,11 +275,22 @@ void OpenAiFrontend::Stop() {
     stopping_ = true;
   }
   if (keepalive_.joinable()) keepalive_.join();
-  server_->Stop();  // open exchanges' OnClose cancel their calls
-  // Cancelled calls end on gRPC threads; they hold no pointer to this
-  // object, but give them a moment so their answers are not cut.
+  std::vector<std::shared_ptr<Call>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::weak_ptr<Call>& weak : live_calls_) {
+      if (std::shared_ptr<Call> call = weak.lock()) live.push_back(std::move(call));
+    }
+    live_calls_.clear();
+  }
+  for (const std::shared_ptr<Call>& call : live) call->Shutdown();
+  live.clear();
+  // The calls end on gRPC threads, answering 503 through the loop thread,
+  // which must still run to write it; they hold no pointer to this object.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   while (calls_->load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(100));  // the loop thread writes the answers
+  server_->Stop();
 }
 
 void OpenAiFrontend::KeepAliveLoop() {
@@ -260,12 +300,12 @@ void OpenAiFrontend::KeepAliveLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), period / 4);
     if (stopping_) break;
     std::vector<std::shared_ptr<Call>> live;
-    for (auto it = streams_.begin(); it != streams_.end();) {
+    for (auto it = live_calls_.begin(); it != live_calls_.end();) {
       if (std::shared_ptr<Call> call = it->lock()) {
-        live.push_back(std::move(call));
+        if (call->stream()) live.push_back(std::move(call));
         ++it;
       } else {
-        it = streams_.erase(it);
+        it = live_calls_.erase(it);
       }
     }
     mu_.Unlock();
@@ -338,11 +378,11 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
                                      options_.limits.served_model_name, router_.token_bytes,
                                      open_streams_, calls_);
   exchange->OnClose([weak = std::weak_ptr<Call>(call)] {
-    if (std::shared_ptr<Call> c = weak.lock()) c->Cancel();
+    if (std::shared_ptr<Call> c = weak.lock()) c->ClientGone();
   });
-  if (stream) {
+  {
     absl::MutexLock lock(&mu_);
-    streams_.push_back(call);
+    live_calls_.push_back(call);
   }
   call->Start(stub_.get(), authorization);
 }
@@ -360,6 +400,8 @@ void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
     }
     router_.refused(code);
   }
+  rpc::Log(absl::StrCat("http request ", client_id.empty() ? "-" : client_id, ": ",
+                        error.http_status, " ", error.message));
   RespondError(exchange, error, client_id);
 }
 

@@ -65,8 +65,10 @@ class OpenAiFrontend {
     // and chat template), for chat requests without max_tokens; its
     // errors as the gRPC call would give them.
     std::function<absl::StatusOr<int>(const v1::GenerateRequest&)> prompt_tokens;
-    // Readiness: the cluster can serve (>= 1 healthy decode worker).
-    std::function<bool()> ready;
+    // Readiness: "" when the router accepts requests and the cluster can
+    // serve (>= 1 healthy decode worker), else why not ("shutting down",
+    // "no healthy decode worker").
+    std::function<std::string()> not_ready;
     // API keys: OK or UNAUTHENTICATED for an Authorization header value
     // (nullptr: absent); for routes that make no gRPC call (/v1/models).
     std::function<absl::Status(const std::string* authorization)> authenticate;
@@ -85,7 +87,9 @@ class OpenAiFrontend {
   // Binds host:port (0: any) and serves. Returns the bound port; errors
   // as http::HttpServer::Start.
   absl::StatusOr<int> Start(const std::string& host, int port);
-  // Stops serving: open streams are closed (their gRPC calls cancelled).
+  // Stops serving: requests still running are cancelled and answered 503
+  // "router is shutting down" (an open stream gets it as its error event),
+  // then every connection is closed. Call after the router's drain.
   void Stop();
 
   // Streams open now (for tests and status).
@@ -111,7 +115,9 @@ class OpenAiFrontend {
   const std::shared_ptr<std::atomic<int>> calls_;
 
   absl::Mutex mu_;
-  std::vector<std::weak_ptr<Call>> streams_ ABSL_GUARDED_BY(mu_);  // for keep-alives
+  // Every call started (pruned as they end): keep-alives for the streams,
+  // and Stop's cancel.
+  std::vector<std::weak_ptr<Call>> live_calls_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread keepalive_;
 };

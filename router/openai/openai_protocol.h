@@ -107,7 +107,9 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, std::strin
 // name, e.g. "sampling.temperature" -> "temperature"; code
 // context_length_exceeded when the prompt and max_tokens exceed the
 // context); UNAUTHENTICATED 401; PERMISSION_DENIED 403; NOT_FOUND 404;
-// RESOURCE_EXHAUSTED 429; UNAVAILABLE 503; DEADLINE_EXCEEDED 504;
+// RESOURCE_EXHAUSTED 429 with a retry-after hint (a limit that frees up),
+// else 413 for gRPC's message size limit and 400 for a request that can
+// never be served as sent (more KV blocks than a worker has); UNAVAILABLE 503; DEADLINE_EXCEEDED 504;
 // CANCELLED 499; anything else 500. `message` is kept as is; param is
 // empty when the text before ':' is not a field path ("router at
 // capacity: ...", the context-length message). Other field names map as

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
 
@@ -74,13 +75,24 @@ std::string TokenText(const std::string& bytes) {
   return "bytes:" + HexBytes(bytes);
 }
 
-// Unicode code points in `bytes` (its lead bytes: a byte that is not
-// 10xxxxxx), as Python's len() counts a decoded string.
-int64_t CodePoints(const std::string& bytes) {
-  int64_t n = 0;
-  for (unsigned char c : bytes) n += (c & 0xC0) != 0x80;
-  return n;
-}
+// Completions' text_offset: where each token's text starts in the
+// choice's text, in Unicode code points (as Python indexes the decoded
+// string). The text is decoded as the router decodes it
+// (tokenizer::IncrementalDecoder: one U+FFFD per invalid byte, a character
+// split across tokens counted once, when complete), so text[offset:]
+// starts with the token's text.
+struct TextOffsets {
+  int64_t code_points = 0;  // of the text decoded so far
+  tokenizer::IncrementalDecoder decoder;
+
+  // The offset of the token whose bytes are `bytes`; then moves past it.
+  int64_t Next(const std::string& bytes) {
+    const int64_t at = code_points;
+    // Valid UTF-8: one lead byte (not 10xxxxxx) per code point.
+    for (unsigned char c : decoder.PushBytes(bytes)) code_points += (c & 0xC0) != 0x80;
+    return at;
+  }
+};
 
 OJson ByteArray(const std::string& bytes) {
   OJson a = OJson::array();
@@ -163,9 +175,20 @@ ApiError FromRpcError(int grpc_code, std::string_view message, int64_t retry_aft
       e.type = "not_found_error";
       break;
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
-      e.code = "rate_limit_exceeded";
+      if (retry_after_ms >= 0) {
+        // A limit that frees up: router admission, an API key's quota.
+        e.http_status = 429;
+        e.type = "rate_limit_error";
+        e.code = "rate_limit_exceeded";
+      } else if (message.find("larger than max") != std::string_view::npos) {
+        // gRPC's message size limit.
+        e.http_status = 413;
+        e.code = "request_too_large";
+      } else {
+        // Never servable as sent (more KV blocks than a worker has, a
+        // prompt over an API key's whole minute): retrying cannot help.
+        e.http_status = 400;
+      }
       break;
     case grpc::StatusCode::UNAVAILABLE:
       e.http_status = 503;
@@ -195,7 +218,7 @@ struct ResponseBuilder::Impl {
     bool seen = false;            // a chat role chunk was sent
     std::string text;             // stream: false
     std::vector<v1::TokenOutput> tokens;  // stream: false, with logprobs
-    int64_t text_offset = 0;      // completions logprobs: code points of the tokens so far
+    TextOffsets offsets;          // stream: true, completions logprobs
     v1::FinishReason finish = v1::FINISH_NONE;
     v1::StopReason stop_reason;
     uint32_t completion_tokens = 0;
@@ -240,8 +263,9 @@ struct ResponseBuilder::Impl {
     return usage;
   }
 
-  // Completions' logprobs of `tokens`; text_offset continues from *offset.
-  OJson CompletionLogprobs(const std::vector<v1::TokenOutput>& tokens, int64_t* offset) const {
+  // Completions' logprobs of `tokens`; text_offset continues `offsets`.
+  OJson CompletionLogprobs(const std::vector<v1::TokenOutput>& tokens,
+                           TextOffsets* text_offsets) const {
     OJson texts = OJson::array(), lps = OJson::array(), tops = OJson::array(),
           offsets = OJson::array();
     for (const v1::TokenOutput& t : tokens) {
@@ -259,8 +283,7 @@ struct ResponseBuilder::Impl {
       }
       if (!top.contains(text)) top[text] = LogprobJson(t.logprob());
       tops.push_back(std::move(top));
-      offsets.push_back(*offset);
-      *offset += CodePoints(bytes);
+      offsets.push_back(text_offsets->Next(bytes));
     }
     OJson j;
     j["tokens"] = std::move(texts);
@@ -293,9 +316,9 @@ struct ResponseBuilder::Impl {
     return {{"content", std::move(content)}};
   }
 
-  OJson LogprobsOf(const std::vector<v1::TokenOutput>& tokens, int64_t* offset) const {
+  OJson LogprobsOf(const std::vector<v1::TokenOutput>& tokens, TextOffsets* offsets) const {
     if (!logprobs) return nullptr;
-    return chat ? ChatLogprobs(tokens) : CompletionLogprobs(tokens, offset);
+    return chat ? ChatLogprobs(tokens) : CompletionLogprobs(tokens, offsets);
   }
 
   // A response or chunk with its header fields and `choices`.
@@ -357,7 +380,7 @@ std::vector<std::string> ResponseBuilder::Chunks(const v1::GenerateResponse& mes
   } else {
     choice["text"] = message.text();
   }
-  choice["logprobs"] = with_logprobs ? b.LogprobsOf(tokens, &s.text_offset) : OJson(nullptr);
+  choice["logprobs"] = with_logprobs ? b.LogprobsOf(tokens, &s.offsets) : OJson(nullptr);
   choice["finish_reason"] = FinishJson(message.finish_reason());
   if (finished) choice["stop_reason"] = StopReasonJson(message.stop_reason());
   out.push_back(b.Chunk(std::move(choice)));
@@ -394,8 +417,8 @@ std::string ResponseBuilder::Body() const {
     } else {
       choice["text"] = s.text;
     }
-    int64_t offset = 0;
-    choice["logprobs"] = b.LogprobsOf(s.tokens, &offset);
+    TextOffsets offsets;
+    choice["logprobs"] = b.LogprobsOf(s.tokens, &offsets);
     choice["finish_reason"] = FinishJson(s.finish);
     choice["stop_reason"] = StopReasonJson(s.stop_reason);
     choices.push_back(std::move(choice));

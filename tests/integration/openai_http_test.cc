@@ -525,5 +525,29 @@ TEST_F(HttpStallTest, StreamsBeyondTheLimitGet503AndNoHang) {
   EXPECT_TRUE(cluster().WaitForIdleWorkers(absl::Seconds(5), &last)) << last.DebugString();
 }
 
+// SIGTERM with requests still running past the drain (stalled remote
+// prefills): each is answered "router is shutting down", a stream as its
+// error event, a plain request as a 503.
+TEST_F(HttpStallTest, ShutdownAnswersRunningRequests503) {
+  absl::StatusOr<SseStream> stream =
+      SseStream::Open(http(), "/v1/completions", RemoteStreamBody());
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_EQ(stream->status(), 200);
+  json plain_body = json::parse(RemoteStreamBody());
+  plain_body["stream"] = false;
+  HttpResult plain;
+  std::thread client([&] { plain = HttpCall(http(), "POST", "/v1/completions", plain_body.dump()); });
+  absl::SleepFor(absl::Milliseconds(500));  // both are waiting for their KV
+  ASSERT_EQ(kill(cluster().router_pid(), SIGTERM), 0);
+  client.join();
+  EXPECT_EQ(plain.status, 503) << plain.error << plain.body;
+  EXPECT_THAT(plain.body, HasSubstr("router is shutting down"));
+  absl::StatusOr<std::vector<std::string>> events = stream->ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_FALSE(events->empty());
+  EXPECT_THAT(events->back(), HasSubstr("router is shutting down"));
+  EXPECT_TRUE(Parse(events->back()).contains("error"));
+}
+
 }  // namespace
 }  // namespace tandem::testing

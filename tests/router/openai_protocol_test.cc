@@ -425,12 +425,18 @@ TEST(OpenAiErrorTest, FromRpcErrorOnRouterTexts) {
        "prompt, prompt_token_ids, messages: set exactly one of them, got prompt messages", 400,
        "invalid_request_error", "", ""},
       // router/admission.cc, router/api_keys.cc
+      // RESOURCE_EXHAUSTED without a retry-after hint: never servable.
       {grpc::StatusCode::RESOURCE_EXHAUSTED,
-       "router at capacity: 4 running, 8 queued (router.max_inflight, router.max_queued)", 429,
-       "rate_limit_error", "", "rate_limit_exceeded"},
+       "API key 'alice': the prompt's 300 tokens exceed its tokens_per_minute of 120; this "
+       "request can never be admitted",
+       400, "invalid_request_error", "", ""},
       {grpc::StatusCode::RESOURCE_EXHAUSTED,
-       "API key 'alice': 2 requests in flight (max_concurrent_requests 2)", 429,
-       "rate_limit_error", "", "rate_limit_exceeded"},
+       "request needs up to 2304 KV blocks (4095 tokens x 9 samples) but the decode worker's "
+       "pool has only 2048",
+       400, "invalid_request_error", "", ""},
+      {grpc::StatusCode::RESOURCE_EXHAUSTED,
+       "Received message larger than max (6000053 vs. 4194304)", 413, "invalid_request_error", "",
+       "request_too_large"},
       {grpc::StatusCode::UNAUTHENTICATED, "invalid API key", 401, "authentication_error", "",
        "invalid_api_key"},
       {grpc::StatusCode::PERMISSION_DENIED, "no", 403, "permission_error", "", ""},
@@ -452,9 +458,14 @@ TEST(OpenAiErrorTest, FromRpcErrorOnRouterTexts) {
     EXPECT_EQ(e.message, c.message);
     EXPECT_EQ(e.retry_after_ms, -1);
   }
-  EXPECT_EQ(FromRpcError(static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED), "x", 1500)
-                .retry_after_ms,
-            1500);
+  // With a retry-after hint (router admission, an API key's quota): 429.
+  const ApiError limited = FromRpcError(
+      static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED),
+      "router at capacity: 4 running, 8 queued (router.max_inflight, router.max_queued)", 1500);
+  EXPECT_EQ(limited.http_status, 429);
+  EXPECT_EQ(limited.type, "rate_limit_error");
+  EXPECT_EQ(limited.code, "rate_limit_exceeded");
+  EXPECT_EQ(limited.retry_after_ms, 1500);
 }
 
 // ---- ResponseBuilder ----
@@ -544,6 +555,26 @@ ParsedRequest Request(Endpoint endpoint, bool stream, bool include_usage, bool l
   return p;
 }
 
+// text_offset follows the text the router sends: an invalid byte pair is
+// two U+FFFD there, so the next token starts 2 code points later.
+TEST(OpenAiResponseTest, TextOffsetsCountInvalidBytesAsTheTextShowsThem) {
+  ParsedRequest p;
+  p.logprobs = true;
+  p.request.set_logprobs(0);
+  const std::map<int32_t, std::string> pieces = {{1, "a"}, {2, "\xE5\x8D"}, {3, "bc"}, {4, "d"}};
+  ResponseBuilder b(p, 1, "m", [&](int32_t id) { return pieces.at(id); });
+  v1::GenerateResponse m;
+  m.set_request_id("r");
+  for (int32_t id : {1, 2, 3, 4}) m.add_tokens()->set_token_id(id);
+  m.set_text("a\xEF\xBF\xBD\xEF\xBF\xBD" "bcd");
+  m.set_finish_reason(v1::FINISH_LENGTH);
+  b.Add(m);
+  const json j = json::parse(b.Body());
+  // a at 0; the pair at 1; bc (which showed the pair as two U+FFFD) points
+  // at them; d at 1 + 2 + 2 = 5.
+  EXPECT_EQ(j["choices"][0]["logprobs"]["text_offset"], json({0, 1, 1, 5}));
+}
+
 TEST(OpenAiResponseTest, CompletionsBodyWithLogprobs) {
   ResponseBuilder b(Request(Endpoint::kCompletions, false, false, true, 2), 1700000000,
                     "stories260K", FakeTokenBytes);
@@ -571,8 +602,9 @@ TEST(OpenAiResponseTest, CompletionsBodyWithLogprobs) {
   EXPECT_TRUE(c1["stop_reason"].is_null());
   EXPECT_EQ(c1["logprobs"]["tokens"], json({"bytes:\\xe2\\x82", "bytes:\\xac"}));
   EXPECT_EQ(c1["logprobs"]["token_logprobs"], json({-0.75, -0.125}));
-  // Offsets in code points: the lead byte E2 counts one.
-  EXPECT_EQ(c1["logprobs"]["text_offset"], json({0, 1}));
+  // Offsets in code points of the decoded text: the euro sign starts at 0
+  // and the token that completes it points at it too.
+  EXPECT_EQ(c1["logprobs"]["text_offset"], json({0, 0}));
   EXPECT_EQ(c1["logprobs"]["top_logprobs"][1], json({{"!", -3.0}, {"bytes:\\xac", -0.125}}));
   EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(j["usage"]["completion_tokens"], 5);  // 3 + 2
@@ -705,7 +737,9 @@ TEST(OpenAiResponseTest, CompletionsStreamChunksWithLogprobs) {
   EXPECT_EQ(choice(1)["text"], "");
   EXPECT_EQ(choice(1)["logprobs"]["tokens"], json({"bytes:\\xe2\\x82"}));
   EXPECT_EQ(choice(2)["text"], "\xE2\x82\xAC");
-  EXPECT_EQ(choice(2)["logprobs"]["text_offset"], json({1}));  // continues the sample's offsets
+  // Continues the sample's offsets: the token completing the euro sign
+  // points where it starts.
+  EXPECT_EQ(choice(2)["logprobs"]["text_offset"], json({0}));
   EXPECT_EQ(choice(3)["index"], 0);
   EXPECT_EQ(choice(3)["text"], " world");
   EXPECT_EQ(choice(3)["logprobs"]["tokens"], json({" world", "!"}));
