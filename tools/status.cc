@@ -82,7 +82,7 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
 }
 
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
-  return {{"name", s.name()},
+  nlohmann::ordered_json j = {{"name", s.name()},
           {"role", RoleName(s.role())},
           {"address", s.address()},
           {"kv_endpoint", s.kv_endpoint()},
@@ -104,6 +104,26 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
           {"model_fingerprint", s.model_fingerprint()},
           {"kv_layout_id", s.kv_layout_id()},
           {"bit_exact_class", s.bit_exact_class()}};
+  // The counters /metrics exports, under their WorkerStatus names.
+  if (s.role() == tandem::v1::ROLE_ROUTER) {
+    j["router_requests_total"] = s.router_requests_total();
+    j["router_request_errors_total"] = s.router_request_errors_total();
+    j["router_prompt_tokens_total"] = s.router_prompt_tokens_total();
+    j["router_generation_tokens_total"] = s.router_generation_tokens_total();
+    j["router_prompt_tokens_cached_total"] = s.router_prompt_tokens_cached_total();
+  } else {
+    j["prompt_tokens_total"] = s.prompt_tokens_total();
+    j["prompt_tokens_cached_total"] = s.prompt_tokens_cached_total();
+    j["generation_tokens_total"] = s.generation_tokens_total();
+    j["prefix_cache_queried_tokens_total"] = s.prefix_cache_queried_tokens_total();
+    j["prefix_cache_hit_tokens_total"] = s.prefix_cache_hit_tokens_total();
+    j["engine_steps_total"] = s.engine_steps_total();
+    j["kv_transfers_sent_total"] = s.kv_transfers_sent_total();
+    j["kv_transfers_received_total"] = s.kv_transfers_received_total();
+    j["kv_transfer_seconds_sent_total"] = s.kv_transfer_seconds_sent_total();
+    j["kv_transfer_seconds_received_total"] = s.kv_transfer_seconds_received_total();
+  }
+  return j;
 }
 
 std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& u) {

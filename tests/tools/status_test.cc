@@ -78,7 +78,15 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
             R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
             R"("kv_bytes_received_total":8589934592,"decode_tokens_total":77,)"
             R"("max_decode_batch_size":2,"preemptions_total":0,"model_fingerprint":"",)"
-            R"("kv_layout_id":"","bit_exact_class":""})");
+            R"("kv_layout_id":"","bit_exact_class":"","prompt_tokens_total":0,)"
+            R"("prompt_tokens_cached_total":0,"generation_tokens_total":0,)"
+            R"("prefix_cache_queried_tokens_total":0,"prefix_cache_hit_tokens_total":0,)"
+            R"("engine_steps_total":0,"kv_transfers_sent_total":0,)"
+            R"("kv_transfers_received_total":0,"kv_transfer_seconds_sent_total":0.0,)"
+            R"("kv_transfer_seconds_received_total":0.0})");
+  // The router's counters under their own names.
+  EXPECT_EQ(j["router"]["router_requests_total"], 0);
+  EXPECT_FALSE(j["router"].contains("prompt_tokens_total"));
 }
 
 TEST(StatusFormatTest, ApiKeyUsageLineAndJson) {
