@@ -53,15 +53,20 @@ ApiError FromStatus(const absl::Status& status) {
 
 int64_t UnixSeconds() { return absl::ToUnixSeconds(absl::Now()); }
 
-// GET /v1/models: the one served model (OpenAI's list shape; vLLM's
-// max_model_len added).
+// The served model as OpenAI's model object (vLLM's max_model_len added).
+nlohmann::json ModelJson(const ModelLimits& limits, int64_t created_s) {
+  return {{"id", limits.served_model_name},
+          {"object", "model"},
+          {"created", created_s},
+          {"owned_by", "tandem"},
+          {"max_model_len", limits.context_length}};
+}
+
+// GET /v1/models: the list of the one served model.
 std::string ModelsBody(const ModelLimits& limits, int64_t created_s) {
-  nlohmann::json model = {{"id", limits.served_model_name},
-                          {"object", "model"},
-                          {"created", created_s},
-                          {"owned_by", "tandem"},
-                          {"max_model_len", limits.context_length}};
-  return nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}}.dump();
+  return nlohmann::json{{"object", "list"},
+                        {"data", nlohmann::json::array({ModelJson(limits, created_s)})}}
+      .dump();
 }
 
 }  // namespace
@@ -231,14 +236,26 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
       server_(std::make_unique<http::HttpServer>(options_.http)),
       open_streams_(std::make_shared<std::atomic<int>>(0)),
       calls_(std::make_shared<std::atomic<int>>(0)) {
-  server_->set_fallback_body([](int status, const std::string& path) {
+  const std::string models_prefix = "/v1/models/";
+  server_->set_fallback_body([models_prefix](int status, const std::string& path) {
     ApiError e;
     e.http_status = status;
+    if (status == 404 && path.rfind(models_prefix, 0) == 0) {
+      // GET /v1/models/{id} of a model this router does not serve.
+      e.param = "model";
+      e.code = "model_not_found";
+      e.message = absl::StrCat("The model '", path.substr(models_prefix.size()),
+                               "' does not exist");
+      return ErrorBody(e);
+    }
     e.type = status == 404 ? "not_found_error" : "invalid_request_error";
     e.message = status == 404 ? absl::StrCat("no route ", path)
                               : absl::StrCat("method not allowed for ", path);
     return ErrorBody(e);
   });
+  // GET /v1/models/{id} (OpenAI's "retrieve model") for the served model.
+  server_->Handle("GET", models_prefix + options_.limits.served_model_name,
+                  [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), true); });
   server_->Handle("POST", "/v1/completions", [this](std::shared_ptr<http::Exchange> e) {
     HandleGenerate(Endpoint::kCompletions, std::move(e));
   });
@@ -246,7 +263,7 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
     HandleGenerate(Endpoint::kChatCompletions, std::move(e));
   });
   server_->Handle("GET", "/v1/models",
-                  [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e)); });
+                  [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), false); });
   server_->Handle("GET", "/health", [](std::shared_ptr<http::Exchange> e) {
     e->Respond(200, {{"Content-Type", kJson}}, R"({"status":"ok"})");
   });
@@ -405,7 +422,7 @@ void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
   RespondError(exchange, error, client_id);
 }
 
-void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange) {
+void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange, bool one) {
   const std::string authorization = exchange->header("Authorization");
   if (router_.authenticate) {
     absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
@@ -415,7 +432,8 @@ void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange) {
     }
   }
   exchange->Respond(200, {{"Content-Type", kJson}},
-                    ModelsBody(options_.limits, started_s_));
+                    one ? ModelJson(options_.limits, started_s_).dump()
+                        : ModelsBody(options_.limits, started_s_));
 }
 
 }  // namespace tandem::router::openai

@@ -1,6 +1,7 @@
 // The router's OpenAI-compatible HTTP front door (router.http_listen):
 //   POST /v1/completions, POST /v1/chat/completions (stream or not),
-//   GET /v1/models, GET /health (liveness), GET /ready (readiness);
+//   GET /v1/models, GET /v1/models/{served name}, GET /health (liveness),
+//   GET /ready (readiness);
 //   GET /metrics is added by the caller (common/metrics).
 //
 // Each generation request is parsed (openai_protocol.h) and then run as a
@@ -99,7 +100,8 @@ class OpenAiFrontend {
   class Call;
 
   void HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
-  void HandleModels(std::shared_ptr<http::Exchange> exchange);
+  // GET /v1/models (the list) or, `one`, GET /v1/models/{served name}.
+  void HandleModels(std::shared_ptr<http::Exchange> exchange, bool one);
   // Answers a generation request refused here (RespondError) and counts it.
   void Refuse(http::Exchange& exchange, const ApiError& error, const std::string& client_id);
   void KeepAliveLoop();

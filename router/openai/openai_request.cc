@@ -47,7 +47,8 @@ const std::set<std::string>& CompletionsFields() {
 const std::set<std::string>& ChatFields() {
   static const auto* fields = new std::set<std::string>{
       "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-      "tool_choice", "functions", "function_call", "parallel_tool_calls"};
+      "tool_choice", "functions", "function_call", "parallel_tool_calls", "store",
+      "metadata"};
   return *fields;
 }
 
@@ -560,6 +561,13 @@ void ReadChat(BodyReader& r, ParsedRequest* out) {
        {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"}) {
     r.Unsupported(name, "tool and function calling");
   }
+  // OpenAI's stored completions: Tandem stores nothing, so `store: false`
+  // (what frameworks send) is what it does anyway; `metadata` only tags
+  // stored ones.
+  if (r.Bool("store") == true) {
+    r.Fail(BadRequest("store", "store: true is not supported (Tandem stores no completions)"));
+  }
+  r.Unsupported("metadata", "metadata (for stored completions)");
 }
 
 // `s` with every byte outside printable ASCII written \xNN (nlohmann's

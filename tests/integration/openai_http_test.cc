@@ -170,6 +170,12 @@ TEST_F(HttpTest, ModelsHealthReadyAndUnknownRoutes) {
   EXPECT_EQ(m["object"], "list");
   ASSERT_EQ(m["data"].size(), 1u);
   EXPECT_EQ(m["data"][0]["id"], "stories260K");
+  HttpResult one = HttpCall(http(), "GET", "/v1/models/stories260K");
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(Parse(one.body)["id"], "stories260K");
+  HttpResult other = HttpCall(http(), "GET", "/v1/models/gpt-4");
+  EXPECT_EQ(other.status, 404);
+  EXPECT_EQ(Parse(other.body)["error"]["code"], "model_not_found");
   EXPECT_EQ(HttpCall(http(), "GET", "/health").status, 200);
   EXPECT_EQ(HttpCall(http(), "GET", "/ready").status, 200);
   HttpResult missing = HttpCall(http(), "GET", "/v1/nothing");

@@ -144,6 +144,22 @@ TEST(OpenAiParseTest, PromptForms) {
   EXPECT_EQ(one_text.request.prompt(), "Hi there");
 }
 
+// OpenAI's stored completions: Tandem stores nothing, so store: false (as
+// frameworks send it) and null are accepted; store: true and metadata are
+// refused by name.
+TEST(OpenAiParseTest, StoreFalseIsAcceptedStoreTrueIsNot) {
+  const std::string head = R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],)";
+  ParseOk(Endpoint::kChatCompletions, head + R"("store":false})");
+  ParseOk(Endpoint::kChatCompletions, head + R"("store":null,"metadata":null})");
+  ApiError e = ParseError(Endpoint::kChatCompletions, head + R"("store":true})");
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "store");
+  e = ParseError(Endpoint::kChatCompletions, head + R"("metadata":{"a":"b"}})");
+  EXPECT_EQ(e.param, "metadata");
+  e = ParseError(Endpoint::kChatCompletions, head + R"("store":"no"})");
+  EXPECT_EQ(e.param, "store");
+}
+
 TEST(OpenAiParseTest, ChatDefaultsAndMessages) {
   const ParsedRequest p = ParseOk(Endpoint::kChatCompletions, R"({"model":"stories260K",
       "messages":[{"role":"system","content":"Be brief."},
