@@ -430,6 +430,20 @@ int RunUp(const std::vector<std::string>& args) {
   absl::StatusOr<int> router =
       sup.group().Spawn(config->router.name, argv_for(router_bin, config->router.name));
   if (!router.ok()) return Fail(router.status().message());
+  // While starting: a stop signal stops everything (exit 0), a child's exit
+  // fails `up`; nothing (a SIGCHLD already handled): keep waiting.
+  auto OnStartupEvent = [&](Event event) -> std::optional<int> {
+    switch (event) {
+      case Event::kStopSignal:
+        sup.StopAll();
+        return 0;
+      case Event::kChildExited:
+        return sup.FailOnChildExit();
+      case Event::kNothing:
+        break;
+    }
+    return std::nullopt;
+  };
   // The router's stdout: TANDEM_HTTP_LISTENING (with router.http_listen),
   // then TANDEM_LISTENING. Sets `address`; an exit code when up must end.
   const absl::Time listen_deadline = absl::Now() + options->listen_timeout;
@@ -446,15 +460,7 @@ int RunUp(const std::vector<std::string>& args) {
         sup.StopAll();
         return Fail(line.status().message());
       }
-      switch (sup.Wait(absl::ZeroDuration())) {
-        case Event::kStopSignal:
-          sup.StopAll();
-          return 0;
-        case Event::kChildExited:
-          return sup.FailOnChildExit();
-        case Event::kNothing:
-          break;  // a SIGCHLD already handled; keep waiting
-      }
+      if (std::optional<int> rc = OnStartupEvent(sup.Wait(absl::ZeroDuration()))) return *rc;
     }
   };
   std::string http_address;
@@ -507,15 +513,7 @@ int RunUp(const std::vector<std::string>& args) {
       return Fail(absl::StrCat("cluster not ready within ",
                                absl::FormatDuration(options->ready_timeout), ": ", last_problem));
     }
-    switch (sup.Wait(absl::Milliseconds(200))) {
-      case Event::kStopSignal:
-        sup.StopAll();
-        return 0;
-      case Event::kChildExited:
-        return sup.FailOnChildExit();
-      case Event::kNothing:
-        break;
-    }
+    if (std::optional<int> rc = OnStartupEvent(sup.Wait(absl::Milliseconds(200)))) return *rc;
   }
   // 4. The cluster: every process with its pid and address, then ready.
   std::string table =
