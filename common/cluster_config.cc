@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <initializer_list>
 #include <set>
 #include <sstream>
@@ -253,6 +254,17 @@ absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const st
   return absl::OkStatus();
 }
 
+// Reads map[key] ("host:port") into *out when present; absent: *out
+// untouched (nullopt for a listener that is off by default).
+absl::Status ReadOptionalHostPort(const YAML::Node& map, absl::string_view key,
+                                  const std::string& path, std::optional<HostPort>* out) {
+  if (!map[std::string(key)].IsDefined()) return absl::OkStatus();
+  HostPort value;
+  if (absl::Status s = ReadHostPort(map, key, path, &value); !s.ok()) return s;
+  *out = value;
+  return absl::OkStatus();
+}
+
 // Reads map[key], when present, into *out: a finite number >= 0.
 absl::Status ReadWeight(const YAML::Node& map, const std::string& path, absl::string_view key,
                         double* out) {
@@ -328,11 +340,9 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
       !s.ok()) {
     return s;
   }
-  if (node["http_listen"].IsDefined()) {
-    r->http_listen.emplace();
-    if (absl::Status s = ReadHostPort(node, "http_listen", path, &*r->http_listen); !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = ReadOptionalHostPort(node, "http_listen", path, &r->http_listen);
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = ReadString(node, "served_model_name", path, &r->served_model_name);
       !s.ok()) {
@@ -387,10 +397,8 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
     if (w.name.empty()) return Invalid(path + ".name", "is required", item);
     if (s = ReadHostPort(item, "listen", path, &w.listen); !s.ok()) return s;
     if (s = ReadAdvertise(item, "advertise", path, &w.advertise); !s.ok()) return s;
-    if (item["metrics_listen"].IsDefined()) {
-      HostPort metrics;
-      if (s = ReadHostPort(item, "metrics_listen", path, &metrics); !s.ok()) return s;
-      w.metrics_listen = metrics;
+    if (s = ReadOptionalHostPort(item, "metrics_listen", path, &w.metrics_listen); !s.ok()) {
+      return s;
     }
     if (has_kv && !(s = ReadHostPort(item, "kv_listen", path, &w.kv_listen)).ok()) return s;
     if (has_kv && !(s = ReadAdvertise(item, "kv_advertise", path, &w.kv_advertise)).ok()) {
