@@ -686,7 +686,7 @@ void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t f
 }
 
 bool EngineCore::Step() {
-  step_start_ = std::chrono::steady_clock::now();
+  const std::chrono::steady_clock::time_point step_start = std::chrono::steady_clock::now();
   const std::set<int64_t> held = PollExports();
   const scheduler::StepPlan plan = scheduler_.Schedule(held);
   {
@@ -697,7 +697,7 @@ bool EngineCore::Step() {
   for (const scheduler::RemoteKvStart& start : plan.remote_kv_starts) StartRemoteLoad(start);
   if (plan.chunks.empty()) return plan.progress();
   Execute(plan);
-  UpdateFromOutput(plan);
+  UpdateFromOutput(plan, step_start);
   return true;
 }
 
@@ -768,7 +768,8 @@ std::vector<SampleStart> EngineCore::DrawFirstTokens(Request& r,
   return starts;
 }
 
-void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
+void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan,
+                                  std::chrono::steady_clock::time_point step_start) {
   struct Fork {
     std::string request_id;
     int64_t parent;
@@ -856,7 +857,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan) {
   // request finish sees its steps in GetStats() (and the histogram).
   if (options_.step_observer) {
     options_.step_observer(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count());
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   }
   for (const Fork& f : forks) {
     auto it = requests_.find(f.request_id);

@@ -242,7 +242,9 @@ class EngineCore {
   // prefill-only requests as it goes); views_ holds the sampled rows.
   void Execute(const scheduler::StepPlan& plan);
   // Samples, streams, checks stops, tells the scheduler, forks, finishes.
-  void UpdateFromOutput(const scheduler::StepPlan& plan);
+  // `step_start`: when this Step() began (the step_observer's duration).
+  void UpdateFromOutput(const scheduler::StepPlan& plan,
+                        std::chrono::steady_clock::time_point step_start);
   // Token 0 of every sample of `r` from one view (sample s: draw with its
   // own seed), stop-checked, streamed unless `stream` is false.
   std::vector<SampleStart> DrawFirstTokens(Request& r, const sampling::SamplingView& view,
@@ -307,8 +309,6 @@ class EngineCore {
   // An export's Wake ran: poll the exports (PollExports) before waiting.
   bool export_wake_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats stats_ ABSL_GUARDED_BY(mu_);
-  // Loop thread: when the current Step() began (step_observer).
-  std::chrono::steady_clock::time_point step_start_;
 
   std::thread loop_;
 };
