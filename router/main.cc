@@ -167,10 +167,8 @@ int main(int argc, char** argv) {
     router::openai::OpenAiFrontend::Router hooks;
     hooks.channel = (*server)->InProcessChannel(grpc::ChannelArguments());
     hooks.token_bytes = [tok](int32_t id) { return tok->TokenBytes(id); };
-    hooks.prompt_tokens = [&service](const v1::GenerateRequest& r) -> absl::StatusOr<int> {
-      auto ids = service.PromptTokens(r);
-      if (!ids.ok()) return ids.status();
-      return static_cast<int>(ids->size());
+    hooks.prompt_tokens = [&service](const v1::GenerateRequest& r) {
+      return service.PromptTokens(r);
     };
     hooks.not_ready = [&service]() -> std::string {
       if (!service.accepting()) return "shutting down";

@@ -360,24 +360,29 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
   ParsedRequest request = std::get<ParsedRequest>(std::move(parsed));
   request.request.set_client_request_id(client_id);
   if (request.request.max_tokens() == 0) {
-    // Chat without max_tokens: up to the context (OpenAI's default).
-    absl::StatusOr<int> prompt_tokens = router_.prompt_tokens(request.request);
-    if (!prompt_tokens.ok()) {
-      Refuse(*exchange, FromStatus(prompt_tokens.status()), client_id);
+    // Chat without max_tokens: up to the context (OpenAI's default). The
+    // ids replace the messages, so the router does not render and
+    // tokenize them again.
+    absl::StatusOr<std::vector<int32_t>> ids = router_.prompt_tokens(request.request);
+    if (!ids.ok()) {
+      Refuse(*exchange, FromStatus(ids.status()), client_id);
       return;
     }
-    const int remaining = options_.limits.context_length - *prompt_tokens;
+    const int prompt_tokens = static_cast<int>(ids->size());
+    const int remaining = options_.limits.context_length - prompt_tokens;
     if (remaining < 1) {
       ApiError e;
       e.param = "messages";
       e.code = "context_length_exceeded";
-      e.message = absl::StrCat("messages: the prompt is ", *prompt_tokens,
+      e.message = absl::StrCat("messages: the prompt is ", prompt_tokens,
                                " tokens, which leaves no room to generate in the context of ",
                                options_.limits.context_length, " tokens");
       Refuse(*exchange, e, client_id);
       return;
     }
     request.request.set_max_tokens(remaining);
+    request.request.clear_messages();
+    request.request.mutable_prompt_token_ids()->Assign(ids->begin(), ids->end());
   }
   const bool stream = request.stream;
   if (stream && open_streams_->fetch_add(1) >= options_.http.max_streams) {

@@ -62,10 +62,11 @@ class OpenAiFrontend {
     std::shared_ptr<grpc::Channel> channel;
     // A token's bytes (Tokenizer::TokenBytes).
     TokenBytes token_bytes;
-    // The prompt's token count of a request (RouterService's tokenizer
-    // and chat template), for chat requests without max_tokens; its
-    // errors as the gRPC call would give them.
-    std::function<absl::StatusOr<int>(const v1::GenerateRequest&)> prompt_tokens;
+    // The prompt ids of a request (RouterService::PromptTokens: its
+    // tokenizer and chat template), for chat requests without max_tokens;
+    // its errors as the gRPC call would give them.
+    std::function<absl::StatusOr<std::vector<int32_t>>(const v1::GenerateRequest&)>
+        prompt_tokens;
     // Readiness: "" when the router accepts requests and the cluster can
     // serve (>= 1 healthy decode worker), else why not ("shutting down",
     // "no healthy decode worker").
