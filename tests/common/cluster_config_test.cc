@@ -49,6 +49,8 @@ TEST(ClusterConfigTest, ParsesLocalConfig) {
   EXPECT_EQ(c->prefill_workers[0].metrics_listen->ToString(), "127.0.0.1:9101");
   ASSERT_TRUE(c->decode_workers[0].metrics_listen.has_value());
   EXPECT_EQ(c->decode_workers[0].metrics_listen->ToString(), "127.0.0.1:9102");
+  ASSERT_TRUE(c->router.http_listen.has_value());
+  EXPECT_EQ(c->router.http_listen->ToString(), "127.0.0.1:8000");
   EXPECT_EQ(c->engine.block_size, 16);
   EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
   EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
@@ -174,6 +176,33 @@ TEST(ClusterConfigTest, ApiKeysFile) {
               HasSubstr("router.api_keys_file: has no value"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  api_keys_file: [a]\n"),
               HasSubstr("router.api_keys_file: expected a string"));
+}
+
+TEST(ClusterConfigTest, HttpKeys) {
+  absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->router.http_listen.has_value());  // gRPC only
+  EXPECT_EQ(none->router.served_model_name, "");        // the model file's stem
+  EXPECT_EQ(none->router.http_max_streams, 1024);
+  EXPECT_EQ(none->router.http_max_body_bytes, 8 << 20);
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      std::string(kMinimal) +
+      "router:\n  http_listen: 0.0.0.0:0\n  served_model_name: my-model\n"
+      "  http_max_streams: 7\n  http_max_body_bytes: 4096\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->router.http_listen.has_value());
+  EXPECT_EQ(c->router.http_listen->ToString(), "0.0.0.0:0");
+  EXPECT_EQ(c->router.served_model_name, "my-model");
+  EXPECT_EQ(c->router.http_max_streams, 7);
+  EXPECT_EQ(c->router.http_max_body_bytes, 4096);
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  served_model_name: \"\"\n"),
+              HasSubstr("router.served_model_name: must not be empty"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  http_max_body_bytes: 100\n"),
+              HasSubstr("router.http_max_body_bytes"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  http_max_streams: 0\n"),
+              HasSubstr("router.http_max_streams"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  http_listen: nowhere\n"),
+              HasSubstr("router.http_listen"));
 }
 
 TEST(ClusterConfigTest, UnknownTopLevelKeyIsNamed) {

@@ -143,6 +143,12 @@ std::string ClusterYaml(const ClusterOptions& o) {
       o.router_policy.empty() ? "" : absl::StrCat("  policy: ", o.router_policy, "\n"),
       o.http_listen.empty() ? "" : absl::StrCat("  http_listen: ", o.http_listen, "\n"),
       o.http_max_streams > 0 ? absl::StrCat("  http_max_streams: ", o.http_max_streams, "\n") : "",
+      o.served_model_name.empty()
+          ? ""
+          : absl::StrCat("  served_model_name: ", o.served_model_name, "\n"),
+      o.http_max_body_bytes > 0
+          ? absl::StrCat("  http_max_body_bytes: ", o.http_max_body_bytes, "\n")
+          : "",
       WorkerEntries(o),
       "engine:\n"
       "  block_size: ", o.block_size, "\n",

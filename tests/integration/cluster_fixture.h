@@ -117,6 +117,10 @@ struct ClusterOptions {
   // router.http_max_streams (0: the default).
   std::string http_listen;
   int32_t http_max_streams = 0;
+  // router.served_model_name (empty: not set, the GGUF stem) and
+  // router.http_max_body_bytes (0: the default).
+  std::string served_model_name;
+  int32_t http_max_body_bytes = 0;
   // cluster.secret_file of every process (empty: none, an open cluster).
   // With one, DecodeStatus() and PrefillStatus() sign their calls
   // (LocalCluster::Sign); calls a test makes on decode_stub() carry no

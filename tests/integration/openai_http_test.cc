@@ -370,6 +370,9 @@ class HttpChatTest : public ClusterSuite {
     ClusterOptions options;
     options.model = "qwen2-tiny-synth.gguf";
     options.http_listen = "127.0.0.1:0";
+    // The name clients send, and a small body limit.
+    options.served_model_name = "qwen-chat";
+    options.http_max_body_bytes = 64 << 10;
     StartSuiteCluster(options);
   }
   static std::string http() { return cluster().http_address(); }
@@ -391,7 +394,7 @@ TEST_F(HttpChatTest, ChatEqualsGrpcMessagesStreamedAndNot) {
   EXPECT_EQ(grpc.prompt_tokens, 15u);
 
   // Content as text parts, split in two: the same prompt.
-  json body = {{"model", "qwen2-tiny-synth"},
+  json body = {{"model", "qwen-chat"},
                {"messages", {{{"role", "user"},
                               {"content", {{{"type", "text"}, {"text", "What is the capital"}},
                                            {{"type", "text"}, {"text", " of France?"}}}}}}},
@@ -425,16 +428,38 @@ TEST_F(HttpChatTest, ChatEqualsGrpcMessagesStreamedAndNot) {
   EXPECT_EQ(JoinStream(*events, /*chat=*/true).text, grpc.text);
 
   // Without max_tokens a chat generates up to the context: accepted.
-  json open_ended = {{"model", "qwen2-tiny-synth"},
+  json open_ended = {{"model", "qwen-chat"},
                      {"messages", {{{"role", "user"}, {"content", question}}}},
                      {"temperature", 0}, {"stop", {"a", "e", "i", "o", "u"}}};
   HttpResult r2 = HttpCall(http(), "POST", "/v1/chat/completions", open_ended.dump());
   EXPECT_EQ(r2.status, 200) << r2.body;
   HttpResult tools = HttpCall(
       http(), "POST", "/v1/chat/completions",
-      R"({"model":"qwen2-tiny-synth","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}]})");
+      R"({"model":"qwen-chat","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}]})");
   EXPECT_EQ(tools.status, 400);
   EXPECT_EQ(Parse(tools.body)["error"]["param"], "tools");
+}
+
+// router.served_model_name is the only model served; router.http_max_body_bytes
+// bounds bodies.
+TEST_F(HttpChatTest, ServedModelNameAndBodyLimit) {
+  HttpResult models = HttpCall(http(), "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(Parse(models.body)["data"][0]["id"], "qwen-chat");
+  // The file's stem is not a name this router answers to.
+  HttpResult stem = HttpCall(
+      http(), "POST", "/v1/chat/completions",
+      R"({"model":"qwen2-tiny-synth","messages":[{"role":"user","content":"Hi"}],"max_tokens":2})");
+  EXPECT_EQ(stem.status, 404) << stem.body;
+  // 64 KiB is the limit: a 70 KB body gets 413, a 60 KB one is not refused
+  // for its size.
+  json big = {{"model", "qwen-chat"},
+              {"messages", {{{"role", "user"}, {"content", std::string(70000, ' ')}}}},
+              {"max_tokens", 1}};
+  EXPECT_EQ(HttpCall(http(), "POST", "/v1/chat/completions", big.dump()).status, 413);
+  big["messages"][0]["content"] = std::string(60000, ' ');
+  HttpResult fits = HttpCall(http(), "POST", "/v1/chat/completions", big.dump());
+  EXPECT_NE(fits.status, 413) << fits.body;
 }
 
 // Every remote prefill stalls after two KV frames (until cancelled or the
