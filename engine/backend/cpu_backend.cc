@@ -10,8 +10,8 @@ CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size,
                        int32_t num_blocks)
     : model_(model), storage_(model->kv_shape(block_size), num_blocks) {}
 
-void CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                         std::vector<sampling::SamplingView>* views) {
+absl::Status CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                                 std::vector<sampling::SamplingView>* views) {
   entries_.clear();
   size_t num_views = 0;
   for (const ForwardEntry& e : batch) {
@@ -33,6 +33,7 @@ void CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* h
                                 *e.sampling, e.history, &(*views)[row], &scratch_);
     ++row;
   }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::backend

@@ -32,8 +32,9 @@ class CpuBackend final : public ModelBackend {
   const model::LlamaConfig& config() const override { return model_->config(); }
   kv::KvStorage& kv_storage() override { return storage_; }
   std::string bit_exact_class() const override { return CpuBitExactClass(); }
-  void Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-               std::vector<sampling::SamplingView>* views) override;
+  // Never fails (returns OK).
+  absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                       std::vector<sampling::SamplingView>* views) override;
 
  private:
   const model::LlamaModel* const model_;

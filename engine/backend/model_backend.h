@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/model/llama_model.h"
 #include "engine/sampling/sampler.h"
@@ -72,8 +73,20 @@ class ModelBackend {
   // runs on the calling thread. Preconditions (caller bugs, abort): block
   // tables cover their entries and name blocks of kv_storage(); token ids
   // are in [0, vocab_size).
-  virtual void Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                       std::vector<sampling::SamplingView>* views) = 0;
+  // Errors (a device backend; the CPU backend never fails): the step did
+  // not complete, *views and the K/V this step wrote are garbage, and the
+  // caller fails the step's requests (and frees their blocks).
+  // RESOURCE_EXHAUSTED (device out of memory) or INTERNAL (another
+  // recoverable device error): later steps may succeed. After a sticky
+  // error (e.g. an illegal address: the device context is lost),
+  // device_lost() is true and every later Forward fails too.
+  virtual absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                               std::vector<sampling::SamplingView>* views) = 0;
+
+  // True once a sticky device error has happened: the backend can never
+  // compute again, and the process must exit so that it is restarted
+  // (DESIGN.md, GPU workers: errors).
+  virtual bool device_lost() const { return false; }
 };
 
 }  // namespace tandem::backend

@@ -1,5 +1,8 @@
 #include "engine/core/engine_core.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -744,7 +747,13 @@ void EngineCore::Execute(const scheduler::StepPlan& plan) {
     ExportRows(r, plan.chunks[entry].id, layer,
                std::max(start, r.req.kv_export->first_token_to_send()), start + count);
   };
-  backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
+  const absl::Status forward = backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
+  // The CPU backend never fails; failing a device step's requests is
+  // issue #15's error path (being built).
+  if (!forward.ok()) {
+    std::fprintf(stderr, "backend Forward failed: %s\n", forward.ToString().c_str());
+    std::abort();
+  }
 }
 
 std::vector<SampleStart> EngineCore::DrawFirstTokens(Request& r,
