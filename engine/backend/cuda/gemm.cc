@@ -158,14 +158,6 @@ absl::Status GemmRunner::Impl::Init() {
         "cublasLtMatmulPreferenceSetAttribute (MIN_ALIGNMENT)");
   }
   if (!s.ok()) return s;
-  if (batch_invariant) {
-    // Only algorithms whose dot products run in one sequence.
-    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    s = CublasStatus(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)),
-                     "cublasLtMatmulPreferenceSetAttribute (REDUCTION_SCHEME_MASK)");
-    if (!s.ok()) return s;
-  }
   absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(kWorkspaceBytes,
                                                               "the cuBLASLt workspace");
   if (!buffer.ok()) return buffer.status();
@@ -192,8 +184,8 @@ absl::StatusOr<CallPlan*> GemmRunner::Impl::Plan(int32_t m, int32_t n, int32_t k
       plan->algo = result.algo;
     } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
       calls.erase({m, n, k});
-      return CublasStatus(status,
-                          absl::StrCat("cublasLtMatmulAlgoGetHeuristic (", ShapeName(m, n, k), ")"));
+      return CublasStatus(status, absl::StrCat("cublasLtMatmulAlgoGetHeuristic (",
+                                               ShapeName(m, n, k), ")"));
     }
   }
   slot = std::move(plan);

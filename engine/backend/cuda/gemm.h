@@ -6,11 +6,13 @@
 // Numerics. Default mode: cuBLASLt's heuristic picks per (m, n, k) (asked
 // once per call shape, cached); TF32 never (CUBLAS_COMPUTE_32F; F32
 // weights are the accuracy mode); a call shape the heuristic has no
-// algorithm for runs the fixed-tile GEMM. Batch-
-// invariant mode (engine.batch_invariant): per weight shape (n, k), one
-// cuBLASLt algorithm is chosen once at start with split-K 1
-// (CUBLASLT_ALGO_CONFIG_SPLITK_NUM) and checked with
-// cublasLtMatmulAlgoCheck for every m up to max_m; then CheckInvariance
+// algorithm for runs the fixed-tile GEMM. Batch-invariant mode
+// (engine.batch_invariant): per weight shape (n, k), one cuBLASLt
+// algorithm is chosen once at start (the heuristic's first candidate at m
+// = max_m that, with split-K 1 (CUBLASLT_ALGO_CONFIG_SPLITK_NUM) and no
+// reduction scheme, passes cublasLtMatmulAlgoCheck at every m of
+// kInvarianceMs up to max_m and at max_m; none: the fixed-tile GEMM from
+// the start); then CheckInvariance
 // runs each shape at m in kInvarianceMs and compares row 0's bits; a
 // shape whose row differs falls back to LaunchFixedTileGemm
 // (cuda_kernels.h), which is invariant by construction.
@@ -76,11 +78,12 @@ class GemmRunner {
 
   // Launches out = a . w^T (+ out when accumulate) on `stream`; records
   // no event, never synchronizes (capturable in a CUDA graph; a call
-  // shape's first use asks cuBLASLt's heuristic, host-only). (n, k) must be one of the shapes given to
-  // Create; 1 <= m <= max_m; a, w and out 16-byte aligned (the algorithms
-  // are chosen for that alignment; cudaMalloc gives 256). Errors:
-  // INVALID_ARGUMENT naming the violated condition, INTERNAL (or
-  // RESOURCE_EXHAUSTED) from cuBLASLt or the launch.
+  // shape's first use asks cuBLASLt's heuristic, host-only). (n, k) must
+  // be one of the shapes given to Create; 1 <= m <= max_m; a, w and out
+  // 16-byte aligned (the algorithms are chosen for that alignment;
+  // cudaMalloc gives 256). Errors: INVALID_ARGUMENT naming the violated
+  // condition, INTERNAL (or RESOURCE_EXHAUSTED) from cuBLASLt or the
+  // launch.
   absl::Status Run(const void* a, const void* w, int32_t m, int32_t n, int32_t k, float* out,
                    bool accumulate, cudaStream_t stream);
 
