@@ -168,6 +168,26 @@ std::vector<float> TokenValues(int32_t token_start, int32_t count, int32_t kv_di
   return v;
 }
 
+TEST(DeviceBufferTest, AllocatesMovesAndNamesAnAllocationThatDoesNotFit) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<DeviceBuffer> empty = DeviceBuffer::Allocate(0, "nothing");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->get(), nullptr);
+  EXPECT_EQ(empty->bytes(), 0u);
+  absl::StatusOr<DeviceBuffer> one = DeviceBuffer::Allocate(1000, "a test buffer");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_NE(one->get(), nullptr);
+  DeviceBuffer moved = *std::move(one);
+  EXPECT_EQ(moved.bytes(), 1000u);
+  EXPECT_EQ(one->get(), nullptr);
+  // 1 PiB fits no device: RESOURCE_EXHAUSTED naming the buffer, and the
+  // error does not linger for the next launcher's cudaGetLastError.
+  absl::StatusOr<DeviceBuffer> huge = DeviceBuffer::Allocate(size_t{1} << 50, "a huge buffer");
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge.status().message(), HasSubstr("a huge buffer"));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 kv::KvShape SmallShape() {
   kv::KvShape shape;
   shape.n_layers = 3;
