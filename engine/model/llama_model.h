@@ -150,6 +150,12 @@ class LlamaModel {
   void Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage& kv,
                std::vector<float>* logits, const LayerHook* hook = nullptr) const;
 
+  // The host weights (llama_weights.h), for a device backend that uploads
+  // them once at start-up (backend/cuda/device_weights.h) and for its
+  // tests; valid while the model (and its GGUF file) lives. Nothing else
+  // reads them: the CPU forward is Forward.
+  const internal::ModelWeights& weights_for_device_upload() const { return *w_; }
+
   // Tests only: the least work for which Forward splits a kernel across
   // threads (default internal::kMinParallelWork; 0 splits every kernel).
   // Changes speed, never bits. Not to be called while Forward runs.

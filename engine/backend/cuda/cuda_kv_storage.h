@@ -30,7 +30,11 @@ class CudaKvStorage final : public kv::KvStorage {
  public:
   // Allocates num_blocks blocks of `shape` in `dtype` (zeroed), plus one
   // scratch block the CUDA graphs' padding rows write to (block index
-  // num_blocks, never handed out). Errors: RESOURCE_EXHAUSTED / INTERNAL.
+  // num_blocks, never handed out), a non-blocking copy stream and a pinned
+  // staging buffer (4 MiB for K and as much for V, or one token's row if
+  // larger; a longer range is copied in chunks of what fits). Errors:
+  // INVALID_ARGUMENT for a shape with a non-positive field or num_blocks <
+  // 1, RESOURCE_EXHAUSTED (naming the bytes) / INTERNAL from CUDA.
   static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(const kv::KvShape& shape,
                                                                kv::KvDtype dtype,
                                                                int32_t num_blocks);
@@ -38,7 +42,9 @@ class CudaKvStorage final : public kv::KvStorage {
 
   const kv::KvShape& shape() const override { return shape_; }
   kv::KvDtype dtype() const override { return paged_.dtype; }
-  int32_t num_blocks() const override { return paged_.num_blocks; }
+  // The blocks the KvCacheManager may hand out (the scratch block not
+  // counted).
+  int32_t num_blocks() const override { return paged_.num_blocks - 1; }
   // A CUDA error here is fatal (the interface has no error path): the
   // message goes to stderr and the process aborts.
   void ReadTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
@@ -46,14 +52,18 @@ class CudaKvStorage final : public kv::KvStorage {
   void WriteTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
                    int32_t count, const char* k, const char* v) override;
 
-  // The pools for the kernels.
+  // The pools for the kernels. paged().num_blocks is the pools' blocks per
+  // layer (their layer stride), the scratch block included: num_blocks() + 1.
   const PagedKv& paged() const { return paged_; }
   // The block index of the scratch block (== num_blocks()).
-  int32_t scratch_block() const { return paged_.num_blocks; }
-  // Bytes of one block, all layers, K and V.
+  int32_t scratch_block() const { return paged_.num_blocks - 1; }
+  // Bytes of one block, all layers, K and V: 2 * n_layers * block_size *
+  // kv_dim * element bytes.
   static uint64_t BlockBytes(const kv::KvShape& shape, kv::KvDtype dtype);
-  // Set by the backend: ReadTokens of `layer` waits for `event` (may be
-  // null: no wait).
+  // Set by the backend: ReadTokens of `layer` makes the copy stream wait
+  // for `event` (cudaStreamWaitEvent: its latest record when ReadTokens
+  // runs) before it copies; null: no wait. layer in [0, n_layers) (a caller
+  // bug otherwise: aborts). Thread-safe (under the copy mutex).
   void SetLayerEvent(int32_t layer, cudaEvent_t event);
 
  private:

@@ -3,12 +3,16 @@
 // (DESIGN.md, GPU workers; cuBLASLt: row-major out^T = w . a^T in cuBLAS's
 // column-major terms, i.e. transa = T on w, transb = N on a).
 //
-// Numerics. Default mode: cuBLASLt's heuristic picks per (m, n, k); TF32
-// never (CUBLAS_COMPUTE_32F; F32 weights are the accuracy mode). Batch-
-// invariant mode (engine.batch_invariant): per weight shape (n, k), one
-// cuBLASLt algorithm is chosen once at start with split-K 1
-// (CUBLASLT_ALGO_CONFIG_SPLITK_NUM) and checked with
-// cublasLtMatmulAlgoCheck for every m up to max_m; then CheckInvariance
+// Numerics. Default mode: cuBLASLt's heuristic picks per (m, n, k) (asked
+// once per call shape, cached); TF32 never (CUBLAS_COMPUTE_32F; F32
+// weights are the accuracy mode); a call shape the heuristic has no
+// algorithm for runs the fixed-tile GEMM. Batch-invariant mode
+// (engine.batch_invariant): per weight shape (n, k), one cuBLASLt
+// algorithm is chosen once at start (the heuristic's first candidate at m
+// = max_m that, with split-K 1 (CUBLASLT_ALGO_CONFIG_SPLITK_NUM) and no
+// reduction scheme, passes cublasLtMatmulAlgoCheck at every m of
+// kInvarianceMs up to max_m and at max_m; none: the fixed-tile GEMM from
+// the start); then CheckInvariance
 // runs each shape at m in kInvarianceMs and compares row 0's bits; a
 // shape whose row differs falls back to LaunchFixedTileGemm
 // (cuda_kernels.h), which is invariant by construction.
@@ -42,7 +46,11 @@ struct GemmShapeReport {
   int32_t n = 0, k = 0;
   std::string engine;  // "cublaslt" or "fixed-tile"
   // invariant[i]: row 0 at m = kInvarianceMs[i] has the bits of m = 1
-  // (cuBLASLt's own, before any fallback).
+  // (cuBLASLt's own, before any fallback); one entry per kInvarianceMs[i]
+  // <= max_m. Empty before CheckInvariance, and for a shape that had no
+  // cuBLASLt algorithm to check (batch-invariant mode: none passed
+  // cublasLtMatmulAlgoCheck with split-K 1; it is "fixed-tile" from the
+  // start).
   std::vector<bool> invariant;
 };
 
@@ -59,14 +67,23 @@ class GemmRunner {
 
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // 32 MiB
 
-  // Batch-invariant mode: runs every shape at kInvarianceMs (m <= max_m)
-  // on scratch inputs and fills reports(); shapes that vary switch to the
-  // fixed-tile GEMM. Start-up only (synchronizes the stream).
+  // Runs every shape at kInvarianceMs (m <= max_m) on pseudo-random
+  // inputs in device scratch (allocated and freed here) and fills
+  // reports(). Batch-invariant mode: shapes that vary switch to the
+  // fixed-tile GEMM. Default mode: only reports what the heuristic's
+  // per-m choices do (for the device report); nothing switches. Start-up
+  // only (synchronizes the stream given to Create; frees memory).
   absl::Status CheckInvariance();
   const std::vector<GemmShapeReport>& reports() const;
 
-  // Launches out = a . w^T (+ out when accumulate) on `stream`. (n, k)
-  // must be one of the shapes given to Create; 1 <= m <= max_m.
+  // Launches out = a . w^T (+ out when accumulate) on `stream`; records
+  // no event, never synchronizes (capturable in a CUDA graph; a call
+  // shape's first use asks cuBLASLt's heuristic, host-only). (n, k) must
+  // be one of the shapes given to Create; 1 <= m <= max_m; a, w and out
+  // 16-byte aligned (the algorithms are chosen for that alignment;
+  // cudaMalloc gives 256). Errors: INVALID_ARGUMENT naming the violated
+  // condition, INTERNAL (or RESOURCE_EXHAUSTED) from cuBLASLt or the
+  // launch.
   absl::Status Run(const void* a, const void* w, int32_t m, int32_t n, int32_t k, float* out,
                    bool accumulate, cudaStream_t stream);
 
