@@ -585,6 +585,9 @@ bool CudaBackend::Impl::BuildDeviceView(const RowPlan& p, const sampling::Sampli
   }
   view->complete = k == vocab;
   view->raw_max = s.max;
+  // LaunchRowStats sums the exps in a fixed tree order, not in index order
+  // as BuildSamplingView does: raw_log_sum (hence every logprob) is exact
+  // within this bit-exact class, a few ulps from the CPU's.
   view->raw_log_sum = s.log_sum;
   view->normaliser = 0.0;
   view->raw_top.clear();
@@ -804,7 +807,13 @@ absl::Status CudaBackend::Impl::WarmUp(uint64_t* growth_bytes) {
   size_t free_before = 0, free_after = 0, total = 0;
   TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo"));
   std::vector<sampling::SamplingView> views;
-  TANDEM_CUDA_RETURN_IF_ERROR(Step(batch, nullptr, &views, **temp));
+  // No graph: one would hold the temporary pool's addresses (a warm-up of
+  // one token is a decode step).
+  const bool graphs_on = use_graphs;
+  use_graphs = false;
+  absl::Status stepped = Step(batch, nullptr, &views, **temp);
+  use_graphs = graphs_on;
+  TANDEM_CUDA_RETURN_IF_ERROR(stepped);
   TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream), "warm-up forward"));
   TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo"));
   *growth_bytes = free_before > free_after ? free_before - free_after : 0;

@@ -9,6 +9,15 @@
 // Owns: device memory (weights, KV pool, activations, workspaces), its
 // streams, events and graphs. Does not touch: which blocks are free
 // (KvCacheManager), scheduling, the random draw.
+// Sampling: each sampled row is reduced on the device to its RowStats
+// (argmax, max, log-sum-exp) and its first K ids (LaunchRowTopK), and the
+// host builds the sampling::SamplingView from those alone when the row's
+// processors are the identity or a temperature only (greedy; top_k; min_p
+// widening up to kMaxDeviceTopK candidates; raw_top from the same ids).
+// Every other row is copied whole and built by sampling::BuildSamplingView
+// (host_sampling_fallbacks() counts them). raw_log_sum is the device's
+// tree-ordered sum, not the CPU's index-ordered one: logprobs agree with
+// the CPU's to a few ulps, bit for bit within this bit-exact class.
 // Threads: the engine loop calls Forward; not thread-safe. No
 // device-synchronizing call (cudaFree, cudaDeviceSynchronize, synchronous
 // copies) during serving: Forward waits on its own stream's event only.
