@@ -530,7 +530,15 @@ void CudaBackend::Impl::PlanRows(std::span<const ForwardEntry> batch) {
       // processors over the whole row (sampling::BuildSamplingView).
       p.mode = RowMode::kHost;
     }
-    p.fetch = p.mode == RowMode::kHost ? 0 : std::max(p.mode == RowMode::kGreedy ? 0 : p.k, p.top_n);
+    if (p.mode == RowMode::kHost) {
+      p.fetch = 0;
+    } else if (p.mode == RowMode::kGreedy) {
+      p.fetch = p.top_n;
+    } else {
+      // A temperature's ties at the k-th candidate are told apart only by
+      // ids past it: fetch twice as many (BuildDeviceView checks).
+      p.fetch = std::max(p.identity ? p.k : std::min(2 * p.k, kMaxDeviceTopK), p.top_n);
+    }
     row_plans.push_back(p);
     sampled_entries.push_back(static_cast<int32_t>(e));
   }
@@ -929,8 +937,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
   // Anything this process holds beyond the parts above (cuBLAS handles,
   // allocation rounding), plus the KV pool's scratch block.
   const uint64_t used = free_start > free_now ? free_start - free_now : 0;
-  const uint64_t accounted = in.weight_bytes + s.arena_bytes + in.workspace_bytes;
-  in.other_bytes = (used > accounted ? used - accounted : 0) + growth + in.block_bytes;
+  const uint64_t accounted = in.weight_bytes + in.activation_peak_bytes + in.workspace_bytes;
+  in.other_bytes = (used > accounted ? used - accounted : 0) + in.block_bytes;
   in.max_blocks = options.num_kv_blocks_set ? options.num_kv_blocks : 0;
   absl::StatusOr<GpuMemoryPlan> plan = PlanGpuMemory(in);
   if (!plan.ok()) return plan.status();
