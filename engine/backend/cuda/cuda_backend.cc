@@ -21,6 +21,7 @@
 #include "engine/backend/cuda/cuda_kv_storage.h"
 #include "engine/backend/cuda/cuda_status.h"
 #include "engine/backend/cuda/device_buffer.h"
+#include "engine/backend/cuda/device_sampling.h"
 #include "engine/backend/cuda/device_weights.h"
 #include "engine/backend/cuda/gemm.h"
 #include "engine/sampling/logits_processor.h"
@@ -92,48 +93,13 @@ MetaLayout Layout(int32_t n_tokens, int32_t n_rows, int32_t n_seqs, int32_t max_
   return m;
 }
 
-// The CUDA-graph bucket of a decode step of n sequences: 1, 2, 4, 8, 16,
-// 32, then multiples of 32, capped at `cap` (min(max_num_seqs,
-// max_num_batched_tokens)).
-int32_t GraphBucket(int32_t n, int32_t cap) {
-  int32_t b = 1;
-  while (b < n && b < 32) b *= 2;
-  if (n > 32) b = (n + 31) / 32 * 32;
-  return std::min(b, cap);
-}
-
 // Profiling categories (ForwardProfile). A CUDA graph holds no event
 // marks: its replay counts in total_ms only.
 enum Category : int { kGemm, kAttention, kOther, kGraph, kEnd };
 
-// True when ApplyLogitsProcessors does nothing but divide by the
-// temperature (no mask, bias or penalty in effect).
-bool TemperatureOnly(const sampling::SamplingOptions& options,
-                     const sampling::TokenHistory& history) {
-  if (!options.logit_bias.empty()) return false;
-  sampling::SamplingOptions probe = options;
-  probe.temperature = 1.0f;
-  return sampling::LogitsProcessorsAreIdentity(probe, history);
-}
-
-// The candidate order's key (sampling_view.h): NaN ranks as -inf.
-inline float Key(float logit) {
-  return std::isnan(logit) ? -std::numeric_limits<float>::infinity() : logit;
-}
-
 }  // namespace
 
 struct CudaBackend::Impl {
-  // How one sampled row is reduced (see Sample).
-  enum class RowMode { kGreedy, kDevice, kHost };
-  struct RowPlan {
-    RowMode mode = RowMode::kHost;
-    bool identity = false;  // processed == raw
-    int32_t k = 1;          // the view's initial K
-    int32_t top_n = 0;      // raw_top entries
-    int32_t fetch = 0;      // device top-K entries this row needs at least
-  };
-
   const model::LlamaModel* model = nullptr;
   model::LlamaConfig config;
   BackendOptions options;
@@ -173,7 +139,7 @@ struct CudaBackend::Impl {
   int32_t last_rows = 0;
 
   // Per step, reused.
-  std::vector<RowPlan> row_plans;
+  std::vector<DeviceRowPlan> row_plans;
   std::vector<int32_t> sampled_entries;  // batch index of each sampled row
   std::vector<int32_t> retry;            // rows whose first fetch was too short
   std::vector<float> scratch;
@@ -290,9 +256,6 @@ struct CudaBackend::Impl {
   absl::Status Step(std::span<const ForwardEntry> batch, const LayerHook* hook,
                     std::vector<sampling::SamplingView>* views, CudaKvStorage& storage);
   void PlanRows(std::span<const ForwardEntry> batch);
-  bool BuildDeviceView(const RowPlan& p, const sampling::SamplingOptions& o, const RowStats& s,
-                       const int32_t* ids, const float* values, int32_t fetched,
-                       sampling::SamplingView* view) const;
   // The sampling reduction of the step's sampled rows (row_plans): row
   // statistics and the first fetch_k ids of each row on the device, the
   // rows sampled on the host copied whole; FinishViews builds the views
@@ -494,117 +457,13 @@ absl::Status CudaBackend::Impl::RunGraph(int32_t bucket, const MetaLayout& m,
 }
 
 void CudaBackend::Impl::PlanRows(std::span<const ForwardEntry> batch) {
-  const int32_t vocab = config.vocab_size;
   row_plans.clear();
   sampled_entries.clear();
   for (size_t e = 0; e < batch.size(); ++e) {
     if (batch[e].sampling == nullptr) continue;
-    const sampling::SamplingOptions& o = *batch[e].sampling;
-    RowPlan p;
-    p.top_n = static_cast<int32_t>(std::min<int64_t>(
-        std::clamp<int64_t>(o.top_logprobs, 0, sampling::kMaxTopLogprobs), vocab));
-    p.identity = sampling::LogitsProcessorsAreIdentity(o, batch[e].history);
-    if (o.temperature == 0.0f) {
-      // Greedy: candidates[0] is the argmax of RowStats; raw_top needs the
-      // first top_n of the raw order.
-      p.mode = p.identity ? RowMode::kGreedy : RowMode::kHost;
-      p.k = 1;
-    } else if (p.identity || TemperatureOnly(o, batch[e].history)) {
-      // Temperature is a weakly monotone float map (x / T, correctly
-      // rounded), so the processed order is the raw order up to ties it
-      // creates; BuildDeviceView checks the fetched prefix covers them.
-      if (o.top_k > 0) {
-        p.k = std::min(vocab, std::max(o.top_k, static_cast<int32_t>(sampling::kMinViewCandidates)));
-        p.mode = p.k <= kMaxDeviceTopK ? RowMode::kDevice : RowMode::kHost;
-      } else if (o.min_p > 0.0f) {
-        p.k = std::min(vocab, static_cast<int32_t>(sampling::kMinViewCandidates));
-        p.mode = RowMode::kDevice;
-      } else {
-        // top_k off and min_p off: the view's normaliser sums the whole
-        // vocabulary in index order (and top_p == 1 needs every id), which
-        // no K-value reduction can give: sampled on the host.
-        p.mode = RowMode::kHost;
-      }
-    } else {
-      // Penalties, logit bias or the min_tokens mask: the host runs the
-      // processors over the whole row (sampling::BuildSamplingView).
-      p.mode = RowMode::kHost;
-    }
-    if (p.mode == RowMode::kHost) {
-      p.fetch = 0;
-    } else if (p.mode == RowMode::kGreedy) {
-      p.fetch = p.top_n;
-    } else {
-      // A temperature's ties at the k-th candidate are told apart only by
-      // ids past it: fetch twice as many (BuildDeviceView checks).
-      p.fetch = std::max(p.identity ? p.k : std::min(2 * p.k, kMaxDeviceTopK), p.top_n);
-    }
-    row_plans.push_back(p);
+    row_plans.push_back(PlanDeviceRow(*batch[e].sampling, batch[e].history, config.vocab_size));
     sampled_entries.push_back(static_cast<int32_t>(e));
   }
-}
-
-bool CudaBackend::Impl::BuildDeviceView(const RowPlan& p, const sampling::SamplingOptions& o,
-                                        const RowStats& s, const int32_t* ids,
-                                        const float* values, int32_t fetched,
-                                        sampling::SamplingView* view) const {
-  const int32_t vocab = config.vocab_size;
-  if (p.top_n > fetched) return false;
-  std::vector<sampling::Candidate>& cand = view->candidates;
-  cand.clear();
-  int32_t k = 1;
-  if (p.mode == RowMode::kGreedy) {
-    cand.push_back({s.argmax, s.max, s.max});
-  } else {
-    if (p.k > fetched) return false;
-    const float temperature = o.temperature;
-    for (int32_t j = 0; j < fetched; ++j) {
-      const float raw = values[j];
-      cand.push_back({ids[j], p.identity ? raw : raw / temperature, raw});
-    }
-    if (!p.identity) {
-      // The fetched ids in the processed candidate order (ids are unique,
-      // so the order is strict).
-      std::sort(cand.begin(), cand.end(), [](const sampling::Candidate& a,
-                                             const sampling::Candidate& b) {
-        const float ka = Key(a.logit), kb = Key(b.logit);
-        return ka > kb || (ka == kb && a.id < b.id);
-      });
-    }
-    k = p.k;
-    if (o.top_k <= 0 && o.min_p > 0.0f) {
-      // BuildSamplingView's min_p widening, on the same values.
-      const double l0 = cand[0].logit;
-      const double min_p = o.min_p;
-      while (k < vocab && std::exp(static_cast<double>(cand[static_cast<size_t>(k - 1)].logit) -
-                                   l0) >= min_p) {
-        k = std::min(4 * k, vocab);
-        if (k > fetched) return false;
-      }
-    }
-    if (!p.identity && fetched < vocab) {
-      // Every id not fetched has a raw logit <= the last fetched one, so a
-      // processed key <= last_key: the first k are exact only when the
-      // k-th is strictly before that (a tie could put a lower id first).
-      const float last_key = Key(values[fetched - 1] / temperature);
-      if (!(Key(cand[static_cast<size_t>(k - 1)].logit) > last_key)) return false;
-    }
-    cand.resize(static_cast<size_t>(k));
-  }
-  view->complete = k == vocab;
-  view->raw_max = s.max;
-  // LaunchRowStats sums the exps in a fixed tree order, not in index order
-  // as BuildSamplingView does: raw_log_sum (hence every logprob) is exact
-  // within this bit-exact class, a few ulps from the CPU's.
-  view->raw_log_sum = s.log_sum;
-  view->normaliser = 0.0;
-  view->raw_top.clear();
-  for (int32_t j = 0; j < p.top_n; ++j) {
-    view->raw_top.push_back(
-        {ids[j], static_cast<float>(static_cast<double>(values[j]) - view->raw_max -
-                                    view->raw_log_sum)});
-  }
-  return true;
 }
 
 absl::Status CudaBackend::Impl::EnqueueTopK(int32_t k) {
@@ -646,7 +505,7 @@ absl::Status CudaBackend::Impl::EnqueueReduction(int32_t fetch_k) {
       "copy of row statistics"));
   if (fetch_k > 0) TANDEM_CUDA_RETURN_IF_ERROR(EnqueueTopK(fetch_k));
   for (int32_t r = 0; r < n_rows; ++r) {
-    if (row_plans[static_cast<size_t>(r)].mode == RowMode::kHost) {
+    if (row_plans[static_cast<size_t>(r)].mode == DeviceRowMode::kHost) {
       TANDEM_CUDA_RETURN_IF_ERROR(EnqueueRowCopy(r));
     }
   }
@@ -655,12 +514,13 @@ absl::Status CudaBackend::Impl::EnqueueReduction(int32_t fetch_k) {
 
 bool CudaBackend::Impl::BuildRow(std::span<const ForwardEntry> batch, int32_t r,
                                  int32_t fetched, sampling::SamplingView* view) const {
-  const RowPlan& p = row_plans[static_cast<size_t>(r)];
   const ForwardEntry& e = batch[static_cast<size_t>(sampled_entries[static_cast<size_t>(r)])];
   const size_t off = static_cast<size_t>(r) * static_cast<size_t>(fetched);
-  return BuildDeviceView(p, *e.sampling, host_stats.as<RowStats>()[r],
-                         fetched > 0 ? host_ids.as<int32_t>() + off : nullptr,
-                         fetched > 0 ? host_values.as<float>() + off : nullptr, fetched, view);
+  return BuildViewFromTopK(row_plans[static_cast<size_t>(r)], *e.sampling,
+                           host_stats.as<RowStats>()[r],
+                           fetched > 0 ? host_ids.as<int32_t>() + off : nullptr,
+                           fetched > 0 ? host_values.as<float>() + off : nullptr, fetched,
+                           config.vocab_size, view);
 }
 
 void CudaBackend::Impl::BuildRowOnHost(std::span<const ForwardEntry> batch, int32_t r,
@@ -681,7 +541,7 @@ absl::Status CudaBackend::Impl::FinishViews(std::span<const ForwardEntry> batch,
   retry.clear();
   for (int32_t r = 0; r < n_rows; ++r) {
     sampling::SamplingView* view = &(*views)[static_cast<size_t>(r)];
-    if (row_plans[static_cast<size_t>(r)].mode == RowMode::kHost) {
+    if (row_plans[static_cast<size_t>(r)].mode == DeviceRowMode::kHost) {
       BuildRowOnHost(batch, r, view);
     } else if (!BuildRow(batch, r, fetch_k, view)) {
       retry.push_back(r);
@@ -740,7 +600,7 @@ absl::Status CudaBackend::Impl::Step(std::span<const ForwardEntry> batch, const 
   }
   PlanRows(batch);
   int32_t fetch_k = 0;
-  for (const RowPlan& p : row_plans) fetch_k = std::max(fetch_k, p.fetch);
+  for (const DeviceRowPlan& p : row_plans) fetch_k = std::max(fetch_k, p.fetch);
   fetch_k = std::min(fetch_k, config.vocab_size);
 
   n_marks = 0;
