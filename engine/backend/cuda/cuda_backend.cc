@@ -767,7 +767,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
     }
   }
 
-  TANDEM_CUDA_RETURN_IF_ERROR(s.AllocateArena());
+  if (absl::Status arena = s.AllocateArena(); !arena.ok()) {
+    return absl::Status(arena.code(),
+                        absl::StrCat("the activations for engine.max_num_batched_tokens ",
+                                     s.max_tokens, " and engine.max_num_seqs ",
+                                     options.max_num_seqs, " do not fit: ", arena.message()));
+  }
   s.layer_events.assign(static_cast<size_t>(c.n_layers), nullptr);
   for (cudaEvent_t& e : s.layer_events) {
     TANDEM_CUDA_RETURN_IF_ERROR(
