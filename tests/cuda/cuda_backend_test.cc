@@ -149,6 +149,16 @@ TEST_F(CudaBackendTest, GreedyIdsEqualF32KvGoldens) {
       ASSERT_LT(id, s.logits[0].size());
       EXPECT_NEAR(s.logits[0][id], top["logit"].get<double>(), 1e-2) << "token " << id;
     }
+    // Every step of the strict prefix has llama.cpp's top-5 logits too.
+    for (size_t step = 0; step < strict && step < c["steps"].size(); ++step) {
+      if (!c["steps"][step].contains("top5_f32kv")) continue;
+      for (const nlohmann::json& pair : c["steps"][step]["top5_f32kv"]) {
+        const size_t id = pair[0].get<size_t>();
+        ASSERT_LT(id, s.logits[step].size());
+        EXPECT_NEAR(s.logits[step][id], pair[1].get<double>(), 1e-2)
+            << "step " << step << " token " << id;
+      }
+    }
     pool_->Free(s.table);
   }
 }
