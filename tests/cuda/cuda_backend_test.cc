@@ -282,6 +282,54 @@ TEST_F(CudaBackendTest, DeviceViewsEqualHostViews) {
   }
 }
 
+// The per-layer hook runs once per (layer, entry) in that order, and a
+// ReadTokens inside it sees exactly what the layer wrote (it waits for the
+// layer's event): the same bytes as a read after the step.
+TEST_F(CudaBackendTest, HookReadsEachLayerAsWritten) {
+  const auto p0 = goldens_["cases"][1]["prompt_token_ids_with_bos"].get<std::vector<int32_t>>();
+  const auto p1 = goldens_["cases"][3]["prompt_token_ids_with_bos"].get<std::vector<int32_t>>();
+  Seq a, b;
+  NewSeq(&a, p0, 1);
+  NewSeq(&b, p1, 1);
+  std::vector<ForwardEntry> batch(2);
+  batch[0].tokens = p0;
+  batch[0].block_table = &a.table;
+  batch[1].tokens = p1;
+  batch[1].block_table = &b.table;
+  batch[1].sampling = &greedy_;
+  kv::KvStorage& storage = backend_->kv_storage();
+  const int32_t layers = backend_->config().n_layers;
+  const size_t row = storage.row_bytes();
+  std::vector<std::vector<char>> during(2 * static_cast<size_t>(layers));
+  std::vector<std::string> calls;
+  LayerHook hook = [&](size_t entry, int32_t layer, int32_t start, int32_t count) {
+    calls.push_back(std::to_string(layer) + ":" + std::to_string(entry) + ":" +
+                    std::to_string(start) + ":" + std::to_string(count));
+    std::vector<char>& out = during[static_cast<size_t>(layer) * 2 + entry];
+    out.resize(2 * static_cast<size_t>(count) * row);
+    storage.ReadTokens(*batch[entry].block_table, layer, start, count, out.data(),
+                       out.data() + static_cast<size_t>(count) * row);
+  };
+  std::vector<sampling::SamplingView> views;
+  ASSERT_TRUE(backend_->Forward(batch, &hook, &views).ok());
+  ASSERT_EQ(views.size(), 1u);
+  std::vector<std::string> expected;
+  for (int32_t l = 0; l < layers; ++l) {
+    expected.push_back(std::to_string(l) + ":0:0:" + std::to_string(p0.size()));
+    expected.push_back(std::to_string(l) + ":1:0:" + std::to_string(p1.size()));
+  }
+  EXPECT_EQ(calls, expected);
+  for (int32_t l = 0; l < layers; ++l) {
+    for (size_t e = 0; e < 2; ++e) {
+      const size_t count = batch[e].tokens.size();
+      std::vector<char> after(2 * count * row);
+      storage.ReadTokens(*batch[e].block_table, l, 0, static_cast<int32_t>(count), after.data(),
+                         after.data() + count * row);
+      EXPECT_EQ(during[static_cast<size_t>(l) * 2 + e], after) << "layer " << l << " entry " << e;
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ReportsItsClassAndPlan) {
   const std::string cls = backend_->bit_exact_class();
   EXPECT_EQ(cls.rfind("tandem-cuda/sm_", 0), 0u) << cls;
