@@ -171,7 +171,8 @@ TEST_F(CudaBackendTest, BatchOfThreeEqualsEachAlone) {
   constexpr int kSteps = 4;
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < 3; ++i) {
-    prompts.push_back(goldens_["cases"][i]["prompt_token_ids_with_bos"].get<std::vector<int32_t>>());
+    prompts.push_back(
+        goldens_["cases"][i]["prompt_token_ids_with_bos"].get<std::vector<int32_t>>());
   }
   std::vector<Seq> alone(3), together(3);
   for (size_t i = 0; i < 3; ++i) {
@@ -241,7 +242,8 @@ TEST_F(CudaBackendTest, DeviceViewsEqualHostViews) {
   std::vector<std::vector<int32_t>> tables;
   std::vector<ForwardEntry> batch(options.size());
   for (size_t i = 0; i < options.size(); ++i) {
-    auto table = pool_->Allocate(kv::BlocksForTokens(static_cast<int32_t>(prompt.size()), kBlockSize));
+    auto table =
+        pool_->Allocate(kv::BlocksForTokens(static_cast<int32_t>(prompt.size()), kBlockSize));
     ASSERT_TRUE(table.has_value());
     tables.push_back(*table);
   }

@@ -11,8 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <utility>
 
@@ -24,15 +22,15 @@
 #include "engine/backend/cuda/device_sampling.h"
 #include "engine/backend/cuda/device_weights.h"
 #include "engine/backend/cuda/gemm.h"
-#include "engine/sampling/logits_processor.h"
 
 namespace tandem::backend::cuda {
 namespace {
 
-#define TANDEM_CUDA_RETURN_IF_ERROR(expr)   \
-  do {                                      \
-    absl::Status tandem_status_ = (expr);   \
-    if (!tandem_status_.ok()) return tandem_status_; \
+// Returns the status of `expr` when it is not OK.
+#define TANDEM_CUDA_RETURN_IF_ERROR(expr)              \
+  do {                                                 \
+    absl::Status tandem_status_ = (expr);              \
+    if (!tandem_status_.ok()) return tandem_status_;   \
   } while (0)
 
 // Caller bugs (model_backend.h's preconditions) abort, as on the CPU: a bad
@@ -382,8 +380,8 @@ absl::Status CudaBackend::Impl::EnqueueForward(const MetaLayout& m, const BatchM
     TANDEM_CUDA_RETURN_IF_ERROR(
         Launch(LaunchKvWrite(qkvf, q_dim, b, paged, l, stream), "KV write"));
     if (record_layer_events) {
-      TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaEventRecord(layer_events[static_cast<size_t>(l)], stream),
-                                        "cudaEventRecord (layer)"));
+      TANDEM_CUDA_RETURN_IF_ERROR(Check(
+          cudaEventRecord(layer_events[static_cast<size_t>(l)], stream), "cudaEventRecord (layer)"));
     }
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kAttention));
     TANDEM_CUDA_RETURN_IF_ERROR(Launch(
@@ -617,8 +615,8 @@ absl::Status CudaBackend::Impl::Step(std::span<const ForwardEntry> batch, const 
     if (graph) {
       TANDEM_CUDA_RETURN_IF_ERROR(RunGraph(bucket, m, storage));
     } else {
-      TANDEM_CUDA_RETURN_IF_ERROR(EnqueueForward(m, MetaFor(m, n_tokens, static_cast<int32_t>(batch.size())),
-                                                 n_rows, storage, max_context, true));
+      const BatchMeta b = MetaFor(m, n_tokens, static_cast<int32_t>(batch.size()));
+      TANDEM_CUDA_RETURN_IF_ERROR(EnqueueForward(m, b, n_rows, storage, max_context, true));
     }
   }
   last_rows = n_rows;
@@ -665,7 +663,9 @@ absl::Status CudaBackend::Impl::WarmUp(uint64_t* growth_bytes) {
   widest.top_logprobs = sampling::kMaxTopLogprobs;
   int32_t next_block = 0;
   for (size_t i = 0; i < lengths.size(); ++i) {
-    for (int32_t b = 0; b < kv::BlocksForTokens(lengths[i], bs); ++b) tables[i].push_back(next_block++);
+    for (int32_t b = 0; b < kv::BlocksForTokens(lengths[i], bs); ++b) {
+      tables[i].push_back(next_block++);
+    }
     tokens[i].assign(static_cast<size_t>(lengths[i]), 0);
     batch[i].tokens = tokens[i];
     batch[i].start_pos = 0;
@@ -716,7 +716,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
 
   if (cudaError_t e = cudaSetDevice(s.device); e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("engine.device: ", device_name, ": ", CudaStatus(e, "cudaSetDevice").message()));
+        absl::StrCat("engine.device: ", device_name, ": ",
+                     CudaStatus(e, "cudaSetDevice").message()));
   }
   size_t free_start = 0, total = 0;
   TANDEM_CUDA_RETURN_IF_ERROR(s.Check(cudaMemGetInfo(&free_start, &total), "cudaMemGetInfo"));
@@ -818,7 +819,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
   }
   s.bit_exact_class =
       absl::StrCat("tandem-cuda/sm_", s.compute_capability, "/",
-                   options.batch_invariant ? "bi" : "nbi", "/", kv::KvDtypeName(s.weights.dtype), "/v1");
+                   options.batch_invariant ? "bi" : "nbi", "/",
+                   kv::KvDtypeName(s.weights.dtype), "/v1");
   if (options.log) {
     options.log(absl::StrCat(device_name, " (", prop.name, ", sm_", s.compute_capability,
                              "): weights ", kv::KvDtypeName(s.weights.dtype), ", KV cache ",
