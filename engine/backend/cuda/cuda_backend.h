@@ -16,8 +16,9 @@
 // widening up to kMaxDeviceTopK candidates; raw_top from the same ids).
 // Every other row is copied whole and built by sampling::BuildSamplingView
 // (host_sampling_fallbacks() counts them). raw_log_sum is the device's
-// tree-ordered sum, not the CPU's index-ordered one: logprobs agree with
-// the CPU's to a few ulps, bit for bit within this bit-exact class.
+// tree-ordered sum, not BuildSamplingView's index-ordered one: logprobs
+// differ from what the host reduction would give on the same row by a few
+// ulps, and are bit-identical within this bit-exact class.
 // Threads: the engine loop calls Forward; not thread-safe. No
 // device-synchronizing call (cudaFree, cudaDeviceSynchronize, synchronous
 // copies) during serving: Forward waits on its own stream's event only.
