@@ -328,9 +328,11 @@ MetaLayout CudaBackend::Impl::Pack(std::span<const ForwardEntry> batch,
       h[m.seq + t] = static_cast<int32_t>(e);
     }
     if (entry.sampling != nullptr) h[m.rows + r++] = t - 1;
+    // The blocks covering positions [0, start_pos + n) (<= mb, as
+    // start_pos + n <= context_length); the rest name the scratch block.
     int32_t* row = h + m.tables + e * static_cast<size_t>(mb);
     const std::vector<int32_t>& table = *entry.block_table;
-    const int32_t used = std::min(static_cast<int32_t>(table.size()), mb);
+    const int32_t used = kv::BlocksForTokens(entry.start_pos + n, storage.shape().block_size);
     std::copy(table.begin(), table.begin() + used, row);
     std::fill(row + used, row + mb, scratch_block);
   }
@@ -577,7 +579,11 @@ absl::Status CudaBackend::Impl::Step(std::span<const ForwardEntry> batch, const 
                 static_cast<int64_t>(e.start_pos) + n,
             "block table does not cover start_pos + n_tokens");
     Require(e.start_pos + n <= config.context_length, "positions beyond the context length");
-    for (int32_t b : *e.block_table) {
+    // The blocks the kernels may read: those holding positions
+    // [0, start_pos + n). Pack copies exactly these.
+    const int32_t covering = kv::BlocksForTokens(e.start_pos + n, block_size);
+    for (int32_t i = 0; i < covering; ++i) {
+      const int32_t b = (*e.block_table)[static_cast<size_t>(i)];
       Require(b >= 0 && b < storage.num_blocks(), "block id outside the KV pool");
     }
     for (int32_t t : e.tokens) {
