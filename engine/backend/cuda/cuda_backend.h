@@ -9,6 +9,16 @@
 // Owns: device memory (weights, KV pool, activations, workspaces), its
 // streams, events and graphs. Does not touch: which blocks are free
 // (KvCacheManager), scheduling, the random draw.
+// Sampling: each sampled row is reduced on the device to its RowStats
+// (argmax, max, log-sum-exp) and its first K ids (LaunchRowTopK), and the
+// host builds the sampling::SamplingView from those alone when the row's
+// processors are the identity or a temperature only (greedy; top_k; min_p
+// widening up to kMaxDeviceTopK candidates; raw_top from the same ids).
+// Every other row is copied whole and built by sampling::BuildSamplingView
+// (host_sampling_fallbacks() counts them). raw_log_sum is the device's
+// tree-ordered sum, not BuildSamplingView's index-ordered one: logprobs
+// differ from what the host reduction would give on the same row by a few
+// ulps, and are bit-identical within this bit-exact class.
 // Threads: the engine loop calls Forward; not thread-safe. No
 // device-synchronizing call (cudaFree, cudaDeviceSynchronize, synchronous
 // copies) during serving: Forward waits on its own stream's event only.
@@ -30,6 +40,9 @@ namespace tandem::backend::cuda {
 // Per-category device time of the forwards since the last reset, from
 // CUDA events around each category's launches (profiling only: events
 // between kernels cost a little; off by default).
+// A decode step replayed as a CUDA graph holds no marks: it counts in
+// total_ms only, so the categories add up to total_ms for steps without
+// graphs (prefills, mixed batches) alone.
 struct ForwardProfile {
   double gemm_ms = 0;
   double attention_ms = 0;
@@ -58,6 +71,21 @@ class CudaBackend final : public ModelBackend {
 
   // The plan the KV pool was sized by (for the start-up log and tests).
   const GpuMemoryPlan& memory_plan() const;
+
+  // Decode-only steps (every entry one token and sampled, at most
+  // min(max_num_seqs, max_num_batched_tokens) entries) run as CUDA graphs,
+  // one per bucket (1, 2, 4, 8, 16, 32, then multiples of 32, capped),
+  // captured the first time a bucket is seen. Always on when serving (not a
+  // config key); off runs the same kernels launched one by one, for tests
+  // and tandem selftest to compare (bit-identical with batch_invariant).
+  void set_use_cuda_graphs(bool on);
+
+  // Sampled rows whose view was built on the host from the whole copied
+  // row (sampling::BuildSamplingView) since start-up: rows with penalties,
+  // logit bias or a min_tokens mask in effect, rows at temperature > 0
+  // with top_k and min_p off (the view's normaliser sums the whole
+  // vocabulary), and rows needing more than kMaxDeviceTopK candidates.
+  int64_t host_sampling_fallbacks() const;
 
   // Profiling for scripts/device-check (bench/): enable, read, reset.
   void set_profiling(bool on);
