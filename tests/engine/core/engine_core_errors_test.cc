@@ -320,5 +320,37 @@ TEST(EngineCoreErrorsTest, DeviceLostFailsEveryRequestAndRefusesNewOnes) {
   EXPECT_EQ(finished_at_callback, 3);
 }
 
+// A lost device during a prefill-only request's step: the request ends
+// with UNAVAILABLE, its export is closed without a Finish, its blocks are
+// freed, and on_device_lost runs.
+TEST(EngineCoreErrorsTest, DeviceLostClosesAPrefillOnlyRequestsExport) {
+  EngineCoreOptions o = Options();
+  absl::Mutex mu;
+  int lost_calls = 0;
+  o.on_device_lost = [&](const absl::Status&) {
+    absl::MutexLock lock(&mu);
+    ++lost_calls;
+  };
+  Harness h(64, nullptr, o, Fault(BackendFault::Kind::kSticky, 1));
+  auto kv_export = std::make_shared<FakeExport>(0);
+  auto sink = std::make_shared<RecordingSink>();
+  EngineRequest r;
+  r.request_id = "p";
+  r.prompt = FakePrompt(30, 12);
+  r.max_tokens = 5;
+  r.output = sink;
+  r.kv_export = kv_export;
+  ASSERT_TRUE(h.core->Submit(std::move(r)).ok());
+  ASSERT_TRUE(sink->WaitFinish());
+  ExpectFailed(*sink, absl::StatusCode::kUnavailable, "device lost: ");
+  EXPECT_EQ(kv_export->finishes(), 0);
+  EXPECT_EQ(kv_export->closes(), 1);
+  ASSERT_TRUE(h.WaitIdle());
+  EXPECT_EQ(h.core->GetStats().transfers_in_flight, 0u);
+  h.core.reset();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(lost_calls, 1);
+}
+
 }  // namespace
 }  // namespace tandem::core
