@@ -20,9 +20,10 @@ constexpr KindName kKinds[] = {{BackendFault::Kind::kOom, "oom"},
 
 absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec, absl::string_view flag) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, ": '", spec, "': ", why, "; expected KIND@N with KIND oom, internal or sticky and N >= 1 "
-        "(the N-th forward call fails)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", spec, "': ", why,
+                     "; expected KIND@N with KIND oom, internal or sticky and N >= 1 "
+                     "(the N-th forward call fails)"));
   };
   const size_t at = spec.find('@');
   if (at == absl::string_view::npos) return bad("no '@'");
@@ -62,8 +63,8 @@ absl::Status FaultInjectingBackend::Forward(std::span<const ForwardEntry> batch,
   if (call != fault_.call && !(sticky && call > fault_.call)) {
     return inner_->Forward(batch, hook, views);
   }
-  const std::string what =
-      absl::StrCat(" (injected: fault ", BackendFaultToString(fault_), ", forward call ", call, ")");
+  const std::string what = absl::StrCat(" (injected: fault ", BackendFaultToString(fault_),
+                                        ", forward call ", call, ")");
   switch (fault_.kind) {
     case BackendFault::Kind::kOom:
       return absl::ResourceExhaustedError(absl::StrCat("out of memory", what));
