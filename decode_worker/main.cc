@@ -11,6 +11,9 @@ int main(int argc, char** argv) {
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
         std::unique_ptr<backend::ModelBackend> backend =
             CpuBackendFromConfig(*ctx.config, *ctx.model);
+        auto faulty = WithBackendFault(*ctx.flags, std::move(backend));
+        if (!faulty.ok()) return faulty.status();
+        backend = *std::move(faulty);
         kvtransfer::KvReceiver::Options kv_options =
             decode::ReceiverKvLoader::OptionsFromConfig(ctx.worker->kv_listen, ctx.config->kv);
         kv_options.auth = ctx.auth;  // HELLOs must carry the cluster credential
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
         core::EngineCoreOptions core_options =
             CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker", ctx.kv_events);
         core_options.step_observer = ctx.step_observer;
+        core_options.on_device_lost = ctx.on_device_lost;
         auto core = std::make_unique<core::EngineCore>(
             core_options, std::move(backend),
             *std::move(receiver));

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
         std::unique_ptr<backend::ModelBackend> backend =
             CpuBackendFromConfig(*ctx.config, *ctx.model);
+        auto faulty = WithBackendFault(*ctx.flags, std::move(backend));
+        if (!faulty.ok()) return faulty.status();
+        backend = *std::move(faulty);
         prefill::KvSendOptions send;
         send.layout = KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint);
         send.bit_exact_class = backend->bit_exact_class();
@@ -42,6 +45,7 @@ int main(int argc, char** argv) {
         core::EngineCoreOptions core_options =
             CoreOptionsFromConfig(*ctx.config, *ctx.model, "prefill worker", ctx.kv_events);
         core_options.step_observer = ctx.step_observer;
+        core_options.on_device_lost = ctx.on_device_lost;
         auto core = std::make_unique<core::EngineCore>(
             core_options, std::move(backend),
             nullptr);

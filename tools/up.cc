@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/cluster_config.h"
+#include "common/server/exit_codes.h"
 #include "tools/cli_args.h"
 #include "tools/process_group.h"
 #include "tools/router_client.h"
@@ -111,13 +112,16 @@ class Supervisor {
     return WIFEXITED(ws) && WEXITSTATUS(ws) == 0 ? 0 : 1;
   }
 
-  // Reports a worker's exit and who still runs; nothing else changes.
+  // Reports a worker's exit and who still runs; nothing else changes. A
+  // worker that lost its device (kExitDeviceLost) is named as such.
   void ReportWorkerExit() {
     std::vector<std::string> running;
     for (size_t i = 0; i < group_.size(); ++i) {
       if (group_.running(static_cast<int>(i))) running.push_back(group_.name(static_cast<int>(i)));
     }
-    std::cerr << "tandem: " << exit_->Describe()
+    const int ws = exit_->wait_status;
+    const bool device_lost = WIFEXITED(ws) && WEXITSTATUS(ws) == kExitDeviceLost;
+    std::cerr << "tandem: " << exit_->Describe() << (device_lost ? " (device lost)" : "")
               << "; still running: " << (running.empty() ? "nothing" : absl::StrJoin(running, ", "))
               << "\n";
   }

@@ -22,7 +22,9 @@
 //     shutdown_grace_s + 2 s, exit 0;
 //   * a worker exits: one line on stderr, "tandem: decode-1 (pid 123)
 //     killed by SIGKILL (signal 9); still running: ..." (or "exited with
-//     status N"); the rest keep running, nothing is restarted;
+//     status N", and "exited with status 75 (device lost)" for a worker
+//     whose backend lost its device, kExitDeviceLost); the rest keep
+//     running, nothing is restarted;
 //   * the router exits: stop the workers as above; exit 0 if the router
 //     exited with status 0, else 1.
 // Before the ready line any child's exit is a start-up failure: stop the

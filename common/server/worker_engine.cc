@@ -1,7 +1,9 @@
 #include "common/server/worker_engine.h"
 
 #include "common/server/log.h"
+#include "absl/strings/str_cat.h"
 #include "engine/backend/cpu_backend.h"
+#include "engine/backend/fault_injecting_backend.h"
 
 namespace tandem {
 
@@ -41,6 +43,19 @@ std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig&
                                                             const ModelBundle& model) {
   return std::make_unique<backend::CpuBackend>(model.model.get(), config.engine.block_size,
                                                config.engine.num_kv_blocks);
+}
+
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
+    const std::map<std::string, std::string>& flags,
+    std::unique_ptr<backend::ModelBackend> backend) {
+  auto it = flags.find("fault-backend-error");
+  if (it == flags.end()) return backend;
+  absl::StatusOr<backend::BackendFault> fault =
+      backend::ParseBackendFault(it->second, "--fault-backend-error");
+  if (!fault.ok()) return fault.status();
+  rpc::Log(absl::StrCat("fault injection: --fault-backend-error ",
+                        backend::BackendFaultToString(*fault)));
+  return std::make_unique<backend::FaultInjectingBackend>(std::move(backend), *fault);
 }
 
 namespace {

@@ -9,9 +9,11 @@
 #ifndef TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
 #define TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "common/cluster_config.h"
 #include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
@@ -39,6 +41,14 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
 // blocks of engine.block_size tokens.
 std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig& config,
                                                             const ModelBundle& model);
+
+// --fault-backend-error KIND@N in `flags` (tests only;
+// backend::ParseBackendFault): `backend` wrapped in a
+// backend::FaultInjectingBackend whose N-th Forward fails; without the
+// flag, `backend` itself. A bad value: INVALID_ARGUMENT naming the flag.
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
+    const std::map<std::string, std::string>& flags,
+    std::unique_ptr<backend::ModelBackend> backend);
 
 // The KV layout of `storage` for the model with `fingerprint` (layers, KV
 // heads, head dim, dtype): both ends of a KV transfer must have equal ones.

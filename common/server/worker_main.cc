@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/http/http_server.h"
 #include "common/metrics/metrics_server.h"
@@ -115,7 +116,8 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();
   std::vector<std::string> allowed = {"config", "name", "model", "router", "advertise",
-                                      "metrics-listen", "fault-kv-layout-id"};
+                                      "metrics-listen", "fault-kv-layout-id",
+                                      "fault-backend-error"};
   if (role == v1::ROLE_DECODE) allowed.push_back("kv-advertise");
   allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);
@@ -210,6 +212,16 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     metrics = std::make_shared<WorkerMetrics>(context.status);
     context.step_observer = [metrics](double seconds) { metrics->ObserveStep(seconds); };
   }
+  // Set by the engine's loop thread before its SIGTERM to this process.
+  absl::Mutex device_lost_mu;
+  std::string device_lost;
+  context.on_device_lost = [&device_lost_mu, &device_lost](const absl::Status& status) {
+    {
+      absl::MutexLock lock(&device_lost_mu);
+      device_lost = std::string(status.message());
+    }
+    kill(getpid(), SIGTERM);
+  };
   auto created = factory(context);
   if (!created.ok()) return Fail(std::string(created.status().message()));
   runtime = std::move(*created);
@@ -270,7 +282,17 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   health->SetServingStatus(false);
   stop_registration.Notify();
   registration.join();
-  if (refusal.empty()) {
+  std::string lost;
+  {
+    absl::MutexLock lock(&device_lost_mu);
+    lost = device_lost;
+  }
+  if (!lost.empty()) {
+    // Every request has already failed (UNAVAILABLE); the drain below only
+    // lets those replies go out.
+    rpc::Log(absl::StrCat(lost, "; exiting with status ", kExitDeviceLost,
+                          " to be restarted"));
+  } else if (refusal.empty()) {
     rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ", config->shutdown_grace_s,
                           " s"));
   } else {
@@ -285,6 +307,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   if (metrics_server != nullptr) metrics_server->Stop();
   runtime.reset();
   rpc::Log("stopped");
+  if (!lost.empty()) return kExitDeviceLost;
   return refusal.empty() ? 0 : 1;
 }
 

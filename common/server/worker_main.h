@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/auth/cluster_auth.h"
 #include "common/cluster_config.h"
+#include "common/server/exit_codes.h"
 #include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
 #include "tandem/v1/common.pb.h"
@@ -56,6 +57,10 @@ struct WorkerContext {
   // the worker's /metrics step-time histogram when metrics_listen is set;
   // empty otherwise. The factory copies it into its core options.
   std::function<void(double seconds)> step_observer;
+  // EngineCoreOptions::on_device_lost: makes the worker go NOT_SERVING,
+  // finish the failed replies, and exit with kExitDeviceLost. The factory
+  // copies it into its core options.
+  std::function<void(const absl::Status& status)> on_device_lost;
 };
 
 using RuntimeFactory =
@@ -81,8 +86,14 @@ using RuntimeFactory =
 // reason, drains and returns 1. cluster.secret_file is read at start-up
 // (unreadable or short: one line naming the key, return 1); registrations
 // are signed with it. --fault-kv-layout-id ID (tests only): register with ID
-// instead of the worker's own layout id. Both roles serve KvEvents.Watch
-// (the runtime's engine publishes through WorkerContext::kv_events).
+// instead of the worker's own layout id. --fault-backend-error KIND@N
+// (tests only; both roles): the factory wraps its backend in a
+// backend::FaultInjectingBackend (WithBackendFault, worker_engine.h). Both
+// roles serve KvEvents.Watch (the runtime's engine publishes through
+// WorkerContext::kv_events). When the engine reports its device lost
+// (WorkerContext::on_device_lost), the worker logs one line with the
+// cause, sets its gRPC health NOT_SERVING, lets the failed replies go out,
+// shuts down and returns kExitDeviceLost (exit_codes.h).
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory);
 

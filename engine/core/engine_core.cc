@@ -1,8 +1,5 @@
 #include "engine/core/engine_core.h"
 
-#include <cstdio>
-#include <cstdlib>
-
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -10,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/core/request_validation.h"
 
 namespace tandem::core {
@@ -165,6 +163,7 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   r->cancel_requested.assign(n, false);
   r->samples_left = static_cast<int32_t>(n);
   absl::MutexLock lock(&mu_);
+  if (!device_lost_.ok()) return device_lost_;
   if (stop_requested_) {
     return absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"));
   }
@@ -272,6 +271,7 @@ void EngineCore::Loop() {
     std::vector<RemoteDone> dones;
     std::vector<RemoteAbort> aborts;
     bool stopping;
+    absl::Status lost;  // not OK: the device is lost
     {
       absl::MutexLock lock(&mu_);
       while (!stop_requested_ && inbox_new_.empty() && inbox_cancel_.empty() &&
@@ -286,6 +286,7 @@ void EngineCore::Loop() {
       dones.swap(inbox_done_);
       aborts.swap(inbox_abort_);
       stopping = stop_requested_;
+      lost = device_lost_;
     }
     for (auto& r : arrivals) Arrive(std::move(r));
     for (RemoteDone& done : dones) HandleRemoteDone(std::move(done));
@@ -296,10 +297,16 @@ void EngineCore::Loop() {
       std::vector<std::string> ids;
       for (const auto& [id, request] : requests_) ids.push_back(id);
       const absl::Status unavailable =
-          absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"));
+          lost.ok() ? absl::UnavailableError(
+                          absl::StrCat(options_.worker_label, " is shutting down"))
+                    : lost;
       for (const std::string& id : ids) Abort(id, unavailable);
       // Requests still loading end when their load quiesces (its done).
-      if (requests_.empty()) return;
+      if (requests_.empty()) {
+        // Every request has heard; now the worker may exit.
+        if (!lost.ok() && options_.on_device_lost) options_.on_device_lost(lost);
+        return;
+      }
       absl::MutexLock lock(&mu_);
       if (inbox_done_.empty()) cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
       continue;
@@ -699,12 +706,57 @@ bool EngineCore::Step() {
   }
   for (const scheduler::RemoteKvStart& start : plan.remote_kv_starts) StartRemoteLoad(start);
   if (plan.chunks.empty()) return plan.progress();
-  Execute(plan);
+  if (absl::Status forward = Execute(plan); !forward.ok()) {
+    FailStep(plan, forward);
+    return true;
+  }
   UpdateFromOutput(plan, step_start);
   return true;
 }
 
-void EngineCore::Execute(const scheduler::StepPlan& plan) {
+void EngineCore::FailStep(const scheduler::StepPlan& plan, const absl::Status& error) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.forward_errors_total;
+  }
+  if (backend_->device_lost()) {
+    LoseDevice(error);
+    return;
+  }
+  // The step's K/V writes are garbage but never published (OnStepDone is
+  // not called): freeing the sequences returns their blocks as they were.
+  std::vector<std::string> ids;
+  for (const scheduler::ScheduledChunk& chunk : plan.chunks) {
+    const std::string& id = samples_.at(chunk.id).request->req.request_id;
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  const absl::Status status(
+      error.code(), absl::StrCat(options_.worker_label, ": device error in a forward step: ",
+                                 error.message()));
+  if (options_.log) {
+    options_.log(absl::StrCat("forward step failed (", error.ToString(), "): failing ",
+                              ids.size(), " request(s): ", absl::StrJoin(ids, ", ")));
+  }
+  // A prefill-only request's export is closed (its receiver sees the
+  // transfer fail), as when its send fails.
+  for (const std::string& id : ids) EndRequest(id, status);
+}
+
+void EngineCore::LoseDevice(const absl::Status& error) {
+  const absl::Status lost = absl::UnavailableError(
+      absl::StrCat("device lost: ", options_.worker_label, ": ", error.message()));
+  if (options_.log) {
+    options_.log(absl::StrCat("device lost (", error.ToString(),
+                              "): failing every request and refusing new ones"));
+  }
+  absl::MutexLock lock(&mu_);
+  device_lost_ = lost;
+  stats_.device_lost = true;
+  stop_requested_ = true;  // the loop ends every request (Loop's stopping path)
+  for (auto& [id, flag] : live_) flag->store(true);
+}
+
+absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
   const int32_t n_layers = backend_->config().n_layers;
   bool any_export = false;
   entries_.clear();
@@ -747,13 +799,7 @@ void EngineCore::Execute(const scheduler::StepPlan& plan) {
     ExportRows(r, plan.chunks[entry].id, layer,
                std::max(start, r.req.kv_export->first_token_to_send()), start + count);
   };
-  const absl::Status forward = backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
-  // The CPU backend never fails; failing a device step's requests is
-  // issue #15's error path (being built).
-  if (!forward.ok()) {
-    std::fprintf(stderr, "backend Forward failed: %s\n", forward.ToString().c_str());
-    std::abort();
-  }
+  return backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
 }
 
 std::vector<SampleStart> EngineCore::DrawFirstTokens(Request& r,

@@ -108,6 +108,13 @@ struct EngineCoreOptions {
   // steps and is incremented first. Must not block (a metrics histogram's
   // Observe). Empty (default): not called.
   std::function<void(double seconds)> step_observer;
+  // Called once, on the loop thread, after the backend lost its device
+  // (a Forward failed and backend->device_lost() is true; DESIGN.md, GPU
+  // workers: errors) and every request has ended with `status`
+  // (UNAVAILABLE "device lost: <the backend's error>"); the core refuses
+  // new requests with it and its loop ends. The worker exits so that it is
+  // restarted. Must not block. Empty (default): not called.
+  std::function<void(const absl::Status& status)> on_device_lost;
 };
 
 struct CoreStats {
@@ -144,6 +151,11 @@ struct CoreStats {
   uint64_t kv_transfers_received_total = 0;  // remote KV load attempts ended
   double kv_transfer_seconds_sent_total = 0;      // Open .. end, summed
   double kv_transfer_seconds_received_total = 0;  // StartLoad .. done, summed
+  // Backend Forward calls that failed (each failed its step's requests).
+  uint64_t forward_errors_total = 0;
+  // The backend lost its device: every request failed, new ones are
+  // refused (EngineCoreOptions::on_device_lost).
+  bool device_lost = false;
 };
 
 class EngineCore {
@@ -159,13 +171,21 @@ class EngineCore {
   EngineCore(const EngineCore&) = delete;
   EngineCore& operator=(const EngineCore&) = delete;
 
+  // A backend Forward that fails (a device error) fails exactly the
+  // requests with a chunk in that step, with the error's code
+  // (RESOURCE_EXHAUSTED, INTERNAL) and a message naming it, and frees their
+  // blocks; the other requests go on and the next step runs normally. When
+  // the backend reports device_lost() after the failure, every request
+  // ends with UNAVAILABLE "device lost: ...", new ones are refused with it
+  // and options.on_device_lost is called.
+  //
   // Queues a request. Errors (nothing queued, output untouched):
   // INVALID_ARGUMENT for an empty prompt, max_tokens < 1, prompt +
   // max_tokens over the context length, a token id outside the vocabulary,
   // bad sampling options; FAILED_PRECONDITION for route kRemote without a
   // loader or with a kv_export; RESOURCE_EXHAUSTED when its KV can never
   // fit the pool; ALREADY_EXISTS for a live request id; UNAVAILABLE after
-  // Shutdown.
+  // Shutdown or once the device is lost ("device lost: ...").
   absl::Status Submit(EngineRequest request);
   // Ends the request with CANCELLED and frees its blocks once nothing
   // writes into them; its KvExport is closed (the transfer cancelled).
@@ -240,7 +260,16 @@ class EngineCore {
   bool Step();
   // Runs the backend forward over the plan's chunks (exporting KV of
   // prefill-only requests as it goes); views_ holds the sampled rows.
-  void Execute(const scheduler::StepPlan& plan);
+  // Returns the backend's error (the step did not complete).
+  absl::Status Execute(const scheduler::StepPlan& plan);
+  // After a failed Forward: ends every request with a chunk in `plan` with
+  // `error`'s code (their blocks freed); if the device is lost, stops the
+  // core instead (LoseDevice).
+  void FailStep(const scheduler::StepPlan& plan, const absl::Status& error);
+  // Records the lost device: refuses new requests, and makes the loop end
+  // every request with UNAVAILABLE "device lost: <error>", call
+  // options_.on_device_lost and return.
+  void LoseDevice(const absl::Status& error);
   // Samples, streams, checks stops, tells the scheduler, forks, finishes.
   // `step_start`: when this Step() began (the step_observer's duration).
   void UpdateFromOutput(const scheduler::StepPlan& plan,
@@ -298,6 +327,8 @@ class EngineCore {
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  // Not OK once the device is lost: why requests end and Submit refuses.
+  absl::Status device_lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Request>> inbox_new_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> inbox_cancel_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, uint32_t>> inbox_cancel_sample_ ABSL_GUARDED_BY(mu_);

@@ -1,9 +1,12 @@
 // ExpectedKvLayout (what the router requires of every worker) against the
-// layout a worker really has: KvLayoutFor of the backend it builds; and
-// StatusFromCore's copy of the core's counters.
+// layout a worker really has: KvLayoutFor of the backend it builds;
+// StatusFromCore's copy of the core's counters; WithBackendFault (the
+// workers' --fault-backend-error) over the CPU backend under a real core.
 #include "common/server/worker_engine.h"
 
+#include "engine/backend/fault_injecting_backend.h"
 #include "gtest/gtest.h"
+#include "tests/engine/core/recording_sink.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -112,6 +115,87 @@ TEST(CoreOptionsFromConfigTest, FingerprintIsTheModelFilesAndEventsNeedPrefixCac
   config.engine.enable_prefix_caching = false;
   EXPECT_EQ(CoreOptionsFromConfig(config, **model, "decode worker", &publisher).kv_event_sink,
             nullptr);
+}
+
+TEST(WithBackendFaultTest, WithoutTheFlagTheBackendIsUnchanged) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::unique_ptr<backend::ModelBackend> cpu = CpuBackendFromConfig(ClusterConfig(), **model);
+  backend::ModelBackend* raw = cpu.get();
+  auto same = WithBackendFault({{"name", "decode-0"}}, std::move(cpu));
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->get(), raw);
+}
+
+TEST(WithBackendFaultTest, BadValueIsRefusedNamingTheFlag) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto refused = WithBackendFault({{"fault-backend-error", "internal@zero"}},
+                                  CpuBackendFromConfig(ClusterConfig(), **model));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "--fault-backend-error: 'internal@zero': N 'zero' is not an integer >= 1; "
+            "expected KIND@N with KIND oom, internal or sticky and N >= 1 (the N-th forward "
+            "call fails)");
+}
+
+// Greedy ids of `prompts` (one running sequence at a time, in order) from a
+// core over the CPU backend built as a worker builds it, with `flags`.
+std::vector<std::shared_ptr<core::testing::RecordingSink>> RunCore(
+    const ModelBundle& model, const std::map<std::string, std::string>& flags,
+    const std::vector<std::vector<int32_t>>& prompts, core::CoreStats* stats) {
+  ClusterConfig config;
+  config.engine.num_kv_blocks = 32;
+  auto backend = WithBackendFault(flags, CpuBackendFromConfig(config, model));
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  core::EngineCoreOptions options = CoreOptionsFromConfig(config, model, "decode worker");
+  options.scheduler.max_num_seqs = 1;  // the others wait outside the failing step
+  core::EngineCore core(options, *std::move(backend), nullptr);
+  std::vector<std::shared_ptr<core::testing::RecordingSink>> sinks;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto sink = std::make_shared<core::testing::RecordingSink>();
+    core::EngineRequest r;
+    r.request_id = "r" + std::to_string(i);
+    r.prompt = prompts[i];
+    r.max_tokens = 6;
+    r.controls.ignore_eos = true;
+    r.output = sink;
+    const absl::Status submitted = core.Submit(std::move(r));
+    EXPECT_TRUE(submitted.ok()) << submitted;
+    sinks.push_back(sink);
+  }
+  for (const auto& sink : sinks) EXPECT_TRUE(sink->WaitFinish(absl::Seconds(30)));
+  // The last OnFinish runs after the blocks are freed.
+  *stats = core.GetStats();
+  return sinks;
+}
+
+// internal@3: the first request's third forward (its second decode) fails
+// with INTERNAL after two tokens; the second request, not in that step,
+// gets exactly the ids it gets without the fault; every block comes back.
+TEST(WithBackendFaultTest, CoreOverTheCpuBackendFailsOnlyTheFaultedStep) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407, 263}, {1, 365, 251, 289}};
+  core::CoreStats clean_stats, faulty_stats;
+  auto clean = RunCore(**model, {}, prompts, &clean_stats);
+  auto faulty =
+      RunCore(**model, {{"fault-backend-error", "internal@3"}}, prompts, &faulty_stats);
+  ASSERT_EQ(clean[0]->token_ids().size(), 6u);
+  ASSERT_EQ(clean[1]->token_ids().size(), 6u);
+  ASSERT_TRUE(faulty[0]->finish().has_value());
+  EXPECT_EQ(faulty[0]->finish()->status.code(), absl::StatusCode::kInternal)
+      << faulty[0]->finish()->status;
+  const std::vector<int32_t> clean0 = clean[0]->token_ids();
+  EXPECT_EQ(faulty[0]->token_ids(), std::vector<int32_t>(clean0.begin(), clean0.begin() + 2));
+  ASSERT_TRUE(faulty[1]->finish().has_value());
+  EXPECT_TRUE(faulty[1]->finish()->status.ok()) << faulty[1]->finish()->status;
+  EXPECT_EQ(faulty[1]->token_ids(), clean[1]->token_ids());
+  EXPECT_EQ(faulty_stats.kv_blocks_in_use, 0u);
+  EXPECT_EQ(faulty_stats.running_requests, 0u);
+  EXPECT_EQ(faulty_stats.forward_errors_total, 1u);
+  EXPECT_EQ(clean_stats.forward_errors_total, 0u);
 }
 
 }  // namespace

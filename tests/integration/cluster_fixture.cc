@@ -273,6 +273,14 @@ absl::Status LocalCluster::StartProcesses() {
       argv.push_back("--fault-stall-after-frames");
       argv.push_back(absl::StrCat(options_.prefill_fault_stall_after_frames));
     }
+    const std::string& backend_fault =
+        name == kPrefillName ? options_.prefill_fault_backend_error
+        : name == kDecodeName ? options_.decode_fault_backend_error
+                              : std::string();
+    if (!backend_fault.empty()) {
+      argv.push_back("--fault-backend-error");
+      argv.push_back(backend_fault);
+    }
     worker_argv_[name] = argv;
     absl::StatusOr<int> spawned = Spawn(name, argv);
     if (!spawned.ok()) return spawned.status();

@@ -108,6 +108,10 @@ struct ClusterOptions {
   bool prefill_fault_fail_reply = false;
   // Passed to prefill-0 (only) as --fault-stall-after-frames when >= 0.
   int32_t prefill_fault_stall_after_frames = -1;
+  // Passed to prefill-0 / decode-0 (only) as --fault-backend-error when
+  // not empty ("internal@3": that worker's 3rd forward step fails).
+  std::string prefill_fault_backend_error;
+  std::string decode_fault_backend_error;
   // router.api_keys_file (a path; empty: no keys, Generation open) and
   // the key the fixture's own GetStatus calls send (ClusterStatus(), the
   // start-up wait) as `authorization: Bearer <api_key>` (empty: none).

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/cluster_config.h"
+#include "common/server/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/process_group.h"
@@ -34,8 +35,8 @@ using ::testing::StartsWith;
 constexpr char kReady[] = "tandem: cluster ready, router at ";
 
 // Fake worker: records its argv and pid, then announces itself and sleeps
-// (or, when $FAKE_WORKER_EXIT names it, exits 3 once the file <name>.exit
-// exists next to it).
+// (or, when $FAKE_WORKER_EXIT names it, exits with $FAKE_WORKER_EXIT_CODE,
+// default 3, once the file <name>.exit exists next to it).
 constexpr char kFakeWorker[] = R"(#!/bin/sh
 d=$(dirname "$0")
 echo "$*" > "$d/$2.args"
@@ -43,7 +44,7 @@ echo $$ > "$d/$2.pid"
 echo "TANDEM_LISTENING 127.0.0.1:1"
 if [ "$FAKE_WORKER_EXIT" = "$2" ]; then
   while [ ! -e "$d/$2.exit" ]; do sleep 0.02; done
-  exit 3
+  exit ${FAKE_WORKER_EXIT_CODE:-3}
 fi
 exec sleep 60
 )";
@@ -270,6 +271,32 @@ TEST_F(CliTest, UpReportsAWorkerThatExitsAndKeepsTheRest) {
   ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
   EXPECT_EQ(AwaitExit(group), "exited with status 0");
   EXPECT_TRUE(Gone(router));
+}
+
+// A worker that exits with kExitDeviceLost (its backend lost the GPU) is
+// named as such in the one line; the rest keep running and serving.
+TEST_F(CliTest, UpNamesAWorkerThatLostItsDevice) {
+  ScopedEnv env("FAKE_WORKER_EXIT", "decode-0");
+  const std::string device_lost = std::to_string(kExitDeviceLost);
+  ScopedEnv code("FAKE_WORKER_EXIT_CODE", device_lost.c_str());
+  const std::string log = (dir_ / "up.stderr").string();
+  ProcessGroup group;
+  StartUp(group, {}, log);
+  absl::StatusOr<UpReady> ready = WaitForUpReady(group, 0, absl::Seconds(30));
+  ASSERT_TRUE(ready.ok()) << ready.status() << Slurp(log);
+  const pid_t router = PidOf("router"), prefill = PidOf("prefill-0"), decode = PidOf("decode-0");
+  std::ofstream(dir_ / "decode-0.exit").close();
+  const std::string exited = "tandem: decode-0 (pid " + std::to_string(decode) +
+                             ") exited with status 75 (device lost); still running: router, "
+                             "prefill-0\n";
+  ASSERT_TRUE(LogHas(log, exited)) << Slurp(log);
+  EXPECT_EQ(AwaitExit(group, absl::Milliseconds(300)), "still running");
+  EXPECT_FALSE(Gone(router));
+  EXPECT_FALSE(Gone(prefill));
+  Result status = RunCommand({tandem_, "status", "--router", ready->router_address});
+  EXPECT_EQ(status.exit_code, 0) << status.err;  // the router still answers
+  ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(group), "exited with status 0");
 }
 
 // Before the ready line any child's exit ends `tandem up` with status 1.

@@ -5,10 +5,12 @@
 #define TANDEM_TESTS_ENGINE_CORE_CORE_HARNESS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "engine/backend/fault_injecting_backend.h"
 #include "engine/core/engine_core.h"
 #include "gtest/gtest.h"
 #include "tests/engine/core/fake_backend.h"
@@ -34,14 +36,22 @@ inline EngineCoreOptions Options() {
 }
 
 // The core over a FakeBackend of `num_blocks` blocks, with `loader` (may be
-// null). Keeps raw pointers to the fakes, which the core owns.
+// null) and, with `fault`, the fake wrapped in a FaultInjectingBackend.
+// Keeps raw pointers to the fakes, which the core owns.
 struct Harness {
   explicit Harness(int32_t num_blocks, std::unique_ptr<FakeLoader> fake_loader = nullptr,
-                   EngineCoreOptions options = Options()) {
+                   EngineCoreOptions options = Options(),
+                   std::optional<backend::BackendFault> fault = std::nullopt) {
     auto b = std::make_unique<FakeBackend>(kBlockSize, num_blocks);
     backend = b.get();
     loader = fake_loader.get();
-    core = std::make_unique<EngineCore>(options, std::move(b), std::move(fake_loader));
+    std::unique_ptr<backend::ModelBackend> top = std::move(b);
+    if (fault.has_value()) {
+      auto f = std::make_unique<backend::FaultInjectingBackend>(std::move(top), *fault);
+      faulty = f.get();
+      top = std::move(f);
+    }
+    core = std::make_unique<EngineCore>(options, std::move(top), std::move(fake_loader));
   }
 
   std::shared_ptr<RecordingSink> Submit(const std::string& id, std::vector<int32_t> prompt,
@@ -71,6 +81,7 @@ struct Harness {
   }
 
   FakeBackend* backend = nullptr;
+  backend::FaultInjectingBackend* faulty = nullptr;  // with a fault
   FakeLoader* loader = nullptr;
   std::unique_ptr<EngineCore> core;
 };

@@ -66,9 +66,9 @@ void WriteFakeKv(kv::KvStorage& storage, const std::vector<int32_t>& table,
   }
 }
 
-void FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
-                          const backend::LayerHook* hook,
-                          std::vector<sampling::SamplingView>* views) {
+absl::Status FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
+                                  const backend::LayerHook* hook,
+                                  std::vector<sampling::SamplingView>* views) {
   ++forward_calls_;
   for (int32_t layer = 0; layer < kFakeLayers; ++layer) {
     for (size_t e = 0; e < batch.size(); ++e) {
@@ -107,6 +107,7 @@ void FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
     }
     sampling::BuildSamplingView(logits, *entry.sampling, entry.history, &(*views)[v++]);
   }
+  return absl::OkStatus();
 }
 
 FakeLoader::FakeLoader(Options options) : options_(std::move(options)) {}

@@ -54,8 +54,10 @@ class FakeBackend final : public backend::ModelBackend {
   const model::LlamaConfig& config() const override { return config_; }
   kv::KvStorage& kv_storage() override { return storage_; }
   std::string bit_exact_class() const override { return "fake/v1"; }
-  void Forward(std::span<const backend::ForwardEntry> batch, const backend::LayerHook* hook,
-               std::vector<sampling::SamplingView>* views) override;
+  // Never fails (OK), like the CPU backend.
+  absl::Status Forward(std::span<const backend::ForwardEntry> batch,
+                       const backend::LayerHook* hook,
+                       std::vector<sampling::SamplingView>* views) override;
 
   // K and V row of one token as the fake writes them: {token id, position}.
   static void KvRow(int32_t token, int32_t pos, float* row);
