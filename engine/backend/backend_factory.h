@@ -23,6 +23,9 @@ namespace tandem::backend {
 
 struct BackendOptions {
   DeviceSpec device;  // engine.device (or the worker entry's device:)
+  // The config key `device` came from, named in the refusals
+  // ("engine.device" or "decode_workers[0].device").
+  std::string device_key = "engine.device";
   // engine.kv_cache_dtype: the CPU backend holds F32 only; CUDA: any
   // (default bf16 there: the config layer fills it in).
   kv::KvDtype kv_cache_dtype = kv::KvDtype::kF32;
