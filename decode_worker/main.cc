@@ -9,8 +9,10 @@ int main(int argc, char** argv) {
   return RunWorkerMain(
       argc, argv, v1::ROLE_DECODE, {},
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
-        std::unique_ptr<backend::ModelBackend> backend =
-            CpuBackendFromConfig(*ctx.config, *ctx.model);
+        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created =
+            BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
+        if (!created.ok()) return created.status();
+        std::unique_ptr<backend::ModelBackend> backend = *std::move(created);
         kvtransfer::KvReceiver::Options kv_options =
             decode::ReceiverKvLoader::OptionsFromConfig(ctx.worker->kv_listen, ctx.config->kv);
         kv_options.auth = ctx.auth;  // HELLOs must carry the cluster credential

@@ -16,8 +16,10 @@ int main(int argc, char** argv) {
   return RunWorkerMain(
       argc, argv, v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"},
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
-        std::unique_ptr<backend::ModelBackend> backend =
-            CpuBackendFromConfig(*ctx.config, *ctx.model);
+        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created =
+            BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
+        if (!created.ok()) return created.status();
+        std::unique_ptr<backend::ModelBackend> backend = *std::move(created);
         prefill::KvSendOptions send;
         send.layout = KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint);
         send.bit_exact_class = backend->bit_exact_class();
