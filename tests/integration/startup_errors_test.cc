@@ -264,6 +264,29 @@ TEST_P(WorkerBackendRefusalTest, GpuMemoryFractionFlagIsValidated) {
             "--gpu-memory-fraction: must be in (0, 1], got 1.5");
 }
 
+// `tandem up` with both workers on cuda:0 prints how it splits the GPU's
+// memory between them, then fails at start with the workers' refusal (no
+// GPU here).
+TEST_F(StartupErrorTest, UpSplitsTheGpuMemoryFractionAndReportsTheRefusal) {
+  if (HasCudaGpu()) GTEST_SKIP() << "a CUDA GPU is present: the cluster would start";
+  const std::string yaml = absl::StrReplaceAll(
+      ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  device: \"cuda:0\"\n"}});
+  const std::string config = Write("cluster.yaml", yaml);
+  const ProcessResult r = RunProcess(
+      {BinaryPath("tandem"), "up", "--config", config, "--model", ModelPath()}, kExitTimeout);
+  EXPECT_FALSE(r.timed_out) << r.Describe();
+  EXPECT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(Lines(r.err),
+              ::testing::Contains(absl::StrCat("tandem: GPU cuda:0: 2 workers (",
+                                               LocalCluster::kPrefillName, ", ",
+                                               LocalCluster::kDecodeName,
+                                               "), engine.gpu_memory_fraction 0.90 split as "
+                                               "0.45 each")))
+      << r.err;
+  EXPECT_THAT(r.err, HasSubstr("engine.device: cuda:0, but this machine has no CUDA GPU"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Workers, WorkerBackendRefusalTest,
                          ::testing::Values(Server::kPrefill, Server::kDecode),
                          [](const ::testing::TestParamInfo<Server>& info) {
