@@ -49,9 +49,13 @@ struct BackendOptions {
   std::function<void(const std::string&)> log;
 };
 
-// The backend for `model` (which must outlive it). Errors, one line naming
-// the key and the numbers: FAILED_PRECONDITION for cuda:N without such a
-// GPU or in a build without CUDA, INVALID_ARGUMENT for an option the
+// The backend for `model` (which must outlive it). For cuda:N the device
+// is checked (CheckDeviceAvailable), described through `query` (logged as
+// "device cuda:0: NVIDIA H200, 139.80 GiB (139.20 GiB free), sm_90"; the
+// real query also makes it the thread's current device), then
+// cuda::CudaBackend::Create builds it. Errors, one line naming the key and
+// the numbers: FAILED_PRECONDITION for cuda:N without such a GPU (or one
+// the runtime cannot describe) or in a build without CUDA, INVALID_ARGUMENT for an option the
 // device does not have (kv_cache_dtype other than f32 on the CPU),
 // RESOURCE_EXHAUSTED when the model or one KV block does not fit
 // (PlanGpuMemory).

@@ -4,6 +4,7 @@
 #include "engine/backend/backend_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/backend/cpu_backend.h"
 
 #ifdef TANDEM_HAVE_CUDA
@@ -76,6 +77,17 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaMo
     if (absl::Status s = CheckDeviceAvailable(query, options.device, options.device_key);
         !s.ok()) {
       return s;
+    }
+    absl::StatusOr<GpuInfo> gpu = query.Info(options.device.index);
+    if (!gpu.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(options.device_key, ": ", gpu.status().message()));
+    }
+    if (options.log) {
+      options.log(absl::StrFormat("device %s: %s, %.2f GiB (%.2f GiB free), sm_%d",
+                                  options.device.ToString(), gpu->name,
+                                  gpu->total_bytes / 1073741824.0,
+                                  gpu->free_bytes / 1073741824.0, gpu->compute_capability));
     }
     absl::StatusOr<std::unique_ptr<cuda::CudaBackend>> backend =
         cuda::CudaBackend::Create(model, options);

@@ -100,6 +100,23 @@ TEST_F(BackendFactoryTest, CudaWithoutSuchDeviceNamesTheKey) {
   }
 }
 
+// A device that passes the check is described in the start-up log before
+// the CUDA backend is built (which, without a real GPU, then fails).
+TEST_F(BackendFactoryTest, CudaDeviceIsDescribedBeforeTheBackendIsBuilt) {
+  if (!HasCudaBackend()) GTEST_SKIP() << "this build has no CUDA backend";
+  if (SystemDeviceQuery().DeviceCount(nullptr) > 0) {
+    GTEST_SKIP() << "a CUDA GPU is present: the fake device would reach the real backend";
+  }
+  std::vector<std::string> lines;
+  BackendOptions options = Cuda(0);
+  options.log = [&lines](const std::string& line) { lines.push_back(line); };
+  absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
+      CreateBackend(*model_, options, FakeDeviceQuery({FakeH200(0)}));
+  EXPECT_FALSE(backend.ok());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0], "device cuda:0: NVIDIA H200, 141.00 GiB (141.00 GiB free), sm_90");
+}
+
 TEST_F(BackendFactoryTest, HasCudaBackendFollowsTheBuild) {
 #ifdef TANDEM_HAVE_CUDA
   EXPECT_TRUE(HasCudaBackend());
