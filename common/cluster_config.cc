@@ -132,6 +132,23 @@ const WorkerConfig* ClusterConfig::FindWorker(const std::string& name) const {
   return nullptr;
 }
 
+backend::DeviceSpec ClusterConfig::WorkerDevice(const WorkerConfig& worker) const {
+  return worker.device.value_or(engine.device);
+}
+
+std::string ClusterConfig::WorkerDeviceKey(const WorkerConfig& worker) const {
+  if (!worker.device.has_value()) return "engine.device";
+  bool prefill = false;
+  for (const WorkerConfig& w : prefill_workers) prefill |= w.name == worker.name;
+  return absl::StrCat(prefill ? "prefill_workers[" : "decode_workers[", worker.name,
+                      "].device");
+}
+
+kv::KvDtype ClusterConfig::WorkerKvDtype(const WorkerConfig& worker) const {
+  if (engine.kv_cache_dtype.has_value()) return *engine.kv_cache_dtype;
+  return WorkerDevice(worker).is_cuda() ? kv::KvDtype::kBF16 : kv::KvDtype::kF32;
+}
+
 namespace {
 
 std::string KeyPath(const std::string& path, absl::string_view key) {
@@ -183,6 +200,34 @@ absl::Status ReadString(const YAML::Node& map, absl::string_view key, const std:
   if (node.IsNull()) return Invalid(KeyPath(path, key), kNoValue, node);
   if (!node.IsScalar()) return Invalid(KeyPath(path, key), "expected a string", node);
   *out = node.Scalar();
+  return absl::OkStatus();
+}
+
+// Reads map[key], when present, into *out: true or false.
+absl::Status ReadBool(const YAML::Node& map, absl::string_view key, const std::string& path,
+                      bool* out) {
+  std::string text = *out ? "true" : "false";
+  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
+  if (text != "true" && text != "false") {
+    return Invalid(KeyPath(path, key), "expected true or false", map[std::string(key)]);
+  }
+  *out = text == "true";
+  return absl::OkStatus();
+}
+
+// Reads map[key] ("cpu" or "cuda:N"), when present, into *out.
+absl::Status ReadDevice(const YAML::Node& map, absl::string_view key, const std::string& path,
+                        std::optional<backend::DeviceSpec>* out) {
+  const YAML::Node node = map[std::string(key)];
+  if (!node.IsDefined()) return absl::OkStatus();
+  std::string text;
+  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
+  const std::string field = KeyPath(path, key);
+  absl::StatusOr<backend::DeviceSpec> device = backend::ParseDevice(text, field);
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(device.status().message(), Where(node)));
+  }
+  *out = *device;
   return absl::OkStatus();
 }
 
@@ -389,8 +434,9 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
     absl::Status s =
         has_kv ? CheckKeys(item, path,
                            {"name", "listen", "advertise", "kv_listen", "kv_advertise",
-                            "metrics_listen"})
-               : CheckKeys(item, path, {"name", "listen", "advertise", "metrics_listen"});
+                            "metrics_listen", "device"})
+               : CheckKeys(item, path,
+                           {"name", "listen", "advertise", "metrics_listen", "device"});
     if (!s.ok()) return s;
     WorkerConfig w;
     if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;
@@ -400,6 +446,7 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
     if (s = ReadOptionalHostPort(item, "metrics_listen", path, &w.metrics_listen); !s.ok()) {
       return s;
     }
+    if (s = ReadDevice(item, "device", path, &w.device); !s.ok()) return s;
     if (has_kv && !(s = ReadHostPort(item, "kv_listen", path, &w.kv_listen)).ok()) return s;
     if (has_kv && !(s = ReadAdvertise(item, "kv_advertise", path, &w.kv_advertise)).ok()) {
       return s;
@@ -441,7 +488,8 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     if (s = CheckKeys(n, "engine",
                       {"block_size", "num_kv_blocks", "max_num_seqs", "threads",
                        "max_num_batched_tokens", "prefill_chunk_tokens",
-                       "enable_prefix_caching", "kernel_isa"});
+                       "enable_prefix_caching", "kernel_isa", "device", "kv_cache_dtype",
+                       "gpu_memory_fraction", "batch_invariant"});
         !s.ok()) {
       return s;
     }
@@ -454,12 +502,41 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
                   {"max_num_batched_tokens", &e.max_num_batched_tokens, 1},
                   {"prefill_chunk_tokens", &e.prefill_chunk_tokens, 1}});
     if (!s.ok()) return s;
-    std::string caching = e.enable_prefix_caching ? "true" : "false";
-    if (s = ReadString(n, "enable_prefix_caching", "engine", &caching); !s.ok()) return s;
-    if (caching != "true" && caching != "false") {
-      return Invalid("engine.enable_prefix_caching", "expected true or false", n["enable_prefix_caching"]);
+    e.num_kv_blocks_set = n["num_kv_blocks"].IsDefined();
+    if (s = ReadBool(n, "enable_prefix_caching", "engine", &e.enable_prefix_caching); !s.ok()) {
+      return s;
     }
-    e.enable_prefix_caching = caching == "true";
+    if (s = ReadBool(n, "batch_invariant", "engine", &e.batch_invariant); !s.ok()) return s;
+    std::optional<backend::DeviceSpec> device;
+    if (s = ReadDevice(n, "device", "engine", &device); !s.ok()) return s;
+    e.device = device.value_or(backend::DeviceSpec{});
+    if (n["kv_cache_dtype"].IsDefined()) {
+      std::string dtype;
+      if (s = ReadString(n, "kv_cache_dtype", "engine", &dtype); !s.ok()) return s;
+      for (kv::KvDtype d : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+        if (dtype == kv::KvDtypeName(d)) e.kv_cache_dtype = d;
+      }
+      if (!e.kv_cache_dtype.has_value()) {
+        return Invalid("engine.kv_cache_dtype",
+                       absl::StrCat("expected f32, f16 or bf16, got '", dtype, "'"),
+                       n["kv_cache_dtype"]);
+      }
+    }
+    if (const YAML::Node f = n["gpu_memory_fraction"]; f.IsDefined()) {
+      if (f.IsNull()) return Invalid("engine.gpu_memory_fraction", kNoValue, f);
+      double value = 0;
+      if (!f.IsScalar() || !absl::SimpleAtod(f.Scalar(), &value) || !std::isfinite(value)) {
+        return Invalid("engine.gpu_memory_fraction",
+                       absl::StrCat("expected a number, got '",
+                                    f.IsScalar() ? f.Scalar() : "<non-scalar>", "'"),
+                       f);
+      }
+      if (!(value > 0 && value <= 1)) {
+        return Invalid("engine.gpu_memory_fraction",
+                       absl::StrCat("must be in (0, 1], got ", f.Scalar()), f);
+      }
+      e.gpu_memory_fraction = value;
+    }
     if (s = ReadString(n, "kernel_isa", "engine", &e.kernel_isa); !s.ok()) return s;
     if (e.kernel_isa != "auto" && e.kernel_isa != "avx512" && e.kernel_isa != "avx2" &&
         e.kernel_isa != "generic") {
@@ -523,6 +600,34 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});
 }
 
+// Every worker resolves to one KV dtype when KV moves between them (there
+// are prefill workers); engine.gpu_memory_fraction only with a CUDA worker.
+absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_set) {
+  std::vector<const WorkerConfig*> all;
+  for (const auto* list : {&c.prefill_workers, &c.decode_workers}) {
+    for (const WorkerConfig& w : *list) all.push_back(&w);
+  }
+  bool any_cuda = false;
+  for (const WorkerConfig* w : all) any_cuda |= c.WorkerDevice(*w).is_cuda();
+  if (gpu_memory_fraction_set && !any_cuda) {
+    return absl::InvalidArgumentError(
+        "engine.gpu_memory_fraction: set, but no worker runs on cuda:N (engine.device and "
+        "every worker's device are cpu); remove the key");
+  }
+  if (c.prefill_workers.empty()) return absl::OkStatus();
+  const WorkerConfig& first = *all.front();
+  for (const WorkerConfig* w : all) {
+    if (c.WorkerKvDtype(*w) == c.WorkerKvDtype(first)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine.kv_cache_dtype: prefill and decode workers must hold one KV dtype (KV moves "
+        "between them), but ", first.name, " on ", c.WorkerDevice(first).ToString(),
+        " holds ", kv::KvDtypeName(c.WorkerKvDtype(first)), " and ", w->name, " on ",
+        c.WorkerDevice(*w).ToString(), " holds ", kv::KvDtypeName(c.WorkerKvDtype(*w)),
+        "; set engine.kv_cache_dtype"));
+  }
+  return absl::OkStatus();
+}
+
 // Cross-field checks that need the whole file.
 absl::Status Validate(const ClusterConfig& c) {
   if (c.decode_workers.empty()) {
@@ -545,9 +650,12 @@ absl::Status Validate(const ClusterConfig& c) {
 
 absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
   ClusterConfig config;
+  bool gpu_memory_fraction_set = false;
   try {
     const YAML::Node root = YAML::Load(yaml_text);
     if (absl::Status s = ParseTop(root, &config); !s.ok()) return s;
+    gpu_memory_fraction_set = root["engine"].IsDefined() &&
+                              root["engine"]["gpu_memory_fraction"].IsDefined();
   } catch (const YAML::Exception& e) {
     // e.msg is the bare message; e.mark is 0-based (null for some errors).
     std::string where;
@@ -557,6 +665,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error", where, ": ", e.msg));
   }
   if (absl::Status s = Validate(config); !s.ok()) return s;
+  if (absl::Status s = ValidateDevices(config, gpu_memory_fraction_set); !s.ok()) return s;
   return config;
 }
 

@@ -15,13 +15,14 @@
 //                       load_weight: 1.0, prefill_queue_weight: 1.0},
 //            http_listen: "host:port", served_model_name: NAME,
 //            http_max_streams: 1024, http_max_body_bytes: 8388608}
-//   prefill_workers: [{name, listen, advertise, metrics_listen}]
+//   prefill_workers: [{name, listen, advertise, metrics_listen, device}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise,
-//                      metrics_listen}]
+//                      metrics_listen, device}]
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
 //            threads: 1, max_num_batched_tokens: 2048,
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
-//            kernel_isa: auto}
+//            kernel_isa: auto, device: cpu, kv_cache_dtype: <by device>,
+//            gpu_memory_fraction: 0.9, batch_invariant: true}
 //   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
 //        max_prefill_attempts: 2, send_buffer_bytes: 268435456}
@@ -39,6 +40,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/backend/device.h"
+#include "engine/kv/kv_dtype.h"
 
 namespace tandem {
 
@@ -156,6 +159,9 @@ struct WorkerConfig {
   // HTTP; flag --metrics-listen wins. Unset: no metrics server. A wildcard
   // host is fine (Prometheus scrapes it; no peer in the cluster dials it).
   std::optional<HostPort> metrics_listen;
+  // `device: cpu | cuda:N`: this worker's compute device, overriding
+  // engine.device (a cluster may mix CPU and GPU workers). Unset: engine.device.
+  std::optional<backend::DeviceSpec> device;
 };
 
 struct EngineConfig {
@@ -170,6 +176,26 @@ struct EngineConfig {
   // generic. Part of the KV numerics id: pin it when workers run on
   // different CPUs so prefill and decode compute K/V with the same bits.
   std::string kernel_isa = "auto";
+  // engine.device: cpu or cuda:N, for every worker without its own
+  // `device:`.
+  backend::DeviceSpec device;
+  // engine.kv_cache_dtype: f32, f16 or bf16; unset: each worker's device's
+  // default (WorkerKvDtype). The CPU backend holds f32 only (a worker on
+  // cpu refuses another at start).
+  std::optional<kv::KvDtype> kv_cache_dtype;
+  // engine.gpu_memory_fraction, in (0, 1]: the share of a GPU's total
+  // memory a CUDA worker may use in all (weights, activations, workspaces,
+  // KV pool); `tandem up` divides it among the workers sharing one GPU.
+  // Setting it when no worker runs on cuda:N is an error.
+  double gpu_memory_fraction = 0.9;
+  // engine.batch_invariant: CUDA workers give bit-identical results across
+  // batch composition (one GEMM algorithm, split-K 1, fixed attention
+  // split). The CPU backend always is; false on a CPU worker is refused at
+  // its start.
+  bool batch_invariant = true;
+  // Whether engine.num_kv_blocks was given: on cuda:N it then caps the
+  // planned KV pool (unset: the pool is what gpu_memory_fraction leaves).
+  bool num_kv_blocks_set = false;
 };
 
 enum class OnPrefillFailure { kFail, kRetry, kLocal };
@@ -231,11 +257,24 @@ struct ClusterConfig {
 
   // The entry named `name` in prefill_workers or decode_workers, or nullptr.
   const WorkerConfig* FindWorker(const std::string& name) const;
+
+  // The device `worker` runs on: its entry's `device:`, else engine.device.
+  backend::DeviceSpec WorkerDevice(const WorkerConfig& worker) const;
+  // The key WorkerDevice read, for messages: "decode_workers[decode-0].device"
+  // (the entry's, named by the worker's name) or "engine.device".
+  std::string WorkerDeviceKey(const WorkerConfig& worker) const;
+  // The KV dtype `worker` holds: engine.kv_cache_dtype, else its device's
+  // default (f32 on cpu, bf16 on cuda:N).
+  kv::KvDtype WorkerKvDtype(const WorkerConfig& worker) const;
 };
 
 // Parses YAML text. Errors: INVALID_ARGUMENT naming the key path
 // ("engine.block_size: must be > 0", "unknown key 'kv.foo'"), YAML syntax
-// errors with line/column.
+// errors with line/column. Cross-field: with prefill workers, every worker
+// must resolve to one KV dtype (KV moves from each prefill worker to each
+// decode worker; the message names a pair that differs and
+// engine.kv_cache_dtype); engine.gpu_memory_fraction set while no worker
+// runs on cuda:N is refused.
 absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
 // Reads and parses a file. NOT_FOUND if it cannot be read.
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);

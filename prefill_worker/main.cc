@@ -16,8 +16,10 @@ int main(int argc, char** argv) {
   return RunWorkerMain(
       argc, argv, v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"},
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
-        std::unique_ptr<backend::ModelBackend> backend =
-            CpuBackendFromConfig(*ctx.config, *ctx.model);
+        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created =
+            BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
+        if (!created.ok()) return created.status();
+        std::unique_ptr<backend::ModelBackend> backend = *std::move(created);
         auto faulty = WithBackendFault(*ctx.flags, std::move(backend));
         if (!faulty.ok()) return faulty.status();
         backend = *std::move(faulty);

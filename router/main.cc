@@ -103,8 +103,18 @@ int main(int argc, char** argv) {
   }
   options.auth = cluster_auth->get();
   // What every worker's KV layout must be (the workers' own function).
-  options.kv_layout_id = ExpectedKvLayout(*config, **bundle).LayoutId();
+  options.kv_layout_id = ExpectedKvLayout(*config, **bundle, WorkerConfig{}).LayoutId();
   rpc::Log(absl::StrCat("expected KV layout: ", options.kv_layout_id));
+  for (const auto* list : {&config->prefill_workers, &config->decode_workers}) {
+    for (const WorkerConfig& w : *list) {
+      options.kv_layout_ids[w.name] = ExpectedKvLayout(*config, **bundle, w).LayoutId();
+      if (options.kv_layout_ids[w.name] != options.kv_layout_id) {
+        rpc::Log(absl::StrCat("expected KV layout of ", w.name, " (",
+                              config->WorkerDevice(w).ToString(),
+                              "): ", options.kv_layout_ids[w.name]));
+      }
+    }
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -74,10 +74,13 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
         "model_fingerprint: worker ", request.name(), " serves ",
         request.model_fingerprint(), " but the router serves ", options_.model_fingerprint));
   }
-  if (request.kv_layout_id() != options_.kv_layout_id) {
+  const auto listed = options_.kv_layout_ids.find(request.name());
+  const std::string& expected_layout =
+      listed != options_.kv_layout_ids.end() ? listed->second : options_.kv_layout_id;
+  if (request.kv_layout_id() != expected_layout) {
     return absl::FailedPreconditionError(absl::StrCat(
         "kv_layout_id: worker ", request.name(), " has KV layout \"", request.kv_layout_id(),
-        "\" but the router's model and configuration give \"", options_.kv_layout_id, "\""));
+        "\" but the router's model and configuration give \"", expected_layout, "\""));
   }
   {
     absl::MutexLock lock(&mu_);

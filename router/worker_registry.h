@@ -89,9 +89,13 @@ struct WorkerHandle {
 
 struct RegistryOptions {
   std::string model_fingerprint;       // workers must serve the same file
-  // KvLayout::LayoutId every worker must register with (ExpectedKvLayout
-  // of the router's model and configuration, common/server/worker_engine.h).
+  // KvLayout::LayoutId a worker must register with (ExpectedKvLayout of
+  // the router's model and configuration, common/server/worker_engine.h):
+  // kv_layout_ids[name] for a worker the config lists (each follows its
+  // entry's device and KV dtype, so CPU and GPU workers may mix), else
+  // kv_layout_id (engine.device's).
   std::string kv_layout_id;
+  std::map<std::string, std::string> kv_layout_ids;
   int32_t poll_interval_ms = 500;      // per worker, between poll starts
   int32_t unhealthy_after_missed_polls = 3;
   int32_t rpc_timeout_ms = 2000;       // deadline of each GetStatus

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -477,12 +478,23 @@ int RunUp(const std::vector<std::string>& args) {
   std::cerr << "tandem: router listening on " << router_address << "\n";
 
   // 2. Every worker, before any gRPC channel exists (fork with no threads).
+  // Workers sharing a GPU divide engine.gpu_memory_fraction among them.
+  std::map<std::string, std::string> gpu_fraction_flag;  // worker name -> value
+  for (const GpuShare& share : SplitGpuMemory(*config)) {
+    std::cerr << "tandem: " << FormatGpuShare(share, config->engine.gpu_memory_fraction) << "\n";
+    for (const std::string& name : share.workers) {
+      gpu_fraction_flag[name] = GpuShareFlagValue(share.fraction);
+    }
+  }
   std::vector<std::string> worker_names;
   for (const auto& [bin, workers] : {std::pair{prefill_bin, &config->prefill_workers},
                                      std::pair{decode_bin, &config->decode_workers}}) {
     for (const WorkerConfig& w : *workers) {
       std::vector<std::string> argv = argv_for(bin, w.name);
       argv.insert(argv.end(), {"--router", dial});
+      if (auto f = gpu_fraction_flag.find(w.name); f != gpu_fraction_flag.end()) {
+        argv.insert(argv.end(), {"--gpu-memory-fraction", f->second});
+      }
       absl::StatusOr<int> child = sup.group().Spawn(w.name, argv);
       if (!child.ok()) {
         sup.StopAll();

@@ -10,7 +10,11 @@
 // start the router (the sibling binary tandem-router next to
 // /proc/self/exe) and read its "TANDEM_LISTENING host:port" line (30 s);
 // start every prefill and decode worker of the config with --name <entry>
-// and --router <that address>; only then open a gRPC channel and poll
+// and --router <that address> (workers that resolve to one cuda:N share its
+// memory: each gets --gpu-memory-fraction engine.gpu_memory_fraction / n,
+// and one line per such GPU goes to stderr, "tandem: GPU cuda:0: 2 workers
+// (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 split as 0.45
+// each": SplitGpuMemory, FormatGpuShare in up_cluster.h); only then open a gRPC channel and poll
 // Generation.GetStatus until can_serve and every worker is registered and
 // healthy (sending $TANDEM_API_KEY when set: a router with
 // router.api_keys_file answers UNAUTHENTICATED without a valid key, which

@@ -2,10 +2,15 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/cluster_config.h"
+#include "engine/backend/gpu_memory_plan.h"
 
 namespace tandem::cli {
 namespace {
@@ -131,6 +136,40 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
   out << root;
   if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
   return absl::StrCat(out.c_str(), "\n");
+}
+
+std::vector<GpuShare> SplitGpuMemory(const ClusterConfig& config) {
+  std::map<int32_t, GpuShare> by_index;
+  for (const auto* list : {&config.prefill_workers, &config.decode_workers}) {
+    for (const WorkerConfig& w : *list) {
+      const backend::DeviceSpec device = config.WorkerDevice(w);
+      if (!device.is_cuda()) continue;
+      GpuShare& share = by_index[device.index];
+      share.device = device.ToString();
+      share.workers.push_back(w.name);
+    }
+  }
+  std::vector<GpuShare> shared;
+  for (auto& [index, share] : by_index) {
+    if (share.workers.size() < 2) continue;
+    share.fraction = backend::SplitGpuMemoryFraction(config.engine.gpu_memory_fraction,
+                                                     static_cast<int32_t>(share.workers.size()));
+    shared.push_back(std::move(share));
+  }
+  return shared;
+}
+
+std::string FormatGpuShare(const GpuShare& share, double configured) {
+  return absl::StrFormat("GPU %s: %d workers (%s), engine.gpu_memory_fraction %.2f split as "
+                         "%.2f each",
+                         share.device, share.workers.size(), absl::StrJoin(share.workers, ", "),
+                         configured, share.fraction);
+}
+
+std::string GpuShareFlagValue(double fraction) {
+  // The small epsilon keeps 0.45 (0.44999999999999996 * 1e6 = 449999.99...)
+  // from becoming 0.449999.
+  return absl::StrCat(std::floor(fraction * 1e6 + 1e-6) / 1e6);
 }
 
 }  // namespace tandem::cli

@@ -9,8 +9,10 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_config.h"
 
 namespace tandem::cli {
 
@@ -41,6 +43,31 @@ inline constexpr int kMaxWorkersPerRole = 64;
 absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
                                               std::optional<int> prefill,
                                               std::optional<int> decode);
+
+// A GPU that several workers of a cluster resolve to (their entry's
+// `device:`, else engine.device), and the share of its memory each gets.
+struct GpuShare {
+  std::string device;                // "cuda:0"
+  std::vector<std::string> workers;  // prefill workers first, then decode, in config order
+  // engine.gpu_memory_fraction / workers.size() (backend::
+  // SplitGpuMemoryFraction): what `tandem up` passes each of them as
+  // --gpu-memory-fraction.
+  double fraction = 0;
+};
+
+// Every GPU two or more workers of `config` share, by device index (a GPU
+// with one worker keeps engine.gpu_memory_fraction and is not listed).
+std::vector<GpuShare> SplitGpuMemory(const ClusterConfig& config);
+
+// The line `tandem up` prints per shared GPU, e.g. "GPU cuda:0: 2 workers
+// (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 split as 0.45
+// each"; `configured` is engine.gpu_memory_fraction.
+std::string FormatGpuShare(const GpuShare& share, double configured);
+
+// The --gpu-memory-fraction value of a share: `fraction` rounded down to
+// 6 decimals ("0.45", "0.166666"), so n shares never add up to more than
+// the configured fraction.
+std::string GpuShareFlagValue(double fraction);
 
 }  // namespace tandem::cli
 

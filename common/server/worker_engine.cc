@@ -1,8 +1,10 @@
 #include "common/server/worker_engine.h"
 
-#include "common/server/log.h"
+#include <cmath>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/backend/cpu_backend.h"
+#include "common/server/log.h"
 #include "engine/backend/fault_injecting_backend.h"
 
 namespace tandem {
@@ -39,10 +41,45 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
   return o;
 }
 
-std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig& config,
-                                                            const ModelBundle& model) {
-  return std::make_unique<backend::CpuBackend>(model.model.get(), config.engine.block_size,
-                                               config.engine.num_kv_blocks);
+backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
+                                                 const WorkerConfig& worker) {
+  backend::BackendOptions o;
+  o.device = config.WorkerDevice(worker);
+  o.device_key = config.WorkerDeviceKey(worker);
+  o.kv_cache_dtype = config.WorkerKvDtype(worker);
+  o.block_size = config.engine.block_size;
+  o.num_kv_blocks = config.engine.num_kv_blocks;
+  o.num_kv_blocks_set = config.engine.num_kv_blocks_set;
+  o.gpu_memory_fraction = config.engine.gpu_memory_fraction;
+  o.batch_invariant = config.engine.batch_invariant;
+  o.max_num_batched_tokens = config.engine.max_num_batched_tokens;
+  o.max_num_seqs = config.engine.max_num_seqs;
+  o.log = [](const std::string& line) { rpc::Log(line); };
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
+    const ClusterConfig& config, const ModelBundle& model, const WorkerConfig& worker,
+    const backend::DeviceQuery& query) {
+  return backend::CreateBackend(*model.model, BackendOptionsFromConfig(config, worker), query);
+}
+
+absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
+                                                  const backend::DeviceSpec& device) {
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-fraction: expected a number, got '", text, "'"));
+  }
+  if (!(value > 0 && value <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-fraction: must be in (0, 1], got ", text));
+  }
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        "--gpu-memory-fraction: this worker runs on cpu (no GPU memory to divide)");
+  }
+  return value;
 }
 
 absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
@@ -77,10 +114,11 @@ kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string
   return LayoutOf(storage.shape(), storage.dtype(), fingerprint);
 }
 
-kvtransfer::KvLayout ExpectedKvLayout(const ClusterConfig& config, const ModelBundle& model) {
-  // The backend CpuBackendFromConfig builds: model->kv_shape over a
-  // CpuKvStorage (block size is not part of the layout).
-  return LayoutOf(model.model->kv_shape(config.engine.block_size), kv::CpuKvStorage::kDtype,
+kvtransfer::KvLayout ExpectedKvLayout(const ClusterConfig& config, const ModelBundle& model,
+                                      const WorkerConfig& worker) {
+  // The backend BackendFromConfig builds: model->kv_shape (block size is
+  // not part of the layout) in the worker's KV dtype.
+  return LayoutOf(model.model->kv_shape(config.engine.block_size), config.WorkerKvDtype(worker),
                   model.fingerprint);
 }
 

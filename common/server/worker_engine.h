@@ -1,7 +1,7 @@
 // What both workers build from the cluster config and the loaded model,
-// written once: the engine core's options, the CPU backend (model + KV
-// pool), the KV layout a KV transfer must agree on, and the status fields
-// that come from the core's counters.
+// written once: the engine core's options, the backend (CPU or CUDA, per
+// the worker's device), the KV layout a KV transfer must agree on, and the
+// status fields that come from the core's counters.
 //
 // Owns: these mappings. Does not touch: the engine's behaviour (engine/),
 // sockets (kvtransfer/), gRPC serving (the services).
@@ -17,6 +17,8 @@
 #include "common/cluster_config.h"
 #include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
+#include "absl/status/statusor.h"
+#include "engine/backend/backend_factory.h"
 #include "engine/backend/model_backend.h"
 #include "engine/core/engine_core.h"
 #include "kvtransfer/kv_transfer.h"
@@ -37,10 +39,29 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
                                               const std::string& worker_label,
                                               KvEventPublisher* kv_events = nullptr);
 
-// The CPU backend over model.model with a KV pool of engine.num_kv_blocks
-// blocks of engine.block_size tokens.
-std::unique_ptr<backend::ModelBackend> CpuBackendFromConfig(const ClusterConfig& config,
-                                                            const ModelBundle& model);
+// The backend options of `worker` (its entry in `config`): its device
+// (entry's `device:`, else engine.device) and the key it came from, its KV
+// dtype (ClusterConfig::WorkerKvDtype), engine.{block_size, num_kv_blocks
+// (and whether it was given), gpu_memory_fraction, batch_invariant,
+// max_num_batched_tokens, max_num_seqs}; start-up lines go to rpc::Log.
+backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
+                                                 const WorkerConfig& worker);
+
+// The backend `worker` computes on: backend::CreateBackend over
+// BackendOptionsFromConfig. Errors (a start-up refusal the worker prints in
+// one line before exiting non-zero): CreateBackend's, e.g.
+// FAILED_PRECONDITION "engine.device: cuda:0, but this machine has no CUDA
+// GPU (...)", INVALID_ARGUMENT "engine.kv_cache_dtype: bf16 on
+// engine.device cpu, but the CPU backend holds F32 KV only (...)".
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
+    const ClusterConfig& config, const ModelBundle& model, const WorkerConfig& worker,
+    const backend::DeviceQuery& query = backend::SystemDeviceQuery());
+
+// Parses the worker flag --gpu-memory-fraction F (overrides
+// engine.gpu_memory_fraction): a number in (0, 1], refused on a worker
+// whose device is cpu. INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
+                                                  const backend::DeviceSpec& device);
 
 // --fault-backend-error KIND@N in `flags` (tests only;
 // backend::ParseBackendFault): `backend` wrapped in a
@@ -54,11 +75,15 @@ absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
 // heads, head dim, dtype): both ends of a KV transfer must have equal ones.
 kvtransfer::KvLayout KvLayoutFor(const kv::KvStorage& storage, const std::string& fingerprint);
 
-// The KV layout a worker of this configuration serving `model` has, without
-// building its backend: KvLayoutFor of CpuBackendFromConfig(config,
-// model)'s storage (the model's KV shape, the CPU backend's KV dtype). The
-// router refuses a worker whose KvLayout::LayoutId differs from this one's.
-kvtransfer::KvLayout ExpectedKvLayout(const ClusterConfig& config, const ModelBundle& model);
+// The KV layout `worker` (an entry of `config`) serving `model` has,
+// without building its backend: KvLayoutFor of BackendFromConfig(config,
+// model, worker)'s storage (the model's KV shape, the worker's KV dtype:
+// ClusterConfig::WorkerKvDtype, so a cluster mixing CPU and GPU workers
+// expects each its own). A WorkerConfig{} (no entry) gets engine.device's.
+// The router refuses a worker whose KvLayout::LayoutId differs from the
+// one of its entry.
+kvtransfer::KvLayout ExpectedKvLayout(const ClusterConfig& config, const ModelBundle& model,
+                                      const WorkerConfig& worker);
 
 // The status fields a worker's engine core counts (running requests, KV
 // blocks, transfers, token and byte counters), plus the KV layout id and

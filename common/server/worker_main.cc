@@ -18,6 +18,7 @@
 #include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
+#include "common/server/worker_engine.h"
 #include "common/server/worker_metrics.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -115,8 +116,10 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();
-  std::vector<std::string> allowed = {"config", "name", "model", "router", "advertise",
-                                      "metrics-listen", "fault-kv-layout-id",
+  std::vector<std::string> allowed = {"config",         "name",
+                                      "model",          "router",
+                                      "advertise",      "metrics-listen",
+                                      "fault-kv-layout-id", "gpu-memory-fraction",
                                       "fault-backend-error"};
   if (role == v1::ROLE_DECODE) allowed.push_back("kv-advertise");
   allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
@@ -158,6 +161,12 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     auto parsed = ParseHostPort(flags->at("metrics-listen"), "--metrics-listen");
     if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
     effective.metrics_listen = *parsed;
+  }
+  if (flags->count("gpu-memory-fraction")) {
+    auto fraction = ParseGpuMemoryFractionFlag(flags->at("gpu-memory-fraction"),
+                                               config->WorkerDevice(effective));
+    if (!fraction.ok()) return Fail(std::string(fraction.status().message()));
+    config->engine.gpu_memory_fraction = *fraction;
   }
   if (decode && effective.kv_advertise.empty() && !effective.advertise.empty()) {
     effective.kv_advertise.host = effective.advertise.host;

@@ -85,7 +85,12 @@ using RuntimeFactory =
 // secret or a clock beyond cluster.auth_max_skew_ms) the worker logs the
 // reason, drains and returns 1. cluster.secret_file is read at start-up
 // (unreadable or short: one line naming the key, return 1); registrations
-// are signed with it. --fault-kv-layout-id ID (tests only): register with ID
+// are signed with it. --gpu-memory-fraction F overrides
+// engine.gpu_memory_fraction for this worker (`tandem up` passes each
+// worker on a shared GPU its share; ParseGpuMemoryFractionFlag: in (0, 1],
+// refused on a CPU worker). The runtime factory's error (e.g. the backend
+// refusing the worker's device or KV dtype) is a start-up error: one line,
+// return 1. --fault-kv-layout-id ID (tests only): register with ID
 // instead of the worker's own layout id. --fault-backend-error KIND@N
 // (tests only; both roles): the factory wraps its backend in a
 // backend::FaultInjectingBackend (WithBackendFault, worker_engine.h). Both

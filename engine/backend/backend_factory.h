@@ -23,6 +23,9 @@ namespace tandem::backend {
 
 struct BackendOptions {
   DeviceSpec device;  // engine.device (or the worker entry's device:)
+  // The config key `device` came from, named in the refusals
+  // ("engine.device" or "decode_workers[0].device").
+  std::string device_key = "engine.device";
   // engine.kv_cache_dtype: the CPU backend holds F32 only; CUDA: any
   // (default bf16 there: the config layer fills it in).
   kv::KvDtype kv_cache_dtype = kv::KvDtype::kF32;
@@ -46,9 +49,13 @@ struct BackendOptions {
   std::function<void(const std::string&)> log;
 };
 
-// The backend for `model` (which must outlive it). Errors, one line naming
-// the key and the numbers: FAILED_PRECONDITION for cuda:N without such a
-// GPU or in a build without CUDA, INVALID_ARGUMENT for an option the
+// The backend for `model` (which must outlive it). For cuda:N the device
+// is checked (CheckDeviceAvailable), described through `query` (logged as
+// "device cuda:0: NVIDIA H200, 139.80 GiB (139.20 GiB free), sm_90"; the
+// real query also makes it the thread's current device), then
+// cuda::CudaBackend::Create builds it. Errors, one line naming the key and
+// the numbers: FAILED_PRECONDITION for cuda:N without such a GPU (or one
+// the runtime cannot describe) or in a build without CUDA, INVALID_ARGUMENT for an option the
 // device does not have (kv_cache_dtype other than f32 on the CPU),
 // RESOURCE_EXHAUSTED when the model or one KV block does not fit
 // (PlanGpuMemory).

@@ -554,6 +554,133 @@ decode_workers:
               HasSubstr("decode_workers[0].metrics_listen"));
 }
 
+TEST(ClusterConfigTest, DeviceKeysDefaults) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.device.ToString(), "cpu");
+  EXPECT_FALSE(c->engine.kv_cache_dtype.has_value());
+  EXPECT_EQ(c->engine.gpu_memory_fraction, 0.9);
+  EXPECT_TRUE(c->engine.batch_invariant);
+  EXPECT_FALSE(c->engine.num_kv_blocks_set);
+  const WorkerConfig& d = c->decode_workers[0];
+  EXPECT_FALSE(d.device.has_value());
+  EXPECT_EQ(c->WorkerDevice(d).ToString(), "cpu");
+  EXPECT_EQ(c->WorkerDeviceKey(d), "engine.device");
+  EXPECT_EQ(c->WorkerKvDtype(d), kv::KvDtype::kF32);
+  absl::StatusOr<ClusterConfig> blocks =
+      ParseClusterConfig(std::string(kMinimal) + "engine: {num_kv_blocks: 2048}\n");
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  EXPECT_TRUE(blocks->engine.num_kv_blocks_set);  // the default value, but given
+}
+
+TEST(ClusterConfigTest, DevicePerWorkerOverridesEngineDevice) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"(
+prefill_workers:
+  - {name: p0, device: "cuda:1"}
+  - {name: p1}
+decode_workers:
+  - {name: d0, device: cpu}
+  - {name: d1}
+engine: {device: "cuda:0", kv_cache_dtype: f32, gpu_memory_fraction: 0.45,
+         batch_invariant: false}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.device.ToString(), "cuda:0");
+  EXPECT_EQ(c->engine.gpu_memory_fraction, 0.45);
+  EXPECT_FALSE(c->engine.batch_invariant);
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"p0", "cuda:1"}, {"p1", "cuda:0"}, {"d0", "cpu"}, {"d1", "cuda:0"}};
+  for (const auto& [name, device] : expected) {
+    const WorkerConfig* w = c->FindWorker(name);
+    ASSERT_NE(w, nullptr) << name;
+    EXPECT_EQ(c->WorkerDevice(*w).ToString(), device) << name;
+    EXPECT_EQ(c->WorkerKvDtype(*w), kv::KvDtype::kF32) << name;  // given: every device
+  }
+  EXPECT_EQ(c->WorkerDeviceKey(*c->FindWorker("p0")), "prefill_workers[p0].device");
+  EXPECT_EQ(c->WorkerDeviceKey(*c->FindWorker("p1")), "engine.device");
+  EXPECT_EQ(c->WorkerDeviceKey(*c->FindWorker("d0")), "decode_workers[d0].device");
+}
+
+TEST(ClusterConfigTest, KvDtypeDefaultsByDevice) {
+  // No prefill workers: decode workers may differ (no KV moves between them).
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(R"(
+decode_workers:
+  - {name: gpu, device: "cuda:0"}
+  - {name: host}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->WorkerKvDtype(*c->FindWorker("gpu")), kv::KvDtype::kBF16);
+  EXPECT_EQ(c->WorkerKvDtype(*c->FindWorker("host")), kv::KvDtype::kF32);
+  for (const char* dtype : {"f32", "f16", "bf16"}) {
+    absl::StatusOr<ClusterConfig> d = ParseClusterConfig(
+        absl::StrCat(kMinimal, "engine: {kv_cache_dtype: ", dtype, "}\n"));
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_STREQ(kv::KvDtypeName(d->WorkerKvDtype(d->decode_workers[0])), dtype);
+  }
+}
+
+TEST(ClusterConfigTest, DeviceKeysRefuseBadValuesNamingTheKey) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {device: gpu}\n"),
+            "engine.device: expected cpu or cuda:N (N in 0..1023), got 'gpu' (line 3, column "
+            "18)");
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {device: \"cuda:1024\"}\n"),
+              HasSubstr("engine.device: expected cpu or cuda:N (N in 0..1023), got 'cuda:1024'"));
+  EXPECT_THAT(ErrorOf("decode_workers:\n  - {name: d, device: \"cuda:x\"}\n"),
+              HasSubstr("decode_workers[0].device: expected cpu or cuda:N"));
+  EXPECT_THAT(ErrorOf("decode_workers: [{name: d}]\nprefill_workers:\n  - {name: p, device: "
+                      "tpu}\n"),
+              HasSubstr("prefill_workers[0].device: expected cpu or cuda:N (N in 0..1023), got "
+                        "'tpu'"));
+  EXPECT_THAT(ErrorOf("decode_workers:\n  - {name: d, device: }\n"),
+              HasSubstr("decode_workers[0].device: has no value"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {kv_cache_dtype: fp8}\n"),
+              HasSubstr("engine.kv_cache_dtype: expected f32, f16 or bf16, got 'fp8'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {batch_invariant: yes}\n"),
+              HasSubstr("engine.batch_invariant: expected true or false"));
+  const std::string gpu = "decode_workers:\n  - {name: d, device: \"cuda:0\"}\n";
+  for (const char* bad : {"0", "0.0", "-0.5", "1.01", "2"}) {
+    EXPECT_THAT(ErrorOf(gpu + "engine: {gpu_memory_fraction: " + bad + "}\n"),
+                HasSubstr(absl::StrCat("engine.gpu_memory_fraction: must be in (0, 1], got ",
+                                       bad)));
+  }
+  for (const char* bad : {"half", "nan", "inf", "[1]"}) {
+    EXPECT_THAT(ErrorOf(gpu + "engine: {gpu_memory_fraction: " + bad + "}\n"),
+                HasSubstr("engine.gpu_memory_fraction: expected a number"));
+  }
+  absl::StatusOr<ClusterConfig> one =
+      ParseClusterConfig(gpu + "engine: {gpu_memory_fraction: 1}\n");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->engine.gpu_memory_fraction, 1.0);
+}
+
+TEST(ClusterConfigTest, GpuMemoryFractionNeedsACudaWorker) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {gpu_memory_fraction: 0.5}\n"),
+            "engine.gpu_memory_fraction: set, but no worker runs on cuda:N (engine.device and "
+            "every worker's device are cpu); remove the key");
+}
+
+TEST(ClusterConfigTest, PrefillAndDecodeWorkersMustShareTheKvDtype) {
+  // cuda defaults to bf16, cpu to f32: KV could not move from p to d.
+  EXPECT_EQ(ErrorOf("prefill_workers: [{name: p}]\n"
+                    "decode_workers: [{name: d, device: \"cuda:0\"}]\n"),
+            "engine.kv_cache_dtype: prefill and decode workers must hold one KV dtype (KV moves "
+            "between them), but p on cpu holds f32 and d on cuda:0 holds bf16; set "
+            "engine.kv_cache_dtype");
+  // One dtype given: a mixed cluster is fine.
+  absl::StatusOr<ClusterConfig> mixed = ParseClusterConfig(
+      "prefill_workers: [{name: p}]\n"
+      "decode_workers: [{name: d, device: \"cuda:0\"}]\n"
+      "engine: {kv_cache_dtype: f32}\n");
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  // Every worker on a GPU: bf16 throughout.
+  absl::StatusOr<ClusterConfig> gpus = ParseClusterConfig(
+      "prefill_workers: [{name: p}]\n"
+      "decode_workers: [{name: d}]\n"
+      "engine: {device: \"cuda:0\"}\n");
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  EXPECT_EQ(gpus->WorkerKvDtype(gpus->prefill_workers[0]), kv::KvDtype::kBF16);
+}
+
 // Runs each test in a fresh temporary working directory, with
 // $TANDEM_MODEL unset, and restores both afterwards.
 class ResolveModelPathTest : public ::testing::Test {

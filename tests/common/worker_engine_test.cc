@@ -4,8 +4,11 @@
 // workers' --fault-backend-error) over the CPU backend under a real core.
 #include "common/server/worker_engine.h"
 
+#include "absl/strings/str_cat.h"
 #include "engine/backend/fault_injecting_backend.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/backend/fake_device_query.h"
 #include "tests/engine/core/recording_sink.h"
 #include "tests/test_util.h"
 
@@ -21,22 +24,132 @@ TEST(ExpectedKvLayoutTest, EqualsTheLayoutOfTheBackendAWorkerBuilds) {
       ClusterConfig config;
       config.engine.block_size = block_size;
       config.engine.num_kv_blocks = 4;
-      std::unique_ptr<backend::ModelBackend> backend = CpuBackendFromConfig(config, **model);
-      const kvtransfer::KvLayout worker =
-          KvLayoutFor(backend->kv_storage(), (*model)->fingerprint);
-      const kvtransfer::KvLayout expected = ExpectedKvLayout(config, **model);
-      EXPECT_TRUE(kvtransfer::CheckCompatible(expected, worker).ok());
-      EXPECT_EQ(expected.LayoutId(), worker.LayoutId());
+      const WorkerConfig worker;
+      auto backend = BackendFromConfig(config, **model, worker);
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      EXPECT_EQ((*backend)->kv_storage().num_blocks(), 4);
+      const kvtransfer::KvLayout built =
+          KvLayoutFor((*backend)->kv_storage(), (*model)->fingerprint);
+      const kvtransfer::KvLayout expected = ExpectedKvLayout(config, **model, worker);
+      EXPECT_TRUE(kvtransfer::CheckCompatible(expected, built).ok());
+      EXPECT_EQ(expected.LayoutId(), built.LayoutId());
     }
   }
   // Both spell the model: one model's id is not another's.
   auto a = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
   auto b = LoadModelBundle(testing::SharedPath("models/llama3-tiny-synth.gguf"));
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_NE(ExpectedKvLayout(ClusterConfig(), **a).LayoutId(),
-            ExpectedKvLayout(ClusterConfig(), **b).LayoutId());
-  EXPECT_EQ(ExpectedKvLayout(ClusterConfig(), **a).LayoutId(),
+  EXPECT_NE(ExpectedKvLayout(ClusterConfig(), **a, WorkerConfig()).LayoutId(),
+            ExpectedKvLayout(ClusterConfig(), **b, WorkerConfig()).LayoutId());
+  EXPECT_EQ(ExpectedKvLayout(ClusterConfig(), **a, WorkerConfig()).LayoutId(),
             "kv2/" + (*a)->fingerprint + "/L5.H4.D8/f32");
+}
+
+// A mixed cluster: each worker's expected layout follows its own entry's
+// device (cuda: bf16 unless engine.kv_cache_dtype says otherwise).
+TEST(ExpectedKvLayoutTest, FollowsEachWorkersDeviceAndKvDtype) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto config = ParseClusterConfig(
+      "decode_workers:\n  - {name: gpu, device: \"cuda:0\"}\n  - {name: host}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::string prefix = "kv2/" + (*model)->fingerprint + "/L5.H4.D8/";
+  EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("gpu")).LayoutId(),
+            prefix + "bf16");
+  EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("host")).LayoutId(),
+            prefix + "f32");
+  EXPECT_EQ(ExpectedKvLayout(*config, **model, WorkerConfig()).LayoutId(), prefix + "f32");
+  config->engine.kv_cache_dtype = kv::KvDtype::kF16;
+  EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("gpu")).LayoutId(),
+            prefix + "f16");
+}
+
+TEST(BackendOptionsFromConfigTest, CopiesTheWorkersDeviceAndEngineKeys) {
+  auto config = ParseClusterConfig(R"(
+decode_workers:
+  - {name: d0, device: "cuda:1"}
+  - {name: d1}
+engine: {block_size: 8, num_kv_blocks: 100, max_num_seqs: 3, max_num_batched_tokens: 99,
+         gpu_memory_fraction: 0.5, batch_invariant: false}
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  backend::BackendOptions o = BackendOptionsFromConfig(*config, config->decode_workers[0]);
+  EXPECT_EQ(o.device.ToString(), "cuda:1");
+  EXPECT_EQ(o.device_key, "decode_workers[d0].device");
+  EXPECT_EQ(o.kv_cache_dtype, kv::KvDtype::kBF16);
+  EXPECT_EQ(o.block_size, 8);
+  EXPECT_EQ(o.num_kv_blocks, 100);
+  EXPECT_TRUE(o.num_kv_blocks_set);
+  EXPECT_EQ(o.gpu_memory_fraction, 0.5);
+  EXPECT_FALSE(o.batch_invariant);
+  EXPECT_EQ(o.max_num_batched_tokens, 99);
+  EXPECT_EQ(o.max_num_seqs, 3);
+  EXPECT_NE(o.log, nullptr);
+  o = BackendOptionsFromConfig(*config, config->decode_workers[1]);
+  EXPECT_EQ(o.device.ToString(), "cpu");
+  EXPECT_EQ(o.device_key, "engine.device");
+  EXPECT_EQ(o.kv_cache_dtype, kv::KvDtype::kF32);
+}
+
+TEST(BackendFromConfigTest, RefusalsNameTheKeyInOneLine) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto bf16 = ParseClusterConfig(
+      "decode_workers: [{name: d}]\nengine: {kv_cache_dtype: bf16}\n");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  auto refused = BackendFromConfig(*bf16, **model, bf16->decode_workers[0]);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "engine.kv_cache_dtype: bf16 on engine.device cpu, but the CPU backend holds F32 KV "
+            "only (set engine.kv_cache_dtype: f32, or run this worker on cuda:N)");
+
+  auto gpu = ParseClusterConfig("decode_workers: [{name: d, device: \"cuda:2\"}]\n");
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  backend::FakeDeviceQuery one({backend::FakeH200(0)});
+  auto missing = BackendFromConfig(*gpu, **model, gpu->decode_workers[0], one);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  if (backend::HasCudaBackend()) {
+    EXPECT_EQ(missing.status().message(),
+              "decode_workers[d].device: cuda:2, but this machine has 1 CUDA GPU (cuda:0)");
+  }
+}
+
+// On this machine (no GPU): engine.device cuda:0 is refused with the real
+// device query, naming engine.device.
+TEST(BackendFromConfigTest, Cuda0WithoutAGpuIsRefused) {
+  if (backend::SystemDeviceQuery().DeviceCount(nullptr) > 0) {
+    GTEST_SKIP() << "a CUDA GPU is present";
+  }
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto config = ParseClusterConfig("decode_workers: [{name: d}]\nengine: {device: \"cuda:0\"}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto refused = BackendFromConfig(*config, **model, config->decode_workers[0]);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::StartsWith("engine.device: cuda:0, but this "));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(::testing::HasSubstr("\n")));
+}
+
+TEST(ParseGpuMemoryFractionFlagTest, InZeroOneOnACudaWorkerOnly) {
+  const backend::DeviceSpec cuda{backend::DeviceSpec::Kind::kCuda, 0};
+  auto half = ParseGpuMemoryFractionFlag("0.45", cuda);
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_EQ(*half, 0.45);
+  EXPECT_EQ(*ParseGpuMemoryFractionFlag("1", cuda), 1.0);
+  for (const char* bad : {"0", "-0.1", "1.5"}) {
+    EXPECT_EQ(ParseGpuMemoryFractionFlag(bad, cuda).status().message(),
+              absl::StrCat("--gpu-memory-fraction: must be in (0, 1], got ", bad));
+  }
+  for (const char* bad : {"", "half", "nan", "inf", "0.5x"}) {
+    EXPECT_EQ(ParseGpuMemoryFractionFlag(bad, cuda).status().message(),
+              absl::StrCat("--gpu-memory-fraction: expected a number, got '", bad, "'"));
+  }
+  EXPECT_EQ(ParseGpuMemoryFractionFlag("0.5", backend::DeviceSpec{}).status().message(),
+            "--gpu-memory-fraction: this worker runs on cpu (no GPU memory to divide)");
 }
 
 // Every counter the router reads lands in its WorkerStatus field (each
@@ -117,10 +230,18 @@ TEST(CoreOptionsFromConfigTest, FingerprintIsTheModelFilesAndEventsNeedPrefixCac
             nullptr);
 }
 
+// The CPU backend a worker of `config` builds (engine.device cpu).
+std::unique_ptr<backend::ModelBackend> CpuBackendForTest(const ClusterConfig& config,
+                                                         const ModelBundle& model) {
+  auto backend = BackendFromConfig(config, model, WorkerConfig{});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
 TEST(WithBackendFaultTest, WithoutTheFlagTheBackendIsUnchanged) {
   auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
   ASSERT_TRUE(model.ok()) << model.status();
-  std::unique_ptr<backend::ModelBackend> cpu = CpuBackendFromConfig(ClusterConfig(), **model);
+  std::unique_ptr<backend::ModelBackend> cpu = CpuBackendForTest(ClusterConfig(), **model);
   backend::ModelBackend* raw = cpu.get();
   auto same = WithBackendFault({{"name", "decode-0"}}, std::move(cpu));
   ASSERT_TRUE(same.ok()) << same.status();
@@ -131,7 +252,7 @@ TEST(WithBackendFaultTest, BadValueIsRefusedNamingTheFlag) {
   auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
   ASSERT_TRUE(model.ok()) << model.status();
   auto refused = WithBackendFault({{"fault-backend-error", "internal@zero"}},
-                                  CpuBackendFromConfig(ClusterConfig(), **model));
+                                  CpuBackendForTest(ClusterConfig(), **model));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(refused.status().message(),
@@ -147,7 +268,7 @@ std::vector<std::shared_ptr<core::testing::RecordingSink>> RunCore(
     const std::vector<std::vector<int32_t>>& prompts, core::CoreStats* stats) {
   ClusterConfig config;
   config.engine.num_kv_blocks = 32;
-  auto backend = WithBackendFault(flags, CpuBackendFromConfig(config, model));
+  auto backend = WithBackendFault(flags, CpuBackendForTest(config, model));
   EXPECT_TRUE(backend.ok()) << backend.status();
   core::EngineCoreOptions options = CoreOptionsFromConfig(config, model, "decode worker");
   options.scheduler.max_num_seqs = 1;  // the others wait outside the failing step

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
+#include "engine/backend/device.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/test_util.h"
@@ -201,6 +202,96 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadModelCase>& info) {
       return BadModelCaseName(info.param);
     });
+
+// ---- Device and KV dtype refused by the backend factory ------------------------------
+
+// Exit status 1, the refusal as the last stderr line (after the model's
+// "loaded" log line) and no other line naming `key`; returns that line.
+std::string ExpectBackendRefusal(const ProcessResult& r, const std::string& key) {
+  EXPECT_FALSE(r.timed_out) << "still running after " << kExitTimeout;
+  EXPECT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(r.out, Not(HasSubstr("TANDEM_LISTENING")));
+  const std::vector<std::string> lines = Lines(r.err);
+  int naming = 0;
+  for (const std::string& l : lines) naming += l.find(key) != std::string::npos;
+  EXPECT_EQ(naming, 1) << r.err;
+  return lines.empty() ? "" : lines.back();
+}
+
+// True where the CUDA runtime sees a device (then cuda:0 would start).
+bool HasCudaGpu() { return backend::SystemDeviceQuery().DeviceCount(nullptr) > 0; }
+
+class WorkerBackendRefusalTest : public StartupErrorTest,
+                                 public ::testing::WithParamInterface<Server> {};
+
+// engine.device: cuda:0 on a machine without a GPU (this one, CI): the
+// worker refuses at start in one line naming engine.device.
+TEST_P(WorkerBackendRefusalTest, Cuda0WithoutAGpuNamesEngineDevice) {
+  if (HasCudaGpu()) GTEST_SKIP() << "a CUDA GPU is present: cuda:0 would start";
+  const std::string yaml = absl::StrReplaceAll(
+      ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  device: \"cuda:0\"\n"}});
+  ASSERT_THAT(yaml, HasSubstr("cuda:0"));
+  const std::string config = Write("cluster.yaml", yaml);
+  const std::string line = ExpectBackendRefusal(
+      RunProcess(ServerArgv(GetParam(), config, ModelPath()), kExitTimeout), "engine.device");
+  EXPECT_THAT(line, ::testing::StartsWith("engine.device: cuda:0, but this "));
+}
+
+// The CPU backend holds F32 KV only: bf16 is refused naming the key.
+TEST_P(WorkerBackendRefusalTest, Bf16KvOnCpuNamesEngineKvCacheDtype) {
+  const std::string yaml = absl::StrReplaceAll(
+      ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  kv_cache_dtype: bf16\n"}});
+  ASSERT_THAT(yaml, HasSubstr("kv_cache_dtype"));
+  const std::string config = Write("cluster.yaml", yaml);
+  const std::string line =
+      ExpectBackendRefusal(RunProcess(ServerArgv(GetParam(), config, ModelPath()), kExitTimeout),
+                           "engine.kv_cache_dtype");
+  EXPECT_EQ(line,
+            "engine.kv_cache_dtype: bf16 on engine.device cpu, but the CPU backend holds F32 KV "
+            "only (set engine.kv_cache_dtype: f32, or run this worker on cuda:N)");
+}
+
+// --gpu-memory-fraction is validated before the model loads: one line.
+TEST_P(WorkerBackendRefusalTest, GpuMemoryFractionFlagIsValidated) {
+  const std::string config = Write("cluster.yaml", ClusterYaml(ClusterOptions()));
+  std::vector<std::string> argv = ServerArgv(GetParam(), config, ModelPath());
+  argv.insert(argv.end(), {"--gpu-memory-fraction", "0.5"});
+  EXPECT_EQ(ExpectOneLineFailure(RunProcess(argv, kExitTimeout)),
+            "--gpu-memory-fraction: this worker runs on cpu (no GPU memory to divide)");
+  argv.back() = "1.5";
+  EXPECT_EQ(ExpectOneLineFailure(RunProcess(argv, kExitTimeout)),
+            "--gpu-memory-fraction: must be in (0, 1], got 1.5");
+}
+
+// `tandem up` with both workers on cuda:0 prints how it splits the GPU's
+// memory between them, then fails at start with the workers' refusal (no
+// GPU here).
+TEST_F(StartupErrorTest, UpSplitsTheGpuMemoryFractionAndReportsTheRefusal) {
+  if (HasCudaGpu()) GTEST_SKIP() << "a CUDA GPU is present: the cluster would start";
+  const std::string yaml = absl::StrReplaceAll(
+      ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  device: \"cuda:0\"\n"}});
+  const std::string config = Write("cluster.yaml", yaml);
+  const ProcessResult r = RunProcess(
+      {BinaryPath("tandem"), "up", "--config", config, "--model", ModelPath()}, kExitTimeout);
+  EXPECT_FALSE(r.timed_out) << r.Describe();
+  EXPECT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(Lines(r.err),
+              ::testing::Contains(absl::StrCat("tandem: GPU cuda:0: 2 workers (",
+                                               LocalCluster::kPrefillName, ", ",
+                                               LocalCluster::kDecodeName,
+                                               "), engine.gpu_memory_fraction 0.90 split as "
+                                               "0.45 each")))
+      << r.err;
+  EXPECT_THAT(r.err, HasSubstr("engine.device: cuda:0, but this machine has no CUDA GPU"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, WorkerBackendRefusalTest,
+                         ::testing::Values(Server::kPrefill, Server::kDecode),
+                         [](const ::testing::TestParamInfo<Server>& info) {
+                           return ServerName(info.param);
+                         });
 
 // ---- Busy port ----------------------------------------------------------------------
 

@@ -401,6 +401,29 @@ TEST(WorkerRegistryTest, RefusesAnotherKvLayoutNamingBothIds) {
                                                         "other-fp but the router serves test-fp"));
 }
 
+// A cluster mixing CPU and GPU workers: each listed worker is held to the
+// layout of its own entry (its device's KV dtype), others to the default.
+TEST(WorkerRegistryTest, ListedWorkersAreHeldToTheirOwnKvLayout) {
+  Recorder rec;
+  RegistryOptions options = Options(&rec);
+  const std::string bf16 = "kv2/test-fp/L5.H4.D8/bf16";
+  options.kv_layout_ids = {{"gpu", bf16}, {"host", kLayout}};
+  WorkerRegistry registry(options, HealthTo(&rec));
+  v1::RegisterWorkerRequest gpu = Registration("gpu", v1::ROLE_DECODE, "127.0.0.1:1");
+  EXPECT_EQ(registry.Register(gpu).message(),
+            "kv_layout_id: worker gpu has KV layout \"kv2/test-fp/L5.H4.D8/f32\" but the "
+            "router's model and configuration give \"kv2/test-fp/L5.H4.D8/bf16\"");
+  gpu.set_kv_layout_id(bf16);
+  EXPECT_TRUE(registry.Register(gpu).ok());
+  v1::RegisterWorkerRequest host = Registration("host", v1::ROLE_DECODE, "127.0.0.1:2");
+  EXPECT_TRUE(registry.Register(host).ok());
+  v1::RegisterWorkerRequest other = Registration("unlisted", v1::ROLE_DECODE, "127.0.0.1:3");
+  other.set_kv_layout_id(bf16);
+  EXPECT_EQ(registry.Register(other).code(), absl::StatusCode::kFailedPrecondition);
+  other.set_kv_layout_id(kLayout);
+  EXPECT_TRUE(registry.Register(other).ok());
+}
+
 TEST(WorkerRegistryTest, DropsAWorkerUnhealthyForDropAfterMsAndTakesItBack) {
   Recorder rec;
   RegistryOptions o = Options(&rec);

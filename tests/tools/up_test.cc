@@ -209,6 +209,62 @@ TEST(ResizeWorkerListsTest, Errors) {
             "duplicate process name 'decode-1': router and worker names must be unique");
 }
 
+TEST(SplitGpuMemoryTest, WorkersSharingAGpuDivideTheFraction) {
+  absl::StatusOr<ClusterConfig> config = ParseClusterConfig(R"(
+prefill_workers:
+  - {name: prefill-0}
+  - {name: prefill-1, device: "cuda:1"}
+decode_workers:
+  - {name: decode-0}
+  - {name: decode-1, device: cpu}
+  - {name: decode-2}
+engine: {device: "cuda:0", kv_cache_dtype: f32}
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<GpuShare> shares = SplitGpuMemory(*config);
+  ASSERT_EQ(shares.size(), 1u);  // cuda:1 has one worker; decode-1 is on the CPU
+  EXPECT_EQ(shares[0].device, "cuda:0");
+  EXPECT_EQ(shares[0].workers, (std::vector<std::string>{"prefill-0", "decode-0", "decode-2"}));
+  EXPECT_DOUBLE_EQ(shares[0].fraction, 0.3);
+  EXPECT_EQ(FormatGpuShare(shares[0], 0.9),
+            "GPU cuda:0: 3 workers (prefill-0, decode-0, decode-2), "
+            "engine.gpu_memory_fraction 0.90 split as 0.30 each");
+  EXPECT_EQ(GpuShareFlagValue(shares[0].fraction), "0.3");
+
+  absl::StatusOr<ClusterConfig> two = ParseClusterConfig(
+      "prefill_workers: [{name: prefill-0}]\n"
+      "decode_workers: [{name: decode-0}, {name: decode-1, device: \"cuda:1\"},\n"
+      "                 {name: decode-2, device: \"cuda:1\"}]\n"
+      "engine: {device: \"cuda:0\", gpu_memory_fraction: 0.9}\n");
+  ASSERT_TRUE(two.ok()) << two.status();
+  shares = SplitGpuMemory(*two);
+  ASSERT_EQ(shares.size(), 2u);
+  EXPECT_EQ(FormatGpuShare(shares[0], 0.9),
+            "GPU cuda:0: 2 workers (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 "
+            "split as 0.45 each");
+  EXPECT_EQ(FormatGpuShare(shares[1], 0.9),
+            "GPU cuda:1: 2 workers (decode-1, decode-2), engine.gpu_memory_fraction 0.90 "
+            "split as 0.45 each");
+  EXPECT_EQ(GpuShareFlagValue(shares[0].fraction), "0.45");
+}
+
+TEST(SplitGpuMemoryTest, NoSharedGpuNoSplit) {
+  absl::StatusOr<ClusterConfig> cpu = ParseClusterConfig("decode_workers: [{name: d}, {name: e}]\n");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(SplitGpuMemory(*cpu).empty());
+  absl::StatusOr<ClusterConfig> own = ParseClusterConfig(
+      "decode_workers: [{name: d, device: \"cuda:0\"}, {name: e, device: \"cuda:1\"}]\n");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE(SplitGpuMemory(*own).empty());
+}
+
+TEST(SplitGpuMemoryTest, FlagValueRoundsDownSoSharesNeverExceedTheFraction) {
+  EXPECT_EQ(GpuShareFlagValue(1.0 / 6), "0.166666");
+  EXPECT_EQ(GpuShareFlagValue(0.2 / 3), "0.066666");
+  EXPECT_EQ(GpuShareFlagValue(0.9), "0.9");
+  EXPECT_EQ(GpuShareFlagValue(1.0), "1");
+}
+
 TEST(DialAddressTest, WildcardsBecomeLoopback) {
   EXPECT_EQ(DialAddress("0.0.0.0:50051"), "127.0.0.1:50051");
   EXPECT_EQ(DialAddress("[::]:7"), "[::1]:7");
