@@ -53,7 +53,7 @@ case "$1" in
   peak) echo "peak_bf16_gemm_tflops=790.0"; echo "copy_gbps=4300" ;;
   prefill) echo "prefill_tflops=355.5"; echo "prefill_pct_of_peak=45.0"; echo "prefill_ms=12.5"
            echo "prefill_gemm_ms=10.0"; echo "prefill_attention_ms=1.5"; echo "prefill_other_ms=1.0"
-           echo "| gemm | m | n | k | engine ms | cuBLASLt ms | engine / cuBLASLt TFLOP/s |"
+           echo "| gemm | m | n | k | engine ms | cuBLASLt ms | engine speed (cuBLASLt ms / engine ms) |"
            echo "| qkv | 2048 | 3072 | 2048 | 0.0400 | 0.0380 | 95% |" ;;
   decode) for a in "$@"; do case "$prev" in --batch) b=$a ;; esac; prev=$a; done
           [ "$b" = 32 ] && [ -n "${FAIL_B32:-}" ] && { echo "decode failed" >&2; exit 1; }
