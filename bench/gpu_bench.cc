@@ -29,7 +29,9 @@
 //   tandem-gpu-bench invariance --model M
 //       The engine's batch-invariance table: per weight shape (n x k), the
 //       GEMM engine chosen and whether row 0 is bit-identical at each m in
-//       kInvarianceMs (GemmRunner::CheckInvariance, BF16, max_m 2048).
+//       kInvarianceMs (GemmRunner::CheckInvariance, BF16, max_m 2048), and
+//       the mode's slowdown: the invariant runner's time beside the default
+//       runner's at m = 1 and m = 2048.
 //
 // Output: "key=value" lines (the script parses them) and small tables.
 // Exit: 0 measured, 1 a CUDA / model error, 2 bad flag, 77 no CUDA GPU (one
@@ -52,6 +54,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/backend/backend_factory.h"
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_status.h"
@@ -515,17 +518,46 @@ absl::Status Invariance(const std::string& path) {
                                         /*batch_invariant=*/true, ctx.stream);
   if (!runner.ok()) return runner.status();
   BENCH_RETURN_IF_ERROR((*runner)->CheckInvariance());
+  // The price of the mode: each shape at m = 1 and 2048 through the
+  // batch-invariant runner (cuBLASLt with one fixed algorithm, or the
+  // fixed-tile fallback) and the default one (cuBLASLt's heuristic per m).
+  absl::StatusOr<std::unique_ptr<backend::cuda::GemmRunner>> fast =
+      backend::cuda::GemmRunner::Create(backend::cuda::Dtype::kBF16, nk, 2048,
+                                        /*batch_invariant=*/false, ctx.stream);
+  if (!fast.ok()) return fast.status();
   std::string header = "| n x k | engine |", rule = "|---|---|";
   for (int32_t mm : backend::cuda::kInvarianceMs) {
     absl::StrAppend(&header, " m=", mm, " |");
     rule += "---|";
   }
+  header += " invariant / default ms, m=1 | m=2048 |";
+  rule += "---|---|";
   std::printf("%s\n%s\n", header.c_str(), rule.c_str());
   for (const backend::cuda::GemmShapeReport& r : (*runner)->reports()) {
     std::string line = absl::StrCat("| ", r.n, " x ", r.k, " | ", r.engine, " |");
     for (size_t i = 0; i < backend::cuda::kInvarianceMs.size(); ++i) {
       absl::StrAppend(&line, i < r.invariant.size() ? (r.invariant[i] ? " yes |" : " no |")
                                                     : " - |");
+    }
+    for (int32_t mm : {1, 2048}) {
+      DeviceMem a, w, out;
+      BENCH_RETURN_IF_ERROR(a.Allocate(size_t{2} * mm * r.k, "A"));
+      BENCH_RETURN_IF_ERROR(w.Allocate(size_t{2} * r.n * r.k, "W"));
+      BENCH_RETURN_IF_ERROR(out.Allocate(size_t{4} * mm * r.n, "D"));
+      BENCH_RETURN_IF_ERROR(FillRandomBf16(a.get(), size_t{1} * mm * r.k, 5));
+      BENCH_RETURN_IF_ERROR(FillRandomBf16(w.get(), size_t{1} * r.n * r.k, 6));
+      double ms[2] = {0, 0};
+      for (int which = 0; which < 2; ++which) {
+        backend::cuda::GemmRunner& g = which == 0 ? **runner : **fast;
+        absl::StatusOr<double> t = TimeMs(ctx.stream, 3, 10, [&] {
+          return g.Run(a.get(), w.get(), mm, r.n, r.k, static_cast<float*>(out.get()), false,
+                       ctx.stream);
+        });
+        if (!t.ok()) return t.status();
+        ms[which] = *t;
+      }
+      absl::StrAppend(&line, absl::StrFormat(" %.4f / %.4f (%.2fx) |", ms[0], ms[1],
+                                             ms[1] > 0 ? ms[0] / ms[1] : 0.0));
     }
     std::printf("%s\n", line.c_str());
   }
