@@ -318,8 +318,21 @@ void QuantizeRowQ6_K(const float* x, uint64_t n, uint8_t* out) {
   }
 }
 
+uint16_t FloatToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);  // NaN
+  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
 void ConvertFromF32(gguf::TensorType type, const float* x, uint64_t n, uint8_t* out) {
   switch (type) {
+    case gguf::TensorType::kBF16:
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint16_t b = FloatToBf16(x[i]);
+        std::memcpy(out + 2 * i, &b, 2);
+      }
+      return;
     case gguf::TensorType::kF16:
       for (uint64_t i = 0; i < n; ++i) StoreHalf(x[i], out + 2 * i);
       return;
@@ -365,6 +378,7 @@ uint32_t LlamaFileType(gguf::TensorType base, QuantMix mix) {
   }
   switch (base) {
     case gguf::TensorType::kF16: return 1;    // MOSTLY_F16
+    case gguf::TensorType::kBF16: return 32;  // MOSTLY_BF16
     case gguf::TensorType::kQ4_0: return 2;   // MOSTLY_Q4_0
     case gguf::TensorType::kQ8_0: return 7;   // MOSTLY_Q8_0
     case gguf::TensorType::kQ4_K: return 14;  // MOSTLY_Q4_K_S

@@ -84,9 +84,14 @@ void QuantizeRowQ5_K(const float* x, uint64_t n, uint8_t* out);
 // d * scales[b] * (q - 32).
 void QuantizeRowQ6_K(const float* x, uint64_t n, uint8_t* out);
 
+// binary32 -> bfloat16 bits (the high half of the binary32), rounding to
+// nearest even, as ggml's GGML_FP32_TO_BF16: a NaN keeps its sign and top
+// payload bits and is forced quiet (| 0x40); overflow rounds to infinity.
+uint16_t FloatToBf16(float x);
+
 // Writes the n floats at `x` as `type` at `out`: F32 copied, F16 by
-// FloatToHalf, the block types by the quantizers above (n a multiple of the
-// block size). `type` is one of F32, F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
+// FloatToHalf, BF16 by FloatToBf16, the block types by the quantizers above (n a multiple of the
+// block size). `type` is one of F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 // The inverse of engine/model's ConvertToF32, up to the rounding.
 void ConvertFromF32(gguf::TensorType type, const float* x, uint64_t n, uint8_t* out);
 
@@ -111,7 +116,7 @@ gguf::TensorType MixTensorType(gguf::TensorType base, QuantMix mix, std::string_
                                int32_t n_layer, bool has_output);
 
 // general.file_type for a model of `base` under `mix`, as llama.h's
-// llama_ftype: F32 0 (ALL_F32), F16 1, Q8_0 7, Q4_0 2, Q4_K 14 (Q4_K_S,
+// llama_ftype: F32 0 (ALL_F32), F16 1, BF16 32, Q8_0 7, Q4_0 2, Q4_K 14 (Q4_K_S,
 // what llama-quantize --pure Q4_K_S writes), Q5_K 16 (Q5_K_S), Q6_K 18;
 // under kKQuantM Q4_K 15 (Q4_K_M), Q5_K 17 (Q5_K_M). 0 for other pairs.
 uint32_t LlamaFileType(gguf::TensorType base, QuantMix mix);

@@ -1,6 +1,7 @@
 // `tandem synth-model` (see synth_model.h).
 #include "tools/synth_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <numbers>
+#include <thread>
 #include <utility>
 #include <variant>
 
@@ -23,9 +25,9 @@ namespace {
 constexpr char kUsage[] =
     "usage: tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)\n"
     "           [--arch llama|qwen2]\n"
-    "           [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]\n"
+    "           [--preset 15M|110M|1B|llama3.2-1b | --dim N --layers N --heads N [--kv-heads N]\n"
     "            --ff N [--context N]]\n"
-    "           [--type f32|f16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] [--seed S]\n";
+    "           [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] [--seed S]\n";
 
 constexpr float kStdDev = 0.02f;
 
@@ -98,6 +100,7 @@ struct TypeFlag {
 constexpr TypeFlag kTypeFlags[] = {
     {"f32", gguf::TensorType::kF32, QuantMix::kPure},
     {"f16", gguf::TensorType::kF16, QuantMix::kPure},
+    {"bf16", gguf::TensorType::kBF16, QuantMix::kPure},
     {"q8_0", gguf::TensorType::kQ8_0, QuantMix::kPure},
     {"q4_0", gguf::TensorType::kQ4_0, QuantMix::kPure},
     {"q4_k", gguf::TensorType::kQ4_K, QuantMix::kPure},
@@ -140,14 +143,38 @@ absl::Status CheckShape(const SynthShape& s, gguf::TensorType type, QuantMix mix
   return absl::OkStatus();
 }
 
-// Fills `out` with tensor `index` of `spec` in `type`.
+// Fills rows [row_begin, row_end) of tensor `index` of `spec` (rows of
+// dims[0] values, a multiple of the type's block) at `out` in `type`.
+void FillRows(const TensorSpec& spec, uint64_t index, uint64_t seed, gguf::TensorType type,
+              uint64_t row_begin, uint64_t row_end, uint8_t* out) {
+  const uint64_t row = spec.dims[0];
+  const uint64_t row_bytes = *gguf::TensorBytes(type, row);
+  std::vector<float> x(row);
+  for (uint64_t r = row_begin; r < row_end; ++r) {
+    for (uint64_t j = 0; j < row; ++j) {
+      x[j] = spec.norm ? 1.0f : SynthWeight(seed, index, r * row + j);
+    }
+    ConvertFromF32(type, x.data(), row, out + r * row_bytes);
+  }
+}
+
+// Fills `out` with tensor `index` of `spec` in `type`: rows split over up
+// to 16 threads (each element is computed alone, so the bytes do not
+// depend on the split).
 void FillTensor(const TensorSpec& spec, uint64_t index, uint64_t seed, gguf::TensorType type,
                 uint8_t* out) {
-  uint64_t n = 1;
-  for (uint64_t d : spec.dims) n *= d;
-  std::vector<float> x(n);
-  for (uint64_t i = 0; i < n; ++i) x[i] = spec.norm ? 1.0f : SynthWeight(seed, index, i);
-  ConvertFromF32(type, x.data(), n, out);
+  uint64_t rows = 1;
+  for (size_t d = 1; d < spec.dims.size(); ++d) rows *= spec.dims[d];
+  const uint64_t n = rows * spec.dims[0];
+  const uint64_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t threads = n < (1u << 16) ? 1 : std::min<uint64_t>({hw, 16, rows});
+  if (threads <= 1) return FillRows(spec, index, seed, type, 0, rows, out);
+  std::vector<std::thread> pool;
+  for (uint64_t t = 0; t < threads; ++t) {
+    pool.emplace_back(FillRows, std::cref(spec), index, seed, type, rows * t / threads,
+                      rows * (t + 1) / threads, out);
+  }
+  for (std::thread& th : pool) th.join();
 }
 
 }  // namespace
@@ -171,7 +198,9 @@ absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
   if (name == "15M") return SynthShape{288, 6, 6, 6, 768, 256};
   if (name == "110M") return SynthShape{768, 12, 12, 12, 2048, 1024};
   if (name == "1B") return SynthShape{2048, 16, 32, 8, 5632, 2048};
-  return FlagError("preset", absl::StrCat("unknown preset '", name, "' (15M, 110M or 1B)"));
+  if (name == "llama3.2-1b") return SynthShape{2048, 16, 32, 8, 8192, 8192, 500000.0f};
+  return FlagError("preset",
+                   absl::StrCat("unknown preset '", name, "' (15M, 110M, 1B or llama3.2-1b)"));
 }
 
 absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args) {
@@ -348,7 +377,8 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
   if (o.arch == SynthArch::kLlama) {
     add(arch + ".rope.dimension_count", static_cast<uint32_t>(s.dim / s.heads));
   }
-  add(arch + ".rope.freq_base", constants.rope_freq_base);
+  add(arch + ".rope.freq_base",
+      s.rope_freq_base > 0.0f ? s.rope_freq_base : constants.rope_freq_base);
   add(arch + ".attention.layer_norm_rms_epsilon", constants.rms_eps);
   add("tandem.synth.seed", o.seed);
   for (const auto& [key, value] : tokenizer) {

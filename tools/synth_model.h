@@ -4,13 +4,14 @@
 //
 //   tandem synth-model --out PATH (--vocab-from GGUF | --vocab byte)
 //       [--arch llama|qwen2]
-//       [--preset 15M|110M|1B | --dim N --layers N --heads N [--kv-heads N]
+//       [--preset 15M|110M|1B|llama3.2-1b | --dim N --layers N --heads N [--kv-heads N]
 //        --ff N [--context N]]
-//       [--type f32|f16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] [--seed S]
+//       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] [--seed S]
 //
 // Metadata: general.architecture (--arch, default llama), general.name,
 // general.file_type, the architecture's keys (llama: the llama.* keys
-// stories260K has plus rope.freq_base 10000 and rms eps 1e-5; qwen2: the
+// stories260K has plus rope.freq_base 10000 (the llama3.2-1b preset:
+// 500000) and rms eps 1e-5; qwen2: the
 // qwen2.* keys llama.cpp's converter writes for Qwen2, no
 // rope.dimension_count, rope.freq_base 1e6, rms eps 1e-6),
 // tandem.synth.seed, then every tokenizer.* key of --vocab-from in its file
@@ -22,7 +23,8 @@
 // attn_output, attn_norm, ffn_gate, ffn_down, ffn_up, ffn_norm. Norm
 // weights are 1 and always F32; biases are always F32; every other value is
 // SynthWeight(seed, index of the tensor in that order, i), stored as --type
-// (quantize.h: F16 IEEE half, round to nearest even; Q8_0, Q4_0, Q4_K,
+// (quantize.h: F16 IEEE half, BF16 the high half of a binary32, both
+// rounding to nearest even; Q8_0, Q4_0, Q4_K,
 // Q5_K, Q6_K by ggml's quantize_row_*_ref, the bytes llama-quantize
 // writes). q4_k_m / q5_k_m are llama.cpp's mixes (MixTensorType: Q4_K /
 // Q5_K, with Q6_K for output.weight and some attn_v / ffn_down; qwen2's
@@ -63,6 +65,9 @@ struct SynthShape {
   int32_t kv_heads = 0;
   int32_t ff = 0;
   int32_t context = 0;
+  // <arch>.rope.freq_base; 0: the architecture's default (llama 10000,
+  // qwen2 1e6). Only presets set it.
+  float rope_freq_base = 0.0f;
 };
 
 struct SynthModelOptions {
@@ -85,8 +90,11 @@ std::string SynthTypeName(gguf::TensorType type, QuantMix mix);
 // The presets: "15M" and "110M" as llama2.c's stories15M / stories110M
 // (dim 288, 6 layers, 6 heads, ff 768, context 256; dim 768, 12 layers,
 // 12 heads, ff 2048, context 1024), "1B" a TinyLlama-1.1B-like shape
-// (dim 2048, 16 layers, 32 heads, 8 KV heads, ff 5632, context 2048).
-// INVALID_ARGUMENT naming --preset for another name.
+// (dim 2048, 16 layers, 32 heads, 8 KV heads, ff 5632, context 2048),
+// "llama3.2-1b" Llama 3.2 1B's shape (dim 2048, 16 layers, 32 heads, 8 KV
+// heads, ff 8192, context 8192, rope base 500000; meant with the 32000-token
+// SPM vocabulary of ggml-vocab-llama-spm.gguf, not Llama 3's 128k BPE one;
+// untied output, no rope_freqs scaling). INVALID_ARGUMENT naming --preset for another name.
 absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
 
 // Parses the arguments after "synth-model" and checks the shape:

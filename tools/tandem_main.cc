@@ -1,11 +1,13 @@
 // tandem: the command-line tool of a Tandem cluster. Thin dispatch on the
-// subcommand; each lives in its own file (up.cc, generate.cc, status.cc).
+// subcommand; each lives in its own file (up.cc, generate.cc, status.cc,
+// synth_model.cc, selftest.cc).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "tools/generate.h"
+#include "tools/selftest.h"
 #include "tools/status.h"
 #include "tools/synth_model.h"
 #include "tools/up.h"
@@ -30,9 +32,14 @@ constexpr char kUsage[] =
     "  status    one line per process; exit 0 when the cluster can serve\n"
     "            [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms MS]\n"
     "  synth-model  write a llama or qwen2 GGUF of a given shape with seeded random weights\n"
-    "            --out PATH (--vocab-from GGUF | --vocab byte) [--preset 15M|110M|1B | --dim N --layers N\n"
-    "            --heads N [--kv-heads N] --ff N [--context N]] [--type f32|f16|q8_0] [--seed S]\n"
-    "            [--arch llama|qwen2]\n"
+    "            --out PATH (--vocab-from GGUF | --vocab byte)\n"
+    "            [--preset 15M|110M|1B|llama3.2-1b | --dim N --layers N --heads N [--kv-heads N]\n"
+    "            --ff N [--context N]] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m]\n"
+    "            [--seed S] [--arch llama|qwen2]\n"
+    "  selftest  check the CUDA backend against the CPU backend and the goldens (greedy\n"
+    "            ids, top-5 logits, BF16 teacher-forced argmax, batched/chunked bit-identity)\n"
+    "            [--device cuda:N] [--model PATH]... [--shared DIR]   (default: ../shared's\n"
+    "            stories260K and tiny BPE models; exit 0 pass, 1 fail, 77 no CUDA GPU)\n"
     "\n"
     "API keys (router.api_keys_file): --api-key KEY, else $TANDEM_API_KEY (which `up`\n"
     "sends in its readiness checks).\n";
@@ -60,6 +67,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return tandem::cli::RunGenerate(args);
   if (command == "status") return tandem::cli::RunStatus(args);
   if (command == "synth-model") return tandem::cli::RunSynthModel(args);
+  if (command == "selftest") return tandem::cli::RunSelftest(args);
   std::fprintf(stderr, "tandem: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }

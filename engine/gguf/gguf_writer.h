@@ -68,6 +68,12 @@ class GgufWriter {
   // Size in bytes of the file Serialize/WriteFile produce.
   uint64_t FileSize() const;
 
+  // The file's first bytes: header, metadata, tensor infos and the padding
+  // up to the data section (FileSize() minus the data section). Calls no
+  // fill function, so a large model's layout can be checked without
+  // computing its tensors.
+  std::string Header() const;
+
  private:
   struct Tensor {
     std::string name;
@@ -82,9 +88,6 @@ class GgufWriter {
   // Validates and appends; computes n_bytes and offset.
   absl::Status Add(std::string name, TensorType type, std::vector<uint64_t> dims,
                    FillFn fill, const uint64_t* expected_bytes);
-  // Header, metadata, tensor infos and the padding up to the data section.
-  std::string Header() const;
-
   uint32_t alignment_;
   std::vector<std::pair<std::string, MetadataValue>> metadata_;
   std::set<std::string, std::less<>> keys_;

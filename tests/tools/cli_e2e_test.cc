@@ -617,11 +617,17 @@ TEST_F(CliTest, UsageExitsTwoAndHelpZero) {
   EXPECT_EQ(RunCommand({tandem_}).exit_code, 2);
   for (std::vector<std::string> argv : {std::vector<std::string>{tandem_, "--help"},
                                         {tandem_, "up", "--help"},
-                                        {tandem_, "synth-model", "-h"}}) {
+                                        {tandem_, "synth-model", "-h"},
+                                        {tandem_, "selftest", "--help"}}) {
     Result help = RunCommand(argv);
     EXPECT_EQ(help.exit_code, 0) << argv[1];
     EXPECT_THAT(help.out, StartsWith("usage: tandem <command>")) << argv[1];
+    EXPECT_THAT(help.out, HasSubstr("  selftest  check the CUDA backend")) << argv[1];
+    EXPECT_THAT(help.out, HasSubstr("[--preset 15M|110M|1B|llama3.2-1b")) << argv[1];
   }
+  Result bad = RunCommand({tandem_, "selftest", "--device", "cuda"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, StartsWith("tandem selftest: --device: "));
   Result unknown = RunCommand({tandem_, "launch"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, StartsWith("tandem: unknown command 'launch'\nusage:"));

@@ -100,6 +100,32 @@ TEST(SynthModelFormatsTest, FloatToHalfMatchesBinary16) {
   }
 }
 
+TEST(SynthModelFormatsTest, FloatToBf16RoundsToNearestEven) {
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return FloatToBf16(f);
+  };
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(FloatToBf16(-2.5f), 0xc020);
+  EXPECT_EQ(FloatToBf16(0.0f), 0x0000);
+  EXPECT_EQ(FloatToBf16(-0.0f), 0x8000);
+  EXPECT_EQ(bits(0x3f808000u), 0x3f80);  // tie -> even (down)
+  EXPECT_EQ(bits(0x3f818000u), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(bits(0x3f808001u), 0x3f81);  // above the tie
+  EXPECT_EQ(bits(0x3f807fffu), 0x3f80);  // below the tie
+  EXPECT_EQ(bits(0x7f7fffffu), 0x7f80);  // FLT_MAX rounds to infinity
+  EXPECT_EQ(bits(0xff800000u), 0xff80);  // -infinity stays
+  EXPECT_EQ(bits(0x7f800001u), 0x7fc0);  // signalling NaN -> quiet NaN
+  EXPECT_EQ(bits(0xffc12345u), 0xffc1);  // NaN keeps sign and top payload
+  EXPECT_EQ(bits(0x00000001u), 0x0000);  // smallest subnormal rounds to 0
+  // Every finite bf16 is exact as a float and converts back to itself.
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if (((b >> 7) & 0xff) == 0xff) continue;
+    ASSERT_EQ(bits(b << 16), b) << b;
+  }
+}
+
 TEST(SynthModelFormatsTest, QuantizeRowQ8_0FollowsGgml) {
   std::vector<float> x(64);
   for (int j = 0; j < 32; ++j) x[j] = (j - 16) * 0.01f;  // max |x| = 0.16
@@ -167,6 +193,88 @@ TEST(SynthModelArgsTest, PresetsAndDefaults) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->arch, SynthArch::kQwen2);
   EXPECT_STREQ(SynthArchName(o->arch), "qwen2");
+}
+
+// The llama3.2-1b preset as BF16 with the SPM vocabulary: its header (every
+// metadata value, tensor type and shape) through GgufFile, with the 2.2 GB
+// data section left a hole (the header, then a sparse file of FileSize()).
+TEST(SynthModelArgsTest, Llama32_1bPresetBf16Layout) {
+  const std::string out = TempPath("synth_llama32_1b_header");
+  absl::StatusOr<SynthModelOptions> o = ParseSynthModelArgs(
+      {"--out", out, "--vocab-from", Vocab(), "--preset", "llama3.2-1b", "--type", "BF16"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shape.dim, 2048);
+  EXPECT_EQ(o->shape.layers, 16);
+  EXPECT_EQ(o->shape.heads, 32);
+  EXPECT_EQ(o->shape.kv_heads, 8);
+  EXPECT_EQ(o->shape.ff, 8192);
+  EXPECT_EQ(o->shape.context, 8192);
+  EXPECT_EQ(o->shape.rope_freq_base, 500000.0f);
+  EXPECT_EQ(o->type, gguf::TensorType::kBF16);
+  EXPECT_EQ(SynthTypeName(o->type, o->mix), "bf16");
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> vocab = gguf::GgufFile::Open(Vocab());
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  absl::StatusOr<gguf::GgufWriter> w = BuildSynthModel(*o, **vocab);
+  ASSERT_TRUE(w.ok()) << w.status();
+  // 2-D weights: token_embd and output 2048 x 32000, per layer q and o
+  // 2048 x 2048, k and v 2048 x 512, gate/up/down 2048 x 8192, 2 bytes
+  // each; 33 F32 norms of 2048 (every size a multiple of the alignment).
+  const uint64_t data = 2ull * (2ull * 32000 * 2048 +
+                                16ull * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192)) +
+                        33ull * 2048 * 4;
+  EXPECT_EQ(data, 2208571392ull);
+  const std::string header = w->Header();
+  EXPECT_EQ(w->FileSize(), header.size() + data);
+  {
+    std::ofstream f(out, std::ios::binary);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  }
+  std::filesystem::resize_file(out, w->FileSize());  // a hole: no 2 GB written
+  absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(out);
+  std::filesystem::remove(out);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const gguf::GgufFile& file = **f;
+  EXPECT_EQ(*file.GetString("general.architecture"), "llama");
+  EXPECT_EQ(*file.GetString("general.name"), "tandem-synth-llama3.2-1b");
+  EXPECT_EQ(*file.GetUint("general.file_type"), 32u);
+  EXPECT_EQ(*file.GetUint("llama.context_length"), 8192u);
+  EXPECT_EQ(*file.GetUint("llama.embedding_length"), 2048u);
+  EXPECT_EQ(*file.GetUint("llama.feed_forward_length"), 8192u);
+  EXPECT_EQ(*file.GetUint("llama.attention.head_count"), 32u);
+  EXPECT_EQ(*file.GetUint("llama.attention.head_count_kv"), 8u);
+  EXPECT_EQ(*file.GetUint("llama.block_count"), 16u);
+  EXPECT_EQ(*file.GetUint("llama.rope.dimension_count"), 64u);
+  EXPECT_EQ(*file.GetFloat("llama.rope.freq_base"), 500000.0f);
+  EXPECT_EQ(*file.GetFloat("llama.attention.layer_norm_rms_epsilon"), 1e-5f);
+  EXPECT_EQ(*file.GetString("tokenizer.ggml.model"), "llama");
+  const auto* tokens =
+      std::get_if<std::vector<std::string>>(file.Find("tokenizer.ggml.tokens"));
+  ASSERT_NE(tokens, nullptr);
+  EXPECT_EQ(tokens->size(), 32000u);
+  ASSERT_EQ(file.tensors().size(), 3u + 16u * 9u);
+  struct Want {
+    const char* name;
+    gguf::TensorType type;
+    std::vector<uint64_t> dims;
+  };
+  const gguf::TensorType bf = gguf::TensorType::kBF16, f32 = gguf::TensorType::kF32;
+  for (const Want& want : {Want{"token_embd.weight", bf, {2048, 32000}},
+                           Want{"output_norm.weight", f32, {2048}},
+                           Want{"output.weight", bf, {2048, 32000}},
+                           Want{"blk.0.attn_q.weight", bf, {2048, 2048}},
+                           Want{"blk.0.attn_k.weight", bf, {2048, 512}},
+                           Want{"blk.0.attn_v.weight", bf, {2048, 512}},
+                           Want{"blk.15.attn_output.weight", bf, {2048, 2048}},
+                           Want{"blk.15.attn_norm.weight", f32, {2048}},
+                           Want{"blk.15.ffn_gate.weight", bf, {2048, 8192}},
+                           Want{"blk.15.ffn_down.weight", bf, {8192, 2048}},
+                           Want{"blk.15.ffn_up.weight", bf, {2048, 8192}},
+                           Want{"blk.15.ffn_norm.weight", f32, {2048}}}) {
+    const gguf::TensorInfo* t = file.FindTensor(want.name);
+    ASSERT_NE(t, nullptr) << want.name;
+    EXPECT_EQ(t->type, want.type) << want.name;
+    EXPECT_EQ(t->dims, want.dims) << want.name;
+  }
 }
 
 TEST(SynthModelArgsTest, BadFlagsNameTheFlag) {
@@ -336,7 +444,8 @@ TEST(SynthModelTest, QuantizedModelsTrackF32) {
   Synth f32 = LoadSmall("f32");
   Synth f16 = LoadSmall("f16");
   Synth q8 = LoadSmall("q8_0");
-  ASSERT_TRUE(f32.model && f16.model && q8.model);
+  Synth bf16 = LoadSmall("bf16");
+  ASSERT_TRUE(f32.model && f16.model && q8.model && bf16.model);
   const model::LlamaConfig& c = f32.model->config();
   EXPECT_EQ(c.n_embd, 64);
   EXPECT_EQ(c.n_layers, 2);
@@ -348,6 +457,32 @@ TEST(SynthModelTest, QuantizedModelsTrackF32) {
   EXPECT_EQ(f16.file->FindTensor("blk.1.ffn_down.weight")->type, gguf::TensorType::kF16);
   EXPECT_EQ(q8.file->FindTensor("output.weight")->type, gguf::TensorType::kQ8_0);
   EXPECT_EQ(q8.file->FindTensor("output_norm.weight")->type, gguf::TensorType::kF32);
+  EXPECT_EQ(*bf16.file->GetUint("general.file_type"), 32u);  // LLAMA_FTYPE_MOSTLY_BF16
+  EXPECT_EQ(bf16.file->FindTensor("output_norm.weight")->type, gguf::TensorType::kF32);
+  {  // token_embd (2M values, filled on several threads where the machine
+     // has several cores) is element i = SynthWeight(42, 0, i), so the
+     // thread split changes no byte.
+    const gguf::TensorInfo* t = f32.file->FindTensor("token_embd.weight");
+    ASSERT_EQ(t->NumElements(), 64u * 32000u);
+    for (uint64_t i = 0; i < t->NumElements(); i += 997) {
+      float x;
+      std::memcpy(&x, t->data + 4 * i, 4);
+      ASSERT_EQ(x, SynthWeight(42, 0, i)) << i;
+    }
+  }
+  {  // BF16 weights are FloatToBf16 of the F32 model's, element for element.
+    const gguf::TensorInfo* t = bf16.file->FindTensor("blk.1.ffn_down.weight");
+    const gguf::TensorInfo* r = f32.file->FindTensor("blk.1.ffn_down.weight");
+    ASSERT_EQ(t->type, gguf::TensorType::kBF16);
+    ASSERT_EQ(t->n_bytes, 128u * 64u * 2u);
+    for (uint64_t i = 0; i < t->NumElements(); ++i) {
+      uint16_t b;
+      float x;
+      std::memcpy(&b, t->data + 2 * i, 2);
+      std::memcpy(&x, r->data + 4 * i, 4);
+      ASSERT_EQ(b, FloatToBf16(x)) << i;
+    }
+  }
 
   // The tokenizer is the SPM vocabulary's (its .inp/.out reference pair).
   absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
@@ -371,14 +506,16 @@ TEST(SynthModelTest, QuantizedModelsTrackF32) {
   const auto ref_logits = StepLogits(*f32.model, ids, n_prompt);
   // Tolerances on |logit - f32 logit| (the F32 logits have a spread of
   // about 0.2 here): F16 rounds each weight by <= 2^-11 relative, Q8_0 by
-  // <= max|block| / 254 (about 1% of a weight of typical size).
+  // <= max|block| / 254 (about 1% of a weight of typical size), BF16 by
+// <= 2^-9 relative (4 times F16's bound on the weights).
   struct Variant {
     const char* name;
     const model::LlamaModel* m;
     float tol;
   };
   for (const Variant& v : {Variant{"f16", f16.model.get(), 2e-3f},
-                           Variant{"q8_0", q8.model.get(), 2e-2f}}) {
+                           Variant{"q8_0", q8.model.get(), 2e-2f},
+                           Variant{"bf16", bf16.model.get(), 1e-2f}}) {
     const auto logits = StepLogits(*v.m, ids, n_prompt);
     ASSERT_EQ(logits.size(), ref_logits.size());
     int compared_ids = 0;

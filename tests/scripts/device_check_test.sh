@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# scripts/device-check and scripts/device-bundle without a GPU: the
+# one-line exit 77 (no visible device; nvidia-smi missing or listing none),
+# bad flags (exit 2 naming the flag), a whole run against fake binaries and
+# a fake nvidia-smi (every section, the report's numbers and ratios, $OUT,
+# a failing section), tandem-gpu-bench's own exit 77, and the bundle's
+# library list (no glibc, driver, NCCL or cuBLAS).
+# Usage: device_check_test.sh BUILD_DIR SOURCE_DIR SHARED_DIR
+set -euo pipefail
+build=$1; src=$2; shared=$3
+check=$src/scripts/device-check
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_77 REASON [env...]: exactly one line, exit 77.
+expect_77() {
+  local reason=$1; shift
+  local out rc=0
+  out=$(env "$@" "$BASH" "$check" 2>&1) || rc=$?
+  [ "$rc" = 77 ] || fail "exit $rc, not 77 ($reason): $out"
+  [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] || fail "not one line ($reason): $out"
+  [ "$out" = "device-check: no CUDA GPU ($reason); nothing to check" ] || fail "line: $out"
+}
+expect_77 "CUDA_VISIBLE_DEVICES is empty" CUDA_VISIBLE_DEVICES=
+mkdir -p "$tmp/none" "$tmp/nogpu" "$tmp/gpu"
+expect_77 "nvidia-smi not found" -u CUDA_VISIBLE_DEVICES PATH="$tmp/none"
+printf '#!/bin/sh\necho "No devices were found"\nexit 6\n' > "$tmp/nogpu/nvidia-smi"
+chmod +x "$tmp/nogpu/nvidia-smi"
+expect_77 "nvidia-smi lists no GPU" -u CUDA_VISIBLE_DEVICES PATH="$tmp/nogpu:$PATH"
+
+for flags in "--bogus" "--bin" "--shared ''"; do
+  rc=0; out=$(eval bash "$check" "$flags" 2>&1) || rc=$?
+  [ "$rc" = 2 ] || fail "$flags: exit $rc, not 2: $out"
+  name=${flags%% *}
+  printf '%s' "$out" | grep -q -- "$name" || fail "$flags: message does not name the flag: $out"
+done
+
+# --- A whole run against fakes.
+cat > "$tmp/gpu/nvidia-smi" <<'EOF'
+#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-fake)" ;;
+  --query-gpu=*) echo "NVIDIA H200, 580.159.04, 143771 MiB, 1980 MHz" ;;
+  *) echo "| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 13.0 |" ;;
+esac
+EOF
+chmod +x "$tmp/gpu/nvidia-smi"
+mkdir -p "$tmp/bin"
+cat > "$tmp/bin/tandem-gpu-bench" <<'EOF'
+#!/bin/sh
+case "$1" in
+  peak) echo "peak_bf16_gemm_tflops=790.0"; echo "copy_gbps=4300" ;;
+  prefill) echo "prefill_tflops=355.5"; echo "prefill_pct_of_peak=45.0"; echo "prefill_ms=12.5"
+           echo "prefill_gemm_ms=10.0"; echo "prefill_attention_ms=1.5"; echo "prefill_other_ms=1.0"
+           echo "| gemm | m | n | k | engine ms | cuBLASLt ms | engine speed (cuBLASLt ms / engine ms) |"
+           echo "| qkv | 2048 | 3072 | 2048 | 0.0400 | 0.0380 | 95% |" ;;
+  decode) for a in "$@"; do case "$prev" in --batch) b=$a ;; esac; prev=$a; done
+          [ "$b" = 32 ] && [ -n "${FAIL_B32:-}" ] && { echo "decode failed" >&2; exit 1; }
+          echo "decode_tokens_per_s=$((b * 400)).0"; echo "decode_step_ms=2.0"
+          echo "decode_weight_gbps=2600"; echo "decode_weight_pct_of_copy=60.5" ;;
+  invariance) echo "| n x k | engine | m=1 |"; echo "| 3072 x 2048 | cublaslt | yes |" ;;
+esac
+EOF
+cat > "$tmp/bin/tandem" <<'EOF'
+#!/bin/sh
+case "$1" in
+  selftest) echo "selftest: 42 of 42 checks passed (fake)" ;;
+  synth-model) echo "tandem: wrote (fake)" ;;
+esac
+EOF
+chmod +x "$tmp/bin/"*
+run_fake() {
+  env -u CUDA_VISIBLE_DEVICES PATH="$tmp/gpu:$PATH" OUT="$tmp/out" "$@" bash "$check" \
+    --bin "$tmp/bin" --shared "$shared" --work "$tmp/work" > "$tmp/run.log" 2>&1
+}
+rc=0; run_fake || rc=$?
+[ "$rc" = 0 ] || fail "fake run: exit $rc: $(tail -20 "$tmp/run.log")"
+report=$tmp/out/report.md
+[ -f "$report" ] && [ -f "$tmp/out/device-check.log" ] || fail "no \$OUT/report.md or log"
+for want in \
+  "GPU, driver, memory, max SM clock: NVIDIA H200, 580.159.04, 143771 MiB, 1980 MHz; CUDA (driver) 13.0;" \
+  "| bf16 GEMM peak (cuBLASLt, 8192^3) | 790.0 TFLOP/s | (ceiling) |" \
+  "| device copy bandwidth (read + write) | 4300 GB/s | (ceiling) |" \
+  "| prefill 2048 tokens, 1B | 355.5 TFLOP/s = 45.0% of peak (12.5 ms: GEMM 10.0, attention 1.5, other 1.0) | >= 40% (stretch 50%) |" \
+  "| decode batch 1 (prompt 128, output 128) | 400.0 tokens/s; weights 2600 GB/s = 60.5% of copy (step 2.0 ms) | >= 55% (stretch 70%) |" \
+  "| decode batch 32 | 12800.0 tokens/s | - |" \
+  "| decode batch 128 | 51200.0 tokens/s = 128.0x batch 1 | >= 30x |" \
+  "| selftest | 42 of 42 checks passed | all |" \
+  "| qkv | 2048 | 3072 | 2048 | 0.0400 | 0.0380 | 95% |" \
+  "| 3072 x 2048 | cublaslt | yes |"; do
+  grep -qF -- "$want" "$report" || fail "report lacks: $want
+$(cat "$report")"
+done
+grep -qF "===== report (for docs/benchmarks.md) =====" "$tmp/run.log" || fail "no report on stdout"
+tail -n "$(wc -l < "$report")" "$tmp/run.log" | cmp -s - "$report" || fail "stdout ends otherwise than report.md"
+grep -q "decode_b128 ok" "$report" || fail "sections line: $(grep Sections "$report")"
+
+# A failing section: reported, the others still run, exit 1.
+rc=0; run_fake FAIL_B32=1 || rc=$?
+[ "$rc" = 1 ] || fail "failing section: exit $rc, not 1"
+grep -q "decode_b32 FAILED (rc 1)" "$report" || fail "failed section not reported: $(cat "$report")"
+grep -q "decode_b128 ok" "$report" || fail "sections after the failure did not run"
+
+# --quick: no 1B model, a short decode.
+rm -rf "$tmp/out"
+rc=0; env -u CUDA_VISIBLE_DEVICES PATH="$tmp/gpu:$PATH" OUT="$tmp/out" bash "$check" --quick \
+  --bin "$tmp/bin" --shared "$shared" --work "$tmp/work" > "$tmp/run.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || fail "--quick: exit $rc"
+grep -q "synth_1b" "$tmp/out/report.md" && fail "--quick wrote the 1B model"
+grep -qF "| decode batch 1, stories260K (prompt 32, output 32) | 400.0 tokens/s | - |" \
+  "$tmp/out/report.md" || fail "--quick report: $(cat "$tmp/out/report.md")"
+
+# --- tandem-gpu-bench (CUDA builds only): one line, exit 77.
+if [ -x "$build/tandem-gpu-bench" ]; then
+  rc=0; out=$(CUDA_VISIBLE_DEVICES= "$build/tandem-gpu-bench" peak 2>&1) || rc=$?
+  [ "$rc" = 77 ] || fail "tandem-gpu-bench: exit $rc, not 77: $out"
+  [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] || fail "tandem-gpu-bench: not one line: $out"
+  case "$out" in "tandem-gpu-bench: no CUDA GPU ("*"); nothing to measure") ;;
+    *) fail "tandem-gpu-bench: $out" ;; esac
+fi
+
+# --- The bundle's libraries: what the machine lacks, nothing it has.
+libs=$(bash "$src/scripts/device-bundle" --list-libs "$build/tandem")
+printf '%s\n' "$libs" | grep -q '/libstdc++\.so' || fail "libstdc++ not bundled: $libs"
+if printf '%s\n' "$libs" | grep -E '/(libc|libm|libdl|librt|libpthread|libcuda|libnccl|libcublas|libcublasLt)\.so|ld-linux'; then
+  fail "a system, driver, NCCL or cuBLAS library would be bundled"
+fi
+rc=0; bash "$src/scripts/device-bundle" --bogus > /dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "device-bundle --bogus: exit $rc"
+echo "PASS"
