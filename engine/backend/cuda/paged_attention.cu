@@ -1,0 +1,286 @@
+// KV write and paged attention of cuda_kernels.h.
+//
+// Attention is split by absolute key position so that a token's result
+// never depends on the batch (batch-invariant numerics). For token t at
+// position pos, query head h and chunk c (keys [c * kAttentionChunk,
+// min((c + 1) * kAttentionChunk, pos + 1))), ChunkKernel computes
+//   s_j   = (q . k_j) * scale       q . k_j: lane l of one warp sums
+//                                    q[d] k_j[d] for d = l, l + 32, ... with
+//                                    FMAs, then a xor-butterfly over lanes
+//   m_c   = max_j s_j
+//   e_j   = expf(s_j - m_c)
+//   l_c   = sum_j e_j               fixed tree (see BlockReduce)
+//   acc_c = sum_j e_j * v_j[d]      j ascending, FMAs
+// A token whose keys fit in one chunk (pos < kAttentionChunk) writes
+// acc_0 / l_0 directly. Otherwise the partials go to the workspace and
+// CombineKernel merges the token's chunks in chunk order:
+//   M = max_c m_c, w_c = expf(m_c - M), L = sum_c l_c w_c,
+//   out[d] = (sum_c acc_c[d] w_c) / L.
+// Every order above depends on pos and the chunk bounds alone. K and V are
+// read in place through the block table; chunks past a token's position
+// exit at once (a CUDA graph sizes the grid for the whole context).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "engine/backend/cuda/cuda_kernels.h"
+#include "engine/backend/cuda/kernel_util.cuh"
+
+namespace tandem::backend::cuda {
+namespace {
+
+using internal::DispatchDtype;
+using internal::FromF32;
+using internal::ToF32;
+
+constexpr int32_t kMaxHeadDim = 256;
+constexpr unsigned kWarps = 4;
+constexpr unsigned kThreads = kWarps * 32;  // a power of two (BlockReduce)
+constexpr unsigned kKvWriteThreads = 256;
+
+template <typename T>
+__global__ void KvWriteKernel(const float* qkv, int32_t width, int32_t q_dim,
+                              const int32_t* token_seq, const int32_t* token_pos,
+                              const int32_t* block_tables, int32_t max_blocks_per_seq,
+                              T* k_pool, T* v_pool, int32_t layer, int32_t num_blocks,
+                              int32_t block_size, int32_t kv_dim) {
+  const size_t t = blockIdx.x;
+  const int32_t pos = token_pos[t];
+  const int32_t block =
+      block_tables[static_cast<size_t>(token_seq[t]) * max_blocks_per_seq + pos / block_size];
+  const size_t dst =
+      ((static_cast<size_t>(layer) * num_blocks + block) * block_size + pos % block_size) *
+      static_cast<size_t>(kv_dim);
+  const float* src = qkv + t * static_cast<size_t>(width) + q_dim;
+  for (int32_t j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+    k_pool[dst + j] = FromF32<T>(src[j]);
+    v_pool[dst + j] = FromF32<T>(src[kv_dim + j]);
+  }
+}
+
+// Combines `value` of every thread of the block with `op` in a fixed
+// binary tree (thread i + s into thread i, s = kThreads/2, ..., 1) and
+// returns the result to all threads. `scratch` holds kThreads floats.
+template <typename Op>
+__device__ float BlockReduce(float value, float* scratch, Op op) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (unsigned s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) scratch[threadIdx.x] = op(scratch[threadIdx.x], scratch[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const float result = scratch[0];
+  __syncthreads();  // scratch may be reused at once
+  return result;
+}
+
+struct AttentionArgs {
+  const float* qkv;
+  int32_t width;  // q_dim + 2 * kv_dim
+  const int32_t* token_seq;
+  const int32_t* token_pos;
+  const int32_t* block_tables;
+  int32_t max_blocks_per_seq;
+  int32_t layer, num_blocks, block_size, kv_dim;
+  int32_t n_head, group, head_dim;  // group = n_head / n_head_kv
+  float scale;
+  int32_t n_chunks;  // gridDim.z of ChunkKernel
+  float* ws_acc;     // [n_tokens][n_head][n_chunks][head_dim]
+  float* ws_ml;      // [n_tokens][n_head][n_chunks][2]: (m_c, l_c)
+};
+
+// Grid (n_tokens, n_head, n_chunks), kThreads threads.
+template <typename T, typename O>
+__global__ void __launch_bounds__(kThreads)
+    ChunkKernel(AttentionArgs a, const T* k_pool, const T* v_pool, O* out) {
+  __shared__ float q[kMaxHeadDim];
+  __shared__ float scores[kAttentionChunk];
+  __shared__ size_t row[kAttentionChunk];  // element offset of key j's head in the pools
+  __shared__ float scratch[kThreads];
+  const size_t t = blockIdx.x;
+  const int32_t h = blockIdx.y, c = blockIdx.z;
+  const int32_t pos = a.token_pos[t];
+  const int32_t first = c * kAttentionChunk;
+  const bool direct = pos < kAttentionChunk;
+  // Whole-block exits, so no barrier is skipped: chunks past the token's
+  // position, and (a caller's error: pos >= max_context) a partial with
+  // nowhere to go.
+  if (first > pos || (!direct && a.ws_acc == nullptr)) return;
+  const int32_t n_keys = min(kAttentionChunk, pos + 1 - first);
+  const int32_t hd = a.head_dim;
+  const int32_t* table =
+      a.block_tables + static_cast<size_t>(a.token_seq[t]) * a.max_blocks_per_seq;
+  const size_t head_offset = static_cast<size_t>(h / a.group) * hd;
+
+  for (int32_t d = threadIdx.x; d < hd; d += kThreads) {
+    q[d] = a.qkv[t * static_cast<size_t>(a.width) + static_cast<size_t>(h) * hd + d];
+  }
+  for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
+    const int32_t p = first + j;
+    const size_t block = static_cast<size_t>(table[p / a.block_size]);
+    row[j] = ((static_cast<size_t>(a.layer) * a.num_blocks + block) * a.block_size +
+              p % a.block_size) *
+                 static_cast<size_t>(a.kv_dim) +
+             head_offset;
+  }
+  __syncthreads();
+
+  // Scores: warp w takes keys w, w + kWarps, ...; the whole warp one dot.
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int32_t j = warp; j < n_keys; j += kWarps) {
+    const T* key = k_pool + row[j];
+    float dot = 0.0f;
+    for (int32_t d = lane; d < hd; d += 32) dot = __fmaf_rn(q[d], ToF32(key[d]), dot);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, offset));
+    }
+    if (lane == 0) scores[j] = __fmul_rn(dot, a.scale);
+  }
+  __syncthreads();
+
+  float local_max = -INFINITY;
+  for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) local_max = fmaxf(local_max, scores[j]);
+  const float m = BlockReduce(local_max, scratch, [](float x, float y) { return fmaxf(x, y); });
+  float local_sum = 0.0f;
+  for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
+    const float e = expf(__fsub_rn(scores[j], m));
+    scores[j] = e;
+    local_sum = __fadd_rn(local_sum, e);
+  }
+  // BlockReduce's first barrier also publishes scores[] = e_j.
+  const float l = BlockReduce(local_sum, scratch, [](float x, float y) { return __fadd_rn(x, y); });
+
+  const size_t partial = (t * a.n_head + h) * static_cast<size_t>(a.n_chunks) + c;
+  for (int32_t d = threadIdx.x; d < hd; d += kThreads) {
+    float acc = 0.0f;
+    for (int32_t j = 0; j < n_keys; ++j) acc = __fmaf_rn(scores[j], ToF32(v_pool[row[j] + d]), acc);
+    if (direct) {
+      out[t * static_cast<size_t>(a.n_head) * hd + static_cast<size_t>(h) * hd + d] =
+          FromF32<O>(__fdiv_rn(acc, l));
+    } else {
+      a.ws_acc[partial * hd + d] = acc;
+    }
+  }
+  if (!direct && threadIdx.x == 0) {
+    a.ws_ml[partial * 2] = m;
+    a.ws_ml[partial * 2 + 1] = l;
+  }
+}
+
+// Grid (n_tokens, n_head), kThreads threads: merges the chunks of tokens
+// at pos >= kAttentionChunk, in chunk order (see the top of the file).
+template <typename O>
+__global__ void __launch_bounds__(kThreads) CombineKernel(AttentionArgs a, O* out) {
+  const size_t t = blockIdx.x;
+  const int32_t h = blockIdx.y;
+  const int32_t pos = a.token_pos[t];
+  if (pos < kAttentionChunk) return;  // ChunkKernel wrote it
+  // Positions past max_context (a caller's error) are cut at the grid.
+  const int32_t n = min(pos / kAttentionChunk + 1, a.n_chunks);
+  const size_t first = (t * a.n_head + h) * static_cast<size_t>(a.n_chunks);
+  const float* ml = a.ws_ml + first * 2;
+  float m = -INFINITY;
+  for (int32_t c = 0; c < n; ++c) m = fmaxf(m, ml[2 * c]);
+  float l = 0.0f;
+  for (int32_t c = 0; c < n; ++c) {
+    l = __fadd_rn(l, __fmul_rn(ml[2 * c + 1], expf(__fsub_rn(ml[2 * c], m))));
+  }
+  const int32_t hd = a.head_dim;
+  for (int32_t d = threadIdx.x; d < hd; d += kThreads) {
+    float acc = 0.0f;
+    for (int32_t c = 0; c < n; ++c) {
+      const float w = expf(__fsub_rn(ml[2 * c], m));
+      acc = __fmaf_rn(a.ws_acc[(first + c) * hd + d], w, acc);
+    }
+    out[t * static_cast<size_t>(a.n_head) * hd + static_cast<size_t>(h) * hd + d] =
+        FromF32<O>(__fdiv_rn(acc, l));
+  }
+}
+
+int32_t ChunksFor(int32_t max_context) {
+  return (max_context + kAttentionChunk - 1) / kAttentionChunk;
+}
+
+}  // namespace
+
+cudaError_t LaunchKvWrite(const float* qkv, int32_t q_dim, const BatchMeta& batch,
+                          const PagedKv& kv, int32_t layer, cudaStream_t stream) {
+  if (batch.n_tokens < 0 || q_dim < 0 || kv.kv_dim <= 0 || kv.block_size <= 0 ||
+      layer < 0 || layer >= kv.n_layers) {
+    return cudaErrorInvalidValue;
+  }
+  if (batch.n_tokens == 0) return cudaSuccess;
+  return DispatchDtype(kv.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    KvWriteKernel<T><<<static_cast<unsigned>(batch.n_tokens), kKvWriteThreads, 0, stream>>>(
+        qkv, q_dim + 2 * kv.kv_dim, q_dim, batch.token_seq, batch.token_pos,
+        batch.block_tables, batch.max_blocks_per_seq, static_cast<T*>(kv.k),
+        static_cast<T*>(kv.v), layer, kv.num_blocks, kv.block_size, kv.kv_dim);
+    return cudaGetLastError();
+  });
+}
+
+size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_head, int32_t head_dim,
+                                    int32_t max_context) {
+  if (max_tokens <= 0 || n_head <= 0 || head_dim <= 0 || max_context <= 0) return 0;
+  const int32_t n_chunks = ChunksFor(max_context);
+  if (n_chunks <= 1) return 0;  // every token fits in one chunk: written directly
+  return static_cast<size_t>(max_tokens) * static_cast<size_t>(n_head) *
+         static_cast<size_t>(n_chunks) * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
+}
+
+cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const PagedKv& kv,
+                                 int32_t layer, int32_t n_head, int32_t n_head_kv,
+                                 int32_t head_dim, float scale, int32_t max_context,
+                                 void* workspace, void* out, Dtype out_dtype,
+                                 cudaStream_t stream) {
+  if (batch.n_tokens < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 ||
+      head_dim <= 0 || head_dim > kMaxHeadDim || kv.kv_dim != n_head_kv * head_dim ||
+      kv.block_size <= 0 || layer < 0 || layer >= kv.n_layers || max_context <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t n_chunks = ChunksFor(max_context);
+  if (n_chunks > 65535 || n_head > 65535 || (n_chunks > 1 && workspace == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (batch.n_tokens == 0) return cudaSuccess;
+  AttentionArgs args;
+  args.qkv = qkv;
+  args.width = n_head * head_dim + 2 * kv.kv_dim;
+  args.token_seq = batch.token_seq;
+  args.token_pos = batch.token_pos;
+  args.block_tables = batch.block_tables;
+  args.max_blocks_per_seq = batch.max_blocks_per_seq;
+  args.layer = layer;
+  args.num_blocks = kv.num_blocks;
+  args.block_size = kv.block_size;
+  args.kv_dim = kv.kv_dim;
+  args.n_head = n_head;
+  args.group = n_head / n_head_kv;
+  args.head_dim = head_dim;
+  args.scale = scale;
+  args.n_chunks = n_chunks;
+  // One chunk needs no workspace (and must not write one sized 0).
+  args.ws_acc = n_chunks > 1 ? static_cast<float*>(workspace) : nullptr;
+  args.ws_ml = args.ws_acc == nullptr
+                   ? nullptr
+                   : args.ws_acc + static_cast<size_t>(batch.n_tokens) * n_head * n_chunks *
+                                       static_cast<size_t>(head_dim);
+  const dim3 chunk_grid(static_cast<unsigned>(batch.n_tokens), static_cast<unsigned>(n_head),
+                        static_cast<unsigned>(n_chunks));
+  const dim3 combine_grid(static_cast<unsigned>(batch.n_tokens), static_cast<unsigned>(n_head));
+  return DispatchDtype(kv.dtype, [&](auto kv_tag) {
+    using T = decltype(kv_tag);
+    return DispatchDtype(out_dtype, [&](auto out_tag) {
+      using O = decltype(out_tag);
+      ChunkKernel<T, O><<<chunk_grid, kThreads, 0, stream>>>(
+          args, static_cast<const T*>(kv.k), static_cast<const T*>(kv.v), static_cast<O*>(out));
+      if (n_chunks > 1) {
+        CombineKernel<O><<<combine_grid, kThreads, 0, stream>>>(args, static_cast<O*>(out));
+      }
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace tandem::backend::cuda
