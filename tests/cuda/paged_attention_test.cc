@@ -195,9 +195,10 @@ struct HeadShape {
 };
 
 // stories260K (8/4 heads of 8), llama-2-tiny (head dim 4), the tiny synth
-// models (16), a non-power-of-two head, 64 / 128 / 256 with GQA.
-const HeadShape kShapes[] = {{8, 4, 8}, {2, 2, 4},  {4, 2, 16}, {4, 2, 40},
-                             {8, 2, 64}, {4, 1, 128}, {2, 1, 256}};
+// models (16), a non-power-of-two head, 64 / 128 / 256 with GQA, Qwen2.5's
+// group of 7, and a group of 10 (more than one block's 8 heads).
+const HeadShape kShapes[] = {{8, 4, 8},   {2, 2, 4},   {4, 2, 16}, {4, 2, 40}, {8, 2, 64},
+                             {4, 1, 128}, {2, 1, 256}, {14, 2, 64}, {20, 2, 32}};
 
 // F32 output: within 2e-5 of the double reference (outputs are averages
 // of values in [-1, 1]; float dots, expf and FMA sums over <= 600 keys).
@@ -242,7 +243,7 @@ TEST(CudaPagedAttentionTest, MatchesDoubleReference) {
 TEST(CudaPagedAttentionTest, TokenBitsDoNotDependOnTheBatch) {
   TANDEM_REQUIRE_GPU();
   std::mt19937 rng(12);
-  for (const HeadShape& shape : {kShapes[0], kShapes[4], kShapes[5]}) {
+  for (const HeadShape& shape : {kShapes[0], kShapes[4], kShapes[5], kShapes[8]}) {
     const Scenario s = MakeScenario(rng, shape.n_head, shape.n_head_kv, shape.head_dim,
                                     Dtype::kBF16, kSeqLens, kTokens);
     const DeviceScenario dev(s);

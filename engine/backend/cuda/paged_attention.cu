@@ -17,8 +17,10 @@
 //   M = max_c m_c, w_c = expf(m_c - M), L = sum_c l_c w_c,
 //   out[d] = (sum_c acc_c[d] w_c) / L.
 // Every order above depends on pos and the chunk bounds alone. K and V are
-// read in place through the block table; chunks past a token's position
-// exit at once (a CUDA graph sizes the grid for the whole context).
+// read in place through the block table, each element once per block for
+// up to kMaxGroup query heads of its GQA group; chunks past a token's
+// position exit at once (a CUDA graph sizes the grid for the whole
+// context).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -34,6 +36,7 @@ using internal::FromF32;
 using internal::ToF32;
 
 constexpr int32_t kMaxHeadDim = 256;
+constexpr int32_t kMaxGroup = 8;  // query heads of one KV head per block
 constexpr unsigned kWarps = 4;
 constexpr unsigned kThreads = kWarps * 32;  // a power of two (BlockReduce)
 constexpr unsigned kKvWriteThreads = 256;
@@ -83,22 +86,30 @@ struct AttentionArgs {
   int32_t max_blocks_per_seq;
   int32_t layer, num_blocks, block_size, kv_dim;
   int32_t n_head, group, head_dim;  // group = n_head / n_head_kv
+  int32_t n_slices;                  // blocks per KV head: ceil(group / kMaxGroup)
   float scale;
   int32_t n_chunks;  // gridDim.z of ChunkKernel
   float* ws_acc;     // [n_tokens][n_head][n_chunks][head_dim]
   float* ws_ml;      // [n_tokens][n_head][n_chunks][2]: (m_c, l_c)
 };
 
-// Grid (n_tokens, n_head, n_chunks), kThreads threads.
+// Grid (n_tokens, n_head_kv * n_slices, n_chunks), kThreads threads. The
+// query heads that read one KV head (its GQA group) are taken up to
+// kMaxGroup at a time (a slice), so each key and value element is loaded
+// once for all of them; every (token, head) still runs the arithmetic of
+// the top of the file on its own, whichever slice holds it.
 template <typename T, typename O>
 __global__ void __launch_bounds__(kThreads)
     ChunkKernel(AttentionArgs a, const T* k_pool, const T* v_pool, O* out) {
-  __shared__ float q[kMaxHeadDim];
-  __shared__ float scores[kAttentionChunk];
+  __shared__ float q[kMaxGroup][kMaxHeadDim];
+  __shared__ float scores[kMaxGroup][kAttentionChunk];  // s_j, then e_j
   __shared__ size_t row[kAttentionChunk];  // element offset of key j's head in the pools
   __shared__ float scratch[kThreads];
   const size_t t = blockIdx.x;
-  const int32_t h = blockIdx.y, c = blockIdx.z;
+  const int32_t kv_head = blockIdx.y / a.n_slices;
+  const int32_t h0 = kv_head * a.group + (blockIdx.y % a.n_slices) * kMaxGroup;
+  const int32_t n_group = min(kMaxGroup, (kv_head + 1) * a.group - h0);  // heads h0 ..
+  const int32_t c = blockIdx.z;
   const int32_t pos = a.token_pos[t];
   const int32_t first = c * kAttentionChunk;
   const bool direct = pos < kAttentionChunk;
@@ -110,11 +121,10 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t hd = a.head_dim;
   const int32_t* table =
       a.block_tables + static_cast<size_t>(a.token_seq[t]) * a.max_blocks_per_seq;
-  const size_t head_offset = static_cast<size_t>(h / a.group) * hd;
+  const size_t head_offset = static_cast<size_t>(kv_head) * hd;
 
-  for (int32_t d = threadIdx.x; d < hd; d += kThreads) {
-    q[d] = a.qkv[t * static_cast<size_t>(a.width) + static_cast<size_t>(h) * hd + d];
-  }
+  const float* q_row = a.qkv + t * static_cast<size_t>(a.width) + static_cast<size_t>(h0) * hd;
+  for (int32_t e = threadIdx.x; e < n_group * hd; e += kThreads) q[e / hd][e % hd] = q_row[e];
   for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
     const int32_t p = first + j;
     const size_t block = static_cast<size_t>(table[p / a.block_size]);
@@ -125,45 +135,87 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Scores: warp w takes keys w, w + kWarps, ...; the whole warp one dot.
+  // Scores: warp w takes keys w, w + kWarps, ...; the whole warp one key,
+  // each lane's k[d] feeding every head of the slice.
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int32_t j = warp; j < n_keys; j += kWarps) {
     const T* key = k_pool + row[j];
-    float dot = 0.0f;
-    for (int32_t d = lane; d < hd; d += 32) dot = __fmaf_rn(q[d], ToF32(key[d]), dot);
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, offset));
+    float dot[kMaxGroup];
+#pragma unroll
+    for (int32_t g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
+    for (int32_t d = lane; d < hd; d += 32) {
+      const float k = ToF32(key[d]);
+#pragma unroll
+      for (int32_t g = 0; g < kMaxGroup; ++g) {
+        if (g < n_group) dot[g] = __fmaf_rn(q[g][d], k, dot[g]);
+      }
     }
-    if (lane == 0) scores[j] = __fmul_rn(dot, a.scale);
+#pragma unroll
+    for (int32_t g = 0; g < kMaxGroup; ++g) {
+      if (g < n_group) {  // uniform over the warp
+        for (int offset = 16; offset > 0; offset >>= 1) {
+          dot[g] = __fadd_rn(dot[g], __shfl_xor_sync(0xffffffffu, dot[g], offset));
+        }
+        if (lane == 0) scores[g][j] = __fmul_rn(dot[g], a.scale);
+      }
+    }
   }
   __syncthreads();
 
-  float local_max = -INFINITY;
-  for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) local_max = fmaxf(local_max, scores[j]);
-  const float m = BlockReduce(local_max, scratch, [](float x, float y) { return fmaxf(x, y); });
-  float local_sum = 0.0f;
-  for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
-    const float e = expf(__fsub_rn(scores[j], m));
-    scores[j] = e;
-    local_sum = __fadd_rn(local_sum, e);
+  float m[kMaxGroup], l[kMaxGroup];
+#pragma unroll
+  for (int32_t g = 0; g < kMaxGroup; ++g) {
+    m[g] = 0.0f;
+    l[g] = 1.0f;
+    if (g < n_group) {  // uniform over the block: the barriers are safe
+      float local_max = -INFINITY;
+      for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
+        local_max = fmaxf(local_max, scores[g][j]);
+      }
+      m[g] = BlockReduce(local_max, scratch, [](float x, float y) { return fmaxf(x, y); });
+      float local_sum = 0.0f;
+      for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
+        const float e = expf(__fsub_rn(scores[g][j], m[g]));
+        scores[g][j] = e;
+        local_sum = __fadd_rn(local_sum, e);
+      }
+      // BlockReduce's first barrier also publishes scores[g][] = e_j.
+      l[g] = BlockReduce(local_sum, scratch, [](float x, float y) { return __fadd_rn(x, y); });
+    }
   }
-  // BlockReduce's first barrier also publishes scores[] = e_j.
-  const float l = BlockReduce(local_sum, scratch, [](float x, float y) { return __fadd_rn(x, y); });
 
-  const size_t partial = (t * a.n_head + h) * static_cast<size_t>(a.n_chunks) + c;
   for (int32_t d = threadIdx.x; d < hd; d += kThreads) {
-    float acc = 0.0f;
-    for (int32_t j = 0; j < n_keys; ++j) acc = __fmaf_rn(scores[j], ToF32(v_pool[row[j] + d]), acc);
-    if (direct) {
-      out[t * static_cast<size_t>(a.n_head) * hd + static_cast<size_t>(h) * hd + d] =
-          FromF32<O>(__fdiv_rn(acc, l));
-    } else {
-      a.ws_acc[partial * hd + d] = acc;
+    float acc[kMaxGroup];
+#pragma unroll
+    for (int32_t g = 0; g < kMaxGroup; ++g) acc[g] = 0.0f;
+    for (int32_t j = 0; j < n_keys; ++j) {
+      const float v = ToF32(v_pool[row[j] + d]);
+#pragma unroll
+      for (int32_t g = 0; g < kMaxGroup; ++g) {
+        if (g < n_group) acc[g] = __fmaf_rn(scores[g][j], v, acc[g]);
+      }
+    }
+#pragma unroll
+    for (int32_t g = 0; g < kMaxGroup; ++g) {
+      if (g < n_group) {
+        const size_t h = static_cast<size_t>(h0 + g);
+        if (direct) {
+          out[(t * a.n_head + h) * hd + d] = FromF32<O>(__fdiv_rn(acc[g], l[g]));
+        } else {
+          a.ws_acc[((t * a.n_head + h) * a.n_chunks + c) * hd + d] = acc[g];
+        }
+      }
     }
   }
   if (!direct && threadIdx.x == 0) {
-    a.ws_ml[partial * 2] = m;
-    a.ws_ml[partial * 2 + 1] = l;
+#pragma unroll
+    for (int32_t g = 0; g < kMaxGroup; ++g) {
+      if (g < n_group) {
+        const size_t partial = (t * a.n_head + h0 + g) * static_cast<size_t>(a.n_chunks) + c;
+        a.ws_ml[partial * 2] = m[g];
+        a.ws_ml[partial * 2 + 1] = l[g];
+      }
+    }
   }
 }
 
@@ -257,6 +309,7 @@ cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const
   args.kv_dim = kv.kv_dim;
   args.n_head = n_head;
   args.group = n_head / n_head_kv;
+  args.n_slices = (args.group + kMaxGroup - 1) / kMaxGroup;
   args.head_dim = head_dim;
   args.scale = scale;
   args.n_chunks = n_chunks;
@@ -266,7 +319,8 @@ cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const
                    ? nullptr
                    : args.ws_acc + static_cast<size_t>(batch.n_tokens) * n_head * n_chunks *
                                        static_cast<size_t>(head_dim);
-  const dim3 chunk_grid(static_cast<unsigned>(batch.n_tokens), static_cast<unsigned>(n_head),
+  const dim3 chunk_grid(static_cast<unsigned>(batch.n_tokens),
+                        static_cast<unsigned>(n_head_kv * args.n_slices),
                         static_cast<unsigned>(n_chunks));
   const dim3 combine_grid(static_cast<unsigned>(batch.n_tokens), static_cast<unsigned>(n_head));
   return DispatchDtype(kv.dtype, [&](auto kv_tag) {

@@ -115,9 +115,20 @@ __global__ void __launch_bounds__(kThreads)
   for (int shift = 56; shift >= 0; shift -= 8) {
     if (tid < 256) hist[tid] = 0;
     __syncthreads();
-    for (int32_t i = tid; i < vocab; i += kThreads) {
-      const uint64_t c = Composite(row[i], i);
-      if ((c & mask) == prefix) atomicAdd(&hist[(c >> shift) & 0xffu], 1u);
+    // Warp-uniform trips, so that every lane takes part in the match:
+    // lanes with the same bin add once, through their lowest lane (logits
+    // crowd into a few bins, where one atomic per element would queue).
+    for (int32_t base = 0; base < vocab; base += kThreads) {
+      const int32_t i = base + static_cast<int32_t>(tid);
+      unsigned bin = 256;  // no bin: past the row or off the prefix
+      if (i < vocab) {
+        const uint64_t c = Composite(row[i], i);
+        if ((c & mask) == prefix) bin = static_cast<unsigned>(c >> shift) & 0xffu;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256 && static_cast<int>(tid % 32) == __ffs(peers) - 1) {
+        atomicAdd(&hist[bin], static_cast<unsigned>(__popc(peers)));
+      }
     }
     __syncthreads();
     if (tid == 0) {
