@@ -419,6 +419,10 @@ TEST(CudaRowTopKTest, FirstKIdsInTheCandidateOrder) {
     const int32_t rows = static_cast<int32_t>(logits.size() / vocab);
     DeviceArray<float> d_logits(logits);
     DeviceArray<uint8_t> workspace(RowTopKWorkspaceBytes(rows, vocab));
+    std::vector<std::vector<int32_t>> orders;
+    for (int32_t r = 0; r < rows; ++r) {
+      orders.push_back(CandidateOrder(&logits[static_cast<size_t>(r) * vocab], vocab));
+    }
     for (int32_t k : {1, 5, 64, 1000, kMaxDeviceTopK}) {
       if (k > vocab) continue;
       DeviceArray<int32_t> d_ids(static_cast<size_t>(rows) * k);
@@ -431,7 +435,7 @@ TEST(CudaRowTopKTest, FirstKIdsInTheCandidateOrder) {
       const std::vector<float> values = d_values.Download();
       for (int32_t r = 0; r < rows; ++r) {
         const float* row = &logits[static_cast<size_t>(r) * vocab];
-        const std::vector<int32_t> order = CandidateOrder(row, vocab);
+        const std::vector<int32_t>& order = orders[r];
         const std::string what = "vocab " + std::to_string(vocab) + " k " + std::to_string(k) +
                                  " row " + std::to_string(r);
         for (int32_t i = 0; i < k; ++i) {
