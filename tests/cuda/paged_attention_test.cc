@@ -125,18 +125,31 @@ std::vector<float> ReferenceAttention(const Scenario& s, int32_t layer, float sc
   return out;
 }
 
-// The scenario's pools, tables and qkv on the device.
+// `bytes` after `pad` zero bytes.
+std::vector<uint8_t> Padded(std::vector<uint8_t> bytes, size_t pad) {
+  bytes.insert(bytes.begin(), pad, 0);
+  return bytes;
+}
+
+// The scenario's pools, tables and qkv on the device. With `misalign`,
+// the pools start one element past an aligned address (the kernel's
+// scalar loads).
 struct DeviceScenario {
-  explicit DeviceScenario(const Scenario& s)
-      : k(Encode(s.k, s.dtype)), v(Encode(s.v, s.dtype)), tables(s.tables), qkv(s.qkv) {}
+  explicit DeviceScenario(const Scenario& s, bool misalign = false)
+      : pad(misalign ? kv::KvDtypeBytes(s.dtype) : 0),
+        k(Padded(Encode(s.k, s.dtype), pad)),
+        v(Padded(Encode(s.v, s.dtype), pad)),
+        tables(s.tables),
+        qkv(s.qkv) {}
+  size_t pad;
   DeviceArray<uint8_t> k, v;
   DeviceArray<int32_t> tables;
   DeviceArray<float> qkv;
 
   PagedKv Kv(const Scenario& s) const {
     PagedKv kv;
-    kv.k = k.get();
-    kv.v = v.get();
+    kv.k = k.get() + pad;
+    kv.v = v.get() + pad;
     kv.dtype = s.dtype;
     kv.n_layers = kLayers;
     kv.num_blocks = s.num_blocks;
@@ -269,6 +282,25 @@ TEST(CudaPagedAttentionTest, TokenBitsDoNotDependOnTheBatch) {
         ASSERT_EQ(Bits(in_reverse[i]), Bits(want[i]))
             << "head_dim " << shape.head_dim << " token " << t << " reversed, element " << i;
       }
+    }
+  }
+}
+
+// Keys read with 16-byte loads (aligned pools) and element by element
+// (pools one element off alignment) follow the same FMA chain: same bits.
+TEST(CudaPagedAttentionTest, AlignedAndUnalignedPoolsGiveTheSameBits) {
+  TANDEM_REQUIRE_GPU();
+  std::mt19937 rng(14);
+  for (Dtype dtype : kAllDtypes) {
+    const Scenario s = MakeScenario(rng, 8, 2, 64, dtype, kSeqLens, kTokens);
+    const DeviceScenario aligned(s), unaligned(s, /*misalign=*/true);
+    std::vector<int32_t> all(static_cast<size_t>(s.n_tokens()));
+    std::iota(all.begin(), all.end(), 0);
+    const std::vector<float> want = RunAttention(s, aligned, all, 1024, Dtype::kF32);
+    const std::vector<float> got = RunAttention(s, unaligned, all, 1024, Dtype::kF32);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(Bits(got[i]), Bits(want[i])) << kv::KvDtypeName(dtype) << " element " << i;
     }
   }
 }

@@ -4,9 +4,8 @@
 // never depends on the batch (batch-invariant numerics). For token t at
 // position pos, query head h and chunk c (keys [c * kAttentionChunk,
 // min((c + 1) * kAttentionChunk, pos + 1))), ChunkKernel computes
-//   s_j   = (q . k_j) * scale       q . k_j: lane l of one warp sums
-//                                    q[d] k_j[d] for d = l, l + 32, ... with
-//                                    FMAs, then a xor-butterfly over lanes
+//   s_j   = (q . k_j) * scale       q . k_j: one FMA chain over d
+//                                    ascending (a thread per key)
 //   m_c   = max_j s_j
 //   e_j   = expf(s_j - m_c)
 //   l_c   = sum_j e_j               fixed tree (see BlockReduce)
@@ -24,6 +23,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "engine/backend/cuda/cuda_kernels.h"
 #include "engine/backend/cuda/kernel_util.cuh"
@@ -37,8 +38,7 @@ using internal::ToF32;
 
 constexpr int32_t kMaxHeadDim = 256;
 constexpr int32_t kMaxGroup = 8;  // query heads of one KV head per block
-constexpr unsigned kWarps = 4;
-constexpr unsigned kThreads = kWarps * 32;  // a power of two (BlockReduce)
+constexpr unsigned kThreads = 128;  // a power of two (BlockReduce)
 constexpr unsigned kKvWriteThreads = 256;
 
 template <typename T>
@@ -135,29 +135,43 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Scores: warp w takes keys w, w + kWarps, ...; the whole warp one key,
-  // each lane's k[d] feeding every head of the slice.
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int32_t j = warp; j < n_keys; j += kWarps) {
+  // Scores: thread i takes keys i, i + kThreads, ...; each dot one FMA
+  // chain over d ascending, k[d] loaded once for every head of the slice
+  // (16-byte loads where the rows are aligned: the same chain).
+  constexpr int32_t kVec = 16 / sizeof(T);
+  const bool vector_loads =
+      hd % kVec == 0 && reinterpret_cast<uintptr_t>(k_pool) % 16 == 0;
+  for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
     const T* key = k_pool + row[j];
     float dot[kMaxGroup];
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
-    for (int32_t d = lane; d < hd; d += 32) {
-      const float k = ToF32(key[d]);
+    if (vector_loads) {
+      for (int32_t d0 = 0; d0 < hd; d0 += kVec) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(key + d0);
+        T elems[kVec];
+        memcpy(elems, &raw, sizeof raw);
 #pragma unroll
-      for (int32_t g = 0; g < kMaxGroup; ++g) {
-        if (g < n_group) dot[g] = __fmaf_rn(q[g][d], k, dot[g]);
+        for (int32_t i = 0; i < kVec; ++i) {
+          const float k = ToF32(elems[i]);
+#pragma unroll
+          for (int32_t g = 0; g < kMaxGroup; ++g) {
+            if (g < n_group) dot[g] = __fmaf_rn(q[g][d0 + i], k, dot[g]);
+          }
+        }
+      }
+    } else {
+      for (int32_t d = 0; d < hd; ++d) {
+        const float k = ToF32(key[d]);
+#pragma unroll
+        for (int32_t g = 0; g < kMaxGroup; ++g) {
+          if (g < n_group) dot[g] = __fmaf_rn(q[g][d], k, dot[g]);
+        }
       }
     }
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) {
-      if (g < n_group) {  // uniform over the warp
-        for (int offset = 16; offset > 0; offset >>= 1) {
-          dot[g] = __fadd_rn(dot[g], __shfl_xor_sync(0xffffffffu, dot[g], offset));
-        }
-        if (lane == 0) scores[g][j] = __fmul_rn(dot[g], a.scale);
-      }
+      if (g < n_group) scores[g][j] = __fmul_rn(dot[g], a.scale);
     }
   }
   __syncthreads();
