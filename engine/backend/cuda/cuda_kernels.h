@@ -104,7 +104,9 @@ size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_head, int32_t 
 // sum_j softmax_j(q_h . k_j * scale) v_j, query head h reading KV head
 // h / (n_head / n_head_kv); q is qkv[t][h*head_dim ..] (already rotated).
 // max_context bounds token_pos + 1 over the batch (grid sizing; a CUDA
-// graph passes the model's context length); keys past it are not read.
+// graph passes the model's context length); a token past it is the
+// caller's error: its output is then unspecified, but no memory outside
+// the given buffers is touched.
 // Limits: head_dim <= 256, n_head a multiple of n_head_kv, kv.kv_dim ==
 // n_head_kv * head_dim, ceil(max_context / kAttentionChunk) <= 65535;
 // `workspace` (PagedAttentionWorkspaceBytes) may be null when that is 0.
