@@ -198,7 +198,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  for (int32_t d = threadIdx.x; d < hd; d += kThreads) {
+  // Values: thread e takes dimension d = e % hd for the heads g = part,
+  // part + parts, ... (part = e / hd), so heads narrower than the block
+  // still keep every thread busy; each output is one FMA chain over j
+  // ascending whichever thread runs it.
+  const int32_t parts = max(1, min(n_group, static_cast<int32_t>(kThreads) / hd));
+  for (int32_t e = threadIdx.x; e < hd * parts; e += kThreads) {
+    const int32_t d = e % hd, part = e / hd;
     float acc[kMaxGroup];
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) acc[g] = 0.0f;
@@ -206,12 +212,12 @@ __global__ void __launch_bounds__(kThreads)
       const float v = ToF32(v_pool[row[j] + d]);
 #pragma unroll
       for (int32_t g = 0; g < kMaxGroup; ++g) {
-        if (g < n_group) acc[g] = __fmaf_rn(scores[g][j], v, acc[g]);
+        if (g < n_group && g % parts == part) acc[g] = __fmaf_rn(scores[g][j], v, acc[g]);
       }
     }
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) {
-      if (g < n_group) {
+      if (g < n_group && g % parts == part) {
         const size_t h = static_cast<size_t>(h0 + g);
         if (direct) {
           out[(t * a.n_head + h) * hd + d] = FromF32<O>(__fdiv_rn(acc[g], l[g]));
