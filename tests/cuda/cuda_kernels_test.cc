@@ -272,7 +272,7 @@ TEST(CudaSwiGluTest, MatchesCpuSwiGlu) {
   }
 }
 
-// The fixed-tile GEMM's documented order: acc = fma(a, w, acc) for k
+// The F32 fixed-tile GEMM's documented order: acc = fma(a, w, acc) for k
 // ascending, then + d. The host computes the same chain with std::fma, so
 // the result is exact, for every m, and edges of every tile.
 std::vector<float> FmaChainGemm(const std::vector<float>& a, const std::vector<float>& w,
@@ -291,57 +291,101 @@ std::vector<float> FmaChainGemm(const std::vector<float>& a, const std::vector<f
   return d;
 }
 
-TEST(CudaFixedTileGemmTest, EqualsTheFmaChainExactly) {
+// Runs LaunchFixedTileGemm on host matrices (rounded to dtype on upload);
+// `d0` (m x n) is the accumulator when not null.
+std::vector<float> RunFixedTileGemm(const std::vector<float>& a, const std::vector<float>& w,
+                                    Dtype dtype, int32_t m, int32_t n, int32_t k,
+                                    const std::vector<float>* d0) {
+  DeviceArray<uint8_t> da(Encode(a, dtype)), dw(Encode(w, dtype));
+  DeviceArray<float> d(static_cast<size_t>(m) * n);
+  if (d0 != nullptr) d.Upload(*d0);
+  EXPECT_EQ(LaunchFixedTileGemm(da.get(), dw.get(), dtype, m, n, k, d.get(), d0 != nullptr,
+                                nullptr),
+            cudaSuccess);
+  SyncOrFail();
+  return d.Download();
+}
+
+TEST(CudaFixedTileGemmTest, F32EqualsTheFmaChainExactly) {
   TANDEM_REQUIRE_GPU();
   std::mt19937 rng(7);
   const int32_t n = 130, k = 100;
-  for (Dtype dtype : kAllDtypes) {
-    const std::vector<float> w = RandomFloats(rng, static_cast<size_t>(n) * k);
-    DeviceArray<uint8_t> dw(Encode(w, dtype));
-    for (int32_t m : {1, 3, 64, 70, 257}) {
-      const std::vector<float> a = RandomFloats(rng, static_cast<size_t>(m) * k);
-      const std::vector<float> d0 = RandomFloats(rng, static_cast<size_t>(m) * n);
-      DeviceArray<uint8_t> da(Encode(a, dtype));
-      const std::vector<float> ar = RoundTo(a, dtype), wr = RoundTo(w, dtype);
-      const std::string what = std::string(kv::KvDtypeName(dtype)) + " m " + std::to_string(m);
-      DeviceArray<float> d(static_cast<size_t>(m) * n);
-      ASSERT_EQ(LaunchFixedTileGemm(da.get(), dw.get(), dtype, m, n, k, d.get(), false, nullptr),
-                cudaSuccess);
-      SyncOrFail();
-      ExpectSameBits(d.Download(), FmaChainGemm(ar, wr, m, n, k, nullptr), what);
-      d.Upload(d0);
-      ASSERT_EQ(LaunchFixedTileGemm(da.get(), dw.get(), dtype, m, n, k, d.get(), true, nullptr),
-                cudaSuccess);
-      SyncOrFail();
-      ExpectSameBits(d.Download(), FmaChainGemm(ar, wr, m, n, k, &d0), what + " accumulate");
+  const std::vector<float> w = RandomFloats(rng, static_cast<size_t>(n) * k);
+  for (int32_t m : {1, 3, 64, 70, 257}) {
+    const std::vector<float> a = RandomFloats(rng, static_cast<size_t>(m) * k);
+    const std::vector<float> d0 = RandomFloats(rng, static_cast<size_t>(m) * n);
+    const std::string what = "m " + std::to_string(m);
+    ExpectSameBits(RunFixedTileGemm(a, w, Dtype::kF32, m, n, k, nullptr),
+                   FmaChainGemm(a, w, m, n, k, nullptr), what);
+    ExpectSameBits(RunFixedTileGemm(a, w, Dtype::kF32, m, n, k, &d0),
+                   FmaChainGemm(a, w, m, n, k, &d0), what + " accumulate");
+  }
+}
+
+// F16/BF16 run on tensor cores, whose F32 accumulation is not a chain of
+// IEEE operations: within 1e-4 of sum_k |a w| (about k ulps) of the
+// double product of the rounded inputs. K = 100 takes the element-wise
+// panel loads and a padded tail, K = 96 the 16-byte loads.
+TEST(CudaFixedTileGemmTest, HalfTypesMatchTheDoubleProduct) {
+  TANDEM_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  const int32_t n = 130;
+  for (Dtype dtype : {Dtype::kF16, Dtype::kBF16}) {
+    for (int32_t k : {100, 96}) {
+      const std::vector<float> w = RandomFloats(rng, static_cast<size_t>(n) * k);
+      const std::vector<float> wr = RoundTo(w, dtype);
+      for (int32_t m : {1, 3, 70, 257}) {
+        const std::vector<float> a = RandomFloats(rng, static_cast<size_t>(m) * k);
+        const std::vector<float> ar = RoundTo(a, dtype);
+        const std::vector<float> d0 = RandomFloats(rng, static_cast<size_t>(m) * n);
+        for (bool accumulate : {false, true}) {
+          const std::vector<float> got =
+              RunFixedTileGemm(a, w, dtype, m, n, k, accumulate ? &d0 : nullptr);
+          int failures = 0;
+          for (int32_t i = 0; i < m && failures < 5; ++i) {
+            for (int32_t j = 0; j < n && failures < 5; ++j) {
+              double want = 0.0, magnitude = 0.0;
+              for (int32_t l = 0; l < k; ++l) {
+                const double p = static_cast<double>(ar[static_cast<size_t>(i) * k + l]) *
+                                 wr[static_cast<size_t>(j) * k + l];
+                want += p;
+                magnitude += std::fabs(p);
+              }
+              const size_t o = static_cast<size_t>(i) * n + j;
+              if (accumulate) want += d0[o];
+              if (!(std::fabs(got[o] - want) <= 1e-4 * magnitude + 1e-6)) {
+                ++failures;
+                ADD_FAILURE() << kv::KvDtypeName(dtype) << " k " << k << " m " << m
+                              << (accumulate ? " accumulate" : "") << " [" << i << "][" << j
+                              << "]: got " << got[o] << ", want " << want;
+              }
+            }
+          }
+        }
+      }
     }
   }
 }
 
-// The batch-invariance claim on a model-sized shape: the first rows of
-// m = 2048 have the bits of the same rows computed at m = 1 and 17.
+// The batch-invariance claim on a model-sized shape, for every dtype: the
+// first rows of m = 2048 have the bits of the same rows computed at m = 1
+// and 17 (edge tiles, element-wise loads) and m = 64 (one full tile).
 TEST(CudaFixedTileGemmTest, RowBitsDoNotDependOnM) {
   TANDEM_REQUIRE_GPU();
   std::mt19937 rng(8);
   const int32_t n = 512, k = 2048, m_max = 2048;
   const std::vector<float> a = RandomFloats(rng, static_cast<size_t>(m_max) * k);
   const std::vector<float> w = RandomFloats(rng, static_cast<size_t>(n) * k);
-  DeviceArray<uint8_t> da(Encode(a, Dtype::kBF16)), dw(Encode(w, Dtype::kBF16));
-  DeviceArray<float> big(static_cast<size_t>(m_max) * n), small(static_cast<size_t>(17) * n);
-  ASSERT_EQ(LaunchFixedTileGemm(da.get(), dw.get(), Dtype::kBF16, m_max, n, k, big.get(), false,
-                                nullptr),
-            cudaSuccess);
-  SyncOrFail();
-  const std::vector<float> all = big.Download();
-  for (int32_t m : {1, 17}) {
-    ASSERT_EQ(LaunchFixedTileGemm(da.get(), dw.get(), Dtype::kBF16, m, n, k, small.get(), false,
-                                  nullptr),
-              cudaSuccess);
-    SyncOrFail();
-    const std::vector<float> got = small.Download();
-    ExpectSameBits(std::vector<float>(got.begin(), got.begin() + static_cast<size_t>(m) * n),
-                   std::vector<float>(all.begin(), all.begin() + static_cast<size_t>(m) * n),
-                   "m " + std::to_string(m));
+  for (Dtype dtype : kAllDtypes) {
+    const std::vector<float> all = RunFixedTileGemm(a, w, dtype, m_max, n, k, nullptr);
+    for (int32_t m : {1, 17, 64}) {
+      const std::vector<float> got = RunFixedTileGemm(
+          std::vector<float>(a.begin(), a.begin() + static_cast<size_t>(m) * k), w, dtype, m, n,
+          k, nullptr);
+      ExpectSameBits(got,
+                     std::vector<float>(all.begin(), all.begin() + static_cast<size_t>(m) * n),
+                     std::string(kv::KvDtypeName(dtype)) + " m " + std::to_string(m));
+    }
   }
 }
 
