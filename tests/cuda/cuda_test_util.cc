@@ -16,6 +16,17 @@ const std::string& NoGpuReason() {
              cudaGetErrorString(err) + ")";
     }
     if (count == 0) return std::string("cudaGetDeviceCount reports no device");
+    // The kernels are built for sm_90 (and its PTX): older devices cannot
+    // run them.
+    cudaDeviceProp prop;
+    const cudaError_t prop_err = cudaGetDeviceProperties(&prop, 0);
+    if (prop_err != cudaSuccess) {
+      return std::string("cudaGetDeviceProperties: ") + cudaGetErrorName(prop_err);
+    }
+    if (prop.major < 9) {
+      return std::string(prop.name) + " has compute capability " + std::to_string(prop.major) +
+             "." + std::to_string(prop.minor) + ", the kernels need 9.0";
+    }
     return std::string();
   }();
   return reason;

@@ -16,8 +16,9 @@
 
 namespace tandem::backend::cuda::testing {
 
-// Why this process cannot run CUDA kernels ("cudaGetDeviceCount: <error>"
-// or "no device"), or "" when a device is there. Asked once per process.
+// Why this process cannot run CUDA kernels ("cudaGetDeviceCount: <error>",
+// no device, or device 0 older than sm_90), or "" when it can. Asked once
+// per process.
 const std::string& NoGpuReason();
 
 // Skips the current test (GTEST_SKIP) when NoGpuReason() is not empty.
