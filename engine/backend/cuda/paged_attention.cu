@@ -8,8 +8,11 @@
 //                                    ascending (a thread per key)
 //   m_c   = max_j s_j
 //   e_j   = expf(s_j - m_c)
-//   l_c   = sum_j e_j               fixed tree (see BlockReduce)
-//   acc_c = sum_j e_j * v_j[d]      j ascending, FMAs
+//   l_c   = sum_j e_j               lane l of a warp sums j = l, l + 32,
+//                                    ..., then a xor butterfly over lanes
+//   acc_c = sum_j e_j * v_j[d]      j ascending (FMAs) within each of
+//                                    ValueSplits(head_dim) fixed sub-ranges
+//                                    of the chunk, their sums added in order
 // A token whose keys fit in one chunk (pos < kAttentionChunk) writes
 // acc_0 / l_0 directly. Otherwise the partials go to the workspace and
 // CombineKernel merges the token's chunks in chunk order:
@@ -38,7 +41,8 @@ using internal::ToF32;
 
 constexpr int32_t kMaxHeadDim = 256;
 constexpr int32_t kMaxGroup = 8;  // query heads of one KV head per block
-constexpr unsigned kThreads = 128;  // a power of two (BlockReduce)
+constexpr int32_t kWarps = 4;
+constexpr int32_t kThreads = kWarps * 32;
 constexpr unsigned kKvWriteThreads = 256;
 
 template <typename T>
@@ -61,20 +65,12 @@ __global__ void KvWriteKernel(const float* qkv, int32_t width, int32_t q_dim,
   }
 }
 
-// Combines `value` of every thread of the block with `op` in a fixed
-// binary tree (thread i + s into thread i, s = kThreads/2, ..., 1) and
-// returns the result to all threads. `scratch` holds kThreads floats.
-template <typename Op>
-__device__ float BlockReduce(float value, float* scratch, Op op) {
-  scratch[threadIdx.x] = value;
-  __syncthreads();
-  for (unsigned s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) scratch[threadIdx.x] = op(scratch[threadIdx.x], scratch[threadIdx.x + s]);
-    __syncthreads();
-  }
-  const float result = scratch[0];
-  __syncthreads();  // scratch may be reused at once
-  return result;
+// The values pass splits a chunk's keys into this many fixed sub-ranges
+// (kAttentionChunk / splits positions each), so that narrow heads still
+// give every thread work; it depends on head_dim alone. When above 1,
+// splits * head_dim < kMaxHeadDim (the partial sums' room).
+__device__ __forceinline__ int32_t ValueSplits(int32_t head_dim) {
+  return head_dim >= 128 ? 1 : head_dim >= 64 ? 2 : 4;
 }
 
 struct AttentionArgs {
@@ -101,10 +97,11 @@ struct AttentionArgs {
 template <typename T, typename O>
 __global__ void __launch_bounds__(kThreads)
     ChunkKernel(AttentionArgs a, const T* k_pool, const T* v_pool, O* out) {
-  __shared__ float q[kMaxGroup][kMaxHeadDim];
-  __shared__ float scores[kMaxGroup][kAttentionChunk];  // s_j, then e_j
+  __shared__ __align__(16) float q[kMaxGroup][kMaxHeadDim];
+  __shared__ __align__(16) float scores[kAttentionChunk][kMaxGroup];  // s_j, then e_j
   __shared__ size_t row[kAttentionChunk];  // element offset of key j's head in the pools
-  __shared__ float scratch[kThreads];
+  __shared__ float stats[2][kMaxGroup];    // m_c and l_c per head
+  __shared__ float partial[kMaxGroup][kMaxHeadDim];  // [g][split * hd + d]
   const size_t t = blockIdx.x;
   const int32_t kv_head = blockIdx.y / a.n_slices;
   const int32_t h0 = kv_head * a.group + (blockIdx.y % a.n_slices) * kMaxGroup;
@@ -139,8 +136,7 @@ __global__ void __launch_bounds__(kThreads)
   // chain over d ascending, k[d] loaded once for every head of the slice
   // (16-byte loads where the rows are aligned: the same chain).
   constexpr int32_t kVec = 16 / sizeof(T);
-  const bool vector_loads =
-      hd % kVec == 0 && reinterpret_cast<uintptr_t>(k_pool) % 16 == 0;
+  const bool vector_loads = hd % kVec == 0 && reinterpret_cast<uintptr_t>(k_pool) % 16 == 0;
   for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
     const T* key = k_pool + row[j];
     float dot[kMaxGroup];
@@ -151,12 +147,20 @@ __global__ void __launch_bounds__(kThreads)
         const uint4 raw = *reinterpret_cast<const uint4*>(key + d0);
         T elems[kVec];
         memcpy(elems, &raw, sizeof raw);
+        float k[kVec];
 #pragma unroll
-        for (int32_t i = 0; i < kVec; ++i) {
-          const float k = ToF32(elems[i]);
+        for (int32_t i = 0; i < kVec; ++i) k[i] = ToF32(elems[i]);
 #pragma unroll
-          for (int32_t g = 0; g < kMaxGroup; ++g) {
-            if (g < n_group) dot[g] = __fmaf_rn(q[g][d0 + i], k, dot[g]);
+        for (int32_t g = 0; g < kMaxGroup; ++g) {
+          if (g < n_group) {
+#pragma unroll
+            for (int32_t i = 0; i < kVec; i += 4) {
+              const float4 qv = *reinterpret_cast<const float4*>(&q[g][d0 + i]);
+              dot[g] = __fmaf_rn(qv.x, k[i], dot[g]);
+              dot[g] = __fmaf_rn(qv.y, k[i + 1], dot[g]);
+              dot[g] = __fmaf_rn(qv.z, k[i + 2], dot[g]);
+              dot[g] = __fmaf_rn(qv.w, k[i + 3], dot[g]);
+            }
           }
         }
       }
@@ -171,70 +175,99 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) {
-      if (g < n_group) scores[g][j] = __fmul_rn(dot[g], a.scale);
+      scores[j][g] = g < n_group ? __fmul_rn(dot[g], a.scale) : 0.0f;
     }
   }
   __syncthreads();
 
-  float m[kMaxGroup], l[kMaxGroup];
-#pragma unroll
-  for (int32_t g = 0; g < kMaxGroup; ++g) {
-    m[g] = 0.0f;
-    l[g] = 1.0f;
-    if (g < n_group) {  // uniform over the block: the barriers are safe
-      float local_max = -INFINITY;
-      for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
-        local_max = fmaxf(local_max, scores[g][j]);
-      }
-      m[g] = BlockReduce(local_max, scratch, [](float x, float y) { return fmaxf(x, y); });
-      float local_sum = 0.0f;
-      for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
-        const float e = expf(__fsub_rn(scores[g][j], m[g]));
-        scores[g][j] = e;
-        local_sum = __fadd_rn(local_sum, e);
-      }
-      // BlockReduce's first barrier also publishes scores[g][] = e_j.
-      l[g] = BlockReduce(local_sum, scratch, [](float x, float y) { return __fadd_rn(x, y); });
+  // Softmax statistics: warp w takes heads w, w + kWarps, ...; lane l
+  // scans j = l, l + 32, ... (max, then e_j and their sum), and a xor
+  // butterfly combines the lanes (every lane gets the same value).
+  const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int32_t g = warp; g < n_group; g += kWarps) {
+    float m = -INFINITY;
+    for (int32_t j = lane; j < n_keys; j += 32) m = fmaxf(m, scores[j][g]);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    }
+    float l = 0.0f;
+    for (int32_t j = lane; j < n_keys; j += 32) {
+      const float e = expf(__fsub_rn(scores[j][g], m));
+      scores[j][g] = e;
+      l = __fadd_rn(l, e);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, offset));
+    }
+    if (lane == 0) {
+      stats[0][g] = m;
+      stats[1][g] = l;
     }
   }
+  __syncthreads();
 
-  // Values: thread e takes dimension d = e % hd for the heads g = part,
-  // part + parts, ... (part = e / hd), so heads narrower than the block
-  // still keep every thread busy; each output is one FMA chain over j
-  // ascending whichever thread runs it.
-  const int32_t parts = max(1, min(n_group, static_cast<int32_t>(kThreads) / hd));
-  for (int32_t e = threadIdx.x; e < hd * parts; e += kThreads) {
-    const int32_t d = e % hd, part = e / hd;
+  // The chunk's result for head h0 + g, dimension d.
+  auto finish = [&](int32_t g, int32_t d, float acc) {
+    const size_t h = static_cast<size_t>(h0 + g);
+    if (direct) {
+      out[(t * a.n_head + h) * hd + d] = FromF32<O>(__fdiv_rn(acc, stats[1][g]));
+    } else {
+      a.ws_acc[((t * a.n_head + h) * a.n_chunks + c) * hd + d] = acc;
+    }
+  };
+  // Values: thread e takes dimension d = e % hd of every head over split
+  // s = e / hd of the chunk (keys [s * span, (s + 1) * span)), one FMA
+  // chain over j ascending; the splits' sums are then added in split order.
+  const int32_t splits = ValueSplits(hd);
+  const int32_t span = kAttentionChunk / splits;
+  for (int32_t e = threadIdx.x; e < hd * splits; e += kThreads) {
+    const int32_t d = e % hd, split = e / hd;
+    const int32_t j_end = min((split + 1) * span, n_keys);
     float acc[kMaxGroup];
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) acc[g] = 0.0f;
-    for (int32_t j = 0; j < n_keys; ++j) {
+    for (int32_t j = split * span; j < j_end; ++j) {
       const float v = ToF32(v_pool[row[j] + d]);
-#pragma unroll
-      for (int32_t g = 0; g < kMaxGroup; ++g) {
-        if (g < n_group && g % parts == part) acc[g] = __fmaf_rn(scores[g][j], v, acc[g]);
+      const float4 e_lo = *reinterpret_cast<const float4*>(&scores[j][0]);
+      acc[0] = __fmaf_rn(e_lo.x, v, acc[0]);
+      acc[1] = __fmaf_rn(e_lo.y, v, acc[1]);
+      acc[2] = __fmaf_rn(e_lo.z, v, acc[2]);
+      acc[3] = __fmaf_rn(e_lo.w, v, acc[3]);
+      if (n_group > 4) {
+        const float4 e_hi = *reinterpret_cast<const float4*>(&scores[j][4]);
+        acc[4] = __fmaf_rn(e_hi.x, v, acc[4]);
+        acc[5] = __fmaf_rn(e_hi.y, v, acc[5]);
+        acc[6] = __fmaf_rn(e_hi.z, v, acc[6]);
+        acc[7] = __fmaf_rn(e_hi.w, v, acc[7]);
       }
     }
 #pragma unroll
     for (int32_t g = 0; g < kMaxGroup; ++g) {
-      if (g < n_group && g % parts == part) {
-        const size_t h = static_cast<size_t>(h0 + g);
-        if (direct) {
-          out[(t * a.n_head + h) * hd + d] = FromF32<O>(__fdiv_rn(acc[g], l[g]));
+      if (g < n_group) {
+        if (splits == 1) {
+          finish(g, d, acc[g]);
         } else {
-          a.ws_acc[((t * a.n_head + h) * a.n_chunks + c) * hd + d] = acc[g];
+          partial[g][split * hd + d] = acc[g];
         }
       }
     }
   }
-  if (!direct && threadIdx.x == 0) {
-#pragma unroll
-    for (int32_t g = 0; g < kMaxGroup; ++g) {
-      if (g < n_group) {
-        const size_t partial = (t * a.n_head + h0 + g) * static_cast<size_t>(a.n_chunks) + c;
-        a.ws_ml[partial * 2] = m[g];
-        a.ws_ml[partial * 2 + 1] = l[g];
+  if (splits > 1) {  // uniform over the block
+    __syncthreads();
+    for (int32_t e = threadIdx.x; e < n_group * hd; e += kThreads) {
+      const int32_t g = e / hd, d = e % hd;
+      float acc = partial[g][d];
+      for (int32_t split = 1; split < splits; ++split) {
+        acc = __fadd_rn(acc, partial[g][split * hd + d]);
       }
+      finish(g, d, acc);
+    }
+  }
+  if (!direct && threadIdx.x == 0) {
+    for (int32_t g = 0; g < n_group; ++g) {
+      const size_t p = (t * a.n_head + h0 + g) * static_cast<size_t>(a.n_chunks) + c;
+      a.ws_ml[p * 2] = stats[0][g];
+      a.ws_ml[p * 2 + 1] = stats[1][g];
     }
   }
 }
