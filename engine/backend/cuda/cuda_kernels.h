@@ -21,7 +21,9 @@
 // composition (batch-invariant numerics; Thinking Machines, "Defeating
 // Nondeterminism in LLM Inference", 2025).
 // Every launcher returns cudaGetLastError() after its launches; none
-// synchronizes.
+// synchronizes. Shapes a kernel cannot run (negative sizes, the limits
+// stated below) return cudaErrorInvalidValue before any launch; empty work
+// (no tokens, no rows) launches nothing and returns cudaSuccess.
 #ifndef TANDEM_ENGINE_BACKEND_CUDA_CUDA_KERNELS_H_
 #define TANDEM_ENGINE_BACKEND_CUDA_CUDA_KERNELS_H_
 
@@ -89,7 +91,10 @@ cudaError_t LaunchKvWrite(const float* qkv, int32_t q_dim, const BatchMeta& batc
 inline constexpr int32_t kAttentionChunk = 256;
 
 // Bytes of the partial results LaunchPagedAttention needs for up to
-// max_tokens tokens of at most max_context positions.
+// max_tokens tokens of at most max_context positions: 0 when max_context
+// <= kAttentionChunk (one chunk is written straight to `out`), else
+// max_tokens * n_head * ceil(max_context / kAttentionChunk) *
+// (head_dim + 2) floats.
 size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_head, int32_t head_dim,
                                     int32_t max_context);
 
@@ -99,7 +104,12 @@ size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_head, int32_t 
 // sum_j softmax_j(q_h . k_j * scale) v_j, query head h reading KV head
 // h / (n_head / n_head_kv); q is qkv[t][h*head_dim ..] (already rotated).
 // max_context bounds token_pos + 1 over the batch (grid sizing; a CUDA
-// graph passes the model's context length).
+// graph passes the model's context length); a token past it is the
+// caller's error: its output is then unspecified, but no memory outside
+// the given buffers is touched.
+// Limits: head_dim <= 256, n_head a multiple of n_head_kv, kv.kv_dim ==
+// n_head_kv * head_dim, ceil(max_context / kAttentionChunk) <= 65535;
+// `workspace` (PagedAttentionWorkspaceBytes) may be null when that is 0.
 cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const PagedKv& kv,
                                  int32_t layer, int32_t n_head, int32_t n_head_kv,
                                  int32_t head_dim, float scale, int32_t max_context,
@@ -142,7 +152,9 @@ cudaError_t LaunchRowStats(const float* logits, int32_t rows, int32_t vocab, Row
 // The largest K a device top-K returns per row.
 inline constexpr int32_t kMaxDeviceTopK = 1024;
 
-// Bytes of scratch LaunchRowTopK needs.
+// Bytes of scratch LaunchRowTopK needs: 0 (each row's block selects in
+// its own shared memory), so `workspace` may be null; kept so that a
+// multi-block select can ask for scratch without an interface change.
 size_t RowTopKWorkspaceBytes(int32_t rows, int32_t vocab);
 
 // The first k (<= kMaxDeviceTopK, <= vocab) ids of each row in the
