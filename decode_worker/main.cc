@@ -9,13 +9,9 @@ int main(int argc, char** argv) {
   return RunWorkerMain(
       argc, argv, v1::ROLE_DECODE, {},
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
-        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created =
-            BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
+        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created = BuildWorkerBackend(ctx);
         if (!created.ok()) return created.status();
         std::unique_ptr<backend::ModelBackend> backend = *std::move(created);
-        auto faulty = WithBackendFault(*ctx.flags, std::move(backend));
-        if (!faulty.ok()) return faulty.status();
-        backend = *std::move(faulty);
         kvtransfer::KvReceiver::Options kv_options =
             decode::ReceiverKvLoader::OptionsFromConfig(ctx.worker->kv_listen, ctx.config->kv);
         kv_options.auth = ctx.auth;  // HELLOs must carry the cluster credential

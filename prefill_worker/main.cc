@@ -16,13 +16,9 @@ int main(int argc, char** argv) {
   return RunWorkerMain(
       argc, argv, v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"},
       [](const WorkerContext& ctx) -> absl::StatusOr<std::unique_ptr<WorkerRuntime>> {
-        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created =
-            BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
+        absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created = BuildWorkerBackend(ctx);
         if (!created.ok()) return created.status();
         std::unique_ptr<backend::ModelBackend> backend = *std::move(created);
-        auto faulty = WithBackendFault(*ctx.flags, std::move(backend));
-        if (!faulty.ok()) return faulty.status();
-        backend = *std::move(faulty);
         prefill::KvSendOptions send;
         send.layout = KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint);
         send.bit_exact_class = backend->bit_exact_class();

@@ -18,6 +18,7 @@
 #include "common/server/exit_codes.h"
 #include "common/server/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
+#include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem {
@@ -99,6 +100,13 @@ using RuntimeFactory =
 // (WorkerContext::on_device_lost), the worker logs one line with the
 // cause, sets its gRPC health NOT_SERVING, lets the failed replies go out,
 // shuts down and returns kExitDeviceLost (exit_codes.h).
+// The worker's backend: BackendFromConfig on its own entry's device and KV
+// dtype (worker_engine.h), wrapped by WithBackendFault when
+// --fault-backend-error is given. Errors: the factory's refusal or a bad
+// flag value, as one line (a start-up error).
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
+    const WorkerContext& ctx);
+
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory);
 

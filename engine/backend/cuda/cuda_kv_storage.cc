@@ -150,84 +150,68 @@ void CudaKvStorage::SetLayerEvent(int32_t layer, cudaEvent_t event) {
 void CudaKvStorage::ReadTokens(std::span<const int32_t> block_table, int32_t layer,
                                int32_t token_start, int32_t count, char* k_out,
                                char* v_out) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (layer < 0 || layer >= shape_.n_layers) {
-    Fatal(absl::StrCat("ReadTokens: layer ", layer, " outside [0, ", shape_.n_layers, ")"));
-  }
-  if (count <= 0) return;
-  cudaStream_t stream = impl_->copy_stream;
-  if (cudaEvent_t event = impl_->layer_events[static_cast<size_t>(layer)]; event != nullptr) {
-    Check(cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent (KV read)");
-  }
-  const size_t rb = row_bytes();
-  const int32_t chunk = static_cast<int32_t>(
-      std::min<size_t>(impl_->staging_half / rb, static_cast<size_t>(count)));
-  char* stage_k = impl_->staging;
-  char* stage_v = impl_->staging + impl_->staging_half;
-  const char* k_pool = static_cast<const char*>(paged_.k);
-  const char* v_pool = static_cast<const char*>(paged_.v);
-  std::string error;
-  for (int32_t done = 0; done < count;) {
-    const int32_t n = std::min(chunk, count - done);
-    const std::vector<KvCopyRun> runs =
-        SplitKvCopyRuns(block_table, layer, paged_.num_blocks, num_blocks(), shape_.block_size,
-                        token_start + done, n, &error);
-    if (!error.empty()) Fatal(absl::StrCat("ReadTokens: ", error));
-    for (const KvCopyRun& run : runs) {
-      const size_t src = static_cast<size_t>(run.pool_row) * rb;
-      const size_t dst = static_cast<size_t>(run.buffer_row) * rb;
-      const size_t bytes = static_cast<size_t>(run.rows) * rb;
-      Check(cudaMemcpyAsync(stage_k + dst, k_pool + src, bytes, cudaMemcpyDeviceToHost, stream),
-            "cudaMemcpyAsync (KV read, K)");
-      Check(cudaMemcpyAsync(stage_v + dst, v_pool + src, bytes, cudaMemcpyDeviceToHost, stream),
-            "cudaMemcpyAsync (KV read, V)");
-    }
-    Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (KV read)");
-    const size_t out = static_cast<size_t>(done) * rb;
-    std::memcpy(k_out + out, stage_k, static_cast<size_t>(n) * rb);
-    std::memcpy(v_out + out, stage_v, static_cast<size_t>(n) * rb);
-    done += n;
-  }
+  CopyTokens(/*to_device=*/false, block_table, layer, token_start, count, k_out, v_out);
 }
 
 void CudaKvStorage::WriteTokens(std::span<const int32_t> block_table, int32_t layer,
                                 int32_t token_start, int32_t count, const char* k,
                                 const char* v) {
+  // The host rows are only read on this path.
+  CopyTokens(/*to_device=*/true, block_table, layer, token_start, count, const_cast<char*>(k),
+             const_cast<char*>(v));
+}
+
+void CudaKvStorage::CopyTokens(bool to_device, std::span<const int32_t> block_table,
+                               int32_t layer, int32_t token_start, int32_t count, char* host_k,
+                               char* host_v) const {
+  const char* what = to_device ? "WriteTokens" : "ReadTokens";
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (layer < 0 || layer >= shape_.n_layers) {
-    Fatal(absl::StrCat("WriteTokens: layer ", layer, " outside [0, ", shape_.n_layers, ")"));
+    Fatal(absl::StrCat(what, ": layer ", layer, " outside [0, ", shape_.n_layers, ")"));
   }
   if (count <= 0) return;
   cudaStream_t stream = impl_->copy_stream;
+  if (!to_device) {
+    if (cudaEvent_t event = impl_->layer_events[static_cast<size_t>(layer)]; event != nullptr) {
+      Check(cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent (KV read)");
+    }
+  }
   const size_t rb = row_bytes();
   const int32_t chunk = static_cast<int32_t>(
       std::min<size_t>(impl_->staging_half / rb, static_cast<size_t>(count)));
-  char* stage_k = impl_->staging;
-  char* stage_v = impl_->staging + impl_->staging_half;
-  char* k_pool = static_cast<char*>(paged_.k);
-  char* v_pool = static_cast<char*>(paged_.v);
+  char* const stage[2] = {impl_->staging, impl_->staging + impl_->staging_half};
+  char* const pool[2] = {static_cast<char*>(paged_.k), static_cast<char*>(paged_.v)};
+  char* const host[2] = {host_k, host_v};
+  const cudaMemcpyKind kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   std::string error;
   for (int32_t done = 0; done < count;) {
     const int32_t n = std::min(chunk, count - done);
     const std::vector<KvCopyRun> runs =
         SplitKvCopyRuns(block_table, layer, paged_.num_blocks, num_blocks(), shape_.block_size,
                         token_start + done, n, &error);
-    if (!error.empty()) Fatal(absl::StrCat("WriteTokens: ", error));
-    const size_t in = static_cast<size_t>(done) * rb;
-    std::memcpy(stage_k, k + in, static_cast<size_t>(n) * rb);
-    std::memcpy(stage_v, v + in, static_cast<size_t>(n) * rb);
-    for (const KvCopyRun& run : runs) {
-      const size_t dst = static_cast<size_t>(run.pool_row) * rb;
-      const size_t src = static_cast<size_t>(run.buffer_row) * rb;
-      const size_t bytes = static_cast<size_t>(run.rows) * rb;
-      Check(cudaMemcpyAsync(k_pool + dst, stage_k + src, bytes, cudaMemcpyHostToDevice, stream),
-            "cudaMemcpyAsync (KV write, K)");
-      Check(cudaMemcpyAsync(v_pool + dst, stage_v + src, bytes, cudaMemcpyHostToDevice, stream),
-            "cudaMemcpyAsync (KV write, V)");
+    if (!error.empty()) Fatal(absl::StrCat(what, ": ", error));
+    const size_t host_offset = static_cast<size_t>(done) * rb;
+    const size_t bytes_in_chunk = static_cast<size_t>(n) * rb;
+    if (to_device) {
+      for (int kv = 0; kv < 2; ++kv) std::memcpy(stage[kv], host[kv] + host_offset, bytes_in_chunk);
     }
-    // The staging is reused by the next chunk (and the next call), and the
-    // caller may free k and v once this returns.
-    Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (KV write)");
+    for (const KvCopyRun& run : runs) {
+      const size_t pool_at = static_cast<size_t>(run.pool_row) * rb;
+      const size_t stage_at = static_cast<size_t>(run.buffer_row) * rb;
+      const size_t bytes = static_cast<size_t>(run.rows) * rb;
+      for (int kv = 0; kv < 2; ++kv) {
+        void* dst = to_device ? pool[kv] + pool_at : stage[kv] + stage_at;
+        const void* src = to_device ? stage[kv] + stage_at : pool[kv] + pool_at;
+        Check(cudaMemcpyAsync(dst, src, bytes, kind, stream),
+              to_device ? "cudaMemcpyAsync (KV write)" : "cudaMemcpyAsync (KV read)");
+      }
+    }
+    // The staging is reused by the next chunk (and the next call); a
+    // writer's caller may free its rows once this returns.
+    Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (KV copy)");
+    if (!to_device) {
+      for (int kv = 0; kv < 2; ++kv) std::memcpy(host[kv] + host_offset, stage[kv], bytes_in_chunk);
+    }
     done += n;
   }
 }

@@ -68,6 +68,11 @@ class CudaKvStorage final : public kv::KvStorage {
 
  private:
   struct Impl;
+  // ReadTokens (to_device false: pools -> host_k/host_v) and WriteTokens
+  // (true: host rows -> pools, host rows only read), through the staging
+  // in chunks, on the copy stream.
+  void CopyTokens(bool to_device, std::span<const int32_t> block_table, int32_t layer,
+                  int32_t token_start, int32_t count, char* host_k, char* host_v) const;
   CudaKvStorage(const kv::KvShape& shape, std::unique_ptr<Impl> impl);
   kv::KvShape shape_;
   PagedKv paged_;
