@@ -69,6 +69,10 @@ case "$1" in
   synth-model) echo "tandem: wrote (fake)" ;;
 esac
 EOF
+for t in cuda_kernels_test cuda_resources_test cuda_backend_test; do
+  printf '#!/bin/sh\necho "[  PASSED  ] 3 tests. (fake %s, shared $TANDEM_SHARED_DIR)"\n' "$t" \
+    > "$tmp/bin/$t"
+done
 chmod +x "$tmp/bin/"*
 run_fake() {
   env -u CUDA_VISIBLE_DEVICES PATH="$tmp/gpu:$PATH" OUT="$tmp/out" "$@" bash "$check" \
@@ -87,6 +91,7 @@ for want in \
   "| decode batch 32 | 12800.0 tokens/s | - |" \
   "| decode batch 128 | 51200.0 tokens/s = 128.0x batch 1 | >= 30x |" \
   "| selftest | 42 of 42 checks passed | all |" \
+  "| CUDA tests (tests/cuda) | ok, " \
   "| qkv | 2048 | 3072 | 2048 | 0.0400 | 0.0380 | 95% |" \
   "| 3072 x 2048 | cublaslt | yes |"; do
   grep -qF -- "$want" "$report" || fail "report lacks: $want
@@ -95,6 +100,8 @@ done
 grep -qF "===== report (for docs/benchmarks.md) =====" "$tmp/run.log" || fail "no report on stdout"
 tail -n "$(wc -l < "$report")" "$tmp/run.log" | cmp -s - "$report" || fail "stdout ends otherwise than report.md"
 grep -q "decode_b128 ok" "$report" || fail "sections line: $(grep Sections "$report")"
+grep -qF "fake cuda_backend_test, shared $(cd "$shared" && pwd)" "$tmp/work/cuda_tests.out" ||
+  fail "CUDA tests not run with TANDEM_SHARED_DIR: $(cat "$tmp/work/cuda_tests.out")"
 
 # A failing section: reported, the others still run, exit 1.
 rc=0; run_fake FAIL_B32=1 || rc=$?
