@@ -58,12 +58,6 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
-    const ClusterConfig& config, const ModelBundle& model, const WorkerConfig& worker,
-    const backend::DeviceQuery& query) {
-  return backend::CreateBackend(*model.model, BackendOptionsFromConfig(config, worker), query);
-}
-
 absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
                                                   const backend::DeviceSpec& device) {
   double value = 0;

@@ -113,14 +113,6 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
   return flags;
 }
 
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
-    const WorkerContext& ctx) {
-  absl::StatusOr<std::unique_ptr<backend::ModelBackend>> backend =
-      BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
-  if (!backend.ok()) return backend.status();
-  return WithBackendFault(*ctx.flags, *std::move(backend));
-}
-
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();

@@ -180,6 +180,11 @@ ApiError FromRpcError(int grpc_code, std::string_view message, int64_t retry_aft
         e.http_status = 429;
         e.type = "rate_limit_error";
         e.code = "rate_limit_exceeded";
+      } else if (message.find("device error in a forward step") != std::string_view::npos) {
+        // A worker's device ran out of memory in one step (engine core):
+        // the server's trouble, and a retry may succeed.
+        e.http_status = 503;
+        e.type = "server_error";
       } else if (message.find("larger than max") != std::string_view::npos) {
         // gRPC's message size limit.
         e.http_status = 413;

@@ -450,6 +450,10 @@ TEST(OpenAiErrorTest, FromRpcErrorOnRouterTexts) {
        "request needs up to 2304 KV blocks (4095 tokens x 9 samples) but the decode worker's "
        "pool has only 2048",
        400, "invalid_request_error", "", ""},
+      // engine/core/engine_core.cc: a device out of memory in one step.
+      {grpc::StatusCode::RESOURCE_EXHAUSTED,
+       "decode worker: device error in a forward step: out of memory (cudaMalloc)", 503,
+       "server_error", "", ""},
       {grpc::StatusCode::RESOURCE_EXHAUSTED,
        "Received message larger than max (6000053 vs. 4194304)", 413, "invalid_request_error", "",
        "request_too_large"},
