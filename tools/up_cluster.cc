@@ -160,16 +160,19 @@ std::vector<GpuShare> SplitGpuMemory(const ClusterConfig& config) {
 }
 
 std::string FormatGpuShare(const GpuShare& share, double configured) {
-  return absl::StrFormat("GPU %s: %d workers (%s), engine.gpu_memory_fraction %.2f split as "
-                         "%.2f each",
+  return absl::StrFormat("GPU %s: %d workers (%s), engine.gpu_memory_fraction %s split as "
+                         "%s each",
                          share.device, share.workers.size(), absl::StrJoin(share.workers, ", "),
-                         configured, share.fraction);
+                         absl::StrCat(configured), GpuShareFlagValue(share.fraction));
 }
 
 std::string GpuShareFlagValue(double fraction) {
-  // The small epsilon keeps 0.45 (0.44999999999999996 * 1e6 = 449999.99...)
-  // from becoming 0.449999.
-  return absl::StrCat(std::floor(fraction * 1e6 + 1e-6) / 1e6);
+  if (!(fraction > 0)) return "0";
+  // Rounded down to six significant digits: never above the share, never 0
+  // for a tiny one. The small epsilon keeps 0.45 (0.44999999999999996 *
+  // 1e6 = 449999.99...) from becoming 0.449999.
+  const double scale = std::pow(10.0, 5 - std::floor(std::log10(fraction)));
+  return absl::StrCat(std::floor(fraction * scale + 1e-6) / scale);
 }
 
 }  // namespace tandem::cli

@@ -60,13 +60,15 @@ struct GpuShare {
 std::vector<GpuShare> SplitGpuMemory(const ClusterConfig& config);
 
 // The line `tandem up` prints per shared GPU, e.g. "GPU cuda:0: 2 workers
-// (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 split as 0.45
-// each"; `configured` is engine.gpu_memory_fraction.
+// (prefill-0, decode-0), engine.gpu_memory_fraction 0.9 split as 0.45
+// each" (both numbers as GpuShareFlagValue writes them); `configured` is
+// engine.gpu_memory_fraction.
 std::string FormatGpuShare(const GpuShare& share, double configured);
 
 // The --gpu-memory-fraction value of a share: `fraction` rounded down to
-// 6 decimals ("0.45", "0.166666"), so n shares never add up to more than
-// the configured fraction.
+// six significant digits ("0.45", "0.225", "0.166666", "5e-05"), so n
+// shares never add up to more than the configured fraction and a tiny
+// share is never 0.
 std::string GpuShareFlagValue(double fraction);
 
 }  // namespace tandem::cli

@@ -281,7 +281,7 @@ TEST_F(StartupErrorTest, UpSplitsTheGpuMemoryFractionAndReportsTheRefusal) {
               ::testing::Contains(absl::StrCat("tandem: GPU cuda:0: 2 workers (",
                                                LocalCluster::kPrefillName, ", ",
                                                LocalCluster::kDecodeName,
-                                               "), engine.gpu_memory_fraction 0.90 split as "
+                                               "), engine.gpu_memory_fraction 0.9 split as "
                                                "0.45 each")))
       << r.err;
   EXPECT_THAT(r.err, HasSubstr("engine.device: cuda:0, but this machine has no CUDA GPU"));

@@ -228,7 +228,7 @@ engine: {device: "cuda:0", kv_cache_dtype: f32}
   EXPECT_DOUBLE_EQ(shares[0].fraction, 0.3);
   EXPECT_EQ(FormatGpuShare(shares[0], 0.9),
             "GPU cuda:0: 3 workers (prefill-0, decode-0, decode-2), "
-            "engine.gpu_memory_fraction 0.90 split as 0.30 each");
+            "engine.gpu_memory_fraction 0.9 split as 0.3 each");
   EXPECT_EQ(GpuShareFlagValue(shares[0].fraction), "0.3");
 
   absl::StatusOr<ClusterConfig> two = ParseClusterConfig(
@@ -240,12 +240,16 @@ engine: {device: "cuda:0", kv_cache_dtype: f32}
   shares = SplitGpuMemory(*two);
   ASSERT_EQ(shares.size(), 2u);
   EXPECT_EQ(FormatGpuShare(shares[0], 0.9),
-            "GPU cuda:0: 2 workers (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 "
+            "GPU cuda:0: 2 workers (prefill-0, decode-0), engine.gpu_memory_fraction 0.9 "
             "split as 0.45 each");
   EXPECT_EQ(FormatGpuShare(shares[1], 0.9),
-            "GPU cuda:1: 2 workers (decode-1, decode-2), engine.gpu_memory_fraction 0.90 "
+            "GPU cuda:1: 2 workers (decode-1, decode-2), engine.gpu_memory_fraction 0.9 "
             "split as 0.45 each");
   EXPECT_EQ(GpuShareFlagValue(shares[0].fraction), "0.45");
+  // Shares that are not round, or tiny, are neither truncated nor shown
+  // as zero.
+  EXPECT_EQ(GpuShareFlagValue(0.9 / 4), "0.225");
+  EXPECT_EQ(GpuShareFlagValue(0.0001 / 2), "5e-05");
 }
 
 TEST(SplitGpuMemoryTest, NoSharedGpuNoSplit) {
@@ -260,7 +264,7 @@ TEST(SplitGpuMemoryTest, NoSharedGpuNoSplit) {
 
 TEST(SplitGpuMemoryTest, FlagValueRoundsDownSoSharesNeverExceedTheFraction) {
   EXPECT_EQ(GpuShareFlagValue(1.0 / 6), "0.166666");
-  EXPECT_EQ(GpuShareFlagValue(0.2 / 3), "0.066666");
+  EXPECT_EQ(GpuShareFlagValue(0.2 / 3), "0.0666666");
   EXPECT_EQ(GpuShareFlagValue(0.9), "0.9");
   EXPECT_EQ(GpuShareFlagValue(1.0), "1");
 }
