@@ -272,9 +272,12 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
     if (finished_ || cancelled_ || samples_left_ == 0) {
       DecodeEnded(status);
     } else if (stream->lost) {
-      lost_error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 absl::StrCat("decode worker ", worker->name,
-                                              " stopped answering status polls"));
+      const std::string reason = worker->lost_reason();
+      lost_error_ = grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          reason.empty()
+              ? absl::StrCat("decode worker ", worker->name, " stopped answering status polls")
+              : reason);
       failed_decode_.push_back(worker->name);
       if (!MoveOn(stream->received, lost_error_.error_message())) DecodeEnded(lost_error_);
     } else if (IsTransportError(status)) {
@@ -452,9 +455,12 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
       }
     } else if (!call->superseded && !finished_ && !cancelled_ && samples_left_ > 0) {
       const std::string& name = call->worker->name;
+      const std::string lost_reason = call->lost ? call->worker->lost_reason() : "";
       const std::string reason =
-          call->lost ? absl::StrCat("prefill worker ", name, " stopped answering status polls")
-                     : absl::StrCat("prefill worker ", name, ": ", status.error_message());
+          !call->lost ? absl::StrCat("prefill worker ", name, ": ", status.error_message())
+          : lost_reason.empty()
+              ? absl::StrCat("prefill worker ", name, " stopped answering status polls")
+              : lost_reason;
       prefill_error_ = grpc::Status(
           call->lost ? grpc::StatusCode::UNAVAILABLE : status.error_code(), reason);
       failed_prefill_.push_back(name);

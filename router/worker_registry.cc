@@ -31,9 +31,18 @@ void WorkerHandle::RemoveLostCallback(uint64_t token) {
   lost_callbacks_.erase(token);
 }
 
-void WorkerHandle::NotifyLost() {
+void WorkerHandle::NotifyLost(const std::string& why) {
+  {
+    absl::MutexLock reason_lock(&reason_mu_);
+    lost_reason_ = why;
+  }
   absl::MutexLock lock(&lost_mu_);
   for (auto& [token, callback] : lost_callbacks_) callback();
+}
+
+std::string WorkerHandle::lost_reason() const {
+  absl::MutexLock lock(&reason_mu_);
+  return lost_reason_;
 }
 
 WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
@@ -151,7 +160,7 @@ void WorkerRegistry::ReportUnreachable(const std::shared_ptr<WorkerHandle>& hand
     e.missed_polls = options_.unhealthy_after_missed_polls;
     Log(absl::StrCat("worker ", handle->name, " unreachable (", why, "): unhealthy"));
   }
-  handle->NotifyLost();  // its other requests move on now
+  handle->NotifyLost(why);  // its other requests move on now
   ReportHealth();
 }
 
@@ -358,7 +367,7 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
                        call->status.error_message(), "): unhealthy"));
     }
   }
-  if (lost) h->NotifyLost();  // its in-flight requests fail now
+  if (lost) h->NotifyLost("");  // its in-flight requests fail now
   ReportHealth();
 }
 

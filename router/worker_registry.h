@@ -79,9 +79,16 @@ struct WorkerHandle {
   // RemoveLostCallback, which waits for a running callback to return.
   uint64_t AddLostCallback(std::function<void()> callback);
   void RemoveLostCallback(uint64_t token);
-  void NotifyLost();
+  // Runs the callbacks. `why`: the error that made a request report the
+  // worker unreachable (e.g. "decode worker decode-0 failed: device lost:
+  // ..."), kept for lost_reason(); empty when it missed status polls.
+  void NotifyLost(const std::string& why);
+  // The `why` of the last NotifyLost ("" before any, or after missed polls).
+  std::string lost_reason() const;
 
  private:
+  mutable absl::Mutex reason_mu_;  // never held while a callback runs
+  std::string lost_reason_ ABSL_GUARDED_BY(reason_mu_);
   absl::Mutex lost_mu_;
   uint64_t next_lost_token_ ABSL_GUARDED_BY(lost_mu_) = 0;
   std::map<uint64_t, std::function<void()>> lost_callbacks_ ABSL_GUARDED_BY(lost_mu_);

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -158,6 +160,34 @@ TEST(BackendErrorsTest, StickyDecodeErrorExitsWithTheDeviceLostCode) {
   EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == kExitDeviceLost)
       << cli::DescribeWaitStatus(ws);
   EXPECT_EQ(kExitDeviceLost, 75);
+}
+
+// Several streams on a decode worker whose device is lost: each client
+// learns the cause ("device lost"), also those the router fails on its own
+// once the first failure made it mark the worker unreachable.
+TEST(BackendErrorsTest, EveryStreamOfALostDeviceSaysDeviceLost) {
+  ClusterOptions o;
+  o.decode_fault_backend_error = "sticky@4";
+  std::unique_ptr<LocalCluster> cluster = StartCluster(o);
+  ASSERT_NE(cluster, nullptr);
+  const GoldenCase& g = Golden("once_upon_a_time");
+  constexpr int kStreams = 4;
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      results[i] = RunGenerate(cluster->stub(),
+                               MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_LOCAL), kPrompt);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(results[i].status.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << results[i].status.error_message();
+    EXPECT_THAT(results[i].status.error_message(), HasSubstr("device lost"));
+  }
+  cluster->Stop(absl::Seconds(10));
 }
 
 // A bad --fault-backend-error value: the worker refuses to start with one
