@@ -670,6 +670,20 @@ absl::StatusOr<SelftestOptions> ParseSelftestArgs(const std::vector<std::string>
   }
   o.shared_dir = parsed->GetString("shared", DefaultSharedDir());
   if (o.shared_dir.empty()) return FlagError("shared", "empty path");
+  // Paths given on the command line are checked here, before the GPU is
+  // looked for, so that a typo shows on any machine.
+  for (const std::string& m : o.models) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(m, ec)) {
+      return FlagError("model", absl::StrCat("'", m, "' is not a readable file"));
+    }
+  }
+  if (parsed->Has("shared")) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.shared_dir, ec)) {
+      return FlagError("shared", absl::StrCat("'", o.shared_dir, "' is not a directory"));
+    }
+  }
   return o;
 }
 

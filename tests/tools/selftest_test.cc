@@ -55,12 +55,26 @@ TEST(SelftestArgsTest, DefaultsAndFlags) {
   EXPECT_TRUE(o->device.is_cuda());
   EXPECT_EQ(o->device.index, 0);
   EXPECT_TRUE(o->models.empty());
-  o = ParseSelftestArgs({"--device", "cuda:2", "--model", "a.gguf", "--model", "b.gguf",
-                         "--shared", "/s"});
+  const std::string a = SharedPath("models/stories260K.gguf");
+  const std::string b = SharedPath("models/qwen2-tiny-synth.gguf");
+  const std::string shared = SharedPath("");
+  o = ParseSelftestArgs({"--device", "cuda:2", "--model", a, "--model", b, "--shared", shared});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->device.index, 2);
-  EXPECT_EQ(o->models, (std::vector<std::string>{"a.gguf", "b.gguf"}));
-  EXPECT_EQ(o->shared_dir, "/s");
+  EXPECT_EQ(o->models, (std::vector<std::string>{a, b}));
+  EXPECT_EQ(o->shared_dir, shared);
+}
+
+// Paths on the command line are checked before the GPU is looked for: a
+// typo is an error (exit 2) on a machine without a GPU too, not exit 77.
+TEST(SelftestArgsTest, MissingPathsAreRefusedBeforeTheGpuCheck) {
+  absl::Status s = ParseSelftestArgs({"--model", "/nonexistent.gguf"}).status();
+  EXPECT_EQ(s.message(), "--model: '/nonexistent.gguf' is not a readable file");
+  s = ParseSelftestArgs({"--shared", "/nonexistent-dir"}).status();
+  EXPECT_EQ(s.message(), "--shared: '/nonexistent-dir' is not a directory");
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunSelftest({"--model", "/nonexistent.gguf"}, FakeQuery(0)), 2);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("--model"));
 }
 
 TEST(SelftestArgsTest, BadFlagsNameTheFlag) {

@@ -1,6 +1,7 @@
 #include "engine/backend/cuda/cuda_device_query.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -14,6 +15,16 @@ absl::Status Unavailable(int32_t index, const char* call, cudaError_t error) {
                                              cudaGetErrorString(error), ")"));
 }
 
+// Whether the NVIDIA driver's library can be loaded (the CUDA runtime
+// dlopens the same name).
+bool HasDriverLibrary() {
+  void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) handle = dlopen("libcuda.so.1", RTLD_LAZY);
+  if (handle == nullptr) return false;
+  dlclose(handle);
+  return true;
+}
+
 }  // namespace
 
 int32_t CudaDeviceQuery::DeviceCount(std::string* why_none) const {
@@ -24,7 +35,14 @@ int32_t CudaDeviceQuery::DeviceCount(std::string* why_none) const {
     // the runtime keeps it as the last error; clear it so that it does not
     // surface from an unrelated later call.
     (void)cudaGetLastError();
-    if (why_none != nullptr) *why_none = cudaGetErrorString(error);
+    if (why_none != nullptr) {
+      *why_none = cudaGetErrorString(error);
+      // The runtime says "insufficient driver" also when there is no
+      // driver at all: say which.
+      if (error == cudaErrorInsufficientDriver && !HasDriverLibrary()) {
+        *why_none = "no NVIDIA driver: libcuda.so.1 is not installed";
+      }
+    }
     return 0;
   }
   if (count <= 0 && why_none != nullptr) *why_none = "the CUDA runtime reports 0 devices";
