@@ -614,6 +614,23 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
         "engine.gpu_memory_fraction: set, but no worker runs on cuda:N (engine.device and "
         "every worker's device are cpu); remove the key");
   }
+  // What the CPU backend would refuse at each worker's start
+  // (backend::CreateBackend), refused here once, before any process runs.
+  for (const WorkerConfig* w : all) {
+    if (c.WorkerDevice(*w).is_cuda()) continue;
+    if (c.WorkerKvDtype(*w) != kv::KvDtype::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "engine.kv_cache_dtype: ", kv::KvDtypeName(c.WorkerKvDtype(*w)), ", but ", w->name,
+          " runs on cpu, whose backend holds F32 KV only (set engine.kv_cache_dtype: f32, or "
+          "run that worker on cuda:N)"));
+    }
+    if (!c.engine.batch_invariant) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "engine.batch_invariant: false, but ", w->name,
+          " runs on cpu, whose backend is always batch-invariant (remove the key, or run "
+          "every worker on cuda:N)"));
+    }
+  }
   if (c.prefill_workers.empty()) return absl::OkStatus();
   const WorkerConfig& first = *all.front();
   for (const WorkerConfig* w : all) {

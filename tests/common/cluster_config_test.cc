@@ -581,13 +581,12 @@ prefill_workers:
 decode_workers:
   - {name: d0, device: cpu}
   - {name: d1}
-engine: {device: "cuda:0", kv_cache_dtype: f32, gpu_memory_fraction: 0.45,
-         batch_invariant: false}
+engine: {device: "cuda:0", kv_cache_dtype: f32, gpu_memory_fraction: 0.45}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->engine.device.ToString(), "cuda:0");
   EXPECT_EQ(c->engine.gpu_memory_fraction, 0.45);
-  EXPECT_FALSE(c->engine.batch_invariant);
+  EXPECT_TRUE(c->engine.batch_invariant);
   const std::vector<std::pair<std::string, std::string>> expected = {
       {"p0", "cuda:1"}, {"p1", "cuda:0"}, {"d0", "cpu"}, {"d1", "cuda:0"}};
   for (const auto& [name, device] : expected) {
@@ -612,11 +611,30 @@ decode_workers:
   EXPECT_EQ(c->WorkerKvDtype(*c->FindWorker("gpu")), kv::KvDtype::kBF16);
   EXPECT_EQ(c->WorkerKvDtype(*c->FindWorker("host")), kv::KvDtype::kF32);
   for (const char* dtype : {"f32", "f16", "bf16"}) {
-    absl::StatusOr<ClusterConfig> d = ParseClusterConfig(
-        absl::StrCat(kMinimal, "engine: {kv_cache_dtype: ", dtype, "}\n"));
+    absl::StatusOr<ClusterConfig> d = ParseClusterConfig(absl::StrCat(
+        kMinimal, "engine: {device: \"cuda:0\", kv_cache_dtype: ", dtype, "}\n"));
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_STREQ(kv::KvDtypeName(d->WorkerKvDtype(d->decode_workers[0])), dtype);
   }
+}
+
+// What the CPU backend refuses is refused when the file is read, once,
+// naming the key and the worker (tandem up then starts nothing).
+TEST(ClusterConfigTest, CpuWorkersRefuseWhatTheCpuBackendCannotDo) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {kv_cache_dtype: bf16}\n"),
+            "engine.kv_cache_dtype: bf16, but decode-0 runs on cpu, whose backend holds F32 KV only "
+            "(set engine.kv_cache_dtype: f32, or run that worker on cuda:N)");
+  EXPECT_EQ(ErrorOf("decode_workers:\n  - {name: g, device: \"cuda:0\"}\n  - {name: h, "
+                    "device: cpu}\nengine: {kv_cache_dtype: f16}\n"),
+            "engine.kv_cache_dtype: f16, but h runs on cpu, whose backend holds F32 KV only "
+            "(set engine.kv_cache_dtype: f32, or run that worker on cuda:N)");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {batch_invariant: false}\n"),
+            "engine.batch_invariant: false, but decode-0 runs on cpu, whose backend is always "
+            "batch-invariant (remove the key, or run every worker on cuda:N)");
+  EXPECT_TRUE(
+      ParseClusterConfig(std::string(kMinimal) + "engine: {device: \"cuda:0\", batch_invariant: "
+                                                 "false}\n")
+          .ok());
 }
 
 TEST(ClusterConfigTest, DeviceKeysRefuseBadValuesNamingTheKey) {

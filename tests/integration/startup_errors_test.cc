@@ -238,7 +238,9 @@ TEST_P(WorkerBackendRefusalTest, Cuda0WithoutAGpuNamesEngineDevice) {
   EXPECT_THAT(line, ::testing::StartsWith("engine.device: cuda:0, but this "));
 }
 
-// The CPU backend holds F32 KV only: bf16 is refused naming the key.
+// The CPU backend holds F32 KV only: bf16 is refused when the config is
+// read (before the model loads), in one line naming the key and a cpu
+// worker.
 TEST_P(WorkerBackendRefusalTest, Bf16KvOnCpuNamesEngineKvCacheDtype) {
   const std::string yaml = absl::StrReplaceAll(
       ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  kv_cache_dtype: bf16\n"}});
@@ -247,9 +249,10 @@ TEST_P(WorkerBackendRefusalTest, Bf16KvOnCpuNamesEngineKvCacheDtype) {
   const std::string line =
       ExpectBackendRefusal(RunProcess(ServerArgv(GetParam(), config, ModelPath()), kExitTimeout),
                            "engine.kv_cache_dtype");
-  EXPECT_EQ(line,
-            "engine.kv_cache_dtype: bf16 on engine.device cpu, but the CPU backend holds F32 KV "
-            "only (set engine.kv_cache_dtype: f32, or run this worker on cuda:N)");
+  EXPECT_THAT(line, ::testing::EndsWith(absl::StrCat(
+                        "engine.kv_cache_dtype: bf16, but ", LocalCluster::kPrefillName,
+                        " runs on cpu, whose backend holds F32 KV only (set "
+                        "engine.kv_cache_dtype: f32, or run that worker on cuda:N)")));
 }
 
 // --gpu-memory-fraction is validated before the model loads: one line.
