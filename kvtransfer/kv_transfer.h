@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "common/auth/cluster_auth.h"
 #include "engine/kv/kv_dtype.h"
+#include "kvtransfer/transport.h"
 
 namespace tandem::kvtransfer {
 
@@ -106,10 +107,18 @@ struct KvLayout {
 // f32, remote f16" (strings are quoted, dtypes printed by name).
 absl::Status CheckCompatible(const KvLayout& local, const KvLayout& remote);
 
+struct DeviceKvTarget;      // data_plane.h
+class KvDataReceiver;       // data_plane.h
+
 // Destination of received K/V rows (D implements it over its block table).
 class KvWriter {
  public:
   virtual ~KvWriter() = default;
+  // Non-null when the rows may go straight into device memory (a CUDA D):
+  // a device data path (nccl, cuda_ipc; data_plane.h) writes there instead
+  // of calling WriteRows. Valid as long as the writer. Default: none (only
+  // tcp can feed this writer).
+  virtual const DeviceKvTarget* device_target() const { return nullptr; }
   // k, v: token_count * layout.RowBytes() bytes each, rows of
   // [token_count][kv_dim] elements of the layout's dtype (raw bytes as P
   // sent them) for tokens [token_start, token_start + token_count) of
@@ -171,6 +180,15 @@ class KvReceiver {
     // answer that proves the secret to P. nullptr or open: HELLOs as in an
     // open cluster. Must outlive the receiver.
     const auth::ClusterAuth* auth = nullptr;
+    // The transports this receiver offers, most preferred first
+    // (transport.h, SupportedTransports); a HELLO naming another is REJECT
+    // FAILED_PRECONDITION naming both. Empty: {tcp}.
+    std::vector<KvTransport> transports;
+    // The device data paths for the non-tcp entries of `transports` (one
+    // per transport, matched by KvDataReceiver::transport(); not owned,
+    // must outlive the receiver). Start fails with INVALID_ARGUMENT when a
+    // non-tcp transport has none.
+    std::vector<KvDataReceiver*> data_receivers;
   };
   // Binds and starts the I/O and completion threads. Any known KvDtype is
   // fine (D only moves bytes). Errors: UNAVAILABLE if the bind (or the

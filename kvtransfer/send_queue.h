@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kvtransfer/data_plane.h"
 #include "kvtransfer/kv_transfer.h"
 
 namespace tandem::kvtransfer {
@@ -89,6 +90,27 @@ class KvSendQueue {
   absl::StatusOr<TransferId> Open(const std::string& endpoint, const std::string& request_id,
                                   uint32_t attempt, const KvLayout& layout,
                                   const std::string& bit_exact_class, Notify notify);
+  // The same for a device data path (data_plane.h): the HELLO names
+  // `transport` and carries `transport_setup` (KvDataSender::OpenTransfer's,
+  // at most 16 KiB: INVALID_ARGUMENT beyond); the transfer then takes
+  // EnqueueDescriptor instead of EnqueueFrame, and its Result() is OK only
+  // once D's ACK arrived after the FINAL (not when the FINAL was written).
+  // transport tcp: exactly Open above.
+  absl::StatusOr<TransferId> OpenWithTransport(const std::string& endpoint,
+                                               const std::string& request_id, uint32_t attempt,
+                                               const KvLayout& layout,
+                                               const std::string& bit_exact_class,
+                                               KvTransport transport,
+                                               const std::string& transport_setup,
+                                               Notify notify);
+  // Queues one FRAME_DESC (a frame whose bytes travel on the data path;
+  // always admitted: it is small). Errors: INVALID_ARGUMENT for a tcp
+  // transfer, a descriptor whose request id / attempt differ from the
+  // transfer's, layer >= n_layers, token_count == 0, a locator over 64 KiB
+  // or a descriptor after the FINAL; the transfer's error once it failed;
+  // NOT_FOUND for an unknown id. FINAL's totals count descriptors as
+  // frames and their FrameBytes as kv_bytes.
+  absl::Status EnqueueDescriptor(TransferId id, const FrameDescriptor& frame);
   // true: the transfer's destination is below its budget; false: it is
   // full (notify follows when it drains); an error: the transfer already
   // failed (its result), or NOT_FOUND for an unknown id.

@@ -12,11 +12,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv/device_kv.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/sampling/sampler.h"
 #include "engine/scheduler/prefill_placement.h"
@@ -40,6 +42,12 @@ struct RemotePrefillTarget {
   std::string kv_endpoint;  // host:port of this worker's KV receiver
   int32_t hit_tokens = 0;   // tokens already here: P sends [hit_tokens, L)
   uint32_t attempt = 1;
+  // The receiver's transport offer (kvtransfer/transport.h,
+  // TransportOffer): transport names most preferred first ("cuda_ipc",
+  // "nccl", "tcp"; empty = tcp only), its host id and process instance id.
+  std::vector<std::string> kv_transports;
+  std::string kv_host_id;
+  std::string kv_instance_id;
 };
 
 // Most samples per request (EngineRequest::n), as the public API's n.
@@ -114,6 +122,22 @@ class KvExport {
   // call but Close).
   virtual absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
                                  const char* k, const char* v) = 0;
+  // True when this export moves rows on a device data path (NCCL, CUDA
+  // IPC: kvtransfer/data_plane.h): the core then calls SendDeviceRows, with
+  // the rows left in device memory, instead of reading them to the host
+  // for SendLayer. Fixed for the export's life.
+  virtual bool sends_device_rows() const { return false; }
+  // The device path's SendLayer: tokens [token_start, token_start + count)
+  // of `layer` of the sequence with `block_table` in `kv` (the backend's
+  // KV storage). Must not wait for the device or the network: the layer's
+  // event orders the copy after the layer's writes. Errors: as SendLayer.
+  // Only called when sends_device_rows(); the default refuses.
+  virtual absl::Status SendDeviceRows(kv::DeviceKvAccess& kv,
+                                      std::span<const int32_t> block_table, int32_t layer,
+                                      int32_t token_start, int32_t count) {
+    (void)kv, (void)block_table, (void)layer, (void)token_start, (void)count;
+    return absl::UnimplementedError("this KV export has no device data path");
+  }
   // Token 0 of every sample, in sample order, and why each ends with it
   // (kNone: the receiver decodes on); queued after the frames.
   virtual absl::Status Finish(const std::vector<SampleStart>& samples) = 0;
