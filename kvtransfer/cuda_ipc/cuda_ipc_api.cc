@@ -26,8 +26,8 @@ static_assert(sizeof(cudaIpcMemHandle_t) == 64 && sizeof(cudaIpcEventHandle_t) =
               "CUDA IPC handles are 64 bytes");
 
 absl::Status CudaError(const char* call, cudaError_t err) {
-  return absl::InternalError(
-      absl::StrCat("cuda_ipc: ", call, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+  return absl::InternalError(absl::StrCat("cuda_ipc: ", call, ": ", cudaGetErrorName(err), " (",
+                                          cudaGetErrorString(err), ")"));
 }
 
 // Memory handle bytes: cudaIpcMemHandle_t (64) then the u64 offset of the
@@ -59,9 +59,8 @@ class CudaIpcApi final : public IpcApi {
 
   absl::StatusOr<void*> OpenMemory(std::string_view handle) override {
     if (handle.size() != kMemHandleBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: a memory handle has ",
-                                                     kMemHandleBytes, " bytes, not ",
-                                                     handle.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc: a memory handle has ", kMemHandleBytes, " bytes, not ", handle.size()));
     }
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaIpcMemHandle_t h;
@@ -104,8 +103,8 @@ class CudaIpcApi final : public IpcApi {
   absl::StatusOr<void*> OpenEvent(std::string_view handle) override {
     if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
       return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: an event handle has ",
-                                                     sizeof(cudaIpcEventHandle_t),
-                                                     " bytes, not ", handle.size()));
+                                                     sizeof(cudaIpcEventHandle_t), " bytes, not ",
+                                                     handle.size()));
     }
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaIpcEventHandle_t h;
@@ -149,8 +148,8 @@ class CudaIpcApi final : public IpcApi {
 
   absl::Status StreamWaitEvent(void* stream, void* event) override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
-    cudaError_t err = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                          static_cast<cudaEvent_t>(event), 0);
+    cudaError_t err =
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
     return err == cudaSuccess ? absl::OkStatus() : CudaError("cudaStreamWaitEvent", err);
   }
 
@@ -192,8 +191,8 @@ class CudaIpcApi final : public IpcApi {
     size_t size = 0;
     const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
     if (CUresult r = reinterpret_cast<GetRange>(fn)(&base, &size, p); r != CUDA_SUCCESS) {
-      return absl::InternalError(
-          absl::StrCat("cuda_ipc: cuMemGetAddressRange failed (CUresult ", static_cast<int>(r), ")"));
+      return absl::InternalError(absl::StrCat("cuda_ipc: cuMemGetAddressRange failed (CUresult ",
+                                              static_cast<int>(r), ")"));
     }
     return static_cast<uint64_t>(p - base);
   }
@@ -217,14 +216,14 @@ absl::StatusOr<std::unique_ptr<CudaIpcDataPlane>> CudaIpcDataPlane::Create(
   if (options.kv == nullptr) return absl::InvalidArgumentError("cuda_ipc: 'kv' is null");
   int n = 0;
   if (cudaError_t err = cudaGetDeviceCount(&n); err != cudaSuccess || n == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cuda_ipc: no CUDA device (", err == cudaSuccess ? "none found" : cudaGetErrorName(err),
-        ")"));
+    return absl::UnavailableError(
+        absl::StrCat("cuda_ipc: no CUDA device (",
+                     err == cudaSuccess ? "none found" : cudaGetErrorName(err), ")"));
   }
   const int device = options.kv->device_ordinal();
   if (device < 0 || device >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: the KV's device ", device,
-                                                   " outside [0, ", n, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_ipc: the KV's device ", device, " outside [0, ", n, ")"));
   }
   return CreateForTesting(options, std::make_shared<CudaIpcApi>(device));
 }

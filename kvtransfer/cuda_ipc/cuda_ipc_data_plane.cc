@@ -16,8 +16,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcDataPlane>> CudaIpcDataPlane::CreateForTes
   if (options.kv == nullptr) return absl::InvalidArgumentError("cuda_ipc: 'kv' is null");
   if (api == nullptr) return absl::InvalidArgumentError("cuda_ipc: 'api' is null");
   if (options.transfer_timeout_ms < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: 'transfer_timeout_ms' ",
-                                                   options.transfer_timeout_ms, " < 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_ipc: 'transfer_timeout_ms' ", options.transfer_timeout_ms, " < 1"));
   }
   return std::unique_ptr<CudaIpcDataPlane>(new CudaIpcDataPlane(options, std::move(api)));
 }

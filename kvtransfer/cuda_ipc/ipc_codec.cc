@@ -94,26 +94,28 @@ absl::StatusOr<IpcSetup> DecodeSetup(std::string_view bytes) {
   }
   Reader r(bytes);
   IpcSetup s;
-  uint32_t version = 0, device = 0, n_layers = 0, layer_blocks = 0, block_size = 0,
-           kv_dim = 0, dtype = 0, n_events = 0;
+  uint32_t version = 0, device = 0, n_layers = 0, layer_blocks = 0, block_size = 0, kv_dim = 0,
+           dtype = 0, n_events = 0;
   uint64_t pid = 0;
   if (r.U32("version", &version) && version != kCodecVersion) {
-    return bad(absl::StrCat("field 'version' ", version, " (this worker speaks ",
-                            kCodecVersion, ")"));
+    return bad(
+        absl::StrCat("field 'version' ", version, " (this worker speaks ", kCodecVersion, ")"));
   }
   r.Str("host_id", &s.host_id) && r.U64("pid", &pid) && r.Str("instance_id", &s.instance_id) &&
       r.U32("device_ordinal", &device) && r.Str("k_handle", &s.k_handle) &&
       r.Str("v_handle", &s.v_handle) && r.U64("pool_bytes", &s.pool_bytes) &&
       r.U32("n_layers", &n_layers) && r.U32("layer_blocks", &layer_blocks) &&
-      r.U32("block_size", &block_size) && r.U32("kv_dim", &kv_dim) &&
-      r.U32("dtype", &dtype) && r.U32("n_events", &n_events);
+      r.U32("block_size", &block_size) && r.U32("kv_dim", &kv_dim) && r.U32("dtype", &dtype) &&
+      r.U32("n_events", &n_events);
   if (!r.error().empty()) return bad(r.error());
   constexpr uint32_t kMaxShape = 1u << 30;
   struct {
     const char* name;
     uint32_t value;
-  } shapes[] = {{"n_layers", n_layers}, {"layer_blocks", layer_blocks},
-                {"block_size", block_size}, {"kv_dim", kv_dim}};
+  } shapes[] = {{"n_layers", n_layers},
+                {"layer_blocks", layer_blocks},
+                {"block_size", block_size},
+                {"kv_dim", kv_dim}};
   for (const auto& f : shapes) {
     if (f.value == 0 || f.value > kMaxShape) {
       return bad(absl::StrCat("field '", f.name, "' ", f.value, " outside [1, ", kMaxShape, "]"));

@@ -27,8 +27,8 @@ struct CudaIpcReceiver::Peer {
   std::string instance_id;
   int64_t pid = 0;
   std::string k_handle, v_handle;
-  kv::DevicePoolInfo pools;  // k, v: the mappings here
-  void* stream = nullptr;    // this peer's copy stream
+  kv::DevicePoolInfo pools;                        // k, v: the mappings here
+  void* stream = nullptr;                          // this peer's copy stream
   absl::flat_hash_map<std::string, void*> events;  // handle -> opened event
   int open_transfers = 0;
   int in_flight = 0;
@@ -92,9 +92,9 @@ absl::StatusOr<std::shared_ptr<CudaIpcReceiver::Peer>> CudaIpcReceiver::PeerLock
         peer.pools.pool_bytes != setup.pool_bytes ||
         peer.pools.layer_blocks != setup.layer_blocks ||
         peer.pools.block_size != setup.block_size) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cuda_ipc: prefill worker instance ", setup.instance_id,
-          " announced other pools than at its first transfer"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda_ipc: prefill worker instance ", setup.instance_id,
+                       " announced other pools than at its first transfer"));
     }
     return it->second;
   }
@@ -143,16 +143,15 @@ void CudaIpcReceiver::ClosePeerLocked(Peer& peer) {
                                       peer.dead ? " (a copy missed its deadline)" : " (idle)"));
 }
 
-absl::Status CudaIpcReceiver::OpenTransfer(const TransferKey& key,
-                                           std::string_view transport_setup,
+absl::Status CudaIpcReceiver::OpenTransfer(const TransferKey& key, std::string_view transport_setup,
                                            const DeviceKvTarget& target) {
   absl::StatusOr<IpcSetup> setup = DecodeSetup(transport_setup);
   if (!setup.ok()) return setup.status();
   const std::string host = options_.api->HostId();
   if (setup->host_id != host) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda_ipc needs one host: the prefill worker is on host ", setup->host_id,
-        ", this decode worker is on host ", host));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda_ipc needs one host: the prefill worker is on host ", setup->host_id,
+                     ", this decode worker is on host ", host));
   }
   if (target.kv == nullptr) {
     return absl::FailedPreconditionError("cuda_ipc: 'target.kv' is null (no device KV)");
@@ -176,9 +175,8 @@ absl::Status CudaIpcReceiver::OpenTransfer(const TransferKey& key,
   {
     absl::MutexLock lock(&mu_);
     if (transfers_.contains(key)) {
-      return absl::FailedPreconditionError(absl::StrCat("cuda_ipc: request ", key.request_id,
-                                                        " attempt ", key.attempt,
-                                                        " is already open"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuda_ipc: request ", key.request_id, " attempt ", key.attempt, " is already open"));
     }
     absl::StatusOr<std::shared_ptr<Peer>> peer = PeerLocked(*setup);
     if (peer.ok()) {
@@ -234,9 +232,8 @@ absl::StatusOr<void*> CudaIpcReceiver::EnqueueCopyLocked(Transfer& transfer,
                                pools.layer_blocks, ")"));
     }
   }
-  const std::string& handle = locator->event_handle.empty()
-                                  ? transfer.event_handles[frame.layer]
-                                  : locator->event_handle;
+  const std::string& handle =
+      locator->event_handle.empty() ? transfer.event_handles[frame.layer] : locator->event_handle;
   if (handle.empty()) return loss(absl::StrCat("no event handle for layer ", frame.layer));
   absl::StatusOr<void*> peer_event = PeerEventLocked(peer, handle);
   if (!peer_event.ok()) return peer_event.status();
@@ -281,36 +278,41 @@ absl::StatusOr<void*> CudaIpcReceiver::EnqueueCopyLocked(Transfer& transfer,
 void CudaIpcReceiver::Receive(const TransferKey& key, const FrameDescriptor& frame,
                               std::function<void(absl::Status)> done) {
   absl::MutexLock lock(&mu_);
-  auto fail = [&](absl::Status s) {
-    ready_.push_back([done = std::move(done), s = std::move(s)] { done(s); });
-    cv_.Signal();
-  };
   auto it = transfers_.find(key);
-  if (stop_) return fail(absl::CancelledError("cuda_ipc receiver is shutting down"));
+  if (stop_)
+    return FailLocked(std::move(done), absl::CancelledError("cuda_ipc receiver is shutting down"));
   if (it == transfers_.end() || it->second->closing) {
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("cuda_ipc: no open transfer for ", FrameName(key, frame))));
+    return FailLocked(std::move(done),
+                      absl::FailedPreconditionError(
+                          absl::StrCat("cuda_ipc: no open transfer for ", FrameName(key, frame))));
   }
   Transfer& transfer = *it->second;
   if (transfer.peer->dead) {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "cuda_ipc: ", FrameName(key, frame), ": prefill worker pid ", transfer.peer->pid,
-        " instance ", transfer.peer->instance_id, " stopped completing copies")));
+    return FailLocked(
+        std::move(done),
+        absl::UnavailableError(absl::StrCat(
+            "cuda_ipc: ", FrameName(key, frame), ": prefill worker pid ", transfer.peer->pid,
+            " instance ", transfer.peer->instance_id, " stopped completing copies")));
   }
   absl::StatusOr<void*> event = EnqueueCopyLocked(transfer, frame);
-  if (!event.ok()) return fail(event.status());
+  if (!event.ok()) return FailLocked(std::move(done), event.status());
   auto copy = std::make_unique<Copy>();
   copy->transfer = &transfer;
   copy->event = *event;
   copy->deadline = absl::Now() + absl::Milliseconds(options_.transfer_timeout_ms);
   kv::DevicePoolInfo mine = transfer.target.kv->pool_info();
-  copy->bytes = 2ull * frame.token_count * static_cast<uint64_t>(mine.kv_dim) *
-                kv::KvDtypeBytes(mine.dtype);
+  copy->bytes =
+      2ull * frame.token_count * static_cast<uint64_t>(mine.kv_dim) * kv::KvDtypeBytes(mine.dtype);
   copy->what = FrameName(key, frame);
   copy->done = std::move(done);
   ++transfer.in_flight;
   ++transfer.peer->in_flight;
   copies_.push_back(std::move(copy));
+  cv_.Signal();
+}
+
+void CudaIpcReceiver::FailLocked(std::function<void(absl::Status)> done, absl::Status status) {
+  ready_.push_back([done = std::move(done), status = std::move(status)] { done(status); });
   cv_.Signal();
 }
 
@@ -381,10 +383,10 @@ void CudaIpcReceiver::PollerLoop() {
             "cuda_ipc: the ", copy->what, " was queued behind a copy from prefill worker pid ",
             peer.pid, " that missed its deadline"));
       } else if (now >= copy->deadline) {
-        status = absl::DeadlineExceededError(absl::StrCat(
-            "cuda_ipc: the ", copy->what, " did not complete within ",
-            options_.transfer_timeout_ms, " ms (prefill worker pid ", peer.pid, " instance ",
-            peer.instance_id, " may have stopped)"));
+        status = absl::DeadlineExceededError(
+            absl::StrCat("cuda_ipc: the ", copy->what, " did not complete within ",
+                         options_.transfer_timeout_ms, " ms (prefill worker pid ", peer.pid,
+                         " instance ", peer.instance_id, " may have stopped)"));
         peer.dead = true;
         auto it = peers_.find(peer.instance_id);
         if (it != peers_.end()) {

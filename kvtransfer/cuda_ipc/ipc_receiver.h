@@ -47,9 +47,9 @@ namespace tandem::kvtransfer::cuda_ipc {
 class CudaIpcReceiver final : public KvDataReceiver {
  public:
   struct Options {
-    std::shared_ptr<IpcApi> api;     // required
-    int transfer_timeout_ms = 5000;  // per copy, from Receive
-    int idle_close_ms = 60000;       // close an unused P instance's handles after this
+    std::shared_ptr<IpcApi> api;                // required
+    int transfer_timeout_ms = 5000;             // per copy, from Receive
+    int idle_close_ms = 60000;                  // close an unused P instance's handles after this
     std::function<void(std::string_view)> log;  // may be empty
   };
   explicit CudaIpcReceiver(Options options);
@@ -92,6 +92,9 @@ class CudaIpcReceiver final : public KvDataReceiver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a copy: counters, the transfer's quiesced, the dead peer's close.
   void FinishCopyLocked(Copy& copy, absl::Status status, std::vector<Callback>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `done(status)` for the poller thread (never inline).
+  void FailLocked(std::function<void(absl::Status)> done, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClosePeerLocked(Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollerLoop();

@@ -46,9 +46,9 @@ absl::StatusOr<std::string> CudaIpcSender::OpenTransfer(const TransferKey& key,
                                                         const TransportPeer& peer) {
   const std::string host = options_.api->HostId();
   if (!peer.host_id.empty() && peer.host_id != host) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda_ipc needs one host: the decode worker ", peer.kv_endpoint, " is on host ",
-        peer.host_id, ", this prefill worker on ", host));
+    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc needs one host: the decode worker ",
+                                                   peer.kv_endpoint, " is on host ", peer.host_id,
+                                                   ", this prefill worker on ", host));
   }
   absl::MutexLock lock(&mu_);
   if (transfers_.contains(key)) {
@@ -103,25 +103,24 @@ absl::StatusOr<FrameDescriptor> CudaIpcSender::SendRows(const TransferKey& key,
         absl::StrCat("cuda_ipc SendRows: 'layer' ", layer, " outside [0, ", info.n_layers, ")"));
   }
   if (count < 1 || token_start < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda_ipc SendRows: bad range 'token_start' ", token_start, " 'count' ", count));
+    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc SendRows: bad range 'token_start' ",
+                                                   token_start, " 'count' ", count));
   }
   const int64_t end = static_cast<int64_t>(token_start) + count;
   const int64_t first = token_start / info.block_size;
   const int64_t last = (end - 1) / info.block_size;
   if (last >= static_cast<int64_t>(block_table.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda_ipc SendRows: tokens [", token_start, ", ", end, ") need ", last + 1,
-        " blocks, 'block_table' has ", block_table.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_ipc SendRows: tokens [", token_start, ", ", end, ") need ", last + 1,
+                     " blocks, 'block_table' has ", block_table.size()));
   }
   IpcLocator locator;
   locator.first_block = static_cast<uint32_t>(first);
   for (int64_t i = first; i <= last; ++i) {
     int32_t b = block_table[static_cast<size_t>(i)];
     if (b < 0 || b >= info.layer_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc SendRows: 'block_table[", i,
-                                                     "]' ", b, " outside [0, ",
-                                                     info.layer_blocks, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc SendRows: 'block_table[", i, "]' ",
+                                                     b, " outside [0, ", info.layer_blocks, ")"));
     }
     locator.blocks.push_back(b);
   }
@@ -133,8 +132,8 @@ absl::StatusOr<FrameDescriptor> CudaIpcSender::SendRows(const TransferKey& key,
   }
   void* event = kv.layer_event(layer);
   if (event == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda_ipc SendRows: layer ", layer, " has no event (no Forward wrote it yet)"));
+    return absl::FailedPreconditionError(absl::StrCat("cuda_ipc SendRows: layer ", layer,
+                                                      " has no event (no Forward wrote it yet)"));
   }
   if (it->second.setup_events[static_cast<size_t>(layer)] != event) {
     absl::StatusOr<std::string> handle = EventHandleLocked(layer, event);

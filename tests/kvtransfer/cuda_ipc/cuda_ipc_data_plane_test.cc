@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/cuda_ipc/ipc_codec.h"
+#include "kvtransfer/cuda_ipc/ipc_receiver.h"
 #include "tests/kvtransfer/cuda_ipc/host_ipc.h"
 
 namespace tandem::kvtransfer::cuda_ipc {
@@ -83,8 +84,8 @@ Proc MakeProc(const std::shared_ptr<HostIpcRegistry>& registry, std::string host
 }
 
 // Random K/V bytes for tokens [0, n) of every layer, written into P.
-std::vector<std::vector<uint8_t>> FillRows(HostKv& kv, const std::vector<int32_t>& table,
-                                           int32_t n, uint32_t seed) {
+std::vector<std::vector<uint8_t>> FillRows(HostKv& kv, const std::vector<int32_t>& table, int32_t n,
+                                           uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<std::vector<uint8_t>> rows(kLayers);
   for (int32_t l = 0; l < kLayers; ++l) {
@@ -335,12 +336,12 @@ TEST_F(CudaIpcDataPlaneTest, HandlesExportedOncePerProcessAndOpenedOncePerPrefil
     }
   }
   HostIpcRegistry::Counts c = registry_->counts();
-  EXPECT_EQ(c.mem_exports, 2 * 2);           // K, V per prefill process
-  EXPECT_EQ(c.event_exports, 2 * kLayers);   // each layer's event per process
-  EXPECT_EQ(c.mem_opens, 2 * 2);             // per prefill instance
+  EXPECT_EQ(c.mem_exports, 2 * 2);          // K, V per prefill process
+  EXPECT_EQ(c.event_exports, 2 * kLayers);  // each layer's event per process
+  EXPECT_EQ(c.mem_opens, 2 * 2);            // per prefill instance
   EXPECT_EQ(c.event_opens, 2 * kLayers);
-  EXPECT_EQ(c.mem_closes, 0);                // still cached (idle < idle_close_ms)
-  EXPECT_EQ(d.api->live_streams(), 2);       // one copy stream per prefill instance
+  EXPECT_EQ(c.mem_closes, 0);           // still cached (idle < idle_close_ms)
+  EXPECT_EQ(d.api->live_streams(), 2);  // one copy stream per prefill instance
   EXPECT_EQ(d.plane->receiver()->bytes_total(), 6u * 6 * 2 * kKvDim * 4);
   d.plane.reset();  // closes every mapping
   c = registry_->counts();
@@ -396,6 +397,46 @@ TEST_F(CudaIpcDataPlaneTest, CreateForTestingRefusesMissingPieces) {
   o.transfer_timeout_ms = 0;
   EXPECT_EQ(CudaIpcDataPlane::CreateForTesting(o, api).status().message(),
             "cuda_ipc: 'transfer_timeout_ms' 0 < 1");
+}
+
+TEST(CudaIpcReceiverTest, IdlePrefillInstanceIsUnmapped) {
+  auto registry = std::make_shared<HostIpcRegistry>();
+  Proc p = MakeProc(registry, "host-a", "p-inst", 4);
+  Proc d = MakeProc(registry, "host-a", "d-inst", 4);
+  CudaIpcReceiver::Options o;
+  o.api = d.api;
+  o.idle_close_ms = 1;
+  std::vector<std::string> log;
+  absl::Mutex log_mu;
+  o.log = [&](std::string_view line) {
+    absl::MutexLock lock(&log_mu);
+    log.emplace_back(line);
+  };
+  CudaIpcReceiver receiver(std::move(o));
+  const TransferKey key{"req", 1};
+  absl::StatusOr<std::string> setup =
+      p.plane->sender()->OpenTransfer(key, {"d:1", "host-a", "d-inst"});
+  ASSERT_TRUE(setup.ok());
+  ASSERT_TRUE(receiver.OpenTransfer(key, *setup, {d.kv.get(), Blocks({0})}).ok());
+  bool quiesced = false;
+  receiver.CloseTransfer(key, [&] { quiesced = true; });
+  EXPECT_TRUE(quiesced);  // nothing in flight: inline
+  const absl::Time start = absl::Now();
+  auto log_lines = [&] {
+    absl::MutexLock lock(&log_mu);
+    return log.size();
+  };
+  // The close is logged after it is done.
+  while (log_lines() < 2 && absl::Now() - start < kWait) absl::SleepFor(absl::Milliseconds(5));
+  HostIpcRegistry::Counts c = registry->counts();
+  EXPECT_EQ(c.mem_closes, 2);
+  EXPECT_EQ(c.event_closes, kLayers);
+  EXPECT_EQ(d.api->live_streams(), 0);
+  absl::MutexLock lock(&log_mu);
+  EXPECT_EQ(log, (std::vector<std::string>{
+                     "cuda_ipc: mapped the KV pools of prefill worker pid 100 instance p-inst",
+                     "cuda_ipc: closed the handles of prefill worker pid 100 instance p-inst "
+                     "(idle)"}));
 }
 
 #ifndef TANDEM_HAVE_CUDA

@@ -49,8 +49,8 @@ int64_t HostKv::RowOffset(const kv::DevicePoolInfo& info, std::span<const int32_
   return row * info.kv_dim * kv::KvDtypeBytes(info.dtype);
 }
 
-absl::Status HostKv::GatherRows(std::span<const int32_t> table, int32_t layer,
-                                int32_t token_start, int32_t count, void* dst, void*) {
+absl::Status HostKv::GatherRows(std::span<const int32_t> table, int32_t layer, int32_t token_start,
+                                int32_t count, void* dst, void*) {
   const uint64_t rb = row_bytes();
   auto* out = static_cast<uint8_t*>(dst);
   for (int32_t i = 0; i < count; ++i) {
@@ -64,8 +64,8 @@ absl::Status HostKv::GatherRows(std::span<const int32_t> table, int32_t layer,
   return absl::OkStatus();
 }
 
-absl::Status HostKv::ScatterRows(std::span<const int32_t> table, int32_t layer,
-                                 int32_t token_start, int32_t count, const void* src, void*) {
+absl::Status HostKv::ScatterRows(std::span<const int32_t> table, int32_t layer, int32_t token_start,
+                                 int32_t count, const void* src, void*) {
   const uint64_t rb = row_bytes();
   const auto* in = static_cast<const uint8_t*>(src);
   for (int32_t i = 0; i < count; ++i) {
@@ -127,7 +127,8 @@ absl::StatusOr<std::string> HostIpcApi::ExportMemory(void* ptr) {
 
 absl::StatusOr<void*> HostIpcApi::OpenMemory(std::string_view handle) {
   void* ptr = handle.starts_with("mem:") ? registry_->Find(handle) : nullptr;
-  if (ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat("no memory ", std::string(handle)));
+  if (ptr == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("no memory ", std::string(handle)));
   registry_->Count([](auto& c) { ++c.mem_opens; });
   return ptr;
 }
@@ -143,7 +144,8 @@ absl::StatusOr<std::string> HostIpcApi::ExportEvent(void* event) {
 
 absl::StatusOr<void*> HostIpcApi::OpenEvent(std::string_view handle) {
   void* event = handle.starts_with("event:") ? registry_->Find(handle) : nullptr;
-  if (event == nullptr) return absl::InvalidArgumentError(absl::StrCat("no event ", std::string(handle)));
+  if (event == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("no event ", std::string(handle)));
   registry_->Count([](auto& c) { ++c.event_opens; });
   return event;
 }

@@ -39,11 +39,10 @@ class HostKv final : public kv::DeviceKvAccess {
 
   int device_ordinal() const override { return 0; }
   kv::DevicePoolInfo pool_info() const override;
-  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                          int32_t token_start, int32_t count, void* dst, void* stream) override;
-  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
-                           int32_t token_start, int32_t count, const void* src,
-                           void* stream) override;
+  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
+                          int32_t count, void* dst, void* stream) override;
+  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
+                           int32_t count, const void* src, void* stream) override;
   absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
                             std::span<const int32_t> block_table, int32_t layer,
                             int32_t token_start, int32_t count, void* stream) override;

@@ -33,8 +33,8 @@ TEST(CudaIpcCodecTest, SetupRoundTrips) {
   EXPECT_FALSE(dropped);
   // version, host, pid, instance, device, 2 handles, pool_bytes, 5 shape
   // fields, n_events, 3 event strings.
-  EXPECT_EQ(bytes.size(), 4 + (4 + 6) + 8 + (4 + 8) + 4 + 2 * (4 + 72) + 8 + 5 * 4 + 4 +
-                              (4 + 64) + 4 + (4 + 64));
+  EXPECT_EQ(bytes.size(),
+            4 + (4 + 6) + 8 + (4 + 8) + 4 + 2 * (4 + 72) + 8 + 5 * 4 + 4 + (4 + 64) + 4 + (4 + 64));
   absl::StatusOr<IpcSetup> got = DecodeSetup(bytes);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->host_id, "boot-1");
