@@ -2,6 +2,7 @@
 // (host_ipc.h): one registry plays the GPU both processes share.
 #include "kvtransfer/cuda_ipc/cuda_ipc_data_plane.h"
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -280,9 +281,15 @@ TEST_F(CudaIpcDataPlaneTest, CopyThatNeverCompletesMissesItsDeadlineAndClosesThe
   EXPECT_EQ(e[0].status.message(),
             "cuda_ipc: the frame of request req-7 attempt 2 layer 0 tokens [0, 8) did not "
             "complete within 100 ms (prefill worker pid 100 instance p-inst may have stopped)");
-  EXPECT_EQ(e[1].tag, "layer 1");
-  EXPECT_EQ(e[1].status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(e[2].tag, "quiesced");
+  // Layer 1 was queued behind it: DEADLINE_EXCEEDED with it (or, had this
+  // thread stalled past the deadline before its Receive, UNAVAILABLE: the
+  // instance already timed out). Either way quiesced comes after layer 0.
+  auto layer1 = std::find_if(e.begin(), e.end(), [](const auto& x) { return x.tag == "layer 1"; });
+  ASSERT_NE(layer1, e.end());
+  EXPECT_TRUE(layer1->status.code() == absl::StatusCode::kDeadlineExceeded ||
+              layer1->status.code() == absl::StatusCode::kUnavailable)
+      << layer1->status;
+  EXPECT_TRUE(e[1].tag == "quiesced" || e[2].tag == "quiesced");
   HostIpcRegistry::Counts c = registry_->counts();
   EXPECT_EQ(c.mem_opens, 2);
   EXPECT_EQ(c.mem_closes, 2);
