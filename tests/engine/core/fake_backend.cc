@@ -134,9 +134,33 @@ void WriteFakeKv(kv::KvStorage& storage, const std::vector<int32_t>& table,
   }
 }
 
+void FakeBackend::PauseNextForward() {
+  absl::MutexLock lock(&gate_mu_);
+  pause_next_ = true;
+}
+
+bool FakeBackend::WaitPaused(absl::Duration timeout) {
+  absl::MutexLock lock(&gate_mu_);
+  return gate_mu_.AwaitWithTimeout(absl::Condition(&paused_), timeout);
+}
+
+void FakeBackend::Resume() {
+  absl::MutexLock lock(&gate_mu_);
+  paused_ = false;
+}
+
 absl::Status FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
                                   const backend::LayerHook* hook,
                                   std::vector<sampling::SamplingView>* views) {
+  {
+    absl::MutexLock lock(&gate_mu_);
+    if (pause_next_) {
+      pause_next_ = false;
+      paused_ = true;
+      auto resumed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) { return !paused_; };
+      gate_mu_.Await(absl::Condition(&resumed));
+    }
+  }
   ++forward_calls_;
   for (int32_t layer = 0; layer < kFakeLayers; ++layer) {
     for (size_t e = 0; e < batch.size(); ++e) {

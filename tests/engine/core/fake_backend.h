@@ -133,11 +133,19 @@ class FakeBackend final : public backend::ModelBackend {
   // when it has written that layer of that entry, before the layer hook
   // runs for it. Set before the core's first step.
   void set_event_log(EventLog* log) { log_ = log; }
+  // Test controls (any thread): the next Forward waits, before computing,
+  // until Resume(); WaitPaused (bounded) is true once it waits.
+  void PauseNextForward();
+  bool WaitPaused(absl::Duration timeout = absl::Seconds(3));
+  void Resume();
 
  private:
   model::LlamaConfig config_;
   std::unique_ptr<kv::KvStorage> storage_;
   EventLog* log_ = nullptr;
+  absl::Mutex gate_mu_;
+  bool pause_next_ ABSL_GUARDED_BY(gate_mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(gate_mu_) = false;
   std::atomic<int> forward_calls_{0};
 };
 

@@ -363,5 +363,26 @@ TEST(KvTransportLoadStatsTest, LoadToFirstDecodeCountsEachRemoteDecodeOnce) {
   EXPECT_EQ(s.kv_load_to_first_decode_seconds_total, first);
 }
 
+// The count runs from the load's done, not from when the loop takes the
+// done in: a load that completes while the loop is inside another
+// request's forward, held 50 ms, counts at least those 50 ms.
+TEST(KvTransportLoadStatsTest, LoadToFirstDecodeRunsFromTheLoadsDone) {
+  testing::Harness h(64, std::make_unique<testing::FakeLoader>());
+  const std::vector<int32_t> prompt = FakePrompt(40, 11);
+  auto remote = h.Submit("remote", prompt, 3, RouteChoice::kRemote);
+  ASSERT_TRUE(h.loader->WaitStarted("remote"));
+  h.backend->PauseNextForward();
+  auto busy = h.Submit("busy", FakePrompt(8, 12), 3, RouteChoice::kLocal);
+  ASSERT_TRUE(h.backend->WaitPaused());
+  h.loader->Complete("remote", prompt, FakeGenerate(prompt, 1)[0]);
+  absl::SleepFor(absl::Milliseconds(50));
+  h.backend->Resume();
+  ASSERT_TRUE(remote->WaitFinish());
+  ASSERT_TRUE(busy->WaitFinish());
+  const CoreStats s = h.core->GetStats();
+  EXPECT_EQ(s.kv_load_to_first_decode_total, 1u);
+  EXPECT_GE(s.kv_load_to_first_decode_seconds_total, 0.050);
+}
+
 }  // namespace
 }  // namespace tandem::core
