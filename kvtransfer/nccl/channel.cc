@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/nccl/transport_setup.h"
 
 namespace tandem::kvtransfer::nccl {
 
@@ -13,16 +14,21 @@ Channel::Channel(ChannelOptions options, DeviceOps* device, void* stream, absl::
       init_deadline_(now + options_.init_timeout) {}
 
 Channel::~Channel() {
-  // Only drained or never-started channels are dropped, except at
-  // shutdown, when the thread has stopped and the device is idle for us.
+  ReleaseAll();
+  if (comm_ != nullptr && !comm_taken_) comm_->Abort();
+  if (stream_ != nullptr) device_->DestroyStream(stream_);
+}
+
+void Channel::ReleaseAll() {
   for (auto& [seq, op] : queued_) Release(op);
+  queued_.clear();
   for (auto& op : posting_) Release(op);
+  posting_.clear();
   for (auto& group : in_flight_) {
     for (auto& op : group.ops) Release(op);
     if (group.event != nullptr) device_->DestroyEvent(group.event);
   }
-  if (comm_ != nullptr && !comm_taken_) comm_->Abort();
-  if (stream_ != nullptr) device_->DestroyStream(stream_);
+  in_flight_.clear();
 }
 
 bool Channel::drained() const {
@@ -77,16 +83,16 @@ void Channel::Enqueue(FrameOp op) {
 void Channel::Fail(const absl::Status& error, absl::Time now) {
   if (phase_ == Phase::kFailed) return;
   phase_ = Phase::kFailed;
-  error_ = error;
+  error_ = CommunicatorLost(error);
   drain_deadline_ = now + options_.transfer_timeout;
   for (auto& [seq, op] : queued_) {
-    Result(op, error);
+    Result(op, error_);
     Release(op);
   }
   queued_.clear();
-  for (auto& op : posting_) Result(op, error);
+  for (auto& op : posting_) Result(op, error_);
   for (auto& group : in_flight_) {
-    for (auto& op : group.ops) Result(op, error);
+    for (auto& op : group.ops) Result(op, error_);
   }
   if (comm_ == nullptr) {
     comm_taken_ = true;  // nothing to abort (init never started or failed)

@@ -104,6 +104,11 @@ class Channel {
   // MarkAborted.
   std::unique_ptr<NcclComm> TakeCommToAbort();
   void MarkAborted() { aborted_ = true; }
+  // Shutdown (the NCCL thread stopped, the communicator aborted): releases
+  // every frame now, which also drops the owners' references the frames
+  // hold (FrameOp callbacks keep their transfer, and so this channel,
+  // alive).
+  void ReleaseAll();
 
  private:
   enum class Phase { kNew, kInit, kReady, kPosting, kFailed };

@@ -85,6 +85,7 @@ void NcclEndpoint::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     ForgetAll();
+    for (auto& channel : channels) channel->ReleaseAll();
     channels.clear();
     deferred.clear();
     deferred.swap(deferred_);

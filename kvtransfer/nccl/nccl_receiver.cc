@@ -40,18 +40,18 @@ absl::Status NcclReceiver::OpenTransfer(const TransferKey& key, std::string_view
     if (known->failed()) {
       return absl::UnavailableError(absl::StrCat(
           "the NCCL communicator with ", who, " (generation ", setup->generation,
-          ") failed here: ", known->error().message()));
+          ") failed here: ", known->error().message()));  // carries the marker
     }
     channel = known;
   } else if (known != nullptr && known->generation() > setup->generation) {
-    return absl::UnavailableError(absl::StrCat(
+    return CommunicatorLost(absl::UnavailableError(absl::StrCat(
         "NCCL communicator generation ", setup->generation, " of ", who,
-        " is older than this decode worker's generation ", known->generation()));
+        " is older than this decode worker's generation ", known->generation())));
   } else {
     if (setup->unique_id.empty()) {
-      return absl::UnavailableError(absl::StrCat(
+      return CommunicatorLost(absl::UnavailableError(absl::StrCat(
           "no NCCL communicator with ", who, " generation ", setup->generation,
-          " here, and the HELLO carried no ncclUniqueId to make one"));
+          " here, and the HELLO carried no ncclUniqueId to make one")));
     }
     if (known != nullptr) {
       known->Fail(absl::UnavailableError(absl::StrCat(

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kvtransfer/kv_transfer.h"
 #include "kvtransfer/nccl/transport_setup.h"
 
@@ -152,6 +153,15 @@ std::optional<absl::Status> NcclSender::Poll(const TransferKey& key,
         absl::StrCat("nccl Poll: no open transfer for ", Describe(key)));
   }
   const Transfer& transfer = *it->second;
+  if (IsCommunicatorLost(control) && !transfer.channel->failed()) {
+    // D gave up on (or never had) this communicator: so does P; the next
+    // OpenTransfer to the pair makes a new generation.
+    transfer.channel->Fail(absl::UnavailableError(absl::StrCat(
+                               "the decode worker lost the NCCL communicator: ",
+                               control.message())),
+                           absl::Now());
+    thread_->Wake();
+  }
   if (transfer.outstanding > 0) return std::nullopt;
   if (!transfer.error.ok()) return transfer.error;
   return control;

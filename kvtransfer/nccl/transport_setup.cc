@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/nccl/nccl_comm.h"
 
@@ -40,6 +41,15 @@ absl::Status Malformed(const std::string& what) {
 }
 
 }  // namespace
+
+absl::Status CommunicatorLost(const absl::Status& status) {
+  if (status.ok() || IsCommunicatorLost(status)) return status;
+  return absl::Status(status.code(), absl::StrCat(status.message(), " ", kCommunicatorLost));
+}
+
+bool IsCommunicatorLost(const absl::Status& status) {
+  return absl::StrContains(status.message(), kCommunicatorLost);
+}
 
 std::string EncodeNcclSetup(const NcclSetup& setup) {
   std::string out(kMagic);

@@ -21,6 +21,18 @@
 
 namespace tandem::kvtransfer::nccl {
 
+// Ends the message of every error caused by a failed, replaced or unknown
+// communicator (D's REJECT at OpenTransfer, D's failed Receives, the
+// watchdog's aborts). D's message reaches P as the transfer's control
+// status (KvDataSender::Poll); P then drops that communicator and the next
+// OpenTransfer to the pair makes a new generation, so P never keeps using
+// a communicator D has given up on.
+inline constexpr char kCommunicatorLost[] = "[nccl communicator lost]";
+// `status` with kCommunicatorLost at the end of its message (once).
+absl::Status CommunicatorLost(const absl::Status& status);
+// Whether `status`'s message carries kCommunicatorLost.
+bool IsCommunicatorLost(const absl::Status& status);
+
 struct NcclSetup {
   uint64_t generation = 0;
   std::string p_instance;  // P's instance id, at most 256 bytes
