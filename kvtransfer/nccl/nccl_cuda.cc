@@ -120,10 +120,16 @@ class CudaDeviceOps final : public DeviceOps {
     cudaError_t error = cudaSetDevice(device_);
     return error == cudaSuccess ? absl::OkStatus() : CudaError("cudaSetDevice", error);
   }
+  // May run on the caller's thread (OpenTransfer): the stream is made on
+  // the KV device and the thread's current device is left as it was.
   absl::StatusOr<void*> CreateStream() override {
-    cudaSetDevice(device_);
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaError_t error = cudaSetDevice(device_);
+    if (error != cudaSuccess) return CudaError("cudaSetDevice", error);
     cudaStream_t stream = nullptr;
-    cudaError_t error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    cudaSetDevice(previous);
     if (error != cudaSuccess) return CudaError("cudaStreamCreateWithFlags", error);
     return static_cast<void*>(stream);
   }
