@@ -67,6 +67,8 @@ absl::Status NcclReceiver::OpenTransfer(const TransferKey& key, std::string_view
   auto transfer = std::make_shared<Transfer>();
   transfer->channel = std::move(channel);
   transfer->target = target;
+  transfer->pool = target.kv->pool_info();
+  closed_.erase(key);
   transfers_[key] = std::move(transfer);
   return absl::OkStatus();
 }
@@ -81,19 +83,27 @@ void NcclReceiver::Report(Entry& entry, absl::Status status) {
 void NcclReceiver::Receive(const TransferKey& key, const FrameDescriptor& frame,
                            std::function<void(absl::Status)> done) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(key);
   auto entry = std::make_shared<Entry>();
   entry->done = std::move(done);
-  if (it == transfers_.end() || frame.token_count == 0) {
+  auto it = transfers_.find(key);
+  std::shared_ptr<Transfer> transfer;
+  if (it != transfers_.end()) {
+    transfer = it->second;
+  } else if (auto closed = closed_.find(key); closed != closed_.end()) {
+    transfer = closed->second;  // announced before the cancel: discard
+    Report(*entry, absl::CancelledError(absl::StrCat(
+                       "nccl transfer for ", Describe(key),
+                       " is closed; the frame goes to a discard buffer")));
+  }
+  if (transfer == nullptr || frame.token_count == 0) {
     Report(*entry, absl::FailedPreconditionError(absl::StrCat(
                        "nccl Receive for ", Describe(key), ": ",
-                       it == transfers_.end() ? "no open transfer" : "token_count 0")));
+                       transfer == nullptr ? "no open transfer" : "token_count 0")));
     thread_->Wake();
     return;
   }
-  std::shared_ptr<Transfer> transfer = it->second;
-  entry->bytes = DeviceFrameBytes(transfer->target.kv->pool_info(), frame.token_count);
-  transfer->entries.push_back(entry);
+  entry->bytes = DeviceFrameBytes(transfer->pool, frame.token_count);
+  if (!transfer->closed) transfer->entries.push_back(entry);
   FrameOp op;
   op.comm_seq = frame.comm_seq;
   op.bytes = entry->bytes;
@@ -142,6 +152,12 @@ void NcclReceiver::CloseTransfer(const TransferKey& key, std::function<void()> q
         transfer->quiesced = std::move(quiesced);
         quiesced = nullptr;
       }
+      if (closed_order_.size() >= kClosedMemory) {
+        closed_.erase(closed_order_.front());
+        closed_order_.pop_front();
+      }
+      closed_order_.push_back(key);
+      closed_[key] = std::move(transfer);
     }
     thread_->Wake();
   }
@@ -151,6 +167,8 @@ void NcclReceiver::CloseTransfer(const TransferKey& key, std::function<void()> q
 void NcclReceiver::ForgetAll() {
   peers_.clear();
   transfers_.clear();
+  closed_.clear();
+  closed_order_.clear();
 }
 
 }  // namespace tandem::kvtransfer::nccl

@@ -18,6 +18,7 @@
 #ifndef TANDEM_KVTRANSFER_NCCL_NCCL_RECEIVER_H_
 #define TANDEM_KVTRANSFER_NCCL_NCCL_RECEIVER_H_
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@ class NcclReceiver final : public KvDataReceiver, public NcclEndpoint {
   struct Transfer {
     std::shared_ptr<Channel> channel;
     DeviceKvTarget target;
+    kv::DevicePoolInfo pool;  // the target's, for frame sizes after close
     bool closed = false;
     int writing = 0;  // entries with a scatter not yet released
     std::vector<std::shared_ptr<Entry>> entries;
@@ -63,6 +65,12 @@ class NcclReceiver final : public KvDataReceiver, public NcclEndpoint {
   // P instance id -> its communicator (the newest generation seen).
   absl::flat_hash_map<std::string, std::shared_ptr<Channel>> peers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<TransferKey, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  // The last kClosedMemory closed transfers: a FRAME_DESC that still
+  // arrives for one (announced before the cancel reached P) is received
+  // into the discard buffer, so the channel stays in step.
+  static constexpr size_t kClosedMemory = 4096;
+  absl::flat_hash_map<TransferKey, std::shared_ptr<Transfer>> closed_ ABSL_GUARDED_BY(mu_);
+  std::deque<TransferKey> closed_order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::kvtransfer::nccl

@@ -137,9 +137,10 @@ TEST_F(NcclPairTest, NcclCancelledTransferMidStreamKeepsTheChannelInStep) {
   // Warm the communicator up (both ranks joined), then hold D's posting:
   // after GroupEnd D's communicator stays "in progress", so the frames of
   // the cancelled transfer are not yet scattered when it is closed.
-  auto link = factory_->link(setup.unique_id);
-  ASSERT_NE(link, nullptr);
+  std::shared_ptr<FakeLink> link;
   ASSERT_TRUE(WaitFor([&] {
+    link = factory_->link(setup.unique_id);
+    if (link == nullptr) return false;
     absl::MutexLock lock(&link->mu);
     return link->joined[0] && link->joined[1];
   }));
@@ -168,6 +169,13 @@ TEST_F(NcclPairTest, NcclCancelledTransferMidStreamKeepsTheChannelInStep) {
     absl::MutexLock lock(&link->mu);
     link->hold_posting[1] = false;
   }
+  // A frame P announced before it learned of the cancel still arrives.
+  auto late = Send(cancelled, 2, 0, 6);
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->comm_seq, 2u);
+  DoneRecorder late_done;
+  receiver().Receive(cancelled, *late, late_done.Callback());
+  EXPECT_EQ(late_done.Wait(1)[0].code(), absl::StatusCode::kCancelled);
   // The cancelled frames were still received (into the discard buffer):
   // P's sends complete, and D's blocks were not written.
   EXPECT_EQ(PollUntilDone(cancelled, absl::CancelledError("D cancelled")).code(),
@@ -175,6 +183,7 @@ TEST_F(NcclPairTest, NcclCancelledTransferMidStreamKeepsTheChannelInStep) {
   sender().CloseTransfer(cancelled);
   EXPECT_EQ(d_kv_.Rows(d_table_, 0, 0, 6), std::string(2 * 6 * kRowBytes, '\0'));
   EXPECT_EQ(d_kv_.Rows(d_table_, 1, 0, 6), std::string(2 * 6 * kRowBytes, '\0'));
+  EXPECT_EQ(d_kv_.Rows(d_table_, 2, 0, 6), std::string(2 * 6 * kRowBytes, '\0'));
 
   // The next transfer on the same communicator lands correctly.
   const TransferKey next{"req-after-cancel", 1};
@@ -185,7 +194,7 @@ TEST_F(NcclPairTest, NcclCancelledTransferMidStreamKeepsTheChannelInStep) {
   for (int layer = 0; layer < kLayers; ++layer) {
     auto frame = Send(next, layer, 2, 9);
     ASSERT_TRUE(frame.ok());
-    EXPECT_EQ(frame->comm_seq, static_cast<uint64_t>(2 + layer));
+    EXPECT_EQ(frame->comm_seq, static_cast<uint64_t>(3 + layer));
     receiver().Receive(next, *frame, done2.Callback());
   }
   for (const absl::Status& status : done2.Wait(3)) EXPECT_TRUE(status.ok()) << status;

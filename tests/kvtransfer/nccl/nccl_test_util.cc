@@ -121,6 +121,7 @@ class FakeComm final : public NcclComm {
     absl::MutexLock lock(&link_->mu);
     link_->group_sizes[rank_].push_back(link_->open_group[rank_]);
     link_->open_group[rank_] = -1;
+    if (link_->hold_posting[rank_]) link_->held[rank_] = true;
     return absl::OkStatus();
   }
   absl::Status Send(const void* buffer, uint64_t bytes, int peer, void* stream) override {
@@ -164,7 +165,8 @@ class FakeComm final : public NcclComm {
       if (error != nullptr) *error = absl::UnavailableError(link_->error);
       return CommState::kError;
     }
-    if (never_ready_ || !link_->joined[0] || !link_->joined[1] || link_->hold_posting[rank_]) {
+    if (!link_->hold_posting[rank_]) link_->held[rank_] = false;
+    if (never_ready_ || !link_->joined[0] || !link_->joined[1] || link_->held[rank_]) {
       return CommState::kInProgress;
     }
     return CommState::kReady;

@@ -79,7 +79,10 @@ struct FakeLink {
   absl::Mutex mu;
   bool joined[2] ABSL_GUARDED_BY(mu) = {false, false};
   bool aborted[2] ABSL_GUARDED_BY(mu) = {false, false};
+  // While set, a rank's communicator stays in progress after its next
+  // GroupEnd (`held`) until it is cleared.
   bool hold_posting[2] ABSL_GUARDED_BY(mu) = {false, false};
+  bool held[2] ABSL_GUARDED_BY(mu) = {false, false};
   std::deque<std::string> messages ABSL_GUARDED_BY(mu);  // rank 0 -> rank 1
   std::string error ABSL_GUARDED_BY(mu);                 // async error, if any
   std::vector<uint64_t> recv_sizes ABSL_GUARDED_BY(mu);  // rank 1, posting order
