@@ -119,10 +119,13 @@ void NcclReceiver::Receive(const TransferKey& key, const FrameDescriptor& frame,
     }
     return status;
   };
+  // FrameOp callbacks run under mu_ (channel.h).
   op.on_result = [this, entry](const absl::Status& status) {
+    mu_.AssertHeld();
     Report(*entry, status);
   };
   op.on_release = [this, transfer, entry]() {
+    mu_.AssertHeld();
     if (!entry->scattered) return;
     entry->scattered = false;
     if (--transfer->writing == 0 && transfer->closed && transfer->quiesced) {
