@@ -34,7 +34,8 @@ absl::Status NcclReceiver::OpenTransfer(const TransferKey& key, std::string_view
         absl::StrCat("nccl transfer for ", Describe(key), " is already open"));
   }
   const std::string who = absl::StrCat("prefill worker instance ", setup->p_instance);
-  std::shared_ptr<Channel>& known = peers_[setup->p_instance];
+  auto found = peers_.find(setup->p_instance);
+  std::shared_ptr<Channel> known = found == peers_.end() ? nullptr : found->second;
   std::shared_ptr<Channel> channel;
   if (known != nullptr && known->generation() == setup->generation) {
     if (known->failed()) {
@@ -62,7 +63,7 @@ absl::Status NcclReceiver::OpenTransfer(const TransferKey& key, std::string_view
     auto made = NewChannel(who, setup->generation, setup->unique_id);
     if (!made.ok()) return made.status();
     channel = *made;
-    known = channel;
+    peers_[setup->p_instance] = channel;
   }
   auto transfer = std::make_shared<Transfer>();
   transfer->channel = std::move(channel);
