@@ -83,7 +83,7 @@ class KvSendQueue {
   KvSendQueue& operator=(const KvSendQueue&) = delete;
 
   // Opens transfer (request_id, attempt) to `endpoint` ("host:port") with a
-  // v2 HELLO of `layout` and `bit_exact_class`; the sender thread connects
+  // v3 HELLO (transport tcp) of `layout` and `bit_exact_class`; the sender thread connects
   // and handshakes. Frames queued before ACCEPT wait for it. Errors
   // (nothing opened): INVALID_ARGUMENT for a bad endpoint, a dtype outside
   // KvDtype, or a HELLO over wire::kMaxControlPayload bytes.
