@@ -415,16 +415,26 @@ class KvSendQueue::Impl {
       }
       if (n < 0 && (errno == EINTR)) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      // EOF or a socket error: a complete REJECT already read still wins.
-      if (!ParseReply(t)) {
+      // EOF or a socket error: a complete REJECT (or ACK) already read
+      // still wins.
+      const int err = errno;
+      ParseReplies(t);
+      if (!t.result.has_value()) {
         End(t, Error(t, absl::StatusCode::kUnavailable,
                       n == 0 ? absl::StrCat("KV receiver closed the connection while ",
                                             Doing(t.state))
-                             : absl::StrCat("connection failed: ", std::strerror(errno))));
+                             : absl::StrCat("connection failed: ", std::strerror(err))));
       }
       return;
     }
-    ParseReply(t);
+    ParseReplies(t);
+  }
+
+  // Acts on every complete message in t.in (ACCEPT, then an ACK or REJECT
+  // may come in one read).
+  void ParseReplies(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!t.result.has_value() && ParseReply(t)) {
+    }
   }
 
   // Acts on one complete message in t.in; false if none is complete yet.
