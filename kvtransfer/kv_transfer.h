@@ -204,7 +204,10 @@ class KvReceiver {
   static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
                                                            const KvLayout& layout);
   // Stops all threads; pending transfers end with CANCELLED and their `done`
-  // has run when the destructor returns. Must not be called from `done`.
+  // has run when the destructor returns (a device transfer's after its
+  // KvDataReceiver::CloseTransfer ran `quiesced`; the destructor waits for
+  // that and for every outstanding Receive `done`). Must not be called
+  // from `done`.
   ~KvReceiver();
   KvReceiver(const KvReceiver&) = delete;
   KvReceiver& operator=(const KvReceiver&) = delete;
