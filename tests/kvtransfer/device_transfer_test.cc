@@ -331,6 +331,53 @@ TEST_F(KvTransportDescriptorTest, FrameOnDeviceTransferIsDataLoss) {
   EXPECT_EQ(fake_.closes(), 1);
 }
 
+TEST_F(KvTransportDescriptorTest, FrameDescOutsideTheRangeIsDataLoss) {
+  StartReceiver();
+  Expect();
+  auto peer = RawPeer::Connect(receiver_->port());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  wire::Hello hello{kKvProtocolVersion, "r1", 1, layout_, testing::kTestBitExactClass,
+                    {},                 "nccl", ""};
+  auto verdict = peer->Hello(hello);
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  ASSERT_EQ(verdict->code, absl::StatusCode::kOk) << verdict->ToStatus();
+  ASSERT_TRUE(peer->Send(wire::EncodeFrameDesc({"r1", 1, 0, kHit - 1, 2, 0, ""})).ok());
+  verdict = peer->ReadVerdict();
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  const absl::Status want =
+      absl::DataLossError("bad KV frame for request r1 attempt 1: token_start 1 < hit_tokens 2");
+  EXPECT_EQ(verdict->ToStatus(), want);
+  ASSERT_TRUE(done_.Wait());
+  EXPECT_EQ(done_.status(), want);
+  EXPECT_TRUE(fake_.frames().empty());  // never reached the data path
+  EXPECT_EQ(fake_.closes(), 1);
+}
+
+// A receiver that offers nccl still takes tcp transfers as before: FRAMEs,
+// no ACK, counted under tcp.
+TEST_F(KvTransportDescriptorTest, TcpTransferStillWorksAndCountsUnderTcp) {
+  StartReceiver();
+  VectorKvWriter host(layout_, kLen);
+  Expect(&host);
+  auto id = queue_->Open(Endpoint(), "r1", 1, layout_, testing::kTestBitExactClass, nullptr);
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    auto queued = queue_->EnqueueFrame(*id, layer, kHit, kLen - kHit, ref_.K(layer, kHit),
+                                       ref_.V(layer, kHit));
+    ASSERT_TRUE(queued.ok() && *queued);
+  }
+  ASSERT_TRUE(queue_->EnqueueFinal(*id, OneSample()).ok());
+  std::optional<absl::Status> result = WaitQueueResult(*queue_, *id);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_TRUE(result->ok()) << *result;
+  ASSERT_TRUE(done_.Wait());
+  EXPECT_TRUE(done_.status().ok()) << done_.status();
+  EXPECT_EQ(receiver_->kv_bytes_received(kTcp), 512u);  // 2 layers x FrameBytes(4) = 2 x 4 x 32
+  EXPECT_EQ(receiver_->kv_bytes_received(kNccl), 0u);
+  EXPECT_EQ(receiver_->transfers_completed_total(), 1u);
+  EXPECT_EQ(LogPos(fake_.log(), "open r1/1"), -1);  // the data path is not used
+}
+
 TEST_F(KvTransportDescriptorTest, FrameDescOnTcpTransferIsDataLoss) {
   StartReceiver();
   VectorKvWriter host(layout_, kLen);
