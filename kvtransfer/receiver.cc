@@ -46,9 +46,10 @@ KvReceiver::Impl::~Impl() {
   // The I/O thread completes a transfer whose write was in flight, sends
   // what REJECTs it can and closes every connection before it returns.
   io_.join();
-  // Device transfers: the CloseTransfers the I/O thread did not make, then
-  // every Receive `done` and `quiesced` (their callbacks touch this
-  // object), so that each transfer's `done` is queued.
+  // Device transfers: the I/O thread made every CloseTransfer queued so
+  // far (RunCloses here is a safety net); wait for every Receive `done`
+  // and `quiesced` (their callbacks touch this object), so that each
+  // transfer's `done` is queued.
   for (;;) {
     RunCloses();
     absl::MutexLock l(&mu_);

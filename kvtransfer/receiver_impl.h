@@ -21,9 +21,9 @@
 // `quiesced`. They only update state under mu_; what a connection must do
 // about it (ACK, REJECT) is queued with KickLocked for the I/O thread. The
 // data receiver is never called with mu_ held: OpenTransfer, Receive and
-// CloseTransfer run on the I/O thread (CloseTransfer also in the
-// destructor, after the I/O thread stopped), so the calls for one key come
-// in order.
+// CloseTransfer run on the I/O thread (the last CloseTransfers as it
+// stops), so the calls for one key come in order. The destructor waits
+// for every outstanding Receive `done` and `quiesced`.
 // Public methods run on the caller's thread under mu_; when a connection
 // must act on what they did (its transfer was cancelled), they queue its
 // id (KickLocked) and wake the I/O thread through the eventfd.

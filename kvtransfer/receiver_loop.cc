@@ -98,8 +98,11 @@ void KvReceiver::Impl::IoLoop() {
       it = it->second->fd.valid() ? std::next(it) : conns_.erase(it);
     }
   }
-  // Stopping: every transfer was ended by the destructor. Each connection
-  // gets one try at a REJECT, then is closed.
+  // Stopping: every transfer was ended by the destructor, which queued the
+  // CloseTransfer of each open device attempt: made here, on this thread,
+  // after this thread's last Receive call.
+  RunCloses();
+  // Each connection gets one try at a REJECT, then is closed.
   for (auto& [id, c] : conns_) {
     if (!c->fd.valid() || c->phase == ConnPhase::kClosing) continue;
     absl::Status why = absl::UnavailableError("KV receiver is shutting down");
