@@ -34,13 +34,13 @@ using ::testing::StartsWith;
 
 constexpr char kReady[] = "tandem: cluster ready, router at ";
 
-// Fake worker: records its argv and pid, then announces itself and sleeps
+// Fake worker: records its NCCL_* variables, argv and pid, then announces itself and sleeps
 // (or, when $FAKE_WORKER_EXIT names it, exits with $FAKE_WORKER_EXIT_CODE,
 // default 3, once the file <name>.exit exists next to it).
 constexpr char kFakeWorker[] = R"(#!/bin/sh
 d=$(dirname "$0")
-echo "$*" > "$d/$2.args"
 env | grep '^NCCL_' | sort > "$d/$2.env"
+echo "$*" > "$d/$2.args"
 echo $$ > "$d/$2.pid"
 echo "TANDEM_LISTENING 127.0.0.1:1"
 if [ "$FAKE_WORKER_EXIT" = "$2" ]; then
@@ -483,7 +483,7 @@ TEST_F(CliTest, UpGivesEachWorkerItsNcclEnvironmentInTheOneGpuTestMode) {
                              : std::vector<std::string>{});
     absl::StatusOr<UpReady> ready = WaitForUpReady(group, 0, absl::Seconds(30));
     ASSERT_TRUE(ready.ok()) << ready.status();
-    Slurp("prefill-0.args");  // the .env files are written before
+    Slurp("prefill-0.args");  // the fake writes <name>.env before <name>.args
     Slurp("decode-0.args");
     auto env_of = [&](const std::string& name) {
       std::ifstream in(dir_ / (name + ".env"));
