@@ -1,0 +1,283 @@
+// The prefill worker's transport choice (issue #16): SenderKvExport picks
+// from D's offer with kvtransfer::ChooseTransport over the worker's
+// KvDataPlanes, fails Open with FAILED_PRECONDITION naming both lists when
+// there is no common transport, and on a device transport drives the
+// transport's KvDataSender (a recording fake here; the KV connection is
+// the real KvSendQueue). No engine, no model.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prefill_worker/kv_export.h"
+#include "prefill_worker/prefill_call.h"
+
+namespace tandem::prefill {
+namespace {
+
+using kvtransfer::KvTransport;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A port nothing listens on: the queue's connect fails later, never Open.
+constexpr char kEndpoint[] = "127.0.0.1:9";
+
+kvtransfer::KvLayout Layout() {
+  kvtransfer::KvLayout layout;
+  layout.model_fingerprint = "fp";
+  layout.n_layers = 2;
+  layout.n_kv_heads = 1;
+  layout.head_dim = 4;
+  layout.dtype = kv::KvDtype::kF32;
+  return layout;  // FrameBytes(n) = 2 * n * 16
+}
+
+// A device KV that is never touched (the fake sender does not read it).
+class NoDeviceKv : public kv::DeviceKvAccess {
+ public:
+  int device_ordinal() const override { return 0; }
+  kv::DevicePoolInfo pool_info() const override { return {}; }
+  absl::Status GatherRows(std::span<const int32_t>, int32_t, int32_t, int32_t, void*,
+                          void*) override {
+    return absl::OkStatus();
+  }
+  absl::Status ScatterRows(std::span<const int32_t>, int32_t, int32_t, int32_t, const void*,
+                           void*) override {
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromPeer(const kv::DevicePoolInfo&, std::span<const int32_t>,
+                            std::span<const int32_t>, int32_t, int32_t, int32_t,
+                            void*) override {
+    return absl::OkStatus();
+  }
+  void* layer_event(int32_t) const override { return nullptr; }
+};
+
+// Records every call; Poll answers what the test scripted.
+class FakeSender : public kvtransfer::KvDataSender {
+ public:
+  explicit FakeSender(KvTransport transport) : transport_(transport) {}
+  KvTransport transport() const override { return transport_; }
+  absl::StatusOr<std::string> OpenTransfer(const kvtransfer::TransferKey& key,
+                                           const kvtransfer::TransportPeer& peer) override {
+    opened.push_back(key);
+    peers.push_back(peer);
+    return std::string("setup-bytes");
+  }
+  absl::StatusOr<kvtransfer::FrameDescriptor> SendRows(const kvtransfer::TransferKey& key,
+                                                       kv::DeviceKvAccess&,
+                                                       std::span<const int32_t> table,
+                                                       int32_t layer, int32_t token_start,
+                                                       int32_t count) override {
+    tables.emplace_back(table.begin(), table.end());
+    kvtransfer::FrameDescriptor d;
+    d.request_id = key.request_id;
+    d.attempt = key.attempt;
+    d.layer = static_cast<uint32_t>(layer);
+    d.token_start = static_cast<uint32_t>(token_start);
+    d.token_count = static_cast<uint32_t>(count);
+    d.comm_seq = next_seq++;
+    return d;
+  }
+  std::optional<absl::Status> Poll(const kvtransfer::TransferKey&,
+                                   const absl::Status& control) override {
+    polled_with.push_back(control);
+    return poll_answer;
+  }
+  void CloseTransfer(const kvtransfer::TransferKey& key) override { closed.push_back(key); }
+  uint64_t bytes_total() const override { return 0; }
+
+  std::vector<kvtransfer::TransferKey> opened, closed;
+  std::vector<kvtransfer::TransportPeer> peers;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<absl::Status> polled_with;
+  std::optional<absl::Status> poll_answer;
+  uint64_t next_seq = 0;
+
+ private:
+  const KvTransport transport_;
+};
+
+// KvSendOptions with a started queue and, unless `transports` is empty,
+// planes of `transports` whose non-tcp entries are the given fakes.
+KvSendOptions Options(std::vector<KvTransport> transports,
+                      std::vector<kvtransfer::KvDataSender*> senders = {},
+                      std::string host_id = "host-p") {
+  KvSendOptions o;
+  o.layout = Layout();
+  o.bit_exact_class = "test";
+  o.transfer_timeout_ms = 5000;
+  o.host_id = std::move(host_id);
+  if (!transports.empty()) {
+    auto planes = std::make_shared<KvDataPlanes>();
+    planes->transports = std::move(transports);
+    planes->senders = std::move(senders);
+    o.planes = std::move(planes);
+  }
+  EXPECT_TRUE(StartKvSendQueue(&o).ok());
+  return o;
+}
+
+kvtransfer::TransportOffer Offer(std::vector<KvTransport> transports,
+                                 std::string host_id = "host-d") {
+  return {std::move(transports), std::move(host_id), "instance-d"};
+}
+
+TEST(KvTransportExportTest, TcpOnBothSidesSendsFramesCountedUnderTcp) {
+  KvSendOptions o = Options({});
+  EXPECT_EQ(o.transports(), std::vector<KvTransport>{KvTransport::kTcp});
+  EXPECT_EQ(o.host_id, "host-p");
+  // An empty offer is a D from before the offer: tcp.
+  SenderKvExport e(o, kEndpoint, "r1", 1, 0, {});
+  ASSERT_TRUE(e.Open(nullptr, [] {}).ok());
+  EXPECT_EQ(e.transport(), KvTransport::kTcp);
+  EXPECT_FALSE(e.sends_device_rows());
+  const std::vector<char> rows(3 * 16);
+  ASSERT_TRUE(e.SendLayer(1, 0, 3, rows.data(), rows.data()).ok());
+  EXPECT_EQ(e.bytes_sent(), 96u);
+  EXPECT_EQ(o.bytes_by_transport->Get(KvTransport::kTcp), 96u);
+  EXPECT_EQ(o.bytes_by_transport->Get(KvTransport::kNccl), 0u);
+  NoDeviceKv kv;
+  const std::vector<int32_t> table = {0};
+  EXPECT_EQ(e.SendDeviceRows(kv, table, 0, 0, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(KvTransportExportTest, NoCommonTransportFailsOpenNamingBoth) {
+  FakeSender nccl(KvTransport::kNccl);
+  KvSendOptions o = Options({KvTransport::kNccl}, {&nccl});
+  SenderKvExport e(o, kEndpoint, "r2", 1, 0, Offer({KvTransport::kTcp}));
+  const absl::Status open = e.Open(nullptr, [] {});
+  EXPECT_EQ(open.code(), absl::StatusCode::kFailedPrecondition) << open;
+  EXPECT_THAT(std::string(open.message()), StartsWith("KV transport for 127.0.0.1:9: "));
+  EXPECT_THAT(std::string(open.message()),
+              HasSubstr("this prefill worker supports nccl, the decode worker offers tcp"));
+  EXPECT_TRUE(nccl.opened.empty());  // nothing prepared, nothing queued
+  EXPECT_EQ(o.queue->queued_bytes(kEndpoint), 0u);
+}
+
+TEST(KvTransportExportTest, CudaIpcOnlyBetweenWorkersOfOneHost) {
+  FakeSender ipc(KvTransport::kCudaIpc);
+  // Another host: cuda_ipc is skipped and tcp, common to both, taken.
+  KvSendOptions both = Options({KvTransport::kCudaIpc, KvTransport::kTcp}, {&ipc});
+  SenderKvExport e(both, kEndpoint, "r3", 1, 0,
+                   Offer({KvTransport::kCudaIpc, KvTransport::kTcp}, "host-d"));
+  ASSERT_TRUE(e.Open(nullptr, [] {}).ok());
+  EXPECT_EQ(e.transport(), KvTransport::kTcp);
+  EXPECT_FALSE(e.sends_device_rows());
+  EXPECT_TRUE(ipc.opened.empty());
+  // Only cuda_ipc on this side: no transport to another host.
+  KvSendOptions only = Options({KvTransport::kCudaIpc}, {&ipc});
+  SenderKvExport f(only, kEndpoint, "r4", 1, 0, Offer({KvTransport::kCudaIpc}, "host-d"));
+  const absl::Status open = f.Open(nullptr, [] {});
+  EXPECT_EQ(open.code(), absl::StatusCode::kFailedPrecondition) << open;
+  EXPECT_THAT(std::string(open.message()),
+              HasSubstr("this prefill worker supports cuda_ipc, the decode worker offers "
+                        "cuda_ipc"));
+}
+
+TEST(KvTransportExportTest, OfferNamesThisBuildDoesNotKnowAreSkipped) {
+  KvSendOptions o = Options({});
+  PrefillRequest request;
+  request.kv_transports = {"rdma", "tcp"};
+  request.kv_host_id = "h";
+  request.kv_instance_id = "i";
+  absl::StatusOr<kvtransfer::TransportOffer> offer = OfferFromRequest(request, o);
+  ASSERT_TRUE(offer.ok()) << offer.status();
+  EXPECT_EQ(offer->transports, std::vector<KvTransport>{KvTransport::kTcp});
+  EXPECT_EQ(offer->host_id, "h");
+  EXPECT_EQ(offer->instance_id, "i");
+  request.kv_transports = {"rdma"};
+  offer = OfferFromRequest(request, o);
+  EXPECT_EQ(offer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(offer.status().message(),
+            "no common KV transport: this prefill worker supports tcp, the decode worker "
+            "offers rdma");
+  request.kv_transports.clear();  // no offer: tcp
+  offer = OfferFromRequest(request, o);
+  ASSERT_TRUE(offer.ok());
+  EXPECT_TRUE(offer->transports.empty());
+}
+
+// Needs KvSendQueue::OpenWithTransport / EnqueueDescriptor (issue #16's
+// control plane): skipped while the branch links their stand-ins.
+TEST(KvTransportExportTest, DeviceTransportAnnouncesDescriptorsAndWaitsForTheDataPath) {
+  FakeSender nccl(KvTransport::kNccl);
+  KvSendOptions o = Options({KvTransport::kNccl, KvTransport::kTcp}, {&nccl});
+  SenderKvExport e(o, kEndpoint, "r5", 2, 0,
+                   Offer({KvTransport::kCudaIpc, KvTransport::kNccl, KvTransport::kTcp}));
+  const absl::Status open = e.Open(nullptr, [] {});
+  if (absl::StrContains(open.message(), "stand-in")) {
+    GTEST_SKIP() << "needs the issue #16 control plane: " << open;
+  }
+  ASSERT_TRUE(open.ok()) << open;
+  EXPECT_EQ(e.transport(), KvTransport::kNccl);
+  EXPECT_TRUE(e.sends_device_rows());
+  ASSERT_EQ(nccl.opened.size(), 1u);
+  EXPECT_EQ(nccl.opened[0], (kvtransfer::TransferKey{"r5", 2}));
+  ASSERT_EQ(nccl.peers.size(), 1u);
+  EXPECT_EQ(nccl.peers[0].kv_endpoint, kEndpoint);
+  EXPECT_EQ(nccl.peers[0].host_id, "host-d");
+  EXPECT_EQ(nccl.peers[0].instance_id, "instance-d");
+
+  NoDeviceKv kv;
+  const std::vector<int32_t> table = {4, 2};
+  ASSERT_TRUE(e.SendDeviceRows(kv, table, 0, 0, 5).ok());
+  ASSERT_TRUE(e.SendDeviceRows(kv, table, 1, 0, 5).ok());
+  EXPECT_EQ(nccl.tables, (std::vector<std::vector<int32_t>>{{4, 2}, {4, 2}}));
+  EXPECT_EQ(e.bytes_sent(), 2u * 160u);
+  EXPECT_EQ(o.bytes_by_transport->Get(KvTransport::kNccl), 320u);
+  EXPECT_EQ(o.bytes_by_transport->Get(KvTransport::kTcp), 0u);
+  const std::vector<char> rows(16);
+  EXPECT_EQ(e.SendLayer(0, 0, 1, rows.data(), rows.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Nothing listens: the KV connection fails (UNAVAILABLE). While the data
+  // path still reads the blocks (Poll nullopt) there is no result.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (nccl.polled_with.empty() && absl::Now() < deadline) {
+    EXPECT_EQ(e.Result(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_FALSE(nccl.polled_with.empty()) << "the KV connection never ended";
+  EXPECT_EQ(nccl.polled_with.back().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(e.Result(), std::nullopt);
+  // The data path is done: the control's error is the result, and stays.
+  nccl.poll_answer = absl::OkStatus();
+  std::optional<absl::Status> result = e.Result();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->code(), absl::StatusCode::kUnavailable) << *result;
+  nccl.poll_answer = absl::DataLossError("changed its mind");
+  EXPECT_EQ(e.Result(), result);
+  e.Close();
+  EXPECT_EQ(nccl.closed, (std::vector<kvtransfer::TransferKey>{{"r5", 2}}));
+  e.Close();  // once only
+  EXPECT_EQ(nccl.closed.size(), 1u);
+}
+
+// The data path's own error wins over the KV connection's.
+TEST(KvTransportExportTest, DataPathErrorIsTheResult) {
+  FakeSender nccl(KvTransport::kNccl);
+  KvSendOptions o = Options({KvTransport::kNccl}, {&nccl});
+  SenderKvExport e(o, kEndpoint, "r6", 1, 0, Offer({KvTransport::kNccl}));
+  const absl::Status open = e.Open(nullptr, [] {});
+  if (absl::StrContains(open.message(), "stand-in")) {
+    GTEST_SKIP() << "needs the issue #16 control plane: " << open;
+  }
+  ASSERT_TRUE(open.ok()) << open;
+  nccl.poll_answer = absl::UnavailableError("communicator aborted");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::optional<absl::Status> result;
+  while (!(result = e.Result()).has_value() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->message(), "communicator aborted");
+}
+
+}  // namespace
+}  // namespace tandem::prefill
