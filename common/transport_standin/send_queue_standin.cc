@@ -1,7 +1,8 @@
 // TEMPORARY stand-in for KvSendQueue::OpenWithTransport and
 // EnqueueDescriptor (declared in kvtransfer/send_queue.h for issue #16,
-// implemented by the control-plane branch), compiled only while
-// kvtransfer/send_queue.cc does not define them (common/CMakeLists.txt), so
+// implemented by the control-plane branch), compiled only while no
+// kvtransfer/*.cc defines KvSendQueue::OpenWithTransport
+// (common/CMakeLists.txt), so
 // the wiring branch links before that branch is merged. tcp is exactly
 // Open; a device transport is UNIMPLEMENTED. Delete with its CMake lines
 // once the real ones are in.

@@ -1,8 +1,9 @@
 // TEMPORARY stand-in for kvtransfer/transport.cc (issue #16), compiled only
-// while that file does not exist (common/CMakeLists.txt), so that the
-// wiring branch links before the control-plane branch is merged. It follows
-// kvtransfer/transport.h's contract; once transport.cc exists this file is
-// not built and should be deleted (with its CMake lines).
+// while no kvtransfer/*.cc defines ParseKvTransportSetting
+// (common/CMakeLists.txt), so that the wiring branch links before the
+// control-plane branch is merged. It follows kvtransfer/transport.h's
+// contract; once the real one is in, this file is not built and should be
+// deleted (with its CMake lines).
 #include <algorithm>
 #include <fstream>
 #include <random>
