@@ -2,7 +2,7 @@
 // from D's offer with kvtransfer::ChooseTransport over the worker's
 // KvDataPlanes, fails Open with FAILED_PRECONDITION naming both lists when
 // there is no common transport, and on a device transport drives the
-// transport's KvDataSender (a recording fake here; the KV connection is
+// transport's KvDataSender (a recording fake, fake_data_plane.h; the KV connection is
 // the real KvSendQueue). No engine, no model.
 #include <memory>
 #include <optional>
@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "prefill_worker/kv_export.h"
 #include "prefill_worker/prefill_call.h"
+#include "tests/decode_worker/fake_data_plane.h"
 
 namespace tandem::prefill {
 namespace {
@@ -37,71 +38,8 @@ kvtransfer::KvLayout Layout() {
   return layout;  // FrameBytes(n) = 2 * n * 16
 }
 
-// A device KV that is never touched (the fake sender does not read it).
-class NoDeviceKv : public kv::DeviceKvAccess {
- public:
-  int device_ordinal() const override { return 0; }
-  kv::DevicePoolInfo pool_info() const override { return {}; }
-  absl::Status GatherRows(std::span<const int32_t>, int32_t, int32_t, int32_t, void*,
-                          void*) override {
-    return absl::OkStatus();
-  }
-  absl::Status ScatterRows(std::span<const int32_t>, int32_t, int32_t, int32_t, const void*,
-                           void*) override {
-    return absl::OkStatus();
-  }
-  absl::Status CopyFromPeer(const kv::DevicePoolInfo&, std::span<const int32_t>,
-                            std::span<const int32_t>, int32_t, int32_t, int32_t,
-                            void*) override {
-    return absl::OkStatus();
-  }
-  void* layer_event(int32_t) const override { return nullptr; }
-};
-
-// Records every call; Poll answers what the test scripted.
-class FakeSender : public kvtransfer::KvDataSender {
- public:
-  explicit FakeSender(KvTransport transport) : transport_(transport) {}
-  KvTransport transport() const override { return transport_; }
-  absl::StatusOr<std::string> OpenTransfer(const kvtransfer::TransferKey& key,
-                                           const kvtransfer::TransportPeer& peer) override {
-    opened.push_back(key);
-    peers.push_back(peer);
-    return std::string("setup-bytes");
-  }
-  absl::StatusOr<kvtransfer::FrameDescriptor> SendRows(const kvtransfer::TransferKey& key,
-                                                       kv::DeviceKvAccess&,
-                                                       std::span<const int32_t> table,
-                                                       int32_t layer, int32_t token_start,
-                                                       int32_t count) override {
-    tables.emplace_back(table.begin(), table.end());
-    kvtransfer::FrameDescriptor d;
-    d.request_id = key.request_id;
-    d.attempt = key.attempt;
-    d.layer = static_cast<uint32_t>(layer);
-    d.token_start = static_cast<uint32_t>(token_start);
-    d.token_count = static_cast<uint32_t>(count);
-    d.comm_seq = next_seq++;
-    return d;
-  }
-  std::optional<absl::Status> Poll(const kvtransfer::TransferKey&,
-                                   const absl::Status& control) override {
-    polled_with.push_back(control);
-    return poll_answer;
-  }
-  void CloseTransfer(const kvtransfer::TransferKey& key) override { closed.push_back(key); }
-  uint64_t bytes_total() const override { return 0; }
-
-  std::vector<kvtransfer::TransferKey> opened, closed;
-  std::vector<kvtransfer::TransportPeer> peers;
-  std::vector<std::vector<int32_t>> tables;
-  std::vector<absl::Status> polled_with;
-  std::optional<absl::Status> poll_answer;
-  uint64_t next_seq = 0;
-
- private:
-  const KvTransport transport_;
-};
+using worker_testing::FakeSender;
+using worker_testing::NoDeviceKv;
 
 // KvSendOptions with a started queue and, unless `transports` is empty,
 // planes of `transports` whose non-tcp entries are the given fakes.
