@@ -1,5 +1,5 @@
 // KV transfer between a prefill worker (sender) and a decode worker
-// (receiver) over TCP, protocol v2 (DESIGN.md, KV transfer; README.md has
+// (receiver) over TCP, protocol v3 (DESIGN.md, KV transfer; README.md has
 // the message table and the receiver's decisions).
 //
 // Owns: the wire protocol, sockets, per-transfer state and deadlines.
@@ -13,16 +13,21 @@
 //
 // Wire format (all little-endian; wire.h has the type numbers and the
 // exact field layout), every message = u32 type | u32 length | payload:
-//   HELLO  {protocol_version u32 (= 2, first so that a receiver can refuse
+//   HELLO  {protocol_version u32 (= 3, first so that a receiver can refuse
 //           another version unparsed), request_id str, attempt u32,
 //           model_fingerprint str, n_layers u32, n_kv_heads u32,
-//           head_dim u32, kv_dtype u32 (KvDtype), bit_exact_class str}
+//           head_dim u32, kv_dtype u32 (KvDtype), bit_exact_class str,
+//           transport str, transport_setup str}
 //   ACCEPT {}                 REJECT {status code u32, reason str}
 //   FRAME  {request_id str, attempt u32, layer u32, token_start u32,
 //           token_count u32, K bytes[token_count * RowBytes()], V (same)}
 //   FINAL  {n_samples u32 (1..16), per sample in sample order
 //           {token i32, logprob f32, finish_reason u32, n_top u32 (0..20),
 //           n_top x {token_id i32, logprob f32}}, frames u64, kv_bytes u64}
+//   FRAME_DESC {request_id str, attempt u32, layer u32, token_start u32,
+//           token_count u32, comm_seq u64, locator str} (device transports:
+//           the bytes move on the data path, data_plane.h)
+//   ACK    {} (D -> P after a device transfer's FINAL and every frame landed)
 //   (str = u32 length | bytes). D checks every frame before placing it:
 //   layer < n_layers, token_start >= D_hit, end <= L, exact payload size.
 // D may also send REJECT mid-transfer (cancel, bad frame, superseded
@@ -56,10 +61,11 @@ namespace tandem::kvtransfer {
 
 // The protocol version this build speaks; HELLO carries it first. Later
 // features (attempt > 1, ...) come as a new version number or optional
-// trailing data, never as a new meaning of v2. (The one exception: FINAL's
-// per-sample layout, for n > 1 and top-n logprobs, replaced the
-// single-token v2 FINAL in place; README.md, Versioning.)
-inline constexpr uint32_t kKvProtocolVersion = 2;
+// trailing data, never as a new meaning of an old one. (The one exception:
+// FINAL's per-sample layout, for n > 1 and top-n logprobs, replaced the
+// single-token v2 FINAL in place; README.md, Versioning.) v3 = transports:
+// HELLO names the data path (transport.h), FRAME_DESC and ACK exist.
+inline constexpr uint32_t kKvProtocolVersion = 3;
 
 // Bounds of a FINAL: samples of one request (the proto's
 // GenerationParams.n, 1..16) and top logprobs per sample (the proto's
@@ -96,7 +102,7 @@ struct KvLayout {
   uint64_t FrameBytes(uint32_t token_count) const;
   // A stable, printable name of everything in the layout:
   // "kv<version>/<model_fingerprint>/L<n_layers>.H<n_kv_heads>.D<head_dim>/
-  // <dtype name>", e.g. "kv2/3f0a.../L5.H4.D8/f32". Two ends can exchange
+  // <dtype name>", e.g. "kv3/3f0a.../L5.H4.D8/f32". Two ends can exchange
   // KV iff their layout ids are equal (CheckCompatible is OK exactly then).
   // The fingerprint may contain '/': the fields after it never do, so the
   // id still determines the layout.
@@ -198,7 +204,10 @@ class KvReceiver {
   static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
                                                            const KvLayout& layout);
   // Stops all threads; pending transfers end with CANCELLED and their `done`
-  // has run when the destructor returns. Must not be called from `done`.
+  // has run when the destructor returns (a device transfer's after its
+  // KvDataReceiver::CloseTransfer ran `quiesced`; the destructor waits for
+  // that and for every outstanding Receive `done`). Must not be called
+  // from `done`.
   ~KvReceiver();
   KvReceiver(const KvReceiver&) = delete;
   KvReceiver& operator=(const KvReceiver&) = delete;
@@ -234,9 +243,19 @@ class KvReceiver {
 
   // Expect()ed transfers whose `done` has not been queued yet.
   uint32_t transfers_in_flight() const;
-  // K+V payload bytes of every frame accepted so far (monotonic; bytes of a
-  // superseded attempt stay counted).
+  // K+V payload bytes of every frame accepted so far, all transports
+  // summed (monotonic; bytes of a superseded attempt stay counted).
   uint64_t kv_bytes_received_total() const;
+  // The same for one transport (monotonic): tcp, the FRAME payload bytes
+  // accepted; nccl / cuda_ipc, KvLayout::FrameBytes(token_count) of every
+  // FRAME_DESC whose KvDataReceiver::Receive reported OK.
+  uint64_t kv_bytes_received(KvTransport transport) const;
+  // Successful transfers (`done` queued with OK), and the sum of their
+  // times in seconds from the first FRAME/FRAME_DESC to the FINAL (a
+  // transfer with no frame adds 0), both monotonic, for the
+  // kv_transfer_seconds metric (mean = seconds / completed).
+  double transfer_seconds_total() const;
+  uint64_t transfers_completed_total() const;
 
  private:
   class Impl;
@@ -247,7 +266,7 @@ class KvReceiver {
 // Prefill-worker side: one connection per transfer.
 class KvSender {
  public:
-  // Connects to endpoint ("host:port"), sends a v2 HELLO with `layout` and
+  // Connects to endpoint ("host:port"), sends a v3 HELLO (transport tcp) with `layout` and
   // `bit_exact_class` (this end's backend/ISA/build, see the top of this
   // file) and waits for ACCEPT within timeout_ms (milliseconds, > 0).
   // Errors: INVALID_ARGUMENT (bad endpoint, timeout_ms <= 0, a dtype

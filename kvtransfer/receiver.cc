@@ -23,7 +23,9 @@ KvReceiver::Impl::Impl(const Options& options, const KvLayout& layout,
       layout_(layout),
       listen_fd_(std::move(listen_fd)),
       port_(port),
-      wake_fd_(std::move(wake_fd)) {
+      wake_fd_(std::move(wake_fd)),
+      offered_(options.transports.empty() ? std::vector<KvTransport>{KvTransport::kTcp}
+                                          : options.transports) {
   io_ = std::thread([this] { IoLoop(); });
   completion_ = std::thread([this] { CompletionLoop(); });
 }
@@ -44,6 +46,16 @@ KvReceiver::Impl::~Impl() {
   // The I/O thread completes a transfer whose write was in flight, sends
   // what REJECTs it can and closes every connection before it returns.
   io_.join();
+  // Device transfers: the I/O thread made every CloseTransfer queued so
+  // far (RunCloses here is a safety net); wait for every Receive `done`
+  // and `quiesced` (their callbacks touch this object), so that each
+  // transfer's `done` is queued.
+  for (;;) {
+    RunCloses();
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(this, &Impl::DataPlaneIdleOrCloseLocked));
+    if (DataPlaneIdleLocked()) break;
+  }
   {
     absl::MutexLock l(&mu_);
     completion_stop_ = true;
@@ -129,11 +141,25 @@ void KvReceiver::Impl::EndLocked(std::shared_ptr<Transfer> t,
   t->status = std::move(status);
   t->state = TransferState::kAborting;
   if (t->conn_id != 0) KickLocked(t->conn_id);
-  if (!t->writing) CompleteLocked(t);
+  if (t->device != nullptr) CloseAttemptLocked(t, t->device);
+  MaybeCompleteLocked(t);
+}
+
+void KvReceiver::Impl::MaybeCompleteLocked(const std::shared_ptr<Transfer>& t) {
+  if (t->state == TransferState::kAborting && !t->writing && t->quiescing == 0) {
+    CompleteLocked(t);
+  }
 }
 
 void KvReceiver::Impl::CompleteLocked(std::shared_ptr<Transfer> t) {
   t->state = TransferState::kQuiesced;
+  if (t->status.ok()) {
+    ++transfers_completed_;
+    if (t->any_frame) {
+      transfer_seconds_ +=
+          std::chrono::duration<double>(t->final_at - t->first_frame_at).count();
+    }
+  }
   auto it = transfers_.find(t->request_id);
   if (it != transfers_.end() && it->second == t) transfers_.erase(it);
   finished_[t->request_id] = Finished{t->attempt, t->status.code(), Clock::now()};
@@ -211,6 +237,23 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(
         options.handshake_timeout_ms, ", transfer_timeout_ms ",
         options.transfer_timeout_ms));
   }
+  for (KvTransport t : options.transports) {
+    if (t == KvTransport::kTcp) continue;
+    bool found = false;
+    for (const KvDataReceiver* d : options.data_receivers) {
+      found = found || (d != nullptr && d->transport() == t);
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvReceiver: transports offers ", std::string(KvTransportName(t)),
+          " but data_receivers has no KvDataReceiver for it"));
+    }
+  }
+  for (const KvDataReceiver* d : options.data_receivers) {
+    if (d == nullptr) {
+      return absl::InvalidArgumentError("KvReceiver: data_receivers holds a null entry");
+    }
+  }
   tcp::ScopedFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake.valid()) {
     return absl::UnavailableError(absl::StrCat(
@@ -248,6 +291,34 @@ uint32_t KvReceiver::transfers_in_flight() const { return impl_->in_flight(); }
 
 uint64_t KvReceiver::kv_bytes_received_total() const {
   return impl_->bytes_total();
+}
+
+uint64_t KvReceiver::kv_bytes_received(KvTransport transport) const {
+  return impl_->bytes(transport);
+}
+
+double KvReceiver::transfer_seconds_total() const {
+  return impl_->transfer_seconds_total();
+}
+
+uint64_t KvReceiver::transfers_completed_total() const {
+  return impl_->transfers_completed_total();
+}
+
+uint64_t KvReceiver::Impl::bytes_total() const {
+  uint64_t sum = 0;
+  for (const auto& b : bytes_) sum += b.load();
+  return sum;
+}
+
+double KvReceiver::Impl::transfer_seconds_total() const {
+  absl::MutexLock l(&mu_);
+  return transfer_seconds_;
+}
+
+uint64_t KvReceiver::Impl::transfers_completed_total() const {
+  absl::MutexLock l(&mu_);
+  return transfers_completed_;
 }
 
 }  // namespace tandem::kvtransfer

@@ -1,6 +1,7 @@
 // One KV connection's messages, on KvReceiver's I/O thread: HELLO ->
-// ACCEPT/REJECT, then FRAMEs checked and written, then FINAL checked
-// (receiver_impl.h has the lifecycle and locking notes).
+// ACCEPT/REJECT, then FRAMEs checked and written (FRAME_DESCs:
+// receiver_device.cc), then FINAL checked (receiver_impl.h has the
+// lifecycle and locking notes).
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -25,8 +26,15 @@ void KvReceiver::Impl::OnMessage(Conn& c) {
     return;
   }
   const uint32_t type = c.reader.type();
-  if (type == static_cast<uint32_t>(wire::MessageType::kFrame)) {
+  if (c.final_seen) {
+    // A device transfer waiting for its Receives after FINAL.
+    FailTransfer(c, absl::DataLossError(absl::StrCat(
+                        "unexpected KV message ", wire::MessageTypeName(type),
+                        " after FINAL for request ", c.hello.request_id)));
+  } else if (type == static_cast<uint32_t>(wire::MessageType::kFrame)) {
     OnFrame(c);
+  } else if (type == static_cast<uint32_t>(wire::MessageType::kFrameDesc)) {
+    OnFrameDesc(c);
   } else if (type == static_cast<uint32_t>(wire::MessageType::kFinal)) {
     OnFinal(c);
   } else {
@@ -40,16 +48,23 @@ void KvReceiver::Impl::OnHello(Conn& c) {
   wire::Hello hello;
   std::shared_ptr<Transfer> t;
   absl::Status s = Handshake(c, &hello, &t);
+  if (s.ok() && hello.transport != KvTransportName(KvTransport::kTcp)) {
+    s = OpenDevice(t, hello);
+  }
   if (!s.ok()) {
     Close(c, s);
     return;
   }
+  c.transport = *ParseKvTransport(hello.transport);  // checked by Handshake
   // The largest legal message from now on is a FRAME over all of [hit, L)
-  // (FrameBytes is in the layout's dtype).
+  // (FrameBytes is in the layout's dtype), or a FRAME_DESC with the
+  // longest locator.
   c.max_payload = std::max<uint64_t>(
       wire::kMaxControlPayload,
-      wire::FrameFieldsBytes(hello.request_id.size()) +
-          layout_.FrameBytes(t->prompt_len - t->hit_tokens));
+      c.transport == KvTransport::kTcp
+          ? wire::FrameFieldsBytes(hello.request_id.size()) +
+                layout_.FrameBytes(t->prompt_len - t->hit_tokens)
+          : wire::MaxFrameDescBytes(hello.request_id.size()));
   c.phase = ConnPhase::kReceiving;
   c.deadline = tcp::DeadlineIn(options_.transfer_timeout_ms);
   const std::string answer = AcceptAnswer(options_.auth, hello);
@@ -134,6 +149,8 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, wire::Hello* hello,
     return refused;
   }
   absl::Status compatible = CheckCompatible(layout_, hello->layout);
+  std::shared_ptr<receiver_internal::DeviceAttempt> device;
+  if (compatible.ok()) compatible = CheckTransportLocked(*t, *hello, &device);
   if (!compatible.ok()) {
     absl::Status rejected = absl::FailedPreconditionError(absl::StrCat(
         "KV receiver rejects request ", id, " attempt ", hello->attempt, ": ",
@@ -143,14 +160,22 @@ absl::Status KvReceiver::Impl::Handshake(const Conn& c, wire::Hello* hello,
   }
   // Take over: the older connection (if any) is closed with REJECT ABORTED
   // and its partial bytes are discarded. No write of it is in flight: only
-  // this (the I/O) thread writes.
+  // this (the I/O) thread writes. An older device attempt is closed on its
+  // data path; the transfer's `done` waits for its `quiesced`.
   if (t->conn_id != 0) KickLocked(t->conn_id);
+  if (t->device != nullptr) CloseAttemptLocked(t, t->device);
   t->conn_id = c.id;
   t->attempt = hello->attempt;
   t->state = TransferState::kReceiving;
   t->progress.Reset(layout_.n_layers, t->prompt_len - t->hit_tokens);
   t->result = TransferResult{};
   t->result.peer_bit_exact_class = hello->bit_exact_class;
+  t->transport = device != nullptr ? device->data->transport() : KvTransport::kTcp;
+  t->device = std::move(device);
+  t->final_ok = false;
+  t->any_frame = false;
+  // The I/O thread calls OpenTransfer next (OnHello, mu_ released).
+  if (t->device != nullptr) t->writing = true;
   *out = std::move(t);
   return absl::OkStatus();
 }
@@ -159,6 +184,21 @@ absl::Status KvReceiver::Impl::CheckFrame(const Transfer& t,
                                           const wire::Hello& hello,
                                           const wire::FrameView& f) const {
   const wire::FrameHeader& h = f.header;
+  absl::Status s = CheckFrameRange(t, hello, h);
+  if (!s.ok()) return s;
+  const uint64_t want = layout_.FrameBytes(h.token_count);
+  if (f.kv.size() != want) {
+    return absl::DataLossError(absl::StrCat(
+        "bad KV frame for request ", hello.request_id, " attempt ", hello.attempt,
+        ": K+V payload is ", f.kv.size(), " bytes, expected ", want, " for ",
+        h.token_count, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvReceiver::Impl::CheckFrameRange(const Transfer& t,
+                                               const wire::Hello& hello,
+                                               const wire::FrameHeader& h) const {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("bad KV frame for request ",
                                             hello.request_id, " attempt ",
@@ -184,11 +224,6 @@ absl::Status KvReceiver::Impl::CheckFrame(const Transfer& t,
     return bad(absl::StrCat("token_start ", h.token_start, " + token_count ",
                             h.token_count, " = ", end, " > prompt_len ",
                             t.prompt_len));
-  }
-  const uint64_t want = layout_.FrameBytes(h.token_count);
-  if (f.kv.size() != want) {
-    return bad(absl::StrCat("K+V payload is ", f.kv.size(), " bytes, expected ",
-                            want, " for ", h.token_count, " tokens"));
   }
   return absl::OkStatus();
 }
@@ -231,8 +266,9 @@ void KvReceiver::Impl::FailTransfer(Conn& c, absl::Status status) {
 void KvReceiver::Impl::OnFinal(Conn& c) {
   absl::StatusOr<TransferResult> final_msg =
       wire::DecodeFinal(c.reader.payload());
-  const std::shared_ptr<Transfer>& t = c.transfer;
+  const std::shared_ptr<Transfer> t = c.transfer;
   absl::Status s;
+  bool ack = false;  // a device transfer that is complete now
   {
     absl::MutexLock l(&mu_);
     if (!OwnsLocked(*t, c)) {
@@ -246,14 +282,37 @@ void KvReceiver::Impl::OnFinal(Conn& c) {
         std::string peer_class = std::move(t->result.peer_bit_exact_class);
         t->result = std::move(*final_msg);
         t->result.peer_bit_exact_class = std::move(peer_class);
+        t->final_at = Clock::now();
       }
-      EndLocked(t, s);
+      if (!s.ok() || t->device == nullptr) {
+        EndLocked(t, s);
+      } else {
+        // Device: done once every Receive reported (OnReceived).
+        t->final_ok = true;
+        c.final_seen = true;
+        ack = t->device->outstanding == 0;
+        if (ack) SucceedLocked(t);
+      }
     }
   }
-  Close(c, s);  // OK: closed without a word, as the sender expects
+  if (ack) {
+    SendAck(c);
+    return;
+  }
+  // A device transfer waiting for its Receives keeps its connection (the
+  // silence deadline still applies); OnReceived ends it.
+  if (c.final_seen) return;
+  Close(c, s);  // tcp OK: closed without a word, as the sender expects
 }
 
 void KvReceiver::Impl::OnFrame(Conn& c) {
+  if (c.transport != KvTransport::kTcp) {
+    FailTransfer(c, absl::DataLossError(absl::StrCat(
+                        "bad KV frame for request ", c.hello.request_id, " attempt ",
+                        c.hello.attempt, ": FRAME on a ", std::string(KvTransportName(c.transport)),
+                        " transfer (its frames come as FRAME_DESC)")));
+    return;
+  }
   absl::StatusOr<wire::FrameView> frame = wire::DecodeFrame(c.reader.payload());
   absl::Status s = frame.ok() ? CheckFrame(*c.transfer, c.hello, *frame)
                               : frame.status();
@@ -288,14 +347,18 @@ void KvReceiver::Impl::OnFrame(Conn& c) {
     absl::MutexLock l(&mu_);
     t->writing = false;
     if (t->state == TransferState::kAborting) {
-      CompleteLocked(t);
+      MaybeCompleteLocked(t);
       s = t->status;
     } else if (!OwnsLocked(*t, c)) {
       s = LostLocked(*t, c.hello);
     } else {
+      if (!t->any_frame) {
+        t->any_frame = true;
+        t->first_frame_at = Clock::now();
+      }
       t->progress.Add(h.layer, h.token_start - t->hit_tokens, h.token_count,
                       frame->kv.size());
-      bytes_total_.fetch_add(frame->kv.size());
+      bytes_[static_cast<size_t>(KvTransport::kTcp)].fetch_add(frame->kv.size());
     }
   }
   if (!s.ok()) Close(c, s);

@@ -1,8 +1,9 @@
 // Private to kvtransfer: KvReceiver's implementation state, shared by
 // receiver.cc (lifecycle, public API, ending transfers, the completion
 // thread), receiver_loop.cc (the poll loop: accept, read, flush,
-// deadlines) and receiver_conn.cc (one connection's messages: HELLO,
-// FRAME, FINAL).
+// deadlines), receiver_conn.cc (one connection's messages: HELLO,
+// FRAME, FINAL) and receiver_device.cc (device transports: the
+// KvDataReceiver calls, FRAME_DESC, ACK).
 //
 // Threads: two, whatever the number of connections.
 //  - The I/O thread runs poll() over a wake eventfd, the listening socket
@@ -15,6 +16,14 @@
 //    a last REJECT (kControlSendMs).
 //  - The completion thread runs `done` callbacks one at a time, in the
 //    order transfers completed, so a slow `done` never stalls I/O.
+// A device transfer (nccl, cuda_ipc) also gets callbacks on data-plane
+// threads: KvDataReceiver::Receive's `done` and CloseTransfer's
+// `quiesced`. They only update state under mu_; what a connection must do
+// about it (ACK, REJECT) is queued with KickLocked for the I/O thread. The
+// data receiver is never called with mu_ held: OpenTransfer, Receive and
+// CloseTransfer run on the I/O thread (the last CloseTransfers as it
+// stops), so the calls for one key come in order. The destructor waits
+// for every outstanding Receive `done` and `quiesced`.
 // Public methods run on the caller's thread under mu_; when a connection
 // must act on what they did (its transfer was cancelled), they queue its
 // id (KickLocked) and wake the I/O thread through the eventfd.
@@ -22,10 +31,13 @@
 // Transfer lifecycle (DESIGN.md, Identity, retries and failures):
 //   AWAITING_HELLO --HELLO accepted--> RECEIVING --end--> ABORTING
 //   --no write in flight--> QUIESCED (done queued) --done ran--> FREED.
-// ABORTING lasts only while the I/O thread is inside KvWriter::WriteRows
-// for the transfer (mu_ released, Transfer::writing set); the I/O thread
-// completes the transfer when the write returns, so `done` never races a
-// write.
+// ABORTING lasts while the I/O thread is inside KvWriter::WriteRows or a
+// KvDataReceiver call for the transfer (mu_ released, Transfer::writing
+// set) and, for a device transfer, until every attempt's CloseTransfer has
+// run its `quiesced` (Transfer::quiescing); whoever clears the last of
+// these completes the transfer, so `done` never races a write into the
+// blocks. A device transfer succeeds (status OK, ACK sent) once FINAL
+// checked out and no Receive is outstanding.
 #ifndef TANDEM_KVTRANSFER_RECEIVER_IMPL_H_
 #define TANDEM_KVTRANSFER_RECEIVER_IMPL_H_
 
@@ -42,6 +54,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/data_plane.h"
 #include "kvtransfer/kv_transfer.h"
 #include "kvtransfer/message_reader.h"
 #include "kvtransfer/tcp.h"
@@ -98,6 +111,16 @@ struct Progress {
   }
 };
 
+// One attempt of a transfer on a device data path (nccl, cuda_ipc).
+// Guarded by KvReceiver::Impl::mu_ (key and data are const once made).
+struct DeviceAttempt {
+  TransferKey key;
+  KvDataReceiver* data = nullptr;
+  bool opened = false;        // OpenTransfer succeeded
+  bool closing = false;       // CloseTransfer queued (or called)
+  uint32_t outstanding = 0;   // Receive calls whose `done` has not run
+};
+
 // One Expect()ed transfer. The first group is const after Expect(); the
 // rest is guarded by KvReceiver::Impl::mu_ (status and result are read
 // without it once QUIESCED, when nothing writes them any more).
@@ -112,10 +135,24 @@ struct Transfer {
   TransferState state = TransferState::kAwaitingHello;
   Deadline handshake_deadline;
   uint64_t conn_id = 0;  // connection that owns it; 0 = none
-  bool writing = false;  // the I/O thread is inside WriteRows for it
+  bool writing = false;  // the I/O thread is inside WriteRows or a data
+                         // receiver call for it
   absl::Status status;   // final status, set when it leaves RECEIVING
   TransferResult result;
   Progress progress;
+  // The accepted attempt's transport; `device` is its data path state
+  // (null for tcp or before a HELLO).
+  KvTransport transport = KvTransport::kTcp;
+  std::shared_ptr<DeviceAttempt> device;
+  // Attempts whose CloseTransfer has not run `quiesced` yet.
+  uint32_t quiescing = 0;
+  // A device attempt's FINAL checked out; waiting for its Receives.
+  bool final_ok = false;
+  // First FRAME/FRAME_DESC and the FINAL of the accepted attempt (for
+  // transfer_seconds_total).
+  bool any_frame = false;
+  Clock::time_point first_frame_at;
+  Clock::time_point final_at;
 };
 
 // What a connection is doing; decides what poll() waits for and which
@@ -138,6 +175,8 @@ struct Conn {
   // HELLO; after it, a FRAME over all of [hit, L)).
   uint64_t max_payload = wire::kMaxControlPayload;
   wire::Hello hello;                   // kReceiving: the accepted HELLO
+  KvTransport transport = KvTransport::kTcp;  // kReceiving: hello.transport
+  bool final_seen = false;             // kReceiving: FINAL arrived
   std::shared_ptr<Transfer> transfer;  // kReceiving: the transfer it took
   std::string out;                     // ACCEPT / REJECT bytes to send
   size_t out_sent = 0;
@@ -174,7 +213,13 @@ class KvReceiver::Impl {
   absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
                              const std::string& reason);
   uint32_t in_flight() const { return in_flight_.load(); }
-  uint64_t bytes_total() const { return bytes_total_.load(); }
+  // Per transport (KvReceiver::kv_bytes_received) and summed.
+  uint64_t bytes(KvTransport t) const {
+    return bytes_[static_cast<size_t>(t)].load();
+  }
+  uint64_t bytes_total() const;
+  double transfer_seconds_total() const;
+  uint64_t transfers_completed_total() const;
 
  private:
   // ---- receiver.cc: ending transfers, the completion thread ----
@@ -186,6 +231,10 @@ class KvReceiver::Impl {
   // ABORTING -> QUIESCED: forgets the key, queues `done`.
   void CompleteLocked(std::shared_ptr<Transfer> t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CompleteLocked once an ABORTING transfer has no write, data receiver
+  // call or quiesce pending.
+  void MaybeCompleteLocked(const std::shared_ptr<Transfer>& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the I/O thread to look at connection `conn_id` (its transfer
   // ended or was taken over).
   void KickLocked(uint64_t conn_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -195,6 +244,49 @@ class KvReceiver::Impl {
   }
   // Options::log, if set. Never called with mu_ held.
   void LogLine(const std::string& line) const;
+
+  // ---- receiver_device.cc: device transports ----
+  // The data receiver for `transport` (nullptr for tcp or none).
+  KvDataReceiver* DataReceiverFor(KvTransport transport) const;
+  // The HELLO's transport checks (Handshake, under mu_): OK and *a set to
+  // a new, unopened attempt for a device transport (null for tcp), or
+  // FAILED_PRECONDITION (unknown name, not offered, no device target).
+  absl::Status CheckTransportLocked(const Transfer& t, const wire::Hello& hello,
+                                    std::shared_ptr<receiver_internal::DeviceAttempt>* a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After an accepted HELLO of a device transport: KvDataReceiver::
+  // OpenTransfer (mu_ released). OK, or the status to REJECT with (the
+  // transfer ended with it unless it had already ended).
+  absl::Status OpenDevice(const std::shared_ptr<Transfer>& t, const wire::Hello& hello);
+  // A FRAME_DESC on c: checked, then handed to KvDataReceiver::Receive.
+  void OnFrameDesc(Conn& c);
+  // Receive's `done` (any thread).
+  void OnReceived(const std::shared_ptr<Transfer>& t,
+                  const std::shared_ptr<receiver_internal::DeviceAttempt>& a,
+                  uint64_t bytes, absl::Status status);
+  // CloseTransfer's `quiesced` (any thread).
+  void OnQuiesced(const std::shared_ptr<Transfer>& t);
+  // Queues CloseTransfer for attempt `a` of `t` (opened, not yet closing)
+  // for the I/O thread; t stays ABORTING until its `quiesced`.
+  void CloseAttemptLocked(const std::shared_ptr<Transfer>& t,
+                          const std::shared_ptr<receiver_internal::DeviceAttempt>& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls the queued CloseTransfers (I/O thread, or the destructor after
+  // it stopped); mu_ not held.
+  void RunCloses();
+  // A device transfer whose FINAL checked out and whose Receives are all
+  // done: ends it OK (its connection sends ACK).
+  void SucceedLocked(const std::shared_ptr<Transfer>& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends ACK on c and closes it once sent (device transfer succeeded).
+  void SendAck(Conn& c);
+  // Whether nothing of the data plane is pending (destructor's wait).
+  bool DataPlaneIdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return outstanding_total_ == 0 && quiesce_pending_ == 0 && pending_closes_.empty();
+  }
+  bool DataPlaneIdleOrCloseLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return DataPlaneIdleLocked() || !pending_closes_.empty();
+  }
 
   // ---- receiver_loop.cc: the I/O thread ----
   void IoLoop();
@@ -252,6 +344,9 @@ class KvReceiver::Impl {
   // Checks one frame against the agreed range; DATA_LOSS names the check.
   absl::Status CheckFrame(const Transfer& t, const wire::Hello& hello,
                           const wire::FrameView& f) const;
+  // CheckFrame without the payload size (FRAME_DESC has none).
+  absl::Status CheckFrameRange(const Transfer& t, const wire::Hello& hello,
+                               const wire::FrameHeader& h) const;
   // Checks FINAL's totals and every layer's coverage; DATA_LOSS otherwise.
   absl::Status CheckFinalLocked(const Transfer& t, const wire::Hello& hello,
                                 const TransferResult& final_msg) const
@@ -270,9 +365,13 @@ class KvReceiver::Impl {
   const tcp::ScopedFd listen_fd_;
   const int port_;
   const tcp::ScopedFd wake_fd_;
+  // Options::transports, {tcp} when empty.
+  const std::vector<KvTransport> offered_;
 
   std::atomic<uint32_t> in_flight_{0};
-  std::atomic<uint64_t> bytes_total_{0};
+  // K+V payload bytes per KvTransport: tcp FRAMEs accepted, device
+  // descriptors whose Receive succeeded.
+  std::atomic<uint64_t> bytes_[kNumKvTransports] = {};
 
   // I/O thread only.
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
@@ -287,6 +386,14 @@ class KvReceiver::Impl {
   std::map<std::string, Finished> finished_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> kicked_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Transfer>> completions_ ABSL_GUARDED_BY(mu_);
+  // CloseTransfer calls for the I/O thread to make.
+  std::vector<std::pair<std::shared_ptr<Transfer>,
+                        std::shared_ptr<receiver_internal::DeviceAttempt>>>
+      pending_closes_ ABSL_GUARDED_BY(mu_);
+  uint64_t outstanding_total_ ABSL_GUARDED_BY(mu_) = 0;  // Receives not done
+  uint64_t quiesce_pending_ ABSL_GUARDED_BY(mu_) = 0;    // CloseTransfers not quiesced
+  double transfer_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t transfers_completed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Declared last: started by the constructor once everything above exists.
   std::thread io_;

@@ -92,19 +92,29 @@ void KvReceiver::Impl::IoLoop() {
       }
     }
     HandleKicks();
+    RunCloses();
     FireDeadlines(Clock::now());
     for (auto it = conns_.begin(); it != conns_.end();) {
       it = it->second->fd.valid() ? std::next(it) : conns_.erase(it);
     }
   }
-  // Stopping: every transfer was ended by the destructor. Each connection
-  // gets one try at a REJECT, then is closed.
+  // Stopping: every transfer was ended by the destructor, which queued the
+  // CloseTransfer of each open device attempt: made here, on this thread,
+  // after this thread's last Receive call.
+  RunCloses();
+  // Each connection gets one try at a REJECT, then is closed.
   for (auto& [id, c] : conns_) {
     if (!c->fd.valid() || c->phase == ConnPhase::kClosing) continue;
     absl::Status why = absl::UnavailableError("KV receiver is shutting down");
     if (c->phase == ConnPhase::kReceiving) {
       absl::MutexLock l(&mu_);
       why = LostLocked(*c->transfer, c->hello);
+      // A device transfer that succeeded just now still gets its ACK.
+      if (c->final_seen && c->transfer->conn_id == c->id && c->transfer->status.ok() &&
+          c->transfer->state != TransferState::kReceiving) {
+        c->out.append(wire::EncodeAck());
+        continue;
+      }
     }
     c->out.append(wire::EncodeReject(why));
   }
@@ -192,12 +202,21 @@ void KvReceiver::Impl::HandleKicks() {
     Conn& c = *it->second;
     if (!c.fd.valid() || c.phase != ConnPhase::kReceiving) continue;
     absl::Status why;
+    bool ack = false;
     {
       absl::MutexLock l(&mu_);
       if (OwnsLocked(*c.transfer, c)) continue;
-      why = LostLocked(*c.transfer, c.hello);
+      // A device transfer that ended OK (FINAL checked, every Receive done).
+      const Transfer& t = *c.transfer;
+      ack = c.final_seen && t.conn_id == c.id && t.status.ok() &&
+            t.state != TransferState::kReceiving;
+      if (!ack) why = LostLocked(t, c.hello);
     }
-    Close(c, why);
+    if (ack) {
+      SendAck(c);
+    } else {
+      Close(c, why);
+    }
   }
 }
 

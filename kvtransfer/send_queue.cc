@@ -35,7 +35,8 @@ enum class State {
   kNew,         // queued for the sender thread to connect
   kConnecting,  // connect in progress
   kHandshake,   // connected: HELLO going out, then waiting for ACCEPT
-  kStreaming,   // accepted: FRAMEs and FINAL go out as queued
+  kStreaming,   // accepted: FRAMEs (or FRAME_DESCs) and FINAL go out as queued
+  kAwaitingAck, // a device transfer's FINAL is written: waiting for D's ACK
   kDone,        // result known, socket closed
 };
 
@@ -45,6 +46,7 @@ const char* Doing(State s) {
     case State::kConnecting: return "connecting";
     case State::kHandshake: return "waiting for ACCEPT";
     case State::kStreaming: return "sending";
+    case State::kAwaitingAck: return "waiting for ACK";
     case State::kDone: return "done";
   }
   return "?";
@@ -56,6 +58,7 @@ struct Transfer {
   uint32_t attempt = 0;
   uint32_t n_layers = 0;
   uint64_t row_bytes = 0;
+  KvTransport transport = KvTransport::kTcp;  // not tcp: a device transfer
   KvSendQueue::Notify notify;
   State state = State::kNew;
   tcp::ScopedFd fd;
@@ -67,14 +70,17 @@ struct Transfer {
   bool final_queued = false;
   std::string in;               // bytes read from the receiver
   Clock::time_point last_progress;
-  uint64_t frames = 0, kv_bytes = 0;  // queued FRAMEs, their K+V bytes
+  // Queued FRAMEs (FRAME_DESCs) and their K+V bytes (FrameBytes).
+  uint64_t frames = 0, kv_bytes = 0;
   std::optional<absl::Status> result;
 
   // Whether the silence bound applies (the transfer waits for the network).
   bool Waiting() const {
     return state == State::kNew || state == State::kConnecting ||
-           state == State::kHandshake || (state == State::kStreaming && queued > 0);
+           state == State::kHandshake || state == State::kAwaitingAck ||
+           (state == State::kStreaming && queued > 0);
   }
+  bool device() const { return transport != KvTransport::kTcp; }
 };
 
 struct Destination {
@@ -118,9 +124,15 @@ class KvSendQueue::Impl {
 
   absl::StatusOr<TransferId> Open(const std::string& endpoint, const std::string& request_id,
                                   uint32_t attempt, const KvLayout& layout,
-                                  const std::string& bit_exact_class, Notify notify) {
+                                  const std::string& bit_exact_class, KvTransport transport,
+                                  const std::string& transport_setup, Notify notify) {
     absl::StatusOr<tcp::HostPort> hp = tcp::ParseEndpoint(endpoint);
     if (!hp.ok()) return hp.status();
+    if (transport_setup.size() > wire::kMaxTransportSetupBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvSendQueue::OpenWithTransport: transport_setup of ", transport_setup.size(),
+          " bytes exceeds the limit of ", wire::kMaxTransportSetupBytes));
+    }
     if (!IsKnownKvDtype(static_cast<uint32_t>(layout.dtype))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KvSendQueue::Open: layout.dtype ", static_cast<uint32_t>(layout.dtype),
@@ -131,6 +143,8 @@ class KvSendQueue::Impl {
     h.attempt = attempt;
     h.layout = layout;
     h.bit_exact_class = bit_exact_class;
+    h.transport = std::string(KvTransportName(transport));
+    h.transport_setup = transport_setup;
     SignHello(options_.auth, &h);
     std::string hello = wire::EncodeHello(h);
     if (hello.size() - wire::kHeaderBytes > wire::kMaxControlPayload) {
@@ -149,6 +163,7 @@ class KvSendQueue::Impl {
       t.attempt = attempt;
       t.n_layers = layout.n_layers;
       t.row_bytes = layout.RowBytes();
+      t.transport = transport;
       t.notify = std::move(notify);
       t.hello = std::move(hello);
       t.sent_hello = std::move(h);
@@ -184,6 +199,11 @@ class KvSendQueue::Impl {
       absl::MutexLock lock(&mu_);
       absl::StatusOr<Transfer*> t = Usable(id, "EnqueueFrame");
       if (!t.ok()) return t.status();
+      if ((*t)->device()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KvSendQueue::EnqueueFrame: request ", (*t)->request_id, " uses transport ",
+            std::string(KvTransportName((*t)->transport)), "; its frames go as EnqueueDescriptor"));
+      }
       if (layer >= (*t)->n_layers || token_count == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "KvSendQueue::EnqueueFrame: layer ", layer, " (n_layers ", (*t)->n_layers,
@@ -216,6 +236,38 @@ class KvSendQueue::Impl {
     }
     Wake();
     return true;
+  }
+
+  absl::Status EnqueueDescriptor(TransferId id, const FrameDescriptor& f) {
+    {
+      absl::MutexLock lock(&mu_);
+      absl::StatusOr<Transfer*> found = Usable(id, "EnqueueDescriptor");
+      if (!found.ok()) return found.status();
+      Transfer& t = **found;
+      auto bad = [&](const std::string& why) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KvSendQueue::EnqueueDescriptor: request ", t.request_id, " attempt ", t.attempt,
+            ": ", why));
+      };
+      if (!t.device()) return bad("a tcp transfer takes FRAMEs (EnqueueFrame), not descriptors");
+      if (f.request_id != t.request_id || f.attempt != t.attempt) {
+        return bad(absl::StrCat("descriptor is for request ", f.request_id, " attempt ",
+                                f.attempt));
+      }
+      if (f.layer >= t.n_layers) {
+        return bad(absl::StrCat("layer ", f.layer, " >= n_layers ", t.n_layers));
+      }
+      if (f.token_count == 0) return bad("token_count must be > 0");
+      if (f.locator.size() > wire::kMaxLocatorBytes) {
+        return bad(absl::StrCat("locator of ", f.locator.size(), " bytes exceeds the limit of ",
+                                wire::kMaxLocatorBytes));
+      }
+      ++t.frames;
+      t.kv_bytes += 2 * uint64_t{f.token_count} * t.row_bytes;  // KvLayout::FrameBytes
+      Push(t, wire::EncodeFrameDesc(f));
+    }
+    Wake();
+    return absl::OkStatus();
   }
 
   absl::Status EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples) {
@@ -363,16 +415,26 @@ class KvSendQueue::Impl {
       }
       if (n < 0 && (errno == EINTR)) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      // EOF or a socket error: a complete REJECT already read still wins.
-      if (!ParseReply(t)) {
+      // EOF or a socket error: a complete REJECT (or ACK) already read
+      // still wins.
+      const int err = errno;
+      ParseReplies(t);
+      if (!t.result.has_value()) {
         End(t, Error(t, absl::StatusCode::kUnavailable,
                       n == 0 ? absl::StrCat("KV receiver closed the connection while ",
                                             Doing(t.state))
-                             : absl::StrCat("connection failed: ", std::strerror(errno))));
+                             : absl::StrCat("connection failed: ", std::strerror(err))));
       }
       return;
     }
-    ParseReply(t);
+    ParseReplies(t);
+  }
+
+  // Acts on every complete message in t.in (ACCEPT, then an ACK or REJECT
+  // may come in one read).
+  void ParseReplies(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!t.result.has_value() && ParseReply(t)) {
+    }
   }
 
   // Acts on one complete message in t.in; false if none is complete yet.
@@ -411,9 +473,17 @@ class KvSendQueue::Impl {
       t.last_progress = Clock::now();
       return true;
     }
+    if (type == static_cast<uint32_t>(wire::MessageType::kAck) && t.device() &&
+        t.state == State::kAwaitingAck) {
+      absl::Status s = wire::DecodeAck(payload);
+      End(t, s.ok() ? s : Error(t, s.code(), std::string(s.message())));
+      return true;
+    }
+    // Also an ACK on a tcp transfer or before the FINAL was written.
     End(t, Error(t, absl::StatusCode::kDataLoss,
                   absl::StrCat("unexpected ", wire::MessageTypeName(type), " from the receiver "
-                               "while ", Doing(t.state))));
+                               "while ", Doing(t.state),
+                               t.device() ? "" : " (a tcp transfer gets no ACK)")));
     return true;
   }
 
@@ -478,7 +548,14 @@ class KvSendQueue::Impl {
       Drained(t.endpoint, done);
     }
     if (t.state == State::kStreaming && t.out.empty() && t.final_queued) {
-      End(t, absl::OkStatus());
+      if (!t.device()) {
+        End(t, absl::OkStatus());
+        return;
+      }
+      // A device transfer succeeds on D's ACK, which must come within
+      // transfer_timeout_ms of the FINAL (Waiting()).
+      t.state = State::kAwaitingAck;
+      t.last_progress = Clock::now();
     }
   }
 
@@ -616,7 +693,18 @@ KvSendQueue::~KvSendQueue() = default;
 absl::StatusOr<KvSendQueue::TransferId> KvSendQueue::Open(
     const std::string& endpoint, const std::string& request_id, uint32_t attempt,
     const KvLayout& layout, const std::string& bit_exact_class, Notify notify) {
-  return impl_->Open(endpoint, request_id, attempt, layout, bit_exact_class, std::move(notify));
+  return impl_->Open(endpoint, request_id, attempt, layout, bit_exact_class, KvTransport::kTcp,
+                     "", std::move(notify));
+}
+absl::StatusOr<KvSendQueue::TransferId> KvSendQueue::OpenWithTransport(
+    const std::string& endpoint, const std::string& request_id, uint32_t attempt,
+    const KvLayout& layout, const std::string& bit_exact_class, KvTransport transport,
+    const std::string& transport_setup, Notify notify) {
+  return impl_->Open(endpoint, request_id, attempt, layout, bit_exact_class, transport,
+                     transport_setup, std::move(notify));
+}
+absl::Status KvSendQueue::EnqueueDescriptor(TransferId id, const FrameDescriptor& frame) {
+  return impl_->EnqueueDescriptor(id, frame);
 }
 absl::StatusOr<bool> KvSendQueue::HasRoom(TransferId id) { return impl_->HasRoom(id); }
 absl::StatusOr<bool> KvSendQueue::EnqueueFrame(TransferId id, uint32_t layer,

@@ -14,11 +14,13 @@
 // goes, alone). A caller that was told "not now" gets `notify` once the
 // destination's writes make progress.
 //
-// Results: a transfer ends OK once its FINAL was written to the kernel, or
-// with the first error: the code and reason of a REJECT (at HELLO or mid-
+// Results: a tcp transfer ends OK once its FINAL was written to the
+// kernel, a device transfer (OpenWithTransport) once D's ACK arrived after
+// it; otherwise with the first error: the code and reason of a REJECT (at HELLO or mid-
 // transfer), UNAVAILABLE (connect refused, peer closed/reset),
 // DEADLINE_EXCEEDED (no progress for transfer_timeout_ms while connecting,
-// waiting for ACCEPT, or with bytes queued), CANCELLED (Close before the
+// waiting for ACCEPT or ACK, or with bytes queued), DATA_LOSS (an ACK on
+// a tcp transfer or before the FINAL was written), CANCELLED (Close before the
 // end, or the queue destroyed). Result() polls it; `notify` says when.
 //
 // Owns: the sockets and buffers of every open transfer, the sender thread.
@@ -83,7 +85,7 @@ class KvSendQueue {
   KvSendQueue& operator=(const KvSendQueue&) = delete;
 
   // Opens transfer (request_id, attempt) to `endpoint` ("host:port") with a
-  // v2 HELLO of `layout` and `bit_exact_class`; the sender thread connects
+  // v3 HELLO (transport tcp) of `layout` and `bit_exact_class`; the sender thread connects
   // and handshakes. Frames queued before ACCEPT wait for it. Errors
   // (nothing opened): INVALID_ARGUMENT for a bad endpoint, a dtype outside
   // KvDtype, or a HELLO over wire::kMaxControlPayload bytes.
@@ -129,7 +131,8 @@ class KvSendQueue {
   // with more than kMaxFinalTopLogprobs top logprobs, or a second FINAL;
   // otherwise as EnqueueFrame.
   absl::Status EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples);
-  // nullopt while the transfer runs; then OK (FINAL written) or its error.
+  // nullopt while the transfer runs; then OK (tcp: FINAL written; device:
+  // D's ACK) or its error.
   // NOT_FOUND for an unknown id.
   std::optional<absl::Status> Result(TransferId id);
   // Forgets the transfer: one still running is cancelled (connection

@@ -87,7 +87,8 @@ absl::StatusOr<std::unique_ptr<KvSender>> KvSender::Connect(
         "KvSender: KV layout dtype ", static_cast<uint32_t>(layout.dtype),
         " is not a known KvDtype (f32 = 0, f16 = 1, bf16 = 30)"));
   }
-  wire::Hello hello_fields{kKvProtocolVersion, request_id, attempt, layout, bit_exact_class, {}};
+  wire::Hello hello_fields{kKvProtocolVersion, request_id, attempt, layout,
+                           bit_exact_class,    {},         "tcp",   ""};
   SignHello(auth, &hello_fields);
   const std::string hello = wire::EncodeHello(hello_fields);
   if (hello.size() - wire::kHeaderBytes > wire::kMaxControlPayload) {

@@ -50,9 +50,13 @@ class Reader {
     if (*v >= lo && *v <= hi) return true;
     return Fail(field, absl::StrCat(*v, " outside [", lo, ", ", hi, "]"));
   }
-  bool Str(absl::string_view field, std::string* s) {
+  bool Str(absl::string_view field, std::string* s,
+           uint32_t max = std::numeric_limits<uint32_t>::max()) {
     uint32_t n = 0;
     if (!U32(field, &n)) return false;
+    if (n > max) {
+      return Fail(field, absl::StrCat("string length ", n, " exceeds the limit of ", max));
+    }
     if (n > data_.size() - pos_) {
       return Fail(field, absl::StrCat("string length ", n, " exceeds the ",
                                       data_.size() - pos_, " bytes left"));
@@ -114,6 +118,8 @@ std::string MessageTypeName(uint32_t type) {
     case MessageType::kReject: return "REJECT";
     case MessageType::kFrame: return "FRAME";
     case MessageType::kFinal: return "FINAL";
+    case MessageType::kFrameDesc: return "FRAME_DESC";
+    case MessageType::kAck: return "ACK";
   }
   return absl::StrCat("type ", type);
 }
@@ -142,6 +148,8 @@ void WriteHelloFields(const Hello& hello, Writer& w) {
   w.U32(l.head_dim);
   w.U32(static_cast<uint32_t>(l.dtype));
   w.Str(hello.bit_exact_class);
+  w.Str(hello.transport);
+  w.Str(hello.transport_setup);
 }
 }  // namespace
 
@@ -175,6 +183,22 @@ std::string EncodeReject(const absl::Status& status) {
     // Keep REJECT a control-sized message whatever the reason's length.
     w.Str(absl::string_view(status.message()).substr(0, 4096));
   });
+}
+
+std::string EncodeFrameDesc(const FrameDescriptor& f) {
+  return Message(MessageType::kFrameDesc, [&](Writer& w) {
+    w.Str(f.request_id);
+    w.U32(f.attempt);
+    w.U32(f.layer);
+    w.U32(f.token_start);
+    w.U32(f.token_count);
+    w.U64(f.comm_seq);
+    w.Str(f.locator);
+  });
+}
+
+std::string EncodeAck() {
+  return Message(MessageType::kAck, [](Writer&) {});
 }
 
 std::string EncodeFinal(const TransferResult& r) {
@@ -257,6 +281,8 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
       r.U32("n_layers", &l.n_layers) && r.U32("n_kv_heads", &l.n_kv_heads) &&
       r.U32("head_dim", &l.head_dim) && r.U32("kv_dtype", &dtype) &&
       r.Str("bit_exact_class", &h.bit_exact_class) &&
+      r.Str("transport", &h.transport) &&
+      r.Str("transport_setup", &h.transport_setup, kMaxTransportSetupBytes) &&
       (r.Rest().empty() || ReadHelloAuth(r, &h)) && r.End();
   // KvDtype has a fixed u32 underlying type, so any value is representable;
   // callers that get `fields` back see the raw number.
@@ -294,6 +320,24 @@ absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
   }
   f.kv = r.Rest();
   return f;
+}
+
+absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
+  Reader r(payload, "FRAME_DESC");
+  FrameDescriptor f;
+  if (r.Str("request_id", &f.request_id) && r.U32("attempt", &f.attempt) &&
+      r.U32("layer", &f.layer) && r.U32("token_start", &f.token_start) &&
+      r.U32("token_count", &f.token_count) && r.U64("comm_seq", &f.comm_seq) &&
+      r.Str("locator", &f.locator, kMaxLocatorBytes) && r.End()) {
+    return f;
+  }
+  return r.status();
+}
+
+absl::Status DecodeAck(absl::string_view payload) {
+  Reader r(payload, "ACK");
+  if (!r.End()) return r.status();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {

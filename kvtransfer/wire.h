@@ -1,18 +1,20 @@
-// KV transfer wire messages, protocol v2: encoding and bounds-checked
+// KV transfer wire messages, protocol v3: encoding and bounds-checked
 // decoding (kv_transfer.h has the protocol overview, README.md the table).
 //
 // Every message is   u32 type | u32 length | payload[length]   with all
 // integers and floats little-endian (the host must be little-endian; a
 // static_assert in wire.cc guards it). A `str` is u32 length | bytes.
 //
-//   type 1 HELLO   u32 protocol_version (= kKvProtocolVersion, 2),
+//   type 1 HELLO   u32 protocol_version (= kKvProtocolVersion, 3),
 //                  str request_id, u32 attempt, str model_fingerprint,
 //                  u32 n_layers, u32 n_kv_heads, u32 head_dim,
 //                  u32 kv_dtype (KvDtype = ggml_type number),
-//                  str bit_exact_class
+//                  str bit_exact_class,
+//                  str transport ("tcp" | "nccl" | "cuda_ipc"; transport.h),
+//                  str transport_setup (opaque, <= kMaxTransportSetupBytes)
 //                  [u64 auth_ts_ms, str auth_nonce, str auth_sig]
 //                  (the credential, only from a sender with the cluster
-//                  secret; hello_auth.h)
+//                  secret; hello_auth.h; it signs every field before it)
 //   type 2 ACCEPT  (empty) or str answer (a receiver with the cluster
 //                  secret: its HMAC over the HELLO's nonce)
 //   type 3 REJECT  u32 absl::StatusCode, str reason
@@ -26,7 +28,14 @@
 //                    u32 finish_reason (tandem.v1.FinishReason value),
 //                    u32 n_top (0..kMaxFinalTopLogprobs = 20),
 //                    n_top x (i32 token_id, f32 logprob)
-//                  then u64 frames, u64 kv_bytes
+//                  then u64 frames, u64 kv_bytes (a device transfer:
+//                  FRAME_DESC messages, and their KvLayout::FrameBytes)
+//   type 6 FRAME_DESC  str request_id, u32 attempt, u32 layer,
+//                  u32 token_start, u32 token_count, u64 comm_seq,
+//                  str locator (<= kMaxLocatorBytes): a frame whose K/V
+//                  bytes move on a device data path (data_plane.h)
+//   type 7 ACK     (empty): D -> P, a device transfer's FINAL checked out
+//                  and every frame is in D's blocks
 //
 // HELLO's version comes first so that a receiver refuses a version it does
 // not speak without reading further. (A v1 HELLO had no version: its first
@@ -48,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kvtransfer/data_plane.h"
 #include "kvtransfer/kv_transfer.h"
 
 namespace tandem::kvtransfer::wire {
@@ -58,6 +68,8 @@ enum class MessageType : uint32_t {
   kReject = 3,
   kFrame = 4,
   kFinal = 5,
+  kFrameDesc = 6,
+  kAck = 7,
 };
 // "HELLO", "FRAME", ... or "type N" for numbers outside the enum.
 std::string MessageTypeName(uint32_t type);
@@ -75,6 +87,15 @@ inline constexpr uint32_t kMaxFinalPayload =
     4 + kMaxFinalSamples * (4 * 4 + kMaxFinalTopLogprobs * 8) + 2 * 8;
 static_assert(kMaxFinalPayload <= kMaxControlPayload,
               "a FINAL must fit a control message");
+// HELLO's transport_setup and FRAME_DESC's locator: largest accepted
+// (data_plane.h); longer ones are DATA_LOSS when decoded.
+inline constexpr uint32_t kMaxTransportSetupBytes = 16 * 1024;
+inline constexpr uint32_t kMaxLocatorBytes = 64 * 1024;
+// Largest FRAME_DESC payload for a request id of `request_id_size` bytes:
+// str request_id, 4 x u32, u64 comm_seq, str locator of kMaxLocatorBytes.
+inline size_t MaxFrameDescBytes(size_t request_id_size) {
+  return 4 + request_id_size + 4 * 4 + 8 + 4 + kMaxLocatorBytes;
+}
 // FRAME payload bytes before K: str request_id + 4 x u32.
 inline size_t FrameFieldsBytes(size_t request_id_size) {
   return 4 + request_id_size + 4 * 4;
@@ -95,6 +116,10 @@ struct Hello {
   KvLayout layout;
   std::string bit_exact_class;  // not enforced; see kv_transfer.h
   std::optional<HelloAuth> auth;  // absent in an open cluster
+  // v3 (on the wire before the credential, which signs them; declared last
+  // so that positional initialisers of the fields above still work).
+  std::string transport = "tcp";  // KvTransportName; checked by the receiver
+  std::string transport_setup;    // KvDataSender::OpenTransfer's, opaque
 };
 
 // FRAME fields without the K/V rows.
@@ -138,6 +163,10 @@ std::string HelloSignedBytes(const Hello& hello);
 std::string EncodeAccept(absl::string_view answer = "");
 // `status` must not be OK; its code and message travel.
 std::string EncodeReject(const absl::Status& status);
+// FRAME_DESC: every field as given (no check: the send queue checks).
+std::string EncodeFrameDesc(const FrameDescriptor& frame);
+// ACK: empty payload.
+std::string EncodeAck();
 // FINAL: result.samples, frames and kv_bytes as given (peer_bit_exact_class
 // is not on the wire). No check of the counts against kMaxFinalSamples /
 // kMaxFinalTopLogprobs: tests build out-of-range FINALs with it;
@@ -159,7 +188,7 @@ absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
 //
 // HELLO: reads protocol_version first. Errors:
 //   - FAILED_PRECONDITION "KV protocol version N is not supported (this
-//     worker speaks 2)" for N != kKvProtocolVersion; nothing after the
+//     worker speaks 3)" for N != kKvProtocolVersion; nothing after the
 //     version is read, so the rest may be anything.
 //   - DATA_LOSS for truncated or trailing bytes (checked before the dtype).
 //   - FAILED_PRECONDITION "unknown KV dtype N" for a kv_dtype outside
@@ -167,9 +196,11 @@ absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
 // `fields` (optional) receives every field read, also on failure: after an
 // unknown dtype it is the whole HELLO (layout.dtype holding the raw value),
 // so the receiver can tell which transfer the refused HELLO was for; after
-// a version error only protocol_version is set. Bytes after
-// bit_exact_class are the credential (u64 ts, str nonce, str sig, then the
-// end); anything else there is DATA_LOSS.
+// a version error only protocol_version is set. transport and
+// transport_setup follow bit_exact_class (a transport_setup over
+// kMaxTransportSetupBytes is DATA_LOSS; the transport name is not checked
+// here). Bytes after them are the credential (u64 ts, str nonce, str sig,
+// then the end); anything else there is DATA_LOSS.
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload,
                                   Hello* fields = nullptr);
 // code is never OK: 0 and codes outside 1..16 become UNKNOWN.
@@ -184,6 +215,11 @@ absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
 // "samples[i].top_logprobs[j].token_id". finish_reason values are not
 // checked. peer_bit_exact_class stays empty.
 absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
+// FRAME_DESC: DATA_LOSS naming the field for truncated or trailing bytes
+// or a locator over kMaxLocatorBytes.
+absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload);
+// ACK: DATA_LOSS unless the payload is empty.
+absl::Status DecodeAck(absl::string_view payload);
 // ACCEPT: empty (answer "") or one str (the answer); DATA_LOSS otherwise.
 // `answer` may be nullptr.
 absl::Status DecodeAccept(absl::string_view payload, std::string* answer = nullptr);

@@ -40,7 +40,9 @@ int PollTimeoutMs(absl::Time deadline) {
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
 // `stderr_fd` >= 0 replaces our stderr.
-[[noreturn]] void ExecChild(pid_t parent, int stdout_fd, int stderr_fd, char* const argv[]) {
+// `envp` is the child's whole environment.
+[[noreturn]] void ExecChild(pid_t parent, int stdout_fd, int stderr_fd, char* const argv[],
+                            char* const envp[]) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -62,12 +64,30 @@ int PollTimeoutMs(absl::Time deadline) {
   if (dup2(stdout_fd, STDOUT_FILENO) < 0) _exit(126);
   if (stderr_fd >= 0 && dup2(stderr_fd, STDERR_FILENO) < 0) _exit(126);
   // stdout_fd, stderr_fd and every other pipe of the group are O_CLOEXEC.
-  execv(argv[0], argv);
+  execve(argv[0], argv, envp);
   static const char kMsg[] = "tandem: cannot exec ";
   WriteAll(STDERR_FILENO, absl::string_view(kMsg, sizeof(kMsg) - 1));
   WriteAll(STDERR_FILENO, absl::string_view(argv[0], strlen(argv[0])));
   WriteAll(STDERR_FILENO, "\n");
   _exit(127);
+}
+
+// Our environment with `overrides` applied ("NAME=value" strings), for
+// execve. Errors: INVALID_ARGUMENT for an empty name or one with '='.
+absl::StatusOr<std::vector<std::string>> ChildEnvironment(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  for (const auto& [name, value] : overrides) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Spawn: bad environment variable name '", name, "'"));
+    }
+    const std::string prefix = name + "=";
+    std::erase_if(env, [&](const std::string& e) { return absl::StartsWith(e, prefix); });
+    env.push_back(prefix + value);
+  }
+  return env;
 }
 
 }  // namespace
@@ -98,6 +118,8 @@ absl::StatusOr<int> ProcessGroup::Spawn(const std::string& name,
                                         const std::vector<std::string>& argv,
                                         const SpawnOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError("Spawn: empty argv");
+  absl::StatusOr<std::vector<std::string>> env = ChildEnvironment(options.env);
+  if (!env.ok()) return env.status();
   int stderr_fd = -1;
   if (!options.stderr_path.empty()) {
     stderr_fd = open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -110,6 +132,9 @@ absl::StatusOr<int> ProcessGroup::Spawn(const std::string& name,
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (std::string& e : *env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     const int err = errno;
@@ -121,7 +146,7 @@ absl::StatusOr<int> ProcessGroup::Spawn(const std::string& name,
   fflush(stderr);
   const pid_t pid = fork();
   const int fork_errno = errno;
-  if (pid == 0) ExecChild(parent, fds[1], stderr_fd, cargv.data());
+  if (pid == 0) ExecChild(parent, fds[1], stderr_fd, cargv.data(), cenv.data());
   close(fds[1]);
   if (stderr_fd >= 0) close(stderr_fd);
   if (pid < 0) {

@@ -28,6 +28,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +64,10 @@ class ProcessGroup {
     // Non-empty: the child's stderr is appended to this file (created 0644
     // if missing) instead of being ours.
     std::string stderr_path;
+    // Environment variables set in the child (added to, or replacing,
+    // what it inherits from us), in order; the last of a repeated name
+    // wins. Names must be non-empty and hold no '=' (INVALID_ARGUMENT).
+    std::vector<std::pair<std::string, std::string>> env;
   };
 
   // Starts argv[0] (a path; no $PATH search) with argv as its arguments,

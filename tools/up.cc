@@ -29,6 +29,7 @@
 #include "tools/router_client.h"
 #include "tools/synth_model.h"
 #include "tools/up_cluster.h"
+#include "tools/up_nccl.h"
 
 namespace tandem::cli {
 namespace {
@@ -264,7 +265,12 @@ const char* RoleName(tandem::v1::WorkerRole role) {
 
 absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(
-      args, {{"config"}, {"model"}, {"ready-timeout-s"}, {"prefill-workers"}, {"decode-workers"}});
+      args, {{"config"},
+             {"model"},
+             {"ready-timeout-s"},
+             {"prefill-workers"},
+             {"decode-workers"},
+             {kNcclOneGpuTestFlag, /*takes_value=*/false}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -285,6 +291,7 @@ absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
   absl::StatusOr<std::optional<int>> decode = WorkerCount(*parsed, "decode-workers", 1);
   if (!decode.ok()) return decode.status();
   o.decode_workers = *decode;
+  o.nccl_one_gpu_test = parsed->Has(kNcclOneGpuTestFlag);
   return o;
 }
 
@@ -390,6 +397,11 @@ int RunUp(const std::vector<std::string>& args) {
     if (!config.ok()) return Fail(config.status().message());
     config_path = *path;
   }
+  const UpNcclSettings nccl = UpNcclSettingsFor(*config, options->nccl_one_gpu_test);
+  if (absl::Status s = CheckNcclOneGpuTest(*config, nccl); !s.ok()) {
+    std::cerr << "tandem up: " << s.message() << kUsageHint << "\n";
+    return 2;
+  }
   std::string notice;
   absl::StatusOr<std::string> model = ResolveUpModel(options->model, *config, &notice);
   if (!model.ok()) return Fail(model.status().message());
@@ -424,6 +436,11 @@ int RunUp(const std::vector<std::string>& args) {
             << (config_path == options->config ? "" : absl::StrCat(" (from ", options->config, ")"))
             << ", " << config->prefill_workers.size() << " prefill and "
             << config->decode_workers.size() << " decode workers\n";
+  if (nccl.one_gpu_test) {
+    std::cerr << "tandem: --" << kNcclOneGpuTestFlag
+              << ": each worker gets NCCL_HOSTID=tandem-<name>, NCCL_NET=Socket, "
+                 "NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME=lo (slow; a functional test only)\n";
+  }
 
   // 1. The router, and the address it really bound.
   const std::vector<std::string> common_args = {"--config", config_path, "--model", *model};
@@ -495,7 +512,9 @@ int RunUp(const std::vector<std::string>& args) {
       if (auto f = gpu_fraction_flag.find(w.name); f != gpu_fraction_flag.end()) {
         argv.insert(argv.end(), {"--gpu-memory-fraction", f->second});
       }
-      absl::StatusOr<int> child = sup.group().Spawn(w.name, argv);
+      ProcessGroup::SpawnOptions spawn;
+      spawn.env = WorkerNcclEnv(nccl, w.name);
+      absl::StatusOr<int> child = sup.group().Spawn(w.name, argv, spawn);
       if (!child.ok()) {
         sup.StopAll();
         return Fail(child.status().message());

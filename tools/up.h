@@ -2,6 +2,7 @@
 //
 //   tandem up [--config deploy/local/cluster.yaml] [--model PATH]
 //             [--prefill-workers N] [--decode-workers M] [--ready-timeout-s 60]
+//             [--nccl-one-gpu-test]
 //
 // Sequence: load the config; with --prefill-workers / --decode-workers,
 // write it with resized worker lists (ResizeWorkerLists: workers
@@ -31,6 +32,12 @@
 //     running, nothing is restarted;
 //   * the router exits: stop the workers as above; exit 0 if the router
 //     exited with status 0, else 1.
+// Every worker child gets WorkerNcclEnv's variables (up_nccl.h): with
+// --nccl-one-gpu-test its own NCCL_HOSTID plus NCCL_NET=Socket,
+// NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME=lo (refused, exit 2, unless a
+// worker runs on cuda:N and kv.transport is nccl or auto:
+// CheckNcclOneGpuTest); otherwise NCCL_SOCKET_IFNAME from
+// kv.nccl_socket_ifname when set.
 // Before the ready line any child's exit is a start-up failure: stop the
 // rest, exit 1. Children carry PR_SET_PDEATHSIG, so none survives even a
 // SIGKILLed `tandem up`. Exit 2 for a bad flag (one line naming it), 1 for
@@ -60,6 +67,8 @@ struct UpOptions {
   // (1..kMaxWorkersPerRole); nullopt: the config's list as written.
   std::optional<int> prefill_workers;
   std::optional<int> decode_workers;
+  // --nccl-one-gpu-test: the NCCL one-GPU test mode (tools/up_nccl.h).
+  bool nccl_one_gpu_test = false;
 };
 
 // Parses the arguments after "up". INVALID_ARGUMENT naming the flag:

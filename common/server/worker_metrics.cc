@@ -36,6 +36,30 @@ MetricFamily Single(std::string name, std::string help, MetricType type, double 
   return Family(std::move(name), std::move(help), type, {Value(type, value)});
 }
 
+// A summary without quantiles: NAME_sum and NAME_count.
+MetricFamily SumCount(std::string name, std::string help, double sum, uint64_t count) {
+  ClientMetric m;
+  m.summary.sample_sum = sum;
+  m.summary.sample_count = count;
+  return Family(std::move(name), std::move(help), MetricType::Summary, {m});
+}
+
+// tandem_kv_transfer_bytes_total: direction x transport, from `c`.
+MetricFamily TransportBytes(const KvTransportCounters& c) {
+  std::vector<ClientMetric> metrics;
+  for (const auto& [direction, bytes] :
+       {std::pair{"sent", &c.bytes_sent}, std::pair{"received", &c.bytes_received}}) {
+    for (size_t t = 0; t < kKvTransportLabels.size(); ++t) {
+      metrics.push_back(Value(MetricType::Counter, static_cast<double>((*bytes)[t]),
+                              {{"direction", direction},
+                               {"transport", std::string(kKvTransportLabels[t])}}));
+    }
+  }
+  return Family("tandem_kv_transfer_bytes_total",
+                "KV cache payload bytes sent to / received from peers, by transport.",
+                MetricType::Counter, std::move(metrics));
+}
+
 // A counter family with direction="sent" and direction="received".
 MetricFamily Directions(std::string name, std::string help, double sent, double received) {
   return Family(std::move(name), std::move(help), MetricType::Counter,
@@ -51,13 +75,15 @@ const std::vector<double>& WorkerMetrics::StepBuckets() {
   return buckets;
 }
 
-WorkerMetrics::WorkerMetrics(std::function<v1::WorkerStatus()> status)
-    : status_(std::move(status)), step_(StepBuckets()) {}
+WorkerMetrics::WorkerMetrics(std::function<v1::WorkerStatus()> status,
+                             std::function<KvTransportCounters()> kv_counters)
+    : status_(std::move(status)), kv_counters_(std::move(kv_counters)), step_(StepBuckets()) {}
 
 void WorkerMetrics::ObserveStep(double seconds) { step_.Observe(seconds); }
 
 std::vector<MetricFamily> WorkerMetrics::Collect() const {
   const v1::WorkerStatus s = status_();
+  const KvTransportCounters kv = kv_counters_ ? kv_counters_() : CountersFromStatus(s);
   constexpr MetricType kCounter = MetricType::Counter;
   constexpr MetricType kGauge = MetricType::Gauge;
   const auto d = [](auto v) { return static_cast<double>(v); };
@@ -83,9 +109,7 @@ std::vector<MetricFamily> WorkerMetrics::Collect() const {
   families.push_back(Single("tandem_preemptions_total",
                             "Sequences preempted (their KV freed, recomputed later).", kCounter,
                             d(s.preemptions_total())));
-  families.push_back(Directions("tandem_kv_transfer_bytes_total",
-                                "KV cache payload bytes sent to / received from peers.",
-                                d(s.kv_bytes_sent_total()), d(s.kv_bytes_received_total())));
+  families.push_back(TransportBytes(kv));
   families.push_back(Directions("tandem_kv_transfers_total", "KV transfers that ended.",
                                 d(s.kv_transfers_sent_total()),
                                 d(s.kv_transfers_received_total())));
@@ -93,6 +117,13 @@ std::vector<MetricFamily> WorkerMetrics::Collect() const {
                                 "Seconds the ended KV transfers took, summed per transfer.",
                                 s.kv_transfer_seconds_sent_total(),
                                 s.kv_transfer_seconds_received_total()));
+  families.push_back(SumCount("tandem_kv_transfer_stream_seconds",
+                              "Decode side: first frame to FINAL of each completed KV transfer.",
+                              kv.transfer_seconds_sum, kv.transfers));
+  families.push_back(SumCount("tandem_kv_load_to_first_decode_seconds",
+                              "Decode side: a remote KV load's FINAL to its sequence's first "
+                              "decode step.",
+                              kv.load_to_first_decode_seconds_sum, kv.loads));
   const uint32_t waiting = s.waiting_requests();
   const uint32_t running = s.running_requests() > waiting ? s.running_requests() - waiting : 0;
   families.push_back(Single("tandem_num_requests_running",

@@ -2,7 +2,9 @@
 // counter and gauge is read at scrape time from the same WorkerStatus
 // snapshot GetStatus answers with (WorkerContext::status), so /metrics and
 // GetStatus never disagree; the step-time histogram is observed by the
-// engine loop (EngineCoreOptions::step_observer -> ObserveStep).
+// engine loop (EngineCoreOptions::step_observer -> ObserveStep); the
+// per-transport KV families read a KvTransportCounters snapshot
+// (kv_transport_counters.h) taken in the same scrape.
 //
 // Owns: the metric names, types, labels and step-time buckets. Does not
 // touch: the counters themselves (the engine core counts), HTTP
@@ -14,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "common/server/kv_transport_counters.h"
 #include "prometheus/collectable.h"
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
@@ -28,7 +31,11 @@ class WorkerMetrics : public prometheus::Collectable {
   static const std::vector<double>& StepBuckets();
 
   // `status`: the worker's status snapshot (thread-safe, quick).
-  explicit WorkerMetrics(std::function<v1::WorkerStatus()> status);
+  // `kv_counters`: the KV data paths' counters (thread-safe, quick); null:
+  // CountersFromStatus (everything over tcp, no stream or load timings),
+  // right for a worker without device data paths.
+  explicit WorkerMetrics(std::function<v1::WorkerStatus()> status,
+                         std::function<KvTransportCounters()> kv_counters = nullptr);
 
   // One engine step that ran the model took `seconds`.
   void ObserveStep(double seconds);
@@ -39,10 +46,18 @@ class WorkerMetrics : public prometheus::Collectable {
   //            tandem_generation_tokens_total, tandem_prefill_tokens_computed_total,
   //            tandem_prefix_cache_queries_total, tandem_prefix_cache_hits_total
   //            (tokens), tandem_preemptions_total,
-  //            tandem_kv_transfer_bytes_total{direction},
+  //            tandem_kv_transfer_bytes_total{direction, transport}
+  //            (transport "tcp" | "nccl" | "cuda_ipc": KvTransportCounters;
+  //            the sum over transports is GetStatus's kv_bytes_*_total),
   //            tandem_kv_transfers_total{direction},
   //            tandem_kv_transfer_seconds_total{direction}
-  //            (direction "sent" | "received");
+  //            (direction "sent" | "received"; HELLO .. end of each
+  //            transfer, summed);
+  //  summaries (_sum and _count, no quantiles)
+  //            tandem_kv_transfer_stream_seconds (D: first frame .. FINAL
+  //            of each completed transfer),
+  //            tandem_kv_load_to_first_decode_seconds (D: FINAL .. the
+  //            sequence's first decode step);
   //  gauges    tandem_num_requests_running (running_requests minus
   //            waiting_requests), tandem_num_requests_waiting,
   //            tandem_kv_cache_blocks{state="used"|"cached"|"total"},
@@ -52,6 +67,7 @@ class WorkerMetrics : public prometheus::Collectable {
 
  private:
   const std::function<v1::WorkerStatus()> status_;
+  const std::function<KvTransportCounters()> kv_counters_;  // may be null
   prometheus::Histogram step_;
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/core/request_validation.h"
+#include "engine/kv/device_kv.h"
 
 namespace tandem::core {
 namespace {
@@ -57,6 +58,9 @@ struct EngineCore::Request {
   bool router_abort_pending = false;
   std::string router_abort_reason;
   bool router_abort_no_prefill_worker = false;
+  // Remote prefill: when its load's done ran, until the first decode step
+  // (CoreStats::kv_load_to_first_decode_seconds_total).
+  std::optional<std::chrono::steady_clock::time_point> load_done_at;
 
   RequestStops stops() const {
     return RequestStops{req.controls.stop_token_ids, req.controls.ignore_eos,
@@ -430,7 +434,8 @@ void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens
         absl::MutexLock lock(&mu_);
         ++stats_.kv_transfers_received_total;
         stats_.kv_transfer_seconds_received_total += seconds;
-        inbox_done_.push_back(RemoteDone{seq_id, std::move(status), std::move(result)});
+        inbox_done_.push_back(RemoteDone{seq_id, std::move(status), std::move(result),
+                                         std::chrono::steady_clock::now()});
         cv_.Signal();
       });
   if (!target.ok()) {
@@ -536,6 +541,7 @@ void EngineCore::HandleRemoteDone(RemoteDone done) {
   // Token 0 of every sample was streamed by the router from the prefill
   // worker's reply.
   sample.num_generated = 1;
+  r.load_done_at = done.done_at;
   scheduler_.FinishRemoteKv(done.seq_id, starts[0].token.token_id);
   std::vector<Ending> endings;
   StartSamples(r, done.seq_id, starts, &endings);
@@ -686,6 +692,19 @@ void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t f
     return;
   }
   kv::KvStorage& storage = backend_->kv_storage();
+  if (r.req.kv_export->sends_device_rows()) {
+    // The rows stay in device memory: the export enqueues their copy after
+    // the layer's event and returns.
+    auto* device = dynamic_cast<kv::DeviceKvAccess*>(&storage);
+    if (device == nullptr) {
+      r.export_error = absl::FailedPreconditionError(
+          "KV export needs device rows but this worker's KV cache is on the host");
+      return;
+    }
+    r.export_error =
+        r.req.kv_export->SendDeviceRows(*device, kv_.BlockTable(seq_id), layer, from, to - from);
+    return;
+  }
   const size_t n = static_cast<size_t>(to - from) * storage.row_bytes();
   k_rows_.resize(n);
   v_rows_.resize(n);
@@ -765,6 +784,16 @@ absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
     Sample& sample = samples_.at(chunk.id);
     Request& r = *sample.request;
     const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
+    if (r.load_done_at.has_value() && chunk.start >= s.num_prompt_tokens) {
+      // A remote prefill's first decode step.
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                           *r.load_done_at)
+                                 .count();
+      r.load_done_at.reset();
+      absl::MutexLock lock(&mu_);
+      ++stats_.kv_load_to_first_decode_total;
+      stats_.kv_load_to_first_decode_seconds_total += seconds;
+    }
     if (r.req.kv_export != nullptr) {
       any_export = true;
       if (!r.cached_rows_sent) {

@@ -151,6 +151,12 @@ struct CoreStats {
   uint64_t kv_transfers_received_total = 0;  // remote KV load attempts ended
   double kv_transfer_seconds_sent_total = 0;      // Open .. end, summed
   double kv_transfer_seconds_received_total = 0;  // StartLoad .. done, summed
+  // Remote prefills that reached their first decode step here, and the
+  // seconds from each load's done (the FINAL checked out, every K/V row
+  // in) to the start of the forward of that step, summed (issue #16: KV
+  // that sits idle before decoding shows here).
+  uint64_t kv_load_to_first_decode_total = 0;
+  double kv_load_to_first_decode_seconds_total = 0;
   // Backend Forward calls that failed (each failed its step's requests).
   uint64_t forward_errors_total = 0;
   // The backend lost its device: every request failed, new ones are
@@ -226,6 +232,7 @@ class EngineCore {
     int64_t seq_id;
     absl::Status status;
     RemotePrefillResult result;
+    std::chrono::steady_clock::time_point done_at;  // when the loader ran done
   };
   struct RemoteAbort {
     std::string request_id;
@@ -293,6 +300,11 @@ class EngineCore {
   // last sample's finish, is told then).
   void StartDraining(Request& r, const Ending* last);
   // Sends K/V of tokens [from, to) of `layer` through the request's export.
+  // Ships K/V of tokens [from, to) of `layer` of `seq_id` through the
+  // request's export: SendDeviceRows on the backend's device KV storage
+  // when the export sends device rows (FAILED_PRECONDITION when the
+  // storage is on the host), else ReadTokens to the host and SendLayer.
+  // The first error is kept in r.export_error; nothing runs after it.
   void ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to);
   // Ends one sample; the request ends (OK) with its last one.
   void FinishSample(const std::string& request_id, uint32_t sample_index, FinishReason reason);

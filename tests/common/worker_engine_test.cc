@@ -42,7 +42,7 @@ TEST(ExpectedKvLayoutTest, EqualsTheLayoutOfTheBackendAWorkerBuilds) {
   EXPECT_NE(ExpectedKvLayout(ClusterConfig(), **a, WorkerConfig()).LayoutId(),
             ExpectedKvLayout(ClusterConfig(), **b, WorkerConfig()).LayoutId());
   EXPECT_EQ(ExpectedKvLayout(ClusterConfig(), **a, WorkerConfig()).LayoutId(),
-            "kv2/" + (*a)->fingerprint + "/L5.H4.D8/f32");
+            "kv3/" + (*a)->fingerprint + "/L5.H4.D8/f32");
 }
 
 // A mixed cluster: each worker's expected layout follows its own entry's
@@ -53,7 +53,7 @@ TEST(ExpectedKvLayoutTest, FollowsEachWorkersDeviceAndKvDtype) {
   auto config = ParseClusterConfig(
       "decode_workers:\n  - {name: gpu, device: \"cuda:0\"}\n  - {name: host}\n");
   ASSERT_TRUE(config.ok()) << config.status();
-  const std::string prefix = "kv2/" + (*model)->fingerprint + "/L5.H4.D8/";
+  const std::string prefix = "kv3/" + (*model)->fingerprint + "/L5.H4.D8/";
   EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("gpu")).LayoutId(),
             prefix + "bf16");
   EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("host")).LayoutId(),

@@ -77,9 +77,23 @@ TEST(WorkerMetricsTest, EveryFamilyReadsTheStatusSnapshot) {
   ExpectSample(s, "tandem_prefix_cache_queries_total{}", "counter", 6006);
   ExpectSample(s, "tandem_prefix_cache_hits_total{}", "counter", 707);
   ExpectSample(s, "tandem_preemptions_total{}", "counter", 5);
-  ExpectSample(s, "tandem_kv_transfer_bytes_total{direction=\"sent\"}", "counter",
-               123456789012.0);
-  ExpectSample(s, "tandem_kv_transfer_bytes_total{direction=\"received\"}", "counter", 2002);
+  // No counters source: every byte went over tcp.
+  ExpectSample(s, "tandem_kv_transfer_bytes_total{direction=\"sent\",transport=\"tcp\"}",
+               "counter", 123456789012.0);
+  ExpectSample(s, "tandem_kv_transfer_bytes_total{direction=\"received\",transport=\"tcp\"}",
+               "counter", 2002);
+  for (const char* direction : {"sent", "received"}) {
+    for (const char* transport : {"nccl", "cuda_ipc"}) {
+      ExpectSample(s,
+                   std::string("tandem_kv_transfer_bytes_total{direction=\"") + direction +
+                       "\",transport=\"" + transport + "\"}",
+                   "counter", 0);
+    }
+  }
+  ExpectSample(s, "tandem_kv_transfer_stream_seconds_sum{}", "summary", 0);
+  ExpectSample(s, "tandem_kv_transfer_stream_seconds_count{}", "summary", 0);
+  ExpectSample(s, "tandem_kv_load_to_first_decode_seconds_sum{}", "summary", 0);
+  ExpectSample(s, "tandem_kv_load_to_first_decode_seconds_count{}", "summary", 0);
   ExpectSample(s, "tandem_kv_transfers_total{direction=\"sent\"}", "counter", 17);
   ExpectSample(s, "tandem_kv_transfers_total{direction=\"received\"}", "counter", 19);
   ExpectSample(s, "tandem_kv_transfer_seconds_total{direction=\"sent\"}", "counter", 1.25);
@@ -91,9 +105,78 @@ TEST(WorkerMetricsTest, EveryFamilyReadsTheStatusSnapshot) {
   ExpectSample(s, "tandem_kv_cache_blocks{state=\"total\"}", "gauge", 512);
   ExpectSample(s, "tandem_kv_transfers_in_flight{}", "gauge", 2);
   ExpectSample(s, "tandem_engine_step_duration_seconds_count{}", "histogram", 0);
-  // Nothing else: 13 single samples, 3 x 2 directions, 3 states, and the
-  // histogram's 14 buckets + _count + _sum.
-  EXPECT_EQ(s.size(), 10u + 6u + 3u + 14u + 2u);
+  // Nothing else: 10 single samples, 2 x 2 directions, 2 x 3 transports,
+  // 3 states, 2 summaries' _sum + _count, and the histogram's 14 buckets +
+  // _count + _sum.
+  EXPECT_EQ(s.size(), 10u + 4u + 6u + 3u + 4u + 14u + 2u);
+}
+
+// With a KvTransportCounters source: the bytes by direction and transport,
+// the stream and load timings, exactly as given; one counters snapshot per
+// scrape, beside the one status snapshot.
+TEST(WorkerMetricsTest, TransportFamiliesReadTheCountersSnapshot) {
+  int snapshots = 0;
+  auto m = std::make_shared<WorkerMetrics>([] { return DistinctStatus(); },
+                                           [&] {
+                                             ++snapshots;
+                                             KvTransportCounters c;
+                                             c.bytes_sent = {11, 222, 3333};
+                                             c.bytes_received = {44, 555, 6666666666ull};
+                                             c.transfer_seconds_sum = 1.5;
+                                             c.transfers = 3;
+                                             c.load_to_first_decode_seconds_sum = 0.25;
+                                             c.loads = 2;
+                                             return c;
+                                           });
+  const std::map<std::string, PromSample> s = ScrapeAndParse(m);
+  EXPECT_EQ(snapshots, 1);
+  const std::string bytes = "tandem_kv_transfer_bytes_total{direction=\"";
+  ExpectSample(s, bytes + "sent\",transport=\"tcp\"}", "counter", 11);
+  ExpectSample(s, bytes + "sent\",transport=\"nccl\"}", "counter", 222);
+  ExpectSample(s, bytes + "sent\",transport=\"cuda_ipc\"}", "counter", 3333);
+  ExpectSample(s, bytes + "received\",transport=\"tcp\"}", "counter", 44);
+  ExpectSample(s, bytes + "received\",transport=\"nccl\"}", "counter", 555);
+  ExpectSample(s, bytes + "received\",transport=\"cuda_ipc\"}", "counter", 6666666666.0);
+  ExpectSample(s, "tandem_kv_transfer_stream_seconds_sum{}", "summary", 1.5);
+  ExpectSample(s, "tandem_kv_transfer_stream_seconds_count{}", "summary", 3);
+  ExpectSample(s, "tandem_kv_load_to_first_decode_seconds_sum{}", "summary", 0.25);
+  ExpectSample(s, "tandem_kv_load_to_first_decode_seconds_count{}", "summary", 2);
+  // The status-backed families are unchanged by the counters.
+  ExpectSample(s, "tandem_kv_transfers_total{direction=\"received\"}", "counter", 19);
+}
+
+// The exposition text itself (what a scraper reads): the bytes family's
+// samples carry both labels, the summaries have no quantile lines.
+TEST(WorkerMetricsTest, TransportFamiliesExpositionText) {
+  auto m = std::make_shared<WorkerMetrics>([] { return v1::WorkerStatus(); }, [] {
+    KvTransportCounters c;
+    c.received(kvtransfer::KvTransport::kNccl) = 4096;
+    c.transfer_seconds_sum = 0.5;
+    c.transfers = 1;
+    return c;
+  });
+  const std::string text = metrics::Scrape({m});
+  EXPECT_NE(text.find("# TYPE tandem_kv_transfer_bytes_total counter\n"), std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("tandem_kv_transfer_bytes_total{direction=\"received\",transport=\"nccl\"} 4096\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE tandem_kv_transfer_stream_seconds summary\n"
+                      "tandem_kv_transfer_stream_seconds_count 1\n"
+                      "tandem_kv_transfer_stream_seconds_sum 0.5\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("quantile"), std::string::npos) << text;
+}
+
+TEST(WorkerMetricsTest, CountersFromStatusPutsEveryByteOnTcp) {
+  const KvTransportCounters c = CountersFromStatus(DistinctStatus());
+  EXPECT_EQ(c.bytes_sent, (std::array<uint64_t, 3>{123456789012ull, 0, 0}));
+  EXPECT_EQ(c.bytes_received, (std::array<uint64_t, 3>{2002, 0, 0}));
+  EXPECT_EQ(c.transfers, 0u);
+  EXPECT_EQ(c.loads, 0u);
+  EXPECT_EQ(kKvTransportLabels[static_cast<int>(kvtransfer::KvTransport::kCudaIpc)], "cuda_ipc");
 }
 
 TEST(WorkerMetricsTest, StepHistogramHasTheDocumentedBuckets) {
@@ -148,7 +231,7 @@ TEST(MetricsServerTest, ServesTheCollectablesOverHttp) {
     EXPECT_EQ(r->get_header_value("Content-Type"), metrics::kContentType);
     absl::StatusOr<std::map<std::string, PromSample>> parsed = ParsePrometheusText(r->body);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
-    EXPECT_EQ(parsed->size(), 35u);
+    EXPECT_EQ(parsed->size(), 43u);
     EXPECT_EQ(steps, static_cast<uint32_t>(scrape));
   }
   httplib::Result post = client.Post("/metrics", "x", "text/plain");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/device_sampling.h"
 #include "engine/kv/block_pool.h"
 #include "engine/sampling/sampling_view.h"
 #include "gtest/gtest.h"
@@ -191,6 +192,25 @@ TEST_F(CudaBackendTest, BatchOfThreeEqualsEachAlone) {
           << "sequence " << i << " step " << step;
     }
   }
+}
+
+// Create captured every decode bucket (issue #16: no capture once NCCL
+// runs): max_num_seqs 8 gives buckets 1, 2, 4, 8; CaptureGraphs again adds
+// none, and decode steps of every size reuse them.
+TEST_F(CudaBackendTest, CreateCapturesEveryGraphBucket) {
+  EXPECT_EQ(backend_->captured_graphs(), GraphBuckets(8).size());
+  EXPECT_EQ(backend_->captured_graphs(), 4u);
+  ASSERT_TRUE(backend_->CaptureGraphs().ok());
+  EXPECT_EQ(backend_->captured_graphs(), 4u);
+  std::vector<Seq> seqs(5);
+  std::vector<Seq*> all;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    NewSeq(&seqs[i], {1, static_cast<int32_t>(10 + i)}, 2);
+    all.push_back(&seqs[i]);
+  }
+  Step(all);  // prefill
+  Step(all);  // a decode of 5: bucket 8
+  EXPECT_EQ(backend_->captured_graphs(), 4u);
 }
 
 // The same decode schedule with and without CUDA graphs (bucket 4, one

@@ -232,5 +232,20 @@ TEST(DeviceSamplingTest, GraphBuckets) {
   EXPECT_EQ(GraphBucket(3, 2), 2);
 }
 
+// The buckets CudaBackend::CaptureGraphs captures up front: every value
+// GraphBucket takes on [1, cap], so no decode step meets an uncaptured one.
+TEST(DeviceSamplingTest, GraphBucketListCoversEveryBatchSize) {
+  EXPECT_EQ(GraphBuckets(1), (std::vector<int32_t>{1}));
+  EXPECT_EQ(GraphBuckets(48), (std::vector<int32_t>{1, 2, 4, 8, 16, 32, 48}));
+  EXPECT_EQ(GraphBuckets(128), (std::vector<int32_t>{1, 2, 4, 8, 16, 32, 64, 96, 128}));
+  EXPECT_EQ(GraphBuckets(3), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(GraphBuckets(0).empty());
+  const std::vector<int32_t> buckets = GraphBuckets(200);
+  for (int32_t n = 1; n <= 200; ++n) {
+    EXPECT_NE(std::find(buckets.begin(), buckets.end(), GraphBucket(n, 200)), buckets.end())
+        << "batch of " << n;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::backend::cuda

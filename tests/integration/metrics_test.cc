@@ -72,7 +72,8 @@ double Value(const Samples& s, const std::string& key) {
 }
 
 // Every sample of a worker's scrape against its GetStatus (taken while
-// idle, so the two snapshots agree), and no label but direction, state, le.
+// idle, so the two snapshots agree), and no label but direction (with
+// transport), state, le.
 void ExpectEqualsStatus(const Samples& m, const v1::WorkerStatus& st) {
   const auto d = [](auto v) { return static_cast<double>(v); };
   EXPECT_EQ(Value(m, "tandem_prompt_tokens_total{}"), d(st.prompt_tokens_total()));
@@ -84,10 +85,20 @@ void ExpectEqualsStatus(const Samples& m, const v1::WorkerStatus& st) {
             d(st.prefix_cache_queried_tokens_total()));
   EXPECT_EQ(Value(m, "tandem_prefix_cache_hits_total{}"), d(st.prefix_cache_hit_tokens_total()));
   EXPECT_EQ(Value(m, "tandem_preemptions_total{}"), d(st.preemptions_total()));
-  EXPECT_EQ(Value(m, "tandem_kv_transfer_bytes_total{direction=\"sent\"}"),
+  // A CPU cluster moves KV over tcp only: the totals are tcp's, the device
+  // transports 0.
+  EXPECT_EQ(Value(m, "tandem_kv_transfer_bytes_total{direction=\"sent\",transport=\"tcp\"}"),
             d(st.kv_bytes_sent_total()));
-  EXPECT_EQ(Value(m, "tandem_kv_transfer_bytes_total{direction=\"received\"}"),
-            d(st.kv_bytes_received_total()));
+  EXPECT_EQ(
+      Value(m, "tandem_kv_transfer_bytes_total{direction=\"received\",transport=\"tcp\"}"),
+      d(st.kv_bytes_received_total()));
+  for (const char* direction : {"sent", "received"}) {
+    for (const char* transport : {"nccl", "cuda_ipc"}) {
+      EXPECT_EQ(Value(m, std::string("tandem_kv_transfer_bytes_total{direction=\"") + direction +
+                             "\",transport=\"" + transport + "\"}"),
+                0);
+    }
+  }
   EXPECT_EQ(Value(m, "tandem_kv_transfers_total{direction=\"sent\"}"),
             d(st.kv_transfers_sent_total()));
   EXPECT_EQ(Value(m, "tandem_kv_transfers_total{direction=\"received\"}"),

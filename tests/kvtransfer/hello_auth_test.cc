@@ -41,7 +41,7 @@ std::unique_ptr<auth::ClusterAuth> Auth(char fill) {
 
 TEST(HelloAuthWireTest, CredentialAndAnswerRoundTrip) {
   auto a = Auth('a');
-  wire::Hello h{kKvProtocolVersion, "req", 3, TestLayout(2, 2, 4), "cls", {}};
+  wire::Hello h{kKvProtocolVersion, "req", 3, TestLayout(2, 2, 4), "cls", {}, "tcp", ""};
   const std::string plain = wire::EncodeHello(h);
   SignHello(a.get(), &h);
   ASSERT_TRUE(h.auth.has_value());
@@ -75,7 +75,7 @@ TEST(HelloAuthWireTest, CredentialAndAnswerRoundTrip) {
             "the KV receiver did not prove the cluster secret (wrong ACCEPT answer: another "
             "cluster secret); no KV sent");
   // Open ends: no credential, no answer, nothing checked.
-  wire::Hello open_hello{kKvProtocolVersion, "req", 3, TestLayout(2, 2, 4), "cls", {}};
+  wire::Hello open_hello{kKvProtocolVersion, "req", 3, TestLayout(2, 2, 4), "cls", {}, "tcp", ""};
   SignHello(Auth(0).get(), &open_hello);
   EXPECT_FALSE(open_hello.auth.has_value());
   EXPECT_TRUE(VerifyHello(Auth(0).get(), open_hello).ok());
@@ -170,7 +170,7 @@ TEST_F(HelloAuthTest, SenderWithAnotherSecretOrNoneIsRefusedAndTheTransferLivesO
 TEST_F(HelloAuthTest, ReplayedHelloIsRefused) {
   auto p = Auth('a');
   Start('a');
-  wire::Hello h{kKvProtocolVersion, "req", 1, layout_, kTestBitExactClass, {}};
+  wire::Hello h{kKvProtocolVersion, "req", 1, layout_, kTestBitExactClass, {}, "tcp", ""};
   SignHello(p.get(), &h);
   const std::string bytes = wire::EncodeHello(h);
   auto first = RawPeer::Connect(receiver_->port());

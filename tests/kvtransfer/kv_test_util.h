@@ -145,7 +145,7 @@ class RawPeer {
   // Reads the next message: a REJECT as is, an ACCEPT as code OK; anything
   // else is INTERNAL.
   absl::StatusOr<wire::Reject> ReadVerdict();
-  // Sends HELLO (v2, class kTestBitExactClass) and returns the verdict
+  // Sends HELLO (v3, transport tcp, class kTestBitExactClass) and returns the verdict
   // (code OK for ACCEPT).
   absl::StatusOr<wire::Reject> Hello(const std::string& request_id,
                                      uint32_t attempt, const KvLayout& layout);

@@ -248,7 +248,7 @@ TEST(KvWireTest, FrameByteLayoutAndRoundTrip) {
   EXPECT_EQ(f->kv, want.substr(8 + 22));
 }
 
-TEST(KvWireTest, HelloV2ByteLayout) {
+TEST(KvWireTest, HelloV3ByteLayout) {
   Hello h;
   h.request_id = "r1";
   h.attempt = 3;
@@ -258,15 +258,17 @@ TEST(KvWireTest, HelloV2ByteLayout) {
   h.layout.head_dim = 8;
   h.layout.dtype = KvDtype::kF16;
   h.bit_exact_class = "c";
-  EXPECT_EQ(h.protocol_version, 2u);  // the default
-  // version 4 + "r1" 6 + attempt 4 + "fp" 6 + 3 x 4 + dtype 4 + "c" 5 = 41.
-  const std::string want = U32(1) + U32(41) + U32(2) + U32(2) + "r1" + U32(3) +
+  EXPECT_EQ(h.protocol_version, 3u);  // the default
+  EXPECT_EQ(h.transport, "tcp");      // the default
+  // version 4 + "r1" 6 + attempt 4 + "fp" 6 + 3 x 4 + dtype 4 + "c" 5 +
+  // "tcp" 7 + "" 4 = 52.
+  const std::string want = U32(1) + U32(52) + U32(3) + U32(2) + "r1" + U32(3) +
                            U32(2) + "fp" + U32(5) + U32(4) + U32(8) + U32(1) +
-                           U32(1) + "c";
+                           U32(1) + "c" + U32(3) + "tcp" + U32(0);
   EXPECT_EQ(EncodeHello(h), want);
 }
 
-TEST(KvWireTest, HelloV2RoundTrip) {
+TEST(KvWireTest, HelloV3RoundTrip) {
   Hello h;
   h.request_id = "0123456789abcdef0123456789abcdef";
   h.attempt = 3;
@@ -278,10 +280,10 @@ TEST(KvWireTest, HelloV2RoundTrip) {
   GetHeader(msg.data(), &type, &len);
   EXPECT_EQ(type, 1u);
   EXPECT_EQ(len, msg.size() - kHeaderBytes);
-  EXPECT_EQ(msg.substr(kHeaderBytes, 4), U32(2));  // version first
+  EXPECT_EQ(msg.substr(kHeaderBytes, 4), U32(3));  // version first
   absl::StatusOr<Hello> back = DecodeHello(Payload(msg));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->protocol_version, 2u);
+  EXPECT_EQ(back->protocol_version, 3u);
   EXPECT_EQ(back->request_id, h.request_id);
   EXPECT_EQ(back->attempt, 3u);
   EXPECT_EQ(back->layout.model_fingerprint, "sha256:0f1e2d");
@@ -302,14 +304,14 @@ TEST(KvWireTest, HelloV2RoundTrip) {
 // The version is read first and nothing after it: a v1 or future HELLO is
 // FAILED_PRECONDITION whatever follows, never DATA_LOSS.
 TEST(KvWireTest, HelloWithOtherVersionIsFailedPrecondition) {
-  const std::string v2 =
-      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "c", {}}));
-  for (uint32_t version : {1u, 7u}) {
+  const std::string v3 =
+      Payload(EncodeHello({3, "req", 1, TestLayout(2, 2, 4), "c", {}, "tcp", ""}));
+  for (uint32_t version : {1u, 2u, 7u}) {
     const std::string want =
         absl::StrCat("KV protocol version ", version,
-                     " is not supported (this worker speaks 2)");
+                     " is not supported (this worker speaks 3)");
     for (const std::string& payload :
-         {U32(version) + v2.substr(4), U32(version), U32(version) + "\xff"}) {
+         {U32(version) + v3.substr(4), U32(version), U32(version) + "\xff"}) {
       Hello fields;
       absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
       EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
@@ -320,7 +322,7 @@ TEST(KvWireTest, HelloWithOtherVersionIsFailedPrecondition) {
     }
   }
   // The encoder writes whatever version it is given (tests use that).
-  EXPECT_EQ(Payload(EncodeHello({7, "req", 1, TestLayout(2, 2, 4), "c", {}}))
+  EXPECT_EQ(Payload(EncodeHello({7, "req", 1, TestLayout(2, 2, 4), "c", {}, "tcp", ""}))
                 .substr(0, 4),
             U32(7));
 }
@@ -330,14 +332,14 @@ TEST(KvWireTest, HelloWithUnknownDtypeIsFailedPreconditionNamingIt) {
     KvLayout l = TestLayout(2, 2, 4);
     l.dtype = static_cast<KvDtype>(dtype);
     const std::string payload =
-        Payload(EncodeHello({2, "req-dt", 4, l, "cls", {}}));
+        Payload(EncodeHello({3, "req-dt", 4, l, "cls", {}, "tcp", ""}));
     Hello fields;
     absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
     EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
         << h.status();
     EXPECT_EQ(h.status().message(), absl::StrCat("unknown KV dtype ", dtype));
     // Read in full, so the receiver knows which transfer it was for.
-    EXPECT_EQ(fields.protocol_version, 2u);
+    EXPECT_EQ(fields.protocol_version, 3u);
     EXPECT_EQ(fields.request_id, "req-dt");
     EXPECT_EQ(fields.attempt, 4u);
     EXPECT_EQ(static_cast<uint32_t>(fields.layout.dtype), dtype);
@@ -369,7 +371,7 @@ TEST(KvWireTest, RejectRoundTripAndUnknownCode) {
 // read past the end; so is one trailing byte.
 TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
   const std::string hello =
-      Payload(EncodeHello({2, "req", 1, TestLayout(2, 2, 4), "class", {}}));
+      Payload(EncodeHello({3, "req", 1, TestLayout(2, 2, 4), "class", {}, "tcp", ""}));
   TransferResult one_sample;
   one_sample.samples = ::tandem::kvtransfer::testing::OneSample(3, -1.5f, 1);
   const std::string final_msg = Payload(EncodeFinal(one_sample));
@@ -398,7 +400,7 @@ TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
 }
 
 TEST(KvWireTest, HugeStringLengthIsDataLossNamingField) {
-  absl::StatusOr<Hello> h = DecodeHello(U32(2) + U32(0xfffffff0u) + "abc");
+  absl::StatusOr<Hello> h = DecodeHello(U32(3) + U32(0xfffffff0u) + "abc");
   EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(h.status().message().find("request_id"), std::string::npos)
       << h.status();
@@ -452,9 +454,9 @@ TEST(KvLayoutTest, FrameBytesMatchesReferenceCount) {
 }
 
 TEST(KvLayoutTest, LayoutIdSpellsEveryField) {
-  EXPECT_EQ(TestLayout(5, 4, 8).LayoutId(), "kv2/test-model-fp/L5.H4.D8/f32");
+  EXPECT_EQ(TestLayout(5, 4, 8).LayoutId(), "kv3/test-model-fp/L5.H4.D8/f32");
   EXPECT_EQ(TestLayout(1, 2, 64, KvDtype::kBF16).LayoutId(),
-            "kv2/test-model-fp/L1.H2.D64/bf16");
+            "kv3/test-model-fp/L1.H2.D64/bf16");
 }
 
 // Two ends can exchange KV iff their layout ids are equal: every field

@@ -31,7 +31,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kFingerprint[] = "test-fp";
-constexpr char kLayout[] = "kv2/test-fp/L5.H4.D8/f32";
+constexpr char kLayout[] = "kv3/test-fp/L5.H4.D8/f32";
 
 // A worker's GetStatus on 127.0.0.1 (both worker services, so either role
 // can be polled) and its KvEvents (a real publisher, block size 4).
@@ -385,12 +385,12 @@ TEST(WorkerRegistryTest, RefusesAnotherKvLayoutNamingBothIds) {
   Recorder rec;
   WorkerRegistry registry(Options(&rec), HealthTo(&rec));
   v1::RegisterWorkerRequest r = Registration("d0", v1::ROLE_DECODE, "127.0.0.1:1");
-  r.set_kv_layout_id("kv2/test-fp/L5.H4.D8/f16");
+  r.set_kv_layout_id("kv3/test-fp/L5.H4.D8/f16");
   const absl::Status s = registry.Register(r);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
-            "kv_layout_id: worker d0 has KV layout \"kv2/test-fp/L5.H4.D8/f16\" but the "
-            "router's model and configuration give \"kv2/test-fp/L5.H4.D8/f32\"");
+            "kv_layout_id: worker d0 has KV layout \"kv3/test-fp/L5.H4.D8/f16\" but the "
+            "router's model and configuration give \"kv3/test-fp/L5.H4.D8/f32\"");
   EXPECT_FALSE(registry.Contains("d0"));
   EXPECT_FALSE(registry.CanServe());
 
@@ -408,13 +408,13 @@ TEST(WorkerRegistryTest, RefusesAnotherKvLayoutNamingBothIds) {
 TEST(WorkerRegistryTest, ListedWorkersAreHeldToTheirOwnKvLayout) {
   Recorder rec;
   RegistryOptions options = Options(&rec);
-  const std::string bf16 = "kv2/test-fp/L5.H4.D8/bf16";
+  const std::string bf16 = "kv3/test-fp/L5.H4.D8/bf16";
   options.kv_layout_ids = {{"gpu", bf16}, {"host", kLayout}};
   WorkerRegistry registry(options, HealthTo(&rec));
   v1::RegisterWorkerRequest gpu = Registration("gpu", v1::ROLE_DECODE, "127.0.0.1:1");
   EXPECT_EQ(registry.Register(gpu).message(),
-            "kv_layout_id: worker gpu has KV layout \"kv2/test-fp/L5.H4.D8/f32\" but the "
-            "router's model and configuration give \"kv2/test-fp/L5.H4.D8/bf16\"");
+            "kv_layout_id: worker gpu has KV layout \"kv3/test-fp/L5.H4.D8/f32\" but the "
+            "router's model and configuration give \"kv3/test-fp/L5.H4.D8/bf16\"");
   gpu.set_kv_layout_id(bf16);
   EXPECT_TRUE(registry.Register(gpu).ok());
   v1::RegisterWorkerRequest host = Registration("host", v1::ROLE_DECODE, "127.0.0.1:2");

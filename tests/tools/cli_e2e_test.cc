@@ -34,11 +34,12 @@ using ::testing::StartsWith;
 
 constexpr char kReady[] = "tandem: cluster ready, router at ";
 
-// Fake worker: records its argv and pid, then announces itself and sleeps
+// Fake worker: records its NCCL_* variables, argv and pid, then announces itself and sleeps
 // (or, when $FAKE_WORKER_EXIT names it, exits with $FAKE_WORKER_EXIT_CODE,
 // default 3, once the file <name>.exit exists next to it).
 constexpr char kFakeWorker[] = R"(#!/bin/sh
 d=$(dirname "$0")
+env | grep '^NCCL_' | sort > "$d/$2.env"
 echo "$*" > "$d/$2.args"
 echo $$ > "$d/$2.pid"
 echo "TANDEM_LISTENING 127.0.0.1:1"
@@ -444,6 +445,66 @@ TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, StartsWith("tandem: --model /nonexistent.gguf: no such model file"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+}
+
+// --nccl-one-gpu-test on a cluster of CPU workers: one line naming the
+// flag, exit 2, nothing started.
+TEST_F(CliTest, UpRefusesTheNcclOneGpuTestModeWithoutACudaWorker) {
+  Result r = RunCommand(
+      {tandem_, "up", "--config", config_, "--model", model_, "--nccl-one-gpu-test"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "tandem up: --nccl-one-gpu-test: needs a worker on a CUDA device (every worker runs "
+            "on cpu) (usage: tandem up --help)\n");
+  EXPECT_FALSE(fs::exists(dir_ / "router.args"));
+}
+
+// P and D on cuda:0: with --nccl-one-gpu-test each worker (not the router)
+// gets its own NCCL_HOSTID and the socket transport over loopback; without
+// it, no NCCL variable at all. (The router, fake_router.cc here, gets none
+// by construction: only worker spawns carry WorkerNcclEnv.)
+TEST_F(CliTest, UpGivesEachWorkerItsNcclEnvironmentInTheOneGpuTestMode) {
+  // None inherited from whoever runs the test.
+  for (const char* name : {"NCCL_HOSTID", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME"}) {
+    unsetenv(name);
+  }
+  std::ofstream(config_) << "router: {listen: '127.0.0.1:0'}\n"
+                            "prefill_workers: [{name: prefill-0, device: 'cuda:0'}]\n"
+                            "decode_workers: [{name: decode-0, device: 'cuda:0'}]\n"
+                            "shutdown_grace_s: 1\n";
+  for (bool test_mode : {true, false}) {
+    SCOPED_TRACE(test_mode ? "--nccl-one-gpu-test" : "no flag");
+    for (const char* f : {"prefill-0.env", "decode-0.env", "prefill-0.pid",
+                          "decode-0.pid", "prefill-0.args", "decode-0.args"}) {
+      fs::remove(dir_ / f);
+    }
+    ProcessGroup group;
+    StartUp(group, test_mode ? std::vector<std::string>{"--nccl-one-gpu-test"}
+                             : std::vector<std::string>{});
+    absl::StatusOr<UpReady> ready = WaitForUpReady(group, 0, absl::Seconds(30));
+    ASSERT_TRUE(ready.ok()) << ready.status();
+    Slurp("prefill-0.args");  // the fake writes <name>.env before <name>.args
+    Slurp("decode-0.args");
+    auto env_of = [&](const std::string& name) {
+      std::ifstream in(dir_ / (name + ".env"));
+      std::stringstream text;
+      text << in.rdbuf();
+      return text.str();
+    };
+    if (test_mode) {
+      EXPECT_EQ(env_of("prefill-0"),
+                "NCCL_HOSTID=tandem-prefill-0\nNCCL_IB_DISABLE=1\nNCCL_NET=Socket\n"
+                "NCCL_SOCKET_IFNAME=lo\n");
+      EXPECT_EQ(env_of("decode-0"),
+                "NCCL_HOSTID=tandem-decode-0\nNCCL_IB_DISABLE=1\nNCCL_NET=Socket\n"
+                "NCCL_SOCKET_IFNAME=lo\n");
+    } else {
+      EXPECT_EQ(env_of("prefill-0"), "");
+      EXPECT_EQ(env_of("decode-0"), "");
+    }
+    ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
+    EXPECT_EQ(AwaitExit(group), "exited with status 0");
+  }
 }
 
 // Changes the working directory for the scope (children inherit it).

@@ -83,6 +83,39 @@ TEST(ProcessGroupTest, StderrPathAppendsTheChildsStderrToAFile) {
               HasSubstr("stderr of w: /nonexistent-dir/x: No such file or directory"));
 }
 
+// SpawnOptions::env: added to what the child inherits, replacing a
+// variable of the same name (the last of a repeated name wins); a bad name
+// is refused before anything starts.
+TEST(ProcessGroupTest, EnvIsAddedToTheInheritedEnvironment) {
+  setenv("TANDEM_PG_INHERITED", "kept", 1);
+  setenv("TANDEM_PG_REPLACED", "old", 1);
+  ProcessGroup group;
+  ProcessGroup::SpawnOptions options;
+  options.env = {{"TANDEM_PG_REPLACED", "first"},
+                 {"TANDEM_PG_NEW", "a b=c"},
+                 {"TANDEM_PG_REPLACED", "new"}};
+  absl::StatusOr<int> c = group.Spawn(
+      "w",
+      Sh("echo \"ENV $TANDEM_PG_INHERITED|$TANDEM_PG_REPLACED|$TANDEM_PG_NEW|"
+         "$(env | grep -c ^TANDEM_PG_REPLACED=)\"; exec sleep 30"),
+      options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<std::string> line = group.WaitForLine(*c, "ENV ", absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line, "kept|new|a b=c|1");
+  // Our own environment is untouched.
+  EXPECT_STREQ(getenv("TANDEM_PG_REPLACED"), "old");
+  EXPECT_EQ(getenv("TANDEM_PG_NEW"), nullptr);
+  for (const char* bad : {"", "A=B"}) {
+    options.env = {{bad, "x"}};
+    EXPECT_THAT(group.Spawn("bad", Sh("true"), options).status().message(),
+                HasSubstr("bad environment variable name"));
+  }
+  EXPECT_EQ(group.size(), 1u);
+  unsetenv("TANDEM_PG_INHERITED");
+  unsetenv("TANDEM_PG_REPLACED");
+}
+
 TEST(ProcessGroupTest, ChildExitingBeforeTheLineIsUnavailableWithItsStatus) {
   ProcessGroup group;
   ::testing::internal::CaptureStderr();

@@ -45,11 +45,11 @@ TEST(StatusFormatTest, OneLinePerProcess) {
             "preemptions=0");
   // Workers report what a KV transfer peer must match and what must match
   // for bit-identical results.
-  p.set_kv_layout_id("kv2/abc/L5.H4.D8/f32");
+  p.set_kv_layout_id("kv3/abc/L5.H4.D8/f32");
   p.set_bit_exact_class("tandem-cpu/avx2/v2");
   EXPECT_THAT(FormatStatusLine(p),
               ::testing::EndsWith(
-                  " preemptions=0 kv_layout=kv2/abc/L5.H4.D8/f32 bit_exact=tandem-cpu/avx2/v2"));
+                  " preemptions=0 kv_layout=kv3/abc/L5.H4.D8/f32 bit_exact=tandem-cpu/avx2/v2"));
   // The router's line also has its admission queue (router.max_queued).
   tandem::v1::WorkerStatus router;
   router.set_name("router");

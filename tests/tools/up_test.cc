@@ -26,6 +26,16 @@ TEST(UpArgsTest, DefaultsAndFlags) {
             "--ready-timeout-s: must be > 0, got 0");
 }
 
+TEST(UpArgsTest, NcclOneGpuTestIsABooleanFlag) {
+  absl::StatusOr<UpOptions> o = ParseUpArgs({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_FALSE(o->nccl_one_gpu_test);
+  o = ParseUpArgs({"--nccl-one-gpu-test"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->nccl_one_gpu_test);
+  EXPECT_FALSE(ParseUpArgs({"--nccl-one-gpu-test=yes"}).ok());
+}
+
 TEST(UpArgsTest, WorkerCounts) {
   absl::StatusOr<UpOptions> o = ParseUpArgs({});
   ASSERT_TRUE(o.ok());

@@ -249,6 +249,8 @@ struct CudaBackend::Impl {
   absl::Status EnqueueForward(const MetaLayout& m, const BatchMeta& b, int32_t n_rows,
                               const CudaKvStorage& storage, int32_t max_context,
                               bool record_layer_events);
+  // Captures and instantiates the graph of `bucket` unless it exists.
+  absl::Status CaptureGraph(int32_t bucket, const CudaKvStorage& storage);
   absl::Status RunGraph(int32_t bucket, const MetaLayout& m, const CudaKvStorage& storage);
 
   absl::Status Step(std::span<const ForwardEntry> batch, const LayerHook* hook,
@@ -416,36 +418,43 @@ absl::Status CudaBackend::Impl::EnqueueForward(const MetaLayout& m, const BatchM
   return Mark(kOther);
 }
 
+absl::Status CudaBackend::Impl::CaptureGraph(int32_t bucket, const CudaKvStorage& storage) {
+  if (graphs.count(bucket) != 0) return absl::OkStatus();
+  // Every kernel reads the fixed metadata addresses of Layout(bucket,
+  // bucket, bucket) and sizes attention for the whole context, so the
+  // graph serves every later step of the bucket (the metadata is copied
+  // before each launch). Thread-local capture: the KV copy stream of
+  // another thread is not affected.
+  const MetaLayout m = Layout(bucket, bucket, bucket, max_blocks_per_seq);
+  TANDEM_CUDA_RETURN_IF_ERROR(Check(
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
+  const bool was_profiling = profiling;
+  profiling = false;  // no event marks inside a graph
+  absl::Status enqueued = EnqueueForward(m, MetaFor(m, bucket, bucket), bucket, storage,
+                                         config.context_length, false);
+  profiling = was_profiling;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!enqueued.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return enqueued;
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(Check(ended, "cudaStreamEndCapture"));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TANDEM_CUDA_RETURN_IF_ERROR(Check(instantiated, "cudaGraphInstantiate"));
+  graphs.emplace(bucket, exec);
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Impl::RunGraph(int32_t bucket, const MetaLayout& m,
                                          const CudaKvStorage& storage) {
+  // A bucket not captured up front (CaptureGraphs) is captured at its
+  // first step.
+  (void)m;  // the graph reads Layout(bucket, bucket, bucket), which m is
+  TANDEM_CUDA_RETURN_IF_ERROR(CaptureGraph(bucket, storage));
   auto it = graphs.find(bucket);
-  if (it == graphs.end()) {
-    // First decode step of this bucket: capture it. Every kernel reads the
-    // fixed metadata addresses of Layout(bucket, bucket, bucket) and sizes
-    // attention for the whole context, so the graph serves every later
-    // step of the bucket. Thread-local capture: the KV copy stream of
-    // another thread is not affected.
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-              "cudaStreamBeginCapture"));
-    const bool was_profiling = profiling;
-    profiling = false;  // no event marks inside a graph
-    absl::Status enqueued = EnqueueForward(m, MetaFor(m, bucket, bucket), bucket, storage,
-                                           config.context_length, false);
-    profiling = was_profiling;
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-    if (!enqueued.ok()) {
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      return enqueued;
-    }
-    TANDEM_CUDA_RETURN_IF_ERROR(Check(ended, "cudaStreamEndCapture"));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    TANDEM_CUDA_RETURN_IF_ERROR(Check(instantiated, "cudaGraphInstantiate"));
-    it = graphs.emplace(bucket, exec).first;
-  }
   TANDEM_CUDA_RETURN_IF_ERROR(Mark(kGraph));
   TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch"));
   TANDEM_CUDA_RETURN_IF_ERROR(Mark(kOther));
@@ -781,9 +790,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
                                      options.max_num_seqs, " do not fit: ", arena.message()));
   }
   s.layer_events.assign(static_cast<size_t>(c.n_layers), nullptr);
+  // Interprocess: a CUDA IPC receiver waits on them (cudaIpcGetEventHandle,
+  // kv::DeviceKvAccess::layer_event); that needs timing disabled too.
   for (cudaEvent_t& e : s.layer_events) {
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        s.Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    TANDEM_CUDA_RETURN_IF_ERROR(s.Check(
+        cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
+        "cudaEventCreate (layer)"));
   }
   TANDEM_CUDA_RETURN_IF_ERROR(
       s.Check(cudaEventCreateWithFlags(&s.done_event, cudaEventDisableTiming), "cudaEventCreate"));
@@ -834,7 +846,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
                              s.bit_exact_class));
     options.log(s.plan.Describe(in));
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+  auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+  // Every decode graph now, before the worker starts anything else on the
+  // device (NCCL, issue #16): none is captured while serving.
+  if (absl::Status captured = backend->CaptureGraphs(); !captured.ok()) return captured;
+  return backend;
 }
 
 const model::LlamaConfig& CudaBackend::config() const { return impl_->config; }
@@ -871,6 +887,32 @@ absl::Status CudaBackend::Forward(std::span<const ForwardEntry> batch, const Lay
 }
 
 void CudaBackend::set_use_cuda_graphs(bool on) { impl_->use_graphs = on; }
+
+absl::Status CudaBackend::CaptureGraphs() {
+  Impl& s = *impl_;
+  if (s.lost) {
+    return absl::InternalError(
+        absl::StrCat("the CUDA device was lost earlier: ", s.lost_message, " [sticky]"));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(s.Check(cudaSetDevice(s.device), "cudaSetDevice"));
+  for (int32_t bucket : GraphBuckets(std::min(s.max_rows, s.max_tokens))) {
+    absl::Status captured = s.CaptureGraph(bucket, *s.kv);
+    if (!captured.ok()) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(s.stream, &capturing) == cudaSuccess &&
+          capturing != cudaStreamCaptureStatusNone) {
+        cudaGraph_t graph = nullptr;
+        cudaStreamEndCapture(s.stream, &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+      }
+      cudaGetLastError();
+      return captured;
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t CudaBackend::captured_graphs() const { return impl_->graphs.size(); }
 int64_t CudaBackend::host_sampling_fallbacks() const { return impl_->host_fallbacks; }
 
 void CudaBackend::set_profiling(bool on) { impl_->profiling = on; }

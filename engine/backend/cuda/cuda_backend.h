@@ -55,8 +55,9 @@ class CudaBackend final : public ModelBackend {
  public:
   // Uploads the weights, allocates the activation arena for
   // max_num_batched_tokens tokens, runs one forward at that size to measure
-  // the peak, plans the memory (gpu_memory_plan.h) and allocates the KV
-  // pool. Errors as CreateBackend's.
+  // the peak, plans the memory (gpu_memory_plan.h), allocates the KV
+  // pool and captures every decode graph (CaptureGraphs). Errors as
+  // CreateBackend's.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::LlamaModel& model,
                                                              const BackendOptions& options);
   ~CudaBackend() override;
@@ -74,11 +75,24 @@ class CudaBackend final : public ModelBackend {
 
   // Decode-only steps (every entry one token and sampled, at most
   // min(max_num_seqs, max_num_batched_tokens) entries) run as CUDA graphs,
-  // one per bucket (1, 2, 4, 8, 16, 32, then multiples of 32, capped),
-  // captured the first time a bucket is seen. Always on when serving (not a
+  // one per bucket (1, 2, 4, 8, 16, 32, then multiples of 32, capped:
+  // GraphBuckets), all captured by Create (CaptureGraphs; a bucket missing
+  // would be captured at its first step). Always on when serving (not a
   // config key); off runs the same kernels launched one by one, for tests
   // and tandem selftest to compare (bit-identical with batch_invariant).
   void set_use_cuda_graphs(bool on);
+
+  // Captures and instantiates the graph of every bucket now (those already
+  // captured are kept), so that no capture happens while serving. Create
+  // runs it, so a worker's NCCL communicators, created after the backend,
+  // never overlap a capture (issue #16: a stream capture must not run
+  // alongside NCCL's setup and kernels on the device); calling it again
+  // captures nothing. Nothing runs on the device (a capture records work,
+  // it does not execute it).
+  // Errors: INTERNAL for a CUDA error (naming the call) or a lost device.
+  absl::Status CaptureGraphs();
+  // Graphs captured so far (tests).
+  size_t captured_graphs() const;
 
   // Sampled rows whose view was built on the host from the whole copied
   // row (sampling::BuildSamplingView) since start-up: rows with penalties,

@@ -163,6 +163,49 @@ size_t RowTopKWorkspaceBytes(int32_t rows, int32_t vocab);
 cudaError_t LaunchRowTopK(const float* logits, int32_t rows, int32_t vocab, int32_t k,
                           void* workspace, int32_t* ids, float* values, cudaStream_t stream);
 
+// KV transfer (issue #16, kv_transfer.cu; kv::DeviceKvAccess uses them).
+// A frame of `count` tokens of one layer is K rows then V rows, [2][count]
+// [kv_dim] elements of the pool's dtype (device_kv.h). Byte copies: the
+// bits are the pool's. One kernel per launch.
+//
+// Token addressing of one paged side, passed by value as a kernel argument
+// (no table copy to the device): ids[i] holds tokens [first_token + i *
+// block_size, first_token + (i + 1) * block_size) of the sequence, i <
+// n_blocks. first_token is a multiple of the pool's block_size; a longer
+// range is launched in pieces by the caller (CudaKvStorage).
+inline constexpr int32_t kKvSpanBlocks = 384;
+struct KvBlockSpan {
+  int32_t first_token = 0;
+  int32_t n_blocks = 0;  // <= kKvSpanBlocks
+  int32_t ids[kKvSpanBlocks] = {};
+};
+
+// k_dst[i][:] = K row and v_dst[i][:] = V row of token token_start + i of
+// `layer` (addressed by `span`), i < count: device memory of count *
+// kv.kv_dim elements of kv.dtype each (a whole frame: v_dst = k_dst +
+// count rows). cudaErrorInvalidValue (nothing launched) for a layer
+// outside [0, kv.n_layers), a span that does not hold every token of the
+// range, a negative start or count, a null buffer. The block ids are the
+// caller's to check (kv_copy_runs.h).
+cudaError_t LaunchKvGather(const PagedKv& kv, int32_t layer, const KvBlockSpan& span,
+                           int32_t token_start, int32_t count, void* k_dst, void* v_dst,
+                           cudaStream_t stream);
+
+// The reverse of LaunchKvGather: rows k_src / v_src into the pools. Same
+// limits.
+cudaError_t LaunchKvScatter(const PagedKv& kv, int32_t layer, const KvBlockSpan& span,
+                            int32_t token_start, int32_t count, const void* k_src,
+                            const void* v_src, cudaStream_t stream);
+
+// Rows of tokens [token_start, token_start + count) of `layer` from the
+// pools `src` (a peer's, mapped into this process) addressed by
+// `src_span` into `dst` addressed by `dst_span` (token addressing on both
+// sides: the block sizes may differ). Same limits, plus dtype and kv_dim
+// equal on both sides and `layer` inside both.
+cudaError_t LaunchKvCopyPeer(const PagedKv& src, const KvBlockSpan& src_span, const PagedKv& dst,
+                             const KvBlockSpan& dst_span, int32_t layer, int32_t token_start,
+                             int32_t count, cudaStream_t stream);
+
 }  // namespace tandem::backend::cuda
 
 #endif  // TANDEM_ENGINE_BACKEND_CUDA_CUDA_KERNELS_H_

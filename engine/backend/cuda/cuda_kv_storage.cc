@@ -10,6 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cuda/cuda_status.h"
 #include "engine/backend/cuda/kv_copy_runs.h"
+#include "engine/backend/cuda/kv_staging.h"
+
+#define KV_RETURN_IF_ERROR(expr)           \
+  do {                                     \
+    absl::Status kv_status_ = (expr);      \
+    if (!kv_status_.ok()) return kv_status_; \
+  } while (false)
 
 namespace tandem::backend::cuda {
 namespace {
@@ -37,8 +44,10 @@ struct CudaKvStorage::Impl {
   cudaStream_t copy_stream = nullptr;
   char* staging = nullptr;  // pinned: [0, half) K, [half, 2 * half) V
   size_t staging_half = 0;
-  std::mutex mu;  // the staging buffer, the copy stream's work, layer_events
+  std::mutex mu;  // the staging buffer, the copy stream's work
+  mutable std::mutex events_mu;  // layer_events (taken inside mu, never around a copy)
   std::vector<cudaEvent_t> layer_events;
+  int device = 0;  // the CUDA device of the pools
 
   ~Impl() {
     if (staging != nullptr) (void)cudaFreeHost(staging);
@@ -76,6 +85,9 @@ absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(const kv::K
         absl::StrCat("KV num_blocks must be at least 1, got ", num_blocks));
   }
   auto impl = std::make_unique<Impl>();
+  if (absl::Status s = CudaStatus(cudaGetDevice(&impl->device), "cudaGetDevice"); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CudaStatus(
           cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags (KV copy stream)");
@@ -137,11 +149,17 @@ absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(const kv::K
 }
 
 void CudaKvStorage::SetLayerEvent(int32_t layer, cudaEvent_t event) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->events_mu);
   if (layer < 0 || layer >= shape_.n_layers) {
     Fatal(absl::StrCat("SetLayerEvent: layer ", layer, " outside [0, ", shape_.n_layers, ")"));
   }
   impl_->layer_events[static_cast<size_t>(layer)] = event;
+}
+
+cudaEvent_t CudaKvStorage::LayerEventOrNull(int32_t layer) const {
+  std::lock_guard<std::mutex> lock(impl_->events_mu);
+  if (layer < 0 || layer >= shape_.n_layers) return nullptr;
+  return impl_->layer_events[static_cast<size_t>(layer)];
 }
 
 // Both directions: the range is copied in chunks of the tokens the staging
@@ -172,48 +190,192 @@ void CudaKvStorage::CopyTokens(bool to_device, std::span<const int32_t> block_ta
   if (count <= 0) return;
   cudaStream_t stream = impl_->copy_stream;
   if (!to_device) {
-    if (cudaEvent_t event = impl_->layer_events[static_cast<size_t>(layer)]; event != nullptr) {
+    if (cudaEvent_t event = LayerEventOrNull(layer); event != nullptr) {
       Check(cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent (KV read)");
     }
   }
-  const size_t rb = row_bytes();
-  const int32_t chunk = static_cast<int32_t>(
-      std::min<size_t>(impl_->staging_half / rb, static_cast<size_t>(count)));
+  KvStagingRange range;
+  range.block_table = block_table;
+  range.layer = layer;
+  range.layer_blocks = paged_.num_blocks;
+  range.max_block = num_blocks();
+  range.block_size = shape_.block_size;
+  range.token_start = token_start;
+  range.count = count;
+  range.row_bytes = row_bytes();
   char* const stage[2] = {impl_->staging, impl_->staging + impl_->staging_half};
   char* const pool[2] = {static_cast<char*>(paged_.k), static_cast<char*>(paged_.v)};
   char* const host[2] = {host_k, host_v};
   const cudaMemcpyKind kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-  std::string error;
-  for (int32_t done = 0; done < count;) {
-    const int32_t n = std::min(chunk, count - done);
-    const std::vector<KvCopyRun> runs =
-        SplitKvCopyRuns(block_table, layer, paged_.num_blocks, num_blocks(), shape_.block_size,
-                        token_start + done, n, &error);
-    if (!error.empty()) Fatal(absl::StrCat(what, ": ", error));
-    const size_t host_offset = static_cast<size_t>(done) * rb;
-    const size_t bytes_in_chunk = static_cast<size_t>(n) * rb;
-    if (to_device) {
-      for (int kv = 0; kv < 2; ++kv) std::memcpy(stage[kv], host[kv] + host_offset, bytes_in_chunk);
-    }
-    for (const KvCopyRun& run : runs) {
-      const size_t pool_at = static_cast<size_t>(run.pool_row) * rb;
-      const size_t stage_at = static_cast<size_t>(run.buffer_row) * rb;
-      const size_t bytes = static_cast<size_t>(run.rows) * rb;
-      for (int kv = 0; kv < 2; ++kv) {
-        void* dst = to_device ? pool[kv] + pool_at : stage[kv] + stage_at;
-        const void* src = to_device ? stage[kv] + stage_at : pool[kv] + pool_at;
+  const absl::Status copied = CopyKvThroughStaging(
+      range, to_device, stage, impl_->staging_half, host,
+      [&](int kv, size_t pool_offset, size_t stage_offset, size_t bytes) {
+        void* dst = to_device ? pool[kv] + pool_offset : stage[kv] + stage_offset;
+        const void* src = to_device ? stage[kv] + stage_offset : pool[kv] + pool_offset;
         Check(cudaMemcpyAsync(dst, src, bytes, kind, stream),
               to_device ? "cudaMemcpyAsync (KV write)" : "cudaMemcpyAsync (KV read)");
-      }
-    }
-    // The staging is reused by the next chunk (and the next call); a
-    // writer's caller may free its rows once this returns.
-    Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (KV copy)");
-    if (!to_device) {
-      for (int kv = 0; kv < 2; ++kv) std::memcpy(host[kv] + host_offset, stage[kv], bytes_in_chunk);
-    }
-    done += n;
+      },
+      [&] { Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (KV copy)"); });
+  if (!copied.ok()) Fatal(absl::StrCat(what, ": ", copied.message()));
+}
+
+namespace {
+
+// The span of `table` holding tokens [token_start, token_start + count)
+// (count > 0, the range checked by SplitKvCopyRuns).
+KvBlockSpan SpanOf(std::span<const int32_t> table, int32_t block_size, int32_t token_start,
+                   int32_t count) {
+  KvBlockSpan span;
+  const int32_t first = token_start / block_size;
+  const int32_t last = (token_start + count - 1) / block_size;
+  span.first_token = first * block_size;
+  span.n_blocks = last - first + 1;
+  for (int32_t i = 0; i < span.n_blocks; ++i) span.ids[i] = table[static_cast<size_t>(first + i)];
+  return span;
+}
+
+// Tokens per launch such that a piece spans at most kKvSpanBlocks blocks
+// of a pool with blocks of `block_size` tokens (ceil(n / bs) + 1 blocks
+// at most for an unaligned piece of n tokens).
+int32_t PieceTokens(int32_t block_size) { return (kKvSpanBlocks - 1) * block_size; }
+
+absl::Status CheckRange(std::span<const int32_t> table, int32_t layer, int32_t layer_blocks,
+                        int32_t max_block, int32_t block_size, int32_t token_start,
+                        int32_t count, const char* side) {
+  std::string error;
+  (void)SplitKvCopyRuns(table, layer, layer_blocks, max_block, block_size, token_start, count,
+                        &error);
+  if (!error.empty()) return absl::InvalidArgumentError(absl::StrCat(side, ": ", error));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int CudaKvStorage::device_ordinal() const { return impl_->device; }
+
+kv::DevicePoolInfo CudaKvStorage::pool_info() const {
+  kv::DevicePoolInfo info;
+  info.k = paged_.k;
+  info.v = paged_.v;
+  info.pool_bytes = BlockBytes(shape_, paged_.dtype) / 2 * static_cast<uint64_t>(paged_.num_blocks);
+  info.n_layers = paged_.n_layers;
+  info.layer_blocks = paged_.num_blocks;
+  info.block_size = paged_.block_size;
+  info.kv_dim = paged_.kv_dim;
+  info.dtype = paged_.dtype;
+  return info;
+}
+
+void* CudaKvStorage::layer_event(int32_t layer) const { return LayerEventOrNull(layer); }
+
+absl::Status CudaKvStorage::MoveRows(bool gather, std::span<const int32_t> block_table,
+                                     int32_t layer, int32_t token_start, int32_t count,
+                                     void* frame, void* stream) {
+  const char* what = gather ? "GatherRows" : "ScatterRows";
+  if (layer < 0 || layer >= shape_.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": layer ", layer, " outside [0, ", shape_.n_layers, ")"));
   }
+  if (absl::Status s = CheckRange(block_table, layer, paged_.num_blocks, num_blocks(),
+                                  shape_.block_size, token_start, count, what);
+      !s.ok()) {
+    return s;
+  }
+  if (count > 0 && frame == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the frame buffer is null"));
+  }
+  if (count == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(impl_->device), "cudaSetDevice"));
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gather) {
+    if (cudaEvent_t event = LayerEventOrNull(layer); event != nullptr) {
+      KV_RETURN_IF_ERROR(
+          CudaStatus(cudaStreamWaitEvent(s, event, 0), "cudaStreamWaitEvent (GatherRows)"));
+    }
+  }
+  const size_t rb = row_bytes();
+  char* const k_rows = static_cast<char*>(frame);
+  char* const v_rows = k_rows + static_cast<size_t>(count) * rb;
+  const int32_t piece = PieceTokens(shape_.block_size);
+  for (int32_t done = 0; done < count; done += piece) {
+    const int32_t n = std::min(piece, count - done);
+    const int32_t start = token_start + done;
+    const KvBlockSpan span = SpanOf(block_table, shape_.block_size, start, n);
+    char* k = k_rows + static_cast<size_t>(done) * rb;
+    char* v = v_rows + static_cast<size_t>(done) * rb;
+    const cudaError_t e = gather ? LaunchKvGather(paged_, layer, span, start, n, k, v, s)
+                                 : LaunchKvScatter(paged_, layer, span, start, n, k, v, s);
+    KV_RETURN_IF_ERROR(CudaStatus(e, gather ? "LaunchKvGather" : "LaunchKvScatter"));
+  }
+  return absl::OkStatus();
+}
+absl::Status CudaKvStorage::GatherRows(std::span<const int32_t> block_table, int32_t layer,
+                                       int32_t token_start, int32_t count, void* dst,
+                                       void* stream) {
+  return MoveRows(/*gather=*/true, block_table, layer, token_start, count, dst, stream);
+}
+
+absl::Status CudaKvStorage::ScatterRows(std::span<const int32_t> block_table, int32_t layer,
+                                        int32_t token_start, int32_t count, const void* src,
+                                        void* stream) {
+  // The frame is only read on this path.
+  return MoveRows(/*gather=*/false, block_table, layer, token_start, count,
+                  const_cast<void*>(src), stream);
+}
+
+absl::Status CudaKvStorage::CopyFromPeer(const kv::DevicePoolInfo& peer,
+                                         std::span<const int32_t> peer_table,
+                                         std::span<const int32_t> block_table, int32_t layer,
+                                         int32_t token_start, int32_t count, void* stream) {
+  auto mismatch = [](const char* field, int64_t peer_value, int64_t own) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyFromPeer: the peer's ", field, " ",
+                                                   peer_value, " differs from this KV cache's ",
+                                                   own));
+  };
+  if (peer.n_layers != shape_.n_layers) return mismatch("n_layers", peer.n_layers, shape_.n_layers);
+  if (peer.kv_dim != paged_.kv_dim) return mismatch("kv_dim", peer.kv_dim, paged_.kv_dim);
+  if (peer.dtype != paged_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyFromPeer: the peer's dtype ", kv::KvDtypeName(peer.dtype),
+        " differs from this KV cache's ", kv::KvDtypeName(paged_.dtype)));
+  }
+  if (peer.block_size <= 0 || peer.layer_blocks <= 0 || peer.k == nullptr || peer.v == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyFromPeer: the peer's pools are not set (block_size ", peer.block_size,
+        ", layer_blocks ", peer.layer_blocks, ", k/v null: ", peer.k == nullptr, "/",
+        peer.v == nullptr, ")"));
+  }
+  if (layer < 0 || layer >= shape_.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyFromPeer: layer ", layer, " outside [0, ", shape_.n_layers, ")"));
+  }
+  KV_RETURN_IF_ERROR(CheckRange(peer_table, layer, peer.layer_blocks, peer.layer_blocks,
+                                peer.block_size, token_start, count, "CopyFromPeer (peer table)"));
+  KV_RETURN_IF_ERROR(CheckRange(block_table, layer, paged_.num_blocks, num_blocks(),
+                                shape_.block_size, token_start, count,
+                                "CopyFromPeer (own table)"));
+  if (count == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(impl_->device), "cudaSetDevice"));
+  PagedKv src;
+  src.k = peer.k;
+  src.v = peer.v;
+  src.dtype = peer.dtype;
+  src.n_layers = peer.n_layers;
+  src.num_blocks = peer.layer_blocks;
+  src.block_size = peer.block_size;
+  src.kv_dim = peer.kv_dim;
+  // Pieces whose tokens span at most kKvSpanBlocks blocks on either side.
+  const int32_t piece = PieceTokens(std::min(peer.block_size, shape_.block_size));
+  for (int32_t done = 0; done < count; done += piece) {
+    const int32_t n = std::min(piece, count - done);
+    const int32_t start = token_start + done;
+    const KvBlockSpan src_span = SpanOf(peer_table, peer.block_size, start, n);
+    const KvBlockSpan dst_span = SpanOf(block_table, shape_.block_size, start, n);
+    KV_RETURN_IF_ERROR(CudaStatus(LaunchKvCopyPeer(src, src_span, paged_, dst_span, layer, start,
+                                                   n, static_cast<cudaStream_t>(stream)),
+                                  "LaunchKvCopyPeer"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::backend::cuda

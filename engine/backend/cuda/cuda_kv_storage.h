@@ -7,10 +7,20 @@
 // (SetLayerEvent), so a prefill worker's per-layer hook reads exactly what
 // the layer wrote while later layers still compute.
 //
+// It is also a kv::DeviceKvAccess (device_kv.h, issue #16): GatherRows /
+// ScatterRows / CopyFromPeer enqueue one kv_transfer.cu kernel each (per
+// kKvSpanBlocks blocks of the range: a longer range is a few launches in
+// order) on the caller's stream, with the block tables passed as kernel
+// arguments (cuda_kernels.h, KvBlockSpan): no staging, no wait on the
+// host. Each of those calls cudaSetDevice(device_ordinal()) on the
+// calling thread first.
+//
 // Owns: the pools, the copy stream. Does not touch: which blocks are
 // free (KvCacheManager). Threads: as kv::KvStorage (engine loop; a KV
 // receiver may write blocks nothing else touches meanwhile: each call
-// uses its own pinned staging and the copy stream, under a mutex).
+// uses its own pinned staging and the copy stream, under a mutex). The
+// DeviceKvAccess methods take no lock but the layer events' (never held
+// across a copy) and may run on any thread.
 #ifndef TANDEM_ENGINE_BACKEND_CUDA_CUDA_KV_STORAGE_H_
 #define TANDEM_ENGINE_BACKEND_CUDA_CUDA_KV_STORAGE_H_
 
@@ -22,11 +32,12 @@
 #include "absl/status/statusor.h"
 #include "engine/backend/cuda/cuda_kernels.h"
 #include "engine/backend/cuda/device_buffer.h"
+#include "engine/kv/device_kv.h"
 #include "engine/kv/kv_storage.h"
 
 namespace tandem::backend::cuda {
 
-class CudaKvStorage final : public kv::KvStorage {
+class CudaKvStorage final : public kv::KvStorage, public kv::DeviceKvAccess {
  public:
   // Allocates num_blocks blocks of `shape` in `dtype` (zeroed), plus one
   // scratch block the CUDA graphs' padding rows write to (block index
@@ -66,13 +77,35 @@ class CudaKvStorage final : public kv::KvStorage {
   // bug otherwise: aborts). Thread-safe (under the copy mutex).
   void SetLayerEvent(int32_t layer, cudaEvent_t event);
 
+  // kv::DeviceKvAccess (device_kv.h). Ranges are checked on the host
+  // against the tables first (kv_copy_runs.h: INVALID_ARGUMENT with its
+  // message, nothing enqueued); a CUDA error is INTERNAL naming the call.
+  // GatherRows makes `stream` wait for `layer`'s event (SetLayerEvent)
+  // first. pool_info's layer_blocks counts the scratch block.
+  int device_ordinal() const override;
+  kv::DevicePoolInfo pool_info() const override;
+  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
+                          int32_t token_start, int32_t count, void* dst,
+                          void* stream) override;
+  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
+                           int32_t token_start, int32_t count, const void* src,
+                           void* stream) override;
+  absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
+                            std::span<const int32_t> block_table, int32_t layer,
+                            int32_t token_start, int32_t count, void* stream) override;
+  void* layer_event(int32_t layer) const override;
+
  private:
   struct Impl;
   // ReadTokens (to_device false: pools -> host_k/host_v) and WriteTokens
   // (true: host rows -> pools, host rows only read), through the staging
-  // in chunks, on the copy stream.
+  // in chunks (kv_staging.h's CopyKvThroughStaging), on the copy stream.
   void CopyTokens(bool to_device, std::span<const int32_t> block_table, int32_t layer,
                   int32_t token_start, int32_t count, char* host_k, char* host_v) const;
+  // GatherRows / ScatterRows: one side paged (this storage), one flat.
+  absl::Status MoveRows(bool gather, std::span<const int32_t> block_table, int32_t layer,
+                        int32_t token_start, int32_t count, void* frame, void* stream);
+  cudaEvent_t LayerEventOrNull(int32_t layer) const;
   CudaKvStorage(const kv::KvShape& shape, std::unique_ptr<Impl> impl);
   kv::KvShape shape_;
   PagedKv paged_;

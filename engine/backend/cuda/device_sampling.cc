@@ -124,4 +124,13 @@ int32_t GraphBucket(int32_t n, int32_t cap) {
   return std::min(b, cap);
 }
 
+std::vector<int32_t> GraphBuckets(int32_t cap) {
+  std::vector<int32_t> buckets;
+  for (int32_t n = 1; n <= cap; ++n) {
+    const int32_t b = GraphBucket(n, cap);
+    if (buckets.empty() || buckets.back() != b) buckets.push_back(b);
+  }
+  return buckets;
+}
+
 }  // namespace tandem::backend::cuda

@@ -12,6 +12,7 @@
 #define TANDEM_ENGINE_BACKEND_CUDA_DEVICE_SAMPLING_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/backend/cuda/cuda_kernels.h"
 #include "engine/sampling/logits_processor.h"
@@ -70,6 +71,9 @@ bool BuildViewFromTopK(const DeviceRowPlan& plan, const sampling::SamplingOption
 // The CUDA-graph bucket of a decode step of n sequences (1 <= n <= cap):
 // 1, 2, 4, 8, 16, 32, then multiples of 32, capped at `cap`.
 int32_t GraphBucket(int32_t n, int32_t cap);
+// Every bucket GraphBucket returns for n in [1, cap], ascending (empty for
+// cap < 1).
+std::vector<int32_t> GraphBuckets(int32_t cap);
 
 }  // namespace tandem::backend::cuda
 

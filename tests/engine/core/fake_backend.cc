@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "engine/sampling/sampling_view.h"
 
 namespace tandem::core::testing {
@@ -38,8 +39,75 @@ std::vector<int32_t> FakePrompt(int32_t n, int32_t seed) {
   return p;
 }
 
-FakeBackend::FakeBackend(int32_t block_size, int32_t num_blocks, int32_t context_length)
-    : storage_(kv::KvShape{kFakeLayers, kKvHeads, kHeadDim, block_size}, num_blocks) {
+void EventLog::Add(std::string event) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(event));
+}
+
+std::vector<std::string> EventLog::events() const {
+  absl::MutexLock lock(&mu_);
+  return events_;
+}
+
+kv::DevicePoolInfo HostDeviceKvStorage::pool_info() const {
+  kv::DevicePoolInfo info;
+  info.n_layers = shape().n_layers;
+  info.layer_blocks = num_blocks();
+  info.block_size = shape().block_size;
+  info.kv_dim = shape().kv_dim();
+  info.dtype = dtype();
+  return info;
+}
+
+absl::Status HostDeviceKvStorage::CheckRange(std::span<const int32_t> block_table,
+                                             int32_t layer, int32_t token_start,
+                                             int32_t count) const {
+  if (layer < 0 || layer >= shape().n_layers || token_start < 0 || count < 0 ||
+      int64_t{token_start} + count >
+          static_cast<int64_t>(block_table.size()) * shape().block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host device KV: layer ", layer, " tokens [", token_start, ", +", count,
+                     ") outside a table of ", block_table.size(), " blocks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostDeviceKvStorage::GatherRows(std::span<const int32_t> block_table, int32_t layer,
+                                             int32_t token_start, int32_t count, void* dst,
+                                             void* /*stream*/) {
+  ++gathers_;
+  if (absl::Status s = CheckRange(block_table, layer, token_start, count); !s.ok()) return s;
+  char* out = static_cast<char*>(dst);
+  cpu_.ReadTokens(block_table, layer, token_start, count, out,
+                  out + static_cast<size_t>(count) * row_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status HostDeviceKvStorage::ScatterRows(std::span<const int32_t> block_table,
+                                              int32_t layer, int32_t token_start, int32_t count,
+                                              const void* src, void* /*stream*/) {
+  if (absl::Status s = CheckRange(block_table, layer, token_start, count); !s.ok()) return s;
+  const char* in = static_cast<const char*>(src);
+  cpu_.WriteTokens(block_table, layer, token_start, count, in,
+                   in + static_cast<size_t>(count) * row_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status HostDeviceKvStorage::CopyFromPeer(const kv::DevicePoolInfo&,
+                                               std::span<const int32_t>,
+                                               std::span<const int32_t>, int32_t, int32_t,
+                                               int32_t, void*) {
+  return absl::UnimplementedError("host device KV: no peer pools on the host");
+}
+
+FakeBackend::FakeBackend(int32_t block_size, int32_t num_blocks, int32_t context_length,
+                         bool device_kv) {
+  const kv::KvShape shape{kFakeLayers, kKvHeads, kHeadDim, block_size};
+  if (device_kv) {
+    storage_ = std::make_unique<HostDeviceKvStorage>(shape, num_blocks);
+  } else {
+    storage_ = std::make_unique<kv::CpuKvStorage>(shape, num_blocks);
+  }
   config_.architecture = "fake";
   config_.context_length = context_length;
   config_.n_layers = kFakeLayers;
@@ -66,9 +134,33 @@ void WriteFakeKv(kv::KvStorage& storage, const std::vector<int32_t>& table,
   }
 }
 
+void FakeBackend::PauseNextForward() {
+  absl::MutexLock lock(&gate_mu_);
+  pause_next_ = true;
+}
+
+bool FakeBackend::WaitPaused(absl::Duration timeout) {
+  absl::MutexLock lock(&gate_mu_);
+  return gate_mu_.AwaitWithTimeout(absl::Condition(&paused_), timeout);
+}
+
+void FakeBackend::Resume() {
+  absl::MutexLock lock(&gate_mu_);
+  paused_ = false;
+}
+
 absl::Status FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
                                   const backend::LayerHook* hook,
                                   std::vector<sampling::SamplingView>* views) {
+  {
+    absl::MutexLock lock(&gate_mu_);
+    if (pause_next_) {
+      pause_next_ = false;
+      paused_ = true;
+      auto resumed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) { return !paused_; };
+      gate_mu_.Await(absl::Condition(&resumed));
+    }
+  }
   ++forward_calls_;
   for (int32_t layer = 0; layer < kFakeLayers; ++layer) {
     for (size_t e = 0; e < batch.size(); ++e) {
@@ -77,8 +169,9 @@ absl::Status FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
       for (int32_t i = 0; i < n; ++i) {
         float row[kHeadDim];
         KvRow(entry.tokens[static_cast<size_t>(i)], entry.start_pos + i, row);
-        kv::WriteKvRows(storage_, *entry.block_table, layer, entry.start_pos + i, 1, row, row);
+        kv::WriteKvRows(*storage_, *entry.block_table, layer, entry.start_pos + i, 1, row, row);
       }
+      if (log_ != nullptr) log_->Add(absl::StrCat("compute L", layer, " E", e));
       if (hook != nullptr && *hook) (*hook)(e, layer, entry.start_pos, n);
     }
   }
@@ -95,7 +188,7 @@ absl::Status FakeBackend::Forward(std::span<const backend::ForwardEntry> batch,
     bool corrupt = false;
     for (int32_t t = 0; t < len; ++t) {
       float k[kHeadDim], vrow[kHeadDim];
-      kv::ReadKvRows(storage_, *entry.block_table, kFakeLayers - 1, t, 1, k, vrow);
+      kv::ReadKvRows(*storage_, *entry.block_table, kFakeLayers - 1, t, 1, k, vrow);
       corrupt |= k[1] != static_cast<float>(t) || std::memcmp(k, vrow, sizeof(k)) != 0;
       seq.push_back(static_cast<int32_t>(k[0]));
     }

@@ -8,6 +8,12 @@
 // tokens. The logits put 8.0 on the next token and small hashed values
 // elsewhere, and go through the real sampling reduction.
 //
+// EventLog: an ordered, thread-safe record of what the fake backend
+// computed and what exports sent (overlap tests).
+// HostDeviceKvStorage: a host-memory KV storage that also implements
+// kv::DeviceKvAccess (null streams, synchronous copies): the core's
+// device-rows export path without a GPU.
+//
 // FakeLoader: a RemoteKvLoader the test drives (complete, fail, quiesce).
 // FakeExport: a KvExport that records what the core sends; the test says
 // when its receiver has room (SetRoom) and when the transfer's result
@@ -29,6 +35,7 @@
 #include "engine/backend/model_backend.h"
 #include "engine/core/request.h"
 #include "engine/kv/cpu_kv_storage.h"
+#include "engine/kv/device_kv.h"
 
 namespace tandem::core::testing {
 
@@ -47,12 +54,71 @@ std::vector<int32_t> FakeGenerate(const std::vector<int32_t>& prompt, int32_t n)
 // tokens, so two seeds never share a cached prefix block.
 std::vector<int32_t> FakePrompt(int32_t n, int32_t seed);
 
+class EventLog {
+ public:
+  void Add(std::string event);
+  std::vector<std::string> events() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// A CpuKvStorage (F32) behind both interfaces. GatherRows / ScatterRows
+// copy synchronously in the frame layout (K rows then V rows); the stream
+// is ignored; CopyFromPeer is UNIMPLEMENTED (no peer on the host);
+// layer_event is null; pool_info names no pools (k, v null), the shape
+// and layer_blocks = num_blocks. Errors: INVALID_ARGUMENT for a range the
+// table does not cover or a layer outside the shape.
+class HostDeviceKvStorage final : public kv::KvStorage, public kv::DeviceKvAccess {
+ public:
+  HostDeviceKvStorage(const kv::KvShape& shape, int32_t num_blocks)
+      : cpu_(shape, num_blocks) {}
+
+  const kv::KvShape& shape() const override { return cpu_.shape(); }
+  kv::KvDtype dtype() const override { return cpu_.dtype(); }
+  int32_t num_blocks() const override { return cpu_.num_blocks(); }
+  void ReadTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
+                  int32_t count, char* k_out, char* v_out) const override {
+    cpu_.ReadTokens(block_table, layer, token_start, count, k_out, v_out);
+  }
+  void WriteTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
+                   int32_t count, const char* k, const char* v) override {
+    cpu_.WriteTokens(block_table, layer, token_start, count, k, v);
+  }
+
+  int device_ordinal() const override { return 0; }
+  kv::DevicePoolInfo pool_info() const override;
+  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
+                          int32_t token_start, int32_t count, void* dst,
+                          void* stream) override;
+  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
+                           int32_t token_start, int32_t count, const void* src,
+                           void* stream) override;
+  absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
+                            std::span<const int32_t> block_table, int32_t layer,
+                            int32_t token_start, int32_t count, void* stream) override;
+  void* layer_event(int32_t layer) const override { return nullptr; }
+
+  // GatherRows calls so far.
+  int gathers() const { return gathers_.load(); }
+
+ private:
+  absl::Status CheckRange(std::span<const int32_t> block_table, int32_t layer,
+                          int32_t token_start, int32_t count) const;
+  kv::CpuKvStorage cpu_;
+  std::atomic<int> gathers_{0};
+};
+
 class FakeBackend final : public backend::ModelBackend {
  public:
-  FakeBackend(int32_t block_size, int32_t num_blocks, int32_t context_length = 1024);
+  // With `device_kv`, the KV cache is a HostDeviceKvStorage (the device
+  // rows export path); else a CpuKvStorage.
+  FakeBackend(int32_t block_size, int32_t num_blocks, int32_t context_length = 1024,
+              bool device_kv = false);
 
   const model::LlamaConfig& config() const override { return config_; }
-  kv::KvStorage& kv_storage() override { return storage_; }
+  kv::KvStorage& kv_storage() override { return *storage_; }
   std::string bit_exact_class() const override { return "fake/v1"; }
   // Never fails (OK), like the CPU backend.
   absl::Status Forward(std::span<const backend::ForwardEntry> batch,
@@ -63,10 +129,23 @@ class FakeBackend final : public backend::ModelBackend {
   static void KvRow(int32_t token, int32_t pos, float* row);
 
   int forward_calls() const { return forward_calls_.load(); }
+  // Forward adds "compute L<layer> E<entry>" to `log` (may be null: none)
+  // when it has written that layer of that entry, before the layer hook
+  // runs for it. Set before the core's first step.
+  void set_event_log(EventLog* log) { log_ = log; }
+  // Test controls (any thread): the next Forward waits, before computing,
+  // until Resume(); WaitPaused (bounded) is true once it waits.
+  void PauseNextForward();
+  bool WaitPaused(absl::Duration timeout = absl::Seconds(3));
+  void Resume();
 
  private:
   model::LlamaConfig config_;
-  kv::CpuKvStorage storage_;
+  std::unique_ptr<kv::KvStorage> storage_;
+  EventLog* log_ = nullptr;
+  absl::Mutex gate_mu_;
+  bool pause_next_ ABSL_GUARDED_BY(gate_mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(gate_mu_) = false;
   std::atomic<int> forward_calls_{0};
 };
 
