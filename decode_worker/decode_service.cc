@@ -169,6 +169,20 @@ v1::WorkerStatus DecodeService::Status() {
   return status;
 }
 
+KvTransportCounters DecodeService::KvCounters() {
+  KvTransportCounters c;
+  for (int t = 0; t < kvtransfer::kNumKvTransports; ++t) {
+    const auto transport = static_cast<kvtransfer::KvTransport>(t);
+    c.received(transport) = receiver_->bytes_received_total(transport);
+  }
+  c.transfers = receiver_->transfers_completed_total();
+  c.transfer_seconds_sum = receiver_->transfer_seconds_total();
+  const core::CoreStats stats = core_->GetStats();
+  c.loads = stats.kv_load_to_first_decode_total;
+  c.load_to_first_decode_seconds_sum = stats.kv_load_to_first_decode_seconds_total;
+  return c;
+}
+
 grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* context,
                                                    const v1::GetStatusRequest* request,
                                                    v1::WorkerStatus* response) {

@@ -151,10 +151,15 @@ uint64_t ReceiverKvLoader::bytes_received_total() const {
 }
 
 uint64_t ReceiverKvLoader::bytes_received_total(kvtransfer::KvTransport transport) const {
-  if (transport == kvtransfer::KvTransport::kTcp) return receiver_->kv_bytes_received_total();
-  const kvtransfer::KvDataReceiver* data =
-      planes_ != nullptr ? planes_->receiver(transport) : nullptr;
-  return data != nullptr ? data->bytes_total() : 0;
+  return receiver_->kv_bytes_received(transport);
+}
+
+uint64_t ReceiverKvLoader::transfers_completed_total() const {
+  return receiver_->transfers_completed_total();
+}
+
+double ReceiverKvLoader::transfer_seconds_total() const {
+  return receiver_->transfer_seconds_total();
 }
 
 }  // namespace tandem::decode

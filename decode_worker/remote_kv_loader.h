@@ -59,10 +59,14 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   // What every load offers: the receiver's transports ({tcp} without
   // planes), kvtransfer::LocalHostId() and a NewInstanceId() drawn at Start.
   const kvtransfer::TransportOffer& offer() const { return offer_; }
-  // K+V payload bytes received on `transport` (monotonic): tcp the
-  // receiver's FRAME bytes (KvReceiver::kv_bytes_received_total), nccl /
-  // cuda_ipc their data receiver's bytes_total(); 0 for one not offered.
+  // K+V payload bytes received on `transport` (monotonic;
+  // KvReceiver::kv_bytes_received: tcp FRAMEs, nccl / cuda_ipc the
+  // FrameBytes of each FRAME_DESC its data receiver completed).
   uint64_t bytes_received_total(kvtransfer::KvTransport transport) const;
+  // Completed transfers and their first-frame .. FINAL seconds, summed
+  // (KvReceiver::transfers_completed_total / transfer_seconds_total).
+  uint64_t transfers_completed_total() const;
+  double transfer_seconds_total() const;
 
   // core::RemoteKvLoader. A load is transfer (request_id, attempt); its
   // target carries offer() (transport names, host id, instance id). Every

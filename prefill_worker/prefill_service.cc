@@ -85,6 +85,16 @@ v1::WorkerStatus PrefillService::Status() {
   return status;
 }
 
+KvTransportCounters PrefillService::KvCounters() {
+  KvTransportCounters c;
+  for (int t = 0; t < kvtransfer::kNumKvTransports; ++t) {
+    const auto transport = static_cast<kvtransfer::KvTransport>(t);
+    c.sent(transport) =
+        send_.bytes_by_transport != nullptr ? send_.bytes_by_transport->Get(transport) : 0;
+  }
+  return c;
+}
+
 grpc::ServerUnaryReactor* PrefillService::GetStatus(grpc::CallbackServerContext* context,
                                                     const v1::GetStatusRequest* request,
                                                     v1::WorkerStatus* response) {

@@ -93,10 +93,9 @@ TEST(KvTransportLoaderTest, PlanesSetTheOfferAndTheByteCounters) {
   ASSERT_TRUE(target.ok()) << target.status();
   EXPECT_THAT(target->kv_transports, ElementsAre("nccl", "tcp"));
   (*loader)->CancelLoad("r2");
-  nccl->bytes = 4096;
-  EXPECT_EQ((*loader)->bytes_received_total(KvTransport::kNccl), 4096u);
-  EXPECT_EQ((*loader)->bytes_received_total(KvTransport::kTcp), 0u);
-  EXPECT_EQ((*loader)->bytes_received_total(KvTransport::kCudaIpc), 0u);  // not offered
+  for (KvTransport t : {KvTransport::kTcp, KvTransport::kNccl, KvTransport::kCudaIpc}) {
+    EXPECT_EQ((*loader)->bytes_received_total(t), 0u);  // nothing received yet
+  }
 }
 
 // A KV storage "on a device": host memory, plus DeviceKvAccess so that the
@@ -193,6 +192,9 @@ TEST(KvTransportWiringTest, ADeviceTransferRunsThroughBothWorkersWiring) {
     ASSERT_EQ(loaded_result.samples.size(), 1u);
     EXPECT_EQ(loaded_result.samples[0].token.token_id, 7);
   }
+  EXPECT_EQ((*loader)->bytes_received_total(KvTransport::kNccl), 2u * 2 * 5 * 16);
+  EXPECT_EQ((*loader)->bytes_received_total(KvTransport::kTcp), 0u);
+  EXPECT_EQ((*loader)->transfers_completed_total(), 1u);
   absl::MutexLock lock(&d_nccl->mu);
   ASSERT_EQ(d_nccl->setups.size(), 1u);
   EXPECT_EQ(d_nccl->setups[0], "setup-bytes");
