@@ -88,9 +88,7 @@ bool SenderKvExport::Stalled() const {
 absl::StatusOr<bool> SenderKvExport::Ready() { return options_.queue->HasRoom(*id_); }
 
 void SenderKvExport::CountFrame(int32_t count) {
-  const uint64_t bytes = options_.layout.FrameBytes(static_cast<uint32_t>(count));
-  bytes_sent_ += bytes;
-  if (options_.bytes_by_transport != nullptr) options_.bytes_by_transport->Add(transport_, bytes);
+  bytes_sent_ += options_.layout.FrameBytes(static_cast<uint32_t>(count));
 }
 
 absl::Status SenderKvExport::SendDeviceRows(kv::DeviceKvAccess& kv,
@@ -158,6 +156,12 @@ std::optional<absl::Status> SenderKvExport::Result() {
 }
 
 void SenderKvExport::Close() {
+  // Counted per transport when the export ends, as the engine counts
+  // kv_bytes_sent_total (from bytes_sent() after Close), so the two agree.
+  if (!counted_ && options_.bytes_by_transport != nullptr) {
+    options_.bytes_by_transport->Add(transport_, bytes_sent_);
+  }
+  counted_ = true;
   if (!id_.has_value()) return;
   options_.queue->Close(*id_);  // cancels it unless the FINAL went out
   id_.reset();

@@ -69,8 +69,9 @@ struct KvSendOptions {
   // kvtransfer::LocalHostId() of this worker (cuda_ipc only to a D with
   // the same one); StartKvSendQueue sets it when empty.
   std::string host_id;
-  // K+V payload bytes every export queued, per transport (FrameBytes of
-  // each frame or descriptor); StartKvSendQueue creates it when null. The
+  // K+V payload bytes every ended export queued, per transport (its
+  // bytes_sent(), added at Close, when the engine adds it to
+  // kv_bytes_sent_total); StartKvSendQueue creates it when null. The
   // worker's status reports it (WorkerStatus.kv_bytes_by_transport).
   std::shared_ptr<KvTransportBytes> bytes_by_transport;
 
@@ -145,6 +146,7 @@ class SenderKvExport final : public core::KvExport {
   std::optional<absl::Status> result_;  // a device transfer's, once known
   int64_t frames_ = 0;
   uint64_t bytes_sent_ = 0;
+  bool counted_ = false;  // bytes_sent_ added to bytes_by_transport (Close)
 };
 
 }  // namespace tandem::prefill

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "decode_worker/remote_kv_loader.h"
@@ -117,7 +116,7 @@ class DeviceStorage : public kv::KvStorage, public worker_testing::NoDeviceKv {
 // D offers nccl; P (nccl, tcp) takes it: P's HELLO carries its sender's
 // setup, D's data receiver gets it with the load's device target, every
 // descriptor in order, and both ends succeed once D's ACK came and P's data
-// path is done. Needs issue #16's control plane (skipped on the stand-ins).
+// path is done.
 TEST(KvTransportWiringTest, ADeviceTransferRunsThroughBothWorkersWiring) {
   auto d_nccl = std::make_shared<FakeDataReceiver>(KvTransport::kNccl);
   auto planes = std::make_shared<KvDataPlanes>();
@@ -157,9 +156,6 @@ TEST(KvTransportWiringTest, ADeviceTransferRunsThroughBothWorkersWiring) {
   ASSERT_TRUE(offer.ok()) << offer.status();
   prefill::SenderKvExport e(send, target->kv_endpoint, "w1", 1, 0, *offer);
   const absl::Status open = e.Open(nullptr, [] {});
-  if (absl::StrContains(open.message(), "stand-in")) {
-    GTEST_SKIP() << "needs the issue #16 control plane: " << open;
-  }
   ASSERT_TRUE(open.ok()) << open;
   EXPECT_EQ(e.transport(), KvTransport::kNccl);
   ASSERT_EQ(p_nccl.peers.size(), 1u);
@@ -179,7 +175,6 @@ TEST(KvTransportWiringTest, ADeviceTransferRunsThroughBothWorkersWiring) {
   }
   ASSERT_TRUE(result.has_value()) << "no result within 10 s";
   EXPECT_TRUE(result->ok()) << *result;
-  EXPECT_EQ(send.bytes_by_transport->Get(KvTransport::kNccl), 2u * 2 * 5 * 16);
   {
     absl::MutexLock lock(&mu);
     ASSERT_TRUE(mu.AwaitWithDeadline(absl::Condition(
@@ -206,6 +201,7 @@ TEST(KvTransportWiringTest, ADeviceTransferRunsThroughBothWorkersWiring) {
   EXPECT_EQ(d_nccl->frames[1].layer, 1u);
   EXPECT_EQ(d_nccl->frames[1].comm_seq, 1u);
   e.Close();
+  EXPECT_EQ(send.bytes_by_transport->Get(KvTransport::kNccl), 2u * 2 * 5 * 16);
 }
 
 }  // namespace
