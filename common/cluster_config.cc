@@ -569,17 +569,33 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   if (const YAML::Node n = root["kv"]; n.IsDefined()) {
     if (s = CheckKeys(n, "kv",
                       {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts",
-                       "send_buffer_bytes"});
+                       "send_buffer_bytes", "transport", "nccl_socket_ifname",
+                       "nccl_init_timeout_ms"});
         !s.ok()) {
       return s;
     }
     s = ReadInts(n, "kv",
                  {{"transfer_timeout_ms", &c->kv.transfer_timeout_ms, 1},
                   {"handshake_timeout_ms", &c->kv.handshake_timeout_ms, 1},
-                  {"max_prefill_attempts", &c->kv.max_prefill_attempts, 1}});
+                  {"max_prefill_attempts", &c->kv.max_prefill_attempts, 1},
+                  {"nccl_init_timeout_ms", &c->kv.nccl_init_timeout_ms, 1}});
     if (!s.ok()) return s;
     s = ReadInt(n, "kv", "send_buffer_bytes", &c->kv.send_buffer_bytes,
                 KvConfig::kMinSendBufferBytes, KvConfig::kMaxSendBufferBytes);
+    if (!s.ok()) return s;
+    if (n["transport"].IsDefined()) {
+      std::string text;
+      if (s = ReadString(n, "transport", "kv", &text); !s.ok()) return s;
+      absl::StatusOr<kvtransfer::KvTransportSetting> setting =
+          kvtransfer::ParseKvTransportSetting(text);
+      if (!setting.ok()) {
+        // Its message names kv.transport and the value; the position is ours.
+        return absl::InvalidArgumentError(
+            absl::StrCat(setting.status().message(), Where(n["transport"])));
+      }
+      c->kv.transport = *setting;
+    }
+    s = ReadString(n, "nccl_socket_ifname", "kv", &c->kv.nccl_socket_ifname);
     if (!s.ok()) return s;
   }
   if (const YAML::Node n = root["cluster"]; n.IsDefined()) {
@@ -629,6 +645,14 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
           "engine.batch_invariant: false, but ", w->name,
           " runs on cpu, whose backend is always batch-invariant (remove the key, or run "
           "every worker on cuda:N)"));
+    }
+    // What kvtransfer::SupportedTransports would refuse at that worker's start.
+    if (!c.kv.transport.automatic && c.kv.transport.fixed != kvtransfer::KvTransport::kTcp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv.transport: ", std::string(kvtransfer::KvTransportName(c.kv.transport.fixed)), ", but ",
+          w->name, " runs on cpu, whose KV cache is in host memory (",
+          std::string(kvtransfer::KvTransportName(c.kv.transport.fixed)),
+          " moves GPU memory; set kv.transport: auto or tcp, or run that worker on cuda:N)"));
     }
   }
   if (c.prefill_workers.empty()) return absl::OkStatus();

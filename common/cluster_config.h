@@ -25,7 +25,9 @@
 //            gpu_memory_fraction: 0.9, batch_invariant: true}
 //   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
-//        max_prefill_attempts: 2, send_buffer_bytes: 268435456}
+//        max_prefill_attempts: 2, send_buffer_bytes: 268435456,
+//        transport: auto,   # auto | tcp | nccl | cuda_ipc
+//        nccl_socket_ifname: "", nccl_init_timeout_ms: 10000}
 //   shutdown_grace_s: 5
 //   cluster: {secret_file: PATH, auth_max_skew_ms: 30000}
 // Ports may be 0 (ephemeral).
@@ -42,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/backend/device.h"
 #include "engine/kv/kv_dtype.h"
+#include "kvtransfer/transport.h"
 
 namespace tandem {
 
@@ -218,6 +221,19 @@ struct KvConfig {
   uint64_t send_buffer_bytes = 268435456;  // 256 MiB
   static constexpr int64_t kMinSendBufferBytes = 1 << 20;             // 1 MiB
   static constexpr int64_t kMaxSendBufferBytes = int64_t{1} << 40;  // 1 TiB
+  // kv.transport (issue #16; kvtransfer/transport.h): auto (cuda_ipc
+  // between GPU workers of one host, else nccl, else tcp) or one fixed
+  // transport for every worker. Parsed by kvtransfer::
+  // ParseKvTransportSetting. A fixed nccl or cuda_ipc with any worker on
+  // cpu is refused when the file is read (its KV is in host memory).
+  kvtransfer::KvTransportSetting transport;
+  // kv.nccl_socket_ifname: the network interface NCCL bootstraps over
+  // (NCCL_SOCKET_IFNAME; the interface of `advertise`). Empty: NCCL's own
+  // choice.
+  std::string nccl_socket_ifname;
+  // kv.nccl_init_timeout_ms: the bound on creating one P-D communicator
+  // (non-blocking ncclCommInitRank polled until done), ms, > 0.
+  int32_t nccl_init_timeout_ms = 10000;
 };
 
 // The chat formats the router renders (router/chat_template.h, whose
@@ -274,7 +290,8 @@ struct ClusterConfig {
 // must resolve to one KV dtype (KV moves from each prefill worker to each
 // decode worker; the message names a pair that differs and
 // engine.kv_cache_dtype); engine.gpu_memory_fraction set while no worker
-// runs on cuda:N is refused.
+// runs on cuda:N is refused; kv.transport nccl or cuda_ipc with a worker on
+// cpu is refused naming the key and the worker.
 absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
 // Reads and parses a file. NOT_FOUND if it cannot be read.
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);

@@ -25,6 +25,9 @@ class GrpcDecodeOutput : public core::RequestOutput {
     need->set_kv_endpoint(target.kv_endpoint);
     need->set_hit_tokens(static_cast<uint32_t>(target.hit_tokens));
     need->set_attempt(target.attempt);
+    for (const std::string& name : target.kv_transports) need->add_kv_transports(name);
+    need->set_kv_host_id(target.kv_host_id);
+    need->set_kv_instance_id(target.kv_instance_id);
     sink_->Write(std::move(msg));
   }
   void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
@@ -159,7 +162,25 @@ v1::WorkerStatus DecodeService::Status() {
   v1::WorkerStatus status =
       StatusFromCore(core_->GetStats(), receiver_->layout().LayoutId(), bit_exact_class_);
   status.set_kv_endpoint(receiver_->endpoint());
+  for (kvtransfer::KvTransport t : receiver_->offer().transports) {
+    (*status.mutable_kv_bytes_by_transport())[std::string(kvtransfer::KvTransportName(t))] =
+        receiver_->bytes_received_total(t);
+  }
   return status;
+}
+
+KvTransportCounters DecodeService::KvCounters() {
+  KvTransportCounters c;
+  for (int t = 0; t < kvtransfer::kNumKvTransports; ++t) {
+    const auto transport = static_cast<kvtransfer::KvTransport>(t);
+    c.received(transport) = receiver_->bytes_received_total(transport);
+  }
+  c.transfers = receiver_->transfers_completed_total();
+  c.transfer_seconds_sum = receiver_->transfer_seconds_total();
+  const core::CoreStats stats = core_->GetStats();
+  c.loads = stats.kv_load_to_first_decode_total;
+  c.load_to_first_decode_seconds_sum = stats.kv_load_to_first_decode_seconds_total;
+  return c;
 }
 
 grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* context,

@@ -54,6 +54,9 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   grpc::Service* service() override { return this; }
   v1::WorkerStatus Status() override;
   void Shutdown() override { core_->Shutdown(); }
+  // Received bytes per transport and the stream seconds from the KV
+  // receiver; FINAL .. first decode step from the core's stats.
+  KvTransportCounters KvCounters() override;
 
  private:
   // The typed bodies, once the request parsed. `request` is valid until

@@ -1,5 +1,6 @@
 // tandem-decode-worker: thin main; see common/server/worker_main.h.
 #include "absl/strings/str_cat.h"
+#include "common/server/kv_data_planes.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
 #include "decode_worker/decode_service.h"
@@ -15,8 +16,13 @@ int main(int argc, char** argv) {
         kvtransfer::KvReceiver::Options kv_options =
             decode::ReceiverKvLoader::OptionsFromConfig(ctx.worker->kv_listen, ctx.config->kv);
         kv_options.auth = ctx.auth;  // HELLOs must carry the cluster credential
+        // kv.transport: the transports this worker offers and their data paths.
+        absl::StatusOr<KvDataPlanes> planes =
+            BuildKvDataPlanes(*ctx.config, *ctx.worker, backend->kv_storage());
+        if (!planes.ok()) return planes.status();
         auto receiver = decode::ReceiverKvLoader::Start(
-            kv_options, KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint));
+            kv_options, KvLayoutFor(backend->kv_storage(), ctx.model->fingerprint),
+            std::make_shared<const KvDataPlanes>(*std::move(planes)));
         if (!receiver.ok()) {
           return absl::Status(receiver.status().code(),
                               absl::StrCat("decode_workers[", ctx.worker->name,

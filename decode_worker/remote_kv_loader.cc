@@ -5,16 +5,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/server/log.h"
+#include "engine/kv/device_kv.h"
+#include "kvtransfer/data_plane.h"
 
 namespace tandem::decode {
 namespace {
 
 // Writes received K/V rows into a sequence's blocks (token addressing, so
-// the prefill worker's block size does not matter).
+// the prefill worker's block size does not matter). A storage on a GPU
+// (kv::DeviceKvAccess) is also a device target for nccl / cuda_ipc.
 class BlockTableWriter : public kvtransfer::KvWriter {
  public:
   BlockTableWriter(kv::KvStorage* storage, std::vector<int32_t> table)
-      : storage_(storage), table_(std::move(table)) {}
+      : storage_(storage), table_(std::move(table)) {
+    device_.kv = dynamic_cast<kv::DeviceKvAccess*>(storage);
+    if (device_.kv != nullptr) device_.block_table = table_;
+  }
+  const kvtransfer::DeviceKvTarget* device_target() const override {
+    return device_.kv != nullptr ? &device_ : nullptr;
+  }
   void WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count, const char* k,
                  const char* v) override {
     storage_->WriteTokens(table_, static_cast<int32_t>(layer), static_cast<int32_t>(token_start),
@@ -24,16 +33,37 @@ class BlockTableWriter : public kvtransfer::KvWriter {
  private:
   kv::KvStorage* const storage_;
   const std::vector<int32_t> table_;  // a copy: the manager's may grow later
+  kvtransfer::DeviceKvTarget device_;  // kv null: a host storage
 };
+
+// The names of `transports`, in order.
+std::vector<std::string> TransportNames(const std::vector<kvtransfer::KvTransport>& transports) {
+  std::vector<std::string> names;
+  for (kvtransfer::KvTransport t : transports) {
+    names.emplace_back(kvtransfer::KvTransportName(t));
+  }
+  return names;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> ReceiverKvLoader::Start(
-    const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout) {
-  auto receiver = kvtransfer::KvReceiver::Start(options, layout);
+    const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout,
+    std::shared_ptr<const KvDataPlanes> planes) {
+  kvtransfer::KvReceiver::Options o = options;
+  if (planes != nullptr && !planes->transports.empty()) {
+    o.transports = planes->transports;
+    o.data_receivers = planes->receivers;
+  }
+  kvtransfer::TransportOffer offer;
+  offer.transports =
+      o.transports.empty() ? std::vector{kvtransfer::KvTransport::kTcp} : o.transports;
+  offer.host_id = kvtransfer::LocalHostId();
+  offer.instance_id = kvtransfer::NewInstanceId();
+  auto receiver = kvtransfer::KvReceiver::Start(o, layout);
   if (!receiver.ok()) return receiver.status();
-  return std::unique_ptr<ReceiverKvLoader>(
-      new ReceiverKvLoader(std::move(*receiver), options.host, layout));
+  return std::unique_ptr<ReceiverKvLoader>(new ReceiverKvLoader(
+      std::move(planes), std::move(*receiver), options.host, layout, std::move(offer)));
 }
 
 kvtransfer::KvReceiver::Options ReceiverKvLoader::OptionsFromConfig(const HostPort& kv_listen,
@@ -50,9 +80,15 @@ kvtransfer::KvReceiver::Options ReceiverKvLoader::OptionsFromConfig(const HostPo
   return o;
 }
 
-ReceiverKvLoader::ReceiverKvLoader(std::unique_ptr<kvtransfer::KvReceiver> receiver,
-                                   std::string host, kvtransfer::KvLayout layout)
-    : receiver_(std::move(receiver)), host_(std::move(host)), layout_(std::move(layout)) {}
+ReceiverKvLoader::ReceiverKvLoader(std::shared_ptr<const KvDataPlanes> planes,
+                                   std::unique_ptr<kvtransfer::KvReceiver> receiver,
+                                   std::string host, kvtransfer::KvLayout layout,
+                                   kvtransfer::TransportOffer offer)
+    : planes_(std::move(planes)),
+      receiver_(std::move(receiver)),
+      host_(std::move(host)),
+      layout_(std::move(layout)),
+      offer_(std::move(offer)) {}
 
 std::string ReceiverKvLoader::endpoint() const {
   if (!endpoint_.empty()) return endpoint_;
@@ -94,7 +130,14 @@ absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
         done(std::move(status), std::move(result));
       });
   if (!expect.ok()) return expect;
-  return core::RemotePrefillTarget{endpoint(), hit_tokens, attempt};
+  core::RemotePrefillTarget target;
+  target.kv_endpoint = endpoint();
+  target.hit_tokens = hit_tokens;
+  target.attempt = attempt;
+  target.kv_transports = TransportNames(offer_.transports);
+  target.kv_host_id = offer_.host_id;
+  target.kv_instance_id = offer_.instance_id;
+  return target;
 }
 
 void ReceiverKvLoader::CancelLoad(const std::string& request_id) {
@@ -105,6 +148,18 @@ uint32_t ReceiverKvLoader::loads_in_flight() const { return receiver_->transfers
 
 uint64_t ReceiverKvLoader::bytes_received_total() const {
   return receiver_->kv_bytes_received_total();
+}
+
+uint64_t ReceiverKvLoader::bytes_received_total(kvtransfer::KvTransport transport) const {
+  return receiver_->kv_bytes_received(transport);
+}
+
+uint64_t ReceiverKvLoader::transfers_completed_total() const {
+  return receiver_->transfers_completed_total();
+}
+
+double ReceiverKvLoader::transfer_seconds_total() const {
+  return receiver_->transfer_seconds_total();
 }
 
 }  // namespace tandem::decode

@@ -2,6 +2,14 @@
 // core's RemoteKvLoader: a remote prefill's K/V arrives over TCP straight
 // into the blocks the scheduler reserved (DESIGN.md, steps 3-6).
 //
+// Transports (issue #16, kvtransfer/transport.h): each load offers this
+// worker's transports (its KvDataPlanes), host id and a per-process
+// instance id in the RemotePrefillTarget (-> NeedRemotePrefill -> the
+// router's KvTarget -> P's choice); the receiver takes a device transport's
+// rows through the KvWriter's device_target() (the storage's
+// kv::DeviceKvAccess and the load's block table) when the storage is on a
+// GPU.
+//
 // Owns: the KV receiver (listening socket, transfers, their threads).
 // Does not touch: which blocks a request holds (the core passes its block
 // table), scheduling, gRPC.
@@ -17,18 +25,23 @@
 
 #include "absl/status/statusor.h"
 #include "common/cluster_config.h"
+#include "common/server/kv_data_planes.h"
 #include "engine/core/request.h"
 #include "kvtransfer/kv_transfer.h"
+#include "kvtransfer/transport.h"
 
 namespace tandem::decode {
 
 class ReceiverKvLoader final : public core::RemoteKvLoader {
  public:
   // Binds the KV receiver. `layout` is what every prefill worker's HELLO
-  // must match. Errors: UNAVAILABLE when the port cannot be bound,
+  // must match. `planes` (null: tcp only) sets options.transports and
+  // options.data_receivers and is kept alive until the receiver has
+  // stopped. Errors: UNAVAILABLE when the port cannot be bound,
   // INVALID_ARGUMENT for a bad layout or timeouts.
   static absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> Start(
-      const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout);
+      const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout,
+      std::shared_ptr<const KvDataPlanes> planes = nullptr);
   // The receiver's options from decode_workers[i].kv_listen and kv.*; its
   // log lines (refused connections, failed transfers) go to rpc::Log.
   static kvtransfer::KvReceiver::Options OptionsFromConfig(const HostPort& kv_listen,
@@ -43,8 +56,20 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   // before the loader is handed to the engine core.
   void set_endpoint(std::string endpoint) { endpoint_ = std::move(endpoint); }
   const kvtransfer::KvLayout& layout() const { return layout_; }
+  // What every load offers: the receiver's transports ({tcp} without
+  // planes), kvtransfer::LocalHostId() and a NewInstanceId() drawn at Start.
+  const kvtransfer::TransportOffer& offer() const { return offer_; }
+  // K+V payload bytes received on `transport` (monotonic;
+  // KvReceiver::kv_bytes_received: tcp FRAMEs, nccl / cuda_ipc the
+  // FrameBytes of each FRAME_DESC its data receiver completed).
+  uint64_t bytes_received_total(kvtransfer::KvTransport transport) const;
+  // Completed transfers and their first-frame .. FINAL seconds, summed
+  // (KvReceiver::transfers_completed_total / transfer_seconds_total).
+  uint64_t transfers_completed_total() const;
+  double transfer_seconds_total() const;
 
-  // core::RemoteKvLoader. A load is transfer (request_id, attempt). Every
+  // core::RemoteKvLoader. A load is transfer (request_id, attempt); its
+  // target carries offer() (transport names, host id, instance id). Every
   // FINAL sample's finish reason must be a tandem.v1.FinishReason a prefill
   // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS. The
   // result carries every sample (token, logprob, top logprobs, finish
@@ -60,13 +85,17 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   uint64_t bytes_received_total() const override;
 
  private:
-  ReceiverKvLoader(std::unique_ptr<kvtransfer::KvReceiver> receiver, std::string host,
-                   kvtransfer::KvLayout layout);
+  ReceiverKvLoader(std::shared_ptr<const KvDataPlanes> planes,
+                   std::unique_ptr<kvtransfer::KvReceiver> receiver, std::string host,
+                   kvtransfer::KvLayout layout, kvtransfer::TransportOffer offer);
 
+  // Declared before receiver_: the data receivers outlive the receiver.
+  const std::shared_ptr<const KvDataPlanes> planes_;
   const std::unique_ptr<kvtransfer::KvReceiver> receiver_;
   const std::string host_;
   std::string endpoint_;  // set_endpoint's, empty until then
   const kvtransfer::KvLayout layout_;
+  const kvtransfer::TransportOffer offer_;
 };
 
 }  // namespace tandem::decode

@@ -4,9 +4,11 @@
 // --fault-fail-reply true (tests only): answer every Prefill whose KV
 // transfer succeeded with UNAVAILABLE (a reply lost after FINAL).
 // kv.send_buffer_bytes and kv.transfer_timeout_ms configure the KV sender
-// (kvtransfer::KvSendQueue: one thread for every transfer).
+// (kvtransfer::KvSendQueue: one thread for every transfer); kv.transport
+// its transports (common/server/kv_data_planes.h).
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/server/kv_data_planes.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
 #include "prefill_worker/prefill_service.h"
@@ -25,6 +27,11 @@ int main(int argc, char** argv) {
         send.transfer_timeout_ms = ctx.config->kv.transfer_timeout_ms;
         send.send_buffer_bytes = ctx.config->kv.send_buffer_bytes;
         send.auth = ctx.auth;
+        // kv.transport: this worker's transports and their data paths.
+        absl::StatusOr<KvDataPlanes> planes =
+            BuildKvDataPlanes(*ctx.config, *ctx.worker, backend->kv_storage());
+        if (!planes.ok()) return planes.status();
+        send.planes = std::make_shared<const KvDataPlanes>(*std::move(planes));
         auto it = ctx.flags->find("fault-stall-after-frames");
         if (it != ctx.flags->end() &&
             !absl::SimpleAtoi(it->second, &send.fault_stall_after_frames)) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tandem::prefill {
 namespace {
@@ -53,6 +54,24 @@ class PrefillOutput : public core::RequestOutput {
 
 }  // namespace
 
+absl::StatusOr<kvtransfer::TransportOffer> OfferFromRequest(const PrefillRequest& request,
+                                                           const KvSendOptions& send) {
+  kvtransfer::TransportOffer offer;
+  offer.host_id = request.kv_host_id;
+  offer.instance_id = request.kv_instance_id;
+  for (const std::string& name : request.kv_transports) {
+    absl::StatusOr<kvtransfer::KvTransport> t = kvtransfer::ParseKvTransport(name);
+    if (t.ok()) offer.transports.push_back(*t);
+  }
+  if (offer.transports.empty() && !request.kv_transports.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no common KV transport: this prefill worker supports ",
+        kvtransfer::KvTransportListName(send.transports()), ", the decode worker offers ",
+        absl::StrJoin(request.kv_transports, ",")));
+  }
+  return offer;
+}
+
 void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillRequest request,
                    PrefillDone done) {
   if (request.hit_tokens > request.prompt.size()) {
@@ -61,9 +80,15 @@ void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillReq
                                                  request.prompt.size())));
     return;
   }
+  absl::StatusOr<kvtransfer::TransportOffer> offer = OfferFromRequest(request, send);
+  if (!offer.ok()) {
+    done(absl::Status(offer.status().code(), absl::StrCat("KV transport for ", request.kv_endpoint,
+                                                          ": ", offer.status().message())));
+    return;
+  }
   auto kv_export = std::make_shared<SenderKvExport>(
       send, request.kv_endpoint, request.request_id, request.attempt,
-      static_cast<int32_t>(request.hit_tokens));
+      static_cast<int32_t>(request.hit_tokens), *std::move(offer));
   core::EngineRequest req;
   req.request_id = std::move(request.request_id);
   req.prompt = std::move(request.prompt);

@@ -53,6 +53,10 @@ void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillReques
   req.kv_endpoint = request->kv_target().endpoint();
   req.attempt = request->kv_target().attempt();
   req.hit_tokens = request->kv_target().hit_tokens();
+  req.kv_transports.assign(request->kv_target().kv_transports().begin(),
+                           request->kv_target().kv_transports().end());
+  req.kv_host_id = request->kv_target().kv_host_id();
+  req.kv_instance_id = request->kv_target().kv_instance_id();
   SubmitPrefill(*core_, send_, std::move(req),
                 [reactor, response](absl::StatusOr<PrefillResult> r) {
                   if (!r.ok()) {
@@ -72,7 +76,23 @@ void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillReques
 }
 
 v1::WorkerStatus PrefillService::Status() {
-  return StatusFromCore(core_->GetStats(), send_.layout.LayoutId(), send_.bit_exact_class);
+  v1::WorkerStatus status =
+      StatusFromCore(core_->GetStats(), send_.layout.LayoutId(), send_.bit_exact_class);
+  for (kvtransfer::KvTransport t : send_.transports()) {
+    (*status.mutable_kv_bytes_by_transport())[std::string(kvtransfer::KvTransportName(t))] =
+        send_.bytes_by_transport != nullptr ? send_.bytes_by_transport->Get(t) : 0;
+  }
+  return status;
+}
+
+KvTransportCounters PrefillService::KvCounters() {
+  KvTransportCounters c;
+  for (int t = 0; t < kvtransfer::kNumKvTransports; ++t) {
+    const auto transport = static_cast<kvtransfer::KvTransport>(t);
+    c.sent(transport) =
+        send_.bytes_by_transport != nullptr ? send_.bytes_by_transport->Get(transport) : 0;
+  }
+  return c;
 }
 
 grpc::ServerUnaryReactor* PrefillService::GetStatus(grpc::CallbackServerContext* context,

@@ -42,6 +42,8 @@ class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
   grpc::Service* service() override { return this; }
   v1::WorkerStatus Status() override;
   void Shutdown() override { core_->Shutdown(); }
+  // Sent bytes per transport (KvSendOptions::bytes_by_transport).
+  KvTransportCounters KvCounters() override;
 
  private:
   // The reactor of one Prefill call: owns the parsed request and the

@@ -61,6 +61,17 @@ bool IsTransportError(const grpc::Status& s) {
 
 }  // namespace
 
+void KvTargetFromNeed(const v1::NeedRemotePrefill& need, const std::string& request_id,
+                      v1::KvTarget* target) {
+  target->set_endpoint(need.kv_endpoint());
+  target->set_request_id(request_id);
+  target->set_attempt(need.attempt());
+  target->set_hit_tokens(need.hit_tokens());
+  *target->mutable_kv_transports() = need.kv_transports();
+  target->set_kv_host_id(need.kv_host_id());
+  target->set_kv_instance_id(need.kv_instance_id());
+}
+
 // One D.Generate stream (one decode attempt of the request). Lives until
 // gRPC's OnDone; holds the request alive meanwhile.
 class GenerateCall::DecodeStream final
@@ -337,11 +348,13 @@ std::string GenerateCall::LogTag() const {
 }
 
 std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
-                                                       std::vector<std::string> avoid) {
+                                                       std::vector<std::string> avoid,
+                                                       const std::string& kv_layout_id) {
   PickRequest pick;
   pick.role = role;
   pick.prompt = params_.prompt;
   pick.avoid = std::move(avoid);
+  pick.kv_layout_id = kv_layout_id;
   PickResult result = registry_->Pick(pick);
   if (result.worker != nullptr) {
     rpc::Log(absl::StrCat(LogTag(), ": ",
@@ -396,16 +409,21 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
       }
     }
   }
-  std::shared_ptr<WorkerHandle> prefill = PickWorker(v1::ROLE_PREFILL, failed_prefill_);
+  // Only a P whose KV layout equals D's can feed it.
+  const std::string layout = decode_ != nullptr ? decode_->kv_layout_id : std::string();
+  std::shared_ptr<WorkerHandle> prefill = PickWorker(v1::ROLE_PREFILL, failed_prefill_, layout);
   if (prefill == nullptr) {
     // D prefills itself (conditional disaggregation's fallback), unless
     // the request forbids it.
-    AbortTransfer(attempt,
-                  failed_prefill_.empty()
-                      ? std::string("no healthy prefill worker")
-                      : absl::StrCat("no healthy prefill worker left (failed: ",
-                                     absl::StrJoin(failed_prefill_, ", "), ")"),
-                  /*no_prefill_worker=*/true);
+    std::string why = failed_prefill_.empty()
+                          ? std::string("no healthy prefill worker")
+                          : absl::StrCat("no healthy prefill worker left (failed: ",
+                                         absl::StrJoin(failed_prefill_, ", "), ")");
+    if (failed_prefill_.empty() && !layout.empty() && registry_->HasRoutable(v1::ROLE_PREFILL)) {
+      why = absl::StrCat("no healthy prefill worker with the KV layout of decode worker ",
+                         decode_->name, " (", layout, ")");
+    }
+    AbortTransfer(attempt, std::move(why), /*no_prefill_worker=*/true);
     return;
   }
   route_ = "remote";
@@ -425,11 +443,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
   req.set_max_tokens(params_.request.max_tokens());
   *req.mutable_sampling() = params_.request.sampling();
   *req.mutable_controls() = params_.controls;
-  auto* target = req.mutable_kv_target();
-  target->set_endpoint(need.kv_endpoint());
-  target->set_request_id(worker_request_id_);
-  target->set_attempt(attempt);
-  target->set_hit_tokens(need.hit_tokens());
+  KvTargetFromNeed(need, worker_request_id_, req.mutable_kv_target());
   prefill_calls_.push_back(call);
   ++outstanding_;
   deferred_.push_back([self = shared_from_this(), call] {

@@ -55,6 +55,13 @@
 
 namespace tandem::router {
 
+// The KvTarget a prefill worker gets for a decode worker's
+// NeedRemotePrefill: D's KV endpoint, hit tokens and transport offer
+// (kv_transports, kv_host_id, kv_instance_id) exactly as D sent them, with
+// the worker-side `request_id` and the need's attempt.
+void KvTargetFromNeed(const v1::NeedRemotePrefill& need, const std::string& request_id,
+                      v1::KvTarget* target);
+
 class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  public:
   using Sink = rpc::StreamSink<v1::GenerateResponse>;
@@ -141,9 +148,12 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // X-Request-Id), so a client's id finds every line about its request.
   std::string LogTag() const;
   // The worker of `role` router.policy chooses for this request's prompt,
-  // skipping `avoid` (workers that failed it), or null; logs "request <id>:
+  // skipping `avoid` (workers that failed it) and, when `kv_layout_id` is
+  // not empty, workers registered with another KV layout id (a P for D:
+  // KV moves only between equal layouts), or null; logs "request <id>:
   // decode worker <name> (<score and its inputs>)" for a choice.
-  std::shared_ptr<WorkerHandle> PickWorker(v1::WorkerRole role, std::vector<std::string> avoid)
+  std::shared_ptr<WorkerHandle> PickWorker(v1::WorkerRole role, std::vector<std::string> avoid,
+                                           const std::string& kv_layout_id = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a dead D may be replaced (n = 1, router.max_migrations left,
   // not route_override REMOTE, the request still running).

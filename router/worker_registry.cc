@@ -111,6 +111,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
     Entry& entry = workers_[request.name()];
     const bool same = entry.handle != nullptr && entry.handle->address == request.address() &&
                       entry.handle->kv_endpoint == request.kv_endpoint() &&
+                      entry.handle->kv_layout_id == request.kv_layout_id() &&
                       entry.handle->role == request.role();
     if (!same) {
       auto handle = std::make_shared<WorkerHandle>();
@@ -118,6 +119,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       handle->role = request.role();
       handle->address = request.address();
       handle->kv_endpoint = request.kv_endpoint();
+      handle->kv_layout_id = request.kv_layout_id();
       handle->auth = options_.auth;
       auto channel = rpc::MakeChannel(request.address());
       if (request.role() == v1::ROLE_DECODE) {
@@ -172,6 +174,9 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
     for (const auto& [name, entry] : workers_) {
       if (!entry.Routable() || entry.handle->role != request.role) continue;
       if (std::find(request.avoid.begin(), request.avoid.end(), name) != request.avoid.end()) {
+        continue;
+      }
+      if (!request.kv_layout_id.empty() && entry.handle->kv_layout_id != request.kv_layout_id) {
         continue;
       }
       const v1::WorkerStatus& st = entry.status;

@@ -66,6 +66,9 @@ struct WorkerHandle {
   v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
   std::string address;
   std::string kv_endpoint;
+  // The KV layout id it registered with (equal to the one the router
+  // expects of it); a P feeds only a D with an equal one.
+  std::string kv_layout_id;
   std::unique_ptr<v1::DecodeWorker::Stub> decode_stub;    // decode workers
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub;  // prefill workers
   // Signs every call to this worker (rpc::SignCall); the registry's
@@ -131,6 +134,10 @@ struct PickRequest {
   // Workers that already failed this request (a retry or a migration
   // skips them).
   std::vector<std::string> avoid;
+  // Not empty: only workers registered with this KV layout id (the
+  // router picks a prefill worker for a decode worker with D's: KV moves
+  // only between equal layouts, issue #16).
+  std::string kv_layout_id;
 };
 
 // The chosen worker (null: no routable worker of the role outside avoid),
@@ -170,7 +177,8 @@ class WorkerRegistry {
   void ReportUnreachable(const std::shared_ptr<WorkerHandle>& handle, const std::string& why);
 
   // Chooses the routable (healthy, not draining) worker of request.role
-  // not in request.avoid with the best score under options.routing
+  // not in request.avoid (and with request.kv_layout_id when set) with the
+  // best score under options.routing
   // (routing_policy.h) from its last polled status, this router's
   // in-flight requests on it and CachedPrefixTokens of the prompt; equal
   // scores are taken in turn (one cursor per role). Workers not polled yet

@@ -218,7 +218,9 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   // observer holds the collector.
   std::shared_ptr<WorkerMetrics> metrics;
   if (worker->metrics_listen.has_value()) {
-    metrics = std::make_shared<WorkerMetrics>(context.status);
+    // Scraped only once the runtime exists (the server starts after it).
+    metrics = std::make_shared<WorkerMetrics>(context.status,
+                                              [&runtime] { return runtime->KvCounters(); });
     context.step_observer = [metrics](double seconds) { metrics->ObserveStep(seconds); };
   }
   // Set by the engine's loop thread before its SIGTERM to this process.

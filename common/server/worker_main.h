@@ -17,6 +17,7 @@
 #include "common/cluster_config.h"
 #include "common/server/exit_codes.h"
 #include "common/server/kv_event_publisher.h"
+#include "common/server/kv_transport_counters.h"
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
@@ -38,6 +39,10 @@ class WorkerRuntime {
   virtual v1::WorkerStatus Status() = 0;
   // Ends every request with UNAVAILABLE and refuses new ones.
   virtual void Shutdown() = 0;
+  // What the worker's KV data paths did, per transport (the /metrics
+  // families tandem_kv_transfer_bytes_total{transport}, ...;
+  // kv_transport_counters.h). Default: everything over tcp, from Status().
+  virtual KvTransportCounters KvCounters() { return CountersFromStatus(Status()); }
 };
 
 struct WorkerContext {

@@ -677,6 +677,76 @@ TEST(ClusterConfigTest, GpuMemoryFractionNeedsACudaWorker) {
             "every worker's device are cpu); remove the key");
 }
 
+// kv.transport, kv.nccl_socket_ifname, kv.nccl_init_timeout_ms (issue #16).
+TEST(KvTransportConfigTest, DefaultsAreAutoNcclsChoiceAndTenSeconds) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->kv.transport.automatic);
+  EXPECT_EQ(c->kv.nccl_socket_ifname, "");
+  EXPECT_EQ(c->kv.nccl_init_timeout_ms, 10000);
+}
+
+TEST(KvTransportConfigTest, ReadsEveryValue) {
+  const std::string gpu = "decode_workers:\n  - {name: d, device: \"cuda:0\"}\n";
+  absl::StatusOr<ClusterConfig> a = ParseClusterConfig(gpu + "kv: {transport: auto}\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->kv.transport.automatic);
+  const std::pair<const char*, kvtransfer::KvTransport> fixed[] = {
+      {"tcp", kvtransfer::KvTransport::kTcp},
+      {"nccl", kvtransfer::KvTransport::kNccl},
+      {"cuda_ipc", kvtransfer::KvTransport::kCudaIpc}};
+  for (const auto& [name, transport] : fixed) {
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+        absl::StrCat(gpu, "kv: {transport: ", name,
+                     ", nccl_socket_ifname: eth1, nccl_init_timeout_ms: 2500}\n"));
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+    EXPECT_FALSE(c->kv.transport.automatic) << name;
+    EXPECT_EQ(c->kv.transport.fixed, transport) << name;
+    EXPECT_EQ(c->kv.nccl_socket_ifname, "eth1");
+    EXPECT_EQ(c->kv.nccl_init_timeout_ms, 2500);
+  }
+  // tcp needs no GPU: a cpu worker may fix it.
+  absl::StatusOr<ClusterConfig> tcp = ParseClusterConfig(std::string(kMinimal) +
+                                                         "kv: {transport: tcp}\n");
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_EQ(tcp->kv.transport.fixed, kvtransfer::KvTransport::kTcp);
+}
+
+TEST(KvTransportConfigTest, BadValuesNameTheKey) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "kv: {transport: rdma}\n"),
+            "kv.transport: unknown value 'rdma' (expected auto, tcp, nccl or cuda_ipc) (line 3, "
+            "column 17)");
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {transport: }\n"),
+              HasSubstr("kv.transport: has no value"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_init_timeout_ms: 0}\n"),
+              HasSubstr("kv.nccl_init_timeout_ms: must be in [1, 2147483647], got 0"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_init_timeout_ms: soon}\n"),
+              HasSubstr("kv.nccl_init_timeout_ms: expected an integer, got 'soon'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_socket_ifname: [eth0]}\n"),
+              HasSubstr("kv.nccl_socket_ifname: expected a string"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_ifname: eth0}\n"),
+              HasSubstr("unknown key 'kv.nccl_ifname'"));
+}
+
+// A fixed device transport with a cpu worker: refused once, at read,
+// naming the key and the worker (SupportedTransports would refuse it at
+// that worker's start).
+TEST(KvTransportConfigTest, CpuWorkerRefusesAFixedDeviceTransport) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "kv: {transport: nccl}\n"),
+            "kv.transport: nccl, but decode-0 runs on cpu, whose KV cache is in host memory "
+            "(nccl moves GPU memory; set kv.transport: auto or tcp, or run that worker on "
+            "cuda:N)");
+  EXPECT_EQ(ErrorOf("prefill_workers: [{name: p, device: cpu}]\n"
+                    "decode_workers: [{name: d}]\n"
+                    "engine: {device: \"cuda:0\", kv_cache_dtype: f32}\n"
+                    "kv: {transport: cuda_ipc}\n"),
+            "kv.transport: cuda_ipc, but p runs on cpu, whose KV cache is in host memory "
+            "(cuda_ipc moves GPU memory; set kv.transport: auto or tcp, or run that worker on "
+            "cuda:N)");
+  // auto on cpu is fine (it falls back to tcp there).
+  EXPECT_TRUE(ParseClusterConfig(std::string(kMinimal) + "kv: {transport: auto}\n").ok());
+}
+
 TEST(ClusterConfigTest, PrefillAndDecodeWorkersMustShareTheKvDtype) {
   // cuda defaults to bf16, cpu to f32: KV could not move from p to d.
   EXPECT_EQ(ErrorOf("prefill_workers: [{name: p}]\n"

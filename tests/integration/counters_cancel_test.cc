@@ -59,6 +59,38 @@ TEST_F(RemotePrefillCountersTest, LongPromptShipsExactKvBytesAndStartsWithBos) {
   EXPECT_EQ(p1.kv_bytes_sent_total() - p0.kv_bytes_sent_total(), expected_bytes);
 }
 
+// Issue #16: CPU workers under kv.transport auto support tcp only; D's
+// offer reaches P through the router and the bytes are counted under tcp,
+// on both sides, and under nothing else.
+TEST_F(RemotePrefillCountersTest, KvTransportBytesAreCountedUnderTcp) {
+  absl::StatusOr<v1::ClusterStatus> before = cluster().ClusterStatus();
+  ASSERT_TRUE(before.ok()) << before.status();
+  // A prompt no other test sends (nothing of it cached), long enough to be
+  // prefilled remotely.
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += "The small red fox ran over the hill to find a friend. ";
+  StreamResult r = RunGenerate(cluster().stub(), MakeRequest(prompt, 2));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.route, "remote");
+  absl::StatusOr<v1::ClusterStatus> after = cluster().ClusterStatus();
+  ASSERT_TRUE(after.ok()) << after.status();
+  const v1::WorkerStatus d0 = Worker(*before, LocalCluster::kDecodeName);
+  const v1::WorkerStatus d1 = Worker(*after, LocalCluster::kDecodeName);
+  const v1::WorkerStatus p0 = Worker(*before, LocalCluster::kPrefillName);
+  const v1::WorkerStatus p1 = Worker(*after, LocalCluster::kPrefillName);
+  const uint64_t sent = p1.kv_bytes_sent_total() - p0.kv_bytes_sent_total();
+  EXPECT_GT(sent, 0u);
+  EXPECT_EQ(sent % kKvBytesPerToken, 0u);
+  EXPECT_EQ(d1.kv_bytes_received_total() - d0.kv_bytes_received_total(), sent);
+  for (const v1::WorkerStatus* w : {&d0, &d1, &p0, &p1}) {
+    SCOPED_TRACE(w->name());
+    ASSERT_EQ(w->kv_bytes_by_transport().size(), 1u);
+    ASSERT_EQ(w->kv_bytes_by_transport().count("tcp"), 1u);
+  }
+  EXPECT_EQ(p1.kv_bytes_by_transport().at("tcp") - p0.kv_bytes_by_transport().at("tcp"), sent);
+  EXPECT_EQ(d1.kv_bytes_by_transport().at("tcp") - d0.kv_bytes_by_transport().at("tcp"), sent);
+}
+
 // ---- Cancel after the first token ------------------------------------------------
 
 class CancelTest : public DefaultClusterSuite,

@@ -238,6 +238,41 @@ TEST_F(PrefillWorkerTest, LayoutMismatchIsFailedPrecondition) {
   EXPECT_EQ(r->receiver->kv_bytes_received_total(), 0u);
 }
 
+// Issue #16: D offers only what this worker (tcp only, no data planes)
+// lacks: the request fails FAILED_PRECONDITION naming both, before any
+// HELLO, and holds no block.
+TEST_F(PrefillWorkerTest, NoCommonKvTransportFailsTheRequest) {
+  PrefillEngine engine(Options(), &model());
+  const GoldenCase c = Golden("once_upon_a_time");
+  auto r = StartReceiver("nccl-only", static_cast<uint32_t>(c.prompt.size()), 0);
+  ASSERT_NE(r, nullptr);
+  PrefillRequest req = Request("nccl-only", c, 4, r->endpoint());
+  req.kv_transports = {"nccl"};
+  req.kv_host_id = "another-host";
+  PrefillDoneRecorder done;
+  engine.Submit(std::move(req), done.Callback());
+  auto result = done.Wait();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kFailedPrecondition)
+      << result->status();
+  EXPECT_EQ(result->status().message(),
+            absl::StrCat("KV transport for ", r->endpoint(),
+                         ": no common KV transport: this prefill worker supports tcp, the "
+                         "decode worker offers nccl"));
+  EXPECT_EQ(r->done.calls(), 0);  // no HELLO reached D
+  EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
+  // An offer with tcp in it is served over tcp.
+  PrefillRequest both = Request("nccl-only", c, 4, r->endpoint());
+  both.kv_transports = {"nccl", "tcp"};
+  PrefillDoneRecorder served;
+  engine.Submit(std::move(both), served.Callback());
+  auto ok = served.Wait();
+  ASSERT_TRUE(ok.has_value());
+  ASSERT_TRUE(ok->ok()) << ok->status();
+  ASSERT_TRUE(r->done.Wait());
+  EXPECT_TRUE(r->done.status().ok()) << r->done.status();
+}
+
 TEST_F(PrefillWorkerTest, InvalidRequestsFailWithoutConnecting) {
   PrefillEngine engine(Options(), &model());
   const GoldenCase c = Golden("once_upon_a_time");

@@ -6,6 +6,8 @@
 // the prefix index fed by each registered worker's KvEvents stream.
 #include "router/worker_registry.h"
 
+#include "router/generate_call.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
@@ -288,13 +290,13 @@ TEST(WorkerRegistryTest, PickScoresTheLastPolledLoad) {
   // Once the idle ones were polled too, every pick goes to them.
   ASSERT_TRUE(WaitFor(
       [&] {
-        return registry.Pick({v1::ROLE_DECODE, prompt, {"d-busy"}}).explanation.find(
+        return registry.Pick({v1::ROLE_DECODE, prompt, {"d-busy"}, ""}).explanation.find(
                    "2048/2048 blocks free") != std::string::npos;
       },
       absl::Seconds(5)));
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(registry.Pick({v1::ROLE_DECODE, prompt, {}}).worker->name, "d-idle");
-    EXPECT_EQ(registry.Pick({v1::ROLE_PREFILL, prompt, {}}).worker->name, "p-idle");
+    EXPECT_EQ(registry.Pick({v1::ROLE_DECODE, prompt, {}, ""}).worker->name, "d-idle");
+    EXPECT_EQ(registry.Pick({v1::ROLE_PREFILL, prompt, {}, ""}).worker->name, "p-idle");
   }
 }
 
@@ -317,7 +319,7 @@ TEST(WorkerRegistryTest, OtherPoliciesChooseAsDocumented) {
     if (policy == RouterPolicy::kLeastLoaded) {
       ASSERT_TRUE(WaitFor(
           [&] {
-            return registry.Pick({v1::ROLE_DECODE, prompt, {"b"}}).explanation ==
+            return registry.Pick({v1::ROLE_DECODE, prompt, {"b"}, ""}).explanation ==
                    "least_loaded: 2 running, 1 waiting, 0 in flight";
           },
           absl::Seconds(5)));
@@ -674,6 +676,81 @@ TEST(WorkerRegistryTest, PrefixIndexFollowsEachRegisteredWorkersEvents) {
   EXPECT_EQ(rec.Count("kv index: worker d0: 2 blocks dropped (re-registered at " +
                       second.address() + ")"),
             1);
+}
+
+// Issue #16: a prefill worker is picked for a decode worker only with an
+// equal KV layout id; with none, Pick finds nothing (D then prefills
+// itself: the router's AbortTransfer with no_prefill_worker).
+TEST(KvTransportRoutingTest, PrefillWorkersArePairedByTheDecodeWorkersLayoutId) {
+  Recorder rec;
+  RegistryOptions o = Options(&rec);
+  o.poll_interval_ms = 600000;  // no poll: all idle, ties in name order
+  const std::string bf16 = "kv2/test-fp/L5.H4.D8/bf16";
+  o.kv_layout_ids = {{"p-gpu", bf16}, {"d-gpu", bf16}};
+  WorkerRegistry registry(o, HealthTo(&rec));
+  v1::RegisterWorkerRequest p_gpu = Registration("p-gpu", v1::ROLE_PREFILL, "127.0.0.1:1");
+  p_gpu.set_kv_layout_id(bf16);
+  ASSERT_TRUE(registry.Register(p_gpu).ok());
+  ASSERT_TRUE(registry.Register(Registration("p-host", v1::ROLE_PREFILL, "127.0.0.1:2")).ok());
+  ASSERT_TRUE(registry.Register(Registration("d-host", v1::ROLE_DECODE, "127.0.0.1:3")).ok());
+
+  auto pick = [&](const std::string& layout, std::vector<std::string> avoid = {}) {
+    static const std::vector<int32_t> kPrompt = {1, 2, 3};
+    PickRequest request;
+    request.role = v1::ROLE_PREFILL;
+    request.prompt = kPrompt;
+    request.avoid = std::move(avoid);
+    request.kv_layout_id = layout;
+    std::shared_ptr<WorkerHandle> w = registry.Pick(request).worker;
+    return w == nullptr ? std::string("none") : w->name;
+  };
+  // The handle keeps the layout id it registered with.
+  std::shared_ptr<WorkerHandle> d = PickOf(registry, v1::ROLE_DECODE);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->kv_layout_id, kLayout);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(pick(d->kv_layout_id), "p-host");
+    EXPECT_EQ(pick(bf16), "p-gpu");
+  }
+  // The only P with D's layout failed the request: none left for it, even
+  // though another P is healthy.
+  EXPECT_EQ(pick(kLayout, {"p-host"}), "none");
+  EXPECT_EQ(pick("kv2/other/L1.H1.D1/f32"), "none");
+  EXPECT_TRUE(registry.HasRoutable(v1::ROLE_PREFILL));
+  // No layout asked: any P, in turn.
+  std::vector<std::string> names = {pick(""), pick("")};
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("p-gpu", "p-host"));
+}
+
+// The router hands P exactly D's endpoint, hit and transport offer.
+TEST(KvTransportRoutingTest, KvTargetCarriesTheDecodeWorkersOffer) {
+  v1::NeedRemotePrefill need;
+  need.set_kv_endpoint("10.0.0.7:7001");
+  need.set_hit_tokens(48);
+  need.set_attempt(2);
+  need.add_kv_transports("cuda_ipc");
+  need.add_kv_transports("nccl");
+  need.add_kv_transports("tcp");
+  need.set_kv_host_id("boot-1234");
+  need.set_kv_instance_id("0123456789abcdef0123456789abcdef");
+  v1::KvTarget target;
+  KvTargetFromNeed(need, "r-17", &target);
+  EXPECT_EQ(target.endpoint(), "10.0.0.7:7001");
+  EXPECT_EQ(target.request_id(), "r-17");
+  EXPECT_EQ(target.attempt(), 2u);
+  EXPECT_EQ(target.hit_tokens(), 48u);
+  EXPECT_THAT(target.kv_transports(), ::testing::ElementsAre("cuda_ipc", "nccl", "tcp"));
+  EXPECT_EQ(target.kv_host_id(), "boot-1234");
+  EXPECT_EQ(target.kv_instance_id(), "0123456789abcdef0123456789abcdef");
+  // A D from before the offer sends none: P reads that as tcp.
+  v1::NeedRemotePrefill old;
+  old.set_kv_endpoint("10.0.0.8:7001");
+  old.set_attempt(1);
+  KvTargetFromNeed(old, "r-18", &target);
+  EXPECT_TRUE(target.kv_transports().empty());
+  EXPECT_EQ(target.kv_host_id(), "");
+  EXPECT_EQ(target.kv_instance_id(), "");
+  EXPECT_EQ(target.endpoint(), "10.0.0.8:7001");
 }
 
 }  // namespace
