@@ -281,6 +281,13 @@ void EngineCore::Loop() {
       while (!stop_requested_ && inbox_new_.empty() && inbox_cancel_.empty() &&
              inbox_cancel_sample_.empty() && inbox_done_.empty() && inbox_abort_.empty() &&
              !export_wake_ && !pending) {
+        // A device data path (KvDataSender::Poll) has no wake of its own:
+        // while one still holds a draining request's blocks, look again
+        // every millisecond.
+        if (device_drain_pending_) {
+          cv_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
+          break;
+        }
         cv_.Wait(&mu_);
       }
       export_wake_ = false;
@@ -377,13 +384,18 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
 
 std::set<int64_t> EngineCore::PollExports() {
   std::set<int64_t> held;
+  bool device_drain_pending = false;
   std::vector<std::pair<std::string, absl::Status>> ended;
   for (auto& [id, rp] : requests_) {
     Request& r = *rp;
     if (!r.export_open) continue;
     if (r.draining) {
       std::optional<absl::Status> result = r.req.kv_export->Result();
-      if (result.has_value()) ended.emplace_back(id, *std::move(result));
+      if (result.has_value()) {
+        ended.emplace_back(id, *std::move(result));
+      } else if (r.req.kv_export->sends_device_rows()) {
+        device_drain_pending = true;
+      }
       continue;
     }
     if (!r.export_error.ok()) continue;  // ends at the end of its step
@@ -400,6 +412,10 @@ std::set<int64_t> EngineCore::PollExports() {
       scheduler_.Add(*std::move(r.unscheduled));
       r.unscheduled.reset();
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    device_drain_pending_ = device_drain_pending;
   }
   for (auto& [id, status] : ended) {
     auto it = requests_.find(id);

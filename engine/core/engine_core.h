@@ -351,6 +351,10 @@ class EngineCore {
   uint32_t open_exports_ ABSL_GUARDED_BY(mu_) = 0;
   // An export's Wake ran: poll the exports (PollExports) before waiting.
   bool export_wake_ ABSL_GUARDED_BY(mu_) = false;
+  // A draining request's device-path export said "not yet" at the last
+  // PollExports: the loop polls again every millisecond (the data path
+  // has no wake).
+  bool device_drain_pending_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread loop_;

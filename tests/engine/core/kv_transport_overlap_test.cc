@@ -103,6 +103,12 @@ class QueuedExport final : public KvExport {
   }
   uint64_t bytes_sent() const override { return 0; }
 
+  // Delivery without the wake, as a device data path (KvDataSender::Poll)
+  // finishes without telling anyone.
+  void SetSilent() {
+    absl::MutexLock lock(&mu_);
+    silent_ = true;
+  }
   // Lets the transport deliver (it is stalled until then).
   void OpenGate() {
     absl::MutexLock lock(&mu_);
@@ -143,7 +149,7 @@ class QueuedExport final : public KvExport {
           delivered_.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
-        wake = wake_;
+        if (!silent_) wake = wake_;
       }
       if (wake) wake();
     }
@@ -159,6 +165,7 @@ class QueuedExport final : public KvExport {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool gate_open_ ABSL_GUARDED_BY(mu_) = false;
+  bool silent_ ABSL_GUARDED_BY(mu_) = false;
   std::thread transport_;
 };
 
@@ -301,6 +308,24 @@ TEST_P(KvTransportOverlapTest, StalledTransportBlocksNeitherStepNorOthers) {
   EXPECT_FALSE(exporting->finish().has_value());  // waits for the transfer
 
   kv_export->OpenGate();
+  ASSERT_TRUE(exporting->WaitFinish());
+  EXPECT_TRUE(exporting->finish()->status.ok()) << exporting->finish()->status;
+  ExpectFramesCoverPrompt(kv_export->delivered(), prompt);
+}
+
+// A device-path export whose last frames go out without a wake (the data
+// path has none) still ends: the core polls a draining device export
+// rather than sleeping until the next arrival.
+TEST(KvTransportDeviceDrainTest, DrainWithoutWakeStillEnds) {
+  Core c(/*device_kv=*/true);
+  const std::vector<int32_t> prompt = FakePrompt(12, 5);
+  auto kv_export = std::make_shared<QueuedExport>(true, &c.log);
+  kv_export->SetSilent();
+  auto exporting = c.Submit("p", prompt, 4, kv_export);
+  for (int i = 0; i < 3000 && !kv_export->finished(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(kv_export->finished());
+  absl::SleepFor(absl::Milliseconds(20));  // the core has gone idle
+  kv_export->OpenGate();                   // delivers, wakes no one
   ASSERT_TRUE(exporting->WaitFinish());
   EXPECT_TRUE(exporting->finish()->status.ok()) << exporting->finish()->status;
   ExpectFramesCoverPrompt(kv_export->delivered(), prompt);
