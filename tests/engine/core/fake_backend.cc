@@ -49,57 +49,6 @@ std::vector<std::string> EventLog::events() const {
   return events_;
 }
 
-kv::DevicePoolInfo HostDeviceKvStorage::pool_info() const {
-  kv::DevicePoolInfo info;
-  info.n_layers = shape().n_layers;
-  info.layer_blocks = num_blocks();
-  info.block_size = shape().block_size;
-  info.kv_dim = shape().kv_dim();
-  info.dtype = dtype();
-  return info;
-}
-
-absl::Status HostDeviceKvStorage::CheckRange(std::span<const int32_t> block_table,
-                                             int32_t layer, int32_t token_start,
-                                             int32_t count) const {
-  if (layer < 0 || layer >= shape().n_layers || token_start < 0 || count < 0 ||
-      int64_t{token_start} + count >
-          static_cast<int64_t>(block_table.size()) * shape().block_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("host device KV: layer ", layer, " tokens [", token_start, ", +", count,
-                     ") outside a table of ", block_table.size(), " blocks"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status HostDeviceKvStorage::GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                                             int32_t token_start, int32_t count, void* dst,
-                                             void* /*stream*/) {
-  ++gathers_;
-  if (absl::Status s = CheckRange(block_table, layer, token_start, count); !s.ok()) return s;
-  char* out = static_cast<char*>(dst);
-  cpu_.ReadTokens(block_table, layer, token_start, count, out,
-                  out + static_cast<size_t>(count) * row_bytes());
-  return absl::OkStatus();
-}
-
-absl::Status HostDeviceKvStorage::ScatterRows(std::span<const int32_t> block_table,
-                                              int32_t layer, int32_t token_start, int32_t count,
-                                              const void* src, void* /*stream*/) {
-  if (absl::Status s = CheckRange(block_table, layer, token_start, count); !s.ok()) return s;
-  const char* in = static_cast<const char*>(src);
-  cpu_.WriteTokens(block_table, layer, token_start, count, in,
-                   in + static_cast<size_t>(count) * row_bytes());
-  return absl::OkStatus();
-}
-
-absl::Status HostDeviceKvStorage::CopyFromPeer(const kv::DevicePoolInfo&,
-                                               std::span<const int32_t>,
-                                               std::span<const int32_t>, int32_t, int32_t,
-                                               int32_t, void*) {
-  return absl::UnimplementedError("host device KV: no peer pools on the host");
-}
-
 FakeBackend::FakeBackend(int32_t block_size, int32_t num_blocks, int32_t context_length,
                          bool device_kv) {
   const kv::KvShape shape{kFakeLayers, kKvHeads, kHeadDim, block_size};

@@ -10,9 +10,9 @@
 //
 // EventLog: an ordered, thread-safe record of what the fake backend
 // computed and what exports sent (overlap tests).
-// HostDeviceKvStorage: a host-memory KV storage that also implements
-// kv::DeviceKvAccess (null streams, synchronous copies): the core's
-// device-rows export path without a GPU.
+// HostDeviceKvStorage: the shared host-memory kv::DeviceKvAccess
+// (host_device_kv.h) that is also a kv::KvStorage: the core's device-rows
+// export path without a GPU.
 //
 // FakeLoader: a RemoteKvLoader the test drives (complete, fail, quiesce).
 // FakeExport: a KvExport that records what the core sends; the test says
@@ -36,6 +36,7 @@
 #include "engine/core/request.h"
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/kv/device_kv.h"
+#include "tests/engine/kv/host_device_kv.h"
 
 namespace tandem::core::testing {
 
@@ -64,50 +65,34 @@ class EventLog {
   std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
 };
 
-// A CpuKvStorage (F32) behind both interfaces. GatherRows / ScatterRows
-// copy synchronously in the frame layout (K rows then V rows); the stream
-// is ignored; CopyFromPeer is UNIMPLEMENTED (no peer on the host);
-// layer_event is null; pool_info names no pools (k, v null), the shape
-// and layer_blocks = num_blocks. Errors: INVALID_ARGUMENT for a range the
-// table does not cover or a layer outside the shape.
-class HostDeviceKvStorage final : public kv::KvStorage, public kv::DeviceKvAccess {
+// The shared host KV (tests/engine/kv/host_device_kv.h, F32, PagedKv
+// pools in host memory, synchronous copies, no layer events) behind
+// kv::KvStorage too: layer_blocks = num_blocks. gathers() counts the
+// GatherRows calls that passed their checks.
+class HostDeviceKvStorage final : public kv::KvStorage, public kv::testing::HostDeviceKv {
  public:
   HostDeviceKvStorage(const kv::KvShape& shape, int32_t num_blocks)
-      : cpu_(shape, num_blocks) {}
+      : HostDeviceKv(shape.n_layers, num_blocks, shape.block_size, shape.kv_dim(),
+                     kv::KvDtype::kF32),
+        shape_(shape),
+        num_blocks_(num_blocks) {}
 
-  const kv::KvShape& shape() const override { return cpu_.shape(); }
-  kv::KvDtype dtype() const override { return cpu_.dtype(); }
-  int32_t num_blocks() const override { return cpu_.num_blocks(); }
+  using kv::KvStorage::row_bytes;
+  const kv::KvShape& shape() const override { return shape_; }
+  kv::KvDtype dtype() const override { return kv::KvDtype::kF32; }
+  int32_t num_blocks() const override { return num_blocks_; }
   void ReadTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
                   int32_t count, char* k_out, char* v_out) const override {
-    cpu_.ReadTokens(block_table, layer, token_start, count, k_out, v_out);
+    HostDeviceKv::ReadTokens(block_table, layer, token_start, count, k_out, v_out);
   }
   void WriteTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
                    int32_t count, const char* k, const char* v) override {
-    cpu_.WriteTokens(block_table, layer, token_start, count, k, v);
+    HostDeviceKv::WriteTokens(block_table, layer, token_start, count, k, v);
   }
 
-  int device_ordinal() const override { return 0; }
-  kv::DevicePoolInfo pool_info() const override;
-  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                          int32_t token_start, int32_t count, void* dst,
-                          void* stream) override;
-  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
-                           int32_t token_start, int32_t count, const void* src,
-                           void* stream) override;
-  absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
-                            std::span<const int32_t> block_table, int32_t layer,
-                            int32_t token_start, int32_t count, void* stream) override;
-  void* layer_event(int32_t layer) const override { return nullptr; }
-
-  // GatherRows calls so far.
-  int gathers() const { return gathers_.load(); }
-
  private:
-  absl::Status CheckRange(std::span<const int32_t> block_table, int32_t layer,
-                          int32_t token_start, int32_t count) const;
-  kv::CpuKvStorage cpu_;
-  std::atomic<int> gathers_{0};
+  const kv::KvShape shape_;
+  const int32_t num_blocks_;
 };
 
 class FakeBackend final : public backend::ModelBackend {

@@ -1,5 +1,5 @@
 // Host-memory stand-ins for the cuda_ipc tests: a kv::DeviceKvAccess over
-// host arrays (HostKv) and an IpcApi (HostIpcApi) whose handles name host
+// host arrays (HostKv, the shared HostDeviceKv with layer events) and an IpcApi (HostIpcApi) whose handles name host
 // pointers in a registry shared by the simulated processes of one test
 // (HostIpcRegistry). Streams and events model what the data path relies on:
 // a stream that waited an event that has not fired holds every event
@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/kv/device_kv.h"
 #include "kvtransfer/cuda_ipc/ipc_api.h"
+#include "tests/engine/kv/host_device_kv.h"
 
 namespace tandem::kvtransfer::cuda_ipc::testing {
 
@@ -29,42 +30,27 @@ struct HostEvent {
   std::vector<HostEvent*> deps;  // local events: the stream's waits at record
 };
 
-// KV pools in host memory with PagedKv's layout (device_kv.h).
-class HostKv final : public kv::DeviceKvAccess {
+// The shared host KV (tests/engine/kv/host_device_kv.h: PagedKv pools in
+// host memory, copies at once) with a HostEvent per layer.
+class HostKv final : public kv::testing::HostDeviceKv {
  public:
   // with_events false: layer_event() is null until CreateEvents() (a
   // storage before its first Forward).
   HostKv(int32_t n_layers, int32_t layer_blocks, int32_t block_size, int32_t kv_dim,
          kv::KvDtype dtype = kv::KvDtype::kF32, bool with_events = true);
 
-  int device_ordinal() const override { return 0; }
-  kv::DevicePoolInfo pool_info() const override;
-  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
-                          int32_t count, void* dst, void* stream) override;
-  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
-                           int32_t count, const void* src, void* stream) override;
-  absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
-                            std::span<const int32_t> block_table, int32_t layer,
-                            int32_t token_start, int32_t count, void* stream) override;
+  // The layer's HostEvent; null before CreateEvents or for a layer out of
+  // range.
   void* layer_event(int32_t layer) const override;
 
   void CreateEvents() { events_ready_ = true; }
   // false: the layer's event never fires (until set true again).
   void SetLayerEventFired(int32_t layer, bool fired) { events_[layer]->fired = fired; }
-  int copies() const { return copies_.load(); }
-  uint64_t row_bytes() const;
 
  private:
-  // Byte offset of (layer, token) in a pool with `info`'s shape, or -1 when
-  // `table` does not hold the token or names a block outside the pool.
-  static int64_t RowOffset(const kv::DevicePoolInfo& info, std::span<const int32_t> table,
-                           int32_t layer, int64_t token);
-
-  kv::DevicePoolInfo shape_;
-  std::vector<uint8_t> k_, v_;
+  const int32_t n_layers_;
   std::vector<std::unique_ptr<HostEvent>> events_;
   bool events_ready_;
-  std::atomic<int> copies_{0};
 };
 
 // What every simulated process of a test shares: handle -> host object.

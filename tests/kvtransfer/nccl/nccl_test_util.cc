@@ -1,7 +1,6 @@
 #include "nccl_test_util.h"
 
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -235,108 +234,11 @@ std::vector<std::shared_ptr<FakeLink>> FakeNcclFactory::links() {
 
 // HostKv ---------------------------------------------------------------------
 
-HostKv::HostKv(int32_t n_layers, int32_t layer_blocks, int32_t block_size, int32_t kv_dim,
-               kv::KvDtype dtype)
-    : n_layers_(n_layers),
-      layer_blocks_(layer_blocks),
-      block_size_(block_size),
-      kv_dim_(kv_dim),
-      dtype_(dtype),
-      row_bytes_(uint64_t{static_cast<uint32_t>(kv_dim)} * kv::KvDtypeBytes(dtype)),
-      k_(static_cast<size_t>(n_layers) * layer_blocks * block_size * row_bytes_),
-      v_(k_.size()) {}
-
-void HostKv::FillRandom(uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (char& c : k_) c = static_cast<char>(rng());
-  for (char& c : v_) c = static_cast<char>(rng());
-}
-
-kv::DevicePoolInfo HostKv::pool_info() const {
-  kv::DevicePoolInfo info;
-  info.k = const_cast<char*>(k_.data());
-  info.v = const_cast<char*>(v_.data());
-  info.pool_bytes = k_.size();
-  info.n_layers = n_layers_;
-  info.layer_blocks = layer_blocks_;
-  info.block_size = block_size_;
-  info.kv_dim = kv_dim_;
-  info.dtype = dtype_;
-  return info;
-}
-
-absl::Status HostKv::Check(std::span<const int32_t> table, int32_t layer, int32_t start,
-                           int32_t count) const {
-  if (layer < 0 || layer >= n_layers_ || start < 0 || count <= 0 ||
-      static_cast<int64_t>(start) + count > static_cast<int64_t>(table.size()) * block_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("HostKv: range layer ", layer, " [", start,
-                                                   ", +", count, ") outside the table"));
-  }
-  for (int32_t t = start; t < start + count; ++t) {
-    int32_t block = table[t / block_size_];
-    if (block < 0 || block >= layer_blocks_) {
-      return absl::InvalidArgumentError(absl::StrCat("HostKv: block ", block, " outside the pool"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-void HostKv::Copy(const std::vector<int32_t>& table, int32_t layer, int32_t start, int32_t count,
-                  char* frame, bool gather) {
-  for (int32_t i = 0; i < count; ++i) {
-    const int32_t t = start + i;
-    const size_t row = (static_cast<size_t>(layer) * layer_blocks_ + table[t / block_size_]) *
-                           block_size_ + t % block_size_;
-    char* k = k_.data() + row * row_bytes_;
-    char* v = v_.data() + row * row_bytes_;
-    char* fk = frame + i * row_bytes_;
-    char* fv = frame + (count + i) * row_bytes_;
-    if (gather) {
-      std::memcpy(fk, k, row_bytes_);
-      std::memcpy(fv, v, row_bytes_);
-    } else {
-      std::memcpy(k, fk, row_bytes_);
-      std::memcpy(v, fv, row_bytes_);
-    }
-  }
-}
-
-std::string HostKv::Rows(const std::vector<int32_t>& table, int32_t layer, int32_t start,
-                         int32_t count) {
-  std::string frame(2 * count * row_bytes_, '\0');
-  Copy(table, layer, start, count, frame.data(), /*gather=*/true);
-  return frame;
-}
-
-absl::Status HostKv::GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                                int32_t token_start, int32_t count, void* dst, void* stream) {
-  if (absl::Status ok = Check(block_table, layer, token_start, count); !ok.ok()) return ok;
-  std::vector<int32_t> table(block_table.begin(), block_table.end());
-  RunOn(stream, [this, table, layer, token_start, count, dst] {
-    Copy(table, layer, token_start, count, static_cast<char*>(dst), /*gather=*/true);
+void HostKv::Run(void* stream, std::function<void()> copy) {
+  RunOn(stream, [copy = std::move(copy)] {
+    copy();
     return true;
   });
-  return absl::OkStatus();
-}
-
-absl::Status HostKv::ScatterRows(std::span<const int32_t> block_table, int32_t layer,
-                                 int32_t token_start, int32_t count, const void* src,
-                                 void* stream) {
-  if (absl::Status ok = Check(block_table, layer, token_start, count); !ok.ok()) return ok;
-  std::vector<int32_t> table(block_table.begin(), block_table.end());
-  RunOn(stream, [this, table, layer, token_start, count, src] {
-    Copy(table, layer, token_start, count, static_cast<char*>(const_cast<void*>(src)),
-         /*gather=*/false);
-    return true;
-  });
-  return absl::OkStatus();
-}
-
-absl::Status HostKv::CopyFromPeer(const kv::DevicePoolInfo& peer,
-                                  std::span<const int32_t> peer_table,
-                                  std::span<const int32_t> block_table, int32_t layer,
-                                  int32_t token_start, int32_t count, void* stream) {
-  return absl::UnimplementedError("HostKv: CopyFromPeer is not used by the NCCL path");
 }
 
 bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {

@@ -12,9 +12,9 @@
 //   never completes, the link stalls (nothing moves, no error: a stopped
 //   peer), a rank's communicator stays in progress after GroupEnd. Records
 //   each rank's receive sizes in posting order, group sizes and aborts.
-// - HostKv (kv::DeviceKvAccess): paged K/V pools in host arrays (the
-//   PagedKv layout of device_kv.h), GatherRows / ScatterRows as memcpy on a
-//   HostStream.
+// - HostKv (kv::DeviceKvAccess): the shared HostDeviceKv (paged K/V pools
+//   in host arrays, tests/engine/kv/host_device_kv.h) whose GatherRows /
+//   ScatterRows are memcpy on a HostStream.
 // Threads: all of it is thread-safe.
 #ifndef TANDEM_TESTS_KVTRANSFER_NCCL_NCCL_TEST_UTIL_H_
 #define TANDEM_TESTS_KVTRANSFER_NCCL_NCCL_TEST_UTIL_H_
@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "engine/kv/device_kv.h"
 #include "kvtransfer/nccl/nccl_comm.h"
+#include "tests/engine/kv/host_device_kv.h"
 
 namespace tandem::kvtransfer::nccl::testing {
 
@@ -121,42 +122,15 @@ class FakeNcclFactory final : public NcclCommFactory {
   std::vector<std::shared_ptr<FakeLink>> order_ ABSL_GUARDED_BY(mu_);
 };
 
-// Paged K/V pools on the host: element (layer, block, slot, j) of K at
-// ((layer * layer_blocks + block) * block_size + slot) * kv_dim + j.
-class HostKv final : public kv::DeviceKvAccess {
+// The shared host KV (tests/engine/kv/host_device_kv.h) whose copies run
+// in order on the HostStream they are given (at once for a null stream),
+// like kernels on a CUDA stream.
+class HostKv final : public kv::testing::HostDeviceKv {
  public:
-  HostKv(int32_t n_layers, int32_t layer_blocks, int32_t block_size, int32_t kv_dim,
-         kv::KvDtype dtype);
-  // Fills both pools with bytes drawn from `seed`.
-  void FillRandom(uint32_t seed);
-  // K rows then V rows of tokens [start, start + count) of `layer`,
-  // gathered now (the frame layout).
-  std::string Rows(const std::vector<int32_t>& table, int32_t layer, int32_t start,
-                   int32_t count);
+  using HostDeviceKv::HostDeviceKv;
 
-  int device_ordinal() const override { return 0; }
-  kv::DevicePoolInfo pool_info() const override;
-  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                          int32_t token_start, int32_t count, void* dst, void* stream) override;
-  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
-                           int32_t token_start, int32_t count, const void* src,
-                           void* stream) override;
-  absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
-                            std::span<const int32_t> block_table, int32_t layer,
-                            int32_t token_start, int32_t count, void* stream) override;
-  void* layer_event(int32_t layer) const override { return nullptr; }
-
- private:
-  absl::Status Check(std::span<const int32_t> table, int32_t layer, int32_t start,
-                     int32_t count) const;
-  // Copies between the pools and a frame buffer (gather: to the frame).
-  void Copy(const std::vector<int32_t>& table, int32_t layer, int32_t start, int32_t count,
-            char* frame, bool gather);
-
-  const int32_t n_layers_, layer_blocks_, block_size_, kv_dim_;
-  const kv::KvDtype dtype_;
-  const uint64_t row_bytes_;
-  std::vector<char> k_, v_;
+ protected:
+  void Run(void* stream, std::function<void()> copy) override;
 };
 
 // Waits (up to `timeout`) for `done` to become true, checking every ms.
