@@ -240,7 +240,7 @@ TEST_F(RegistryTest, ASecondProcessWithTheSameNameWaitsUntilTheFirstDies) {
       "decode-0-again",
       {BinaryPath("tandem-decode-worker"), "--config", config, "--name",
        LocalCluster::kDecodeName, "--model", ModelPath(), "--router", cluster().router_address()},
-      cli::ProcessGroup::SpawnOptions{err_path});
+      cli::ProcessGroup::SpawnOptions{.stderr_path = err_path, .env = {}});
   ASSERT_TRUE(dup.ok()) << dup.status();
   absl::StatusOr<std::string> dup_address =
       group.WaitForLine(*dup, "TANDEM_LISTENING ", absl::Seconds(30));

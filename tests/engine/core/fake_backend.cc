@@ -187,7 +187,11 @@ absl::StatusOr<RemotePrefillTarget> FakeLoader::StartLoad(const std::string& req
   if (it != options_.complete_with.end()) {
     Complete(request_id, it->second, FakeNextToken(it->second));
   }
-  return RemotePrefillTarget{"fake-receiver:1", hit_tokens, attempt};
+  RemotePrefillTarget target;
+  target.kv_endpoint = "fake-receiver:1";
+  target.hit_tokens = hit_tokens;
+  target.attempt = attempt;
+  return target;
 }
 
 FakeLoader::Done FakeLoader::TakeDone(const std::string& request_id) {
