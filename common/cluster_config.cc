@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -597,6 +598,18 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     }
     s = ReadString(n, "nccl_socket_ifname", "kv", &c->kv.nccl_socket_ifname);
     if (!s.ok()) return s;
+    // NCCL's NCCL_SOCKET_IFNAME syntax: interface names or prefixes,
+    // comma-separated, optionally led by ^ (exclude) or = (exact).
+    for (const char ch : c->kv.nccl_socket_ifname) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) &&
+          std::string_view("._-:,^=@").find(ch) == std::string_view::npos) {
+        return Invalid("kv.nccl_socket_ifname",
+                       absl::StrCat("'", absl::CHexEscape(c->kv.nccl_socket_ifname),
+                                    "' is not an NCCL interface list (names or prefixes, "
+                                    "comma-separated, optionally led by ^ or =)"),
+                       n["nccl_socket_ifname"]);
+      }
+    }
   }
   if (const YAML::Node n = root["cluster"]; n.IsDefined()) {
     if (s = CheckKeys(n, "cluster", {"secret_file", "auth_max_skew_ms"}); !s.ok()) return s;

@@ -2,8 +2,11 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tools/cli_args.h"
 #include "tools/router_client.h"
 
@@ -60,6 +63,18 @@ std::string RoleName(tandem::v1::WorkerRole role) {
   return "unspecified";
 }
 
+namespace {
+// " kv_by_transport=cuda_ipc:0,nccl:0,tcp:1280" (names sorted), or ""
+// for a process that reports none (the router, an older worker).
+std::string KvByTransport(const tandem::v1::WorkerStatus& s) {
+  if (s.kv_bytes_by_transport().empty()) return "";
+  const std::map<std::string, uint64_t> sorted(s.kv_bytes_by_transport().begin(),
+                                               s.kv_bytes_by_transport().end());
+  return absl::StrCat(" kv_by_transport=",
+                      absl::StrJoin(sorted, ",", absl::PairFormatter(":")));
+}
+}  // namespace
+
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
   return absl::StrCat(
       s.name(), " ", RoleName(s.role()), " ", s.address().empty() ? "-" : s.address(),
@@ -75,7 +90,8 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
       s.transfers_in_flight(),
       " prefill_tokens=", s.prefill_tokens_computed_total(),
       " decode_tokens=", s.decode_tokens_total(), " kv_sent=", s.kv_bytes_sent_total(),
-      " kv_received=", s.kv_bytes_received_total(), " max_batch=", s.max_decode_batch_size(),
+      " kv_received=", s.kv_bytes_received_total(), KvByTransport(s),
+      " max_batch=", s.max_decode_batch_size(),
       " preemptions=", s.preemptions_total(),
       s.kv_layout_id().empty() ? "" : absl::StrCat(" kv_layout=", s.kv_layout_id()),
       s.bit_exact_class().empty() ? "" : absl::StrCat(" bit_exact=", s.bit_exact_class()));
@@ -98,6 +114,9 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
           {"prefill_tokens_computed_total", s.prefill_tokens_computed_total()},
           {"kv_bytes_sent_total", s.kv_bytes_sent_total()},
           {"kv_bytes_received_total", s.kv_bytes_received_total()},
+          {"kv_bytes_by_transport",
+           std::map<std::string, uint64_t>(s.kv_bytes_by_transport().begin(),
+                                           s.kv_bytes_by_transport().end())},
           {"decode_tokens_total", s.decode_tokens_total()},
           {"max_decode_batch_size", s.max_decode_batch_size()},
           {"preemptions_total", s.preemptions_total()},

@@ -7,11 +7,10 @@ namespace tandem::cli {
 UpNcclSettings UpNcclSettingsFor(const ClusterConfig& config, bool one_gpu_test) {
   UpNcclSettings s;
   s.one_gpu_test = one_gpu_test;
-  // This branch's config reader has neither kv.transport nor
-  // kv.nccl_socket_ifname (it refuses both keys): the defaults apply. At
-  // the merge: s.kv_transport = <config.kv's transport, as its name>;
-  // s.socket_ifname = config.kv.nccl_socket_ifname;
-  (void)config;
+  s.kv_transport = config.kv.transport.automatic
+                       ? std::string("auto")
+                       : std::string(kvtransfer::KvTransportName(config.kv.transport.fixed));
+  s.socket_ifname = config.kv.nccl_socket_ifname;
   return s;
 }
 

@@ -724,6 +724,16 @@ TEST(KvTransportConfigTest, BadValuesNameTheKey) {
               HasSubstr("kv.nccl_init_timeout_ms: expected an integer, got 'soon'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_socket_ifname: [eth0]}\n"),
               HasSubstr("kv.nccl_socket_ifname: expected a string"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_socket_ifname: 'eth0 lo;rm'}\n"),
+              HasSubstr("kv.nccl_socket_ifname: 'eth0 lo;rm' is not an NCCL interface list"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_socket_ifname: \"a\\0b\"}\n"),
+              HasSubstr("kv.nccl_socket_ifname: 'a\\x00\\x62' is not an NCCL interface list"));
+  {
+    absl::StatusOr<ClusterConfig> ok =
+        ParseClusterConfig(std::string(kMinimal) + "kv: {nccl_socket_ifname: '^docker,=eth0'}\n");
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(ok->kv.nccl_socket_ifname, "^docker,=eth0");
+  }
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv: {nccl_ifname: eth0}\n"),
               HasSubstr("unknown key 'kv.nccl_ifname'"));
 }

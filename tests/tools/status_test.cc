@@ -50,6 +50,11 @@ TEST(StatusFormatTest, OneLinePerProcess) {
   EXPECT_THAT(FormatStatusLine(p),
               ::testing::EndsWith(
                   " preemptions=0 kv_layout=kv3/abc/L5.H4.D8/f32 bit_exact=tandem-cpu/avx2/v2"));
+  // Per-transport KV bytes (issue #16), names sorted.
+  (*p.mutable_kv_bytes_by_transport())["tcp"] = 1280;
+  (*p.mutable_kv_bytes_by_transport())["cuda_ipc"] = 0;
+  EXPECT_THAT(FormatStatusLine(p),
+              ::testing::HasSubstr(" kv_received=0 kv_by_transport=cuda_ipc:0,tcp:1280 max_batch=0"));
   // The router's line also has its admission queue (router.max_queued).
   tandem::v1::WorkerStatus router;
   router.set_name("router");
@@ -76,7 +81,8 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
             R"("queued_requests":0,"kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,)"
             R"("kv_index_blocks":3,"transfers_in_flight":1,)"
             R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
-            R"("kv_bytes_received_total":8589934592,"decode_tokens_total":77,)"
+            R"("kv_bytes_received_total":8589934592,"kv_bytes_by_transport":{},)"
+            R"("decode_tokens_total":77,)"
             R"("max_decode_batch_size":2,"preemptions_total":0,"model_fingerprint":"",)"
             R"("kv_layout_id":"","bit_exact_class":"","prompt_tokens_total":0,)"
             R"("prompt_tokens_cached_total":0,"generation_tokens_total":0,)"

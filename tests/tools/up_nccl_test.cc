@@ -75,6 +75,25 @@ TEST(NcclTestModeEnvTest, WithoutTheFlagNoHostIdEver) {
   }
 }
 
+// The settings come from the file: kv.transport and kv.nccl_socket_ifname.
+TEST(NcclTestModeEnvTest, SettingsAreReadFromTheConfig) {
+  for (const char* transport : {"tcp", "nccl", "cuda_ipc", "auto"}) {
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+        std::string("kv: {transport: ") + transport +
+        ", nccl_socket_ifname: eth3}\n"
+        "prefill_workers: [{name: prefill-0, device: 'cuda:0'}]\n"
+        "decode_workers: [{name: decode-0, device: 'cuda:0'}]\n");
+    ASSERT_TRUE(c.ok()) << c.status();
+    const UpNcclSettings s = UpNcclSettingsFor(*c, /*one_gpu_test=*/true);
+    EXPECT_EQ(s.kv_transport, transport);
+    EXPECT_EQ(s.socket_ifname, "eth3");
+    const bool nccl_capable = std::string(transport) == "nccl" || std::string(transport) == "auto";
+    EXPECT_EQ(CheckNcclOneGpuTest(*c, s).ok(), nccl_capable) << transport;
+    EXPECT_EQ(WorkerNcclEnv(UpNcclSettingsFor(*c, false), "decode-0"),
+              (Env{{"NCCL_SOCKET_IFNAME", "eth3"}}));
+  }
+}
+
 TEST(NcclTestModeEnvTest, TestModeNeedsACudaWorkerAndAnNcclCapableTransport) {
   const ClusterConfig gpu = Cluster("cuda:0");
   const ClusterConfig cpu = Cluster("cpu");
