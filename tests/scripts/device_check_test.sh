@@ -152,7 +152,7 @@ done
 chmod +x "$tmp/bin/"*
 run_fake() {
   env -u CUDA_VISIBLE_DEVICES PATH="$tmp/gpu:$PATH" OUT="$tmp/out" "$@" bash "$check" \
-    --bin "$tmp/bin" --shared "$shared" --work "$tmp/work" > "$tmp/run.log" 2>&1
+    --bin "$tmp/bin" --shared "$shared" --work "$tmp/check" > "$tmp/run.log" 2>&1
 }
 rc=0; run_fake || rc=$?
 [ "$rc" = 0 ] || fail "fake run: exit $rc: $(tail -20 "$tmp/run.log")"
@@ -184,14 +184,14 @@ tail -n "$(wc -l < "$report")" "$tmp/run.log" | cmp -s - "$report" || fail "stdo
 grep -q "decode_b128 ok" "$report" || fail "sections line: $(grep Sections "$report")"
 for k in kv_cuda_ipc kv_nccl kv_tcp kv_kill kv_overlap; do
   grep -q "$k ok" "$report" || fail "$k not ok: $(grep Sections "$report")
-$(cat "$tmp/work/$k.out")"
+$(cat "$tmp/check/$k.out")"
 done
 # The generated cluster: P and D on cuda:0, the transport fixed.
-grep -q "transport: nccl" "$tmp/work/kv/golden-nccl.yaml" ||
-  fail "nccl config: $(cat "$tmp/work/kv/golden-nccl.yaml")"
-[ "$(grep -c "device: 'cuda:0'" "$tmp/work/kv/golden-nccl.yaml")" = 2 ] || fail "P and D not both on cuda:0"
-grep -qF "fake cuda_backend_test, shared $(cd "$shared" && pwd)" "$tmp/work/cuda_tests.out" ||
-  fail "CUDA tests not run with TANDEM_SHARED_DIR: $(cat "$tmp/work/cuda_tests.out")"
+grep -q "transport: nccl" "$tmp/check/kv/golden-nccl.yaml" ||
+  fail "nccl config: $(cat "$tmp/check/kv/golden-nccl.yaml")"
+[ "$(grep -c "device: 'cuda:0'" "$tmp/check/kv/golden-nccl.yaml")" = 2 ] || fail "P and D not both on cuda:0"
+grep -qF "fake cuda_backend_test, shared $(cd "$shared" && pwd)" "$tmp/check/cuda_tests.out" ||
+  fail "CUDA tests not run with TANDEM_SHARED_DIR: $(cat "$tmp/check/cuda_tests.out")"
 
 # A failing section: reported, the others still run, exit 1. And a silent
 # fallback (the nccl run's bytes counted under tcp) fails that section
@@ -203,12 +203,12 @@ grep -q "decode_b128 ok" "$report" || fail "sections after the failure did not r
 grep -q "kv_nccl FAILED (rc 1)" "$report" || fail "fallback not reported: $(grep Sections "$report")"
 grep -q "kv_cuda_ipc ok" "$report" && grep -q "kv_tcp ok" "$report" ||
   fail "other transports: $(grep Sections "$report")"
-grep -q "FAIL: bytes over tcp in a nccl run" "$tmp/work/kv_nccl.out" || fail "$(cat "$tmp/work/kv_nccl.out")"
+grep -q "FAIL: bytes over tcp in a nccl run" "$tmp/check/kv_nccl.out" || fail "$(cat "$tmp/check/kv_nccl.out")"
 
 # --quick: no 1B model, a short decode.
 rm -rf "$tmp/out"
 rc=0; env -u CUDA_VISIBLE_DEVICES PATH="$tmp/gpu:$PATH" OUT="$tmp/out" bash "$check" --quick \
-  --bin "$tmp/bin" --shared "$shared" --work "$tmp/work" > "$tmp/run.log" 2>&1 || rc=$?
+  --bin "$tmp/bin" --shared "$shared" --work "$tmp/check" > "$tmp/run.log" 2>&1 || rc=$?
 [ "$rc" = 0 ] || fail "--quick: exit $rc"
 grep -q "synth_1b" "$tmp/out/report.md" && fail "--quick wrote the 1B model"
 grep -qF "| decode batch 1, stories260K (prompt 32, output 32) | 400.0 tokens/s | - |" \
@@ -220,7 +220,7 @@ grep -q "kv_overlap" "$tmp/out/report.md" && fail "--quick ran the overlap figur
 # --kv-only: versions, the 1B model, the KV sections; no benchmarks.
 rm -rf "$tmp/out"
 rc=0; env -u CUDA_VISIBLE_DEVICES PATH="$tmp/gpu:$PATH" OUT="$tmp/out" bash "$check" --kv-only \
-  --bin "$tmp/bin" --shared "$shared" --work "$tmp/work" > "$tmp/run.log" 2>&1 || rc=$?
+  --bin "$tmp/bin" --shared "$shared" --work "$tmp/check" > "$tmp/run.log" 2>&1 || rc=$?
 [ "$rc" = 0 ] || fail "--kv-only: exit $rc: $(tail -20 "$tmp/run.log")"
 grep -q "Sections: versions ok, [0-9.]* s; synth_1b ok, [0-9.]* s; kv_cuda_ipc ok" "$tmp/out/report.md" ||
   fail "--kv-only sections: $(grep Sections "$tmp/out/report.md")"
