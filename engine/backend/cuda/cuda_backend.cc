@@ -178,6 +178,22 @@ struct CudaBackend::Impl {
     if (!lost) lost_message = std::string(status.message());
     lost = true;
   }
+  // INTERNAL "[sticky]" once the device was lost, else OK.
+  absl::Status LostError() const {
+    if (!lost) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("the CUDA device was lost earlier: ", lost_message, " [sticky]"));
+  }
+  // Closes (and drops) a graph capture an error left open on `stream`.
+  void EndOpenCapture() {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+        capturing != cudaStreamCaptureStatusNone) {
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(stream, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+    }
+  }
   absl::Status Launch(cudaError_t error, const char* what) { return Check(error, what); }
   absl::Status Gemm(const void* a, const DeviceMatrix& w, int32_t m, float* out,
                     bool accumulate) {
@@ -862,23 +878,14 @@ const GpuMemoryPlan& CudaBackend::memory_plan() const { return impl_->plan; }
 absl::Status CudaBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
                                   std::vector<sampling::SamplingView>* views) {
   Impl& s = *impl_;
-  if (s.lost) {
-    return absl::InternalError(
-        absl::StrCat("the CUDA device was lost earlier: ", s.lost_message, " [sticky]"));
-  }
+  if (absl::Status lost = s.LostError(); !lost.ok()) return lost;
   absl::Status status = s.Check(cudaSetDevice(s.device), "cudaSetDevice");
   if (status.ok()) status = s.Step(batch, hook, views, *s.kv);
   if (!status.ok()) {
     // A capture left open by an error is closed; the stream is drained so
     // that the next step's host buffers are not read by this step's copies
     // (its own stream only: the step failed anyway).
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s.stream, &capturing) == cudaSuccess &&
-        capturing != cudaStreamCaptureStatusNone) {
-      cudaGraph_t graph = nullptr;
-      cudaStreamEndCapture(s.stream, &graph);
-      if (graph != nullptr) cudaGraphDestroy(graph);
-    }
+    s.EndOpenCapture();
     const cudaError_t drained = cudaStreamSynchronize(s.stream);
     if (IsStickyCudaError(drained)) s.MarkLost(status);
     cudaGetLastError();  // clears a recoverable error
@@ -890,21 +897,12 @@ void CudaBackend::set_use_cuda_graphs(bool on) { impl_->use_graphs = on; }
 
 absl::Status CudaBackend::CaptureGraphs() {
   Impl& s = *impl_;
-  if (s.lost) {
-    return absl::InternalError(
-        absl::StrCat("the CUDA device was lost earlier: ", s.lost_message, " [sticky]"));
-  }
+  if (absl::Status lost = s.LostError(); !lost.ok()) return lost;
   TANDEM_CUDA_RETURN_IF_ERROR(s.Check(cudaSetDevice(s.device), "cudaSetDevice"));
   for (int32_t bucket : GraphBuckets(std::min(s.max_rows, s.max_tokens))) {
     absl::Status captured = s.CaptureGraph(bucket, *s.kv);
     if (!captured.ok()) {
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(s.stream, &capturing) == cudaSuccess &&
-          capturing != cudaStreamCaptureStatusNone) {
-        cudaGraph_t graph = nullptr;
-        cudaStreamEndCapture(s.stream, &graph);
-        if (graph != nullptr) cudaGraphDestroy(graph);
-      }
+      s.EndOpenCapture();
       cudaGetLastError();
       return captured;
     }
