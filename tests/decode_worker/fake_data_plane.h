@@ -14,8 +14,21 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/kv/device_kv.h"
 #include "kvtransfer/data_plane.h"
+#include "kvtransfer/kv_transfer.h"
 
 namespace tandem::worker_testing {
+
+// The small layout both ends of these tests use: 2 layers, 1 KV head of
+// dim 4, f32, fingerprint "fp" (FrameBytes(n) = 2 * n * 16 bytes).
+inline kvtransfer::KvLayout SmallLayout() {
+  kvtransfer::KvLayout layout;
+  layout.model_fingerprint = "fp";
+  layout.n_layers = 2;
+  layout.n_kv_heads = 1;
+  layout.head_dim = 4;
+  layout.dtype = kv::KvDtype::kF32;
+  return layout;
+}
 
 // A device KV that is never touched (the fakes do not read it).
 class NoDeviceKv : public kv::DeviceKvAccess {

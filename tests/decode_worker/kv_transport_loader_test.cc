@@ -25,15 +25,7 @@ namespace {
 using kvtransfer::KvTransport;
 using ::testing::ElementsAre;
 
-kvtransfer::KvLayout Layout() {
-  kvtransfer::KvLayout layout;
-  layout.model_fingerprint = "fp";
-  layout.n_layers = 2;
-  layout.n_kv_heads = 1;
-  layout.head_dim = 4;
-  layout.dtype = kv::KvDtype::kF32;
-  return layout;
-}
+kvtransfer::KvLayout Layout() { return worker_testing::SmallLayout(); }
 
 kvtransfer::KvReceiver::Options ReceiverOptions() {
   kvtransfer::KvReceiver::Options o;

@@ -27,15 +27,7 @@ using ::testing::StartsWith;
 // A port nothing listens on: the queue's connect fails later, never Open.
 constexpr char kEndpoint[] = "127.0.0.1:9";
 
-kvtransfer::KvLayout Layout() {
-  kvtransfer::KvLayout layout;
-  layout.model_fingerprint = "fp";
-  layout.n_layers = 2;
-  layout.n_kv_heads = 1;
-  layout.head_dim = 4;
-  layout.dtype = kv::KvDtype::kF32;
-  return layout;  // FrameBytes(n) = 2 * n * 16
-}
+kvtransfer::KvLayout Layout() { return worker_testing::SmallLayout(); }
 
 using worker_testing::FakeSender;
 using worker_testing::NoDeviceKv;
