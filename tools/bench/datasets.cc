@@ -1,0 +1,1 @@
+// Placeholder: filled in by issue #17's work on datasets.
