@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -150,11 +151,22 @@ void OpenAiBackend::Send(const BenchRequest& request, std::function<void(Request
     absl::MutexLock lock(&mu_);
     ++in_flight_;
   }
-  std::thread([this, request, done = std::move(done)] {
-    done(Run(request));
+  // `done` is shared so that it is still ours when std::thread throws.
+  auto shared_done = std::make_shared<std::function<void(RequestOutput)>>(std::move(done));
+  try {
+    std::thread([this, request, shared_done] {
+      (*shared_done)(Run(request));
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+    }).detach();
+  } catch (const std::system_error& e) {  // out of threads (ulimit -u, memory)
+    RequestOutput out;
+    out.prompt_len = request.prompt_len;
+    out.error = absl::StrCat("RESOURCE_EXHAUSTED: cannot start a request thread: ", e.what());
+    (*shared_done)(std::move(out));
     absl::MutexLock lock(&mu_);
     --in_flight_;
-  }).detach();
+  }
 }
 
 RequestOutput OpenAiBackend::Run(const BenchRequest& request) const {
