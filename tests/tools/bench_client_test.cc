@@ -30,7 +30,6 @@
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // Completes each request after `delay` on its own thread, recording the
 // most requests it ever had in flight and the prompt_len of each Send

@@ -14,16 +14,12 @@
 #include "absl/strings/string_view.h"
 #include "common/cluster_config.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/clock.h"
 
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr size_t kExcerptBytes = 200;  // of an error body or a bad chunk
-
-double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 std::string Excerpt(absl::string_view text) {
   return std::string(text.substr(0, kExcerptBytes));
@@ -62,9 +58,9 @@ void OnEvent(absl::string_view event, RequestOutput* out, StreamState* s) {
     if (chunk->token_bearing()) {
       const Clock::time_point now = Clock::now();
       if (s->chunks == 0) {
-        out->ttft_s = Seconds(s->start, now);
+        out->ttft_s = SecondsBetween(s->start, now);
       } else {
-        out->itl_s.push_back(Seconds(s->last_chunk, now));
+        out->itl_s.push_back(SecondsBetween(s->last_chunk, now));
       }
       s->last_chunk = now;
       ++s->chunks;
@@ -229,7 +225,7 @@ RequestOutput OpenAiBackend::Run(const BenchRequest& request) const {
   httplib::Response res;
   httplib::Error error = httplib::Error::Success;
   const bool sent = client.send(req, res, error);
-  out.latency_s = Seconds(s.start, Clock::now());
+  out.latency_s = SecondsBetween(s.start, Clock::now());
 
   if (status != 0 && status != 200) {
     out.error = absl::StrCat("HTTP ", status, ": ", Excerpt(error_body));
