@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
+#include "tests/integration/http_client.h"
 #include "tests/integration/up_fixture.h"
 
 namespace tandem::testing {
@@ -144,7 +145,8 @@ TEST_F(ColocatedWithPrefillWorkerTest, PrefillWorkerGetsOnlyRouteRemote) {
 // ---- deploy/local/colocated.yaml under `tandem up` ---------------------------------
 
 // The shipped file with its fixed ports (router 50051, HTTP 8000, metrics
-// 9102/9103) made ephemeral, so the test runs beside anything else.
+// 9102/9103) made ephemeral, so the test runs beside anything else; the
+// rest (no prefill workers, unbounded, two decode workers, HTTP) as shipped.
 std::string ShippedColocatedYamlOnEphemeralPorts() {
   std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/deploy/local/colocated.yaml");
   std::ostringstream text;
@@ -156,7 +158,7 @@ std::string ShippedColocatedYamlOnEphemeralPorts() {
                                           {"127.0.0.1:9103", "127.0.0.1:0"}});
 }
 
-TEST(ColocatedUpTest, ShippedConfigServesGoldensOnBothDecodeWorkers) {
+TEST(ColocatedUpTest, ShippedConfigServesTheGoldens) {
   UpClusterOptions options;
   options.prefill_workers = 0;
   options.decode_workers = 2;
@@ -167,6 +169,8 @@ TEST(ColocatedUpTest, ShippedConfigServesGoldensOnBothDecodeWorkers) {
   std::vector<std::string> names;
   for (const cli::UpProcess& p : up.processes()) names.push_back(p.name);
   EXPECT_THAT(names, ElementsAreArray({"router", "decode-0", "decode-1"}));
+  ASSERT_FALSE(up.http_address().empty()) << "no HTTP line in tandem up's table";
+  EXPECT_EQ(HttpCall(up.http_address(), "GET", "/health").status, 200);
 
   // Greedy, ROUTE_AUTO, every case: prefilled locally, llama.cpp's ids.
   for (const GoldenCase& g : Goldens()) {
