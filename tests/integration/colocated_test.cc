@@ -125,6 +125,9 @@ TEST_F(ColocatedFiniteThresholdTest, LongPromptsFallBackToLocalPrefill) {
 
 // ---- Unbounded with prefill workers: allowed, the router warns --------------------
 
+// The one cluster where `unbounded` itself decides a long prompt's route
+// (without prefill workers the router forces LOCAL anyway): with the
+// default 32 the 313-token prompt would go remote (AutoRouteTest).
 using ColocatedWithPrefillWorkerTest = OwnClusterTest;
 
 TEST_F(ColocatedWithPrefillWorkerTest, PrefillWorkerGetsOnlyRouteRemote) {
