@@ -270,6 +270,35 @@ absl::Status ReadInts(const YAML::Node& map, const std::string& path,
   return absl::OkStatus();
 }
 
+// Reads conditional.max_local_prefill_tokens, when present, into *out: an
+// integer in [0, INT32_MAX] or the word `unbounded`
+// (kUnboundedLocalPrefillTokens). Anything else: INVALID_ARGUMENT naming the
+// field and saying "an integer >= 0 or unbounded".
+absl::Status ReadLocalPrefillTokens(const YAML::Node& map, int32_t* out) {
+  constexpr char kField[] = "conditional.max_local_prefill_tokens";
+  const YAML::Node node = map["max_local_prefill_tokens"];
+  if (!node.IsDefined()) return absl::OkStatus();
+  if (node.IsNull()) return Invalid(kField, kNoValue, node);
+  const std::string text = node.IsScalar() ? node.Scalar() : "<non-scalar>";
+  if (text == "unbounded") {
+    *out = kUnboundedLocalPrefillTokens;
+    return absl::OkStatus();
+  }
+  int64_t value = 0;
+  if (!node.IsScalar() || !absl::SimpleAtoi(text, &value) || value < 0) {
+    return Invalid(kField, absl::StrCat("expected an integer >= 0 or unbounded, got '", text, "'"),
+                   node);
+  }
+  if (value > INT32_MAX) {
+    return Invalid(kField,
+                   absl::StrCat("expected an integer >= 0 or unbounded, got '", text,
+                                "' (the largest integer is ", INT32_MAX, ")"),
+                   node);
+  }
+  *out = static_cast<int32_t>(value);
+  return absl::OkStatus();
+}
+
 // Reads map[key] ("host" or "host:port") into *out when present.
 absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key, const std::string& path,
                            Advertise* out) {
@@ -550,8 +579,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
         !s.ok()) {
       return s;
     }
-    s = ReadInts(n, "conditional",
-                 {{"max_local_prefill_tokens", &c->conditional.max_local_prefill_tokens, 0}});
+    s = ReadLocalPrefillTokens(n, &c->conditional.max_local_prefill_tokens);
     if (!s.ok()) return s;
     std::string policy = "fail";
     if (s = ReadString(n, "on_prefill_failure", "conditional", &policy); !s.ok()) return s;
@@ -721,6 +749,27 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
   if (absl::Status s = Validate(config); !s.ok()) return s;
   if (absl::Status s = ValidateDevices(config, gpu_memory_fraction_set); !s.ok()) return s;
   return config;
+}
+
+std::string PrefillPlacementSummary(const ClusterConfig& config) {
+  const int32_t threshold = config.conditional.max_local_prefill_tokens;
+  const bool unbounded = threshold == kUnboundedLocalPrefillTokens;
+  if (config.prefill_workers.empty()) {
+    return unbounded ? std::string("prefill placement: colocated (no prefill workers, "
+                                   "conditional.max_local_prefill_tokens unbounded: every "
+                                   "prompt is prefilled by its decode worker)")
+                     : absl::StrCat("prefill placement: colocated while no prefill worker "
+                                    "registers (none in the config; "
+                                    "conditional.max_local_prefill_tokens ", threshold,
+                                    " applies to any that does)");
+  }
+  if (unbounded) {
+    return absl::StrCat("warning: conditional.max_local_prefill_tokens is unbounded, so the ",
+                        config.prefill_workers.size(),
+                        " prefill workers get only requests with route_override REMOTE");
+  }
+  return absl::StrCat("prefill placement: conditional (local when prompt tokens - cached prefix "
+                      "<= ", threshold, ", else a prefill worker)");
 }
 
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {

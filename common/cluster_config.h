@@ -23,7 +23,10 @@
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
 //            kernel_isa: auto, device: cpu, kv_cache_dtype: <by device>,
 //            gpu_memory_fraction: 0.9, batch_invariant: true}
-//   conditional: {max_local_prefill_tokens: 32, on_prefill_failure: fail}
+//   conditional: {max_local_prefill_tokens: 32,   # integer >= 0 | unbounded
+//                 on_prefill_failure: fail}
+//   # Colocated mode (deploy/local/colocated.yaml): prefill_workers: [] and
+//   # max_local_prefill_tokens: unbounded; decode workers prefill everything.
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
 //        max_prefill_attempts: 2, send_buffer_bytes: 268435456,
 //        transport: auto,   # auto | tcp | nccl | cuda_ipc
@@ -203,8 +206,18 @@ struct EngineConfig {
 
 enum class OnPrefillFailure { kFail, kRetry, kLocal };
 
+// conditional.max_local_prefill_tokens: unbounded. The scheduler's rule
+// (engine/scheduler/prefill_placement.h) sends a prompt to a prefill worker
+// when L - hit > max_local_prefill_tokens; with L and hit int32 and
+// 0 <= hit <= L, L - hit never exceeds INT32_MAX (no overflow), so every
+// ROUTE_AUTO prompt is prefilled by its decode worker (colocated mode).
+inline constexpr int32_t kUnboundedLocalPrefillTokens = INT32_MAX;
+
 struct ConditionalConfig {
-  int32_t max_local_prefill_tokens = 32;  // L - hit <= this -> local prefill
+  // L - hit <= this -> local prefill; an integer >= 0, or `unbounded`
+  // (kUnboundedLocalPrefillTokens): every prompt local unless a request
+  // sets route_override REMOTE.
+  int32_t max_local_prefill_tokens = 32;
   OnPrefillFailure on_prefill_failure = OnPrefillFailure::kFail;
 };
 
@@ -293,6 +306,23 @@ struct ClusterConfig {
 // runs on cuda:N is refused; kv.transport nccl or cuda_ipc with a worker on
 // cpu is refused naming the key and the worker.
 absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
+// One line for the router's start-up log saying where prompts are
+// prefilled under this config (docs/architecture.md, "Colocated mode").
+// Workers not in the config may still register with the router, so:
+//   no prefill workers, unbounded: "prefill placement: colocated (no
+//     prefill workers, conditional.max_local_prefill_tokens unbounded: every
+//     prompt is prefilled by its decode worker)";
+//   no prefill workers, finite N: "prefill placement: colocated while no
+//     prefill worker registers (none in the config;
+//     conditional.max_local_prefill_tokens N applies to any that does)";
+//   prefill workers, finite N: "prefill placement: conditional (local when
+//     prompt tokens - cached prefix <= N, else a prefill worker)";
+//   prefill workers, unbounded (allowed, not refused: a request may still
+//     ask for route_override REMOTE): "warning:
+//     conditional.max_local_prefill_tokens is unbounded, so the K prefill
+//     workers get only requests with route_override REMOTE".
+std::string PrefillPlacementSummary(const ClusterConfig& config);
+
 // Reads and parses a file. NOT_FOUND if it cannot be read.
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 

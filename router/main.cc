@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   }
   options.auth = cluster_auth->get();
   // What every worker's KV layout must be (the workers' own function).
+  rpc::Log(PrefillPlacementSummary(*config));
   options.kv_layout_id = ExpectedKvLayout(*config, **bundle, WorkerConfig{}).LayoutId();
   rpc::Log(absl::StrCat("expected KV layout: ", options.kv_layout_id));
   for (const auto* list : {&config->prefill_workers, &config->decode_workers}) {

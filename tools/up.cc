@@ -356,11 +356,12 @@ const UpProcess* UpReady::Find(const std::string& name) const {
 }
 
 absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout) {
-  // Both kinds of line start with "tandem: "; nothing else of tandem up
-  // goes to its stdout.
+  // Every kind of line (process, HTTP, ready) starts with "tandem: ";
+  // nothing else of tandem up goes to its stdout.
   constexpr absl::string_view kLine = "tandem: ";
   const absl::string_view process = absl::string_view(kUpProcessPrefix).substr(kLine.size());
   const absl::string_view ready = absl::string_view(kUpReadyPrefix).substr(kLine.size());
+  const absl::string_view http = absl::string_view(kUpHttpPrefix).substr(kLine.size());
   const absl::Time deadline = absl::Now() + timeout;
   UpReady out;
   for (;;) {
@@ -369,6 +370,11 @@ absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Dur
     if (absl::StartsWith(*line, ready)) {
       out.router_address = line->substr(ready.size());
       return out;
+    }
+    if (absl::StartsWith(*line, http)) {
+      const std::string rest = line->substr(http.size());
+      out.http_address = rest.substr(0, rest.find(' '));
+      continue;
     }
     if (!absl::StartsWith(*line, process)) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected line from tandem up: ", *line));
@@ -563,7 +569,7 @@ int RunUp(const std::vector<std::string>& args) {
     }
   }
   if (!http_address.empty()) {
-    absl::StrAppend(&table, "\ntandem: OpenAI-compatible HTTP at http://", http_address,
+    absl::StrAppend(&table, "\n", kUpHttpPrefix, http_address,
                     " (/v1/completions, /v1/chat/completions, /metrics)");
   }
   std::printf("%s\n%s%s\n", table.c_str(), kUpReadyPrefix, dial.c_str());

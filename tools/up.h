@@ -125,9 +125,15 @@ absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text);
 // followed by the router's dial address.
 inline constexpr char kUpReadyPrefix[] = "tandem: cluster ready, router at ";
 
+// The prefix of the line `tandem up` prints before the ready line when the
+// router serves HTTP (router.http_listen): "tandem: OpenAI-compatible HTTP
+// at http://HOST:PORT (/v1/completions, /v1/chat/completions, /metrics)".
+inline constexpr char kUpHttpPrefix[] = "tandem: OpenAI-compatible HTTP at http://";
+
 // What a `tandem up` printed on stdout once its cluster was ready.
 struct UpReady {
   std::string router_address;        // host:port to dial
+  std::string http_address;          // the router's HTTP host:port; empty without one
   std::vector<UpProcess> processes;  // router first, then the workers in config order
   // The process named `name`, or nullptr.
   const UpProcess* Find(const std::string& name) const;
@@ -135,7 +141,8 @@ struct UpReady {
 
 // For tests and tools that start `tandem up` as child `index` of `group`:
 // reads its stdout until the ready line (at most `timeout`) and returns the
-// process lines before it. Errors: those of ProcessGroup::WaitForLine
+// process lines (and the HTTP line) before it. Errors: those of
+// ProcessGroup::WaitForLine
 // (UNAVAILABLE with the exit status when `tandem up` ends first,
 // DEADLINE_EXCEEDED), ParseUpProcess's for a malformed line.
 absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout);

@@ -18,7 +18,9 @@ enum class RouteChoice : uint32_t { kAuto = 0, kLocal = 1, kRemote = 2 };
 // Whether a prompt of `prompt_tokens` tokens (L, BOS included) goes to a
 // prefill worker: always for kRemote, never for kLocal, and for kAuto when
 // the tokens left to compute after the local prefix hit exceed the
-// threshold: L - local_hit_tokens > max_local_prefill_tokens.
+// threshold: L - local_hit_tokens > max_local_prefill_tokens. INT32_MAX
+// (the config's `unbounded`, colocated mode) never chooses remote under
+// kAuto: 0 <= local_hit_tokens <= L, so the difference never overflows.
 inline bool PrefillRemotely(RouteChoice route, int32_t prompt_tokens,
                             int32_t local_hit_tokens, int32_t max_local_prefill_tokens) {
   switch (route) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/scheduler/prefill_placement.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -29,6 +30,95 @@ std::string ErrorOf(const std::string& text) {
   if (c.ok()) return "";
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
   return std::string(c.status().message());
+}
+
+// ---- Colocated mode (issue #17) ----------------------------------------------
+
+TEST(ColocatedConfigTest, UnboundedParsesToTheLargestThreshold) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      std::string(kMinimal) + "prefill_workers: []\nconditional: {max_local_prefill_tokens: unbounded}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->prefill_workers.empty());
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, 2147483647);  // INT32_MAX
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, kUnboundedLocalPrefillTokens);
+  // The largest integer is accepted as itself.
+  c = ParseClusterConfig(std::string(kMinimal) +
+                         "conditional: {max_local_prefill_tokens: 2147483647}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, 2147483647);
+}
+
+// The scheduler's rule (L - hit > threshold -> remote) with the stored value
+// never picks remote, even for the longest int32 prompt with no cached
+// prefix (L - hit = INT32_MAX, no overflow); an explicit REMOTE still does.
+TEST(ColocatedConfigTest, UnboundedNeverChoosesRemote) {
+  using scheduler::PrefillRemotely;
+  using scheduler::RouteChoice;
+  EXPECT_FALSE(PrefillRemotely(RouteChoice::kAuto, INT32_MAX, 0, kUnboundedLocalPrefillTokens));
+  EXPECT_FALSE(PrefillRemotely(RouteChoice::kAuto, 33, 0, kUnboundedLocalPrefillTokens));
+  EXPECT_TRUE(PrefillRemotely(RouteChoice::kRemote, 33, 0, kUnboundedLocalPrefillTokens));
+  EXPECT_TRUE(PrefillRemotely(RouteChoice::kAuto, 33, 0, 32));  // a finite threshold does
+}
+
+TEST(ColocatedConfigTest, BadThresholdsAreRefusedNamingTheField) {
+  const std::string field = "conditional.max_local_prefill_tokens: ";
+  const std::string what = "expected an integer >= 0 or unbounded, got ";
+  // Column 41: the value after the 40 characters "conditional: {max_local_prefill_tokens: ".
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: infinite}\n"),
+              HasSubstr(field + what + "'infinite' (line 3, column 41)"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: Unbounded}\n"),
+              HasSubstr(field + what + "'Unbounded'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 3.5}\n"),
+              HasSubstr(field + what + "'3.5'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: -5}\n"),
+              HasSubstr(field + what + "'-5'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: [1]}\n"),
+              HasSubstr(field + what + "'<non-scalar>'"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 2147483648}\n"),
+      HasSubstr(field + what + "'2147483648' (the largest integer is 2147483647)"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional:\n  max_local_prefill_tokens:\n"),
+              HasSubstr(field + "has no value (remove the key to use the default)"));
+}
+
+TEST(ColocatedConfigTest, ParsesTheShippedColocatedConfig) {
+  absl::StatusOr<ClusterConfig> c =
+      LoadClusterConfig(std::string(TANDEM_SOURCE_DIR) + "/deploy/local/colocated.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->prefill_workers.empty());
+  ASSERT_EQ(c->decode_workers.size(), 2u);
+  EXPECT_EQ(c->decode_workers[0].name, "decode-0");
+  EXPECT_EQ(c->decode_workers[1].name, "decode-1");
+  EXPECT_EQ(c->conditional.max_local_prefill_tokens, kUnboundedLocalPrefillTokens);
+  EXPECT_EQ(c->router.listen.ToString(), "127.0.0.1:50051");
+  EXPECT_EQ(PrefillPlacementSummary(*c),
+            "prefill placement: colocated (no prefill workers, "
+            "conditional.max_local_prefill_tokens unbounded: every prompt is prefilled by its "
+            "decode worker)");
+}
+
+TEST(ColocatedConfigTest, PlacementSummaryOfEachCombination) {
+  const std::string two_prefill =
+      "prefill_workers:\n  - name: p0\n    listen: 127.0.0.1:0\n"
+      "  - name: p1\n    listen: 127.0.0.1:0\n";
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 32}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(PrefillPlacementSummary(*c),
+            "prefill placement: colocated while no prefill worker registers (none in the config; "
+            "conditional.max_local_prefill_tokens 32 applies to any that does)");
+  c = ParseClusterConfig(std::string(kMinimal) + two_prefill);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(PrefillPlacementSummary(*c),
+            "prefill placement: conditional (local when prompt tokens - cached prefix <= 32, "
+            "else a prefill worker)");
+  // Unbounded with prefill workers is allowed; the router warns that they idle.
+  c = ParseClusterConfig(std::string(kMinimal) + two_prefill +
+                         "conditional: {max_local_prefill_tokens: unbounded}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(PrefillPlacementSummary(*c),
+            "warning: conditional.max_local_prefill_tokens is unbounded, so the 2 prefill "
+            "workers get only requests with route_override REMOTE");
 }
 
 TEST(ClusterConfigTest, ParsesLocalConfig) {
@@ -258,7 +348,8 @@ TEST(ClusterConfigTest, RangesAreChecked) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {num_kv_blocks: -1}\n"),
               HasSubstr("engine.num_kv_blocks: must be in [1, 2147483647], got -1"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: -1}\n"),
-              HasSubstr("conditional.max_local_prefill_tokens: must be in [0, 2147483647], got -1"));
+              HasSubstr("conditional.max_local_prefill_tokens: expected an integer >= 0 or "
+                        "unbounded, got '-1'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "shutdown_grace_s: -2\n"),
               HasSubstr("shutdown_grace_s: must be in [0, 2147483647], got -2"));
   // The engine's thread pool takes 1 to 256 threads (LlamaModel::kMaxThreads).

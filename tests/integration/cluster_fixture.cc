@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/auth/cluster_auth.h"
+#include "common/cluster_config.h"
 #include "tests/test_util.h"
 
 namespace tandem::testing {
@@ -159,7 +160,11 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  prefill_chunk_tokens: ", o.prefill_chunk_tokens, "\n",
       "  enable_prefix_caching: ", o.enable_prefix_caching ? "true" : "false", "\n",
       "conditional:\n"
-      "  max_local_prefill_tokens: ", o.max_local_prefill_tokens, "\n",
+      "  max_local_prefill_tokens: ",
+      o.max_local_prefill_tokens == kUnboundedLocalPrefillTokens
+          ? std::string("unbounded")
+          : absl::StrCat(o.max_local_prefill_tokens),
+      "\n",
       "  on_prefill_failure: ", o.on_prefill_failure, "\n",
       "kv:\n"
       "  max_prefill_attempts: ", o.max_prefill_attempts, "\n",

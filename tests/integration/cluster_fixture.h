@@ -84,7 +84,9 @@ struct ClusterOptions {
   int32_t max_num_batched_tokens = 2048;   // engine.max_num_batched_tokens, per step
   int32_t prefill_chunk_tokens = 512;      // engine.prefill_chunk_tokens, per sequence
   bool enable_prefix_caching = true;       // engine.enable_prefix_caching
-  int32_t max_local_prefill_tokens = 32;   // conditional.max_local_prefill_tokens
+  // conditional.max_local_prefill_tokens; kUnboundedLocalPrefillTokens
+  // (common/cluster_config.h) is written as `unbounded`.
+  int32_t max_local_prefill_tokens = 32;
   int32_t transfer_timeout_ms = 5000;      // kv.transfer_timeout_ms
   int32_t handshake_timeout_ms = 5000;     // kv.handshake_timeout_ms
   int32_t poll_interval_ms = 200;          // router.poll_interval_ms

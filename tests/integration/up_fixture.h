@@ -82,6 +82,9 @@ class UpCluster {
   // order (prefill-0.., decode-0..), with role, pid, address, kv endpoint.
   const std::vector<cli::UpProcess>& processes() const { return ready_.processes; }
   const std::string& router_address() const { return ready_.router_address; }
+  // The router's HTTP host:port from tandem up's table; empty without
+  // router.http_listen.
+  const std::string& http_address() const { return ready_.http_address; }
   // The config given to `tandem up` (the children read its resized copy,
   // which `tandem up` removes when it exits).
   const std::string& config_path() const { return config_path_; }
