@@ -187,14 +187,22 @@ int Run(const BenchOptions& options) {
           absl::StrCat("--save-result: cannot write '", options.save_result, "'")));
     }
   }
+  // A run that fails from here leaves no empty result file behind.
+  auto fail_unsaved = [&](const absl::Status& s) {
+    if (save.is_open()) {
+      save.close();
+      std::remove(options.save_result.c_str());
+    }
+    return fail(s);
+  };
   absl::StatusOr<std::unique_ptr<bench::BenchBackend>> backend = MakeBackend(options, model);
-  if (!backend.ok()) return fail(backend.status());
+  if (!backend.ok()) return fail_unsaved(backend.status());
 
   std::fputs(FormatRunHeader(options).c_str(), stdout);
   std::fflush(stdout);
   absl::StatusOr<bench::RunResult> result = bench::RunBenchmark(**backend, *requests, run);
   backend->reset();  // waits for every stream: nothing runs past this point
-  if (!result.ok()) return fail(result.status());
+  if (!result.ok()) return fail_unsaved(result.status());
 
   const bench::BenchmarkMetrics metrics = bench::ComputeMetrics(
       result->outputs, result->duration_s, options.goodput, options.percentiles);
