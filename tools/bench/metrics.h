@@ -70,14 +70,22 @@ struct BenchmarkMetrics {
   double total_token_throughput = 0; // (input + output) tokens / s
   // Peak of output tokens per 1-second bucket of completion times of
   // tokens, and peak number of requests in flight (vLLM's
-  // max_output_tokens_per_s / max_concurrent_requests).
+  // max_output_tokens_per_s / max_concurrent_requests). Exactly as
+  // serve.py, over successful outputs: buckets are whole seconds from the
+  // earliest start_s; a request has one token event at start_s + ttft_s and
+  // one more after each itl_s gap (cumulative), so a chunk of several
+  // tokens counts once; it is in flight in every bucket from
+  // int(start_s - origin) to int(start_s + latency_s - origin), both
+  // included. Each is the maximum over all buckets (not necessarily the
+  // same one); 0 without successes.
   double max_output_tokens_per_s = 0;
   int32_t max_concurrent_requests = 0;
   LatencySummary ttft, tpot, itl, e2el;
 };
 
 // Computes the metrics of `outputs` (failed ones count only in `failed`).
-// `percentiles` as ParsePercentiles returns them.
+// `percentiles` as ParsePercentiles returns them. With duration_s <= 0 the
+// per-second rates are 0 (serve.py would divide by zero).
 BenchmarkMetrics ComputeMetrics(const std::vector<RequestOutput>& outputs, double duration_s,
                                 const std::optional<SloSpec>& slo,
                                 const std::vector<double>& percentiles);
@@ -96,18 +104,29 @@ struct RunInfo {
 };
 
 // The result JSON with vLLM's field names: date, backend, model_id,
-// num_prompts, request_rate, burstiness, max_concurrency, duration,
+// dataset (Tandem's addition), num_prompts, request_rate, burstiness,
+// max_concurrency (null when unlimited), duration,
 // completed, failed, total_input_tokens, total_output_tokens,
 // request_throughput, request_goodput (null without --goodput),
 // output_throughput, total_token_throughput, max_output_tokens_per_s,
 // max_concurrent_requests, input_lens, output_lens, ttfts (s), itls (s,
 // one list per request), start_times (s), generated_texts, errors, and per
 // metric m in ttft, tpot, itl, e2el: mean_m_ms, median_m_ms, std_m_ms,
-// p<P>_m_ms (P printed as "99", "99.9"). `outputs` in request order.
+// p<P>_m_ms (P printed as "99", "99.9"). `outputs` in request order;
+// output_lens is 0 for a failed request (as serve.py). generated_texts may
+// hold invalid UTF-8 (a stream cut mid-character): dump with
+// nlohmann::json::error_handler_t::replace.
 nlohmann::json ResultJson(const BenchmarkMetrics& metrics, const std::vector<RequestOutput>& outputs,
                           const RunInfo& info);
 
-// The human-readable table (vLLM's "Serving Benchmark Result" layout).
+// The human-readable table: serve.py's "Serving Benchmark Result" block,
+// its lines "{:<40} {:<10}" / "{:<40} {:<10.2f}" (label left-aligned in 40
+// columns, a space, the value in 10 with 2 decimals for rates and times).
+// "Maximum request concurrency:" only with a limit, "Request rate
+// configured (RPS):" only for a finite rate, "Request goodput (req/s):" only
+// when metrics.request_goodput is set, "Peak output token throughput
+// (tok/s):" and "Peak concurrent requests:" (vLLM prints both); then the TTFT, TPOT, ITL and E2EL
+// sections (mean, median, each percentile) and a closing line of 50 '='.
 std::string FormatResultTable(const BenchmarkMetrics& metrics, const RunInfo& info);
 
 }  // namespace tandem::bench
