@@ -1,1 +1,127 @@
-// Placeholder: filled in by issue #17's work on grpc_backend.
+#include "tools/bench/grpc_backend.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "tools/router_client.h"
+
+namespace tandem::bench {
+
+using Clock = std::chrono::steady_clock;
+
+static double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// One Generate stream: owns its context, request and the message being
+// read; deletes itself after calling `done` from OnDone.
+class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::GenerateResponse> {
+ public:
+  Call(GrpcBackend* backend, const BenchRequest& request,
+       std::function<void(RequestOutput)> done)
+      : backend_(backend), done_(std::move(done)) {
+    if (!request.prompt_token_ids.empty()) {
+      request_.mutable_prompt_token_ids()->Assign(request.prompt_token_ids.begin(),
+                                                  request.prompt_token_ids.end());
+    } else {
+      request_.set_prompt(request.prompt);
+    }
+    request_.set_max_tokens(static_cast<uint32_t>(request.output_len));
+    request_.set_ignore_eos(true);
+    request_.mutable_sampling()->set_temperature(0);  // greedy
+    output_.prompt_len = request.prompt_len;
+    cli::SetApiKey(&context_, backend->options_.api_key);
+  }
+
+  void Start() {
+    start_ = Clock::now();
+    if (backend_->options_.timeout_ms > 0) {
+      // gRPC deadlines are on the system clock.
+      context_.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::milliseconds(backend_->options_.timeout_ms));
+    }
+    backend_->stub_->async()->Generate(&context_, &request_, this);
+    StartRead(&message_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    const Clock::time_point now = Clock::now();
+    if (message_.tokens_size() > 0) {
+      if (output_.output_tokens == 0) {
+        output_.ttft_s = Seconds(start_, now);
+      } else {
+        output_.itl_s.push_back(Seconds(last_token_, now));
+      }
+      last_token_ = now;
+      output_.output_tokens += message_.tokens_size();
+    }
+    if (message_.prompt_tokens() > 0) output_.prompt_len = static_cast<int32_t>(message_.prompt_tokens());
+    output_.generated_text += message_.text();
+    StartRead(&message_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    output_.latency_s = Seconds(start_, Clock::now());
+    output_.success = status.ok();
+    if (!status.ok()) {
+      // grpc::StatusCode and absl::StatusCode share their numbering.
+      output_.error = absl::StrCat(
+          absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+          status.error_message());
+    }
+    std::function<void(RequestOutput)> done = std::move(done_);
+    GrpcBackend* backend = backend_;
+    RequestOutput output = std::move(output_);
+    delete this;  // the context goes before the backend may
+    done(std::move(output));
+    backend->CallEnded();
+  }
+
+ private:
+  GrpcBackend* const backend_;
+  std::function<void(RequestOutput)> done_;
+  grpc::ClientContext context_;
+  tandem::v1::GenerateRequest request_;
+  tandem::v1::GenerateResponse message_;
+  RequestOutput output_;
+  Clock::time_point start_;
+  Clock::time_point last_token_;
+};
+
+absl::StatusOr<std::unique_ptr<GrpcBackend>> GrpcBackend::Create(
+    const GrpcBackendOptions& options) {
+  if (absl::Status s = cli::CheckRouterAddress(options.router); !s.ok()) return s;
+  if (options.timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout-ms: must be >= 0, got ", options.timeout_ms));
+  }
+  return std::unique_ptr<GrpcBackend>(new GrpcBackend(options));
+}
+
+GrpcBackend::GrpcBackend(const GrpcBackendOptions& options)
+    : options_(options), stub_(cli::MakeGenerationStub(options.router)) {}
+
+GrpcBackend::~GrpcBackend() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &in_flight_));
+}
+
+void GrpcBackend::Send(const BenchRequest& request, std::function<void(RequestOutput)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  (new Call(this, request, std::move(done)))->Start();
+}
+
+void GrpcBackend::CallEnded() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+}  // namespace tandem::bench
