@@ -4,6 +4,7 @@
 // stdout's header lines and table, and the --save-result JSON (vLLM's field
 // names, exact counts); the one-line errors of an unknown dataset, a
 // malformed Mooncake trace line and an unreachable router.
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -31,6 +32,15 @@ class BenchE2eTest : public ClusterSuite {
     StartSuiteCluster(options);
   }
 
+  void SetUp() override {
+    ClusterSuite::SetUp();
+    dir_ = MakeTempDir();
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+  }
+
   // Runs `tandem bench --router <the cluster> <args>` to completion.
   static ProcessResult Bench(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {BinaryPath("tandem"), "bench", "--router",
@@ -51,11 +61,13 @@ class BenchE2eTest : public ClusterSuite {
     }
     return j;
   }
+
+  std::string dir_;  // this test's files, removed after it
 };
 
 // The issue's acceptance run: 40 random requests at 20 requests/s.
 TEST_F(BenchE2eTest, RandomRunCompletesEveryRequestWithVllmFields) {
-  const std::string out = MakeTempDir() + "/out.json";
+  const std::string out = dir_ + "/out.json";
   ProcessResult run = Bench({"--dataset", "random", "--num-prompts", "40", "--request-rate", "20",
                              "--random-input-len", "32", "--random-output-len", "8",
                              "--save-result", out, "--seed", "1"});
@@ -72,7 +84,12 @@ TEST_F(BenchE2eTest, RandomRunCompletesEveryRequestWithVllmFields) {
   EXPECT_EQ(j.value("failed", -1), 0);
   EXPECT_EQ(j.value("num_prompts", -1), 40);
   EXPECT_EQ(j.value("backend", ""), "tandem-grpc");
-  EXPECT_EQ(j.value("model_id", ""), "stories260K");
+  // model_id: what GetModelInfo calls the model (the GGUF's general.name).
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(cluster().stub().GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(j.value("model_id", ""), info.name());
+  EXPECT_EQ(j.value("dataset", ""), "random");
   EXPECT_EQ(j.value("request_rate", 0.0), 20.0);
   EXPECT_EQ(j.value("burstiness", 0.0), 1.0);
   EXPECT_TRUE(j.contains("max_concurrency") && j["max_concurrency"].is_null());
@@ -107,7 +124,7 @@ TEST_F(BenchE2eTest, RandomRunCompletesEveryRequestWithVllmFields) {
 }
 
 TEST_F(BenchE2eTest, GoodputCountsTheRequestsMeetingTheSlos) {
-  const std::string dir = MakeTempDir();
+  const std::string& dir = dir_;
   // SLOs of 10 minutes: every request meets them, so goodput = throughput.
   ProcessResult run = Bench({"--num-prompts", "10", "--random-input-len", "16",
                              "--random-output-len", "4", "--goodput", "ttft:600000",
@@ -129,7 +146,7 @@ TEST_F(BenchE2eTest, GoodputCountsTheRequestsMeetingTheSlos) {
 }
 
 TEST_F(BenchE2eTest, OpenAiBackendThroughTheHttpPort) {
-  const std::string out = MakeTempDir() + "/openai.json";
+  const std::string out = dir_ + "/openai.json";
   // No --model: the name comes from GET /v1/models.
   ProcessResult run = Bench({"--backend", "openai", "--base-url",
                              "http://" + cluster().http_address(), "--num-prompts", "20",
@@ -156,7 +173,7 @@ TEST_F(BenchE2eTest, UnknownDatasetIsOneLineAndExitTwo) {
 }
 
 TEST_F(BenchE2eTest, MalformedTraceLinesAreNamedByNumber) {
-  const std::string dir = MakeTempDir();
+  const std::string& dir = dir_;
   const std::string good =
       R"({"timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [1]})";
   struct Case {

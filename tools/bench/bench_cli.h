@@ -45,8 +45,10 @@ struct BenchOptions {
   // router.http_listen (vLLM's default is the same port, 8000).
   std::string base_url = "http://127.0.0.1:8000";
   std::string api_key;  // --api-key, else $TANDEM_API_KEY; "" = none (both ports)
-  // --model: the "model" field of OpenAI requests; "" = GET /v1/models'
-  // first id. Unused by the tandem backend (the router serves one model).
+  // --model: the "model" field of OpenAI requests and the result's
+  // model_id; "" = GET /v1/models' first id (openai) or GetModelInfo.name,
+  // the GGUF's general.name (tandem: the router serves one model, so the
+  // name is only reported).
   std::string model;
 
   // --dataset, --dataset-path, --num-prompts (1000), --seed (0) and each

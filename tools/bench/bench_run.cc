@@ -152,10 +152,11 @@ int Run(const BenchOptions& options) {
   std::unique_ptr<v1::Generation::Stub> stub = MakeGenerationStub(options.router);
   absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(*stub, options);
   if (!info.ok()) return fail(info.status());
-  std::string model = info->name();
-  if (options.backend == BenchBackendKind::kOpenAi) {
-    absl::StatusOr<std::string> served =
-        options.model.empty() ? FirstServedModel(options) : options.model;
+  // The run's model_id: --model, else what the backend's API calls the
+  // model (the OpenAI port's served name; GetModelInfo's GGUF general.name).
+  std::string model = options.model.empty() ? info->name() : options.model;
+  if (options.backend == BenchBackendKind::kOpenAi && options.model.empty()) {
+    absl::StatusOr<std::string> served = FirstServedModel(options);
     if (!served.ok()) return fail(served.status());
     model = *served;
   }
