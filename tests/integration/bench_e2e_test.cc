@@ -2,7 +2,8 @@
 // against a real cluster (stories260K, one prefill and one decode worker,
 // the OpenAI HTTP port open), as a user runs it. Checks the exit status,
 // stdout's header lines and table, and the --save-result JSON (vLLM's field
-// names, exact counts); the one-line errors of an unknown dataset, a
+// names, exact counts), ShareGPT's lengths (the router's tokenizer), a
+// Mooncake trace replayed at its timestamps; the one-line errors of an unknown dataset, a
 // malformed Mooncake trace line and an unreachable router.
 #include <filesystem>
 #include <fstream>
@@ -161,6 +162,69 @@ TEST_F(BenchE2eTest, OpenAiBackendThroughTheHttpPort) {
   EXPECT_EQ(j.value("failed", -1), 0);
   EXPECT_EQ(j.value("total_output_tokens", -1), 20 * 8);
   EXPECT_THAT(j["input_lens"].get<std::vector<int>>(), Each(32));
+}
+
+// ShareGPT prompts are text: their lengths come from the router's
+// Tokenize (with BOS), the output length from --sharegpt-output-len.
+TEST_F(BenchE2eTest, ShareGptLengthsAreTheRoutersTokenization) {
+  const std::vector<std::string> prompts = {"Once upon a time there was a little dog.",
+                                            "Tom and Lily went to the park to play."};
+  json file = json::array();
+  for (const std::string& p : prompts) {
+    file.push_back({{"conversations",
+                     {{{"from", "human"}, {"value", p}},
+                      {{"from", "gpt"}, {"value", "They played all day and were happy."}}}}});
+  }
+  const std::string path = dir_ + "/sharegpt.json";
+  ASSERT_TRUE(WriteFile(path, file.dump()));
+  std::vector<int> expected_lens;
+  for (const std::string& p : prompts) {
+    grpc::ClientContext context;
+    v1::TokenizeRequest request;
+    request.set_text(p);
+    request.set_add_bos(true);
+    v1::TokenizeResponse response;
+    ASSERT_TRUE(cluster().stub().Tokenize(&context, request, &response).ok());
+    expected_lens.push_back(response.token_ids_size());
+  }
+  const std::string out = dir_ + "/sharegpt-out.json";
+  ProcessResult run = Bench({"--dataset", "sharegpt", "--dataset-path", path, "--num-prompts",
+                             "2", "--sharegpt-output-len", "5", "--save-result", out});
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.Describe();
+  const json j = ReadJson(out);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.value("completed", -1), 2);
+  EXPECT_THAT(j["output_lens"].get<std::vector<int>>(), Each(5));
+  // The order is the dataset's shuffle: compare as multisets.
+  EXPECT_THAT(j["input_lens"].get<std::vector<int>>(),
+              ::testing::UnorderedElementsAreArray(expected_lens));
+}
+
+// A Mooncake trace without --request-rate is replayed at its timestamps:
+// no request starts before its own (100 ms apart here).
+TEST_F(BenchE2eTest, MooncakeTraceIsReplayedAtItsTimestamps) {
+  const std::string path = dir_ + "/trace.jsonl";
+  ASSERT_TRUE(WriteFile(
+      path, R"({"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 3]})"
+            "\n"
+            R"({"timestamp": 100, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 4]})"
+            "\n"
+            R"({"timestamp": 200, "input_length": 20, "output_length": 3, "hash_ids": [1, 2]})"
+            "\n"));
+  const std::string out = dir_ + "/trace-out.json";
+  ProcessResult run = Bench({"--dataset", "mooncake", "--dataset-path", path,
+                             "--mooncake-block-size", "16", "--save-result", out});
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.Describe();
+  EXPECT_THAT(run.out, StartsWith("Traffic request rate: trace timestamps\n"));
+  const json j = ReadJson(out);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.value("completed", -1), 3);
+  EXPECT_EQ(j["input_lens"].get<std::vector<int>>(), (std::vector<int>{40, 40, 20}));
+  EXPECT_EQ(j["output_lens"].get<std::vector<int>>(), (std::vector<int>{3, 3, 3}));
+  const std::vector<double> starts = j["start_times"].get<std::vector<double>>();
+  ASSERT_EQ(starts.size(), 3u);
+  EXPECT_GE(starts[1], 0.1 - 1e-6);
+  EXPECT_GE(starts[2], 0.2 - 1e-6);
 }
 
 TEST_F(BenchE2eTest, UnknownDatasetIsOneLineAndExitTwo) {
