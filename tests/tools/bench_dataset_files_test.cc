@@ -1,13 +1,16 @@
 // tools/bench/datasets.h: the file datasets, ShareGPT (a JSON list, a fake
 // tokenizer: one token per space-separated word plus BOS) and Mooncake
 // (JSONL traces), written to temporary files.
-#include <unistd.h>
+#include <stdlib.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -24,9 +27,24 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
+// A directory of this process's files, removed at exit.
+const std::string& TempFilesDir() {
+  static const std::string dir = [] {
+    std::string pattern = ::testing::TempDir() + "/bench_datasets_XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) return ::testing::TempDir();
+    static std::string to_remove;
+    to_remove = pattern;
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(to_remove, ec);
+    });
+    return pattern;
+  }();
+  return dir;
+}
+
 std::string WriteTemp(const std::string& name, const std::string& content) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/bench_datasets_", getpid(), "_", name);
+  const std::string path = TempFilesDir() + "/" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }

@@ -2,10 +2,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <system_error>
-#include <filesystem>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -4,8 +4,10 @@
 // array) instead of being decoded to text, so their lengths are exact.
 //
 //   random             prompt and output lengths drawn uniformly from
-//                      [len*(1-ratio), len*(1+ratio)] (--random-input-len,
-//                      --random-output-len, --random-range-ratio in [0,1)),
+//                      [floor(len*(1-ratio)), ceil(len*(1+ratio))] in
+//                      double as vLLM computes it, the low end at least 1
+//                      (--random-input-len, --random-output-len,
+//                      --random-range-ratio in [0,1)),
 //                      after a fixed --random-prefix-len shared prefix;
 //                      ids uniform over the vocabulary minus its special
 //                      ids (BOS/EOS/EOG given in DatasetOptions)
@@ -83,8 +85,11 @@ using Tokenizer = std::function<absl::StatusOr<std::vector<int32_t>>(const std::
 // usable entries). Errors, INVALID_ARGUMENT naming the flag or the line:
 // unknown dataset ("--dataset: unknown 'x' (expected random,
 // prefix-repetition, sharegpt or mooncake)"); a length or count out of
-// range (--random-input-len >= 1, --random-range-ratio in [0, 1), ...);
-// vocab_size < 2; sharegpt/mooncake without --dataset-path; a file that
+// range (--random-input-len >= 1, --random-range-ratio in [0, 1),
+// --num-prompts below --prefix-repetition-num-prefixes, a prompt over 2^24
+// tokens or a dataset over 2^28 prompt ids in all, ...); vocab_size < 2 or
+// every id special (the datasets that draw ids: all but sharegpt);
+// sharegpt/mooncake without --dataset-path; a file that
 // cannot be read (NOT_FOUND naming the path); a malformed ShareGPT file
 // (naming the entry index); a malformed Mooncake line ("<path>:<line>:
 // ..." naming the field: not JSON, a missing or negative input_length /
