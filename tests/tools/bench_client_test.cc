@@ -30,7 +30,6 @@
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // Completes each request after `delay` on its own thread, recording the
 // most requests it ever had in flight and the prompt_len of each Send
@@ -248,6 +247,9 @@ class CannedGeneration final : public v1::Generation::Service {
     v1::GenerateResponse meta;
     meta.set_request_id("r1");
     writer->Write(meta);
+    if (request->prompt() == "stall") {  // a token only after 2 s
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
     int32_t next = 10;
     for (int n : {1, 2, 1}) {
       v1::GenerateResponse m;
@@ -323,6 +325,15 @@ TEST(BenchClientTest, GrpcBackendTimesTokenBearingMessages) {
   EXPECT_FALSE(o.success);
   EXPECT_EQ(o.error, "RESOURCE_EXHAUSTED: no blocks");
   EXPECT_EQ(service.last().prompt(), "fail");
+
+  absl::StatusOr<std::unique_ptr<GrpcBackend>> impatient =
+      GrpcBackend::Create({absl::StrCat("127.0.0.1:", port), "", 200});
+  ASSERT_TRUE(impatient.ok()) << impatient.status();
+  request.prompt = "stall";
+  o = RunOne(**impatient, request);
+  EXPECT_FALSE(o.success);
+  EXPECT_TRUE(absl::StartsWith(o.error, "DEADLINE_EXCEEDED: ")) << o.error;
+  EXPECT_EQ(o.output_tokens, 0);
   server->Shutdown();
 }
 
@@ -355,6 +366,9 @@ class CannedOpenAi {
         stream = chunk("A") + chunk("B") + "data: [DONE]\n\n";
       } else if (body["prompt"] == "error") {
         stream = chunk("A") + "data: {\"error\":{\"message\":\"boom\"}}\n\n";
+      } else if (body["prompt"] == "stall") {  // the first chunk only after 2 s
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        stream = chunk("A") + "data: [DONE]\n\n";
       } else if (body["prompt"] == "cut") {
         stream = chunk("A");
       } else {
@@ -439,6 +453,15 @@ TEST(BenchClientTest, OpenAiBackendReadsTheEventStream) {
   o = RunOne(**backend, request);
   EXPECT_FALSE(o.success);
   EXPECT_EQ(o.error, "HTTP 503: overloaded");
+
+  absl::StatusOr<std::unique_ptr<OpenAiBackend>> impatient =
+      OpenAiBackend::Create({server.url(), "m1", "", 200});
+  ASSERT_TRUE(impatient.ok()) << impatient.status();
+  request.prompt = "stall";
+  o = RunOne(**impatient, request);
+  EXPECT_FALSE(o.success);
+  EXPECT_TRUE(absl::StartsWith(o.error, "DEADLINE_EXCEEDED: no end of stream within 200 ms"))
+      << o.error;
 }
 
 // A port nobody listens on: bound, then closed.

@@ -5,15 +5,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tools/bench/clock.h"
 #include "tools/router_client.h"
 
 namespace tandem::bench {
-
-using Clock = std::chrono::steady_clock;
-
-static double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 // One Generate stream: owns its context, request and the message being
 // read; deletes itself after calling `done` from OnDone.
@@ -52,9 +47,9 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
     const Clock::time_point now = Clock::now();
     if (message_.tokens_size() > 0) {
       if (output_.output_tokens == 0) {
-        output_.ttft_s = Seconds(start_, now);
+        output_.ttft_s = SecondsBetween(start_, now);
       } else {
-        output_.itl_s.push_back(Seconds(last_token_, now));
+        output_.itl_s.push_back(SecondsBetween(last_token_, now));
       }
       last_token_ = now;
       output_.output_tokens += message_.tokens_size();
@@ -65,7 +60,7 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
   }
 
   void OnDone(const grpc::Status& status) override {
-    output_.latency_s = Seconds(start_, Clock::now());
+    output_.latency_s = SecondsBetween(start_, Clock::now());
     output_.success = status.ok();
     if (!status.ok()) {
       // grpc::StatusCode and absl::StatusCode share their numbering.

@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -13,16 +14,12 @@
 #include "absl/strings/string_view.h"
 #include "common/cluster_config.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/clock.h"
 
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr size_t kExcerptBytes = 200;  // of an error body or a bad chunk
-
-double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 std::string Excerpt(absl::string_view text) {
   return std::string(text.substr(0, kExcerptBytes));
@@ -61,9 +58,9 @@ void OnEvent(absl::string_view event, RequestOutput* out, StreamState* s) {
     if (chunk->token_bearing()) {
       const Clock::time_point now = Clock::now();
       if (s->chunks == 0) {
-        out->ttft_s = Seconds(s->start, now);
+        out->ttft_s = SecondsBetween(s->start, now);
       } else {
-        out->itl_s.push_back(Seconds(s->last_chunk, now));
+        out->itl_s.push_back(SecondsBetween(s->last_chunk, now));
       }
       s->last_chunk = now;
       ++s->chunks;
@@ -150,11 +147,22 @@ void OpenAiBackend::Send(const BenchRequest& request, std::function<void(Request
     absl::MutexLock lock(&mu_);
     ++in_flight_;
   }
-  std::thread([this, request, done = std::move(done)] {
-    done(Run(request));
+  // `done` is shared so that it is still ours when std::thread throws.
+  auto shared_done = std::make_shared<std::function<void(RequestOutput)>>(std::move(done));
+  try {
+    std::thread([this, request, shared_done] {
+      (*shared_done)(Run(request));
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+    }).detach();
+  } catch (const std::system_error& e) {  // out of threads (ulimit -u, memory)
+    RequestOutput out;
+    out.prompt_len = request.prompt_len;
+    out.error = absl::StrCat("RESOURCE_EXHAUSTED: cannot start a request thread: ", e.what());
+    (*shared_done)(std::move(out));
     absl::MutexLock lock(&mu_);
     --in_flight_;
-  }).detach();
+  }
 }
 
 RequestOutput OpenAiBackend::Run(const BenchRequest& request) const {
@@ -217,7 +225,7 @@ RequestOutput OpenAiBackend::Run(const BenchRequest& request) const {
   httplib::Response res;
   httplib::Error error = httplib::Error::Success;
   const bool sent = client.send(req, res, error);
-  out.latency_s = Seconds(s.start, Clock::now());
+  out.latency_s = SecondsBetween(s.start, Clock::now());
 
   if (status != 0 && status != 200) {
     out.error = absl::StrCat("HTTP ", status, ": ", Excerpt(error_body));

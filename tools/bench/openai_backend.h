@@ -76,7 +76,8 @@ class OpenAiBackend final : public BenchBackend {
   // "UNAVAILABLE: <cpp-httplib error>" when no answer came,
   // "DEADLINE_EXCEEDED: ..." past timeout_ms, "INTERNAL: <message>" for an
   // error event or a malformed chunk mid-stream, "DATA_LOSS: stream ended
-  // before [DONE]".
+  // before [DONE]", "RESOURCE_EXHAUSTED: cannot start a request thread: ..."
+  // (then `done` runs on the caller's thread, before Send returns).
   void Send(const BenchRequest& request, std::function<void(RequestOutput)> done) override;
 
  private:

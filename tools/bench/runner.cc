@@ -15,16 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "tools/bench/clock.h"
 
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int kBarCells = 30;
-
-double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 absl::Status CheckOptions(const std::vector<BenchRequest>& requests, const RunOptions& o) {
   if (!o.send_times_s.empty()) {
@@ -96,7 +92,7 @@ class RunState {
     if (!progress_) return;
     const int64_t total = static_cast<int64_t>(outputs_.size());
     const int64_t done = static_cast<int64_t>(completed_);
-    const std::string bar = ProgressBar(done, total, Seconds(t0_, now));
+    const std::string bar = ProgressBar(done, total, SecondsBetween(t0_, now));
     if (tty_) {
       std::fprintf(stderr, "\r%s", bar.c_str());
     } else if (const int64_t tenth = done * 10 / total; tenth > last_tenth_) {
@@ -168,7 +164,7 @@ absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
     state.AcquireSlot(options.max_concurrency);
     const Clock::time_point start = Clock::now();
     if (!first_start.has_value()) first_start = start;
-    const double start_s = Seconds(t0, start);
+    const double start_s = SecondsBetween(t0, start);
     backend.Send(requests[i], [&state, i, start_s](RequestOutput o) {
       o.start_s = start_s;
       state.Complete(i, std::move(o));
@@ -176,7 +172,7 @@ absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
   }
   Clock::time_point last_end;
   result.outputs = state.Wait(&last_end);
-  result.duration_s = std::max(0.0, Seconds(*first_start, last_end));
+  result.duration_s = std::max(0.0, SecondsBetween(*first_start, last_end));
   return result;
 }
 
