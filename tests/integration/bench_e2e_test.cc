@@ -236,6 +236,15 @@ TEST_F(BenchE2eTest, UnknownDatasetIsOneLineAndExitTwo) {
   EXPECT_EQ(run.out, "");
 }
 
+TEST_F(BenchE2eTest, AFlagCombinationTheDatasetRefusesIsExitTwo) {
+  ProcessResult run = Bench({"--dataset", "prefix-repetition", "--num-prompts", "3",
+                             "--prefix-repetition-num-prefixes", "10"});
+  EXPECT_TRUE(run.exited && run.exit_code == 2) << run.Describe();
+  EXPECT_THAT(run.err, StartsWith("tandem bench: --num-prompts: "));
+  EXPECT_THAT(run.err, HasSubstr("--prefix-repetition-num-prefixes"));
+  EXPECT_EQ(Lines(run.err).size(), 1u) << run.err;
+}
+
 TEST_F(BenchE2eTest, MalformedTraceLinesAreNamedByNumber) {
   const std::string& dir = dir_;
   const std::string good =

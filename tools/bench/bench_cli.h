@@ -109,7 +109,9 @@ std::string PythonFloat(double value);
 // Runs `tandem bench`: returns the exit status. 0: the run finished (failed
 // requests are counted, not fatal); 1: it could not run (router
 // unreachable, GetModelInfo refused, a dataset error such as a malformed
-// trace line, --save-result not writable); 2: a bad flag. Errors are one
+// trace line, --save-result not writable); 2: a bad flag, including a
+// combination LoadDataset refuses with INVALID_ARGUMENT naming a flag
+// ("--num-prompts: 3 is fewer than --prefix-repetition-num-prefixes 10"). Errors are one
 // line on stderr, "tandem bench: ..."; the header lines and the result
 // table go to stdout, the progress bar to stderr.
 int RunBench(const std::vector<std::string>& args);

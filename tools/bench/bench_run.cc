@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tools/bench/arrivals.h"
 #include "tools/bench/bench_cli.h"
@@ -165,7 +166,18 @@ int Run(const BenchOptions& options) {
   SetModelFacts(*info, &dataset);
   absl::StatusOr<std::vector<bench::BenchRequest>> requests =
       bench::LoadDataset(dataset, RouterTokenizer(stub.get(), options));
-  if (!requests.ok()) return fail(requests.status());
+  if (!requests.ok()) {
+    // A combination of flags only the dataset can judge ("--num-prompts: 3
+    // is fewer than --prefix-repetition-num-prefixes 10") is a bad flag;
+    // a file's or the model's problem is not.
+    const absl::Status& s = requests.status();
+    if (s.code() == absl::StatusCode::kInvalidArgument &&
+        absl::StartsWith(s.message(), "--")) {
+      std::cerr << "tandem bench: " << s.message() << kUsageHint << "\n";
+      return 2;
+    }
+    return fail(s);
+  }
 
   bench::RunOptions run;
   run.max_concurrency = options.max_concurrency.value_or(0);
