@@ -1,11 +1,12 @@
 // tandem: the command-line tool of a Tandem cluster. Thin dispatch on the
 // subcommand; each lives in its own file (up.cc, generate.cc, status.cc,
-// synth_model.cc, selftest.cc).
+// synth_model.cc, selftest.cc, bench/bench_cli.cc).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "tools/bench/bench_cli.h"
 #include "tools/generate.h"
 #include "tools/selftest.h"
 #include "tools/status.h"
@@ -44,9 +45,29 @@ constexpr char kUsage[] =
     "            ids, top-5 logits, BF16 teacher-forced argmax, batched/chunked bit-identity)\n"
     "            [--device cuda:N] [--model PATH]... [--shared DIR]   (default: ../shared's\n"
     "            stories260K and tiny BPE models; exit 0 pass, 1 fail, 77 no CUDA GPU)\n"
+    "  bench     a serving benchmark against the router, as vLLM's `bench serve` (table,\n"
+    "            --save-result JSON)   [--router H:P] [--backend tandem|openai]\n"
+    "            [--dataset random|prefix-repetition|sharegpt|mooncake] [--num-prompts N]\n"
+    "            [--request-rate R|inf] ...   (all flags: tandem bench --help)\n"
     "\n"
     "API keys (router.api_keys_file): --api-key KEY, else $TANDEM_API_KEY (which `up`\n"
     "sends in its readiness checks).\n";
+
+struct Command {
+  const char* name;
+  int (*run)(const std::vector<std::string>& args);
+  // Its own usage for `tandem <name> --help`; nullptr: the general usage.
+  const char* (*usage)();
+};
+
+constexpr Command kCommands[] = {
+    {"up", tandem::cli::RunUp, nullptr},
+    {"generate", tandem::cli::RunGenerate, nullptr},
+    {"status", tandem::cli::RunStatus, nullptr},
+    {"synth-model", tandem::cli::RunSynthModel, nullptr},
+    {"selftest", tandem::cli::RunSelftest, nullptr},
+    {"bench", tandem::cli::RunBench, tandem::cli::BenchUsage},
+};
 
 }  // namespace
 
@@ -57,21 +78,28 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
-  // `tandem --help`, `tandem help` and `tandem <command> --help`: the usage
-  // of every command, on stdout, exit 0.
-  const bool help = command == "--help" || command == "-h" || command == "help" ||
-                    std::find_if(args.begin(), args.end(), [](const std::string& a) {
-                      return a == "--help" || a == "-h";
-                    }) != args.end();
-  if (help) {
+  // `tandem --help`, `tandem help`: the usage of every command, on stdout.
+  if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (command == "up") return tandem::cli::RunUp(args);
-  if (command == "generate") return tandem::cli::RunGenerate(args);
-  if (command == "status") return tandem::cli::RunStatus(args);
-  if (command == "synth-model") return tandem::cli::RunSynthModel(args);
-  if (command == "selftest") return tandem::cli::RunSelftest(args);
-  std::fprintf(stderr, "tandem: unknown command '%s'\n%s", command.c_str(), kUsage);
-  return 2;
+  // The command is checked before any --help after it, so a misspelt
+  // command is reported as such (exit 2), with or without --help.
+  const Command* found = nullptr;
+  for (const Command& c : kCommands) {
+    if (command == c.name) found = &c;
+  }
+  if (found == nullptr) {
+    std::fprintf(stderr, "tandem: unknown command '%s'\n%s", command.c_str(), kUsage);
+    return 2;
+  }
+  // `tandem <command> --help`: the command's own usage when it has one,
+  // else the usage of every command; stdout, exit 0.
+  if (std::find_if(args.begin(), args.end(), [](const std::string& a) {
+        return a == "--help" || a == "-h";
+      }) != args.end()) {
+    std::fputs(found->usage != nullptr ? found->usage() : kUsage, stdout);
+    return 0;
+  }
+  return found->run(args);
 }

@@ -692,6 +692,28 @@ TEST_F(CliTest, UsageExitsTwoAndHelpZero) {
   Result unknown = RunCommand({tandem_, "launch"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, StartsWith("tandem: unknown command 'launch'\nusage:"));
+  // An unknown command is reported before any --help after it (it used to
+  // print the general usage and exit 0).
+  for (const char* help : {"--help", "-h"}) {
+    Result unknown_help = RunCommand({tandem_, "no-such-command", help});
+    EXPECT_EQ(unknown_help.exit_code, 2) << help;
+    EXPECT_THAT(unknown_help.err,
+                StartsWith("tandem: unknown command 'no-such-command'\nusage: tandem <command>"))
+        << help;
+    EXPECT_THAT(unknown_help.err, HasSubstr("  bench     a serving benchmark")) << help;
+    EXPECT_EQ(unknown_help.out, "") << help;
+  }
+  // bench has its own usage: every flag, on stdout.
+  Result bench_help = RunCommand({tandem_, "bench", "--help"});
+  EXPECT_EQ(bench_help.exit_code, 0);
+  EXPECT_THAT(bench_help.out, StartsWith("usage: tandem bench [--router H:P]"));
+  EXPECT_THAT(bench_help.out, HasSubstr("[--goodput ttft:MS [tpot:MS] [e2el:MS]]"));
+  EXPECT_EQ(bench_help.err, "");
+  Result bench_bad = RunCommand({tandem_, "bench", "--request-rate", "0"});
+  EXPECT_EQ(bench_bad.exit_code, 2);
+  EXPECT_EQ(bench_bad.err,
+            "tandem bench: --request-rate: must be > 0 or inf, got '0' (usage: tandem bench "
+            "--help)\n");
   EXPECT_EQ(RunCommand({tandem_, "up", "--bogus"}).exit_code, 2);
   EXPECT_EQ(RunCommand({tandem_, "status", "--check-idle=yes"}).exit_code, 2);
   EXPECT_EQ(RunCommand({tandem_, "generate"}).exit_code, 2);
