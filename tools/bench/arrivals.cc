@@ -32,9 +32,22 @@ absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate,
     return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate, " with --burstiness ",
                                                    burstiness, " gives an infinite mean gap"));
   }
+  const double total_s = static_cast<double>(n) / request_rate;
+  if (!std::isfinite(total_s)) {
+    return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate, " with --num-prompts ",
+                                                   n, " gives an infinite run"));
+  }
   std::mt19937_64 rng(seed);
   std::gamma_distribution<double> gap(burstiness, scale);
-  for (int32_t i = 1; i < n; ++i) times[i] = times[i - 1] + gap(rng);
+  double sum = 0;
+  for (int32_t i = 0; i < n; ++i) times[i] = sum += gap(rng);
+  // vLLM's normalisation: the last send lands at exactly n / rate, so the
+  // offered rate of a short run is the one asked for; the shape of the gaps
+  // (their relative sizes) is the gamma draws'.
+  if (n > 0 && sum > 0) {
+    const double factor = total_s / sum;
+    for (double& t : times) t *= factor;
+  }
   return times;
 }
 
