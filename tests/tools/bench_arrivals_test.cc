@@ -131,6 +131,10 @@ TEST(BenchArrivalsTest, BadValuesNameTheFlag) {
 TEST(BenchArrivalsTest, ExtremeRatesStayFinite) {
   // rate * burstiness overflows: gaps below any clock, all at 0.
   EXPECT_THAT(Times(5, 1e308, 10, 1), Each(0.0));
+  // A run planned past kMaxSendTimeS (1e8 s) is refused, naming the rate.
+  absl::StatusOr<std::vector<double>> slow = ArrivalTimes(2, 1e-9, 1, 1);
+  ASSERT_FALSE(slow.ok());
+  EXPECT_THAT(std::string(slow.status().message()), HasSubstr("--request-rate: "));
   // A denormal rate gives an infinite mean gap or run: refused, not inf times.
   absl::StatusOr<std::vector<double>> times = ArrivalTimes(5, 1e-320, 0.5, 1);
   ASSERT_FALSE(times.ok());

@@ -188,6 +188,7 @@ TEST_F(BenchCliTest, EveryBadValueNamesItsFlag) {
       {{"--num-prompts", "0"}, "--num-prompts"},
       {{"--num-prompts", "x"}, "--num-prompts"},
       {{"--num-prompts", "2147483648"}, "--num-prompts"},
+      {{"--num-prompts", "10000001"}, "--num-prompts"},  // over kMaxNumPrompts
       {{"--seed", "-1"}, "--seed"},
       {{"--random-input-len", "0"}, "--random-input-len"},
       {{"--random-output-len", "0"}, "--random-output-len"},

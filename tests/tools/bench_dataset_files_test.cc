@@ -213,6 +213,19 @@ TEST(BenchDatasetsTest, MooncakeMalformedLinesNameLineAndField) {
   }
 }
 
+TEST(BenchDatasetsTest, MooncakeTimestampPastTheHorizonIsRefused) {
+  // 1e15 ms after line 1 is past kMaxSendTimeS (1e8 s): refused naming the
+  // line, not sent at once through an overflowed clock.
+  const std::string path = WriteTemp(
+      "far.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": []}\n"
+      "{\"timestamp\": 1e15, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": []}\n");
+  auto got = LoadDataset(MooncakeOptions(path), nullptr);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()), StartsWith(path + ":2: timestamp: "));
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("s after line 1's"));
+}
+
 TEST(BenchDatasetsTest, MooncakeFileErrors) {
   DatasetOptions o = MooncakeOptions(::testing::TempDir() + "/no_such_trace.jsonl");
   auto missing = LoadDataset(o, nullptr);

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tools/bench/bench_types.h"
 
 namespace tandem::bench {
 
@@ -33,9 +34,9 @@ absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate,
                                                    burstiness, " gives an infinite mean gap"));
   }
   const double total_s = static_cast<double>(n) / request_rate;
-  if (!std::isfinite(total_s)) {
+  if (!std::isfinite(total_s) || total_s > kMaxSendTimeS) {
     return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate, " with --num-prompts ",
-                                                   n, " gives an infinite run"));
+                                                   n, " plans a run of ", total_s, " s (at most ", kMaxSendTimeS, " s)"));
   }
   std::mt19937_64 rng(seed);
   std::gamma_distribution<double> gap(burstiness, scale);

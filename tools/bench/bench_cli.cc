@@ -156,6 +156,13 @@ absl::Status ParseDatasetFlags(const ParsedArgs& parsed, bench::DatasetOptions* 
     if (!value.ok()) return value.status();
     *f.field = *value;
   }
+  // Each request costs the client a few hundred bytes before the first is
+  // sent (the whole schedule is built up front): a cap keeps a typo from
+  // ending in std::bad_alloc.
+  if (d->num_prompts > kMaxNumPrompts) {
+    return absl::InvalidArgumentError(absl::StrCat("--num-prompts: at most ", kMaxNumPrompts,
+                                                   ", got ", d->num_prompts));
+  }
   if (parsed.Has("sharegpt-output-len")) {
     absl::StatusOr<int32_t> value = Int32Flag(parsed, "sharegpt-output-len", 0, 1);
     if (!value.ok()) return value.status();

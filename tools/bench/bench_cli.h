@@ -29,6 +29,9 @@
 
 namespace tandem::cli {
 
+// The largest --num-prompts (a run is planned in memory before it starts).
+inline constexpr int32_t kMaxNumPrompts = 10'000'000;
+
 // Where the requests go (--backend).
 enum class BenchBackendKind {
   kTandem,  // "tandem": tandem.v1.Generation.Generate on --router (gRPC)

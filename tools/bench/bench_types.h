@@ -14,6 +14,11 @@
 
 namespace tandem::bench {
 
+// The latest send time a run may plan, seconds from its start (about 3
+// years): a later one (a trace's far-off timestamp, a rate of 1e-9/s) is
+// refused instead of overflowing the clock or waiting for ever.
+inline constexpr double kMaxSendTimeS = 1e8;
+
 // One request of a run. Exactly one of `prompt` (text: ShareGPT) and
 // `prompt_token_ids` (random, prefix-repetition, Mooncake) is non-empty.
 struct BenchRequest {

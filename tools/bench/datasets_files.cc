@@ -271,6 +271,12 @@ absl::StatusOr<std::vector<BenchRequest>> LoadMooncake(const DatasetOptions& o,
           " ms is before line ", lines.back().line, "'s ", lines.back().timestamp_text,
           " ms (timestamps must not decrease)"));
     }
+    if (!lines.empty() &&
+        (parsed->timestamp_ms - lines.front().timestamp_ms) / 1000.0 > kMaxSendTimeS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          o.path, ":", line_no, ": timestamp: ", parsed->timestamp_text, " ms is more than ",
+          kMaxSendTimeS, " s after line ", lines.front().line, "'s"));
+    }
     lines.push_back(std::move(*parsed));
   }
   if (lines.empty()) {

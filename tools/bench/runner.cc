@@ -29,17 +29,19 @@ absl::Status CheckOptions(const std::vector<BenchRequest>& requests, const RunOp
                                                      " times for ", requests.size(), " requests"));
     }
     for (size_t i = 0; i < o.send_times_s.size(); ++i) {
-      if (!std::isfinite(o.send_times_s[i]) || o.send_times_s[i] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "send_times_s[", i, "]: must be finite and >= 0, got ", o.send_times_s[i]));
+      if (!std::isfinite(o.send_times_s[i]) || o.send_times_s[i] < 0 ||
+          o.send_times_s[i] > kMaxSendTimeS) {
+        return absl::InvalidArgumentError(absl::StrCat("send_times_s[", i, "]: must be in [0, ",
+                                                       kMaxSendTimeS, "] s, got ",
+                                                       o.send_times_s[i]));
       }
     }
   }
   for (size_t i = 0; o.send_times_s.empty() && i < requests.size(); ++i) {
     const std::optional<double>& t = requests[i].timestamp_s;
-    if (t.has_value() && (!std::isfinite(*t) || *t < 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", i, " timestamp_s: must be finite and >= 0, got ", *t));
+    if (t.has_value() && (!std::isfinite(*t) || *t < 0 || *t > kMaxSendTimeS)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", i, " timestamp_s: must be in [0, ", kMaxSendTimeS, "] s, got ", *t));
     }
   }
   if (o.max_concurrency < 0) {
