@@ -42,11 +42,14 @@ void SetApiKey(grpc::ClientContext* context, const std::string& api_key) {
   if (!api_key.empty()) context->AddMetadata("authorization", "Bearer " + api_key);
 }
 
-std::string GrpcErrorLine(const grpc::Status& status) {
+std::string GrpcStatusText(const grpc::Status& status) {
   // grpc::StatusCode and absl::StatusCode share their numbering.
-  return absl::StrCat("tandem: ",
-                      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+  return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
                       ": ", status.error_message());
+}
+
+std::string GrpcErrorLine(const grpc::Status& status) {
+  return absl::StrCat("tandem: ", GrpcStatusText(status));
 }
 
 absl::Status CheckRouterAddress(const std::string& address) {

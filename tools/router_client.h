@@ -44,6 +44,10 @@ absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value);
 // `api_key` is empty): what a router with router.api_keys_file requires.
 void SetApiKey(grpc::ClientContext* context, const std::string& api_key);
 
+// "UNAVAILABLE: <message>": a failed RPC's code, spelled as in grpc/absl
+// ("DEADLINE_EXCEEDED"), and its message.
+std::string GrpcStatusText(const grpc::Status& status);
+
 // "tandem: UNAVAILABLE: <message>": the CLI's one-line report of a failed
 // RPC, the code spelled as in grpc/absl ("DEADLINE_EXCEEDED").
 std::string GrpcErrorLine(const grpc::Status& status);

@@ -27,13 +27,6 @@ constexpr char kUsageHint[] = " (usage: tandem bench --help)";
 // Deadline of the set-up RPCs (GetModelInfo, Tokenize) and GET /v1/models.
 constexpr int kSetupTimeoutS = 10;
 
-// "CODE: message" of a failed RPC (the code spelled as absl spells it).
-std::string RpcError(const grpc::Status& status) {
-  return absl::StrCat(
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
-      status.error_message());
-}
-
 void SetSetupDeadline(grpc::ClientContext* context) {
   context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kSetupTimeoutS));
 }
@@ -48,7 +41,7 @@ absl::StatusOr<v1::GetModelInfoResponse> GetModelInfo(v1::Generation::Stub& stub
   const grpc::Status status = stub.GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("GetModelInfo on --router ", o.router,
-                                               " failed: ", RpcError(status)));
+                                               " failed: ", GrpcStatusText(status)));
   }
   return info;
 }
@@ -108,7 +101,7 @@ bench::Tokenizer RouterTokenizer(v1::Generation::Stub* stub, const BenchOptions&
     const grpc::Status status = stub->Tokenize(&context, request, &response);
     if (!status.ok()) {
       return absl::UnavailableError(
-          absl::StrCat("Tokenize on --router ", o.router, " failed: ", RpcError(status)));
+          absl::StrCat("Tokenize on --router ", o.router, " failed: ", GrpcStatusText(status)));
     }
     return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
   };

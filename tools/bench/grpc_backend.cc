@@ -62,12 +62,7 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
   void OnDone(const grpc::Status& status) override {
     output_.latency_s = SecondsBetween(start_, Clock::now());
     output_.success = status.ok();
-    if (!status.ok()) {
-      // grpc::StatusCode and absl::StatusCode share their numbering.
-      output_.error = absl::StrCat(
-          absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
-          status.error_message());
-    }
+    if (!status.ok()) output_.error = cli::GrpcStatusText(status);
     std::function<void(RequestOutput)> done = std::move(done_);
     GrpcBackend* backend = backend_;
     RequestOutput output = std::move(output_);
