@@ -291,8 +291,10 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
               : reason);
       failed_decode_.push_back(worker->name);
       if (!MoveOn(stream->received, lost_error_.error_message())) DecodeEnded(lost_error_);
-    } else if (IsTransportError(status)) {
-      // Dead, or an error of D's own? Ask it.
+    } else if (IsTransportError(status) || status.error_code() == grpc::StatusCode::CANCELLED) {
+      // Dead, or an error of D's own? Ask it. A CANCELLED the router did not
+      // ask for (none of the cases above) is D's server going away, e.g. a
+      // call that reached it as it exited after losing its device.
       auto probe = std::make_shared<UnaryCall<v1::GetStatusRequest, v1::WorkerStatus>>(
           params_.probe_timeout_ms);
       ++outstanding_;
@@ -302,7 +304,8 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
         worker->decode_stub->async()->GetStatus(
             &probe->context, &probe->request, &probe->response,
             [self, probe, worker, status, received](grpc::Status probe_status) {
-              self->OnProbeDone(worker, status, received, probe_status.ok());
+              self->OnProbeDone(worker, status, received, probe_status.ok(),
+                                probe->response.ready());
             });
       });
     } else {
@@ -313,16 +316,40 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
 }
 
 void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
-                               bool received, bool decode_alive) {
+                               bool received, bool decode_alive, bool decode_ready) {
   {
     absl::MutexLock lock(&mu_);
     --outstanding_;
-    if (decode_alive) {
+    const bool unavailable = stream_status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (decode_alive && unavailable) decode->NoteUnavailable(stream_status.error_message());
+    if (decode_alive && !decode_ready && unavailable) {
+      // D answers but is no longer ready: it ended the stream because it is
+      // going away (the end of its SIGTERM drain, a lost device). Like a
+      // dead D's, the stream moves to another decode worker if it can.
+      failed_decode_.push_back(decode->name);
+      const std::string why = absl::StrCat("decode worker ", decode->name,
+                                           " is going away: ", stream_status.error_message());
+      if (!MoveOn(received, why)) DecodeEnded(stream_status);
+    } else if (decode_alive) {
+      if (stream_status.error_code() == grpc::StatusCode::CANCELLED) {
+        // The client did not cancel: it must not read CANCELLED.
+        stream_status = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("decode worker ", decode->name,
+                         " cancelled the request: ", stream_status.error_message()));
+      }
       DecodeEnded(stream_status);  // D's own answer
     } else {
       failed_decode_.push_back(decode->name);
-      const std::string why = absl::StrCat("decode worker ", decode->name, " failed: ",
-                                           stream_status.error_message());
+      // What another request already learnt of why D went (the registry's
+      // reason, or D's last answer of its own, e.g. "device lost: ...")
+      // names the cause better than this stream's transport error.
+      const std::string known = decode->lost_reason();
+      const std::string last = decode->last_unavailable(absl::Seconds(10));
+      const std::string why =
+          !known.empty() ? known
+                         : absl::StrCat("decode worker ", decode->name, " failed: ",
+                                        last.empty() ? stream_status.error_message() : last);
       // New requests and migrations skip it from now on.
       deferred_.push_back([registry = registry_, decode, why] {
         registry->ReportUnreachable(decode, why);

@@ -129,10 +129,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // D's stream callbacks (reactor threads).
   void OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerateResponse& msg);
   void OnDecodeDone(DecodeStream* stream, const grpc::Status& status);
-  // The status probe after D's stream broke: answered -> the error was D's
-  // own; failed -> D is gone.
+  // The status probe after D's stream broke: answered and ready -> the
+  // error was D's own; answered but not ready (draining, device lost) or
+  // failed -> D is going or gone, and the stream moves on if it can.
   void OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
-                   bool received, bool decode_alive);
+                   bool received, bool decode_alive, bool decode_ready);
   // D asked for a remote prefill (attempt need.attempt()).
   void StartPrefill(const v1::NeedRemotePrefill& need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPrefillDone(const std::shared_ptr<PrefillCall>& call, const grpc::Status& status);

@@ -45,6 +45,17 @@ std::string WorkerHandle::lost_reason() const {
   return lost_reason_;
 }
 
+void WorkerHandle::NoteUnavailable(const std::string& message) {
+  absl::MutexLock lock(&reason_mu_);
+  last_unavailable_ = message;
+  last_unavailable_at_ = absl::Now();
+}
+
+std::string WorkerHandle::last_unavailable(absl::Duration within) const {
+  absl::MutexLock lock(&reason_mu_);
+  return absl::Now() - last_unavailable_at_ <= within ? last_unavailable_ : std::string();
+}
+
 WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
                                std::function<void(bool)> on_health_change)
     : options_(options),

@@ -88,10 +88,19 @@ struct WorkerHandle {
   void NotifyLost(const std::string& why);
   // The `why` of the last NotifyLost ("" before any, or after missed polls).
   std::string lost_reason() const;
+  // Records the message of an UNAVAILABLE answer the live worker gave of its
+  // own (e.g. "device lost: ..." just before it exits), so a request whose
+  // stream then breaks without an answer can still name the cause.
+  void NoteUnavailable(const std::string& message);
+  // The last NoteUnavailable message if it came within `within` of now
+  // (an old answer says nothing of a later failure), else "".
+  std::string last_unavailable(absl::Duration within) const;
 
  private:
   mutable absl::Mutex reason_mu_;  // never held while a callback runs
   std::string lost_reason_ ABSL_GUARDED_BY(reason_mu_);
+  std::string last_unavailable_ ABSL_GUARDED_BY(reason_mu_);
+  absl::Time last_unavailable_at_ ABSL_GUARDED_BY(reason_mu_) = absl::InfinitePast();
   absl::Mutex lost_mu_;
   uint64_t next_lost_token_ ABSL_GUARDED_BY(lost_mu_) = 0;
   std::map<uint64_t, std::function<void()>> lost_callbacks_ ABSL_GUARDED_BY(lost_mu_);

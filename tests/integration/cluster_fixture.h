@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/process_util.h"
 #include "tools/process_group.h"
 
 namespace tandem::auth {
@@ -300,25 +301,6 @@ class OwnClusterTest : public ::testing::Test {
  private:
   std::unique_ptr<LocalCluster> cluster_;
 };
-
-// A finished child process run by RunProcess.
-struct ProcessResult {
-  bool exited = false;     // WIFEXITED
-  int exit_code = -1;      // WEXITSTATUS when exited
-  int signal = 0;          // WTERMSIG when killed by a signal
-  bool timed_out = false;  // we killed it after the timeout
-  std::string out;         // all of stdout
-  std::string err;         // all of stderr
-  // "exited with status N" / "killed by signal N (SIGNAME)", plus stderr.
-  std::string Describe() const;
-};
-
-// Runs argv[0] (a path) with stdin from /dev/null, collecting stdout and
-// stderr, until it exits or `timeout` passes (then SIGKILL).
-ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout);
-
-// Lines of `text` without their "\n"; a trailing empty line is dropped.
-std::vector<std::string> Lines(const std::string& text);
 
 }  // namespace tandem::testing
 

@@ -291,6 +291,39 @@ TEST_F(MigrationE2ETest, TwoDecodeWorkersKilledAtOnceEveryStreamEndsOnTheThird) 
   ExpectHealthyWorkersIdle(cluster());
 }
 
+// A rolling update: the stream's decode worker gets SIGTERM and drains for
+// shutdown_grace_s (1 s), shorter than the stream; the stream it then ends
+// ("shutting down") moves to the other decode worker instead of failing,
+// with the same ids.
+TEST_F(MigrationE2ETest, DecodeWorkerDrainingPastItsGraceHandsTheStreamOver) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Options(1)));
+  const StreamResult reference = RunGenerate(cluster().stub(), Request(), absl::Seconds(120));
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+
+  GenerateStream stream(cluster().stub(), Request(), absl::Seconds(120));
+  while (stream.result().token_ids.size() < 8 && stream.ReadOne()) {
+  }
+  ASSERT_GE(stream.result().token_ids.size(), 8u) << "the stream ended before the SIGTERM";
+  const std::string victim = stream.result().decode_worker;
+  ASSERT_EQ(kill(cluster().worker_pid(victim), SIGTERM), 0);
+  const StreamResult& r = stream.Finish();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.token_ids, reference.token_ids);
+  EXPECT_TRUE(r.IndicesAreSequential());
+  const std::string survivor = victim == "decode-0" ? "decode-1" : "decode-0";
+  const std::string log = cluster().CapturedStderr();
+  // The router saw the stream end "shutting down" and found the worker
+  // gone (probe failed) or going (answered with ready = false): either way
+  // the stream moved on, naming why.
+  bool moved = false;
+  for (const std::string& line : Lines(log)) {
+    moved |= absl::StrContains(line, "decode worker " + victim) &&
+             absl::StrContains(line, "shutting down") &&
+             absl::StrContains(line, "migrating to " + survivor);
+  }
+  EXPECT_TRUE(moved) << log;
+}
+
 TEST_F(MigrationE2ETest, WithoutMigrationsTheStreamEndsUnavailableNamingTheWorker) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(Options(0)));
   const StreamResult r = RunAndKillDecode(8);

@@ -509,6 +509,22 @@ TEST(WorkerRegistryTest, ReportUnreachableMarksUnhealthyUntilAPollSucceeds) {
   EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE, {"d1"})->name, "d0");
 }
 
+// A worker's own UNAVAILABLE answer (e.g. "device lost: ...") is kept for a
+// request whose stream then breaks without one, but only while it is
+// recent: an old answer says nothing of a later failure.
+TEST(WorkerHandleTest, LastUnavailableIsKeptOnlyWithinTheWindow) {
+  WorkerHandle h;
+  EXPECT_EQ(h.last_unavailable(absl::Seconds(10)), "");
+  h.NoteUnavailable("device lost: decode-0: illegal memory access");
+  EXPECT_EQ(h.last_unavailable(absl::Seconds(10)),
+            "device lost: decode-0: illegal memory access");
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_EQ(h.last_unavailable(absl::Milliseconds(5)), "");
+  h.NoteUnavailable("decode-0 is shutting down");
+  EXPECT_EQ(h.last_unavailable(absl::Seconds(10)), "decode-0 is shutting down");
+  EXPECT_EQ(h.lost_reason(), "");  // a separate record from NotifyLost's
+}
+
 TEST(WorkerRegistryTest, AFrozenWorkerDelaysNoOtherWorkersPolls) {
   Recorder rec;
   RegistryOptions o = Options(&rec);
