@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/deploy/dockerfile.h"
-#include "tests/integration/cluster_fixture.h"
+#include "tests/process_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::testing {

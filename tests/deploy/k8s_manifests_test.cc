@@ -1,0 +1,463 @@
+// The Kubernetes manifests (deploy/k8s) against the code they deploy.
+//
+// Each overlay is rendered with `kubectl kustomize` (the test skips, saying
+// so, where kubectl is absent; `kubectl apply --dry-run` would need an API
+// server). The rendered objects are parsed and checked: apiVersion, kind
+// and the fields each kind needs; the cluster YAML in the ConfigMap loads
+// with the real config parser; ports, probe services, Secret mounts,
+// metrics annotations and the grace period agree with that config and the
+// code's defaults; and every container's command line is accepted by the
+// real binary's flag parser.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "common/auth/cluster_auth.h"
+#include "common/cluster_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/api_keys.h"
+#include "tests/process_util.h"
+#include "tests/test_util.h"
+#include "yaml-cpp/yaml.h"
+
+namespace tandem::rpc { constexpr char kLivenessHealthService[] = "liveness"; }  // TEMP until merge
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kSource = TANDEM_SOURCE_DIR;
+const std::string kBinaries = TANDEM_BINARY_DIR;
+// What a process may still take after SIGTERM beyond its drain
+// (shutdown_grace_s), seconds: the gRPC server's Shutdown deadline (1 s,
+// router/main.cc and common/server/worker_main.cc) plus the router's wait
+// for its request threads (2 s).
+constexpr int kServerShutdownS = 3;
+
+// kubectl on PATH, or "".
+std::string FindKubectl() {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    const std::string candidate = absl::StrCat(dir, "/kubectl");
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// The objects of one rendered overlay, by kind and name (generated names
+// keep their prefix: "tandem-config-<hash>").
+struct Rendered {
+  std::vector<YAML::Node> objects;
+
+  // The one object of `kind` whose name is `name` or starts with
+  // "<name>-" followed by kustomize's hash; a null node if none.
+  // Returned const: yaml-cpp's non-const operator[] would add missing keys.
+  const YAML::Node Get(const std::string& kind, const std::string& name) const {
+    for (const YAML::Node& o : objects) {
+      if (o["kind"].as<std::string>() != kind) continue;
+      const std::string n = o["metadata"]["name"].as<std::string>();
+      if (n == name || (absl::StartsWith(n, name + "-") &&
+                        n.size() == name.size() + 11)) {  // "-" + 10-char hash
+        return o;
+      }
+    }
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
+};
+
+// Renders deploy/k8s/overlays/<overlay> (GTEST_SKIP without kubectl).
+#define RENDER_OR_SKIP(var, overlay)                                              \
+  const std::string kubectl_##var = FindKubectl();                                \
+  if (kubectl_##var.empty()) GTEST_SKIP() << "kubectl not found on PATH: cannot " \
+                                             "render deploy/k8s (not checked)";   \
+  Rendered var;                                                                   \
+  ASSERT_NO_FATAL_FAILURE(Render(kubectl_##var, overlay, &var))
+
+void Render(const std::string& kubectl, const std::string& overlay, Rendered* out) {
+  const std::string dir = absl::StrCat(kSource, "/deploy/k8s/overlays/", overlay);
+  ProcessResult r = RunProcess({kubectl, "kustomize", dir}, absl::Seconds(60));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << "kubectl kustomize " << dir << ": "
+                                            << r.Describe();
+  out->objects = YAML::LoadAll(r.out);
+  ASSERT_FALSE(out->objects.empty());
+}
+
+std::string Str(const YAML::Node& n) { return n.IsDefined() && !n.IsNull() ? n.as<std::string>() : ""; }
+
+// The container of a one-container Deployment.
+const YAML::Node Container(const YAML::Node& deployment) {
+  return deployment["spec"]["template"]["spec"]["containers"][0];
+}
+
+// The container's port named `name` (0 if none).
+int ContainerPort(const YAML::Node& container, const std::string& name) {
+  for (const YAML::Node& p : container["ports"]) {
+    if (Str(p["name"]) == name) return p["containerPort"].as<int>();
+  }
+  return 0;
+}
+
+// The value following `flag` in the container's args ("" if absent).
+std::string Arg(const YAML::Node& container, const std::string& flag) {
+  const YAML::Node args = container["args"];
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i].as<std::string>() == flag) return args[i + 1].as<std::string>();
+  }
+  return "";
+}
+
+// The fieldRef path of env var `name` ("" if it has none).
+std::string EnvFieldRef(const YAML::Node& container, const std::string& name) {
+  for (const YAML::Node& e : container["env"]) {
+    if (Str(e["name"]) == name) return Str(e["valueFrom"]["fieldRef"]["fieldPath"]);
+  }
+  return "";
+}
+
+std::string EnvValue(const YAML::Node& container, const std::string& name) {
+  for (const YAML::Node& e : container["env"]) {
+    if (Str(e["name"]) == name) return Str(e["value"]);
+  }
+  return "";
+}
+
+// The pod volume named `name` (undefined if none).
+const YAML::Node Volume(const YAML::Node& deployment, const std::string& name) {
+  for (const YAML::Node& v : deployment["spec"]["template"]["spec"]["volumes"]) {
+    if (Str(v["name"]) == name) return v;
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
+}
+
+// The volume mounted at `path` (exactly, or as the directory of `path`),
+// with the file's key inside it: {volume name, key or subPath}.
+std::pair<std::string, std::string> MountOf(const YAML::Node& container, const std::string& path) {
+  for (const YAML::Node& m : container["volumeMounts"]) {
+    const std::string at = Str(m["mountPath"]);
+    if (at == path) return {Str(m["name"]), Str(m["subPath"])};
+    if (absl::StartsWith(path, at + "/")) return {Str(m["name"]), path.substr(at.size() + 1)};
+  }
+  return {"", ""};
+}
+
+// The cluster config of the rendered ConfigMap tandem-config, loaded by
+// the real parser (written to a temporary file first).
+ClusterConfig LoadRenderedConfig(const Rendered& r, std::string* text) {
+  const YAML::Node cm = r.Get("ConfigMap", "tandem-config");
+  EXPECT_TRUE(cm.IsDefined()) << "no ConfigMap tandem-config";
+  if (!cm.IsDefined()) return ClusterConfig{};
+  *text = Str(cm["data"]["cluster.yaml"]);
+  const std::string path = absl::StrCat(::testing::TempDir(), "/k8s-cluster-", getpid(), ".yaml");
+  std::ofstream(path) << *text;
+  absl::StatusOr<ClusterConfig> config = LoadClusterConfig(path);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(config.ok()) << "ConfigMap tandem-config cluster.yaml: " << config.status();
+  return config.ok() ? *config : ClusterConfig{};
+}
+
+const WorkerConfig* Entry(const std::vector<WorkerConfig>& entries, const std::string& name) {
+  for (const WorkerConfig& w : entries) {
+    if (w.name == name) return &w;
+  }
+  return nullptr;
+}
+
+// Every object: a known apiVersion/kind pair and a name; Deployments'
+// selectors select their own pod template.
+void CheckObjectShapes(const Rendered& r) {
+  const std::set<std::pair<std::string, std::string>> known = {
+      {"apps/v1", "Deployment"}, {"v1", "Service"}, {"v1", "ConfigMap"},
+      {"v1", "Secret"}, {"policy/v1", "PodDisruptionBudget"},
+      {"v1", "PersistentVolumeClaim"}};
+  for (const YAML::Node& o : r.objects) {
+    const std::string kind = Str(o["kind"]);
+    SCOPED_TRACE(absl::StrCat(kind, " ", Str(o["metadata"]["name"])));
+    EXPECT_TRUE(known.count({Str(o["apiVersion"]), kind})) << "apiVersion " << Str(o["apiVersion"]);
+    EXPECT_FALSE(Str(o["metadata"]["name"]).empty());
+    if (kind == "Deployment") {
+      const YAML::Node labels = o["spec"]["template"]["metadata"]["labels"];
+      ASSERT_TRUE(o["spec"]["selector"]["matchLabels"].IsMap());
+      for (const auto& kv : o["spec"]["selector"]["matchLabels"]) {
+        EXPECT_EQ(Str(labels[kv.first.as<std::string>()]), kv.second.as<std::string>());
+      }
+      EXPECT_EQ(o["spec"]["template"]["spec"]["containers"].size(), 1u);
+      EXPECT_FALSE(Str(Container(o)["image"]).empty());
+    }
+    if (kind == "Service") EXPECT_TRUE(o["spec"]["ports"].IsSequence());
+    if (kind == "Secret" || kind == "ConfigMap") EXPECT_TRUE(o["data"].IsMap());
+  }
+}
+
+// The command line of `deployment`'s container is accepted by the real
+// binary: run with its args (downward-API values filled in, --config
+// pointing nowhere) it fails on the config file, not on a flag.
+void CheckFlagsAccepted(const YAML::Node& deployment) {
+  const YAML::Node c = Container(deployment);
+  ASSERT_EQ(c["command"].size(), 1u);
+  std::vector<std::string> argv = {absl::StrCat(kBinaries, "/", c["command"][0].as<std::string>())};
+  const std::string missing = "/nonexistent/tandem-k8s-test/cluster.yaml";
+  bool config_next = false;
+  for (const YAML::Node& a : c["args"]) {
+    std::string arg = a.as<std::string>();
+    if (config_next) arg = missing;
+    config_next = arg == "--config";
+    arg = absl::StrReplaceAll(arg, {{"$(POD_NAME)", "tandem-pod-0"}, {"$(POD_IP)", "10.1.2.3"}});
+    argv.push_back(arg);
+  }
+  ProcessResult r = RunProcess(argv, absl::Seconds(20));
+  const std::string line = absl::StrJoin(argv, " ");
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << line << ": " << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr(missing)) << line;
+  EXPECT_THAT(r.err, Not(HasSubstr("unknown flag"))) << line;
+  EXPECT_THAT(r.err, Not(HasSubstr("unexpected argument"))) << line;
+}
+
+// The probes of a gRPC server on `port`: readiness on "" (can serve),
+// liveness and startup on the liveness service; all on the container's
+// port named grpc.
+void CheckProbes(const YAML::Node& c, int port) {
+  EXPECT_EQ(ContainerPort(c, "grpc"), port);
+  EXPECT_EQ(c["readinessProbe"]["grpc"]["port"].as<int>(), port);
+  EXPECT_EQ(Str(c["readinessProbe"]["grpc"]["service"]), "");
+  for (const char* probe : {"livenessProbe", "startupProbe"}) {
+    SCOPED_TRACE(probe);
+    EXPECT_EQ(c[probe]["grpc"]["port"].as<int>(), port);
+    EXPECT_EQ(Str(c[probe]["grpc"]["service"]), rpc::kLivenessHealthService);
+  }
+  // The startupProbe allows a long model load before liveness starts.
+  EXPECT_GE(c["startupProbe"]["periodSeconds"].as<int>() *
+                c["startupProbe"]["failureThreshold"].as<int>(),
+            300);
+}
+
+// SIGTERM handling: the grace period covers preStop, the drain
+// (shutdown_grace_s) and the server's shutdown.
+void CheckGrace(const YAML::Node& deployment, const ClusterConfig& config) {
+  const YAML::Node spec = deployment["spec"]["template"]["spec"];
+  int pre_stop = 0;
+  const YAML::Node cmd = Container(deployment)["lifecycle"]["preStop"]["exec"]["command"];
+  if (cmd.IsDefined()) {
+    ASSERT_EQ(cmd.size(), 2u);
+    EXPECT_EQ(cmd[0].as<std::string>(), "sleep");
+    ASSERT_TRUE(absl::SimpleAtoi(cmd[1].as<std::string>(), &pre_stop));
+  }
+  EXPECT_GT(spec["terminationGracePeriodSeconds"].as<int>(),
+            pre_stop + config.shutdown_grace_s + kServerShutdownS);
+}
+
+void CheckMetricsAnnotations(const YAML::Node& deployment, int port) {
+  const YAML::Node a = deployment["spec"]["template"]["metadata"]["annotations"];
+  EXPECT_EQ(Str(a["prometheus.io/scrape"]), "true");
+  EXPECT_EQ(Str(a["prometheus.io/port"]), absl::StrCat(port));
+  EXPECT_EQ(Str(a["prometheus.io/path"]), "/metrics");
+}
+
+// `file` (a path in the config) is mounted from a Secret volume whose
+// Secret is `secret` (rendered with that key, or created by the operator).
+void CheckSecretFile(const Rendered& r, const YAML::Node& deployment, const std::string& file,
+                     const std::string& secret) {
+  SCOPED_TRACE(file);
+  const auto [volume, key] = MountOf(Container(deployment), file);
+  ASSERT_FALSE(volume.empty()) << "nothing mounted at " << file;
+  const YAML::Node v = Volume(deployment, volume);
+  const std::string name = Str(v["secret"]["secretName"]);
+  const YAML::Node rendered = r.Get("Secret", secret);
+  if (rendered.IsDefined()) {
+    EXPECT_EQ(name, Str(rendered["metadata"]["name"]));
+    EXPECT_TRUE(rendered["data"][key].IsDefined()) << "Secret " << name << " has no key " << key;
+  } else {
+    EXPECT_EQ(name, secret);  // the operator creates it under this name
+  }
+}
+
+// The parts every overlay shares: the router, both worker Deployments,
+// the Services, the PDBs, the config and the Secrets.
+void CheckCommon(const Rendered& r, ClusterConfig* out_config) {
+  CheckObjectShapes(r);
+  std::string text;
+  const ClusterConfig config = LoadRenderedConfig(r, &text);
+  *out_config = config;
+  const YAML::Node cm = r.Get("ConfigMap", "tandem-config");
+  const YAML::Node env = r.Get("ConfigMap", "tandem-env");
+  ASSERT_TRUE(env.IsDefined()) << "no ConfigMap tandem-env";
+  EXPECT_TRUE(absl::StartsWith(Str(env["data"]["TANDEM_MODEL"]), "/models/"));
+
+  const YAML::Node router = r.Get("Deployment", "tandem-router");
+  ASSERT_TRUE(router.IsDefined());
+  const YAML::Node rc = Container(router);
+  EXPECT_EQ(Str(rc["command"][0]), "tandem-router");
+  CheckProbes(rc, config.router.listen.port);
+  ASSERT_TRUE(config.router.http_listen.has_value());
+  EXPECT_EQ(ContainerPort(rc, "http"), config.router.http_listen->port);
+  CheckMetricsAnnotations(router, config.router.http_listen->port);
+  CheckGrace(router, config);
+  CheckFlagsAccepted(router);
+  EXPECT_EQ(EnvFieldRef(rc, "POD_NAME"), "metadata.name");
+
+  // The client Service: gRPC and HTTP on the config's ports, to routers.
+  const YAML::Node svc = r.Get("Service", "tandem-router");
+  ASSERT_TRUE(svc.IsDefined());
+  std::map<std::string, int> svc_ports;
+  for (const YAML::Node& p : svc["spec"]["ports"]) {
+    svc_ports[Str(p["name"])] = p["port"].as<int>();
+    EXPECT_GT(ContainerPort(rc, Str(p["targetPort"])), 0) << "targetPort " << Str(p["targetPort"]);
+  }
+  EXPECT_EQ(svc_ports["grpc"], config.router.listen.port);
+  EXPECT_EQ(svc_ports["http"], config.router.http_listen->port);
+  const YAML::Node router_labels = router["spec"]["selector"]["matchLabels"];
+  for (const YAML::Node& s : {svc, r.Get("Service", "tandem-router-peers")}) {
+    ASSERT_TRUE(s.IsDefined());
+    for (const auto& kv : router_labels) {
+      EXPECT_EQ(Str(s["spec"]["selector"][kv.first.as<std::string>()]),
+                kv.second.as<std::string>());
+    }
+  }
+  // Workers resolve every router pod, ready or not, through the headless
+  // Service.
+  const YAML::Node peers = r.Get("Service", "tandem-router-peers");
+  EXPECT_EQ(Str(peers["spec"]["clusterIP"]), "None");
+  EXPECT_TRUE(peers["spec"]["publishNotReadyAddresses"].as<bool>());
+  EXPECT_EQ(peers["spec"]["ports"][0]["port"].as<int>(), config.router.listen.port);
+
+  for (const std::string role : {"prefill", "decode"}) {
+    SCOPED_TRACE(role);
+    const bool decode = role == "decode";
+    const YAML::Node d = r.Get("Deployment", "tandem-" + role);
+    ASSERT_TRUE(d.IsDefined());
+    const YAML::Node c = Container(d);
+    EXPECT_EQ(Str(c["command"][0]), absl::StrCat("tandem-", role, "-worker"));
+    const std::string entry_name = Arg(c, "--config-entry");
+    const WorkerConfig* entry =
+        Entry(decode ? config.decode_workers : config.prefill_workers, entry_name);
+    ASSERT_NE(entry, nullptr) << "--config-entry " << entry_name << " is not in the config";
+    CheckProbes(c, entry->listen.port);
+    EXPECT_EQ(entry->listen.host, "0.0.0.0");
+    if (decode) {
+      EXPECT_EQ(ContainerPort(c, "kv"), entry->kv_listen.port);
+    }
+    ASSERT_TRUE(entry->metrics_listen.has_value());
+    EXPECT_EQ(ContainerPort(c, "metrics"), entry->metrics_listen->port);
+    CheckMetricsAnnotations(d, entry->metrics_listen->port);
+    CheckGrace(d, config);
+    CheckFlagsAccepted(d);
+    // Name, advertised address and router from the downward API and the
+    // headless Service.
+    EXPECT_EQ(Arg(c, "--name"), "$(POD_NAME)");
+    EXPECT_EQ(EnvFieldRef(c, "POD_NAME"), "metadata.name");
+    EXPECT_EQ(Arg(c, "--advertise"), "$(POD_IP)");
+    EXPECT_EQ(EnvFieldRef(c, "POD_IP"), "status.podIP");
+    EXPECT_EQ(Arg(c, "--router"),
+              absl::StrCat(Str(peers["metadata"]["name"]), ":", config.router.listen.port));
+    EXPECT_EQ(Arg(c, "--config"), "/etc/tandem/cluster.yaml");
+    // One PDB per role, selecting exactly the Deployment's pods.
+    const YAML::Node pdb = r.Get("PodDisruptionBudget", "tandem-" + role);
+    ASSERT_TRUE(pdb.IsDefined());
+    EXPECT_EQ(YAML::Dump(pdb["spec"]["selector"]["matchLabels"]),
+              YAML::Dump(d["spec"]["selector"]["matchLabels"]));
+    if (!config.cluster.secret_file.empty()) {
+      CheckSecretFile(r, d, config.cluster.secret_file, "tandem-cluster-secret");
+    }
+  }
+  const YAML::Node pdb = r.Get("PodDisruptionBudget", "tandem-router");
+  ASSERT_TRUE(pdb.IsDefined());
+  EXPECT_EQ(YAML::Dump(pdb["spec"]["selector"]["matchLabels"]), YAML::Dump(router_labels));
+
+  // Config, Secrets and the model as every Deployment mounts them.
+  for (const char* name : {"tandem-router", "tandem-prefill", "tandem-decode"}) {
+    SCOPED_TRACE(name);
+    const YAML::Node d = r.Get("Deployment", name);
+    const YAML::Node c = Container(d);
+    const auto [volume, key] = MountOf(c, "/etc/tandem/cluster.yaml");
+    EXPECT_EQ(key, "cluster.yaml");
+    EXPECT_EQ(Str(Volume(d, volume)["configMap"]["name"]), Str(cm["metadata"]["name"]));
+    EXPECT_EQ(Str(c["envFrom"][0]["configMapRef"]["name"]), Str(env["metadata"]["name"]));
+    EXPECT_FALSE(MountOf(c, Str(env["data"]["TANDEM_MODEL"])).first.empty())
+        << "the model path is not on a mounted volume";
+    const YAML::Node security = d["spec"]["template"]["spec"]["securityContext"];
+    EXPECT_TRUE(security["runAsNonRoot"].as<bool>());
+    // The images' user (deploy/docker, DockerImageTest checks its USER).
+    EXPECT_EQ(security["runAsUser"].as<int>(), 10001);
+  }
+  ASSERT_FALSE(config.cluster.secret_file.empty()) << "the cluster runs open";
+  CheckSecretFile(r, router, config.cluster.secret_file, "tandem-cluster-secret");
+  ASSERT_FALSE(config.router.api_keys_file.empty());
+  CheckSecretFile(r, router, config.router.api_keys_file, "tandem-api-keys");
+}
+
+TEST(DeployK8sTest, CpuDemoRendersAndMatchesTheCode) {
+  RENDER_OR_SKIP(r, "cpu-demo");
+  ClusterConfig config;
+  ASSERT_NO_FATAL_FAILURE(CheckCommon(r, &config));
+  EXPECT_FALSE(config.engine.device.is_cuda());
+  // stories260K from the node's directory; 1 prefill + 1 decode worker.
+  EXPECT_EQ(Str(r.Get("ConfigMap", "tandem-env")["data"]["TANDEM_MODEL"]),
+            "/models/stories260K.gguf");
+  EXPECT_TRUE(std::filesystem::exists(SharedPath("models/stories260K.gguf")));
+  for (const char* name : {"tandem-prefill", "tandem-decode", "tandem-router"}) {
+    const YAML::Node d = r.Get("Deployment", name);
+    EXPECT_EQ(d["spec"]["replicas"].as<int>(), 1) << name;
+    EXPECT_EQ(Str(Volume(d, "models")["hostPath"]["path"]), "/var/lib/tandem/models") << name;
+    EXPECT_FALSE(Volume(d, "models")["persistentVolumeClaim"].IsDefined()) << name;
+    EXPECT_EQ(Str(Container(d)["image"]), "tandem-cpu:dev") << name;
+  }
+  EXPECT_FALSE(r.Get("PersistentVolumeClaim", "tandem-models").IsDefined());
+  // The demo Secrets are what the processes accept: a cluster secret the
+  // auth loader takes, an API-key file the router parses.
+  const YAML::Node secret = r.Get("Secret", "tandem-cluster-secret");
+  std::string bytes;
+  ASSERT_TRUE(absl::Base64Unescape(Str(secret["data"]["cluster-secret"]), &bytes));
+  const std::string secret_path = absl::StrCat(::testing::TempDir(), "/k8s-secret-", getpid());
+  std::ofstream(secret_path) << bytes;
+  chmod(secret_path.c_str(), 0600);
+  absl::StatusOr<std::string> loaded = auth::LoadSecretFile(secret_path);
+  std::filesystem::remove(secret_path);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  std::string keys;
+  ASSERT_TRUE(absl::Base64Unescape(
+      Str(r.Get("Secret", "tandem-api-keys")["data"]["api-keys.yaml"]), &keys));
+  absl::StatusOr<std::vector<router::ApiKeyEntry>> parsed = router::ParseApiKeys(keys);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->size(), 1u);
+}
+
+TEST(DeployK8sTest, GpuOverlayRendersAndMatchesTheCode) {
+  RENDER_OR_SKIP(r, "gpu");
+  ClusterConfig config;
+  ASSERT_NO_FATAL_FAILURE(CheckCommon(r, &config));
+  EXPECT_TRUE(config.engine.device.is_cuda());
+  // The operator creates the Secrets; the model is on the base's claim.
+  EXPECT_FALSE(r.Get("Secret", "tandem-cluster-secret").IsDefined());
+  EXPECT_TRUE(r.Get("PersistentVolumeClaim", "tandem-models").IsDefined());
+  for (const char* name : {"tandem-prefill", "tandem-decode"}) {
+    SCOPED_TRACE(name);
+    const YAML::Node d = r.Get("Deployment", name);
+    const YAML::Node c = Container(d);
+    EXPECT_EQ(Str(c["image"]), "tandem-cuda:dev");
+    EXPECT_EQ(Str(c["resources"]["limits"]["nvidia.com/gpu"]), "1");
+    EXPECT_EQ(EnvValue(c, "NCCL_SOCKET_IFNAME"), "eth0");
+    EXPECT_EQ(Str(Volume(d, "dshm")["emptyDir"]["medium"]), "Memory");
+    EXPECT_EQ(Str(Volume(d, "models")["persistentVolumeClaim"]["claimName"]), "tandem-models");
+  }
+  // The router needs no GPU.
+  const YAML::Node rc = Container(r.Get("Deployment", "tandem-router"));
+  const YAML::Node limits = rc["resources"]["limits"];
+  EXPECT_FALSE(limits.IsDefined() && limits["nvidia.com/gpu"].IsDefined());
+}
+
+}  // namespace
+}  // namespace tandem::testing
