@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
                                 name, [&](bool serving) {
     absl::MutexLock lock(&health_mu);
     rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
-    if (health != nullptr) health->SetServingStatus(serving);
+    if (health != nullptr) health->SetServingStatus("", serving);
   });
   service.set_failover(config->router.max_migrations, config->router.rpc_timeout_ms);
   if (!config->router.api_keys_file.empty()) {
@@ -158,8 +158,11 @@ int main(int argc, char** argv) {
   service.set_address(advertised.ToString());
   {
     absl::MutexLock lock(&health_mu);
+    // "" is readiness (the cluster can serve); liveness stays SERVING
+    // until the process exits (rpc::kLivenessHealthService).
     health = (*server)->GetHealthCheckService();
-    health->SetServingStatus(service.registry().CanServe());
+    health->SetServingStatus(rpc::kLivenessHealthService, true);
+    health->SetServingStatus("", service.registry().CanServe());
   }
   // The HTTP front door calls the Generation service above in-process.
   std::unique_ptr<router::openai::OpenAiFrontend> frontend;
@@ -204,7 +207,7 @@ int main(int argc, char** argv) {
   rpc::Log(absl::StrCat("signal ", sig, ": draining for up to ", config->shutdown_grace_s, " s"));
   {
     absl::MutexLock lock(&health_mu);
-    health->SetServingStatus(false);
+    health->SetServingStatus("", false);
     health = nullptr;
   }
   service.StopAccepting();

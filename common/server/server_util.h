@@ -13,6 +13,17 @@
 
 namespace tandem::rpc {
 
+// The grpc.health.v1 service name that answers "is this process alive"
+// (Kubernetes' livenessProbe): SERVING from the moment the gRPC server of
+// the router or a worker is up until the process exits, also while the
+// router cannot serve, a worker is not ready, and during the SIGTERM drain.
+// The service "" keeps meaning "can take work" (readinessProbe): the
+// router's is SERVING only while the cluster can serve, a worker's while it
+// is ready, NOT_SERVING from its termination signal on. Both are set with
+// HealthCheckServiceInterface::SetServingStatus(name, ...), never the
+// all-services overload, which would take liveness down with readiness.
+inline constexpr char kLivenessHealthService[] = "liveness";
+
 // Blocks SIGINT and SIGTERM in the calling thread and every thread it
 // creates afterwards; call first thing in main(). WaitForTerminationSignal
 // then receives them synchronously (sigwait) and returns the signal number.

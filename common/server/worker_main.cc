@@ -5,18 +5,17 @@
 
 #include <atomic>
 #include <cstdio>
-#include <thread>
 
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "common/http/http_server.h"
 #include "common/metrics/metrics_server.h"
 #include "common/server/auth_call.h"
 #include "common/server/log.h"
+#include "common/server/router_registration.h"
 #include "common/server/server_util.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_metrics.h"
@@ -28,61 +27,6 @@ namespace {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "%s\n", message.c_str());
   return 1;
-}
-
-// Registers with the router and repeats it as a heartbeat, so a restarted
-// router learns about this worker again within one period. A refusal
-// (FAILED_PRECONDITION: another model or KV layout; INVALID_ARGUMENT: a bad
-// field; UNAUTHENTICATED: another cluster secret, or a clock outside
-// cluster.auth_max_skew_ms) cannot heal by retrying: it is logged, stored in
-// `*refusal` and ends the process's wait for a termination signal (SIGTERM
-// to itself). So is an acceptance from an open router (no
-// cluster.secret_file) when this worker has a secret: the router would not
-// sign its polls and this worker would refuse them forever. ALREADY_EXISTS
-// (another healthy process holds this worker's name) is logged once and
-// retried every second: the name frees when the holder dies. Every attempt
-// is signed afresh (rpc::SignCall).
-void RegistrationLoop(const std::string& router, v1::RegisterWorkerRequest request,
-                      const auth::ClusterAuth* auth, absl::Notification* stop,
-                      std::string* refusal) {
-  auto stub = v1::Registry::NewStub(rpc::MakeChannel(router));
-  bool registered = false;
-  bool held_elsewhere = false;  // the last answer was ALREADY_EXISTS
-  do {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(rpc::DeadlineFromNow(1000));
-    rpc::SignCall(auth, &ctx, rpc::kRegisterWorkerMethod, request);
-    v1::RegisterWorkerResponse response;
-    grpc::Status s = stub->RegisterWorker(&ctx, request, &response);
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-        s.error_code() == grpc::StatusCode::UNAUTHENTICATED || (s.ok() && !response.accepted())) {
-      *refusal = s.ok() ? response.reason() : s.error_message();
-      rpc::Log(absl::StrCat("router ", router, " refused registration: ", *refusal));
-      kill(getpid(), SIGTERM);
-      return;
-    }
-    if (s.ok() && auth != nullptr && !auth->open() && response.cluster_auth() != "hmac-sha256") {
-      *refusal = absl::StrCat("router ", router,
-                              " runs an open cluster (no cluster.secret_file) but this worker "
-                              "has one: refusing to join");
-      rpc::Log(*refusal);
-      kill(getpid(), SIGTERM);
-      return;
-    }
-    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-      if (!held_elsewhere) {
-        rpc::Log(absl::StrCat("router ", router, " refused registration: ", s.error_message(),
-                              " (retrying until the name frees)"));
-      }
-      held_elsewhere = true;
-    } else {
-      held_elsewhere = false;
-    }
-    if (s.ok() && !registered) rpc::Log(absl::StrCat("registered with router ", router));
-    registered = s.ok();
-  } while (!stop->WaitForNotificationWithTimeout(
-      absl::Milliseconds(registered || held_elsewhere ? 1000 : 200)));
 }
 
 }  // namespace
@@ -117,10 +61,10 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
   rpc::BlockTerminationSignals();
   std::vector<std::string> allowed = {"config",         "name",
-                                      "model",          "router",
-                                      "advertise",      "metrics-listen",
-                                      "fault-kv-layout-id", "gpu-memory-fraction",
-                                      "fault-backend-error"};
+                                      "config-entry",   "model",
+                                      "router",         "advertise",
+                                      "metrics-listen", "fault-kv-layout-id",
+                                      "gpu-memory-fraction", "fault-backend-error"};
   if (role == v1::ROLE_DECODE) allowed.push_back("kv-advertise");
   allowed.insert(allowed.end(), extra_flags.begin(), extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);
@@ -130,17 +74,29 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   auto config = LoadClusterConfig(config_path);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   if (!flags->count("name")) return Fail("--name is required");
+  // The name registered with the router and logged; the settings come from
+  // the entry named --config-entry (default: the same name), so the
+  // replicas of a Kubernetes Deployment share one entry under pod names.
   const std::string name = flags->at("name");
+  const bool by_entry = flags->count("config-entry") != 0;
+  const std::string entry_name = by_entry ? flags->at("config-entry") : name;
   const bool decode = role == v1::ROLE_DECODE;
   const auto& entries = decode ? config->decode_workers : config->prefill_workers;
   const WorkerConfig* worker = nullptr;
   for (const WorkerConfig& w : entries) {
-    if (w.name == name) worker = &w;
+    if (w.name == entry_name) worker = &w;
   }
   if (worker == nullptr) {
-    return Fail(absl::StrCat("--name ", name, ": no such entry in ",
-                             decode ? "decode_workers" : "prefill_workers", " of ",
-                             config_path));
+    return Fail(absl::StrCat(by_entry ? "--config-entry " : "--name ", entry_name,
+                             ": no such entry in ", decode ? "decode_workers" : "prefill_workers",
+                             " of ", config_path));
+  }
+  const std::string router =
+      flags->count("router") ? flags->at("router") : config->router.listen.ToString();
+  if (flags->count("router")) {
+    if (auto parsed = ParseHostPort(router, "--router"); !parsed.ok()) {
+      return Fail(std::string(parsed.status().message()));
+    }
   }
   rpc::SetLogComponent(name);
   // The addresses peers dial: flags win over the config; a decode worker's
@@ -148,7 +104,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   WorkerConfig effective = *worker;
   worker = &effective;
   const std::string key_prefix =
-      absl::StrCat(decode ? "decode_workers" : "prefill_workers", "[", name, "].");
+      absl::StrCat(decode ? "decode_workers" : "prefill_workers", "[", entry_name, "].");
   for (const auto& [flag, target] :
        {std::pair<const char*, Advertise*>{"advertise", &effective.advertise},
         std::pair<const char*, Advertise*>{"kv-advertise", &effective.kv_advertise}}) {
@@ -263,8 +219,11 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   address = AdvertisedAddress(worker->listen, port, worker->advertise, key,
                               key_prefix + "advertise")
                 ->ToString();
+  // "" is readiness (NOT_SERVING from the termination signal on);
+  // kLivenessHealthService stays SERVING until the process exits.
   auto* health = (*server)->GetHealthCheckService();
-  health->SetServingStatus(true);
+  health->SetServingStatus(rpc::kLivenessHealthService, true);
+  health->SetServingStatus("", true);
   ready = true;
   {
     const HostPort advertised = *AdvertisedAddress(worker->listen, port, worker->advertise, key,
@@ -281,18 +240,20 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   reg.set_model_fingerprint((*bundle)->fingerprint);
   reg.set_kv_layout_id(flags->count("fault-kv-layout-id") ? flags->at("fault-kv-layout-id")
                                                            : initial.kv_layout_id());
-  const std::string router =
-      flags->count("router") ? flags->at("router") : config->router.listen.ToString();
-  absl::Notification stop_registration;
-  std::string refusal;  // written by the registration thread before its SIGTERM
-  std::thread registration(RegistrationLoop, router, reg, cluster_auth->get(), &stop_registration,
-                           &refusal);
+  // A refusal ends the worker: SIGTERM to itself, then the drain below.
+  RouterRegistrationOptions registration_options;
+  registration_options.router = router;
+  registration_options.request = reg;
+  registration_options.auth = cluster_auth->get();
+  registration_options.on_refusal = [](const std::string&) { kill(getpid(), SIGTERM); };
+  RouterRegistration registration(std::move(registration_options));
+  registration.Start();
 
   int sig = rpc::WaitForTerminationSignal();
   ready = false;
-  health->SetServingStatus(false);
-  stop_registration.Notify();
-  registration.join();
+  health->SetServingStatus("", false);
+  registration.Stop();
+  const std::string refusal = registration.refusal();
   std::string lost;
   {
     absl::MutexLock lock(&device_lost_mu);

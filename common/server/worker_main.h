@@ -73,8 +73,18 @@ using RuntimeFactory =
     std::function<absl::StatusOr<std::unique_ptr<WorkerRuntime>>(const WorkerContext&)>;
 
 // Runs the worker process; returns the exit code. Flags: --config FILE
-// (default deploy/local/cluster.yaml), --name NAME (required), --model PATH,
-// --router HOST:PORT (default: the config's router.listen), --advertise
+// (default deploy/local/cluster.yaml), --name NAME (required: the name
+// registered with the router and printed in every log line),
+// --config-entry ENTRY (the prefill_workers / decode_workers entry whose
+// settings this worker takes: listen, kv_listen, metrics_listen, device,
+// advertise, ...; default NAME; so the replicas of one Kubernetes
+// Deployment share an entry under their pod names; config errors name the
+// entry, e.g. decode_workers[decode].listen; an unknown one is
+// "--config-entry X: no such entry in decode_workers of PATH"), --model
+// PATH, --router HOST:PORT (default: the config's router.listen; a host
+// naming several routers, such as a headless Service, gets the worker
+// registered with each: RouterRegistration, router_registration.h),
+// --advertise
 // HOST[:PORT] (the gRPC address registered with the router; default the
 // entry's `advertise`), decode workers --kv-advertise HOST[:PORT] (the KV
 // endpoint prefill workers dial; default the entry's `kv_advertise`, else
@@ -104,7 +114,10 @@ using RuntimeFactory =
 // WorkerContext::kv_events). When the engine reports its device lost
 // (WorkerContext::on_device_lost), the worker logs one line with the
 // cause, sets its gRPC health NOT_SERVING, lets the failed replies go out,
-// shuts down and returns kExitDeviceLost (exit_codes.h).
+// shuts down and returns kExitDeviceLost (exit_codes.h). gRPC health:
+// service "" is SERVING while the worker is ready and NOT_SERVING from its
+// termination signal on (the drain); rpc::kLivenessHealthService
+// ("liveness") is SERVING until the process exits.
 // The worker's backend: BackendFromConfig on its own entry's device and KV
 // dtype (worker_engine.h), wrapped by WithBackendFault when
 // --fault-backend-error is given. Errors: the factory's refusal or a bad
