@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "common/auth/cluster_auth.h"
 #include "common/cluster_config.h"
+#include "common/server/server_util.h"  // rpc::kLivenessHealthService
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/api_keys.h"
@@ -33,7 +34,6 @@
 #include "tests/test_util.h"
 #include "yaml-cpp/yaml.h"
 
-namespace tandem::rpc { constexpr char kLivenessHealthService[] = "liveness"; }  // TEMP until merge
 namespace tandem::testing {
 namespace {
 
