@@ -82,7 +82,7 @@ class ClusterAuth {
   struct Options {
     std::string secret;  // signs and verifies; empty: the cluster runs open
     // Verify only (rotation): credentials and ACCEPT answers made with any
-    // of these are accepted too. Must be empty when `secret` is.
+    // of these are accepted too. Dropped when `secret` is empty.
     std::vector<std::string> accepted_secrets;
     int32_t max_skew_ms = kDefaultMaxSkewMs;
     // Replay cache bound; beyond it Verify answers RESOURCE_EXHAUSTED.

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/auth/cluster_auth.h"
@@ -257,16 +258,26 @@ TEST_F(TrustTest, MidRotationClusterServesRemotePrefillAcrossSecrets) {
   o.router_policy = "round_robin";
   ASSERT_NO_FATAL_FAILURE(StartCluster(o));
 
-  // Remote requests until each decode worker received KV from prefill-0.
+  // Remote requests until each decode worker received KV from prefill-0
+  // (round_robin takes them in turn), each the golden output.
   const GoldenCase& g = Golden("once_upon_a_time");
   std::map<std::string, uint64_t> received;
+  std::map<std::string, int> served;  // decode worker -> requests
   uint64_t sent = 0;
   int requests = 0;
   while (requests < 8 && (received["decode-0"] == 0 || received["decode-1"] == 0)) {
     ++requests;
-    ExpectGolden(RunGenerate(cluster().stub(),
-                             MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_REMOTE)),
-                 g, "remote");
+    const StreamResult r =
+        RunGenerate(cluster().stub(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_REMOTE));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_code() << ": " << r.status.error_message();
+    EXPECT_EQ(r.route, "remote");
+    EXPECT_EQ(r.prefill_worker, LocalCluster::kPrefillName);
+    ++served[r.decode_worker];
+    ASSERT_GE(r.token_ids.size(), g.strict_prefix_len);
+    EXPECT_EQ(std::vector<int32_t>(r.token_ids.begin(),
+                                   r.token_ids.begin() + static_cast<ptrdiff_t>(g.strict_prefix_len)),
+              g.StrictIds())
+        << "on " << r.decode_worker;
     absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
     ASSERT_TRUE(status.ok()) << status.status();
     EXPECT_EQ(status->cluster_auth(), "hmac-sha256");
@@ -278,7 +289,8 @@ TEST_F(TrustTest, MidRotationClusterServesRemotePrefillAcrossSecrets) {
   EXPECT_GE(received["decode-0"], 1u) << "after " << requests << " requests";
   EXPECT_GE(received["decode-1"], 1u) << "after " << requests << " requests";
   EXPECT_EQ(sent, static_cast<uint64_t>(requests));
-  EXPECT_EQ(received["decode-0"] + received["decode-1"], static_cast<uint64_t>(requests));
+  EXPECT_EQ(received["decode-0"], static_cast<uint64_t>(served["decode-0"]));
+  EXPECT_EQ(received["decode-1"], static_cast<uint64_t>(served["decode-1"]));
   const std::string log = cluster().CapturedStderr();
   EXPECT_THAT(log, HasSubstr("peer authentication: HMAC-SHA256 (cluster.secret_file; also "
                              "accepting the 1 secret(s) of cluster.accepted_secret_files)"));
