@@ -452,6 +452,29 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                    {"http_max_body_bytes", &r->http_max_body_bytes, 1024}});
 }
 
+// cluster.accepted_secret_files: a list of non-empty paths ([] allowed,
+// the last step of a rotation), only next to cluster.secret_file (read
+// before this).
+absl::Status ReadAcceptedSecretFiles(const YAML::Node& cluster, ClusterAuthConfig* out) {
+  constexpr char kKey[] = "cluster.accepted_secret_files";
+  const YAML::Node list = cluster["accepted_secret_files"];
+  if (!list.IsDefined()) return absl::OkStatus();
+  if (list.IsNull()) return Invalid(kKey, kNoValue, list);
+  if (!list.IsSequence()) return Invalid(kKey, "expected a list of paths ([] for none)", list);
+  if (out->secret_file.empty()) {
+    return Invalid(kKey,
+                   "needs cluster.secret_file (an open cluster has no secret to rotate)", list);
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    if (!item.IsScalar() || item.Scalar().empty()) {
+      return Invalid(absl::StrCat(kKey, "[", i, "]"), "expected a non-empty path", item);
+    }
+    out->accepted_secret_files.push_back(item.Scalar());
+  }
+  return absl::OkStatus();
+}
+
 // prefill_workers / decode_workers: a sequence of {name, listen, advertise,
 // metrics_listen[, kv_listen, kv_advertise]}.
 absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, bool has_kv,
@@ -640,12 +663,16 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     }
   }
   if (const YAML::Node n = root["cluster"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "cluster", {"secret_file", "auth_max_skew_ms"}); !s.ok()) return s;
+    if (s = CheckKeys(n, "cluster", {"secret_file", "accepted_secret_files", "auth_max_skew_ms"});
+        !s.ok()) {
+      return s;
+    }
     if (s = ReadString(n, "secret_file", "cluster", &c->cluster.secret_file); !s.ok()) return s;
     if (n["secret_file"].IsDefined() && c->cluster.secret_file.empty()) {
       return Invalid("cluster.secret_file", "must not be empty (remove the key to run open)",
                      n["secret_file"]);
     }
+    if (s = ReadAcceptedSecretFiles(n, &c->cluster); !s.ok()) return s;
     s = ReadInts(n, "cluster", {{"auth_max_skew_ms", &c->cluster.auth_max_skew_ms, 1000, 600000}});
     if (!s.ok()) return s;
     if (n["auth_max_skew_ms"].IsDefined() && c->cluster.secret_file.empty()) {

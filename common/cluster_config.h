@@ -32,7 +32,8 @@
 //        transport: auto,   # auto | tcp | nccl | cuda_ipc
 //        nccl_socket_ifname: "", nccl_init_timeout_ms: 10000}
 //   shutdown_grace_s: 5
-//   cluster: {secret_file: PATH, auth_max_skew_ms: 30000}
+//   cluster: {secret_file: PATH, auth_max_skew_ms: 30000,
+//             accepted_secret_files: [PATH, ...]}   # rotation, see below
 // Ports may be 0 (ephemeral).
 #ifndef TANDEM_COMMON_CLUSTER_CONFIG_H_
 #define TANDEM_COMMON_CLUSTER_CONFIG_H_
@@ -264,6 +265,11 @@ struct ClusterAuthConfig {
   // A file holding the shared secret (>= 32 bytes, trailing newline
   // trimmed); relative paths from the working directory, like `model`.
   std::string secret_file;
+  // Secrets also accepted when verifying (never used to sign), each file
+  // read like secret_file; only with secret_file. A rolling rotation to a
+  // new secret (common/auth/cluster_auth.h): secret_file OLD + accepted
+  // [NEW] everywhere, then NEW + [OLD], then NEW + [].
+  std::vector<std::string> accepted_secret_files;
   // Largest accepted |sender's clock - receiver's clock| of a credential;
   // nonces are remembered this long. In [1000, 600000].
   int32_t auth_max_skew_ms = 30000;

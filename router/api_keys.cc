@@ -150,7 +150,7 @@ absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_te
   return entries;
 }
 
-absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path) {
+absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -163,11 +163,18 @@ absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path) {
   }
   std::ostringstream text;
   text << in.rdbuf();
-  absl::StatusOr<std::vector<ApiKeyEntry>> entries = ParseApiKeys(text.str());
+  return text.str();
+}
+
+absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path, std::string* text) {
+  absl::StatusOr<std::string> bytes = ReadApiKeysFile(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<std::vector<ApiKeyEntry>> entries = ParseApiKeys(*bytes);
   if (!entries.ok()) {
     return absl::Status(entries.status().code(),
                         absl::StrCat(path, ": ", entries.status().message()));
   }
+  if (text != nullptr) *text = *std::move(bytes);
   return entries;
 }
 
@@ -183,13 +190,53 @@ ApiKeys::Key::Key(const ApiKeyEntry& e, absl::Time now) : entry(e) {
   if (e.tokens_per_minute > 0) bucket.emplace(e.tokens_per_minute, now);
 }
 
+void ApiKeys::Key::Update(const ApiKeyEntry& e, absl::Time now) {
+  if (e.tokens_per_minute != entry.tokens_per_minute) {
+    if (e.tokens_per_minute == 0) {
+      bucket.reset();
+    } else if (!bucket) {
+      bucket.emplace(e.tokens_per_minute, now);  // a new limit starts full
+    } else {
+      const int64_t level = bucket->Available(now);
+      bucket.emplace(e.tokens_per_minute, now);
+      if (level < e.tokens_per_minute) bucket->Take(e.tokens_per_minute - level, now);
+    }
+  }
+  entry = e;
+}
+
 ApiKeys::ApiKeys(const std::vector<ApiKeyEntry>& entries, Clock clock)
     : clock_(std::move(clock)) {
+  Replace(entries);
+}
+
+void ApiKeys::Replace(const std::vector<ApiKeyEntry>& entries) {
   const absl::Time now = clock_();
+  absl::MutexLock lock(&table_mu_);
+  by_hash_.clear();
+  current_.clear();
   for (const ApiKeyEntry& e : entries) {
-    by_hash_[e.sha256_hex] = static_cast<int>(keys_.size());
-    keys_.push_back(std::make_unique<Key>(e, now));
+    auto [it, added] = by_name_.emplace(e.name, static_cast<int>(keys_.size()));
+    if (added) {
+      keys_.push_back(std::make_unique<Key>(e, now));
+    } else {
+      Key& k = *keys_[it->second];
+      absl::MutexLock key_lock(&k.mu);
+      k.Update(e, now);
+    }
+    by_hash_[e.sha256_hex] = it->second;
+    current_.push_back(it->second);
   }
+}
+
+ApiKeys::Key& ApiKeys::At(int id) const {
+  absl::ReaderMutexLock lock(&table_mu_);
+  return *keys_[id];
+}
+
+int ApiKeys::size() const {
+  absl::ReaderMutexLock lock(&table_mu_);
+  return static_cast<int>(current_.size());
 }
 
 absl::StatusOr<int> ApiKeys::Authenticate(const std::string* value) const {
@@ -206,13 +253,15 @@ absl::StatusOr<int> ApiKeys::Authenticate(const std::string* value) const {
   }
   const absl::string_view key = absl::StripAsciiWhitespace(v);
   if (key.empty()) return absl::UnauthenticatedError(kMissing);
-  auto it = by_hash_.find(Sha256Hex(key));
+  const std::string hash = Sha256Hex(key);
+  absl::ReaderMutexLock lock(&table_mu_);
+  auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return absl::UnauthenticatedError("invalid API key");
   return it->second;
 }
 
 ApiKeys::Decision ApiKeys::Admit(int id, int64_t prompt_tokens) {
-  Key& k = *keys_[id];
+  Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
   const std::string& name = k.entry.name;
@@ -255,7 +304,7 @@ ApiKeys::Decision ApiKeys::Admit(int id, int64_t prompt_tokens) {
 }
 
 void ApiKeys::Refund(int id, int64_t prompt_tokens) {
-  Key& k = *keys_[id];
+  Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
   if (k.bucket) k.bucket->Give(prompt_tokens, now);
@@ -263,14 +312,14 @@ void ApiKeys::Refund(int id, int64_t prompt_tokens) {
 }
 
 void ApiKeys::Started(int id, int64_t prompt_tokens) {
-  Key& k = *keys_[id];
+  Key& k = At(id);
   absl::MutexLock lock(&k.mu);
   ++k.requests;
   k.prompt_tokens += static_cast<uint64_t>(prompt_tokens);
 }
 
 void ApiKeys::Generated(int id, int64_t tokens) {
-  Key& k = *keys_[id];
+  Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
   if (k.bucket) k.bucket->Take(tokens, now);
@@ -278,7 +327,7 @@ void ApiKeys::Generated(int id, int64_t tokens) {
 }
 
 void ApiKeys::Ended(int id) {
-  Key& k = *keys_[id];
+  Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
   --k.in_flight;
@@ -291,8 +340,9 @@ void ApiKeys::Ended(int id) {
 std::vector<ApiKeys::Usage> ApiKeys::Snapshot() const {
   const absl::Time now = clock_();
   std::vector<Usage> out;
-  for (const auto& key : keys_) {
-    Key& k = *key;
+  absl::ReaderMutexLock table_lock(&table_mu_);
+  for (int id : current_) {
+    Key& k = *keys_[id];
     absl::MutexLock lock(&k.mu);
     Usage u;
     u.name = k.entry.name;

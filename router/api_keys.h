@@ -21,10 +21,20 @@
 //   those waiting in the router's admission queue).
 // The limits are per router replica: each replica keeps its own buckets.
 //
+// The table can be replaced while the router serves (Replace; the file is
+// re-read by router/api_keys_reloader.h). A key is its `name`: a name in
+// both tables keeps its bucket level, in-flight count, counters and
+// completion times, and takes the new hash and limits (a new key for the
+// same name is a rotation of that client's key, not a fresh quota). A
+// name no longer listed stops authenticating; the requests it already
+// authenticated run to their end against its state.
+//
 // Owns: the keys, their buckets, in-flight counts, counters and recent
 // completion times. Does not touch: gRPC (the router reads the metadata and
-// converts the statuses), the router's own admission (router/admission.h).
-// Threads: every method is thread-safe (one mutex per key, a leaf lock).
+// converts the statuses), the router's own admission (router/admission.h),
+// files. Threads: every method is thread-safe (table_mu_, a reader lock
+// for every call but Replace, is taken before a key's mutex, never while
+// holding one).
 #ifndef TANDEM_ROUTER_API_KEYS_H_
 #define TANDEM_ROUTER_API_KEYS_H_
 
@@ -65,8 +75,13 @@ struct ApiKeyEntry {
 // sha256, a negative or non-integer limit, a duplicate name or hash.
 absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text);
 // Reads and parses `path`: NOT_FOUND if it cannot be read; parse errors
-// prefixed with the path.
-absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path);
+// prefixed with the path. `text`, when not null, receives the bytes read
+// (what router/api_keys_reloader.h compares later reads with).
+absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path,
+                                                     std::string* text = nullptr);
+// The bytes of `path` (symlinks followed). NOT_FOUND "cannot read API keys
+// file 'PATH': <errno text>"; INVALID_ARGUMENT for a directory.
+absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path);
 
 class ApiKeys {
  public:
@@ -104,9 +119,20 @@ class ApiKeys {
   ApiKeys(const ApiKeys&) = delete;
   ApiKeys& operator=(const ApiKeys&) = delete;
 
+  // Makes `entries` (as ParseApiKeys returns them) the keys that
+  // authenticate from now on, in their order. Per name (see the top):
+  // kept names keep their state and take the entry's hash and limits (a
+  // changed tokens_per_minute keeps the bucket's level in whole tokens,
+  // capped at the new capacity; 0 drops the bucket; a new limit starts
+  // full); new names start fresh; a name that comes back after a
+  // Replace without it finds its old state. Ids handed out before stay
+  // valid for the calls below.
+  void Replace(const std::vector<ApiKeyEntry>& entries);
+
   // The key named by an `authorization` metadata value ("Bearer <key>",
   // the scheme case-insensitive); `value` null when the metadata is absent.
-  // Returns the key's id for the calls below. Errors: UNAUTHENTICATED
+  // Returns the key's id for the calls below (valid for the life of this
+  // object, whatever Replace does later). Errors: UNAUTHENTICATED
   // "missing API key (authorization: Bearer ...)" (absent, or no key after
   // "Bearer"), "invalid API key" (not Bearer, or no key has its hash).
   absl::StatusOr<int> Authenticate(const std::string* value) const;
@@ -138,14 +164,16 @@ class ApiKeys {
   // is recorded for the concurrency retry-after estimate.
   void Ended(int id);
 
-  std::vector<Usage> Snapshot() const;  // in file order
-  int size() const { return static_cast<int>(keys_.size()); }
+  std::vector<Usage> Snapshot() const;  // the current keys, in file order
+  int size() const;                     // the current keys
 
  private:
   struct Key {
     Key(const ApiKeyEntry& entry, absl::Time now);
-    const ApiKeyEntry entry;
+    // Takes `e`'s hash and limits (same name), keeping the state.
+    void Update(const ApiKeyEntry& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
     mutable absl::Mutex mu;
+    ApiKeyEntry entry ABSL_GUARDED_BY(mu);
     std::optional<TokenBucket> bucket ABSL_GUARDED_BY(mu);  // unset: unlimited
     int32_t in_flight ABSL_GUARDED_BY(mu) = 0;
     uint64_t requests ABSL_GUARDED_BY(mu) = 0;
@@ -155,9 +183,17 @@ class ApiKeys {
     std::deque<absl::Time> completions ABSL_GUARDED_BY(mu);  // oldest first
   };
 
+  // keys_[id], the table lock held only while looking it up (a Key is
+  // never destroyed or moved before this object).
+  Key& At(int id) const ABSL_LOCKS_EXCLUDED(table_mu_);
+
   const Clock clock_;
-  std::vector<std::unique_ptr<Key>> keys_;  // const after construction
-  std::map<std::string, int> by_hash_;      // sha256 hex -> index
+  mutable absl::Mutex table_mu_;
+  // Every key ever listed, by id; only grows (by the names ever seen).
+  std::vector<std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(table_mu_);
+  std::map<std::string, int> by_name_ ABSL_GUARDED_BY(table_mu_);  // every key
+  std::map<std::string, int> by_hash_ ABSL_GUARDED_BY(table_mu_);  // current keys only
+  std::vector<int> current_ ABSL_GUARDED_BY(table_mu_);            // file order
 };
 
 }  // namespace tandem::router

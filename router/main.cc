@@ -1,6 +1,7 @@
 // tandem-router: flags -> config -> model (tokenizer, context length, chat
-// template) -> API keys (router.api_keys_file) -> gRPC server (Generation, Registry, health)
-// -> HTTP front door (router.http_listen: OpenAI API, /metrics) -> wait for SIGTERM -> drain.
+// template) -> API keys (router.api_keys_file, re-read while serving) -> gRPC
+// server (Generation, Registry, health) -> HTTP front door (router.http_listen:
+// OpenAI API, /metrics) -> wait for SIGTERM -> drain.
 #include <cstdio>
 #include <filesystem>
 
@@ -13,6 +14,7 @@
 #include "common/server/worker_engine.h"
 #include "common/server/worker_main.h"
 #include "common/metrics/metrics_server.h"
+#include "router/api_keys_reloader.h"
 #include "router/openai/openai_frontend.h"
 #include "router/router_service.h"
 
@@ -60,7 +62,8 @@ int main(int argc, char** argv) {
   const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
   rpc::SetLogComponent(name);
   auto cluster_auth =
-      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms);
+      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms,
+                              config->cluster.accepted_secret_files);
   if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
@@ -80,7 +83,13 @@ int main(int argc, char** argv) {
   // Logged once start-up errors (one stderr line each) are behind us.
   rpc::Log((*cluster_auth)->open()
                ? "peer authentication: open (no cluster.secret_file)"
-               : "peer authentication: HMAC-SHA256 (cluster.secret_file)");
+               : absl::StrCat("peer authentication: HMAC-SHA256 (cluster.secret_file",
+                              (*cluster_auth)->accepted_secrets() == 0
+                                  ? ""
+                                  : absl::StrCat("; also accepting the ",
+                                                 (*cluster_auth)->accepted_secrets(),
+                                                 " secret(s) of cluster.accepted_secret_files"),
+                              ")"));
 
   router::RegistryOptions options;
   options.model_fingerprint = (*bundle)->fingerprint;
@@ -131,14 +140,23 @@ int main(int argc, char** argv) {
     if (health != nullptr) health->SetServingStatus("", serving);
   });
   service.set_failover(config->router.max_migrations, config->router.rpc_timeout_ms);
+  // Declared after `service`, so its thread stops before the keys go.
+  std::unique_ptr<router::ApiKeysReloader> keys_reloader;
   if (!config->router.api_keys_file.empty()) {
-    auto keys = router::LoadApiKeys(config->router.api_keys_file);
+    std::string keys_text;
+    auto keys = router::LoadApiKeys(config->router.api_keys_file, &keys_text);
     if (!keys.ok()) {
       return Fail(absl::StrCat("router.api_keys_file: ", keys.status().message()));
     }
     rpc::Log(absl::StrCat("API keys: ", keys->size(), " from ", config->router.api_keys_file,
-                          " (limits per router replica)"));
-    service.set_api_keys(std::make_unique<router::ApiKeys>(*keys));
+                          " (limits per router replica; re-read every ",
+                          absl::FormatDuration(router::kApiKeysReloadInterval), ")"));
+    auto table = std::make_unique<router::ApiKeys>(*keys);
+    keys_reloader = std::make_unique<router::ApiKeysReloader>(
+        table.get(), config->router.api_keys_file, std::move(keys_text),
+        [](absl::string_view line) { rpc::Log(line); });
+    service.set_api_keys(std::move(table));
+    keys_reloader->Start();
   } else {
     rpc::Log("API keys: none (Generation is open)");
   }

@@ -30,6 +30,18 @@ bool IsLowerHex(absl::string_view s, size_t size) {
   return true;
 }
 
+// What a credential's HMAC covers (cluster_auth.h).
+std::string SignedText(absl::string_view method, absl::string_view message_bytes, int64_t ts_ms,
+                       absl::string_view nonce) {
+  return absl::StrCat("tandem-auth-v1\n", method, "\n", Hex(Sha256(message_bytes)), "\n", ts_ms,
+                      "\n", nonce);
+}
+
+// What an ACCEPT answer's HMAC covers.
+std::string AnswerText(absl::string_view purpose, absl::string_view peer_nonce) {
+  return absl::StrCat("tandem-auth-v1\n", purpose, "\n", peer_nonce);
+}
+
 absl::Status Malformed(absl::string_view what) {
   return absl::UnauthenticatedError(absl::StrCat("malformed credential: ", what));
 }
@@ -86,26 +98,42 @@ absl::StatusOr<Credential> ParseCredential(absl::string_view text) {
 
 ClusterAuth::ClusterAuth(Options options)
     : secret_(std::move(options.secret)),
+      accepted_(secret_.empty() ? std::vector<std::string>()
+                                : std::move(options.accepted_secrets)),
       max_skew_ms_(options.max_skew_ms),
       max_nonces_(options.max_remembered_nonces),
       clock_(options.clock ? std::move(options.clock) : Clock(SystemNowMs)) {}
 
-absl::StatusOr<std::unique_ptr<ClusterAuth>> ClusterAuth::Load(const std::string& secret_file,
-                                                               int32_t max_skew_ms) {
+absl::StatusOr<std::unique_ptr<ClusterAuth>> ClusterAuth::Load(
+    const std::string& secret_file, int32_t max_skew_ms,
+    const std::vector<std::string>& accepted_secret_files) {
   Options options;
   options.max_skew_ms = max_skew_ms;
+  if (secret_file.empty() && !accepted_secret_files.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster.accepted_secret_files: needs cluster.secret_file (an open cluster has no "
+        "secret to rotate)");
+  }
   if (!secret_file.empty()) {
     absl::StatusOr<std::string> secret = LoadSecretFile(secret_file);
     if (!secret.ok()) return secret.status();
     options.secret = std::move(*secret);
   }
+  for (size_t i = 0; i < accepted_secret_files.size(); ++i) {
+    absl::StatusOr<std::string> secret = LoadSecretFile(
+        accepted_secret_files[i], absl::StrCat("cluster.accepted_secret_files[", i, "]"));
+    if (!secret.ok()) return secret.status();
+    options.accepted_secrets.push_back(std::move(*secret));
+  }
   return std::make_unique<ClusterAuth>(std::move(options));
 }
 
-std::string ClusterAuth::Mac(absl::string_view method, absl::string_view digest_hex,
-                             int64_t ts_ms, absl::string_view nonce) const {
-  return Hex(HmacSha256(
-      secret_, absl::StrCat("tandem-auth-v1\n", method, "\n", digest_hex, "\n", ts_ms, "\n", nonce)));
+bool ClusterAuth::AnySecretSigned(absl::string_view data, absl::string_view sig_hex) const {
+  bool match = ConstantTimeEqual(Hex(HmacSha256(secret_, data)), sig_hex);
+  for (const std::string& secret : accepted_) {
+    match |= ConstantTimeEqual(Hex(HmacSha256(secret, data)), sig_hex);
+  }
+  return match;
 }
 
 Credential ClusterAuth::Sign(absl::string_view method, absl::string_view message_bytes) const {
@@ -113,7 +141,7 @@ Credential ClusterAuth::Sign(absl::string_view method, absl::string_view message
   if (open()) return c;
   c.ts_ms = clock_();
   c.nonce = RandomHex(kNonceHexChars / 2);
-  c.sig = Mac(method, Hex(Sha256(message_bytes)), c.ts_ms, c.nonce);
+  c.sig = Hex(HmacSha256(secret_, SignedText(method, message_bytes, c.ts_ms, c.nonce)));
   return c;
 }
 
@@ -128,8 +156,7 @@ absl::Status ClusterAuth::Verify(absl::string_view method, absl::string_view mes
         skew > 0 ? "behind" : "ahead of", " this host's clock (cluster.auth_max_skew_ms ",
         max_skew_ms_, ")"));
   }
-  const std::string expected = Mac(method, Hex(Sha256(message_bytes)), c.ts_ms, c.nonce);
-  if (!ConstantTimeEqual(expected, c.sig)) {
+  if (!AnySecretSigned(SignedText(method, message_bytes, c.ts_ms, c.nonce), c.sig)) {
     return absl::UnauthenticatedError(
         "bad signature (another cluster secret, or the message was altered)");
   }
@@ -166,13 +193,13 @@ absl::Status ClusterAuth::VerifyText(absl::string_view method, absl::string_view
 
 std::string ClusterAuth::Answer(absl::string_view purpose, absl::string_view peer_nonce) const {
   if (open()) return "";
-  return Hex(HmacSha256(secret_, absl::StrCat("tandem-auth-v1\n", purpose, "\n", peer_nonce)));
+  return Hex(HmacSha256(secret_, AnswerText(purpose, peer_nonce)));
 }
 
 bool ClusterAuth::CheckAnswer(absl::string_view purpose, absl::string_view peer_nonce,
                               absl::string_view answer) const {
   if (open()) return true;
-  return ConstantTimeEqual(Answer(purpose, peer_nonce), answer);
+  return AnySecretSigned(AnswerText(purpose, peer_nonce), answer);
 }
 
 size_t ClusterAuth::remembered_nonces() const {

@@ -10,7 +10,21 @@
 // seen in the window (nonces are remembered until their timestamp leaves
 // the window, so a captured message cannot be replayed).
 //
-// Owns: the secret (never logged, never in an error), signing, verifying,
+// Rotation (cluster.accepted_secret_files): a process signs with one secret
+// (cluster.secret_file) and also accepts credentials made with any of its
+// accepted secrets, so the secret changes with three rolling restarts and
+// no refused call:
+//   1. roll every process to secret_file=OLD, accepted=[NEW];
+//   2. roll every process to secret_file=NEW, accepted=[OLD];
+//   3. roll every process to secret_file=NEW, accepted=[] (OLD retired).
+// During each roll some processes run the step before and some the step
+// after; every pair still accepts each other's calls, because each signs
+// with a secret the other holds (step 1: all sign OLD, all hold OLD; step
+// 2: a rolled process signs NEW, held by all since step 1, an unrolled
+// one signs OLD, held by all; step 3: all sign NEW, all hold NEW). Start a
+// step only once the previous one has reached every process.
+//
+// Owns: the secrets (never logged, never in an error), signing, verifying,
 // the replay cache. Does not touch: gRPC, sockets, serving
 // (common/server/auth_call.h binds it to gRPC metadata; kvtransfer to the
 // HELLO). Threads: every method is thread-safe (the replay cache is under
@@ -23,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -65,36 +80,50 @@ class ClusterAuth {
   // Wall-clock milliseconds since the Unix epoch (injectable for tests).
   using Clock = std::function<int64_t()>;
   struct Options {
-    std::string secret;  // empty: the cluster runs open
+    std::string secret;  // signs and verifies; empty: the cluster runs open
+    // Verify only (rotation): credentials and ACCEPT answers made with any
+    // of these are accepted too. Dropped when `secret` is empty.
+    std::vector<std::string> accepted_secrets;
     int32_t max_skew_ms = kDefaultMaxSkewMs;
     // Replay cache bound; beyond it Verify answers RESOURCE_EXHAUSTED.
     size_t max_remembered_nonces = size_t{1} << 20;
     Clock clock;  // unset: the system clock
   };
 
+  // An empty `secret` means open whatever accepted_secrets holds (Load
+  // refuses that combination with an error before it gets here).
   explicit ClusterAuth(Options options);
   ClusterAuth(const ClusterAuth&) = delete;
   ClusterAuth& operator=(const ClusterAuth&) = delete;
 
-  // The process's auth from the config's cluster.secret_file (empty: open)
-  // and cluster.auth_max_skew_ms. Errors: LoadSecretFile's.
-  static absl::StatusOr<std::unique_ptr<ClusterAuth>> Load(const std::string& secret_file,
-                                                           int32_t max_skew_ms);
+  // The process's auth from the config's cluster.secret_file (empty: open),
+  // cluster.auth_max_skew_ms and cluster.accepted_secret_files. Errors:
+  // LoadSecretFile's, naming "cluster.secret_file" or
+  // "cluster.accepted_secret_files[i]"; INVALID_ARGUMENT naming
+  // cluster.accepted_secret_files when it is not empty but secret_file is.
+  static absl::StatusOr<std::unique_ptr<ClusterAuth>> Load(
+      const std::string& secret_file, int32_t max_skew_ms,
+      const std::vector<std::string>& accepted_secret_files = {});
 
   // No secret: Sign* return empty credentials and Verify* accept anything.
   bool open() const { return secret_.empty(); }
   // ClusterStatus.cluster_auth: "hmac-sha256" or "open".
   absl::string_view mode() const { return open() ? "open" : "hmac-sha256"; }
   int32_t max_skew_ms() const { return max_skew_ms_; }
+  // How many accepted (verify-only) secrets besides the signing one.
+  size_t accepted_secrets() const { return accepted_.size(); }
 
   // A credential for `message_bytes` sent to `method` (a gRPC full method
   // name "/tandem.v1.DecodeWorker/Generate", or "kv/HELLO"), with the
-  // clock's time and a fresh nonce. Open: an empty Credential.
+  // clock's time and a fresh nonce, made with the signing secret only.
+  // Open: an empty Credential.
   Credential Sign(absl::string_view method, absl::string_view message_bytes) const;
 
   // Checks `credential` for `message_bytes` sent to `method`: timestamp
-  // within max_skew_ms of the clock, HMAC, nonce not seen within the
-  // window (then remembered). Open: OK. Errors: UNAUTHENTICATED "clock
+  // within max_skew_ms of the clock, HMAC under the signing secret or any
+  // accepted one (each compared in constant time, all of them computed),
+  // nonce not seen within the window whichever secret made it (then
+  // remembered: one replay cache). Open: OK. Errors: UNAUTHENTICATED "clock
   // skew: ...", "bad signature ...", "replayed nonce ..."; RESOURCE_EXHAUSTED
   // when the replay cache is full.
   absl::Status Verify(absl::string_view method, absl::string_view message_bytes,
@@ -108,10 +137,11 @@ class ClusterAuth {
 
   // Challenge-response: the 64-hex tag that proves to the holder of
   // `peer_nonce` (a nonce it sent) that this side holds the secret:
-  // HMAC(secret, "tandem-auth-v1\n" + purpose + "\n" + peer_nonce).
-  // Open: "".
+  // HMAC(secret, "tandem-auth-v1\n" + purpose + "\n" + peer_nonce), made
+  // with the signing secret. Open: "".
   std::string Answer(absl::string_view purpose, absl::string_view peer_nonce) const;
-  // Whether `answer` is Answer(purpose, peer_nonce) (constant time). Open: true.
+  // Whether `answer` is the Answer(purpose, peer_nonce) of the signing
+  // secret or of an accepted one (constant time per secret). Open: true.
   bool CheckAnswer(absl::string_view purpose, absl::string_view peer_nonce,
                    absl::string_view answer) const;
 
@@ -119,10 +149,12 @@ class ClusterAuth {
   size_t remembered_nonces() const;
 
  private:
-  std::string Mac(absl::string_view method, absl::string_view digest_hex, int64_t ts_ms,
-                  absl::string_view nonce) const;
+  // Whether `sig_hex` is the HMAC of `data` under the signing secret or an
+  // accepted one: every candidate computed and compared in constant time.
+  bool AnySecretSigned(absl::string_view data, absl::string_view sig_hex) const;
 
   const std::string secret_;
+  const std::vector<std::string> accepted_;
   const int32_t max_skew_ms_;
   const size_t max_nonces_;
   const Clock clock_;

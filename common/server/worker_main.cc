@@ -140,7 +140,8 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     }
   }
   auto cluster_auth =
-      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms);
+      auth::ClusterAuth::Load(config->cluster.secret_file, config->cluster.auth_max_skew_ms,
+                              config->cluster.accepted_secret_files);
   if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));

@@ -591,6 +591,40 @@ TEST(ClusterConfigTest, ClusterAuthKeys) {
               HasSubstr("unknown key 'cluster.secret'"));
 }
 
+TEST(ClusterConfigTest, AcceptedSecretFilesForRotation) {
+  absl::StatusOr<ClusterConfig> none = ParseClusterConfig(
+      absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->cluster.accepted_secret_files.empty());
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(absl::StrCat(
+      kMinimal, "cluster:\n  secret_file: s/new.secret\n"
+                "  accepted_secret_files: [s/old.secret, /abs/older.secret]\n"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.accepted_secret_files,
+            (std::vector<std::string>{"s/old.secret", "/abs/older.secret"}));
+  // Step 3 of a rotation: the old secret retired, the key still written.
+  absl::StatusOr<ClusterConfig> empty = ParseClusterConfig(absl::StrCat(
+      kMinimal, "cluster:\n  secret_file: s/new.secret\n  accepted_secret_files: []\n"));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->cluster.accepted_secret_files.empty());
+
+  EXPECT_EQ(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  accepted_secret_files: [s/old.secret]\n")),
+            "cluster.accepted_secret_files: needs cluster.secret_file (an open cluster has no "
+            "secret to rotate) (line 4, column 26)");
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
+                                             "  accepted_secret_files: s/old.secret\n")),
+              HasSubstr("cluster.accepted_secret_files: expected a list of paths ([] for none)"));
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
+                                             "  accepted_secret_files:\n")),
+              HasSubstr("cluster.accepted_secret_files: has no value"));
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
+                                             "  accepted_secret_files: [a, '']\n")),
+              HasSubstr("cluster.accepted_secret_files[1]: expected a non-empty path"));
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
+                                             "  accepted_secret_files: [a, [b]]\n")),
+              HasSubstr("cluster.accepted_secret_files[1]: expected a non-empty path"));
+}
+
 TEST(ClusterConfigTest, ParsesTheSecuredExample) {
   absl::StatusOr<ClusterConfig> c =
       LoadClusterConfig(std::string(TANDEM_SOURCE_DIR) + "/deploy/secured/cluster.yaml");

@@ -5,17 +5,21 @@
 // the gRPC health service stays open; alice is served until her bucket is
 // spent, then refused with retry-after-ms while bob is served, then served
 // again once it refilled; GetStatus reports per key exactly the prompt and
-// generated tokens the client was sent.
+// generated tokens the client was sent. A running router re-reads its keys
+// file (router/api_keys_reloader.h): a file swapped by rename to other
+// keys takes effect, a broken one is logged and the keys stay.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -494,6 +498,65 @@ TEST_F(ApiKeysTest, HttpNeedsTheKeyToo) {
   const v1::ApiKeyUsage after = Usage(cluster(), "bob");
   EXPECT_EQ(after.requests() - before.requests(), 1u);
   EXPECT_EQ(after.generated_tokens() - before.generated_tokens(), 4u);
+}
+
+// Kubernetes swaps a mounted Secret's file under the running router: the
+// router re-reads router.api_keys_file every kApiKeysReloadInterval (5 s).
+// Replaced by rename (atomic, like the kubelet's symlink swap) with {bob}:
+// alice is refused, bob served; replaced with a broken file: logged, and
+// both keep their answers.
+TEST(ApiKeysReloadTest, SwappedFileTakesEffectBrokenOneIsLoggedAndIgnored) {
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string keys = dir + "/keys.yaml";
+  // Write-then-rename: the router never sees a half-written file.
+  auto swap_in = [&](const std::string& text) {
+    ASSERT_TRUE(WriteFile(dir + "/keys.yaml.tmp", text));
+    ASSERT_EQ(std::rename((dir + "/keys.yaml.tmp").c_str(), keys.c_str()), 0);
+  };
+  swap_in(absl::StrCat("keys:\n  - name: alice\n    sha256: ", kAliceSha, "\n"));
+  ClusterOptions o;
+  o.api_keys_file = keys;
+  o.api_key = kAliceKey;  // the fixture's start-up status calls
+  o.num_prefill_workers = 0;
+  o.capture_stderr = true;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  ASSERT_TRUE(Generate(cluster, kAliceKey, Request()).status.ok());
+  EXPECT_EQ(Generate(cluster, kBobKey, Request()).status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  swap_in(absl::StrCat("keys:\n  - name: bob\n    sha256: ", kBobSha, "\n"));
+  Call alice, bob;
+  ASSERT_TRUE(PollUntil(
+      absl::Seconds(15),
+      [&] {
+        alice = Generate(cluster, kAliceKey, Request());
+        bob = Generate(cluster, kBobKey, Request());
+        return alice.status.error_code() == grpc::StatusCode::UNAUTHENTICATED && bob.status.ok();
+      },
+      absl::Milliseconds(200)))
+      << "alice: " << alice.status.error_message() << "; bob: " << bob.status.error_message();
+  EXPECT_EQ(alice.status.error_message(), "invalid API key");
+  EXPECT_EQ(bob.generated, kMaxTokens);
+  EXPECT_THAT(cluster.CapturedStderr(),
+              HasSubstr(absl::StrCat("api keys: reloaded ", keys, " (1 keys)")));
+
+  swap_in("keys:\n  - name: bob\n    sha256: not-a-hash\n");
+  const std::string logged =
+      absl::StrCat("api keys: ", keys,
+                   ": keys[0] (bob).sha256: expected the key's SHA-256 as 64 hex digits "
+                   "(printf %s KEY | sha256sum), got 10 characters, not all hex (the value is "
+                   "not shown: it may be the key itself); keeping the 1 keys loaded before");
+  EXPECT_TRUE(PollUntil(absl::Seconds(15),
+                        [&] { return absl::StrContains(cluster.CapturedStderr(), logged); },
+                        absl::Milliseconds(200)))
+      << cluster.CapturedStderr();
+  EXPECT_EQ(Generate(cluster, kAliceKey, Request()).status.error_message(), "invalid API key");
+  bob = Generate(cluster, kBobKey, Request());
+  EXPECT_TRUE(bob.status.ok()) << bob.status.error_message();
+  EXPECT_EQ(bob.generated, kMaxTokens);
 }
 
 }  // namespace

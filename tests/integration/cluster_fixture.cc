@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/auth/cluster_auth.h"
@@ -171,7 +172,11 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",
       "  handshake_timeout_ms: ", o.handshake_timeout_ms, "\n",
       "shutdown_grace_s: ", o.shutdown_grace_s, "\n",
-      o.secret_file.empty() ? "" : absl::StrCat("cluster:\n  secret_file: ", o.secret_file, "\n"));
+      o.secret_file.empty() ? "" : absl::StrCat("cluster:\n  secret_file: ", o.secret_file, "\n"),
+      o.accepted_secret_files.empty()
+          ? ""
+          : absl::StrCat("  accepted_secret_files: [", absl::StrJoin(o.accepted_secret_files, ", "),
+                         "]\n"));
 }
 
 bool PollUntil(absl::Duration timeout, const std::function<bool()>& done,
@@ -233,8 +238,8 @@ absl::Status LocalCluster::StartProcesses() {
   if (!WriteFile(config_path_, ClusterYaml(options_))) {
     return absl::InternalError(absl::StrCat("cannot write ", config_path_));
   }
-  absl::StatusOr<std::unique_ptr<auth::ClusterAuth>> loaded =
-      auth::ClusterAuth::Load(options_.secret_file, auth::kDefaultMaxSkewMs);
+  absl::StatusOr<std::unique_ptr<auth::ClusterAuth>> loaded = auth::ClusterAuth::Load(
+      options_.secret_file, auth::kDefaultMaxSkewMs, options_.accepted_secret_files);
   if (!loaded.ok()) return loaded.status();
   auth_ = *std::move(loaded);
   const absl::Time start = absl::Now();
@@ -242,8 +247,8 @@ absl::Status LocalCluster::StartProcesses() {
                                 ? options_.model
                                 : SharedPath("models/" + options_.model);
   const std::vector<std::string> router_argv = {BinaryPath("tandem-router"), "--config",
-                                                config_path_, "--name", "router", "--model",
-                                                model};
+                                                ConfigPath("router"), "--name", "router",
+                                                "--model", model};
   absl::StatusOr<std::string> router;
   if (options_.http_listen.empty()) {
     router = SpawnAndWait("router", router_argv, &router_index_);
@@ -269,7 +274,8 @@ absl::Status LocalCluster::StartProcesses() {
     const bool prefill = absl::StartsWith(name, "prefill-");
     std::vector<std::string> argv = {
         BinaryPath(prefill ? "tandem-prefill-worker" : "tandem-decode-worker"),
-        "--config", config_path_, "--name", name, "--model", model, "--router", router_address_};
+        "--config", ConfigPath(name), "--name", name, "--model", model, "--router",
+        router_address_};
     if (name == kPrefillName && options_.prefill_fault_fail_reply) {
       argv.push_back("--fault-fail-reply");
       argv.push_back("true");
@@ -329,6 +335,20 @@ absl::Status LocalCluster::StartProcesses() {
                      absl::FormatDuration(options_.start_timeout), "; last: ", last.ToString()));
   }
   return absl::OkStatus();
+}
+
+std::string LocalCluster::ConfigPath(const std::string& name) {
+  auto own = options_.secrets_by_process.find(name);
+  if (own == options_.secrets_by_process.end()) return config_path_;
+  ClusterOptions o = options_;
+  o.secret_file = own->second.secret_file;
+  o.accepted_secret_files = own->second.accepted_secret_files;
+  const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
+  if (!WriteFile(path, ClusterYaml(o))) {
+    ADD_FAILURE() << "cannot write " << path;
+    return "";
+  }
+  return path;
 }
 
 absl::Status LocalCluster::RestartWorker(const std::string& name) {

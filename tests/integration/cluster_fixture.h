@@ -133,6 +133,17 @@ struct ClusterOptions {
   // (LocalCluster::Sign); calls a test makes on decode_stub() carry no
   // credential unless it signs them.
   std::string secret_file;
+  // cluster.accepted_secret_files of every process (with secret_file).
+  std::vector<std::string> accepted_secret_files;
+  // A process's own cluster.secret_file and accepted_secret_files, by
+  // process name ("router", "prefill-0", "decode-1"), instead of the two
+  // above: a secret rotation caught in the middle of a rolling step. Such
+  // a process reads its own YAML, "<name>.yaml" in the cluster's directory.
+  struct Secrets {
+    std::string secret_file;
+    std::vector<std::string> accepted_secret_files;
+  };
+  std::map<std::string, Secrets> secrets_by_process;
   // Bound on start-up: every process announced and GetStatus.can_serve.
   absl::Duration start_timeout = absl::Seconds(30);
   // true: the children's stderr (their logs) goes to a file in the
@@ -232,6 +243,10 @@ class LocalCluster {
  private:
   explicit LocalCluster(const ClusterOptions& options) : options_(options) {}
   absl::Status StartProcesses();
+  // The --config of process `name`: its own YAML when
+  // options_.secrets_by_process names it (written on first use), else
+  // the shared one. "" when the file cannot be written.
+  std::string ConfigPath(const std::string& name);
   // group_.Spawn, the child's stderr going to stderr_path_ when set.
   absl::StatusOr<int> Spawn(const std::string& name, const std::vector<std::string>& argv);
   // Spawns `argv` as `name` and waits for its TANDEM_LISTENING line.

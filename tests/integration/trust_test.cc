@@ -6,9 +6,16 @@
 // a decode worker with another secret is refused at registration
 // (UNAUTHENTICATED), exits 1 and never gets a request; a decode worker
 // with a secret refuses an open router and exits 1; `tandem status`
-// says authenticated, or open without a secret.
+// says authenticated, or open without a secret; a cluster caught in the
+// middle of a secret rotation (cluster.accepted_secret_files: router and
+// one decode worker rolled to the new secret, the others not) serves
+// remote-prefill requests with every RPC, registration and KV HELLO
+// verified across the two secrets; a short accepted secret stops the
+// router naming cluster.accepted_secret_files[0].
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/auth/cluster_auth.h"
@@ -229,6 +236,84 @@ TEST_F(TrustTest, OpenClusterSaysSo) {
   EXPECT_EQ(StatusAuthLine(),
             "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
             "register or call it)");
+}
+
+// Step 1 -> 2 of a rotation (common/auth/cluster_auth.h) half done: the
+// router and decode-1 already run NEW (accepting OLD); prefill-0 and
+// decode-0 still run OLD (accepting NEW). Registrations (OLD at a NEW
+// router), polls and watches (NEW at OLD workers), Prefill calls and the
+// KV HELLO / ACCEPT both ways (prefill-0 OLD to decode-0 OLD and to
+// decode-1 NEW) are all accepted: every remote request is served and
+// nothing is refused.
+TEST_F(TrustTest, MidRotationClusterServesRemotePrefillAcrossSecrets) {
+  const std::string old_secret = secret_;
+  const std::string new_secret = dir_ + "/new.secret";
+  ASSERT_TRUE(WriteFile(new_secret, std::string(64, 'n') + "\n"));
+  ClusterOptions o = Secured();
+  o.secret_file = old_secret;
+  o.accepted_secret_files = {new_secret};
+  o.secrets_by_process["router"] = {new_secret, {old_secret}};
+  o.secrets_by_process["decode-1"] = {new_secret, {old_secret}};
+  o.num_decode_workers = 2;
+  o.router_policy = "round_robin";
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+
+  // Remote requests until each decode worker received KV from prefill-0
+  // (round_robin takes them in turn), each the golden output.
+  const GoldenCase& g = Golden("once_upon_a_time");
+  std::map<std::string, uint64_t> received;
+  std::map<std::string, int> served;  // decode worker -> requests
+  uint64_t sent = 0;
+  int requests = 0;
+  while (requests < 8 && (received["decode-0"] == 0 || received["decode-1"] == 0)) {
+    ++requests;
+    const StreamResult r =
+        RunGenerate(cluster().stub(), MakeRequest(g.prompt, kGoldenMaxTokens, v1::ROUTE_REMOTE));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_code() << ": " << r.status.error_message();
+    EXPECT_EQ(r.route, "remote");
+    EXPECT_EQ(r.prefill_worker, LocalCluster::kPrefillName);
+    ++served[r.decode_worker];
+    ASSERT_GE(r.token_ids.size(), g.strict_prefix_len);
+    EXPECT_EQ(std::vector<int32_t>(r.token_ids.begin(),
+                                   r.token_ids.begin() + static_cast<ptrdiff_t>(g.strict_prefix_len)),
+              g.StrictIds())
+        << "on " << r.decode_worker;
+    absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_EQ(status->cluster_auth(), "hmac-sha256");
+    for (const v1::WorkerStatus& w : status->workers()) {
+      if (w.role() == v1::ROLE_DECODE) received[w.name()] = w.kv_transfers_received_total();
+      if (w.role() == v1::ROLE_PREFILL) sent = w.kv_transfers_sent_total();
+    }
+  }
+  EXPECT_GE(received["decode-0"], 1u) << "after " << requests << " requests";
+  EXPECT_GE(received["decode-1"], 1u) << "after " << requests << " requests";
+  EXPECT_EQ(sent, static_cast<uint64_t>(requests));
+  EXPECT_EQ(received["decode-0"], static_cast<uint64_t>(served["decode-0"]));
+  EXPECT_EQ(received["decode-1"], static_cast<uint64_t>(served["decode-1"]));
+  const std::string log = cluster().CapturedStderr();
+  EXPECT_THAT(log, HasSubstr("peer authentication: HMAC-SHA256 (cluster.secret_file; also "
+                             "accepting the 1 secret(s) of cluster.accepted_secret_files)"));
+  EXPECT_THAT(log, Not(HasSubstr("refused /tandem.v1.")));
+  EXPECT_THAT(log, Not(HasSubstr("bad signature")));
+  EXPECT_THAT(log, Not(HasSubstr("did not prove the cluster secret")));
+}
+
+TEST_F(TrustTest, ShortAcceptedSecretIsAStartUpErrorNamingTheKey) {
+  const std::string short_secret = dir_ + "/short.secret";
+  ASSERT_TRUE(WriteFile(short_secret, "too-short\n"));
+  ClusterOptions o;
+  o.secret_file = secret_;
+  o.accepted_secret_files = {short_secret};
+  const std::string config = dir_ + "/short.yaml";
+  ASSERT_TRUE(WriteFile(config, ClusterYaml(o)));
+  ProcessResult r = RunProcess({BinaryPath("tandem-router"), "--config", config, "--model",
+                                ModelPath()},
+                               absl::Seconds(20));
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("cluster.accepted_secret_files[0]: '", short_secret,
+                                            "' holds a secret of 9 bytes; at least 32 are "
+                                            "required")));
 }
 
 TEST_F(TrustTest, ShortSecretIsAStartUpErrorNamingTheKey) {

@@ -1,9 +1,17 @@
 // router::TokenBucket and router::ApiKeys alone, on an injected clock: the
 // keys file parser, SHA-256, authentication, the bucket's refill and the
 // exact retry-after values, prompt > capacity, the negative bucket after
-// generation, the concurrency limit, refunds and counters.
+// generation, the concurrency limit, refunds and counters; replacing the
+// table (state kept by name, removed keys refused, their ids still valid,
+// new limits) and the file reloader (a Kubernetes-style symlink swap, bad
+// files logged once per content, the thread).
 #include "router/api_keys.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +19,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "router/api_keys_reloader.h"
 #include "router/token_bucket.h"
 
 namespace tandem::router {
@@ -317,6 +326,197 @@ TEST(ParseApiKeysTest, LoadNamesTheFile) {
   e = LoadApiKeys("/tmp");
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(e.status().message(), "API keys file '/tmp' is a directory, not a file");
+}
+
+// ---- Replace: a new table while serving ----------------------------------
+
+std::string Bearer(const std::string& key) { return "Bearer " + key; }
+
+// The id `key` authenticates as, or -1 with the status message in *why.
+int IdOf(const ApiKeys& keys, const std::string& key, std::string* why = nullptr) {
+  const std::string value = Bearer(key);
+  absl::StatusOr<int> id = keys.Authenticate(&value);
+  if (!id.ok() && why != nullptr) *why = std::string(id.status().message());
+  return id.ok() ? *id : -1;
+}
+
+TEST(ApiKeysReplaceTest, KeptNamesKeepTheirStateRemovedOnesAreRefused) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(120, 0), t.clock());
+  ASSERT_TRUE(keys.Admit(0, 100).status.ok());
+  keys.Started(0, 100);                       // alice: 1 in flight, 20 tokens left
+  ASSERT_TRUE(keys.Admit(1, 7).status.ok());  // bob: 1 in flight
+  keys.Started(1, 7);
+  const std::string carol_key = "sk-test-carol";
+  keys.Replace({{"alice", kAliceSha, 120, 0}, {"carol", Sha256Hex(carol_key), 0, 0}});
+  EXPECT_EQ(keys.size(), 2);
+  EXPECT_EQ(IdOf(keys, kAliceKey), 0);  // same id, same state
+  EXPECT_EQ(IdOf(keys, carol_key), 2);
+  std::string why;
+  EXPECT_EQ(IdOf(keys, kBobKey, &why), -1);
+  EXPECT_EQ(why, "invalid API key");
+  std::vector<ApiKeys::Usage> u = keys.Snapshot();
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_EQ(u[0].name, "alice");
+  EXPECT_EQ(u[0].in_flight, 1);
+  EXPECT_EQ(u[0].requests, 1u);
+  EXPECT_EQ(u[0].prompt_tokens, 100u);
+  EXPECT_EQ(u[0].tokens_available, 20);
+  EXPECT_EQ(u[1].name, "carol");
+  EXPECT_EQ(u[1].in_flight, 0);
+  // Bob's running request ends against his state (its id is still valid).
+  keys.Generated(1, 3);
+  keys.Ended(1);
+  // Bob listed again: his old state, with the request that ended.
+  keys.Replace(TwoKeys(120, 0));
+  EXPECT_EQ(IdOf(keys, kBobKey), 1);
+  u = keys.Snapshot();
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_EQ(u[1].name, "bob");
+  EXPECT_EQ(u[1].in_flight, 0);
+  EXPECT_EQ(u[1].requests, 1u);
+  EXPECT_EQ(u[1].generated_tokens, 3u);
+  EXPECT_EQ(IdOf(keys, carol_key, &why), -1);
+}
+
+TEST(ApiKeysReplaceTest, NewHashForANameIsARotationNotAFreshQuota) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(120, 0), t.clock());
+  ASSERT_TRUE(keys.Admit(0, 100).status.ok());
+  const std::string rotated = "sk-test-alice-2";
+  keys.Replace({{"alice", Sha256Hex(rotated), 120, 0}, {"bob", kBobSha, 0, 0}});
+  EXPECT_EQ(IdOf(keys, kAliceKey), -1);
+  EXPECT_EQ(IdOf(keys, rotated), 0);
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 20);
+  EXPECT_EQ(keys.Snapshot()[0].in_flight, 1);
+}
+
+TEST(ApiKeysReplaceTest, NewLimitsKeepTheBucketLevelAndInFlight) {
+  FakeClock t;
+  ApiKeys keys(TwoKeys(120, 0), t.clock());
+  ASSERT_TRUE(keys.Admit(0, 100).status.ok());
+  ASSERT_TRUE(keys.Admit(0, 10).status.ok());  // 10 left, 2 in flight
+  auto alice = [&](int64_t tpm, int32_t max) {
+    keys.Replace({{"alice", kAliceSha, tpm, max}});
+    return keys.Snapshot()[0];
+  };
+  EXPECT_EQ(alice(60, 0).tokens_available, 10);   // below the new capacity: kept
+  EXPECT_EQ(alice(6, 0).tokens_available, 6);     // capped at the new capacity
+  EXPECT_EQ(alice(0, 0).tokens_available, 0);     // unlimited: no bucket
+  EXPECT_EQ(alice(600, 0).tokens_available, 600);  // a new limit starts full
+  ApiKeys::Usage u = alice(600, 1);
+  EXPECT_EQ(u.in_flight, 2);
+  EXPECT_EQ(u.max_concurrent_requests, 1);
+  ApiKeys::Decision d = keys.Admit(0, 1);
+  EXPECT_EQ(d.status.message(), "API key 'alice': 2 requests in flight (max_concurrent_requests 1)");
+}
+
+// ---- ApiKeysReloader: the file while serving -----------------------------
+
+constexpr char kAliceFile[] = "keys:\n  - name: alice\n    sha256: "
+                              "4d692786b022a5d5a48381dcaf1e5e346366feb5579a1d699de2991d153b05f9\n";
+constexpr char kBobFile[] = "keys:\n  - name: bob\n    sha256: "
+                            "126fa001bf47b8fca67b958c7cdb3745b15c8eab28dd77b91a53305b5f90632f\n";
+
+// A directory laid out as Kubernetes mounts a Secret: keys.yaml ->
+// ..data/keys.yaml, ..data -> ..v<N>; Publish swaps ..data atomically.
+class ApiKeysReloaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("tandem_keys_reload_" + std::to_string(getpid())))
+               .string();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ + "/keys.yaml";
+    Publish(kAliceFile);
+    std::filesystem::create_symlink("..data/keys.yaml", path_);
+    std::string text;
+    absl::StatusOr<std::vector<ApiKeyEntry>> entries = LoadApiKeys(path_, &text);
+    ASSERT_TRUE(entries.ok()) << entries.status();
+    EXPECT_EQ(text, kAliceFile);
+    keys_ = std::make_unique<ApiKeys>(*entries);
+    reloader_ = std::make_unique<ApiKeysReloader>(keys_.get(), path_, text,
+                                                  [this](absl::string_view line) {
+                                                    absl::MutexLock lock(&mu_);
+                                                    lines_.emplace_back(line);
+                                                  });
+  }
+  void TearDown() override {
+    reloader_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // Writes `text` to a fresh ..v<N>/keys.yaml and points ..data at it.
+  void Publish(const std::string& text) {
+    const std::string version = "..v" + std::to_string(++versions_);
+    std::filesystem::create_directories(dir_ + "/" + version);
+    std::ofstream(dir_ + "/" + version + "/keys.yaml", std::ios::binary) << text;
+    std::filesystem::create_symlink(version, dir_ + "/..data_tmp");
+    std::filesystem::rename(dir_ + "/..data_tmp", dir_ + "/..data");
+  }
+  std::vector<std::string> Lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+  std::string dir_, path_;
+  int versions_ = 0;
+  std::unique_ptr<ApiKeys> keys_;
+  std::unique_ptr<ApiKeysReloader> reloader_;
+  absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(ApiKeysReloaderTest, SwappedFileIsReloadedUnchangedOneIsNot) {
+  reloader_->Check();
+  EXPECT_TRUE(Lines().empty());
+  Publish(kBobFile);
+  reloader_->Check();
+  EXPECT_EQ(Lines(), std::vector<std::string>{"api keys: reloaded " + path_ + " (1 keys)"});
+  EXPECT_EQ(IdOf(*keys_, kAliceKey), -1);
+  EXPECT_EQ(IdOf(*keys_, kBobKey), 1);
+  reloader_->Check();
+  EXPECT_EQ(Lines().size(), 1u);
+}
+
+TEST_F(ApiKeysReloaderTest, BadFileKeepsTheTableAndIsLoggedOncePerContent) {
+  const std::string keeping = "; keeping the 1 keys loaded before";
+  const std::string yaml_error = "api keys: " + path_ + ": YAML error";
+  Publish("keys: [");
+  reloader_->Check();
+  reloader_->Check();
+  std::vector<std::string> lines = Lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind(yaml_error, 0), 0u) << lines[0];
+  EXPECT_THAT(lines[0], ::testing::EndsWith(keeping));
+  EXPECT_EQ(IdOf(*keys_, kAliceKey), 0);
+  // Another bad content is news; so is the first one again after a good check.
+  Publish("keys: []\n");
+  reloader_->Check();
+  Publish(kAliceFile);  // the bytes in use: nothing to do
+  reloader_->Check();
+  Publish("keys: [");
+  reloader_->Check();
+  std::filesystem::remove(dir_ + "/..data");  // dangling: unreadable, also once
+  reloader_->Check();
+  reloader_->Check();
+  lines = Lines();
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[1], "api keys: " + path_ + ": keys: expected a non-empty list of keys" + keeping);
+  EXPECT_EQ(lines[2].rfind(yaml_error, 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3], "api keys: " + path_ + ": cannot read API keys file '" + path_ +
+                          "': No such file or directory" + keeping);
+  EXPECT_EQ(keys_->size(), 1);
+  EXPECT_EQ(IdOf(*keys_, kAliceKey), 0);
+}
+
+TEST_F(ApiKeysReloaderTest, TheThreadChecksEveryIntervalAndStops) {
+  reloader_->Start(absl::Milliseconds(20));
+  Publish(kBobFile);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Lines().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(Lines(), std::vector<std::string>{"api keys: reloaded " + path_ + " (1 keys)"});
+  EXPECT_EQ(IdOf(*keys_, kBobKey), 1);
+  reloader_.reset();  // joins
 }
 
 }  // namespace
