@@ -24,6 +24,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -36,6 +38,17 @@
 #include "common/server/raw_call.h"
 
 namespace tandem::rpc {
+
+// Streams of this process whose Finish was called but whose status has not
+// gone out yet (the reactor's OnDone has not run), every StreamSink type
+// together.
+inline std::atomic<int64_t> g_finishing_streams{0};
+
+// FinishingStreams() == 0 means every stream that was ended has sent its
+// status. A server waits for it (bounded) before grpc::Server::Shutdown,
+// which would cancel the calls still sending theirs: the client would read
+// CANCELLED instead of the reason (e.g. "device lost: ...").
+inline int64_t FinishingStreams() { return g_finishing_streams.load(); }
 
 template <class Msg>
 class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
@@ -103,6 +116,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
       absl::MutexLock lock(&mu_);
       if (finish_.has_value() || reactor_ == nullptr) return;
       finish_ = status;
+      g_finishing_streams.fetch_add(1);
       trailers_ = std::move(trailers);
       if (!writing_) {
         finish = reactor_;
@@ -196,6 +210,7 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
 
   void OnDone() {
     absl::MutexLock lock(&mu_);
+    if (finish_.has_value()) g_finishing_streams.fetch_sub(1);
     reactor_ = nullptr;
     on_cancel_ = nullptr;
   }

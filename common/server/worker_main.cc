@@ -17,6 +17,7 @@
 #include "common/server/log.h"
 #include "common/server/router_registration.h"
 #include "common/server/server_util.h"
+#include "common/server/stream_sink.h"
 #include "common/server/worker_engine.h"
 #include "common/server/worker_metrics.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -276,6 +277,12 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     absl::SleepFor(absl::Milliseconds(20));
   }
   runtime->Shutdown();
+  // Every request has ended now; let their statuses go out (up to 1 s)
+  // before the server's Shutdown cancels what is still being sent.
+  const absl::Time flush_deadline = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < flush_deadline && rpc::FinishingStreams() > 0) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   (*server)->Shutdown(rpc::DeadlineFromNow(1000));
   if (metrics_server != nullptr) metrics_server->Stop();
   runtime.reset();

@@ -43,9 +43,10 @@ using ::testing::Not;
 const std::string kSource = TANDEM_SOURCE_DIR;
 const std::string kBinaries = TANDEM_BINARY_DIR;
 // What a process may still take after SIGTERM beyond its drain
-// (shutdown_grace_s), seconds: the gRPC server's Shutdown deadline (1 s,
-// router/main.cc and common/server/worker_main.cc) plus the router's wait
-// for its request threads (2 s).
+// (shutdown_grace_s), seconds: a worker flushes its ended streams (up to
+// 1 s) and shuts its gRPC server down (1 s deadline,
+// common/server/worker_main.cc); the router shuts its server down (1 s)
+// and waits for its request threads (2 s, router/main.cc).
 constexpr int kServerShutdownS = 3;
 
 // kubectl on PATH, or "".
