@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster_config.h"
@@ -67,6 +68,20 @@ std::string RouterRegistration::refusal() const {
   return refusal_;
 }
 
+int RouterRegistration::registered_routers() const {
+  absl::MutexLock lock(&mu_);
+  return registered_;
+}
+
+void RouterRegistration::SetRegistered(bool now, bool* was) {
+  if (now == *was) return;
+  *was = now;
+  absl::MutexLock lock(&mu_);
+  registered_ += now ? 1 : -1;
+  const bool crossed = now ? registered_ == 1 : registered_ == 0;
+  if (crossed && options_.on_registered_change) options_.on_registered_change(now);
+}
+
 std::string RouterRegistration::Label(const std::string& address) const {
   return address == options_.router ? address : absl::StrCat(options_.router, " (", address, ")");
 }
@@ -120,7 +135,9 @@ void RouterRegistration::RegisterLoop(const std::string& address, absl::Notifica
   const auth::ClusterAuth* auth = options_.auth;
   bool registered = false;
   bool held_elsewhere = false;  // the last answer was ALREADY_EXISTS
+  bool failure_logged = false;  // since the last success
   auto refuse = [&](const std::string& reason) {
+    SetRegistered(false, &registered);
     {
       absl::MutexLock lock(&mu_);
       if (!refusal_.empty()) return;
@@ -161,9 +178,18 @@ void RouterRegistration::RegisterLoop(const std::string& address, absl::Notifica
       held_elsewhere = false;
     }
     if (s.ok() && !registered) options_.log(absl::StrCat("registered with router ", label));
-    registered = s.ok();
+    if (s.ok()) {
+      failure_logged = false;
+    } else if (!held_elsewhere && !failure_logged) {
+      options_.log(absl::StrCat("router ", label, ": cannot register (",
+                                absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())), ": ", s.error_message(),
+                                "); retrying"));
+      failure_logged = true;
+    }
+    SetRegistered(s.ok(), &registered);
   } while (!stop->WaitForNotificationWithTimeout(
       absl::Milliseconds(registered || held_elsewhere ? 1000 : 200)));
+  SetRegistered(false, &registered);  // stopped, or the address left the answer
 }
 
 }  // namespace tandem

@@ -23,6 +23,8 @@
 //   router LABEL refused registration: WHY (retrying until the name frees)
 //   router HOST:PORT no longer resolves to ADDR; stopped registering there
 //   router HOST:PORT does not resolve: WHY; retrying   (once per outage)
+//   router LABEL: cannot register (CODE: WHY); retrying (once until the
+//                                                       next success)
 #ifndef TANDEM_COMMON_SERVER_ROUTER_REGISTRATION_H_
 #define TANDEM_COMMON_SERVER_ROUTER_REGISTRATION_H_
 
@@ -77,6 +79,13 @@ struct RouterRegistrationOptions {
   // router when this worker has a secret. That address's loop ends; the
   // others go on until Stop. Default: nothing.
   std::function<void(const std::string& reason)> on_refusal;
+  // Called when the worker becomes registered with at least one router
+  // (true) or with none any more (false: every router refused or stopped
+  // answering, or the ones it had left the DNS answer). Calls are
+  // serialised, on a loop thread, under the registration's lock: the
+  // callback must not call back into it. RunWorkerMain turns readiness
+  // (grpc.health service "") on and off with it. Default: nothing.
+  std::function<void(bool registered)> on_registered_change;
   // Where the log lines above go (any thread). Default: rpc::Log.
   std::function<void(const std::string& line)> log;
 };
@@ -97,6 +106,8 @@ class RouterRegistration {
 
   // The first refusal's reason ("" when none).
   std::string refusal() const;
+  // How many routers this worker is registered with now.
+  int registered_routers() const;
 
  private:
   // One resolved address's registration loop.
@@ -106,6 +117,9 @@ class RouterRegistration {
   };
   void ResolveLoop();
   void RegisterLoop(const std::string& address, absl::Notification* stop);
+  // One loop's registered state changed: keeps registered_ and calls
+  // on_registered_change when it crosses zero.
+  void SetRegistered(bool now, bool* was);
   // "HOST:PORT" or "HOST:PORT (ADDR)": names `address` in log lines.
   std::string Label(const std::string& address) const;
 
@@ -116,6 +130,7 @@ class RouterRegistration {
   std::map<std::string, std::unique_ptr<Peer>> peers_;
   mutable absl::Mutex mu_;
   std::string refusal_ ABSL_GUARDED_BY(mu_);
+  int registered_ ABSL_GUARDED_BY(mu_) = 0;  // loops whose last attempt succeeded
 };
 
 }  // namespace tandem

@@ -225,7 +225,12 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   // kLivenessHealthService stays SERVING until the process exits.
   auto* health = (*server)->GetHealthCheckService();
   health->SetServingStatus(rpc::kLivenessHealthService, true);
-  health->SetServingStatus("", true);
+  // Readiness ("") follows registration: SERVING while registered with at
+  // least one router and not draining (a worker no router knows is of no
+  // use to a rolling update).
+  absl::Mutex readiness_mu;
+  bool draining = false;
+  health->SetServingStatus("", false);
   ready = true;
   {
     const HostPort advertised = *AdvertisedAddress(worker->listen, port, worker->advertise, key,
@@ -248,12 +253,20 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   registration_options.request = reg;
   registration_options.auth = cluster_auth->get();
   registration_options.on_refusal = [](const std::string&) { kill(getpid(), SIGTERM); };
+  registration_options.on_registered_change = [&](bool registered) {
+    absl::MutexLock lock(&readiness_mu);
+    if (!draining) health->SetServingStatus("", registered);
+  };
   RouterRegistration registration(std::move(registration_options));
   registration.Start();
 
   int sig = rpc::WaitForTerminationSignal();
   ready = false;
-  health->SetServingStatus("", false);
+  {
+    absl::MutexLock lock(&readiness_mu);
+    draining = true;
+    health->SetServingStatus("", false);
+  }
   registration.Stop();
   const std::string refusal = registration.refusal();
   std::string lost;

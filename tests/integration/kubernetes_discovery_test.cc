@@ -340,8 +340,35 @@ TEST_F(KubernetesDiscoveryTest, WorkerWhoseRouterDoesNotResolveKeepsRunningAndRe
   EXPECT_TRUE(group_.running(*worker));
   EXPECT_EQ(CountLines(ReadAll(err), line), 1) << ReadAll(err);
   EXPECT_THAT(ReadAll(err), HasSubstr("; retrying\n"));
-  EXPECT_EQ(HealthCheck(address, ""), kServing);
+  // Alive, but ready only once registered with a router.
+  EXPECT_EQ(HealthCheck(address, ""), kNotServing);
   EXPECT_EQ(HealthCheck(address, rpc::kLivenessHealthService), kServing);
+}
+
+// A router that resolves but does not answer: the worker says so once,
+// keeps trying and is not ready; once a router answers there, it is.
+TEST_F(KubernetesDiscoveryTest, WorkerNotYetRegisteredIsNotReadyAndSaysWhy) {
+  const int port = PortFreeOnBothLoopbacks();
+  ASSERT_NE(port, 0);
+  const std::string router = absl::StrCat("127.0.0.1:", port);
+  const std::string err = dir_ + "/worker.err";
+  std::string address;
+  absl::StatusOr<int> worker =
+      StartDecodeWorker("decode-0", {"--name", "decode-0", "--router", router}, err, &address);
+  ASSERT_TRUE(worker.ok()) << worker.status() << "\n" << ReadAll(err);
+  const std::string line = absl::StrCat("router ", router, ": cannot register (UNAVAILABLE: ");
+  EXPECT_TRUE(PollUntil(absl::Seconds(10), [&] { return CountLines(ReadAll(err), line) == 1; }))
+      << ReadAll(err);
+  absl::SleepFor(absl::Seconds(1));  // five more attempts: still one line
+  EXPECT_EQ(CountLines(ReadAll(err), line), 1) << ReadAll(err);
+  EXPECT_EQ(HealthCheck(address, ""), kNotServing);
+  EXPECT_EQ(HealthCheck(address, rpc::kLivenessHealthService), kServing);
+
+  absl::StatusOr<std::string> started = StartRouter("router", router);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_TRUE(PollUntil(absl::Seconds(10), [&] { return HealthCheck(address, "") == kServing; }))
+      << ReadAll(err);
+  EXPECT_THAT(ReadAll(err), HasSubstr("registered with router " + router));
 }
 
 // A Deployment's replica: settings from entry decode-0, registered under
