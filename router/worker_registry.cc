@@ -357,13 +357,27 @@ WorkerRegistry::PollCall* WorkerRegistry::StartPoll(const std::shared_ptr<Worker
 void WorkerRegistry::OnPollDone(PollCall* call) {
   const std::shared_ptr<WorkerHandle>& h = call->handle;
   bool lost = false;
+  std::string lost_why;
   {
     absl::MutexLock lock(&mu_);
     auto it = workers_.find(h->name);
     // Re-registered at another address, or dropped, meanwhile.
     if (it == workers_.end() || it->second.handle != h) return;
     Entry& e = it->second;
-    if (call->status.ok()) {
+    // Another process at this worker's address (a pod IP reused by a new
+    // pod within drop_after_ms): it is not this worker, whatever it says.
+    const std::string& answered_as = call->reply.name();
+    if (call->status.ok() && !answered_as.empty() && answered_as != h->name) {
+      if (e.healthy) {
+        e.healthy = false;
+        e.unhealthy_since = absl::Now();
+        e.missed_polls = options_.unhealthy_after_missed_polls;
+        lost = true;
+        lost_why = absl::StrCat("worker ", h->name, "'s address ", h->address,
+                                " answers as worker ", answered_as);
+        Log(absl::StrCat(lost_why, ": unhealthy"));
+      }
+    } else if (call->status.ok()) {
       if (!e.healthy) Log(absl::StrCat("worker ", h->name, " answers polls again: healthy"));
       e.missed_polls = 0;
       e.healthy = true;
@@ -383,7 +397,7 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
                        call->status.error_message(), "): unhealthy"));
     }
   }
-  if (lost) h->NotifyLost("");  // its in-flight requests fail now
+  if (lost) h->NotifyLost(lost_why);  // its in-flight requests fail now
   ReportHealth();
 }
 

@@ -525,6 +525,33 @@ TEST(WorkerHandleTest, LastUnavailableIsKeptOnlyWithinTheWindow) {
   EXPECT_EQ(h.lost_reason(), "");  // a separate record from NotifyLost's
 }
 
+// Another process now answers at a registered worker's address (a pod IP
+// reused within drop_after_ms): the worker is unhealthy at once, its
+// requests are told why, and the impostor's answers never make it healthy.
+TEST(WorkerRegistryTest, AnotherWorkerAnsweringAtTheAddressMakesItUnhealthy) {
+  Recorder rec;
+  FakeWorker decode0;
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("d0", v1::ROLE_DECODE, decode0.address())).ok());
+  std::shared_ptr<WorkerHandle> d0 = PickOf(registry, v1::ROLE_DECODE);
+  ASSERT_NE(d0, nullptr);
+  absl::Notification lost;
+  const uint64_t token = d0->AddLostCallback([&] { lost.Notify(); });
+  v1::WorkerStatus other;
+  other.set_name("tandem-decode-7c9f-x2k4");
+  decode0.SetLoad(other);
+  const std::string line = absl::StrCat("worker d0's address ", decode0.address(),
+                                        " answers as worker tandem-decode-7c9f-x2k4: unhealthy");
+  ASSERT_TRUE(WaitFor([&] { return rec.Count(line) == 1; }, absl::Seconds(5)));
+  EXPECT_TRUE(lost.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_THAT(d0->lost_reason(), ::testing::HasSubstr("answers as worker tandem-decode-7c9f-x2k4"));
+  EXPECT_EQ(PickOf(registry, v1::ROLE_DECODE), nullptr);
+  absl::SleepFor(absl::Milliseconds(300));  // more polls: still unhealthy, logged once
+  EXPECT_EQ(rec.Count("answers polls again"), 0);
+  EXPECT_EQ(rec.Count(line), 1);
+  d0->RemoveLostCallback(token);
+}
+
 TEST(WorkerRegistryTest, AFrozenWorkerDelaysNoOtherWorkersPolls) {
   Recorder rec;
   RegistryOptions o = Options(&rec);
