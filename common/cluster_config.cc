@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,11 +53,23 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::strin
     out.host = text.substr(1, close - 1);
     port_text = absl::string_view(text).substr(close + 2);
   } else {
+    if (absl::StrContains(text, "://")) return bad("no scheme such as http://");
     size_t colon = text.rfind(':');
     if (colon == std::string::npos) return bad("missing ':port'");
     out.host = text.substr(0, colon);
     if (out.host.find(':') != std::string::npos) return bad("IPv6 hosts need [brackets]");
     port_text = absl::string_view(text).substr(colon + 1);
+    // A DNS name (RFC 1123 letters, digits, '-', '.'; '_' tolerated) or an
+    // IPv4 literal. "$(POD_IP)" is what Kubernetes passes when the pod
+    // does not define the variable.
+    const bool name_chars = std::all_of(out.host.begin(), out.host.end(), [](char c) {
+      return absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_';
+    });
+    if (!name_chars) {
+      return bad(absl::StrContains(out.host, "$(")
+                     ? "an unexpanded $(VAR): the pod must define that environment variable"
+                     : "the host is no DNS name or IP address");
+    }
   }
   if (out.host.empty()) return bad("empty host");
   if (port_text.empty() || port_text.size() > 5 ||
@@ -85,7 +98,10 @@ absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::str
   absl::StatusOr<HostPort> parsed = ParseHostPort(has_port ? text : text + ":0", field);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": expected host or host:port, got '", text, "'"));
+        field, ": expected host or host:port, got '", text, "'",
+        absl::StrContains(text, "$(")
+            ? " (an unexpanded $(VAR): the pod must define that environment variable)"
+            : ""));
   }
   if (IsWildcardHost(parsed->host)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -95,8 +95,11 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   const std::string router =
       flags->count("router") ? flags->at("router") : config->router.listen.ToString();
   if (flags->count("router")) {
-    if (auto parsed = ParseHostPort(router, "--router"); !parsed.ok()) {
-      return Fail(std::string(parsed.status().message()));
+    auto parsed = ParseHostPort(router, "--router");
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    if (parsed->port == 0) {
+      return Fail(absl::StrCat("--router: port 0 cannot be dialled; give the router's port (got '",
+                               router, "')"));
     }
   }
   rpc::SetLogComponent(name);

@@ -495,6 +495,28 @@ TEST(HostPortTest, RejectsBadForms) {
   }
 }
 
+// What a Kubernetes manifest gets wrong: an env var the pod does not
+// define ($(POD_IP) passed as is), a URL, a stray character.
+TEST(HostPortTest, NamesTheMistakeOfAManifest) {
+  struct Case {
+    const char* text;
+    const char* why;
+  } cases[] = {{"$(POD_IP):50051", "an unexpanded $(VAR): the pod must define that environment variable"},
+               {"http://127.0.0.1:50051", "no scheme such as http://"},
+               {"router!:80", "the host is no DNS name or IP address"}};
+  for (const Case& c : cases) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(c.text, "--router");
+    ASSERT_FALSE(hp.ok()) << c.text;
+    EXPECT_EQ(hp.status().message(),
+              absl::StrCat("--router: expected host:port, got '", c.text, "' (", c.why, ")"));
+  }
+  absl::StatusOr<Advertise> a = ParseAdvertise("$(POD_IP)", "--advertise");
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().message(),
+            "--advertise: expected host or host:port, got '$(POD_IP)' (an unexpanded $(VAR): the "
+            "pod must define that environment variable)");
+}
+
 TEST(AdvertiseTest, ParsesHostOrHostPortAndRefusesWildcards) {
   struct Case {
     const char* text;

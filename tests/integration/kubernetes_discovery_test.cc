@@ -427,6 +427,13 @@ TEST_F(KubernetesDiscoveryTest, ConfigEntryErrorsNameTheEntry) {
   r = run({"--config-entry", "decode-0", "--router", "no-port"});
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_THAT(r.err, HasSubstr("--router: expected host:port, got 'no-port'"));
+  r = run({"--config-entry", "decode-0", "--router", "127.0.0.1:0"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "--router: port 0 cannot be dialled; give the router's port (got "
+                   "'127.0.0.1:0')\n");
+  r = run({"--config-entry", "decode-0", "--advertise", "$(POD_IP)"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr("an unexpanded $(VAR)"));
   // A wildcard listen without advertise: the key names the entry.
   ClusterOptions wildcard;
   wildcard.worker_listen_host = "0.0.0.0";
