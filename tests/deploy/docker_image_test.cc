@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -241,6 +243,37 @@ TEST(DockerImageTest, EveryCopySourceExistsAndIsInTheBuildContext) {
       stages_so_far.insert(stage.name);
     }
     EXPECT_GT(sources, 0);
+  }
+}
+
+// The build stage copies every file the top-level CMakeLists.txt
+// include()s (cmake/*.cmake): without one, the image's cmake fails.
+TEST(DockerImageTest, BuildStageCopiesEveryIncludedCmakeFile) {
+  std::vector<std::string> included;
+  for (absl::string_view line :
+       absl::StrSplit(ReadFileOrDie(absl::StrCat(kSourceDir, "/CMakeLists.txt")), '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!absl::ConsumePrefix(&line, "include(") || !absl::ConsumeSuffix(&line, ")")) continue;
+    if (absl::EndsWith(line, ".cmake")) included.emplace_back(line);
+  }
+  ASSERT_THAT(included, ::testing::Contains("cmake/precompiled_headers.cmake"));  // the parse works
+  for (const char* image : kImages) {
+    SCOPED_TRACE(image);
+    const Dockerfile file = LoadImage(image);
+    ASSERT_FALSE(file.stages.empty());
+    std::vector<std::string> copied;  // sources of the build stage's COPYs
+    for (const DockerInstruction& i : file.stages.front().instructions) {
+      if (i.keyword != "COPY") continue;
+      absl::StatusOr<DockerCopy> copy = ParseCopy(i.args);
+      ASSERT_TRUE(copy.ok()) << "line " << i.line << ": " << copy.status();
+      if (copy->from.empty()) copied.insert(copied.end(), copy->sources.begin(), copy->sources.end());
+    }
+    for (const std::string& file_name : included) {
+      const bool found = std::any_of(copied.begin(), copied.end(), [&](const std::string& src) {
+        return file_name == src || absl::StartsWith(file_name, absl::StrCat(src, "/"));
+      });
+      EXPECT_TRUE(found) << file_name << " is included by CMakeLists.txt but not copied";
+    }
   }
 }
 
