@@ -126,15 +126,15 @@ TEST(BackendFromConfigTest, RefusalsNameTheKeyInOneLine) {
   ASSERT_TRUE(model.ok()) << model.status();
   // The config file refuses this too (cluster_config_test); the factory
   // is the last line for configurations built in code.
-  auto bf16 = ParseClusterConfig("decode_workers: [{name: d}]\n");
-  ASSERT_TRUE(bf16.ok()) << bf16.status();
-  bf16->engine.kv_cache_dtype = kv::KvDtype::kBF16;
-  auto refused = BackendFromConfig(*bf16, **model, bf16->decode_workers[0]);
+  auto variant = ParseClusterConfig("decode_workers: [{name: d}]\n");
+  ASSERT_TRUE(variant.ok()) << variant.status();
+  variant->engine.batch_invariant = false;
+  auto refused = BackendFromConfig(*variant, **model, variant->decode_workers[0]);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(refused.status().message(),
-            "engine.kv_cache_dtype: bf16 on engine.device cpu, but the CPU backend holds F32 KV "
-            "only (set engine.kv_cache_dtype: f32, or run this worker on cuda:N)");
+            "engine.batch_invariant: false on engine.device cpu, but the CPU backend is always "
+            "batch-invariant (remove the key or set it true)");
 
   auto gpu = ParseClusterConfig("decode_workers: [{name: d, device: \"cuda:2\"}]\n");
   ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -29,8 +29,8 @@ TEST_F(Kv16ClusterTest, RemoteAndLocalPrefillGiveTheF16GoldenIds) {
   ClusterOptions options;
   options.kv_cache_dtype = "f16";
   ASSERT_NO_FATAL_FAILURE(StartCluster(options));
-  for (auto* status : {&LocalCluster::PrefillStatus, &LocalCluster::DecodeStatus}) {
-    absl::StatusOr<v1::WorkerStatus> s = (cluster().*status)(absl::Seconds(5));
+  for (const absl::StatusOr<v1::WorkerStatus>& s :
+       {cluster().PrefillStatus(), cluster().DecodeStatus()}) {
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_TRUE(absl::EndsWith(s->kv_layout_id(), "/L5.H4.D8/f16")) << s->kv_layout_id();
   }
