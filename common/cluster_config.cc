@@ -718,12 +718,6 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
   // (backend::CreateBackend), refused here once, before any process runs.
   for (const WorkerConfig* w : all) {
     if (c.WorkerDevice(*w).is_cuda()) continue;
-    if (c.WorkerKvDtype(*w) != kv::KvDtype::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "engine.kv_cache_dtype: ", kv::KvDtypeName(c.WorkerKvDtype(*w)), ", but ", w->name,
-          " runs on cpu, whose backend holds F32 KV only (set engine.kv_cache_dtype: f32, or "
-          "run that worker on cuda:N)"));
-    }
     if (!c.engine.batch_invariant) {
       return absl::InvalidArgumentError(absl::StrCat(
           "engine.batch_invariant: false, but ", w->name,

@@ -187,8 +187,8 @@ struct EngineConfig {
   // `device:`.
   backend::DeviceSpec device;
   // engine.kv_cache_dtype: f32, f16 or bf16; unset: each worker's device's
-  // default (WorkerKvDtype). The CPU backend holds f32 only (a worker on
-  // cpu refuses another at start).
+  // default (WorkerKvDtype). Both backends hold all three (the CPU's
+  // f16/bf16 halve its KV memory and the bytes attention reads).
   std::optional<kv::KvDtype> kv_cache_dtype;
   // engine.gpu_memory_fraction, in (0, 1]: the share of a GPU's total
   // memory a CUDA worker may use in all (weights, activations, workspaces,

@@ -51,8 +51,8 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
 // BackendOptionsFromConfig. Errors (a start-up refusal the worker prints in
 // one line before exiting non-zero): CreateBackend's, e.g.
 // FAILED_PRECONDITION "engine.device: cuda:0, but this machine has no CUDA
-// GPU (...)", INVALID_ARGUMENT "engine.kv_cache_dtype: bf16 on
-// engine.device cpu, but the CPU backend holds F32 KV only (...)".
+// GPU (...)", INVALID_ARGUMENT "engine.batch_invariant: false on
+// engine.device cpu, but the CPU backend is always batch-invariant (...)".
 absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
     const ClusterConfig& config, const ModelBundle& model, const WorkerConfig& worker,
     const backend::DeviceQuery& query = backend::SystemDeviceQuery());

@@ -26,8 +26,8 @@ struct BackendOptions {
   // The config key `device` came from, named in the refusals
   // ("engine.device" or "decode_workers[0].device").
   std::string device_key = "engine.device";
-  // engine.kv_cache_dtype: the CPU backend holds F32 only; CUDA: any
-  // (default bf16 there: the config layer fills it in).
+  // engine.kv_cache_dtype: f32, f16 or bf16 on either backend (the config
+  // layer fills in the device's default: f32 on cpu, bf16 on cuda:N).
   kv::KvDtype kv_cache_dtype = kv::KvDtype::kF32;
   int32_t block_size = 16;      // engine.block_size, tokens
   // CPU: the pool, blocks. CUDA: a cap on the planned pool when
@@ -56,7 +56,7 @@ struct BackendOptions {
 // cuda::CudaBackend::Create builds it. Errors, one line naming the key and
 // the numbers: FAILED_PRECONDITION for cuda:N without such a GPU (or one
 // the runtime cannot describe) or in a build without CUDA, INVALID_ARGUMENT for an option the
-// device does not have (kv_cache_dtype other than f32 on the CPU),
+// device does not have (batch_invariant false on the CPU),
 // RESOURCE_EXHAUSTED when the model or one KV block does not fit
 // (PlanGpuMemory).
 absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(

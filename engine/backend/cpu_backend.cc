@@ -7,8 +7,8 @@ std::string CpuBitExactClass() {
 }
 
 CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size,
-                       int32_t num_blocks)
-    : model_(model), storage_(model->kv_shape(block_size), num_blocks) {}
+                       int32_t num_blocks, kv::KvDtype kv_dtype)
+    : model_(model), storage_(model->kv_shape(block_size), num_blocks, kv_dtype) {}
 
 absl::Status CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
                                  std::vector<sampling::SamplingView>* views) {

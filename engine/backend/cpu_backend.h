@@ -1,5 +1,5 @@
 // The CPU backend: LlamaModel's batch-invariant forward (engine/model) over
-// an F32 CpuKvStorage, and the sampling reduction computed from the full
+// a CpuKvStorage in engine.kv_cache_dtype (F32, F16 or BF16), and the sampling reduction computed from the full
 // logits on the host (sampling::BuildSamplingView).
 //
 // Owns: the KV memory, the logits buffer. Does not touch: the model's
@@ -26,8 +26,10 @@ std::string CpuBitExactClass();
 class CpuBackend final : public ModelBackend {
  public:
   // `model` must outlive the backend. Allocates num_blocks zeroed blocks of
-  // block_size tokens (model->kv_shape(block_size), F32).
-  CpuBackend(const model::LlamaModel* model, int32_t block_size, int32_t num_blocks);
+  // block_size tokens (model->kv_shape(block_size)) in `kv_dtype`:
+  // kv::CpuKvStorage::BytesFor bytes, half as many for F16/BF16 as for F32.
+  CpuBackend(const model::LlamaModel* model, int32_t block_size, int32_t num_blocks,
+             kv::KvDtype kv_dtype = kv::KvDtype::kF32);
 
   const model::LlamaConfig& config() const override { return model_->config(); }
   kv::KvStorage& kv_storage() override { return storage_; }

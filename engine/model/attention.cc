@@ -1,11 +1,18 @@
 #include "engine/model/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
+
+#include "engine/gguf/half.h"
+#include "engine/kv/kv_convert.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TANDEM_ATTENTION_X86 1
+#include <immintrin.h>
 #endif
 
 // The 8-float vector type below is only passed between inlined functions
@@ -15,11 +22,142 @@
 namespace tandem::model::internal {
 namespace {
 
+typedef float Float8 __attribute__((vector_size(32)));
+typedef float Float16 __attribute__((vector_size(64)));
+
+// How the kernels below read K/V elements of one dtype: `T` is the stored
+// type, Load<V>(p) widens the sizeof(V) / 4 elements at p to a float vector
+// V (Float8 or Float16), One(p) the element at p. Widening is exact for
+// every type (F16: gguf::HalfToFloat's values; BF16: bits << 16), so the
+// arithmetic after it, and therefore every result bit, depends on the
+// dtype's values only, never on which reader the ISA build uses. A
+// signalling NaN in an F16 cache (never written by WriteKvRows) may widen
+// with its quiet bit set on F16C, which changes only a NaN's payload.
+struct F32Elems {
+  using T = float;
+  template <typename V>
+  [[gnu::always_inline]] static V Load(const float* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  [[gnu::always_inline]] static float One(const float* p) { return *p; }
+};
+
+// BF16: the high half of a binary32 (ggml_compute_bf16_to_fp32), widened
+// with integer vector ops that every ISA build vectorizes.
+struct Bf16Elems {
+  using T = uint16_t;
+  typedef uint16_t U16x8 __attribute__((vector_size(16)));
+  typedef uint16_t U16x16 __attribute__((vector_size(32)));
+  typedef uint32_t U32x8 __attribute__((vector_size(32)));
+  typedef uint32_t U32x16 __attribute__((vector_size(64)));
+  template <typename V>
+  [[gnu::always_inline]] static V Load(const uint16_t* p) {
+    if constexpr (sizeof(V) == sizeof(Float8)) {
+      return Widen<U16x8, U32x8, V>(p);
+    } else {
+      return Widen<U16x16, U32x16, V>(p);
+    }
+  }
+  template <typename H, typename W, typename V>
+  [[gnu::always_inline]] static V Widen(const uint16_t* p) {
+    H h;
+    std::memcpy(&h, p, sizeof h);
+    const W bits = __builtin_convertvector(h, W) << 16;
+    V v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
+  [[gnu::always_inline]] static float One(const uint16_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return kv::Bf16ToFloat(h);
+  }
+};
+
+// F16 without F16C: gguf::HalfToFloat per element (the portable build).
+struct F16Elems {
+  using T = uint16_t;
+  [[gnu::always_inline]] static float One(const uint16_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return gguf::HalfToFloat(h);
+  }
+  template <typename V>
+  [[gnu::always_inline]] static V Load(const uint16_t* p) {
+    V v;
+    for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) v[i] = One(p + i);
+    return v;
+  }
+};
+
+#ifdef TANDEM_ATTENTION_X86
+// F16 with F16C (VCVTPH2PS: exact, as HalfToFloat). These carry their own
+// target and are not always_inline (GCC refuses to inline a target function
+// into the ISA-neutral templates); the ISA entry points below are
+// [[gnu::flatten]], which inlines them there.
+struct F16Avx2Elems : F16Elems {
+  template <typename V>
+  __attribute__((target("avx2,f16c"))) static V Load(const uint16_t* p) {
+    if constexpr (sizeof(V) == sizeof(Float8)) {
+      return reinterpret_cast<V>(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else {
+      const Float8 lo = Load<Float8>(p), hi = Load<Float8>(p + 8);
+      return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                     15);
+    }
+  }
+};
+
+struct F16Avx512Elems : F16Elems {
+  template <typename V>
+  __attribute__((target("avx512f,avx2,f16c"))) static V Load(const uint16_t* p) {
+    if constexpr (sizeof(V) == sizeof(Float8)) {
+      return reinterpret_cast<V>(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else {
+      return reinterpret_cast<V>(
+          _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    }
+  }
+};
+#endif
+
+// Base of K (or V) rows of `layer` in block `block` of the pool, as E::T.
+template <typename E>
+[[gnu::always_inline]] inline const typename E::T* KRows(const AttentionSpan& kv,
+                                                         int32_t block) {
+  return reinterpret_cast<const typename E::T*>(kv.pool->KData(block, kv.layer));
+}
+template <typename E>
+[[gnu::always_inline]] inline const typename E::T* VRows(const AttentionSpan& kv,
+                                                         int32_t block) {
+  return reinterpret_cast<const typename E::T*>(kv.pool->VData(block, kv.layer));
+}
+
+// out[0, kChunk) = the kChunk elements at p widened (E::Load 16, then 8,
+// then one at a time): one value row's slice, held in registers.
+template <typename E, size_t kChunk>
+[[gnu::always_inline]] inline void WidenChunk(const typename E::T* p, float* out) {
+  size_t d = 0;
+  for (; d + 16 <= kChunk; d += 16) {
+    const Float16 v = E::template Load<Float16>(p + d);
+    std::memcpy(out + d, &v, sizeof v);
+  }
+  for (; d + 8 <= kChunk; d += 8) {
+    const Float8 v = E::template Load<Float8>(p + d);
+    std::memcpy(out + d, &v, sizeof v);
+  }
+  for (; d < kChunk; ++d) out[d] = E::One(p + d);
+}
+
 // out[d] for d < kChunk: sum_j p_j * v_j[d] over j ascending, with p_j =
 // scores[j] * inv, the kChunk sums held in registers across all j (the
 // compiler unrolls the fixed-size inner loop). v_j[d] = V(block of j)[row j
 // % block_size][kv_off + d].
-template <size_t kChunk>
+template <typename E, size_t kChunk>
 [[gnu::always_inline]] inline void AccumulateValues(const AttentionSpan& kv, size_t kv_off,
                                                     const float* scores, float inv,
                                                     float* out) {
@@ -27,12 +165,18 @@ template <size_t kChunk>
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   float acc[kChunk] = {};
   for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
-    const float* v =
-        kv.pool->V(kv.block_table[static_cast<size_t>(j0 / s.block_size)], kv.layer) + kv_off;
+    const typename E::T* v =
+        VRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]) + kv_off;
     const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
     for (int32_t j = j0; j < j1; ++j, v += kv_dim) {
       const float p = scores[j] * inv;
-      for (size_t d = 0; d < kChunk; ++d) acc[d] = acc[d] + p * v[d];
+      if constexpr (std::is_same_v<typename E::T, float>) {
+        for (size_t d = 0; d < kChunk; ++d) acc[d] = acc[d] + p * v[d];
+      } else {
+        float vf[kChunk];
+        WidenChunk<E, kChunk>(v, vf);
+        for (size_t d = 0; d < kChunk; ++d) acc[d] = acc[d] + p * vf[d];
+      }
     }
   }
   for (size_t d = 0; d < kChunk; ++d) out[d] = acc[d];
@@ -43,8 +187,6 @@ template <size_t kChunk>
 // a[i] * b[i] for i = j mod 8 (multiply, then add), the lanes combine as
 // ((0+4)+(2+6))+((1+5)+(3+7)), then the tail in index order. Same bits as
 // Dot.
-typedef float Float8 __attribute__((vector_size(32)));
-
 [[gnu::always_inline]] inline float CombineLanes(Float8 acc) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
@@ -54,8 +196,6 @@ typedef float Float8 __attribute__((vector_size(32)));
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-
-typedef float Float16 __attribute__((vector_size(64)));
 
 // The 8 lanes Combine8 reduces: an 8-lane sum as it is, a 16-lane one
 // folded as lane l + lane l + 8.
@@ -68,9 +208,9 @@ typedef float Float16 __attribute__((vector_size(64)));
 // out[t] = a . b[t] for t < kKeys with the lanes of V (Float8 or Float16):
 // kKeys independent lane sets in one pass over a, so their add chains
 // overlap.
-template <typename V, int kKeys>
-[[gnu::always_inline]] inline void DotLanesOf(const float* a, const float* const* b, size_t n,
-                                              float* out) {
+template <typename E, typename V, int kKeys>
+[[gnu::always_inline]] inline void DotLanesOf(const float* a, const typename E::T* const* b,
+                                              size_t n, float* out) {
   constexpr size_t kWidth = sizeof(V) / sizeof(float);
   V acc[kKeys] = {};
   const size_t nw = n - n % kWidth;
@@ -78,25 +218,24 @@ template <typename V, int kKeys>
     V va;
     std::memcpy(&va, a + i, sizeof va);
     for (int t = 0; t < kKeys; ++t) {
-      V vb;
-      std::memcpy(&vb, b[t] + i, sizeof vb);
+      const V vb = E::template Load<V>(b[t] + i);
       acc[t] = acc[t] + va * vb;
     }
   }
   for (int t = 0; t < kKeys; ++t) {
     float sum = CombineLanes(Fold(acc[t]));
-    for (size_t i = nw; i < n; ++i) sum += a[i] * b[t][i];
+    for (size_t i = nw; i < n; ++i) sum += a[i] * E::One(b[t] + i);
     out[t] = sum;
   }
 }
 
 // out[t] = a . b[t] for t < kKeys in the order attention.h documents:
 // 16 lanes when n >= 16, else 8.
-template <int kKeys>
-[[gnu::always_inline]] inline void DotLanes(const float* a, const float* const* b, size_t n,
-                                            float* out) {
-  if (n >= 16) return DotLanesOf<Float16, kKeys>(a, b, n, out);
-  DotLanesOf<Float8, kKeys>(a, b, n, out);
+template <typename E, int kKeys>
+[[gnu::always_inline]] inline void DotLanes(const float* a, const typename E::T* const* b,
+                                            size_t n, float* out) {
+  if (n >= 16) return DotLanesOf<E, Float16, kKeys>(a, b, n, out);
+  DotLanesOf<E, Float8, kKeys>(a, b, n, out);
 }
 
 typedef int32_t Int8 __attribute__((vector_size(32)));
@@ -153,6 +292,7 @@ typedef double Double4 __attribute__((vector_size(32)));
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
+template <typename E>
 [[gnu::always_inline]] inline void Attend(const AttentionSpan& kv, const float* q,
                                           float scale, float* out, float* scores) {
   const kv::KvShape& s = kv.pool->shape();
@@ -163,15 +303,15 @@ typedef double Double4 __attribute__((vector_size(32)));
   // asked for each block's rows once.
   float max = -INFINITY;
   for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
-    const float* k =
-        kv.pool->K(kv.block_table[static_cast<size_t>(j0 / s.block_size)], kv.layer) + kv_off;
+    const typename E::T* k =
+        KRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]) + kv_off;
     const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
     int32_t j = j0;
     for (; j + 4 <= j1; j += 4, k += 4 * kv_dim) {
-      const float* keys[4] = {k, k + kv_dim, k + 2 * kv_dim, k + 3 * kv_dim};
-      DotLanes<4>(q, keys, hd, &scores[j]);
+      const typename E::T* keys[4] = {k, k + kv_dim, k + 2 * kv_dim, k + 3 * kv_dim};
+      DotLanes<E, 4>(q, keys, hd, &scores[j]);
     }
-    for (; j < j1; ++j, k += kv_dim) DotLanes<1>(q, &k, hd, &scores[j]);
+    for (; j < j1; ++j, k += kv_dim) DotLanes<E, 1>(q, &k, hd, &scores[j]);
     for (j = j0; j < j1; ++j) {
       scores[j] = scores[j] * scale;
       max = std::max(max, scores[j]);
@@ -181,62 +321,83 @@ typedef double Double4 __attribute__((vector_size(32)));
   // Chunks of 64, 32, 16, 8 and 1 output elements; each element's sum is
   // the same whichever chunk holds it.
   size_t d = 0;
-  for (; d + 64 <= hd; d += 64) AccumulateValues<64>(kv, kv_off + d, scores, inv, out + d);
-  if (d + 32 <= hd) AccumulateValues<32>(kv, kv_off + d, scores, inv, out + d), d += 32;
-  if (d + 16 <= hd) AccumulateValues<16>(kv, kv_off + d, scores, inv, out + d), d += 16;
-  if (d + 8 <= hd) AccumulateValues<8>(kv, kv_off + d, scores, inv, out + d), d += 8;
-  for (; d < hd; ++d) AccumulateValues<1>(kv, kv_off + d, scores, inv, out + d);
+  for (; d + 64 <= hd; d += 64) AccumulateValues<E, 64>(kv, kv_off + d, scores, inv, out + d);
+  if (d + 32 <= hd) AccumulateValues<E, 32>(kv, kv_off + d, scores, inv, out + d), d += 32;
+  if (d + 16 <= hd) AccumulateValues<E, 16>(kv, kv_off + d, scores, inv, out + d), d += 16;
+  if (d + 8 <= hd) AccumulateValues<E, 8>(kv, kv_off + d, scores, inv, out + d), d += 8;
+  for (; d < hd; ++d) AccumulateValues<E, 1>(kv, kv_off + d, scores, inv, out + d);
 }
 
+template <typename E>
 void AttendGeneric(const AttentionSpan& kv, const float* q, float scale, float* out,
                    float* scores) {
-  Attend(kv, q, scale, out, scores);
+  Attend<E>(kv, q, scale, out, scores);
 }
 
 #ifdef TANDEM_ATTENTION_X86
-__attribute__((target("avx2,fma"))) void AttendAvx2(const AttentionSpan& kv, const float* q,
-                                                float scale, float* out, float* scores) {
-  Attend(kv, q, scale, out, scores);
+template <typename E>
+[[gnu::flatten]] __attribute__((target("avx2,fma,f16c"))) void AttendAvx2(
+    const AttentionSpan& kv, const float* q, float scale, float* out, float* scores) {
+  Attend<E>(kv, q, scale, out, scores);
 }
 
-__attribute__((target("avx512f,avx2,fma"))) void AttendAvx512(const AttentionSpan& kv,
-                                                          const float* q, float scale,
-                                                          float* out, float* scores) {
-  Attend(kv, q, scale, out, scores);
+template <typename E>
+[[gnu::flatten]] __attribute__((target("avx512f,avx2,fma,f16c"))) void AttendAvx512(
+    const AttentionSpan& kv, const float* q, float scale, float* out, float* scores) {
+  Attend<E>(kv, q, scale, out, scores);
 }
 #endif
 
 using AttendFn = void (*)(const AttentionSpan&, const float*, float, float*, float*);
 
-AttendFn AttendFor(KernelIsaKind isa) {
+// The entry point for `isa` (kGeneric when this CPU cannot run it) and the
+// pool's dtype. Every KernelIsaKind other than kGeneric implies F16C
+// (cpu_kernels.cc's detection requires it).
+AttendFn AttendFor(KernelIsaKind isa, kv::KvDtype dtype) {
   switch (KernelIsaSupported(isa) ? isa : KernelIsaKind::kGeneric) {
 #ifdef TANDEM_ATTENTION_X86
     case KernelIsaKind::kAvx512:
-      return AttendAvx512;
+      switch (dtype) {
+        case kv::KvDtype::kF32: return AttendAvx512<F32Elems>;
+        case kv::KvDtype::kF16: return AttendAvx512<F16Avx512Elems>;
+        case kv::KvDtype::kBF16: return AttendAvx512<Bf16Elems>;
+      }
+      break;
     case KernelIsaKind::kAvx2:
-      return AttendAvx2;
+      switch (dtype) {
+        case kv::KvDtype::kF32: return AttendAvx2<F32Elems>;
+        case kv::KvDtype::kF16: return AttendAvx2<F16Avx2Elems>;
+        case kv::KvDtype::kBF16: return AttendAvx2<Bf16Elems>;
+      }
+      break;
 #endif
     default:
-      return AttendGeneric;
+      break;
   }
+  switch (dtype) {
+    case kv::KvDtype::kF32: return AttendGeneric<F32Elems>;
+    case kv::KvDtype::kF16: return AttendGeneric<F16Elems>;
+    case kv::KvDtype::kBF16: return AttendGeneric<Bf16Elems>;
+  }
+  std::abort();  // a dtype outside KvDtype: a caller bug
 }
 
 }  // namespace
 
 void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
                        float scale, float* out, float* scores) {
-  AttendFor(isa)(kv, q, scale, out, scores);
+  AttendFor(isa, kv.pool->dtype())(kv, q, scale, out, scores);
 }
 
 void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
                 float* scores) {
-  static const AttendFn fn = [] {
+  static const KernelIsaKind isa = [] {
     for (KernelIsaKind isa : {KernelIsaKind::kAvx512, KernelIsaKind::kAvx2}) {
-      if (KernelIsaSupported(isa)) return AttendFor(isa);
+      if (KernelIsaSupported(isa)) return isa;
     }
-    return AttendFor(KernelIsaKind::kGeneric);
+    return KernelIsaKind::kGeneric;
   }();
-  fn(kv, q, scale, out, scores);
+  AttendFor(isa, kv.pool->dtype())(kv, q, scale, out, scores);
 }
 
 }  // namespace tandem::model::internal

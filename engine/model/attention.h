@@ -11,8 +11,14 @@
 //   sum = sum_j e_j in double, 4 lanes (lane l: j = l mod 4, ascending),
 //         combined (l0 + l2) + (l1 + l3)
 //   out[d] = sum_j (e_j * (1 / sum)) * v_j[d], j ascending from 0.0f
+// where k_j and v_j are the cache's rows widened exactly to F32 (an F16 or
+// BF16 cache, kv::CpuKvStorage's dtype, is widened 8 or 16 elements at a
+// time in registers as they are read: F16C's VCVTPH2PS in the AVX2 and
+// AVX-512 builds, gguf::HalfToFloat in the portable one, bits << 16 for
+// BF16; no F32 copy of the cache is made), so a 16-bit cache reads half
+// the bytes and changes the values, never the arithmetic order.
 // Every step depends only on pos and the values, never on the batch, the
-// thread or the instruction set: the AVX2 / AVX-512 builds of this code
+// thread, the instruction set or the widening path: the AVX2 / AVX-512 builds of this code
 // keep each output element's products and sums (no FMA: -ffp-contract=off)
 // and differ from the portable build only in holding `out` in vector
 // registers, so all three give the same bits.
@@ -33,7 +39,7 @@ namespace tandem::model::internal {
 // layer `layer`, positions [0, pos] of the sequence whose block table is
 // `block_table` (which must cover pos + 1 tokens).
 struct AttentionSpan {
-  const kv::CpuKvStorage* pool = nullptr;  // the KV cache memory
+  const kv::CpuKvStorage* pool = nullptr;  // the KV cache memory, any dtype
   std::span<const int32_t> block_table;
   int32_t layer = 0;
   int32_t kv_head = 0;

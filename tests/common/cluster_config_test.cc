@@ -766,15 +766,15 @@ decode_workers:
 }
 
 // What the CPU backend refuses is refused when the file is read, once,
-// naming the key and the worker (tandem up then starts nothing).
+// naming the key and the worker (tandem up then starts nothing). Every KV
+// dtype is held on cpu (f16/bf16 since issue #19).
 TEST(ClusterConfigTest, CpuWorkersRefuseWhatTheCpuBackendCannotDo) {
-  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {kv_cache_dtype: bf16}\n"),
-            "engine.kv_cache_dtype: bf16, but decode-0 runs on cpu, whose backend holds F32 KV only "
-            "(set engine.kv_cache_dtype: f32, or run that worker on cuda:N)");
-  EXPECT_EQ(ErrorOf("decode_workers:\n  - {name: g, device: \"cuda:0\"}\n  - {name: h, "
-                    "device: cpu}\nengine: {kv_cache_dtype: f16}\n"),
-            "engine.kv_cache_dtype: f16, but h runs on cpu, whose backend holds F32 KV only "
-            "(set engine.kv_cache_dtype: f32, or run that worker on cuda:N)");
+  for (const char* dtype : {"f32", "f16", "bf16"}) {
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+        absl::StrCat(kMinimal, "engine: {kv_cache_dtype: ", dtype, "}\n"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_STREQ(kv::KvDtypeName(c->WorkerKvDtype(c->decode_workers[0])), dtype);
+  }
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {batch_invariant: false}\n"),
             "engine.batch_invariant: false, but decode-0 runs on cpu, whose backend is always "
             "batch-invariant (remove the key, or run every worker on cuda:N)");

@@ -64,6 +64,35 @@ TEST(ExpectedKvLayoutTest, FollowsEachWorkersDeviceAndKvDtype) {
             prefix + "f16");
 }
 
+// CPU workers hold engine.kv_cache_dtype (f16/bf16 since issue #19): the
+// layout a CPU backend really has names its dtype, so a prefill worker
+// with F32 KV and a decode worker with F16 KV are refused by the KV
+// handshake's layout check (FAILED_PRECONDITION naming the dtype field).
+TEST(ExpectedKvLayoutTest, CpuWorkersWithDifferentKvDtypesAreIncompatible) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string prefix = "kv3/" + (*model)->fingerprint + "/L5.H4.D8/";
+  std::vector<kvtransfer::KvLayout> layouts;
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+    ClusterConfig config;
+    config.engine.num_kv_blocks = 4;
+    config.engine.kv_cache_dtype = dtype;
+    const WorkerConfig worker;
+    auto backend = BackendFromConfig(config, **model, worker);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->kv_storage().dtype(), dtype);
+    layouts.push_back(KvLayoutFor((*backend)->kv_storage(), (*model)->fingerprint));
+    EXPECT_EQ(layouts.back().LayoutId(), prefix + kv::KvDtypeName(dtype));
+    EXPECT_EQ(ExpectedKvLayout(config, **model, worker).LayoutId(), layouts.back().LayoutId());
+  }
+  const absl::Status f32_vs_f16 = kvtransfer::CheckCompatible(layouts[0], layouts[1]);
+  EXPECT_EQ(f32_vs_f16.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f32_vs_f16.message(), "KV layout mismatch in field 'dtype': local f32, remote f16");
+  EXPECT_EQ(kvtransfer::CheckCompatible(layouts[1], layouts[2]).message(),
+            "KV layout mismatch in field 'dtype': local f16, remote bf16");
+  EXPECT_TRUE(kvtransfer::CheckCompatible(layouts[1], layouts[1]).ok());
+}
+
 TEST(BackendOptionsFromConfigTest, CopiesTheWorkersDeviceAndEngineKeys) {
   auto config = ParseClusterConfig(R"(
 decode_workers:
@@ -97,15 +126,15 @@ TEST(BackendFromConfigTest, RefusalsNameTheKeyInOneLine) {
   ASSERT_TRUE(model.ok()) << model.status();
   // The config file refuses this too (cluster_config_test); the factory
   // is the last line for configurations built in code.
-  auto bf16 = ParseClusterConfig("decode_workers: [{name: d}]\n");
-  ASSERT_TRUE(bf16.ok()) << bf16.status();
-  bf16->engine.kv_cache_dtype = kv::KvDtype::kBF16;
-  auto refused = BackendFromConfig(*bf16, **model, bf16->decode_workers[0]);
+  auto variant = ParseClusterConfig("decode_workers: [{name: d}]\n");
+  ASSERT_TRUE(variant.ok()) << variant.status();
+  variant->engine.batch_invariant = false;
+  auto refused = BackendFromConfig(*variant, **model, variant->decode_workers[0]);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(refused.status().message(),
-            "engine.kv_cache_dtype: bf16 on engine.device cpu, but the CPU backend holds F32 KV "
-            "only (set engine.kv_cache_dtype: f32, or run this worker on cuda:N)");
+            "engine.batch_invariant: false on engine.device cpu, but the CPU backend is always "
+            "batch-invariant (remove the key or set it true)");
 
   auto gpu = ParseClusterConfig("decode_workers: [{name: d, device: \"cuda:2\"}]\n");
   ASSERT_TRUE(gpu.ok()) << gpu.status();

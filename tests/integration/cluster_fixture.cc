@@ -160,6 +160,7 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_num_batched_tokens: ", o.max_num_batched_tokens, "\n",
       "  prefill_chunk_tokens: ", o.prefill_chunk_tokens, "\n",
       "  enable_prefix_caching: ", o.enable_prefix_caching ? "true" : "false", "\n",
+      o.kv_cache_dtype.empty() ? "" : absl::StrCat("  kv_cache_dtype: ", o.kv_cache_dtype, "\n"),
       "conditional:\n"
       "  max_local_prefill_tokens: ",
       o.max_local_prefill_tokens == kUnboundedLocalPrefillTokens

@@ -85,6 +85,9 @@ struct ClusterOptions {
   int32_t max_num_batched_tokens = 2048;   // engine.max_num_batched_tokens, per step
   int32_t prefill_chunk_tokens = 512;      // engine.prefill_chunk_tokens, per sequence
   bool enable_prefix_caching = true;       // engine.enable_prefix_caching
+  // engine.kv_cache_dtype of both workers (f32, f16, bf16); empty: not
+  // written (the device's default, f32 on cpu).
+  std::string kv_cache_dtype;
   // conditional.max_local_prefill_tokens; kUnboundedLocalPrefillTokens
   // (common/cluster_config.h) is written as `unbounded`.
   int32_t max_local_prefill_tokens = 32;

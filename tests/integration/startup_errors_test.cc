@@ -238,23 +238,6 @@ TEST_P(WorkerBackendRefusalTest, Cuda0WithoutAGpuNamesEngineDevice) {
   EXPECT_THAT(line, ::testing::StartsWith("engine.device: cuda:0, but this "));
 }
 
-// The CPU backend holds F32 KV only: bf16 is refused when the config is
-// read (before the model loads), in one line naming the key and a cpu
-// worker.
-TEST_P(WorkerBackendRefusalTest, Bf16KvOnCpuNamesEngineKvCacheDtype) {
-  const std::string yaml = absl::StrReplaceAll(
-      ClusterYaml(ClusterOptions()), {{"  threads: 1\n", "  threads: 1\n  kv_cache_dtype: bf16\n"}});
-  ASSERT_THAT(yaml, HasSubstr("kv_cache_dtype"));
-  const std::string config = Write("cluster.yaml", yaml);
-  const std::string line =
-      ExpectBackendRefusal(RunProcess(ServerArgv(GetParam(), config, ModelPath()), kExitTimeout),
-                           "engine.kv_cache_dtype");
-  EXPECT_THAT(line, ::testing::EndsWith(absl::StrCat(
-                        "engine.kv_cache_dtype: bf16, but ", LocalCluster::kPrefillName,
-                        " runs on cpu, whose backend holds F32 KV only (set "
-                        "engine.kv_cache_dtype: f32, or run that worker on cuda:N)")));
-}
-
 // --gpu-memory-fraction is validated before the model loads: one line.
 TEST_P(WorkerBackendRefusalTest, GpuMemoryFractionFlagIsValidated) {
   const std::string config = Write("cluster.yaml", ClusterYaml(ClusterOptions()));

@@ -33,13 +33,12 @@ class NoCudaQuery final : public DeviceQuery {
 #endif
 
 // The CPU backend's refusals: options it does not have are refused rather
-// than ignored.
+// than ignored. (Every KvDtype is held: F32, F16, BF16.)
 absl::Status CheckCpuOptions(const BackendOptions& options) {
-  if (options.kv_cache_dtype != kv::KvDtype::kF32) {
+  if (!kv::IsKnownKvDtype(static_cast<uint32_t>(options.kv_cache_dtype))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "engine.kv_cache_dtype: ", kv::KvDtypeName(options.kv_cache_dtype), " on ",
-        options.device_key, " cpu, but the CPU backend holds F32 KV only (set "
-        "engine.kv_cache_dtype: f32, or run this worker on cuda:N)"));
+        "engine.kv_cache_dtype: ", static_cast<uint32_t>(options.kv_cache_dtype),
+        " is not f32, f16 or bf16"));
   }
   if (!options.batch_invariant) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -101,7 +100,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaMo
   }
   if (absl::Status s = CheckCpuOptions(options); !s.ok()) return s;
   return std::unique_ptr<ModelBackend>(
-      std::make_unique<CpuBackend>(&model, options.block_size, options.num_kv_blocks));
+      std::make_unique<CpuBackend>(&model, options.block_size, options.num_kv_blocks,
+                                   options.kv_cache_dtype));
 }
 
 }  // namespace tandem::backend

@@ -48,19 +48,31 @@ TEST_F(BackendFactoryTest, CpuBackendHoldsTheConfiguredPool) {
   EXPECT_TRUE(absl::StartsWith((*backend)->bit_exact_class(), "tandem-cpu/"));
 }
 
-TEST_F(BackendFactoryTest, CpuRefusesKvDtypesOtherThanF32) {
-  for (kv::KvDtype dtype : {kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+// engine.kv_cache_dtype f16 / bf16 on the CPU: the pool holds that dtype,
+// half the bytes per row of F32.
+TEST_F(BackendFactoryTest, CpuHoldsEveryKvDtype) {
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
     BackendOptions options;
     options.kv_cache_dtype = dtype;
+    options.num_kv_blocks = 3;
     absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
         CreateBackend(*model_, options, FakeDeviceQuery({}));
-    ASSERT_FALSE(backend.ok());
-    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(backend.status().message(),
-              absl::StrCat("engine.kv_cache_dtype: ", kv::KvDtypeName(dtype),
-                           " on engine.device cpu, but the CPU backend holds F32 KV only (set "
-                           "engine.kv_cache_dtype: f32, or run this worker on cuda:N)"));
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const kv::KvStorage& storage = (*backend)->kv_storage();
+    EXPECT_EQ(storage.dtype(), dtype);
+    EXPECT_EQ(storage.row_bytes(),
+              static_cast<size_t>(storage.shape().kv_dim()) * kv::KvDtypeBytes(dtype));
   }
+}
+
+TEST_F(BackendFactoryTest, CpuRefusesAKvDtypeOutsideTheEnum) {
+  BackendOptions options;
+  options.kv_cache_dtype = static_cast<kv::KvDtype>(7);
+  absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
+      CreateBackend(*model_, options, FakeDeviceQuery({}));
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend.status().message(), "engine.kv_cache_dtype: 7 is not f32, f16 or bf16");
 }
 
 TEST_F(BackendFactoryTest, CpuRefusesBatchInvariantFalse) {

@@ -133,5 +133,59 @@ TEST(AttentionTest, EveryIsaEqualsTheScalarReference) {
   }
 }
 
+// A 16-bit cache (F16, BF16): every ISA build, widening as it reads, equals
+// the same scalar reference over the cache's values widened to F32
+// (ReadKvRows), bit for bit, so the dtype changes the values and never the
+// arithmetic.
+TEST(AttentionTest, SixteenBitCachesEqualTheReferenceOverWidenedRows) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (kv::KvDtype dtype : {kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+    for (int32_t head_dim : {8, 20, 64, 72, 128}) {
+      kv::KvShape shape;
+      shape.n_layers = 1;
+      shape.n_kv_heads = 2;
+      shape.head_dim = head_dim;
+      shape.block_size = 16;
+      kv::CpuKvStorage kv(shape, 8, dtype);
+      kv::BlockPool blocks(8);
+      std::vector<int32_t> table = *blocks.Allocate(5);
+      std::swap(table[0], table[3]);
+      const size_t kv_dim = 2 * static_cast<size_t>(head_dim);
+      std::vector<float> k(80 * kv_dim), v(k.size());
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      kv::WriteKvRows(kv, table, 0, 0, 80, k.data(), v.data());
+      kv::ReadKvRows(kv, table, 0, 0, 80, k.data(), v.data());  // the rounded values
+      std::vector<float> q(static_cast<size_t>(head_dim));
+      for (float& x : q) x = normal(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      for (int32_t pos : {0, 3, 16, 47, 79}) {
+        for (int32_t kv_head : {0, 1}) {
+          std::vector<std::vector<float>> keys, values;
+          for (int32_t j = 0; j <= pos; ++j) {
+            const size_t row = static_cast<size_t>(j) * kv_dim +
+                               static_cast<size_t>(kv_head * head_dim);
+            keys.emplace_back(k.begin() + row, k.begin() + row + head_dim);
+            values.emplace_back(v.begin() + row, v.begin() + row + head_dim);
+          }
+          const std::vector<float> want = Reference(keys, values, q, scale);
+          AttentionSpan span{&kv, table, 0, kv_head, pos};
+          for (KernelIsaKind isa :
+               {KernelIsaKind::kGeneric, KernelIsaKind::kAvx2, KernelIsaKind::kAvx512}) {
+            if (!KernelIsaSupported(isa)) continue;
+            std::vector<float> out(static_cast<size_t>(head_dim), -1.0f);
+            std::vector<float> scores(static_cast<size_t>(pos) + 1);
+            AttendHeadWithIsa(isa, span, q.data(), scale, out.data(), scores.data());
+            EXPECT_EQ(std::memcmp(out.data(), want.data(), want.size() * sizeof(float)), 0)
+                << kv::KvDtypeName(dtype) << " head_dim " << head_dim << " pos " << pos
+                << " kv_head " << kv_head << " " << KernelIsaName(isa);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::model::internal

@@ -147,14 +147,15 @@ void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
   }
 }
 
-void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts) {
+void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
+                          kv::KvDtype kv_dtype) {
   constexpr int32_t kBlockSize = 16;
   constexpr int kDecodeSteps = 4;
   LoadedModel one = LoadSharedModel(model, 1);
   ASSERT_NE(one.model, nullptr);
   std::vector<std::vector<std::vector<float>>> alone;
   for (const std::vector<int32_t>& p : prompts) {
-    kv::CpuKvStorage kv(one.model->kv_shape(kBlockSize), 16);
+    kv::CpuKvStorage kv(one.model->kv_shape(kBlockSize), 16, kv_dtype);
     kv::BlockPool blocks(16);
     std::vector<ScheduledSeq> seqs(1);
     seqs[0].prompt = p;
@@ -168,7 +169,7 @@ void ExpectBatchInvariant(const std::string& model, const std::vector<std::vecto
   for (const LlamaModel* m : {one.model.get(), two.model.get()}) {
     for (int32_t chunk : {1, 7, 0}) {
       SCOPED_TRACE(::testing::Message() << m->num_threads() << " threads, chunk " << chunk);
-      kv::CpuKvStorage kv(m->kv_shape(kBlockSize), 64);
+      kv::CpuKvStorage kv(m->kv_shape(kBlockSize), 64, kv_dtype);
       kv::BlockPool blocks(64);
       std::vector<ScheduledSeq> seqs(prompts.size());
       for (size_t j = 0; j < prompts.size(); ++j) {

@@ -74,8 +74,10 @@ void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
 // Batch invariance of ../shared/models/<model>: every prompt, prefilled in
 // chunks of 1, 7 or at once beside the others' decode steps, on 1 thread
 // and on 2 threads with every kernel split, gives the logits of the prompt
-// alone (1 thread, prefilled at once) bit for bit at each of 4 steps.
-void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts);
+// alone (1 thread, prefilled at once) bit for bit at each of 4 steps, with
+// the KV cache in `kv_dtype`.
+void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
+                          kv::KvDtype kv_dtype = kv::KvDtype::kF32);
 
 // Same size and same bytes.
 bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b);
