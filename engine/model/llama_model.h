@@ -108,6 +108,30 @@ struct SequenceBatch {
 using LayerHook = std::function<void(size_t seq_index, int32_t layer,
                                      int32_t token_start, int32_t token_count)>;
 
+// How a Q8_0 weight matrix is multiplied (engine.q8_matmul).
+//   kExact: dequantized exactly to F32 (q * d) and multiplied in float
+//           (cpu_kernels.h): the bits of the model's F32 conversion.
+//   kInt8:  llama.cpp's Q8_0 x Q8_0 path: the activations quantized per
+//           block of 32 (ggml's quantize_row_q8_0_ref), exact int32 block
+//           dot products, blocks combined in float in index order
+//           (internal/q8_int8.h). Its own bit-exact class, the same on
+//           every ISA, batch size and thread count. A model with no Q8_0
+//           matrix computes exactly as with kExact.
+enum class Q8MatMul { kExact, kInt8 };
+
+// "exact" or "int8".
+const char* Q8MatMulName(Q8MatMul mode);
+
+// Load options; defaults: 1 thread, exact Q8_0.
+struct LlamaModelOptions {
+  // Threads Forward uses, the caller's included: [1, LlamaModel::kMaxThreads].
+  int32_t num_threads = 1;
+  // kInt8 repacks every Q8_0 matrix Forward multiplies (the layers' and
+  // the output; token_embd is only looked up) once at load, ~1.06 bytes
+  // per weight beside the mapping's.
+  Q8MatMul q8_matmul = Q8MatMul::kExact;
+};
+
 class LlamaModel {
  public:
   // Builds from an open GGUF file (which must outlive the model). Errors:
@@ -124,6 +148,9 @@ class LlamaModel {
   // INVALID_ARGUMENT when num_threads is outside [1, kMaxThreads].
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
                                                           int32_t num_threads);
+  // As above with `options` (num_threads checked as above).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
+                                                          const LlamaModelOptions& options);
   static constexpr int32_t kMaxThreads = 256;
 
   ~LlamaModel();
@@ -133,6 +160,10 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   // Threads Forward uses, the caller's included (>= 1).
   int32_t num_threads() const { return num_threads_; }
+  // How Q8_0 matrices are multiplied (LlamaModelOptions::q8_matmul), and
+  // its name, "exact" or "int8", for the bit-exact class.
+  Q8MatMul q8_matmul() const { return q8_matmul_; }
+  const char* q8_matmul_name() const { return Q8MatMulName(q8_matmul_); }
   kv::KvShape kv_shape(int32_t block_size) const;
 
   // Runs one forward step over all entries. Resizes `logits` to
@@ -169,6 +200,7 @@ class LlamaModel {
   LlamaConfig config_;
   std::shared_ptr<const internal::ModelWeights> w_;  // see llama_weights.h
   int32_t num_threads_ = 1;
+  Q8MatMul q8_matmul_ = Q8MatMul::kExact;
   std::unique_ptr<ThreadPool> pool_;  // null when num_threads_ == 1
   size_t min_parallel_work_;
 };

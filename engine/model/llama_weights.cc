@@ -400,4 +400,21 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
   return w;
 }
 
+namespace {
+void PackMatrix(Matrix& m) {
+  if (m.view.type != gguf::TensorType::kQ8_0) return;
+  m.int8 = Q8Int8Matrix::Pack(m.view);
+  m.view.int8 = m.int8.get();
+}
+}  // namespace
+
+void PackQ8Int8(ModelWeights* weights) {
+  for (LayerWeights& l : weights->layers) {
+    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      PackMatrix(*m);
+    }
+  }
+  PackMatrix(weights->output);
+}
+
 }  // namespace tandem::model::internal

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/q8_int8.h"
 #include "engine/model/weight_matrix.h"
 
 namespace tandem::model::internal {
@@ -47,6 +48,9 @@ struct Tensor : MoveOnly {
 struct Matrix : MoveOnly {
   WeightMatrix view;
   std::vector<float> owned;
+  // The int8 packing of a Q8_0 matrix (PackQ8Int8), which view.int8
+  // points to; null otherwise.
+  std::unique_ptr<const Q8Int8Matrix> int8;
 };
 
 struct LayerWeights {
@@ -94,6 +98,12 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
 // Errors: INVALID_ARGUMENT naming the tensor and the file.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
                                                                const LlamaConfig& config);
+
+// engine.q8_matmul: int8: packs every Q8_0 matrix Forward multiplies (each
+// layer's seven and `output`; not token_embd, which is only looked up)
+// with Q8Int8Matrix::Pack and points its view.int8 at the packing. Other
+// types are left as they are (a model without Q8_0 matrices is unchanged).
+void PackQ8Int8(ModelWeights* weights);
 
 }  // namespace tandem::model::internal
 

@@ -77,6 +77,11 @@ void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
 // alone (1 thread, prefilled at once) bit for bit at each of 4 steps.
 void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts);
 
+// The same over models already loaded: `one` on 1 thread, `two` on 2
+// (whose kernels this splits: set_min_parallel_work_for_testing(0)).
+void ExpectBatchInvariantModels(const LlamaModel& one, LlamaModel& two,
+                                const std::vector<std::vector<int32_t>>& prompts);
+
 // Same size and same bytes.
 bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b);
 

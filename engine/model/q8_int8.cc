@@ -1,0 +1,455 @@
+#include "engine/model/q8_int8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "engine/model/quant_blocks.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TANDEM_INT8_X86 1
+#endif
+
+namespace tandem::model::internal {
+namespace {
+
+constexpr size_t kCols = Q8Int8Matrix::kGroupCols;
+constexpr size_t kTile = Q8Int8Matrix::kTileBytes;
+constexpr size_t kScalesAt = 512;  // F16 d of the 16 columns
+constexpr size_t kSumsAt = 544;    // int16 -sum(q) of the 16 columns
+
+// What every tile function reads: activations q [rows][in] and d
+// [rows][blocks], the packed matrix, and y [rows][out].
+struct Args {
+  const int8_t* q;
+  const float* d;
+  const Q8Int8Matrix* w;
+  size_t in, nb, out;
+  float* y;
+  // Valid columns of group g (16 but in the last group).
+  int Cols(size_t g) const {
+    return static_cast<int>(std::min(kCols, out - g * kCols));
+  }
+};
+
+uint32_t LoadU32(const int8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Scalar: ggml's generic ggml_vec_dot_q8_0_q8_0 per element.
+struct GenericIsa {
+  static constexpr int kRows = 1;
+  static constexpr int kGroups = 1;
+  template <int R, int C>
+  static void Tile(const Args& a, size_t r0, size_t g0) {
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a.q + (r0 + r) * a.in;
+      const float* d = a.d + (r0 + r) * a.nb;
+      for (int c = 0; c < C; ++c) {
+        const size_t g = g0 + c;
+        for (int col = 0; col < a.Cols(g); ++col) {
+          float acc = 0.0f;
+          for (size_t b = 0; b < a.nb; ++b) {
+            const uint8_t* t = a.w->Tile(g, b);
+            int32_t sumi = 0;
+            for (size_t k = 0; k < 32; ++k) {
+              const int8_t wq = static_cast<int8_t>(t[(k / 4) * 64 + 4 * col + k % 4]);
+              sumi += static_cast<int32_t>(q[32 * b + k]) * wq;
+            }
+            const float dw = LoadF16(t + kScalesAt + 2 * col);
+            acc = acc + static_cast<float>(sumi) * (dw * d[b]);
+          }
+          a.y[(r0 + r) * a.out + g * kCols + col] = acc;
+        }
+      }
+    }
+  }
+};
+
+#ifdef TANDEM_INT8_X86
+// Stores the first n (<= 8) lanes of v at p.
+__attribute__((target("avx2"))) inline void Store8(float* p, __m256 v, int n) {
+  if (n >= 8) return _mm256_storeu_ps(p, v);
+  if (n <= 0) return;
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, v);
+  std::memcpy(p, tmp, static_cast<size_t>(n) * sizeof(float));
+}
+
+// One block's float step for 8 columns: acc + (float)sumi * (dw * dx).
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 Combine(__m256 acc,
+                                                                         __m256i sumi,
+                                                                         __m256 dw,
+                                                                         __m256 dx) {
+  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dw, dx)));
+}
+
+// AVX2: one group (two halves of 8 columns) by R rows. Per 4 elements and
+// half: sign(x, w) as s8 times |w| as u8 in pairs (maddubs, exact: pair
+// sums <= 2 * 128 * 127), then pairs to int32 (madd with ones).
+struct Avx2Isa {
+  static constexpr int kRows = 3;
+  static constexpr int kGroups = 1;
+  template <int R, int C>
+  __attribute__((target("avx2,f16c"))) static void Tile(const Args& a, size_t r0,
+                                                         size_t g0) {
+    static_assert(C == 1);
+    const int8_t* q[R];
+    for (int r = 0; r < R; ++r) q[r] = a.q + (r0 + r) * a.in;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t b = 0; b < a.nb; ++b) {
+      const uint8_t* t = a.w->Tile(g0, b);
+      __m256i si[R][2];
+      for (int r = 0; r < R; ++r) si[r][0] = si[r][1] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j));
+        const __m256i w1 =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
+        const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x =
+              _mm256_set1_epi32(static_cast<int32_t>(LoadU32(q[r] + 32 * b + 4 * j)));
+          const __m256i p0 = _mm256_maddubs_epi16(aw0, _mm256_sign_epi8(x, w0));
+          const __m256i p1 = _mm256_maddubs_epi16(aw1, _mm256_sign_epi8(x, w1));
+          si[r][0] = _mm256_add_epi32(si[r][0], _mm256_madd_epi16(p0, ones));
+          si[r][1] = _mm256_add_epi32(si[r][1], _mm256_madd_epi16(p1, ones));
+        }
+      }
+      const __m256 dw0 =
+          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt)));
+      const __m256 dw1 = _mm256_cvtph_ps(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt + 16)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
+        acc[r][0] = Combine(acc[r][0], si[r][0], dw0, dx);
+        acc[r][1] = Combine(acc[r][1], si[r][1], dw1, dx);
+      }
+    }
+    const int n = a.Cols(g0);
+    for (int r = 0; r < R; ++r) {
+      float* yr = a.y + (r0 + r) * a.out + g0 * kCols;
+      Store8(yr, acc[r][0], n);
+      Store8(yr + 8, acc[r][1], n - 8);
+    }
+  }
+};
+
+// The block's int32 start for the 8 columns of half h: -128 * sum(q_w), so
+// that vpdpbusd over x + 128 (as u8) ends at sum(q_x * q_w).
+__attribute__((target("avx2"), always_inline)) inline __m256i OffsetStart(const uint8_t* t,
+                                                                          int h) {
+  const __m128i ns =
+      _mm_load_si128(reinterpret_cast<const __m128i*>(t + kSumsAt + 16 * h));
+  return _mm256_slli_epi32(_mm256_cvtepi16_epi32(ns), 7);
+}
+
+// AVX-VNNI: 256-bit vpdpbusd of x + 128 (u8) and w (s8), started at
+// OffsetStart. One group (two halves) by R rows.
+struct AvxVnniIsa {
+  static constexpr int kRows = 3;
+  static constexpr int kGroups = 1;
+  template <int R, int C>
+  __attribute__((target("avx2,f16c,avxvnni"))) static void Tile(const Args& a, size_t r0,
+                                                                 size_t g0) {
+    static_assert(C == 1);
+    const int8_t* q[R];
+    for (int r = 0; r < R; ++r) q[r] = a.q + (r0 + r) * a.in;
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t b = 0; b < a.nb; ++b) {
+      const uint8_t* t = a.w->Tile(g0, b);
+      __m256i si[R][2];
+      const __m256i s0 = OffsetStart(t, 0), s1 = OffsetStart(t, 1);
+      for (int r = 0; r < R; ++r) {
+        si[r][0] = s0;
+        si[r][1] = s1;
+      }
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j));
+        const __m256i w1 =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
+        for (int r = 0; r < R; ++r) {
+          const __m256i x = _mm256_set1_epi32(
+              static_cast<int32_t>(LoadU32(q[r] + 32 * b + 4 * j) ^ 0x80808080u));
+          si[r][0] = _mm256_dpbusd_avx_epi32(si[r][0], x, w0);
+          si[r][1] = _mm256_dpbusd_avx_epi32(si[r][1], x, w1);
+        }
+      }
+      const __m256 dw0 =
+          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt)));
+      const __m256 dw1 = _mm256_cvtph_ps(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt + 16)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
+        acc[r][0] = Combine(acc[r][0], si[r][0], dw0, dx);
+        acc[r][1] = Combine(acc[r][1], si[r][1], dw1, dx);
+      }
+    }
+    const int n = a.Cols(g0);
+    for (int r = 0; r < R; ++r) {
+      float* yr = a.y + (r0 + r) * a.out + g0 * kCols;
+      Store8(yr, acc[r][0], n);
+      Store8(yr + 8, acc[r][1], n - 8);
+    }
+  }
+};
+
+#define TANDEM_INT8_AVX512 "avx512f,avx512bw,avx512vnni,avx2,f16c"
+// Every lane: the zero-masking forms of the conversions and the shift
+// (GCC 12's unmasked ones warn, -Wmaybe-uninitialized on their undefined
+// pass-through operand); the same instructions.
+constexpr __mmask16 kAll = 0xFFFF;
+
+// AVX-512 VNNI: 512-bit vpdpbusd, one 16-column group per vector, R rows by
+// C groups (R * C int32 and R * C float accumulators of the 32 zmm).
+struct Avx512VnniIsa {
+  static constexpr int kRows = 4;
+  static constexpr int kGroups = 2;
+  template <int R, int C>
+  __attribute__((target(TANDEM_INT8_AVX512))) static void Tile(const Args& a, size_t r0,
+                                                               size_t g0) {
+    const int8_t* q[R];
+    for (int r = 0; r < R; ++r) q[r] = a.q + (r0 + r) * a.in;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    const uint8_t* t0[C];
+    for (int c = 0; c < C; ++c) t0[c] = a.w->Tile(g0 + c, 0);
+    for (size_t b = 0; b < a.nb; ++b) {
+      const uint8_t* t[C];
+      for (int c = 0; c < C; ++c) t[c] = t0[c] + b * kTile;
+      __m512i si[R][C];
+      for (int c = 0; c < C; ++c) {
+        const __m256i ns = _mm256_load_si256(reinterpret_cast<const __m256i*>(t[c] + kSumsAt));
+        const __m512i start = _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepi16_epi32(kAll, ns), 7);
+        for (int r = 0; r < R; ++r) si[r][c] = start;
+      }
+      for (int j = 0; j < 8; ++j) {
+        __m512i w[C];
+        for (int c = 0; c < C; ++c) {
+          w[c] = _mm512_load_si512(reinterpret_cast<const void*>(t[c] + 64 * j));
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m512i x = _mm512_set1_epi32(
+              static_cast<int32_t>(LoadU32(q[r] + 32 * b + 4 * j) ^ 0x80808080u));
+          for (int c = 0; c < C; ++c) si[r][c] = _mm512_dpbusd_epi32(si[r][c], x, w[c]);
+        }
+      }
+      __m512 dw[C];
+      for (int c = 0; c < C; ++c) {
+        dw[c] = _mm512_maskz_cvtph_ps(
+            kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(t[c] + kScalesAt)));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 dx = _mm512_set1_ps(a.d[(r0 + r) * a.nb + b]);
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_add_ps(
+              acc[r][c],
+              _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, si[r][c]), _mm512_mul_ps(dw[c], dx)));
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const int n = a.Cols(g0 + c);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+      for (int r = 0; r < R; ++r) {
+        _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + (g0 + c) * kCols, m, acc[r][c]);
+      }
+    }
+  }
+};
+#endif  // TANDEM_INT8_X86
+
+// Edge tiles: R' <= R rows, C' <= C groups, each element computed as in a
+// full tile.
+template <typename Isa, int R, int C>
+void TileGroups(int nc, const Args& a, size_t r0, size_t g0) {
+  if constexpr (C > 1) {
+    if (nc < C) return TileGroups<Isa, R, C - 1>(nc, a, r0, g0);
+  }
+  Isa::template Tile<R, C>(a, r0, g0);
+}
+
+template <typename Isa, int R>
+void TileRows(int nr, int nc, const Args& a, size_t r0, size_t g0) {
+  if constexpr (R > 1) {
+    if (nr < R) return TileRows<Isa, R - 1>(nr, nc, a, r0, g0);
+  }
+  TileGroups<Isa, R, Isa::kGroups>(nc, a, r0, g0);
+}
+
+// Groups outer, rows inner: a few groups' tiles stay in cache while every
+// activation row passes over them.
+template <typename Isa>
+void Groups(const Args& a, size_t rows, size_t g_begin, size_t g_end) {
+  for (size_t g = g_begin; g < g_end; g += Isa::kGroups) {
+    const int nc = static_cast<int>(std::min<size_t>(Isa::kGroups, g_end - g));
+    for (size_t r = 0; r < rows; r += Isa::kRows) {
+      const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
+      TileRows<Isa, Isa::kRows>(nr, nc, a, r, g);
+    }
+  }
+}
+
+Int8IsaKind DetectInt8Isa() {
+#ifdef TANDEM_INT8_X86
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) {
+    return Int8IsaKind::kGeneric;
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vnni")) {
+    return Int8IsaKind::kAvx512Vnni;
+  }
+  if (__builtin_cpu_supports("avxvnni")) return Int8IsaKind::kAvxVnni;
+  return Int8IsaKind::kAvx2;
+#else
+  return Int8IsaKind::kGeneric;
+#endif
+}
+
+bool HasAvx2() {
+#ifdef TANDEM_INT8_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+bool HasAvxVnni() {
+#ifdef TANDEM_INT8_X86
+  return HasAvx2() && __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void QuantizeActivationRow(const float* x, size_t n, int8_t* q, float* d) {
+  for (size_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    d[b] = gguf::HalfToFloat(gguf::FloatToHalf(db));
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+  }
+}
+
+void Q8Int8Matrix::Free::operator()(uint8_t* p) const { std::free(p); }
+
+std::unique_ptr<Q8Int8Matrix> Q8Int8Matrix::Pack(const WeightMatrix& w) {
+  auto m = std::unique_ptr<Q8Int8Matrix>(new Q8Int8Matrix());
+  m->in_ = w.in;
+  m->out_ = w.out;
+  const size_t bytes = std::max<size_t>(1, m->groups() * m->blocks()) * kTile;
+  m->data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
+  std::memset(m->data_.get(), 0, bytes);
+  const size_t row_bytes = w.RowBytes();
+  for (size_t o = 0; o < w.out; ++o) {
+    const size_t g = o / kCols, c = o % kCols;
+    const uint8_t* row = w.data + o * row_bytes;
+    for (size_t b = 0; b < m->blocks(); ++b) {
+      const uint8_t* block = row + 34 * b;
+      uint8_t* t = m->data_.get() + (g * m->blocks() + b) * kTile;
+      std::memcpy(t + kScalesAt + 2 * c, block, 2);
+      int32_t sum = 0;
+      for (size_t k = 0; k < 32; ++k) {
+        t[(k / 4) * 64 + 4 * c + k % 4] = block[2 + k];
+        sum += static_cast<int8_t>(block[2 + k]);
+      }
+      const int16_t neg = static_cast<int16_t>(-sum);  // |sum| <= 32 * 128
+      std::memcpy(t + kSumsAt + 2 * c, &neg, 2);
+    }
+  }
+  return m;
+}
+
+bool Int8IsaSupported(Int8IsaKind isa) {
+  switch (isa) {
+    case Int8IsaKind::kGeneric:
+      return true;
+    case Int8IsaKind::kAvx2:
+      return HasAvx2();
+    case Int8IsaKind::kAvxVnni:
+      return HasAvxVnni();
+    case Int8IsaKind::kAvx512Vnni:
+      return BestInt8Isa() == Int8IsaKind::kAvx512Vnni;
+  }
+  return false;
+}
+
+Int8IsaKind BestInt8Isa() {
+  static const Int8IsaKind isa = DetectInt8Isa();
+  return isa;
+}
+
+const char* Int8IsaName(Int8IsaKind isa) {
+  switch (isa) {
+    case Int8IsaKind::kGeneric:
+      return "generic";
+    case Int8IsaKind::kAvx2:
+      return "avx2";
+    case Int8IsaKind::kAvxVnni:
+      return "avxvnni";
+    case Int8IsaKind::kAvx512Vnni:
+      return "avx512vnni";
+  }
+  return "generic";
+}
+
+void MatMulInt8GroupsWithIsa(Int8IsaKind isa, const int8_t* q, const float* d,
+                             const Q8Int8Matrix& w, size_t rows, size_t g_begin,
+                             size_t g_end, float* y) {
+  const Args a{q, d, &w, w.in(), w.blocks(), w.out(), y};
+  switch (Int8IsaSupported(isa) ? isa : Int8IsaKind::kGeneric) {
+#ifdef TANDEM_INT8_X86
+    case Int8IsaKind::kAvx512Vnni:
+      return Groups<Avx512VnniIsa>(a, rows, g_begin, g_end);
+    case Int8IsaKind::kAvxVnni:
+      return Groups<AvxVnniIsa>(a, rows, g_begin, g_end);
+    case Int8IsaKind::kAvx2:
+      return Groups<Avx2Isa>(a, rows, g_begin, g_end);
+#endif
+    default:
+      return Groups<GenericIsa>(a, rows, g_begin, g_end);
+  }
+}
+
+void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, size_t rows,
+                       float* y, ThreadPool* pool, size_t min_work) {
+  const size_t in = w.in(), nb = w.blocks();
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d;
+  if (q.size() < rows * in) q.resize(rows * in);
+  if (d.size() < rows * nb) d.resize(rows * nb);
+  int8_t* const qp = q.data();
+  float* const dp = d.data();
+  // ~8 operations per element, as the element-wise kernels count.
+  MaybeParallelFor(pool, rows, rows * in * 8, min_work, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      QuantizeActivationRow(x + r * in, in, qp + r * in, dp + r * nb);
+    }
+  });
+  MaybeParallelFor(pool, w.groups(), rows * in * w.out(), min_work,
+                   [&](size_t begin, size_t end) {
+                     MatMulInt8GroupsWithIsa(isa, qp, dp, w, rows, begin, end, y);
+                   });
+}
+
+void MatMulInt8(const float* x, const Q8Int8Matrix& w, size_t rows, float* y,
+                ThreadPool* pool, size_t min_work) {
+  MatMulInt8WithIsa(BestInt8Isa(), x, w, rows, y, pool, min_work);
+}
+
+}  // namespace tandem::model::internal
