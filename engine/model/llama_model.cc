@@ -353,16 +353,6 @@ absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
   return hex;
 }
 
-const char* Q8MatMulName(Q8MatMul mode) {
-  switch (mode) {
-    case Q8MatMul::kExact:
-      return "exact";
-    case Q8MatMul::kInt8:
-      return "int8";
-  }
-  return "exact";
-}
-
 const char* KernelIsa() { return internal::KernelIsa(); }
 
 absl::Status PinKernelIsa(const std::string& name) {

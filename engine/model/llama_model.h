@@ -55,6 +55,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/model_arch.h"
+#include "engine/model/q8_matmul.h"
 
 namespace tandem::model {
 class ThreadPool;
@@ -107,20 +108,6 @@ struct SequenceBatch {
 // [token_start, token_start + token_count) of batch entry `seq_index`.
 using LayerHook = std::function<void(size_t seq_index, int32_t layer,
                                      int32_t token_start, int32_t token_count)>;
-
-// How a Q8_0 weight matrix is multiplied (engine.q8_matmul).
-//   kExact: dequantized exactly to F32 (q * d) and multiplied in float
-//           (cpu_kernels.h): the bits of the model's F32 conversion.
-//   kInt8:  llama.cpp's Q8_0 x Q8_0 path: the activations quantized per
-//           block of 32 (ggml's quantize_row_q8_0_ref), exact int32 block
-//           dot products, blocks combined in float in index order
-//           (internal/q8_int8.h). Its own bit-exact class, the same on
-//           every ISA, batch size and thread count. A model with no Q8_0
-//           matrix computes exactly as with kExact.
-enum class Q8MatMul { kExact, kInt8 };
-
-// "exact" or "int8".
-const char* Q8MatMulName(Q8MatMul mode);
 
 // Load options; defaults: 1 thread, exact Q8_0.
 struct LlamaModelOptions {

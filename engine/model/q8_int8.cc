@@ -35,6 +35,13 @@ struct Args {
   }
 };
 
+#ifdef TANDEM_INT8_X86
+// Every lane: the masked forms of some AVX-512 intrinsics with this mask
+// (GCC 12's unmasked ones warn, -Wmaybe-uninitialized on their undefined
+// pass-through operand); the same instructions.
+constexpr __mmask16 kAll = 0xFFFF;
+#endif
+
 uint32_t LoadU32(const int8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof v);
@@ -202,10 +209,6 @@ struct AvxVnniIsa {
 };
 
 #define TANDEM_INT8_AVX512 "avx512f,avx512bw,avx512vnni,avx2,f16c"
-// Every lane: the zero-masking forms of the conversions and the shift
-// (GCC 12's unmasked ones warn, -Wmaybe-uninitialized on their undefined
-// pass-through operand); the same instructions.
-constexpr __mmask16 kAll = 0xFFFF;
 
 // AVX-512 VNNI: 512-bit vpdpbusd, one 16-column group per vector, R rows by
 // C groups (R * C int32 and R * C float accumulators of the 32 zmm).
@@ -333,17 +336,84 @@ bool HasAvxVnni() {
 #endif
 }
 
-}  // namespace
+// d = amax / 127 and id = d ? 1 / d : 0 of one block (ggml's order).
+struct BlockScale {
+  float d, id;
+};
+inline BlockScale ScaleOf(float amax) {
+  const float d = amax / 127.0f;
+  return {d, d != 0.0f ? 1.0f / d : 0.0f};
+}
 
-void QuantizeActivationRow(const float* x, size_t n, int8_t* q, float* d) {
+// roundf(y) as int8. ggml casts without a check, which is defined only for
+// |roundf(y)| <= 127, all that a finite id gives; a block whose id
+// overflowed (amax below ~127 / FLT_MAX, whose F16 d is 0 anyway) gets 0
+// here on every path.
+inline int8_t RoundToInt8(float y) {
+  const float r = std::roundf(y);
+  return std::fabs(r) <= 127.0f ? static_cast<int8_t>(r) : 0;
+}
+
+void QuantizeRowGeneric(const float* x, size_t n, int8_t* q, float* d) {
   for (size_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    d[b] = gguf::HalfToFloat(gguf::FloatToHalf(db));
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+    const BlockScale s = ScaleOf(amax);
+    d[b] = gguf::HalfToFloat(gguf::FloatToHalf(s.d));
+    for (int j = 0; j < 32; ++j) q[j] = RoundToInt8(x[j] * s.id);
   }
+}
+
+#ifdef TANDEM_INT8_X86
+// QuantizeRowGeneric on 16 lanes: the same amax (max is exact in any
+// order), the same scalar d and id, y = x * id rounded once, and roundf as
+// t = trunc(y), t += copysign(1, y) when |y - t| >= 0.5 (y - t is exact).
+__attribute__((target("avx512f"))) void QuantizeRowAvx512(const float* x, size_t n, int8_t* q,
+                                                          float* d) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+  const __m512 limit = _mm512_set1_ps(127.0f);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+  for (size_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
+    const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_maskz_max_ps(kAll, _mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    float amax = 0.0f;
+    for (float l : lanes) amax = std::max(amax, l);
+    const BlockScale s = ScaleOf(amax);
+    d[b] = gguf::HalfToFloat(gguf::FloatToHalf(s.d));
+    const __m512 id = _mm512_set1_ps(s.id);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 y = _mm512_mul_ps(v[h], id);
+      __m512 t = _mm512_maskz_roundscale_ps(kAll, y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __mmask16 away =
+          _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, t)), half, _CMP_GE_OQ);
+      const __m512 step = _mm512_castsi512_ps(
+          _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign),
+                          _mm512_castps_si512(one)));
+      t = _mm512_mask_add_ps(t, away, t, step);
+      const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(t), limit, _CMP_LE_OQ);
+      const __m512i i = _mm512_maskz_cvttps_epi32(ok, t);
+      _mm512_mask_cvtsepi32_storeu_epi8(q + 16 * h, kAll, i);
+    }
+  }
+}
+#endif  // TANDEM_INT8_X86
+
+}  // namespace
+
+void QuantizeActivationRow(const float* x, size_t n, int8_t* q, float* d) {
+#ifdef TANDEM_INT8_X86
+  static const bool avx512 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  if (avx512) return QuantizeRowAvx512(x, n, q, d);
+#endif
+  QuantizeRowGeneric(x, n, q, d);
+}
+
+void QuantizeActivationRowGeneric(const float* x, size_t n, int8_t* q, float* d) {
+  QuantizeRowGeneric(x, n, q, d);
 }
 
 void Q8Int8Matrix::Free::operator()(uint8_t* p) const { std::free(p); }

@@ -44,8 +44,14 @@ namespace tandem::model::internal {
 // q[j] = (int8) roundf(x[j] * id) (ties away from zero; not llama.cpp's
 // x86 runtime quantizer, which rounds ties to even), d stored as F16
 // (round to nearest even). Writes q[n] and the stored scale widened back
-// to F32, d[n / 32] (an exact F16 value). x must be finite.
+// to F32, d[n / 32] (an exact F16 value). x must be finite. Where ggml's
+// int8 cast is undefined (a block of |x| < ~1e-36: id overflows to
+// infinity; its F16 d is 0, so the block adds 0 either way) q is 0.
+// Uses AVX-512F when the CPU has it; the bits are the same either way.
 void QuantizeActivationRow(const float* x, size_t n, int8_t* q, float* d);
+
+// QuantizeActivationRow on the scalar path, for tests.
+void QuantizeActivationRowGeneric(const float* x, size_t n, int8_t* q, float* d);
 
 // A Q8_0 matrix W (WeightMatrix of type Q8_0, dims [in, out]) repacked once
 // at load for the int8 kernels. Columns (output rows of W) go in groups of

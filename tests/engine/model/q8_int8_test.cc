@@ -111,6 +111,33 @@ TEST(Q8Int8Test, QuantizationEqualsGgmlRef) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(q[32 + j], 0);
 }
 
+// The AVX-512 quantizer (when this CPU has it) gives the scalar path's
+// bytes: random blocks of many magnitudes, ties k + 0.5 at many scales, and
+// a block so small that id overflows (q 0 on both paths, d 0).
+TEST(Q8Int8Test, VectorQuantizationEqualsScalar) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30), k(-127, 126);
+  std::vector<float> x(32 * 2000);
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    const float scale = std::ldexp(1.0f, exponent(rng));
+    for (size_t j = 0; j < 32; ++j) x[32 * b + j] = normal(rng) * scale;
+    if (b % 3 == 0) {  // amax 127 * scale: d = scale, ties at (k + 0.5) * scale
+      x[32 * b] = 127.0f * scale;
+      for (size_t j = 1; j < 32; ++j) x[32 * b + j] = (static_cast<float>(k(rng)) + 0.5f) * scale;
+    }
+  }
+  for (size_t j = 0; j < 32; ++j) x[j] = 1e-40f * static_cast<float>(j % 3);
+  std::vector<int8_t> qv(x.size()), qs(x.size());
+  std::vector<float> dv(x.size() / 32), ds(x.size() / 32);
+  QuantizeActivationRow(x.data(), x.size(), qv.data(), dv.data());
+  QuantizeActivationRowGeneric(x.data(), x.size(), qs.data(), ds.data());
+  EXPECT_EQ(std::memcmp(qv.data(), qs.data(), qv.size()), 0);
+  EXPECT_EQ(std::memcmp(dv.data(), ds.data(), dv.size() * 4), 0);
+  for (size_t j = 0; j < 32; ++j) EXPECT_EQ(qv[j], 0);
+  EXPECT_EQ(dv[0], 0.0f);
+}
+
 // Per-case data: a Q8_0 matrix, its packing, and `rows` activation rows.
 struct Case {
   size_t in, out, rows;
