@@ -557,8 +557,8 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     if (s = CheckKeys(n, "engine",
                       {"block_size", "num_kv_blocks", "max_num_seqs", "threads",
                        "max_num_batched_tokens", "prefill_chunk_tokens",
-                       "enable_prefix_caching", "kernel_isa", "q8_matmul", "device", "kv_cache_dtype",
-                       "gpu_memory_fraction", "batch_invariant"});
+                       "enable_prefix_caching", "kernel_isa", "q8_matmul", "device",
+                       "kv_cache_dtype", "gpu_memory_fraction", "batch_invariant"});
         !s.ok()) {
       return s;
     }

@@ -2,8 +2,9 @@
 // model_arch.h) on the CPU over a paged KV cache.
 //
 // Owns: the model's weights (matrices in their GGUF type, F32/F16/BF16/Q8_0,
-// read in place from the mapping; norm, bias and RoPE frequency-factor
-// vectors as F32), the forward computation and its thread pool. Does not
+// read in place from the mapping; under LlamaModelOptions::q8_matmul int8
+// also a packed copy of each Q8_0 matrix; norm, bias and RoPE
+// frequency-factor vectors as F32), the forward computation and its thread pool. Does not
 // touch: allocation of KV blocks (the caller passes block tables),
 // sampling, scheduling.
 // Threads: a model built with num_threads = N owns a ThreadPool of N

@@ -4,7 +4,9 @@
 //
 // Weight matrices stay in their GGUF type (F32, F16, BF16, Q8_0), read in
 // place from the mapping (a tied output is a second view of token_embd, not
-// a copy); MatMul dequantizes them a panel at a time (weight_matrix.h). The
+// a copy); MatMul dequantizes them a panel at a time (weight_matrix.h), or,
+// for Q8_0 under engine.q8_matmul: int8, reads a packed copy made at load
+// (PackQ8Int8, q8_int8.h). The
 // small vectors (norms, Q/K/V biases, RoPE frequency factors) are used in
 // place when F32 and aligned, else converted to F32 at load.
 // Threads: load once; the result is immutable.

@@ -25,6 +25,7 @@ constexpr size_t kSumsAt = 544;    // int16 -sum(q) of the 16 columns
 // [rows][blocks], the packed matrix, and y [rows][out].
 struct Args {
   const int8_t* q;
+  const uint8_t* qu;  // q + 128 as u8 (the VNNI paths), else null
   const float* d;
   const Q8Int8Matrix* w;
   size_t in, nb, out;
@@ -41,12 +42,6 @@ struct Args {
 // pass-through operand); the same instructions.
 constexpr __mmask16 kAll = 0xFFFF;
 #endif
-
-uint32_t LoadU32(const int8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 // Scalar: ggml's generic ggml_vec_dot_q8_0_q8_0 per element.
 struct GenericIsa {
@@ -121,8 +116,7 @@ struct Avx2Isa {
             _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
         const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
         for (int r = 0; r < R; ++r) {
-          const __m256i x =
-              _mm256_set1_epi32(static_cast<int32_t>(LoadU32(q[r] + 32 * b + 4 * j)));
+          const __m256i x = _mm256_broadcastd_epi32(_mm_loadu_si32(q[r] + 32 * b + 4 * j));
           const __m256i p0 = _mm256_maddubs_epi16(aw0, _mm256_sign_epi8(x, w0));
           const __m256i p1 = _mm256_maddubs_epi16(aw1, _mm256_sign_epi8(x, w1));
           si[r][0] = _mm256_add_epi32(si[r][0], _mm256_madd_epi16(p0, ones));
@@ -166,8 +160,8 @@ struct AvxVnniIsa {
   __attribute__((target("avx2,f16c,avxvnni"))) static void Tile(const Args& a, size_t r0,
                                                                  size_t g0) {
     static_assert(C == 1);
-    const int8_t* q[R];
-    for (int r = 0; r < R; ++r) q[r] = a.q + (r0 + r) * a.in;
+    const uint8_t* q[R];
+    for (int r = 0; r < R; ++r) q[r] = a.qu + (r0 + r) * a.in;
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (size_t b = 0; b < a.nb; ++b) {
@@ -183,8 +177,7 @@ struct AvxVnniIsa {
         const __m256i w1 =
             _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
         for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_set1_epi32(
-              static_cast<int32_t>(LoadU32(q[r] + 32 * b + 4 * j) ^ 0x80808080u));
+          const __m256i x = _mm256_broadcastd_epi32(_mm_loadu_si32(q[r] + 32 * b + 4 * j));
           si[r][0] = _mm256_dpbusd_avx_epi32(si[r][0], x, w0);
           si[r][1] = _mm256_dpbusd_avx_epi32(si[r][1], x, w1);
         }
@@ -213,13 +206,13 @@ struct AvxVnniIsa {
 // AVX-512 VNNI: 512-bit vpdpbusd, one 16-column group per vector, R rows by
 // C groups (R * C int32 and R * C float accumulators of the 32 zmm).
 struct Avx512VnniIsa {
-  static constexpr int kRows = 4;
+  static constexpr int kRows = 6;
   static constexpr int kGroups = 2;
   template <int R, int C>
   __attribute__((target(TANDEM_INT8_AVX512))) static void Tile(const Args& a, size_t r0,
                                                                size_t g0) {
-    const int8_t* q[R];
-    for (int r = 0; r < R; ++r) q[r] = a.q + (r0 + r) * a.in;
+    const uint8_t* q[R];
+    for (int r = 0; r < R; ++r) q[r] = a.qu + (r0 + r) * a.in;
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -232,7 +225,8 @@ struct Avx512VnniIsa {
       __m512i si[R][C];
       for (int c = 0; c < C; ++c) {
         const __m256i ns = _mm256_load_si256(reinterpret_cast<const __m256i*>(t[c] + kSumsAt));
-        const __m512i start = _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepi16_epi32(kAll, ns), 7);
+        const __m512i start =
+            _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepi16_epi32(kAll, ns), 7);
         for (int r = 0; r < R; ++r) si[r][c] = start;
       }
       for (int j = 0; j < 8; ++j) {
@@ -241,8 +235,8 @@ struct Avx512VnniIsa {
           w[c] = _mm512_load_si512(reinterpret_cast<const void*>(t[c] + 64 * j));
         }
         for (int r = 0; r < R; ++r) {
-          const __m512i x = _mm512_set1_epi32(
-              static_cast<int32_t>(LoadU32(q[r] + 32 * b + 4 * j) ^ 0x80808080u));
+          const __m512i x =
+              _mm512_maskz_broadcastd_epi32(kAll, _mm_loadu_si32(q[r] + 32 * b + 4 * j));
           for (int c = 0; c < C; ++c) si[r][c] = _mm512_dpbusd_epi32(si[r][c], x, w[c]);
         }
       }
@@ -399,6 +393,32 @@ __attribute__((target("avx512f"))) void QuantizeRowAvx512(const float* x, size_t
 }
 #endif  // TANDEM_INT8_X86
 
+// Whether `isa` reads the activations as x + 128 (vpdpbusd's u8 operand).
+bool UsesOffset(Int8IsaKind isa) {
+  return isa == Int8IsaKind::kAvxVnni || isa == Int8IsaKind::kAvx512Vnni;
+}
+
+// qu[i] = q[i] + 128 as u8, i < n.
+void OffsetActivations(const int8_t* q, size_t n, uint8_t* qu) {
+  for (size_t i = 0; i < n; ++i) qu[i] = static_cast<uint8_t>(q[i]) ^ 0x80u;
+}
+
+// Groups on a supported `isa`.
+void RunGroups(Int8IsaKind isa, const Args& a, size_t rows, size_t g_begin, size_t g_end) {
+  switch (isa) {
+#ifdef TANDEM_INT8_X86
+    case Int8IsaKind::kAvx512Vnni:
+      return Groups<Avx512VnniIsa>(a, rows, g_begin, g_end);
+    case Int8IsaKind::kAvxVnni:
+      return Groups<AvxVnniIsa>(a, rows, g_begin, g_end);
+    case Int8IsaKind::kAvx2:
+      return Groups<Avx2Isa>(a, rows, g_begin, g_end);
+#endif
+    default:
+      return Groups<GenericIsa>(a, rows, g_begin, g_end);
+  }
+}
+
 }  // namespace
 
 void QuantizeActivationRow(const float* x, size_t n, int8_t* q, float* d) {
@@ -481,40 +501,41 @@ const char* Int8IsaName(Int8IsaKind isa) {
 void MatMulInt8GroupsWithIsa(Int8IsaKind isa, const int8_t* q, const float* d,
                              const Q8Int8Matrix& w, size_t rows, size_t g_begin,
                              size_t g_end, float* y) {
-  const Args a{q, d, &w, w.in(), w.blocks(), w.out(), y};
-  switch (Int8IsaSupported(isa) ? isa : Int8IsaKind::kGeneric) {
-#ifdef TANDEM_INT8_X86
-    case Int8IsaKind::kAvx512Vnni:
-      return Groups<Avx512VnniIsa>(a, rows, g_begin, g_end);
-    case Int8IsaKind::kAvxVnni:
-      return Groups<AvxVnniIsa>(a, rows, g_begin, g_end);
-    case Int8IsaKind::kAvx2:
-      return Groups<Avx2Isa>(a, rows, g_begin, g_end);
-#endif
-    default:
-      return Groups<GenericIsa>(a, rows, g_begin, g_end);
+  if (!Int8IsaSupported(isa)) isa = Int8IsaKind::kGeneric;
+  std::vector<uint8_t> offset;
+  if (UsesOffset(isa)) {
+    offset.resize(rows * w.in());
+    OffsetActivations(q, rows * w.in(), offset.data());
   }
+  RunGroups(isa, Args{q, offset.data(), d, &w, w.in(), w.blocks(), w.out(), y}, rows,
+            g_begin, g_end);
 }
 
 void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, size_t rows,
                        float* y, ThreadPool* pool, size_t min_work) {
+  if (!Int8IsaSupported(isa)) isa = Int8IsaKind::kGeneric;
   const size_t in = w.in(), nb = w.blocks();
+  const bool offset = UsesOffset(isa);
+  // Reused from call to call on the calling thread; the workers only read.
   thread_local std::vector<int8_t> q;
+  thread_local std::vector<uint8_t> qu;
   thread_local std::vector<float> d;
   if (q.size() < rows * in) q.resize(rows * in);
+  if (offset && qu.size() < rows * in) qu.resize(rows * in);
   if (d.size() < rows * nb) d.resize(rows * nb);
   int8_t* const qp = q.data();
+  uint8_t* const qup = offset ? qu.data() : nullptr;
   float* const dp = d.data();
   // ~8 operations per element, as the element-wise kernels count.
   MaybeParallelFor(pool, rows, rows * in * 8, min_work, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
       QuantizeActivationRow(x + r * in, in, qp + r * in, dp + r * nb);
+      if (qup != nullptr) OffsetActivations(qp + r * in, in, qup + r * in);
     }
   });
+  const Args a{qp, qup, dp, &w, in, nb, w.out(), y};
   MaybeParallelFor(pool, w.groups(), rows * in * w.out(), min_work,
-                   [&](size_t begin, size_t end) {
-                     MatMulInt8GroupsWithIsa(isa, qp, dp, w, rows, begin, end, y);
-                   });
+                   [&](size_t begin, size_t end) { RunGroups(isa, a, rows, begin, end); });
 }
 
 void MatMulInt8(const float* x, const Q8Int8Matrix& w, size_t rows, float* y,

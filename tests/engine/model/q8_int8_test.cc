@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/gguf/half.h"
@@ -26,9 +27,6 @@ namespace tandem::model::internal {
 namespace {
 
 using gguf::TensorType;
-
-constexpr Int8IsaKind kVectorIsas[] = {Int8IsaKind::kAvx2, Int8IsaKind::kAvxVnni,
-                                       Int8IsaKind::kAvx512Vnni};
 
 // Q8_0 rows of `in` weights, `out` rows: random q in [-128, 127] (-128
 // included) and scales d in [2^-10, 2^-4).
@@ -188,56 +186,58 @@ TEST(Q8Int8Test, GenericEqualsGgmlVecDot) {
   }
 }
 
-TEST(Q8Int8Test, EveryIsaEqualsGenericForRowsColumnsAndBlocks) {
-  for (Int8IsaKind isa : kVectorIsas) {
-    if (!Int8IsaSupported(isa)) {
-      std::printf("skipping %s: this CPU lacks it\n", Int8IsaName(isa));
-      continue;
+// One ISA per instance; an ISA this CPU lacks is skipped.
+class Q8Int8IsaTest : public ::testing::TestWithParam<Int8IsaKind> {
+ protected:
+  void SetUp() override {
+    if (!Int8IsaSupported(GetParam())) {
+      GTEST_SKIP() << "this CPU lacks " << Int8IsaName(GetParam());
     }
-    SCOPED_TRACE(Int8IsaName(isa));
-    for (size_t in : {32, 96, 256}) {
-      for (size_t out : {1, 15, 16, 17, 31, 33, 47, 64, 70}) {
-        Case c(in, out, 70, static_cast<uint32_t>(in * 131 + out));
-        const std::vector<float> all = c.Run(Int8IsaKind::kGeneric, 70);
-        for (size_t rows = 1; rows <= 70; ++rows) {
-          const std::vector<float> y = c.Run(isa, rows);
-          ASSERT_TRUE(SameBits(y, std::vector<float>(all.begin(), all.begin() + rows * out)))
-              << "in " << in << " out " << out << " rows " << rows;
-        }
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Q8Int8IsaTest,
+                         ::testing::Values(Int8IsaKind::kGeneric, Int8IsaKind::kAvx2,
+                                           Int8IsaKind::kAvxVnni, Int8IsaKind::kAvx512Vnni),
+                         [](const ::testing::TestParamInfo<Int8IsaKind>& info) {
+                           return std::string(Int8IsaName(info.param));
+                         });
+
+// Rows 1..70 (every register-tile edge), column counts around the
+// 16-column groups, 1, 3 and 8 blocks: the generic path's bits.
+TEST_P(Q8Int8IsaTest, EqualsGenericForRowsColumnsAndBlocks) {
+  const Int8IsaKind isa = GetParam();
+  for (size_t in : {32, 96, 256}) {
+    for (size_t out : {1, 15, 16, 17, 31, 33, 47, 64, 70}) {
+      Case c(in, out, 70, static_cast<uint32_t>(in * 131 + out));
+      const std::vector<float> all = c.Run(Int8IsaKind::kGeneric, 70);
+      for (size_t rows = 1; rows <= 70; ++rows) {
+        const std::vector<float> y = c.Run(isa, rows);
+        ASSERT_TRUE(SameBits(y, std::vector<float>(all.begin(), all.begin() + rows * out)))
+            << "in " << in << " out " << out << " rows " << rows;
       }
     }
   }
 }
 
-TEST(Q8Int8Test, AvxVnniRunsOnThisCpu) {
-  if (!Int8IsaSupported(Int8IsaKind::kAvxVnni)) GTEST_SKIP() << "this CPU lacks AVX-VNNI";
-  if (!Int8IsaSupported(Int8IsaKind::kAvx512Vnni)) {
-    GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
-  }
-  EXPECT_EQ(BestInt8Isa(), Int8IsaKind::kAvx512Vnni);
-}
-
-TEST(Q8Int8Test, ColumnRangesAndThreadsGiveTheSameBits) {
+TEST_P(Q8Int8IsaTest, ColumnRangesAndThreadsGiveTheSameBits) {
+  const Int8IsaKind isa = GetParam();
   Case c(96, 70, 9, 5);
   ThreadPool pool(2);
-  for (Int8IsaKind isa : {Int8IsaKind::kGeneric, Int8IsaKind::kAvx2, Int8IsaKind::kAvxVnni,
-                          Int8IsaKind::kAvx512Vnni}) {
-    if (!Int8IsaSupported(isa)) continue;
-    SCOPED_TRACE(Int8IsaName(isa));
-    const std::vector<float> whole = c.Run(isa, c.rows);
-    // Group by group.
-    std::vector<float> parts(c.rows * c.out, -1.0f);
-    for (size_t g = 0; g < c.packed->groups(); ++g) {
-      MatMulInt8GroupsWithIsa(isa, c.q.data(), c.d.data(), *c.packed, c.rows, g, g + 1,
-                              parts.data());
-    }
-    EXPECT_TRUE(SameBits(parts, whole));
-    // From float activations, 1 and 2 threads (every kernel split).
-    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-      std::vector<float> y(c.rows * c.out);
-      MatMulInt8WithIsa(isa, c.x.data(), *c.packed, c.rows, y.data(), p, 0);
-      EXPECT_TRUE(SameBits(y, whole)) << (p ? "2 threads" : "1 thread");
-    }
+  const std::vector<float> whole = c.Run(isa, c.rows);
+  EXPECT_TRUE(SameBits(whole, c.Run(Int8IsaKind::kGeneric, c.rows)));
+  // Group by group.
+  std::vector<float> parts(c.rows * c.out, -1.0f);
+  for (size_t g = 0; g < c.packed->groups(); ++g) {
+    MatMulInt8GroupsWithIsa(isa, c.q.data(), c.d.data(), *c.packed, c.rows, g, g + 1,
+                            parts.data());
+  }
+  EXPECT_TRUE(SameBits(parts, whole));
+  // From float activations, 1 and 2 threads (every kernel split).
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    std::vector<float> y(c.rows * c.out);
+    MatMulInt8WithIsa(isa, c.x.data(), *c.packed, c.rows, y.data(), p, 0);
+    EXPECT_TRUE(SameBits(y, whole)) << (p ? "2 threads" : "1 thread");
   }
 }
 
@@ -281,7 +281,9 @@ TEST(Q8Int8Test, MatchesDoublePrecisionReferences) {
       EXPECT_LE(std::fabs(got - same), 1e-6 * mag + 1e-30) << r << " " << o;
       EXPECT_LE(std::fabs(got - exact), bound + 1e-6 * mag + 1e-30) << r << " " << o;
       if (mag > 0) worst_rel = std::max(worst_rel, std::fabs(got - same) / mag);
-      if (bound > 0) worst_bound_share = std::max(worst_bound_share, std::fabs(got - exact) / bound);
+      if (bound > 0) {
+        worst_bound_share = std::max(worst_bound_share, std::fabs(got - exact) / bound);
+      }
     }
   }
   std::printf("int8 vs double of the same values: worst %.3g of sum|terms|; vs exact W x: "
@@ -292,7 +294,7 @@ TEST(Q8Int8Test, MatchesDoublePrecisionReferences) {
 // Weights of -128 (a file may hold them; the quantizer never writes them)
 // against the extreme activations +-127, on every ISA: maddubs' pairs reach
 // 2 * 128 * 127 = 32512 < 32767, vpdpbusd's offset sums stay in int32.
-TEST(Q8Int8Test, MinusOneTwentyEightWeightsAreExact) {
+TEST_P(Q8Int8IsaTest, MinusOneTwentyEightWeightsAreExact) {
   const size_t in = 64, out = 17, rows = 3;
   std::vector<uint8_t> bytes(out * 2 * 34);
   for (size_t b = 0; b < out * 2; ++b) {
@@ -312,16 +314,10 @@ TEST(Q8Int8Test, MinusOneTwentyEightWeightsAreExact) {
   const float dx = gguf::HalfToFloat(gguf::FloatToHalf(1.0f / 127.0f));
   const float block0 = static_cast<float>(32 * -128 * 127) * (1.0f * dx);
   const float want[3] = {0.0f + block0 + block0, 0.0f - block0 - block0, 0.0f};
-  for (Int8IsaKind isa : {Int8IsaKind::kGeneric, Int8IsaKind::kAvx2, Int8IsaKind::kAvxVnni,
-                          Int8IsaKind::kAvx512Vnni}) {
-    if (!Int8IsaSupported(isa)) continue;
-    std::vector<float> y(rows * out);
-    MatMulInt8WithIsa(isa, x.data(), *packed, rows, y.data(), nullptr, 0);
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t o = 0; o < out; ++o) {
-        EXPECT_EQ(y[r * out + o], want[r]) << Int8IsaName(isa) << " r " << r << " o " << o;
-      }
-    }
+  std::vector<float> y(rows * out);
+  MatMulInt8WithIsa(GetParam(), x.data(), *packed, rows, y.data(), nullptr, 0);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t o = 0; o < out; ++o) EXPECT_EQ(y[r * out + o], want[r]) << "r " << r << " o " << o;
   }
 }
 
