@@ -115,8 +115,9 @@ struct LlamaModelOptions {
   // Threads Forward uses, the caller's included: [1, LlamaModel::kMaxThreads].
   int32_t num_threads = 1;
   // kInt8 repacks every Q8_0 matrix Forward multiplies (the layers' and
-  // the output; token_embd is only looked up) once at load, ~1.06 bytes
-  // per weight beside the mapping's.
+  // the output; token_embd is only looked up) once at load, 1.125 bytes
+  // per weight beside the mapping's (q8_matmul.h). A model without Q8_0
+  // matrices is unchanged.
   Q8MatMul q8_matmul = Q8MatMul::kExact;
 };
 
