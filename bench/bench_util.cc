@@ -27,6 +27,26 @@ std::string ModelPath() {
   return std::string(TANDEM_BENCH_SHARED_DIR) + "/models/stories260K.gguf";
 }
 
+absl::StatusOr<model::Q8MatMul> BenchQ8MatMul() {
+  const char* env = std::getenv("TANDEM_BENCH_Q8_MATMUL");
+  const std::string value = env == nullptr ? "" : env;
+  if (value.empty() || value == "exact") return model::Q8MatMul::kExact;
+  if (value == "int8") return model::Q8MatMul::kInt8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("TANDEM_BENCH_Q8_MATMUL: expected exact or int8, got '", value, "'"));
+}
+
+absl::StatusOr<kv::KvDtype> BenchKvDtype() {
+  const char* env = std::getenv("TANDEM_BENCH_KV_DTYPE");
+  const std::string value = env == nullptr ? "" : env;
+  if (value.empty()) return kv::KvDtype::kF32;
+  for (kv::KvDtype d : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+    if (value == kv::KvDtypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("TANDEM_BENCH_KV_DTYPE: expected f32, f16 or bf16, got '", value, "'"));
+}
+
 absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads) {
   static auto* cache = new std::map<int32_t, LoadedModel>();
   auto it = cache->find(num_threads);
@@ -35,7 +55,12 @@ absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads) {
   auto file = gguf::GgufFile::Open(ModelPath());
   if (!file.ok()) return file.status();
   loaded.file = *std::move(file);
-  auto m = model::LlamaModel::Load(*loaded.file, num_threads);
+  absl::StatusOr<model::Q8MatMul> q8 = BenchQ8MatMul();
+  if (!q8.ok()) return q8.status();
+  model::LlamaModelOptions options;
+  options.num_threads = num_threads;
+  options.q8_matmul = *q8;
+  auto m = model::LlamaModel::Load(*loaded.file, options);
   if (!m.ok()) return m.status();
   loaded.model = *std::move(m);
   const model::LlamaModel* result = loaded.model.get();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/kv/kv_dtype.h"
 #include "engine/model/llama_model.h"
 
 namespace tandem::bench {
@@ -21,9 +22,20 @@ namespace tandem::bench {
 // <checkout>/../shared/models/stories260K.gguf (as the tests locate it).
 std::string ModelPath();
 
-// The model at ModelPath() loaded with num_threads threads, loaded on first
-// use and kept for the life of the process. Errors: those of
-// GgufFile::Open and LlamaModel::Load (e.g. UNAVAILABLE for a missing file).
+// How the benchmark model multiplies Q8_0 matrices: $TANDEM_BENCH_Q8_MATMUL
+// ("exact", the default, or "int8"; engine.q8_matmul). Errors:
+// INVALID_ARGUMENT naming the variable for another value.
+absl::StatusOr<model::Q8MatMul> BenchQ8MatMul();
+
+// The KV dtype of the engine benchmarks' caches: $TANDEM_BENCH_KV_DTYPE
+// ("f32", the default, "f16" or "bf16"; engine.kv_cache_dtype). Errors:
+// INVALID_ARGUMENT naming the variable for another value.
+absl::StatusOr<kv::KvDtype> BenchKvDtype();
+
+// The model at ModelPath() loaded with num_threads threads and
+// BenchQ8MatMul(), loaded on first use and kept for the life of the
+// process. Errors: those of BenchQ8MatMul, GgufFile::Open and
+// LlamaModel::Load (e.g. UNAVAILABLE for a missing file).
 absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads);
 
 // The weights a Llama forward pass multiplies by (MatMul), per token: in

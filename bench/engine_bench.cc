@@ -5,6 +5,9 @@
 // the same batch sizes, so that the difference is the loop's own overhead
 // (admission, scheduling, sampling, block-table bookkeeping, sink calls).
 // All use real (wall-clock) time: Forward may run on a thread pool.
+// $TANDEM_BENCH_Q8_MATMUL (exact | int8) and $TANDEM_BENCH_KV_DTYPE
+// (f32 | f16 | bf16) set engine.q8_matmul and engine.kv_cache_dtype
+// (bench_util.h); defaults exact and f32.
 // BM_Prefill and BM_Decode also publish the model's matrix weights as
 // counters (params_matmul, weight_bytes; see MatMulWeights) and its weight
 // type as the label, from which bench/report.py derives GFLOP/s and GB/s.
@@ -48,6 +51,15 @@ const model::LlamaModel* ModelOrSkip(benchmark::State& state, int32_t threads) {
   return *m;
 }
 
+// BenchKvDtype(), or kF32 after marking the benchmark skipped (with the
+// variable's error) when it is set to something else; *ok says which.
+kv::KvDtype KvDtypeOrSkip(benchmark::State& state, bool* ok) {
+  absl::StatusOr<kv::KvDtype> d = BenchKvDtype();
+  *ok = d.ok();
+  if (!d.ok()) state.SkipWithError(d.status().ToString().c_str());
+  return d.ok() ? *d : kv::KvDtype::kF32;
+}
+
 // Publishes MatMulWeights of `m` on `state`: counters params_matmul
 // (weights) and weight_bytes (bytes as stored), label = weight type. Marks
 // the benchmark skipped and returns false when they cannot be read.
@@ -71,7 +83,10 @@ void BM_Prefill(benchmark::State& state) {
   if (m == nullptr) return;
   const int32_t n = std::min(kPrefillTokens, m->config().context_length);
   const int32_t num_blocks = kv::BlocksForTokens(n, kBlockSize);
-  kv::CpuKvStorage kv(m->kv_shape(kBlockSize), num_blocks);
+  bool dtype_ok = false;
+  const kv::KvDtype dtype = KvDtypeOrSkip(state, &dtype_ok);
+  if (!dtype_ok) return;
+  kv::CpuKvStorage kv(m->kv_shape(kBlockSize), num_blocks, dtype);
   kv::BlockPool blocks(num_blocks);
   const std::vector<int32_t> table = *blocks.Allocate(num_blocks);
   const std::vector<int32_t> tokens = RandomTokens(n, m->config().vocab_size, 7);
@@ -117,13 +132,13 @@ struct DecodeCache {
   std::vector<std::vector<int32_t>> tables;
 };
 
-DecodeCache& GetDecodeCache(const model::LlamaModel& m, int32_t batch) {
+DecodeCache& GetDecodeCache(const model::LlamaModel& m, int32_t batch, kv::KvDtype dtype) {
   static auto* caches = new std::map<int32_t, DecodeCache>();
   auto it = caches->find(batch);
   if (it != caches->end()) return it->second;
   const int32_t per_seq = kv::BlocksForTokens(kDecodeContext, kBlockSize);
   DecodeCache c;
-  c.storage = std::make_unique<kv::CpuKvStorage>(m.kv_shape(kBlockSize), batch * per_seq);
+  c.storage = std::make_unique<kv::CpuKvStorage>(m.kv_shape(kBlockSize), batch * per_seq, dtype);
   kv::BlockPool blocks(batch * per_seq);
   for (int32_t b = 0; b < batch; ++b) c.tables.push_back(*blocks.Allocate(per_seq));
   const std::vector<int32_t> history =
@@ -134,13 +149,14 @@ DecodeCache& GetDecodeCache(const model::LlamaModel& m, int32_t batch) {
   prefill.want_logits = false;
   m.Forward({&prefill, 1}, *c.storage, nullptr);
   const kv::KvShape& shape = c.storage->shape();
-  const size_t block_floats = static_cast<size_t>(shape.block_size) * shape.kv_dim();
+  const size_t block_bytes =
+      static_cast<size_t>(shape.block_size) * shape.kv_dim() * kv::KvDtypeBytes(dtype);
   for (int32_t b = 1; b < batch; ++b) {
     for (int32_t i = 0; i < per_seq; ++i) {
       const int32_t from = c.tables[0][i], to = c.tables[b][i];
       for (int32_t l = 0; l < shape.n_layers; ++l) {
-        std::memcpy(c.storage->K(to, l), c.storage->K(from, l), block_floats * sizeof(float));
-        std::memcpy(c.storage->V(to, l), c.storage->V(from, l), block_floats * sizeof(float));
+        std::memcpy(c.storage->KData(to, l), c.storage->KData(from, l), block_bytes);
+        std::memcpy(c.storage->VData(to, l), c.storage->VData(from, l), block_bytes);
       }
     }
   }
@@ -155,7 +171,10 @@ void BM_Decode(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(0));
   const model::LlamaModel* m = ModelOrSkip(state, static_cast<int32_t>(state.range(1)));
   if (m == nullptr) return;
-  DecodeCache& cache = GetDecodeCache(*m, batch);
+  bool dtype_ok = false;
+  const kv::KvDtype dtype = KvDtypeOrSkip(state, &dtype_ok);
+  if (!dtype_ok) return;
+  DecodeCache& cache = GetDecodeCache(*m, batch, dtype);
   std::vector<std::vector<int32_t>> next;
   for (int32_t b = 0; b < batch; ++b) {
     next.push_back(RandomTokens(1, m->config().vocab_size, 1000 + b));
@@ -274,6 +293,9 @@ void BM_ServingLoop(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(0));
   const model::LlamaModel* m = ModelOrSkip(state, static_cast<int32_t>(state.range(1)));
   if (m == nullptr) return;
+  bool dtype_ok = false;
+  const kv::KvDtype dtype = KvDtypeOrSkip(state, &dtype_ok);
+  if (!dtype_ok) return;
   core::EngineCoreOptions options;
   options.scheduler.max_num_seqs = std::max(batch, 1);
   options.scheduler.enable_prefix_caching = false;
@@ -281,7 +303,7 @@ void BM_ServingLoop(benchmark::State& state) {
   const int32_t num_blocks =
       batch * kv::BlocksForTokens(kPromptTokens + kServeNewTokens, kBlockSize) + 8;
   auto engine = std::make_unique<core::EngineCore>(
-      options, std::make_unique<backend::CpuBackend>(m, kBlockSize, num_blocks), nullptr);
+      options, std::make_unique<backend::CpuBackend>(m, kBlockSize, num_blocks, dtype), nullptr);
   uint32_t round = 0;
   int64_t tokens = 0;
   for (auto _ : state) {

@@ -1,10 +1,12 @@
 // Kernel and memory micro-benchmarks: the machine's FMA peak, the model's
-// MatMul (engine/model/cpu_kernels.h) GFLOP/s, memcpy GB/s and the KV copy
+// MatMul (engine/model/cpu_kernels.h) GFLOP/s, Q8_0 exact against int8
+// (engine.q8_matmul), memcpy GB/s and the KV copy
 // functions (engine/kv/cpu_kv_storage.h) GB/s, and paged attention GB/s. Every benchmark uses real
 // (wall-clock) time, because the pooled ones run on more than one thread.
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/attention.h"
 #include "engine/model/cpu_kernels.h"
+#include "engine/model/q8_int8.h"
 #include "engine/model/quant_blocks.h"
 #include "engine/model/thread_pool.h"
 #include "tools/quantize.h"
@@ -203,6 +206,44 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs)->UseRealTime();
+
+// engine.q8_matmul on a Q8_0 matrix (RandomWeights): exact (dequantized
+// F32 GEMM) against int8 (activations quantized per row, integer dot
+// products; q8_int8.h, on the best int8 ISA here). Args: M, K, N, int8
+// (0 exact, 1 int8), threads. GFLOP/s counts 2MKN per call.
+void BM_Q8MatMul(benchmark::State& state) {
+  const size_t m = static_cast<size_t>(state.range(0));
+  const size_t k = static_cast<size_t>(state.range(1));
+  const size_t n = static_cast<size_t>(state.range(2));
+  const bool int8 = state.range(3) != 0;
+  const int32_t threads = static_cast<int32_t>(state.range(4));
+  const std::vector<float> x = RandomFloats(m * k, 1);
+  const std::vector<uint8_t> w = RandomWeights(gguf::TensorType::kQ8_0, n, k);
+  model::internal::WeightMatrix matrix{gguf::TensorType::kQ8_0, w.data(), k, n};
+  const std::unique_ptr<model::internal::Q8Int8Matrix> packed =
+      model::internal::Q8Int8Matrix::Pack(matrix);
+  if (int8) matrix.int8 = packed.get();
+  std::vector<float> y(m * n);
+  model::ThreadPool pool(threads);
+  for (auto _ : state) {
+    model::internal::MatMul(x.data(), matrix, m, y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2e-9 * static_cast<double>(m * k * n),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(int8 ? model::internal::Int8IsaName(model::internal::BestInt8Isa())
+                      : model::internal::KernelIsa());
+}
+void Q8MatMulArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "K", "N", "int8", "threads"});
+  for (int n : {768, 2048}) {
+    for (int m : {1, 8, 32, 512}) {
+      for (int int8 : {0, 1}) b->Args({m, 768, n, int8, 1});
+    }
+  }
+}
+BENCHMARK(BM_Q8MatMul)->Apply(Q8MatMulArgs)->UseRealTime();
 
 // ---------------------------------------------------------------------------
 // memcpy of range(0) MiB between two buffers. GB/s counts the bytes copied

@@ -557,8 +557,8 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     if (s = CheckKeys(n, "engine",
                       {"block_size", "num_kv_blocks", "max_num_seqs", "threads",
                        "max_num_batched_tokens", "prefill_chunk_tokens",
-                       "enable_prefix_caching", "kernel_isa", "device", "kv_cache_dtype",
-                       "gpu_memory_fraction", "batch_invariant"});
+                       "enable_prefix_caching", "kernel_isa", "q8_matmul", "device",
+                       "kv_cache_dtype", "gpu_memory_fraction", "batch_invariant"});
         !s.ok()) {
       return s;
     }
@@ -611,6 +611,19 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
         e.kernel_isa != "generic") {
       return Invalid("engine.kernel_isa", "expected auto, avx512, avx2 or generic",
                      n["kernel_isa"]);
+    }
+    if (n["q8_matmul"].IsDefined()) {
+      std::string mode;
+      if (s = ReadString(n, "q8_matmul", "engine", &mode); !s.ok()) return s;
+      if (mode == "exact") {
+        e.q8_matmul = model::Q8MatMul::kExact;
+      } else if (mode == "int8") {
+        e.q8_matmul = model::Q8MatMul::kInt8;
+      } else {
+        return Invalid("engine.q8_matmul",
+                       absl::StrCat("expected exact or int8, got '", mode, "'"),
+                       n["q8_matmul"]);
+      }
     }
   }
   if (const YAML::Node n = root["conditional"]; n.IsDefined()) {

@@ -21,7 +21,8 @@
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
 //            threads: 1, max_num_batched_tokens: 2048,
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
-//            kernel_isa: auto, device: cpu, kv_cache_dtype: <by device>,
+//            kernel_isa: auto, q8_matmul: exact,   # exact | int8
+//            device: cpu, kv_cache_dtype: <by device>,
 //            gpu_memory_fraction: 0.9, batch_invariant: true}
 //   conditional: {max_local_prefill_tokens: 32,   # integer >= 0 | unbounded
 //                 on_prefill_failure: fail}
@@ -48,6 +49,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/backend/device.h"
 #include "engine/kv/kv_dtype.h"
+#include "engine/model/q8_matmul.h"
 #include "kvtransfer/transport.h"
 
 namespace tandem {
@@ -183,6 +185,11 @@ struct EngineConfig {
   // generic. Part of the KV numerics id: pin it when workers run on
   // different CPUs so prefill and decode compute K/V with the same bits.
   std::string kernel_isa = "auto";
+  // engine.q8_matmul: how Q8_0 weight matrices are multiplied on the CPU:
+  // exact (dequantized to F32) or int8 (activations quantized to Q8_0,
+  // integer dot products, as llama.cpp; its own bit-exact class). No effect
+  // on a model without Q8_0 matrices; a CUDA worker refuses int8.
+  model::Q8MatMul q8_matmul = model::Q8MatMul::kExact;
   // engine.device: cpu or cuda:N, for every worker without its own
   // `device:`.
   backend::DeviceSpec device;

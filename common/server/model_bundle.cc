@@ -16,12 +16,16 @@ absl::Status WithPath(const std::string& path, const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
-                                                             int32_t num_threads) {
+                                                             int32_t num_threads,
+                                                             model::Q8MatMul q8_matmul) {
   auto bundle = std::make_unique<ModelBundle>();
   auto file = gguf::GgufFile::Open(path);
   if (!file.ok()) return file.status();
   bundle->file = std::move(*file);
-  auto model = model::LlamaModel::Load(*bundle->file, num_threads);
+  model::LlamaModelOptions options;
+  options.num_threads = num_threads;
+  options.q8_matmul = q8_matmul;
+  auto model = model::LlamaModel::Load(*bundle->file, options);
   if (!model.ok()) return WithPath(path, model.status());
   bundle->model = std::move(*model);
   auto tok = tokenizer::Tokenizer::FromGguf(*bundle->file);

@@ -21,10 +21,13 @@ struct ModelBundle {
 };
 
 // Opens `path` and loads everything; the forward pass uses `num_threads`
-// compute threads (engine.threads). Errors carry the path and the cause
+// compute threads (engine.threads) and multiplies Q8_0 matrices as
+// `q8_matmul` says (engine.q8_matmul; int8 packs them at load). Errors carry the path and the cause
 // (NOT_FOUND, INVALID_ARGUMENT for a non-GGUF or truncated file, ...).
 absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
-                                                             int32_t num_threads = 1);
+                                                             int32_t num_threads = 1,
+                                                             model::Q8MatMul q8_matmul =
+                                                                 model::Q8MatMul::kExact);
 
 }  // namespace tandem
 

@@ -52,6 +52,7 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
   o.num_kv_blocks_set = config.engine.num_kv_blocks_set;
   o.gpu_memory_fraction = config.engine.gpu_memory_fraction;
   o.batch_invariant = config.engine.batch_invariant;
+  o.q8_matmul = config.engine.q8_matmul;
   o.max_num_batched_tokens = config.engine.max_num_batched_tokens;
   o.max_num_seqs = config.engine.max_num_seqs;
   o.log = [](const std::string& line) { rpc::Log(line); };

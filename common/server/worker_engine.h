@@ -43,7 +43,7 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
 // (entry's `device:`, else engine.device) and the key it came from, its KV
 // dtype (ClusterConfig::WorkerKvDtype), engine.{block_size, num_kv_blocks
 // (and whether it was given), gpu_memory_fraction, batch_invariant,
-// max_num_batched_tokens, max_num_seqs}; start-up lines go to rpc::Log.
+// max_num_batched_tokens, max_num_seqs, q8_matmul}; start-up lines go to rpc::Log.
 backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
                                                  const WorkerConfig& worker);
 

@@ -152,7 +152,8 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
   if (absl::Status s = model::PinKernelIsa(config->engine.kernel_isa); !s.ok()) {
     return Fail(absl::StrCat("engine.kernel_isa: ", s.message()));
   }
-  auto bundle = LoadModelBundle(*model_path, config->engine.threads);
+  auto bundle =
+      LoadModelBundle(*model_path, config->engine.threads, config->engine.q8_matmul);
   if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
   rpc::Log(absl::StrCat("loaded ", *model_path, " (", (*bundle)->model->config().name, ")"));
 

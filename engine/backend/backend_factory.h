@@ -45,6 +45,9 @@ struct BackendOptions {
   // device (else every matrix is uploaded as BF16, F16 ones as F16), and
   // TF32 is off.
   bool keep_f32_weights = false;
+  // engine.q8_matmul. CPU: must be what the model was loaded with
+  // (LlamaModelOptions::q8_matmul, which does the work); CUDA: exact only.
+  model::Q8MatMul q8_matmul = model::Q8MatMul::kExact;
   // Called with one line per start-up fact (the memory plan); may be null.
   std::function<void(const std::string&)> log;
 };
@@ -56,7 +59,9 @@ struct BackendOptions {
 // cuda::CudaBackend::Create builds it. Errors, one line naming the key and
 // the numbers: FAILED_PRECONDITION for cuda:N without such a GPU (or one
 // the runtime cannot describe) or in a build without CUDA, INVALID_ARGUMENT for an option the
-// device does not have (batch_invariant false on the CPU),
+// device does not have (batch_invariant false on the CPU,
+// q8_matmul int8 on cuda:N, checked before the device), FAILED_PRECONDITION
+// for a CPU q8_matmul other than the model's q8_matmul(),
 // RESOURCE_EXHAUSTED when the model or one KV block does not fit
 // (PlanGpuMemory).
 absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(

@@ -1,9 +1,12 @@
 #include "engine/backend/cpu_backend.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::backend {
 
-std::string CpuBitExactClass() {
-  return std::string("tandem-cpu/") + model::KernelIsa() + "/v2";
+std::string CpuBitExactClass(const model::LlamaModel& model, kv::KvDtype kv_dtype) {
+  return absl::StrCat("tandem-cpu/", model.all_matmuls_int8() ? "int8" : model::KernelIsa(), "/",
+                      model.q8_matmul_name(), "/", kv::KvDtypeName(kv_dtype), "/v3");
 }
 
 CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size,

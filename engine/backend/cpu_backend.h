@@ -17,11 +17,22 @@
 
 namespace tandem::backend {
 
-// The bit-exact class of this process's CPU backend:
-// "tandem-cpu/<kernel ISA>/v2" (model::KernelIsa()). The trailing version
-// changes whenever the engine's arithmetic does (v2: attention's vectorized
-// exp and 4-lane softmax sum).
-std::string CpuBitExactClass();
+// The bit-exact class of a CPU backend over `model` with a KV cache of
+// `kv_dtype`: "tandem-cpu/<matmul>/<q8 path>/<kv dtype>/v3", where
+//   <matmul>   = the kernel ISA of the float MatMul (model::KernelIsa():
+//                avx512, avx2, generic), or "int8" when every matrix the
+//                model multiplies runs the int8 path (all_matmuls_int8():
+//                then no result depends on the ISA);
+//   <q8 path>  = engine.q8_matmul, "exact" or "int8"
+//                (LlamaModel::q8_matmul_name());
+//   <kv dtype> = f32, f16 or bf16 (kv::KvDtypeName);
+// e.g. "tandem-cpu/avx512/exact/f32/v3", "tandem-cpu/int8/int8/f16/v3".
+// Two CPU backends with equal classes give bit-identical results for the
+// same model. The trailing version changes whenever the engine's
+// arithmetic does (v2: attention's vectorized exp and 4-lane softmax sum;
+// v3: this format). HELLO and registration enforce only the KV layout id
+// (which includes the KV dtype); the class is reported (HELLO, status).
+std::string CpuBitExactClass(const model::LlamaModel& model, kv::KvDtype kv_dtype);
 
 class CpuBackend final : public ModelBackend {
  public:
@@ -33,7 +44,9 @@ class CpuBackend final : public ModelBackend {
 
   const model::LlamaConfig& config() const override { return model_->config(); }
   kv::KvStorage& kv_storage() override { return storage_; }
-  std::string bit_exact_class() const override { return CpuBitExactClass(); }
+  std::string bit_exact_class() const override {
+    return CpuBitExactClass(*model_, storage_.dtype());
+  }
   // Never fails (returns OK).
   absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
                        std::vector<sampling::SamplingView>* views) override;

@@ -1,5 +1,6 @@
 #include "engine/model/cpu_kernels.h"
 
+#include "engine/model/q8_int8.h"
 #include "engine/model/quant_loads.h"
 #include "engine/model/weight_loads.h"
 
@@ -382,6 +383,7 @@ void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_
 
 void MatMul(const float* x, const WeightMatrix& w, size_t rows, float* y, ThreadPool* pool,
             size_t min_work) {
+  if (w.int8 != nullptr) return MatMulInt8(x, *w.int8, rows, y, pool, min_work);
   const KernelIsaKind isa = ActiveKernelIsa();
   MaybeParallelFor(pool, w.out, rows * w.in * w.out, min_work, [&](size_t begin, size_t end) {
     MatMulColumnsWithIsa(isa, x, w, rows, begin, end, y);

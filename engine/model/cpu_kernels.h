@@ -98,7 +98,9 @@ void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_
 
 // y[r][o] = W[o] . x[r] in the ActiveKernelIsa() order, for r < rows,
 // o < w.out, W in its storage type (F32, F16, BF16, Q8_0; each gives the
-// bits of its F32 conversion). x: [rows][w.in], y: [rows][w.out]. When
+// bits of its F32 conversion). When w.int8 is set (a Q8_0 matrix under
+// engine.q8_matmul: int8), MatMulInt8 (q8_int8.h) instead: x quantized to
+// Q8_0 per block, integer dot products, its own bit-exact class. x: [rows][w.in], y: [rows][w.out]. When
 // `pool` has more than one thread and rows * in * out >= min_work, the
 // output columns are split into contiguous ranges, one per thread
 // (ThreadPool::ParallelFor); the reduction over `in` never is. Each element

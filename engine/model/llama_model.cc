@@ -105,6 +105,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
                                                              int32_t num_threads) {
+  LlamaModelOptions options;
+  options.num_threads = num_threads;
+  return Load(file, options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
+                                                             const LlamaModelOptions& options) {
+  const int32_t num_threads = options.num_threads;
   if (num_threads < 1 || num_threads > kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat("num_threads is ", num_threads,
                                                    ", expected 1 to ", kMaxThreads));
@@ -114,7 +122,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
   absl::StatusOr<std::unique_ptr<internal::ModelWeights>> weights =
       internal::LoadLlamaWeights(file, *config);
   if (!weights.ok()) return weights.status();
+  const bool all_int8 =
+      options.q8_matmul == Q8MatMul::kInt8 && internal::PackQ8Int8(weights->get());
   std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->all_matmuls_int8_ = all_int8;
+  model->q8_matmul_ = options.q8_matmul;
   model->config_ = *std::move(config);
   model->w_ = std::move(*weights);
   model->num_threads_ = num_threads;

@@ -2,8 +2,9 @@
 // model_arch.h) on the CPU over a paged KV cache.
 //
 // Owns: the model's weights (matrices in their GGUF type, F32/F16/BF16/Q8_0,
-// read in place from the mapping; norm, bias and RoPE frequency-factor
-// vectors as F32), the forward computation and its thread pool. Does not
+// read in place from the mapping; under LlamaModelOptions::q8_matmul int8
+// also a packed copy of each Q8_0 matrix; norm, bias and RoPE
+// frequency-factor vectors as F32), the forward computation and its thread pool. Does not
 // touch: allocation of KV blocks (the caller passes block tables),
 // sampling, scheduling.
 // Threads: a model built with num_threads = N owns a ThreadPool of N
@@ -55,6 +56,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/model_arch.h"
+#include "engine/model/q8_matmul.h"
 
 namespace tandem::model {
 class ThreadPool;
@@ -108,6 +110,17 @@ struct SequenceBatch {
 using LayerHook = std::function<void(size_t seq_index, int32_t layer,
                                      int32_t token_start, int32_t token_count)>;
 
+// Load options; defaults: 1 thread, exact Q8_0.
+struct LlamaModelOptions {
+  // Threads Forward uses, the caller's included: [1, LlamaModel::kMaxThreads].
+  int32_t num_threads = 1;
+  // kInt8 repacks every Q8_0 matrix Forward multiplies (the layers' and
+  // the output; token_embd is only looked up) once at load, 1.125 bytes
+  // per weight beside the mapping's (q8_matmul.h). A model without Q8_0
+  // matrices is unchanged.
+  Q8MatMul q8_matmul = Q8MatMul::kExact;
+};
+
 class LlamaModel {
  public:
   // Builds from an open GGUF file (which must outlive the model). Errors:
@@ -124,6 +137,9 @@ class LlamaModel {
   // INVALID_ARGUMENT when num_threads is outside [1, kMaxThreads].
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
                                                           int32_t num_threads);
+  // As above with `options` (num_threads checked as above).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
+                                                          const LlamaModelOptions& options);
   static constexpr int32_t kMaxThreads = 256;
 
   ~LlamaModel();
@@ -133,6 +149,15 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   // Threads Forward uses, the caller's included (>= 1).
   int32_t num_threads() const { return num_threads_; }
+  // How Q8_0 matrices are multiplied (LlamaModelOptions::q8_matmul), and
+  // its name, "exact" or "int8", for the bit-exact class.
+  Q8MatMul q8_matmul() const { return q8_matmul_; }
+  const char* q8_matmul_name() const { return Q8MatMulName(q8_matmul_); }
+  // True when q8_matmul() is int8 and every matrix Forward multiplies is
+  // Q8_0: no MatMul then runs the ISA-dependent float order, so the
+  // forward's bits do not depend on the kernel ISA (the bit-exact class
+  // says "int8" instead of the ISA).
+  bool all_matmuls_int8() const { return all_matmuls_int8_; }
   kv::KvShape kv_shape(int32_t block_size) const;
 
   // Runs one forward step over all entries. Resizes `logits` to
@@ -169,6 +194,8 @@ class LlamaModel {
   LlamaConfig config_;
   std::shared_ptr<const internal::ModelWeights> w_;  // see llama_weights.h
   int32_t num_threads_ = 1;
+  Q8MatMul q8_matmul_ = Q8MatMul::kExact;
+  bool all_matmuls_int8_ = false;
   std::unique_ptr<ThreadPool> pool_;  // null when num_threads_ == 1
   size_t min_parallel_work_;
 };

@@ -400,4 +400,24 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
   return w;
 }
 
+namespace {
+// Packs `m` when it is Q8_0; returns whether it was.
+bool PackMatrix(Matrix& m) {
+  if (m.view.type != gguf::TensorType::kQ8_0) return false;
+  m.int8 = Q8Int8Matrix::Pack(m.view);
+  m.view.int8 = m.int8.get();
+  return true;
+}
+}  // namespace
+
+bool PackQ8Int8(ModelWeights* weights) {
+  bool all = true;
+  for (LayerWeights& l : weights->layers) {
+    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      all = PackMatrix(*m) && all;
+    }
+  }
+  return PackMatrix(weights->output) && all;
+}
+
 }  // namespace tandem::model::internal

@@ -4,7 +4,9 @@
 //
 // Weight matrices stay in their GGUF type (F32, F16, BF16, Q8_0), read in
 // place from the mapping (a tied output is a second view of token_embd, not
-// a copy); MatMul dequantizes them a panel at a time (weight_matrix.h). The
+// a copy); MatMul dequantizes them a panel at a time (weight_matrix.h), or,
+// for Q8_0 under engine.q8_matmul: int8, reads a packed copy made at load
+// (PackQ8Int8, q8_int8.h). The
 // small vectors (norms, Q/K/V biases, RoPE frequency factors) are used in
 // place when F32 and aligned, else converted to F32 at load.
 // Threads: load once; the result is immutable.
@@ -19,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/q8_int8.h"
 #include "engine/model/weight_matrix.h"
 
 namespace tandem::model::internal {
@@ -47,6 +50,9 @@ struct Tensor : MoveOnly {
 struct Matrix : MoveOnly {
   WeightMatrix view;
   std::vector<float> owned;
+  // The int8 packing of a Q8_0 matrix (PackQ8Int8), which view.int8
+  // points to; null otherwise.
+  std::unique_ptr<const Q8Int8Matrix> int8;
 };
 
 struct LayerWeights {
@@ -94,6 +100,14 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
 // Errors: INVALID_ARGUMENT naming the tensor and the file.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
                                                                const LlamaConfig& config);
+
+// engine.q8_matmul: int8: packs every Q8_0 matrix Forward multiplies (each
+// layer's seven and `output`; not token_embd, which is only looked up)
+// with Q8Int8Matrix::Pack and points its view.int8 at the packing. Other
+// types are left as they are (a model without Q8_0 matrices is unchanged).
+// Returns true when every matrix Forward multiplies is Q8_0 (so no MatMul
+// of the model runs the ISA-dependent float path).
+bool PackQ8Int8(ModelWeights* weights);
 
 }  // namespace tandem::model::internal
 

@@ -23,6 +23,8 @@
 
 namespace tandem::model::internal {
 
+class Q8Int8Matrix;  // q8_int8.h
+
 // A weight matrix W of GGUF dims [in, out]: `out` rows of `in` elements of
 // `type`, row o starting at data + o * RowBytes(). For Q8_0, `in` is a
 // multiple of 32 (the loader checks). `data` is not owned and needs no
@@ -32,6 +34,11 @@ struct WeightMatrix {
   const uint8_t* data = nullptr;
   size_t in = 0;
   size_t out = 0;
+  // For a Q8_0 matrix under engine.q8_matmul: int8, its packed copy
+  // (q8_int8.h, owned by whoever owns the matrix): MatMul then takes the
+  // integer path. Null: MatMul dequantizes exactly (everything else here
+  // ignores it).
+  const Q8Int8Matrix* int8 = nullptr;
 
   // Bytes of one row: in * 4 (F32), in * 2 (F16, BF16), in / 32 * 34 (Q8_0).
   size_t RowBytes() const;

@@ -229,6 +229,23 @@ TEST(ClusterConfigTest, EngineBatchingAndIsaKeys) {
       "engine: {kernel_isa: sse9}\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("engine.kernel_isa"));
+  EXPECT_EQ(c->engine.q8_matmul, model::Q8MatMul::kExact);  // the default
+  absl::StatusOr<ClusterConfig> int8 = ParseClusterConfig(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
+      "engine: {q8_matmul: int8}\n");
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_EQ(int8->engine.q8_matmul, model::Q8MatMul::kInt8);
+  absl::StatusOr<ClusterConfig> exact = ParseClusterConfig(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
+      "engine: {q8_matmul: exact}\n");
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->engine.q8_matmul, model::Q8MatMul::kExact);
+  absl::StatusOr<ClusterConfig> bad_q8 = ParseClusterConfig(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
+      "engine: {q8_matmul: int4}\n");
+  ASSERT_FALSE(bad_q8.ok());
+  EXPECT_THAT(bad_q8.status().message(), HasSubstr("engine.q8_matmul"));
+  EXPECT_THAT(bad_q8.status().message(), HasSubstr("expected exact or int8, got 'int4'"));
   absl::StatusOr<ClusterConfig> bad_bool = ParseClusterConfig(
       "decode_workers: [{name: d, listen: '127.0.0.1:0', kv_listen: '127.0.0.1:0'}]\n"
       "engine: {enable_prefix_caching: maybe}\n");

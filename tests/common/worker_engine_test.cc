@@ -114,11 +114,15 @@ engine: {block_size: 8, num_kv_blocks: 100, max_num_seqs: 3, max_num_batched_tok
   EXPECT_FALSE(o.batch_invariant);
   EXPECT_EQ(o.max_num_batched_tokens, 99);
   EXPECT_EQ(o.max_num_seqs, 3);
+  EXPECT_EQ(o.q8_matmul, model::Q8MatMul::kExact);
   EXPECT_NE(o.log, nullptr);
   o = BackendOptionsFromConfig(*config, config->decode_workers[1]);
   EXPECT_EQ(o.device.ToString(), "cpu");
   EXPECT_EQ(o.device_key, "engine.device");
   EXPECT_EQ(o.kv_cache_dtype, kv::KvDtype::kF32);
+  config->engine.q8_matmul = model::Q8MatMul::kInt8;
+  EXPECT_EQ(BackendOptionsFromConfig(*config, config->decode_workers[1]).q8_matmul,
+            model::Q8MatMul::kInt8);
 }
 
 TEST(BackendFromConfigTest, RefusalsNameTheKeyInOneLine) {

@@ -73,7 +73,7 @@ class DecodeWorkerTest : public worker_testing::StoriesTest {
     const int32_t len = static_cast<int32_t>(c.prompt.size());
     worker_testing::PromptKv kv = worker_testing::ComputePromptKv(model(), c.prompt, 16);
     auto sender = kvtransfer::KvSender::Connect(
-        need.kv_endpoint, id, need.attempt, worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(),
+        need.kv_endpoint, id, need.attempt, worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(model(), kv::KvDtype::kF32),
         2000);
     ASSERT_TRUE(sender.ok()) << sender.status();
     ASSERT_TRUE(worker_testing::SendPromptKv(**sender, kv, model().config().n_layers, 0, len)
@@ -284,7 +284,7 @@ TEST_F(DecodeWorkerTest, SenderVanishingMidTransferIsUnavailable) {
     worker_testing::PromptKv kv = worker_testing::ComputePromptKv(model(), c.prompt, 16);
     auto sender = kvtransfer::KvSender::Connect(
         need.kv_endpoint, "vanish", need.attempt,
-        worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(), 2000);
+        worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(model(), kv::KvDtype::kF32), 2000);
     ASSERT_TRUE(sender.ok()) << sender.status();
     // Two of five layers, then the connection closes.
     ASSERT_TRUE(worker_testing::SendPromptKv(**sender, kv, 2, 0,
@@ -375,7 +375,7 @@ TEST_F(DecodeWorkerTest, CancelWhileWaitingForKvFreesBlocks) {
   EXPECT_EQ(stats.running_requests, 0u);
   // A late P is turned away.
   auto late = kvtransfer::KvSender::Connect(sink->need_remote_prefill()->kv_endpoint, "waiting",
-                                            1, worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(),
+                                            1, worker_testing::StoriesLayout(model(), kFingerprint), backend::CpuBitExactClass(model(), kv::KvDtype::kF32),
                                             1000);
   EXPECT_FALSE(late.ok());
 }

@@ -177,7 +177,7 @@ absl::Status TestDecodeWorker::Submit(core::EngineRequest request,
 TestPrefillWorker::TestPrefillWorker(const WorkerOptions& options,
                                      const model::LlamaModel* model) {
   send_.layout = StoriesLayout(*model, options.fingerprint);
-  send_.bit_exact_class = backend::CpuBitExactClass();
+  send_.bit_exact_class = backend::CpuBitExactClass(*model, kv::KvDtype::kF32);
   send_.transfer_timeout_ms = options.transfer_timeout_ms;
   send_.fault_stall_after_frames = options.fault_stall_after_frames;
   send_.send_buffer_bytes = options.send_buffer_bytes;

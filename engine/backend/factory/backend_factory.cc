@@ -34,7 +34,13 @@ class NoCudaQuery final : public DeviceQuery {
 
 // The CPU backend's refusals: options it does not have are refused rather
 // than ignored. (Every KvDtype is held: F32, F16, BF16.)
-absl::Status CheckCpuOptions(const BackendOptions& options) {
+absl::Status CheckCpuOptions(const model::LlamaModel& model, const BackendOptions& options) {
+  if (options.q8_matmul != model.q8_matmul()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "engine.q8_matmul: ", model::Q8MatMulName(options.q8_matmul), " on ",
+        options.device_key, " cpu, but the model was loaded with ", model.q8_matmul_name(),
+        " (LlamaModelOptions::q8_matmul)"));
+  }
   if (!kv::IsKnownKvDtype(static_cast<uint32_t>(options.kv_cache_dtype))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "engine.kv_cache_dtype: ", static_cast<uint32_t>(options.kv_cache_dtype),
@@ -72,6 +78,13 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaMo
                                                             const BackendOptions& options,
                                                             const DeviceQuery& query) {
   if (options.device.is_cuda()) {
+    if (options.q8_matmul != model::Q8MatMul::kExact) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "engine.q8_matmul: ", model::Q8MatMulName(options.q8_matmul), " on ",
+          options.device_key, " ", options.device.ToString(),
+          ", but the CUDA backend multiplies Q8_0 weights only as exact (set "
+          "engine.q8_matmul: exact, or run this worker on cpu)"));
+    }
 #ifdef TANDEM_HAVE_CUDA
     if (absl::Status s = CheckDeviceAvailable(query, options.device, options.device_key);
         !s.ok()) {
@@ -98,7 +111,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaMo
         options.device_key, ": ", options.device.ToString(), ", but ", kNoCudaBuild));
 #endif
   }
-  if (absl::Status s = CheckCpuOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckCpuOptions(model, options); !s.ok()) return s;
   return std::unique_ptr<ModelBackend>(
       std::make_unique<CpuBackend>(&model, options.block_size, options.num_kv_blocks,
                                    options.kv_cache_dtype));

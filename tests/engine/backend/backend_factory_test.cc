@@ -88,6 +88,36 @@ TEST_F(BackendFactoryTest, CpuRefusesBatchInvariantFalse) {
             "backend is always batch-invariant (remove the key or set it true)");
 }
 
+// engine.q8_matmul: int8 is a CPU path; a CUDA worker refuses it before
+// looking at the device, and a CPU backend takes only the model's own mode.
+TEST_F(BackendFactoryTest, Q8MatMulInt8IsRefusedOnCudaAndMustMatchTheModel) {
+  BackendOptions cuda = Cuda(0);
+  cuda.q8_matmul = model::Q8MatMul::kInt8;
+  absl::StatusOr<std::unique_ptr<ModelBackend>> refused =
+      CreateBackend(*model_, cuda, FakeDeviceQuery({FakeH200(0)}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "engine.q8_matmul: int8 on engine.device cuda:0, but the CUDA backend multiplies "
+            "Q8_0 weights only as exact (set engine.q8_matmul: exact, or run this worker on "
+            "cpu)");
+  BackendOptions cpu;
+  cpu.q8_matmul = model::Q8MatMul::kInt8;  // model_ was loaded with exact
+  absl::StatusOr<std::unique_ptr<ModelBackend>> mismatch =
+      CreateBackend(*model_, cpu, FakeDeviceQuery({}));
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(mismatch.status().message(),
+            "engine.q8_matmul: int8 on engine.device cpu, but the model was loaded with exact "
+            "(LlamaModelOptions::q8_matmul)");
+  model::LlamaModelOptions int8_options;
+  int8_options.q8_matmul = model::Q8MatMul::kInt8;
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> int8 =
+      model::LlamaModel::Load(*file_, int8_options);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_TRUE(CreateBackend(**int8, cpu, FakeDeviceQuery({})).ok());
+}
+
 TEST_F(BackendFactoryTest, CudaWithoutSuchDeviceNamesTheKey) {
   FakeDeviceQuery none({}, "no CUDA-capable device is detected");
   absl::StatusOr<std::unique_ptr<ModelBackend>> backend = CreateBackend(*model_, Cuda(0), none);

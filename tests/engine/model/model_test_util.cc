@@ -149,24 +149,30 @@ void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
 
 void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
                           kv::KvDtype kv_dtype) {
-  constexpr int32_t kBlockSize = 16;
-  constexpr int kDecodeSteps = 4;
   LoadedModel one = LoadSharedModel(model, 1);
   ASSERT_NE(one.model, nullptr);
+  LoadedModel two = LoadSharedModel(model, 2);
+  ASSERT_NE(two.model, nullptr);
+  ExpectBatchInvariantModels(*one.model, *two.model, prompts, kv_dtype);
+}
+
+void ExpectBatchInvariantModels(const LlamaModel& one, LlamaModel& two,
+                                const std::vector<std::vector<int32_t>>& prompts,
+                                kv::KvDtype kv_dtype) {
+  constexpr int32_t kBlockSize = 16;
+  constexpr int kDecodeSteps = 4;
   std::vector<std::vector<std::vector<float>>> alone;
   for (const std::vector<int32_t>& p : prompts) {
-    kv::CpuKvStorage kv(one.model->kv_shape(kBlockSize), 16, kv_dtype);
+    kv::CpuKvStorage kv(one.kv_shape(kBlockSize), 16, kv_dtype);
     kv::BlockPool blocks(16);
     std::vector<ScheduledSeq> seqs(1);
     seqs[0].prompt = p;
-    RunSchedule(*one.model, kv, blocks, seqs, kBlockSize, kDecodeSteps);
+    RunSchedule(one, kv, blocks, seqs, kBlockSize, kDecodeSteps);
     alone.push_back(seqs[0].logits);
   }
 
-  LoadedModel two = LoadSharedModel(model, 2);
-  ASSERT_NE(two.model, nullptr);
-  two.model->set_min_parallel_work_for_testing(0);
-  for (const LlamaModel* m : {one.model.get(), two.model.get()}) {
+  two.set_min_parallel_work_for_testing(0);
+  for (const LlamaModel* m : {&one, static_cast<const LlamaModel*>(&two)}) {
     for (int32_t chunk : {1, 7, 0}) {
       SCOPED_TRACE(::testing::Message() << m->num_threads() << " threads, chunk " << chunk);
       kv::CpuKvStorage kv(m->kv_shape(kBlockSize), 64, kv_dtype);

@@ -79,6 +79,12 @@ void ExpectGreedyGoldenCase(const LlamaModel& model, const nlohmann::json& c,
 void ExpectBatchInvariant(const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
                           kv::KvDtype kv_dtype = kv::KvDtype::kF32);
 
+// The same over models already loaded: `one` on 1 thread, `two` on 2
+// (whose kernels this splits: set_min_parallel_work_for_testing(0)).
+void ExpectBatchInvariantModels(const LlamaModel& one, LlamaModel& two,
+                                const std::vector<std::vector<int32_t>>& prompts,
+                                kv::KvDtype kv_dtype = kv::KvDtype::kF32);
+
 // Same size and same bytes.
 bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b);
 
