@@ -91,6 +91,37 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m256 Combine(__m256
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dw, dx)));
 }
 
+// The 256-bit tiles' step after block b's integer dots: acc[r][h] =
+// Combine(acc[r][h], si[r][h], the block's 8 F16 scales of half h, row
+// r0 + r's activation scale), for R rows and both halves of the group.
+template <int R>
+__attribute__((target("avx2,f16c"), always_inline)) inline void CombineBlock(
+    const Args& a, const uint8_t* t, size_t r0, size_t b, const __m256i (&si)[R][2],
+    __m256 (&acc)[R][2]) {
+  const __m256 dw0 =
+      _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt)));
+  const __m256 dw1 =
+      _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt + 16)));
+  for (int r = 0; r < R; ++r) {
+    const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
+    acc[r][0] = Combine(acc[r][0], si[r][0], dw0, dx);
+    acc[r][1] = Combine(acc[r][1], si[r][1], dw1, dx);
+  }
+}
+
+// Stores the R rows' 16 columns of group g0 (fewer at the matrix's edge).
+template <int R>
+__attribute__((target("avx2"), always_inline)) inline void StoreRows(const Args& a, size_t r0,
+                                                                     size_t g0,
+                                                                     const __m256 (&acc)[R][2]) {
+  const int n = a.Cols(g0);
+  for (int r = 0; r < R; ++r) {
+    float* yr = a.y + (r0 + r) * a.out + g0 * kCols;
+    Store8(yr, acc[r][0], n);
+    Store8(yr + 8, acc[r][1], n - 8);
+  }
+}
+
 // AVX2: one group (two halves of 8 columns) by R rows. Per 4 elements and
 // half: sign(x, w) as s8 times |w| as u8 in pairs (maddubs, exact: pair
 // sums <= 2 * 128 * 127), then pairs to int32 (madd with ones).
@@ -123,22 +154,9 @@ struct Avx2Isa {
           si[r][1] = _mm256_add_epi32(si[r][1], _mm256_madd_epi16(p1, ones));
         }
       }
-      const __m256 dw0 =
-          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt)));
-      const __m256 dw1 = _mm256_cvtph_ps(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt + 16)));
-      for (int r = 0; r < R; ++r) {
-        const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
-        acc[r][0] = Combine(acc[r][0], si[r][0], dw0, dx);
-        acc[r][1] = Combine(acc[r][1], si[r][1], dw1, dx);
-      }
+      CombineBlock<R>(a, t, r0, b, si, acc);
     }
-    const int n = a.Cols(g0);
-    for (int r = 0; r < R; ++r) {
-      float* yr = a.y + (r0 + r) * a.out + g0 * kCols;
-      Store8(yr, acc[r][0], n);
-      Store8(yr + 8, acc[r][1], n - 8);
-    }
+    StoreRows<R>(a, r0, g0, acc);
   }
 };
 
@@ -182,22 +200,9 @@ struct AvxVnniIsa {
           si[r][1] = _mm256_dpbusd_avx_epi32(si[r][1], x, w1);
         }
       }
-      const __m256 dw0 =
-          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt)));
-      const __m256 dw1 = _mm256_cvtph_ps(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt + 16)));
-      for (int r = 0; r < R; ++r) {
-        const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
-        acc[r][0] = Combine(acc[r][0], si[r][0], dw0, dx);
-        acc[r][1] = Combine(acc[r][1], si[r][1], dw1, dx);
-      }
+      CombineBlock<R>(a, t, r0, b, si, acc);
     }
-    const int n = a.Cols(g0);
-    for (int r = 0; r < R; ++r) {
-      float* yr = a.y + (r0 + r) * a.out + g0 * kCols;
-      Store8(yr, acc[r][0], n);
-      Store8(yr + 8, acc[r][1], n - 8);
-    }
+    StoreRows<R>(a, r0, g0, acc);
   }
 };
 
