@@ -15,23 +15,26 @@ uint16_t FloatToF16(float x) {
   return gguf::FloatToHalf(x);  // round to nearest even, like _cvtss_sh(x, 0)
 }
 
+namespace {
+// dst (2n bytes, unaligned) = convert(src[i]) for i < n.
+template <uint16_t (*convert)(float)>
+void FloatsTo16(const float* src, size_t n, char* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = convert(src[i]);
+    std::memcpy(dst + 2 * i, &h, 2);
+  }
+}
+}  // namespace
+
 void FloatsToKv(KvDtype dtype, const float* src, size_t n, char* dst) {
   switch (dtype) {
     case KvDtype::kF32:
       std::memcpy(dst, src, n * sizeof(float));
       return;
     case KvDtype::kF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToF16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
+      return FloatsTo16<FloatToF16>(src, n, dst);
     case KvDtype::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToBf16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
+      return FloatsTo16<FloatToBf16>(src, n, dst);
   }
 }
 
