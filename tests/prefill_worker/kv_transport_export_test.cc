@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/tcp.h"
 #include "prefill_worker/kv_export.h"
 #include "prefill_worker/prefill_call.h"
 #include "tests/decode_worker/fake_data_plane.h"
@@ -25,7 +27,27 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 // A port nothing listens on: the queue's connect fails later, never Open.
+// (A refused connect can end the transfer before the test's first send:
+// tests that send use a SilentListener.)
 constexpr char kEndpoint[] = "127.0.0.1:9";
+
+// A listening socket that never accepts: the queue's connection waits in
+// the backlog for an ACCEPT that never comes, so sends are queued. Reset()
+// closes it, which resets the pending connection (UNAVAILABLE).
+class SilentListener {
+ public:
+  SilentListener() {
+    absl::StatusOr<kvtransfer::tcp::ScopedFd> fd = kvtransfer::tcp::Listen("127.0.0.1", 0, &port_);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (fd.ok()) fd_ = *std::move(fd);
+  }
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+  void Reset() { fd_.Reset(); }
+
+ private:
+  int port_ = 0;
+  kvtransfer::tcp::ScopedFd fd_;
+};
 
 kvtransfer::KvLayout Layout() { return worker_testing::SmallLayout(); }
 
@@ -62,7 +84,8 @@ TEST(KvTransportExportTest, TcpOnBothSidesSendsFramesCountedUnderTcp) {
   EXPECT_EQ(o.transports(), std::vector<KvTransport>{KvTransport::kTcp});
   EXPECT_EQ(o.host_id, "host-p");
   // An empty offer is a D from before the offer: tcp.
-  SenderKvExport e(o, kEndpoint, "r1", 1, 0, {});
+  SilentListener d;
+  SenderKvExport e(o, d.endpoint(), "r1", 1, 0, {});
   ASSERT_TRUE(e.Open(nullptr, [] {}).ok());
   EXPECT_EQ(e.transport(), KvTransport::kTcp);
   EXPECT_FALSE(e.sends_device_rows());
@@ -139,7 +162,8 @@ TEST(KvTransportExportTest, OfferNamesThisBuildDoesNotKnowAreSkipped) {
 TEST(KvTransportExportTest, DeviceTransportAnnouncesDescriptorsAndWaitsForTheDataPath) {
   FakeSender nccl(KvTransport::kNccl);
   KvSendOptions o = Options({KvTransport::kNccl, KvTransport::kTcp}, {&nccl});
-  SenderKvExport e(o, kEndpoint, "r5", 2, 0,
+  SilentListener d;
+  SenderKvExport e(o, d.endpoint(), "r5", 2, 0,
                    Offer({KvTransport::kCudaIpc, KvTransport::kNccl, KvTransport::kTcp}));
   const absl::Status open = e.Open(nullptr, [] {});
   ASSERT_TRUE(open.ok()) << open;
@@ -148,7 +172,7 @@ TEST(KvTransportExportTest, DeviceTransportAnnouncesDescriptorsAndWaitsForTheDat
   ASSERT_EQ(nccl.opened.size(), 1u);
   EXPECT_EQ(nccl.opened[0], (kvtransfer::TransferKey{"r5", 2}));
   ASSERT_EQ(nccl.peers.size(), 1u);
-  EXPECT_EQ(nccl.peers[0].kv_endpoint, kEndpoint);
+  EXPECT_EQ(nccl.peers[0].kv_endpoint, d.endpoint());
   EXPECT_EQ(nccl.peers[0].host_id, "host-d");
   EXPECT_EQ(nccl.peers[0].instance_id, "instance-d");
 
@@ -162,8 +186,9 @@ TEST(KvTransportExportTest, DeviceTransportAnnouncesDescriptorsAndWaitsForTheDat
   EXPECT_EQ(e.SendLayer(0, 0, 1, rows.data(), rows.data()).code(),
             absl::StatusCode::kFailedPrecondition);
 
-  // Nothing listens: the KV connection fails (UNAVAILABLE). While the data
+  // D goes away: the KV connection fails (UNAVAILABLE). While the data
   // path still reads the blocks (Poll nullopt) there is no result.
+  d.Reset();
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (nccl.polled_with.empty() && absl::Now() < deadline) {
     EXPECT_EQ(e.Result(), std::nullopt);
