@@ -1,5 +1,6 @@
 // Kernel and memory micro-benchmarks: the machine's FMA peak, the model's
-// MatMul (engine/model/cpu_kernels.h) GFLOP/s, Q8_0 exact against int8
+// MatMul (engine/model/cpu_kernels.h) GFLOP/s, the F32 GEMM against
+// OpenBLAS SGEMM, Q8_0 exact against int8
 // (engine.q8_matmul), memcpy GB/s and the KV copy
 // functions (engine/kv/cpu_kv_storage.h) GB/s, and paged attention GB/s. Every benchmark uses real
 // (wall-clock) time, because the pooled ones run on more than one thread.
@@ -17,6 +18,7 @@
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/attention.h"
 #include "engine/model/cpu_kernels.h"
+#include "engine/model/f32_panels.h"
 #include "engine/model/q8_int8.h"
 #include "engine/model/quant_blocks.h"
 #include "engine/model/thread_pool.h"
@@ -24,6 +26,11 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+
+#ifdef TANDEM_BENCH_OPENBLAS
+#include <cblas.h>
+extern "C" void openblas_set_num_threads(int num_threads);
 #endif
 
 namespace tandem::bench {
@@ -171,7 +178,13 @@ void BM_MatMul(benchmark::State& state) {
   const auto type = static_cast<gguf::TensorType>(state.range(4));
   const std::vector<float> x = RandomFloats(m * k, 1);
   const std::vector<uint8_t> w = RandomWeights(type, n, k);
-  const model::internal::WeightMatrix matrix{type, w.data(), k, n};
+  model::internal::WeightMatrix matrix{type, w.data(), k, n};
+  // An F32 matrix runs as the model runs it: on its panel packing.
+  std::unique_ptr<model::internal::F32PanelMatrix> panels;
+  if (type == gguf::TensorType::kF32) {
+    panels = model::internal::F32PanelMatrix::Pack(matrix);
+    matrix.f32_panels = panels.get();
+  }
   std::vector<float> y(m * n);
   model::ThreadPool pool(threads);
   for (auto _ : state) {
@@ -206,6 +219,68 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs)->UseRealTime();
+
+// The F32 GEMM y[M][N] = x[M][K] * W[N][K]^T three ways in one run:
+// impl 0 = the dot-product kernels (cpu_kernels.h, an F32 WeightMatrix
+// without panels: F16/Q8_0 prefill still runs them), 1 = the panel GEMM
+// the model runs for F32 matrices (f32_panels.h), 2 = OpenBLAS
+// cblas_sgemm (Debian libopenblas-dev; a reference for speed only, never
+// in the forward: its blocking depends on M, so its bits do too), on the
+// same threads. Skipped (2) when the build found no OpenBLAS.
+void BM_F32Gemm(benchmark::State& state) {
+  const size_t m = static_cast<size_t>(state.range(0));
+  const size_t k = static_cast<size_t>(state.range(1));
+  const size_t n = static_cast<size_t>(state.range(2));
+  const int32_t threads = static_cast<int32_t>(state.range(3));
+  const int64_t impl = state.range(4);
+  const std::vector<float> x = RandomFloats(m * k, 1);
+  const std::vector<float> w = RandomFloats(n * k, 2);
+  std::vector<float> y(m * n);
+  model::internal::WeightMatrix matrix = model::internal::WeightMatrix::F32(w.data(), k, n);
+  std::unique_ptr<model::internal::F32PanelMatrix> panels;
+  if (impl == 1) {
+    panels = model::internal::F32PanelMatrix::Pack(matrix);
+    matrix.f32_panels = panels.get();
+  }
+#ifdef TANDEM_BENCH_OPENBLAS
+  if (impl == 2) openblas_set_num_threads(threads);
+#else
+  if (impl == 2) {
+    state.SkipWithError("built without OpenBLAS (libopenblas-dev)");
+    return;
+  }
+#endif
+  model::ThreadPool pool(threads);
+  for (auto _ : state) {
+    if (impl == 2) {
+#ifdef TANDEM_BENCH_OPENBLAS
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                  static_cast<int>(n), static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k),
+                  w.data(), static_cast<int>(k), 0.0f, y.data(), static_cast<int>(n));
+#endif
+    } else {
+      model::internal::MatMul(x.data(), matrix, m, y.data(), &pool);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * k * n) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(impl == 0 ? "tandem-dot" : impl == 1 ? "tandem-panels" : "openblas");
+}
+void F32GemmArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "K", "N", "threads", "impl"});
+  for (int threads : {1, 2}) {
+    // The 110M model's shapes (K x N: QKV/O 768 x 768, FFN up 768 x 2048,
+    // FFN down 2048 x 768) at prefill (512 rows) and batched decode sizes.
+    for (int m : {8, 32, 64, 512}) {
+      for (auto [k, n] : {std::pair{768, 768}, std::pair{768, 2048}, std::pair{2048, 768}}) {
+        for (int impl : {0, 1, 2}) b->Args({m, k, n, threads, impl});
+      }
+    }
+  }
+}
+BENCHMARK(BM_F32Gemm)->Apply(F32GemmArgs)->UseRealTime();
 
 // engine.q8_matmul on a Q8_0 matrix (RandomWeights): exact (dequantized
 // F32 GEMM) against int8 (activations quantized per row, integer dot

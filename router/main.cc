@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
   if (!cluster_auth.ok()) return Fail(std::string(cluster_auth.status().message()));
   auto model_path = ResolveModelPath(flags->count("model") ? flags->at("model") : "", *config);
   if (!model_path.ok()) return Fail(std::string(model_path.status().message()));
-  auto bundle = LoadModelBundle(*model_path);
+  // The router tokenizes; it runs no forward pass (no F32 panel packing).
+  auto bundle = LoadModelBundle(*model_path, 1, model::Q8MatMul::kExact, /*cpu_forward=*/false);
   if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
 
   // An unrecognised template is no start-up error: prompt requests are

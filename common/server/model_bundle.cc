@@ -17,7 +17,8 @@ absl::Status WithPath(const std::string& path, const absl::Status& status) {
 
 absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
                                                              int32_t num_threads,
-                                                             model::Q8MatMul q8_matmul) {
+                                                             model::Q8MatMul q8_matmul,
+                                                             bool cpu_forward) {
   auto bundle = std::make_unique<ModelBundle>();
   auto file = gguf::GgufFile::Open(path);
   if (!file.ok()) return file.status();
@@ -25,6 +26,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& 
   model::LlamaModelOptions options;
   options.num_threads = num_threads;
   options.q8_matmul = q8_matmul;
+  options.f32_panels = cpu_forward;
   auto model = model::LlamaModel::Load(*bundle->file, options);
   if (!model.ok()) return WithPath(path, model.status());
   bundle->model = std::move(*model);

@@ -22,12 +22,14 @@ struct ModelBundle {
 
 // Opens `path` and loads everything; the forward pass uses `num_threads`
 // compute threads (engine.threads) and multiplies Q8_0 matrices as
-// `q8_matmul` says (engine.q8_matmul; int8 packs them at load). Errors carry the path and the cause
+// `q8_matmul` says (engine.q8_matmul; int8 packs them at load). With
+// `cpu_forward` false (the forward runs on a GPU, or not at all: the
+// router) the F32 panel packing for the CPU forward is skipped
+// (LlamaModelOptions::f32_panels). Errors carry the path and the cause
 // (NOT_FOUND, INVALID_ARGUMENT for a non-GGUF or truncated file, ...).
-absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
-                                                             int32_t num_threads = 1,
-                                                             model::Q8MatMul q8_matmul =
-                                                                 model::Q8MatMul::kExact);
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(
+    const std::string& path, int32_t num_threads = 1,
+    model::Q8MatMul q8_matmul = model::Q8MatMul::kExact, bool cpu_forward = true);
 
 }  // namespace tandem
 

@@ -153,7 +153,8 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     return Fail(absl::StrCat("engine.kernel_isa: ", s.message()));
   }
   auto bundle =
-      LoadModelBundle(*model_path, config->engine.threads, config->engine.q8_matmul);
+      LoadModelBundle(*model_path, config->engine.threads, config->engine.q8_matmul,
+                      !config->WorkerDevice(effective).is_cuda());
   if (!bundle.ok()) return Fail(std::string(bundle.status().message()));
   rpc::Log(absl::StrCat("loaded ", *model_path, " (", (*bundle)->model->config().name, ")"));
 

@@ -5,8 +5,11 @@
 namespace tandem::backend {
 
 std::string CpuBitExactClass(const model::LlamaModel& model, kv::KvDtype kv_dtype) {
-  return absl::StrCat("tandem-cpu/", model.all_matmuls_int8() ? "int8" : model::KernelIsa(), "/",
-                      model.q8_matmul_name(), "/", kv::KvDtypeName(kv_dtype), "/v3");
+  const char* matmul = model.all_matmuls_int8()         ? "int8"
+                       : model.all_matmuls_f32_panels() ? "fma"
+                                                        : model::KernelIsa();
+  return absl::StrCat("tandem-cpu/", matmul, "/", model.q8_matmul_name(), "/",
+                      kv::KvDtypeName(kv_dtype), "/v4");
 }
 
 CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size,

@@ -18,19 +18,22 @@
 namespace tandem::backend {
 
 // The bit-exact class of a CPU backend over `model` with a KV cache of
-// `kv_dtype`: "tandem-cpu/<matmul>/<q8 path>/<kv dtype>/v3", where
+// `kv_dtype`: "tandem-cpu/<matmul>/<q8 path>/<kv dtype>/v4", where
 //   <matmul>   = the kernel ISA of the float MatMul (model::KernelIsa():
 //                avx512, avx2, generic), or "int8" when every matrix the
-//                model multiplies runs the int8 path (all_matmuls_int8():
-//                then no result depends on the ISA);
+//                model multiplies runs the int8 path (all_matmuls_int8()),
+//                or "fma" when every one is an F32 matrix on the panel
+//                GEMM (all_matmuls_f32_panels(), f32_panels.h); with
+//                either, no result depends on the ISA;
 //   <q8 path>  = engine.q8_matmul, "exact" or "int8"
 //                (LlamaModel::q8_matmul_name());
 //   <kv dtype> = f32, f16 or bf16 (kv::KvDtypeName);
-// e.g. "tandem-cpu/avx512/exact/f32/v3", "tandem-cpu/int8/int8/f16/v3".
+// e.g. "tandem-cpu/fma/exact/f32/v4", "tandem-cpu/int8/int8/f16/v4",
+// "tandem-cpu/avx512/exact/f16/v4" (a Q8_0 or F16 model).
 // Two CPU backends with equal classes give bit-identical results for the
 // same model. The trailing version changes whenever the engine's
 // arithmetic does (v2: attention's vectorized exp and 4-lane softmax sum;
-// v3: this format). HELLO and registration enforce only the KV layout id
+// v3: this format; v4: F32 matrices on the panel GEMM's fma chain). HELLO and registration enforce only the KV layout id
 // (which includes the KV dtype); the class is reported (HELLO, status).
 std::string CpuBitExactClass(const model::LlamaModel& model, kv::KvDtype kv_dtype);
 

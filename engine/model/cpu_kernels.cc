@@ -1,5 +1,6 @@
 #include "engine/model/cpu_kernels.h"
 
+#include "engine/model/f32_panels.h"
 #include "engine/model/q8_int8.h"
 #include "engine/model/quant_loads.h"
 #include "engine/model/weight_loads.h"
@@ -113,7 +114,7 @@ struct Avx2Isa {
 // vector of the 32 zmm registers.
 struct Avx512Isa {
   static constexpr int kRows = 4;
-  static constexpr int kCols = 4;
+  static constexpr int kCols = 6;
   static constexpr bool kFusedDequant = true;
   // acc[r][c] += W[c][i, i + 16) * x[r][i, i + 16), lane by lane.
   template <int R, int C, typename Rows>
@@ -384,6 +385,7 @@ void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_
 void MatMul(const float* x, const WeightMatrix& w, size_t rows, float* y, ThreadPool* pool,
             size_t min_work) {
   if (w.int8 != nullptr) return MatMulInt8(x, *w.int8, rows, y, pool, min_work);
+  if (w.f32_panels != nullptr) return MatMulF32Panels(x, *w.f32_panels, rows, y, pool, min_work);
   const KernelIsaKind isa = ActiveKernelIsa();
   MaybeParallelFor(pool, w.out, rows * w.in * w.out, min_work, [&](size_t begin, size_t end) {
     MatMulColumnsWithIsa(isa, x, w, rows, begin, end, y);

@@ -124,8 +124,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
   if (!weights.ok()) return weights.status();
   const bool all_int8 =
       options.q8_matmul == Q8MatMul::kInt8 && internal::PackQ8Int8(weights->get());
+  const bool all_f32_panels =
+      options.f32_panels && internal::PackF32Panels(weights->get());
   std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->all_matmuls_f32_panels_ = all_f32_panels;
   model->all_matmuls_int8_ = all_int8;
+  model->f32_panels_ = options.f32_panels;
   model->q8_matmul_ = options.q8_matmul;
   model->config_ = *std::move(config);
   model->w_ = std::move(*weights);

@@ -119,6 +119,13 @@ struct LlamaModelOptions {
   // per weight beside the mapping's (q8_matmul.h). A model without Q8_0
   // matrices is unchanged.
   Q8MatMul q8_matmul = Q8MatMul::kExact;
+  // Packs every F32 matrix Forward multiplies into column panels once at
+  // load (f32_panels.h: 4 bytes per weight beside the mapping's), so
+  // MatMul runs the outer-product GEMM, whose numerics (one fma chain per
+  // element) the CPU backend's bit-exact class names. False only for a
+  // model whose forward runs elsewhere (the CUDA backend, the router's
+  // tokenizer-only load): the CPU backend refuses it.
+  bool f32_panels = true;
 };
 
 class LlamaModel {
@@ -158,6 +165,12 @@ class LlamaModel {
   // forward's bits do not depend on the kernel ISA (the bit-exact class
   // says "int8" instead of the ISA).
   bool all_matmuls_int8() const { return all_matmuls_int8_; }
+  // LlamaModelOptions::f32_panels as loaded.
+  bool f32_panels() const { return f32_panels_; }
+  // True when f32_panels() and every matrix Forward multiplies is F32: each
+  // MatMul is then one fma chain per element (f32_panels.h), the same bits
+  // on every ISA (the bit-exact class says "fma" instead of the ISA).
+  bool all_matmuls_f32_panels() const { return all_matmuls_f32_panels_; }
   kv::KvShape kv_shape(int32_t block_size) const;
 
   // Runs one forward step over all entries. Resizes `logits` to
@@ -196,6 +209,8 @@ class LlamaModel {
   int32_t num_threads_ = 1;
   Q8MatMul q8_matmul_ = Q8MatMul::kExact;
   bool all_matmuls_int8_ = false;
+  bool f32_panels_ = false;
+  bool all_matmuls_f32_panels_ = false;
   std::unique_ptr<ThreadPool> pool_;  // null when num_threads_ == 1
   size_t min_parallel_work_;
 };

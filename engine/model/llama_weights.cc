@@ -401,6 +401,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
 }
 
 namespace {
+// The matrices Forward multiplies: each layer's seven and the output.
+template <typename Fn>
+void ForEachMultiplied(ModelWeights* weights, Fn fn) {
+  for (LayerWeights& l : weights->layers) {
+    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) fn(*m);
+  }
+  fn(weights->output);
+}
+
 // Packs `m` when it is Q8_0; returns whether it was.
 bool PackMatrix(Matrix& m) {
   if (m.view.type != gguf::TensorType::kQ8_0) return false;
@@ -412,12 +421,21 @@ bool PackMatrix(Matrix& m) {
 
 bool PackQ8Int8(ModelWeights* weights) {
   bool all = true;
-  for (LayerWeights& l : weights->layers) {
-    for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      all = PackMatrix(*m) && all;
+  ForEachMultiplied(weights, [&](Matrix& m) { all = PackMatrix(m) && all; });
+  return all;
+}
+
+bool PackF32Panels(ModelWeights* weights) {
+  bool all = true;
+  ForEachMultiplied(weights, [&](Matrix& m) {
+    if (m.view.type != gguf::TensorType::kF32) {
+      all = false;
+      return;
     }
-  }
-  return PackMatrix(weights->output) && all;
+    m.f32_panels = F32PanelMatrix::Pack(m.view);
+    m.view.f32_panels = m.f32_panels.get();
+  });
+  return all;
 }
 
 }  // namespace tandem::model::internal

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/f32_panels.h"
 #include "engine/model/q8_int8.h"
 #include "engine/model/weight_matrix.h"
 
@@ -53,6 +54,9 @@ struct Matrix : MoveOnly {
   // The int8 packing of a Q8_0 matrix (PackQ8Int8), which view.int8
   // points to; null otherwise.
   std::unique_ptr<const Q8Int8Matrix> int8;
+  // The panel packing of an F32 matrix (PackF32Panels), which
+  // view.f32_panels points to; null otherwise.
+  std::unique_ptr<const F32PanelMatrix> f32_panels;
 };
 
 struct LayerWeights {
@@ -108,6 +112,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
 // Returns true when every matrix Forward multiplies is Q8_0 (so no MatMul
 // of the model runs the ISA-dependent float path).
 bool PackQ8Int8(ModelWeights* weights);
+
+// LlamaModelOptions::f32_panels: packs every F32 matrix Forward multiplies
+// (each layer's seven and `output`) with F32PanelMatrix::Pack and points
+// its view.f32_panels at the packing (4 bytes per weight beside the
+// mapping's). Other types are left as they are. Returns true when every
+// matrix Forward multiplies is F32 (so no MatMul of the model depends on
+// the ISA).
+bool PackF32Panels(ModelWeights* weights);
 
 }  // namespace tandem::model::internal
 

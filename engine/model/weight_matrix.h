@@ -23,7 +23,8 @@
 
 namespace tandem::model::internal {
 
-class Q8Int8Matrix;  // q8_int8.h
+class Q8Int8Matrix;    // q8_int8.h
+class F32PanelMatrix;  // f32_panels.h
 
 // A weight matrix W of GGUF dims [in, out]: `out` rows of `in` elements of
 // `type`, row o starting at data + o * RowBytes(). For Q8_0, `in` is a
@@ -39,6 +40,11 @@ struct WeightMatrix {
   // integer path. Null: MatMul dequantizes exactly (everything else here
   // ignores it).
   const Q8Int8Matrix* int8 = nullptr;
+  // For an F32 matrix of a model loaded with LlamaModelOptions::f32_panels,
+  // its panel packing (f32_panels.h, owned likewise): MatMul then runs the
+  // outer-product GEMM and its fma-chain numerics. Null: the dot-product
+  // kernels of cpu_kernels.h.
+  const F32PanelMatrix* f32_panels = nullptr;
 
   // Bytes of one row: in * 4 (F32), in * 2 (F16, BF16), in / 32 * 34 (Q8_0).
   size_t RowBytes() const;

@@ -41,6 +41,11 @@ absl::Status CheckCpuOptions(const model::LlamaModel& model, const BackendOption
         options.device_key, " cpu, but the model was loaded with ", model.q8_matmul_name(),
         " (LlamaModelOptions::q8_matmul)"));
   }
+  if (!model.f32_panels()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.device_key, " cpu: the model was loaded without its F32 panel packing "
+        "(LlamaModelOptions::f32_panels false, a load for another device)"));
+  }
   if (!kv::IsKnownKvDtype(static_cast<uint32_t>(options.kv_cache_dtype))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "engine.kv_cache_dtype: ", static_cast<uint32_t>(options.kv_cache_dtype),

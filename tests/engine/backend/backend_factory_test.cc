@@ -118,6 +118,28 @@ TEST_F(BackendFactoryTest, Q8MatMulInt8IsRefusedOnCudaAndMustMatchTheModel) {
   EXPECT_TRUE(CreateBackend(**int8, cpu, FakeDeviceQuery({})).ok());
 }
 
+// A model loaded for another device (no F32 panel packing) cannot run on
+// the CPU backend, whose bit-exact class names the panel GEMM's numerics.
+TEST_F(BackendFactoryTest, CpuRefusesAModelLoadedWithoutF32Panels) {
+  model::LlamaModelOptions options;
+  options.f32_panels = false;
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> unpacked =
+      model::LlamaModel::Load(*file_, options);
+  ASSERT_TRUE(unpacked.ok()) << unpacked.status();
+  EXPECT_FALSE((*unpacked)->f32_panels());
+  BackendOptions cpu;
+  cpu.device_key = "decode_workers[0].device";
+  absl::StatusOr<std::unique_ptr<ModelBackend>> refused =
+      CreateBackend(**unpacked, cpu, FakeDeviceQuery({}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "decode_workers[0].device cpu: the model was loaded without its F32 panel "
+            "packing (LlamaModelOptions::f32_panels false, a load for another device)");
+  EXPECT_TRUE(model_->f32_panels());
+  EXPECT_TRUE(CreateBackend(*model_, cpu, FakeDeviceQuery({})).ok());
+}
+
 TEST_F(BackendFactoryTest, CudaWithoutSuchDeviceNamesTheKey) {
   FakeDeviceQuery none({}, "no CUDA-capable device is detected");
   absl::StatusOr<std::unique_ptr<ModelBackend>> backend = CreateBackend(*model_, Cuda(0), none);

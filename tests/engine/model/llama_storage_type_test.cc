@@ -2,7 +2,10 @@
 // matrices as F16, BF16 or Q8_0 gives, bit for bit, the logits of the same
 // model written as F32 with those matrices' exact values (the F16/BF16/Q8_0
 // values are built here from their formats' definitions, not by the engine's
-// decoder), in prefill, in decode, on 1 and 2 threads.
+// decoder), in prefill, in decode, on 1 and 2 threads. Both load without
+// the F32 panel packing (LlamaModelOptions::f32_panels false), so every
+// matrix runs the dot-product kernels that F16/BF16/Q8_0 matrices run: the
+// packed F32 GEMM has its own order (f32_panels.h).
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -129,12 +132,15 @@ struct Opened {
 };
 
 Opened Open(const std::string& path, int32_t threads) {
+  LlamaModelOptions options;
+  options.num_threads = threads;
+  options.f32_panels = false;
   Opened o;
   absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(path);
   EXPECT_TRUE(f.ok()) << f.status();
   if (!f.ok()) return o;
   o.file = std::move(*f);
-  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Load(*o.file, threads);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Load(*o.file, options);
   EXPECT_TRUE(m.ok()) << m.status();
   if (m.ok()) o.model = std::move(*m);
   return o;

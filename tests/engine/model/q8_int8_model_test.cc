@@ -150,11 +150,13 @@ TEST(Q8Int8ModelTest, ModelWithoutQ8_0IsUnchanged) {
 }
 
 // The CPU backend's bit-exact class names each numerics option: the float
-// MatMul's ISA (or int8 when every multiplied matrix is Q8_0 under int8),
+// MatMul's ISA (or int8 when every multiplied matrix is Q8_0 under int8, fma
+// when every one is F32 on the panel GEMM),
 // engine.q8_matmul and the KV dtype; every combination is its own class.
 TEST(CpuBitExactClassTest, NamesTheMatmulIsaTheQ8PathAndTheKvDtype) {
   const SynthFile q8(gguf::TensorType::kQ8_0);
   const SynthFile f16(gguf::TensorType::kF16);
+  const SynthFile f32(gguf::TensorType::kF32);
   const std::string isa = KernelIsa();
   struct Case {
     const SynthFile* file;
@@ -163,12 +165,16 @@ TEST(CpuBitExactClassTest, NamesTheMatmulIsaTheQ8PathAndTheKvDtype) {
     std::string want;
   };
   const Case cases[] = {
-      {&q8, Q8MatMul::kExact, kv::KvDtype::kF32, "tandem-cpu/" + isa + "/exact/f32/v3"},
-      {&q8, Q8MatMul::kExact, kv::KvDtype::kF16, "tandem-cpu/" + isa + "/exact/f16/v3"},
-      {&q8, Q8MatMul::kInt8, kv::KvDtype::kF32, "tandem-cpu/int8/int8/f32/v3"},
-      {&q8, Q8MatMul::kInt8, kv::KvDtype::kBF16, "tandem-cpu/int8/int8/bf16/v3"},
+      {&q8, Q8MatMul::kExact, kv::KvDtype::kF32, "tandem-cpu/" + isa + "/exact/f32/v4"},
+      {&q8, Q8MatMul::kExact, kv::KvDtype::kF16, "tandem-cpu/" + isa + "/exact/f16/v4"},
+      {&q8, Q8MatMul::kInt8, kv::KvDtype::kF32, "tandem-cpu/int8/int8/f32/v4"},
+      {&q8, Q8MatMul::kInt8, kv::KvDtype::kBF16, "tandem-cpu/int8/int8/bf16/v4"},
       // An F16 model has no Q8_0 matrix: its MatMuls stay on the ISA.
-      {&f16, Q8MatMul::kInt8, kv::KvDtype::kF32, "tandem-cpu/" + isa + "/int8/f32/v3"},
+      {&f16, Q8MatMul::kInt8, kv::KvDtype::kF32, "tandem-cpu/" + isa + "/int8/f32/v4"},
+      // An F32 model runs every MatMul on the panel GEMM's fma chain,
+      // whatever the ISA (f32_panels.h).
+      {&f32, Q8MatMul::kExact, kv::KvDtype::kF32, "tandem-cpu/fma/exact/f32/v4"},
+      {&f32, Q8MatMul::kInt8, kv::KvDtype::kBF16, "tandem-cpu/fma/int8/bf16/v4"},
   };
   std::set<std::string> seen;
   for (const Case& c : cases) {
