@@ -182,6 +182,26 @@ template <typename E, size_t kChunk>
   for (size_t d = 0; d < kChunk; ++d) out[d] = acc[d];
 }
 
+// acc[d] = acc[d] + p * v[d] for d < n, v widened exactly (AccumulateValues'
+// step for one position, over a whole head row, acc in memory).
+template <typename E>
+[[gnu::always_inline]] inline void AddScaledRow(const typename E::T* v, size_t n, float p,
+                                                float* acc) {
+  size_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    Float16 a, x;
+    std::memcpy(&a, acc + d, sizeof a);
+    if constexpr (std::is_same_v<typename E::T, float>) {
+      std::memcpy(&x, v + d, sizeof x);
+    } else {
+      x = E::template Load<Float16>(v + d);
+    }
+    a = a + p * x;
+    std::memcpy(acc + d, &a, sizeof a);
+  }
+  for (; d < n; ++d) acc[d] = acc[d] + p * E::One(v + d);
+}
+
 // Dot (cpu_kernels.h) written with an 8-float vector type, so that each
 // ISA build holds the 8 lanes in one or two registers: lane j sums
 // a[i] * b[i] for i = j mod 8 (multiply, then add), the lanes combine as
@@ -328,10 +348,75 @@ template <typename E>
   for (; d < hd; ++d) AccumulateValues<E, 1>(kv, kv_off + d, scores, inv, out + d);
 }
 
+// Attend for every query head h < n_head of one row (head h reads KV head
+// h / (n_head / n_kv_heads)), walking each block's K rows and then its V
+// rows once, whole (kv_dim contiguous elements per position), instead of
+// once per head: a decode row's reads are then sequential. Each output
+// element gets exactly Attend's operations in Attend's order (the loops
+// are only interchanged): the same bits. scores: n_head * (pos + 2)
+// floats of scratch (the scores, then each head's 1 / sum).
+template <typename E>
+[[gnu::always_inline]] inline void AttendAllHeads(const AttentionSpan& kv, size_t n_head,
+                                                  const float* q, float scale, float* out,
+                                                  float* scores) {
+  const kv::KvShape& s = kv.pool->shape();
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * hd;
+  const size_t group = n_head / static_cast<size_t>(s.n_kv_heads);
+  const size_t n = static_cast<size_t>(kv.pos) + 1;
+  for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
+    const typename E::T* k = KRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]);
+    const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
+    int32_t j = j0;
+    for (; j + 4 <= j1; j += 4, k += 4 * kv_dim) {
+      for (size_t h = 0; h < n_head; ++h) {
+        const typename E::T* kh = k + (h / group) * hd;
+        const typename E::T* keys[4] = {kh, kh + kv_dim, kh + 2 * kv_dim, kh + 3 * kv_dim};
+        DotLanes<E, 4>(q + h * hd, keys, hd, &scores[h * n + static_cast<size_t>(j)]);
+      }
+    }
+    for (; j < j1; ++j, k += kv_dim) {
+      for (size_t h = 0; h < n_head; ++h) {
+        const typename E::T* kh = k + (h / group) * hd;
+        DotLanes<E, 1>(q + h * hd, &kh, hd, &scores[h * n + static_cast<size_t>(j)]);
+      }
+    }
+  }
+  // Per head: scale, max and the exponentials in Attend's order; out holds
+  // the running sums (from 0.0f), p = e_j * inv as Attend forms it.
+  float* const inv = scores + n_head * n;
+  for (size_t h = 0; h < n_head; ++h) {
+    float* sh = scores + h * n;
+    float max = -INFINITY;
+    for (size_t j = 0; j < n; ++j) {
+      sh[j] = sh[j] * scale;
+      max = std::max(max, sh[j]);
+    }
+    inv[h] = static_cast<float>(1.0 / ExpAndSum(sh, kv.pos + 1, max));
+    std::fill(out + h * hd, out + (h + 1) * hd, 0.0f);
+  }
+  for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
+    const typename E::T* v = VRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]);
+    const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
+    for (int32_t j = j0; j < j1; ++j, v += kv_dim) {
+      for (size_t h = 0; h < n_head; ++h) {
+        const float p = scores[h * n + static_cast<size_t>(j)] * inv[h];
+        AddScaledRow<E>(v + (h / group) * hd, hd, p, out + h * hd);
+      }
+    }
+  }
+}
+
 template <typename E>
 void AttendGeneric(const AttentionSpan& kv, const float* q, float scale, float* out,
                    float* scores) {
   Attend<E>(kv, q, scale, out, scores);
+}
+
+template <typename E>
+void AttendAllHeadsGeneric(const AttentionSpan& kv, size_t n_head, const float* q,
+                           float scale, float* out, float* scores) {
+  AttendAllHeads<E>(kv, n_head, q, scale, out, scores);
 }
 
 #ifdef TANDEM_ATTENTION_X86
@@ -346,28 +431,60 @@ template <typename E>
     const AttentionSpan& kv, const float* q, float scale, float* out, float* scores) {
   Attend<E>(kv, q, scale, out, scores);
 }
+
+template <typename E>
+[[gnu::flatten]] __attribute__((target("avx2,fma,f16c"))) void AttendAllHeadsAvx2(
+    const AttentionSpan& kv, size_t n_head, const float* q, float scale, float* out,
+    float* scores) {
+  AttendAllHeads<E>(kv, n_head, q, scale, out, scores);
+}
+
+template <typename E>
+[[gnu::flatten]] __attribute__((target("avx512f,avx2,fma,f16c"))) void AttendAllHeadsAvx512(
+    const AttentionSpan& kv, size_t n_head, const float* q, float scale, float* out,
+    float* scores) {
+  AttendAllHeads<E>(kv, n_head, q, scale, out, scores);
+}
 #endif
 
-using AttendFn = void (*)(const AttentionSpan&, const float*, float, float*, float*);
+// The entry points of one kernel (Attend or AttendAllHeads) for each ISA
+// and dtype.
+struct AttendHeadFns {
+  using Fn = void (*)(const AttentionSpan&, const float*, float, float*, float*);
+  template <typename E> static constexpr Fn kGeneric = AttendGeneric<E>;
+#ifdef TANDEM_ATTENTION_X86
+  template <typename E> static constexpr Fn kAvx2 = AttendAvx2<E>;
+  template <typename E> static constexpr Fn kAvx512 = AttendAvx512<E>;
+#endif
+};
+struct AttendRowFns {
+  using Fn = void (*)(const AttentionSpan&, size_t, const float*, float, float*, float*);
+  template <typename E> static constexpr Fn kGeneric = AttendAllHeadsGeneric<E>;
+#ifdef TANDEM_ATTENTION_X86
+  template <typename E> static constexpr Fn kAvx2 = AttendAllHeadsAvx2<E>;
+  template <typename E> static constexpr Fn kAvx512 = AttendAllHeadsAvx512<E>;
+#endif
+};
 
-// The entry point for `isa` (kGeneric when this CPU cannot run it) and the
-// pool's dtype. Every KernelIsaKind other than kGeneric implies F16C
-// (cpu_kernels.cc's detection requires it).
-AttendFn AttendFor(KernelIsaKind isa, kv::KvDtype dtype) {
+// The entry point of `Fns` for `isa` (kGeneric when this CPU cannot run it)
+// and the pool's dtype. Every KernelIsaKind other than kGeneric implies
+// F16C (cpu_kernels.cc's detection requires it).
+template <typename Fns>
+typename Fns::Fn AttendFor(KernelIsaKind isa, kv::KvDtype dtype) {
   switch (KernelIsaSupported(isa) ? isa : KernelIsaKind::kGeneric) {
 #ifdef TANDEM_ATTENTION_X86
     case KernelIsaKind::kAvx512:
       switch (dtype) {
-        case kv::KvDtype::kF32: return AttendAvx512<F32Elems>;
-        case kv::KvDtype::kF16: return AttendAvx512<F16Avx512Elems>;
-        case kv::KvDtype::kBF16: return AttendAvx512<Bf16Elems>;
+        case kv::KvDtype::kF32: return Fns::template kAvx512<F32Elems>;
+        case kv::KvDtype::kF16: return Fns::template kAvx512<F16Avx512Elems>;
+        case kv::KvDtype::kBF16: return Fns::template kAvx512<Bf16Elems>;
       }
       break;
     case KernelIsaKind::kAvx2:
       switch (dtype) {
-        case kv::KvDtype::kF32: return AttendAvx2<F32Elems>;
-        case kv::KvDtype::kF16: return AttendAvx2<F16Avx2Elems>;
-        case kv::KvDtype::kBF16: return AttendAvx2<Bf16Elems>;
+        case kv::KvDtype::kF32: return Fns::template kAvx2<F32Elems>;
+        case kv::KvDtype::kF16: return Fns::template kAvx2<F16Avx2Elems>;
+        case kv::KvDtype::kBF16: return Fns::template kAvx2<Bf16Elems>;
       }
       break;
 #endif
@@ -375,29 +492,44 @@ AttendFn AttendFor(KernelIsaKind isa, kv::KvDtype dtype) {
       break;
   }
   switch (dtype) {
-    case kv::KvDtype::kF32: return AttendGeneric<F32Elems>;
-    case kv::KvDtype::kF16: return AttendGeneric<F16Elems>;
-    case kv::KvDtype::kBF16: return AttendGeneric<Bf16Elems>;
+    case kv::KvDtype::kF32: return Fns::template kGeneric<F32Elems>;
+    case kv::KvDtype::kF16: return Fns::template kGeneric<F16Elems>;
+    case kv::KvDtype::kBF16: return Fns::template kGeneric<Bf16Elems>;
   }
   std::abort();  // a dtype outside KvDtype: a caller bug
 }
 
-}  // namespace
-
-void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
-                       float scale, float* out, float* scores) {
-  AttendFor(isa, kv.pool->dtype())(kv, q, scale, out, scores);
-}
-
-void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
-                float* scores) {
+// The widest vector ISA this CPU has (any gives the same bits).
+KernelIsaKind WidestIsa() {
   static const KernelIsaKind isa = [] {
     for (KernelIsaKind isa : {KernelIsaKind::kAvx512, KernelIsaKind::kAvx2}) {
       if (KernelIsaSupported(isa)) return isa;
     }
     return KernelIsaKind::kGeneric;
   }();
-  AttendFor(isa, kv.pool->dtype())(kv, q, scale, out, scores);
+  return isa;
+}
+
+}  // namespace
+
+void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
+                       float scale, float* out, float* scores) {
+  AttendFor<AttendHeadFns>(isa, kv.pool->dtype())(kv, q, scale, out, scores);
+}
+
+void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
+                float* scores) {
+  AttendHeadWithIsa(WidestIsa(), kv, q, scale, out, scores);
+}
+
+void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head,
+                      const float* q, float scale, float* out, float* scores) {
+  AttendFor<AttendRowFns>(isa, kv.pool->dtype())(kv, n_head, q, scale, out, scores);
+}
+
+void AttendRow(const AttentionSpan& kv, size_t n_head, const float* q, float scale,
+               float* out, float* scores) {
+  AttendRowWithIsa(WidestIsa(), kv, n_head, q, scale, out, scores);
 }
 
 }  // namespace tandem::model::internal

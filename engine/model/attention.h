@@ -58,6 +58,21 @@ void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out
 void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
                        float scale, float* out, float* scores);
 
+// Every query head of one row: out[h * head_dim, (h + 1) * head_dim) =
+// AttendHead of q + h * head_dim over KV head h / (n_head / n_kv_heads) of
+// `kv` (kv.kv_head is ignored), for h < n_head (a multiple of the pool's
+// n_kv_heads), with the same bits as those n_head AttendHead calls; it
+// reads each K and V row of the span once, whole, instead of once per
+// head (a decode row's attention then streams its KV blocks). scores:
+// scratch of at least n_head * (pos + 2) floats.
+void AttendRow(const AttentionSpan& kv, size_t n_head, const float* q, float scale,
+               float* out, float* scores);
+
+// AttendRow built for `isa` (kGeneric when this CPU cannot run it); for
+// tests and benchmarks.
+void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head,
+                      const float* q, float scale, float* out, float* scores);
+
 }  // namespace tandem::model::internal
 
 #endif  // TANDEM_ENGINE_MODEL_ATTENTION_H_

@@ -38,25 +38,32 @@ struct Row {
   size_t entry;
 };
 
-// One query head of one row: the unit of attention work.
+// One query head of one row, or all of them (kAllHeads): the unit of
+// attention work.
 struct HeadRow {
+  static constexpr uint32_t kAllHeads = ~uint32_t{0};
   uint32_t row;
   uint32_t head;
 };
 
-// Every (row, head) pair, entry by entry, and within an entry head-major:
-// a prefill chunk's rows then read one head's K/V slice while it is in
-// cache, and decode entries (one row each) read their whole K/V rows head
-// after head.
+// The attention work, entry by entry. A prefill chunk (an entry of several
+// rows) gives every (row, head) pair, head-major, so its rows read one
+// head's K/V slice while it is in cache; a decode entry (one row) gives one
+// kAllHeads unit, which reads its K/V rows once, whole (AttendRow), rather
+// than one strided slice per head.
 std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head) {
   std::vector<HeadRow> order;
   order.reserve(rows.size() * n_head);
   for (size_t first = 0; first < rows.size();) {
     size_t last = first;
     while (last < rows.size() && rows[last].entry == rows[first].entry) ++last;
-    for (size_t h = 0; h < n_head; ++h) {
-      for (size_t r = first; r < last; ++r) {
-        order.push_back({static_cast<uint32_t>(r), static_cast<uint32_t>(h)});
+    if (last == first + 1) {
+      order.push_back({static_cast<uint32_t>(first), HeadRow::kAllHeads});
+    } else {
+      for (size_t h = 0; h < n_head; ++h) {
+        for (size_t r = first; r < last; ++r) {
+          order.push_back({static_cast<uint32_t>(r), static_cast<uint32_t>(h)});
+        }
       }
     }
     first = last;
@@ -65,20 +72,25 @@ std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head)
 }
 
 // Splits `order` into `parts` contiguous ranges of about equal attention
-// cost (a pair at position pos costs pos + 1), so causal prefill rows, whose
-// cost grows with position, still share the work evenly. Returns parts + 1
-// boundaries.
+// cost (a head at position pos costs pos + 1, a kAllHeads unit n_head times
+// that), so causal prefill rows, whose cost grows with position, still
+// share the work evenly. Returns parts + 1 boundaries.
 std::vector<size_t> BalancedBounds(const std::vector<HeadRow>& order,
-                                   const std::vector<Row>& rows, size_t parts) {
+                                   const std::vector<Row>& rows, size_t n_head,
+                                   size_t parts) {
+  auto cost = [&](const HeadRow& p) {
+    return (static_cast<size_t>(rows[p.row].pos) + 1) *
+           (p.head == HeadRow::kAllHeads ? n_head : 1);
+  };
   size_t total = 0;
-  for (const HeadRow& p : order) total += static_cast<size_t>(rows[p.row].pos) + 1;
+  for (const HeadRow& p : order) total += cost(p);
   std::vector<size_t> bounds(parts + 1, order.size());
   bounds[0] = 0;
   size_t part = 1, done = 0;
   for (size_t p = 0; p < order.size() && part < parts; ++p) {
-    // Pair p starts the next part once the parts before it hold their share.
+    // Unit p starts the next part once the parts before it hold their share.
     while (part < parts && done >= total * part / parts) bounds[part++] = p;
-    done += static_cast<size_t>(rows[order[p].row].pos) + 1;
+    done += cost(order[p]);
   }
   return bounds;
 }
@@ -232,7 +244,8 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
     }
   });
   const std::vector<HeadRow> attn_order = AttentionOrder(rows, n_head);
-  const std::vector<size_t> attn_bounds = BalancedBounds(attn_order, rows, attn_parts);
+  const std::vector<size_t> attn_bounds =
+      BalancedBounds(attn_order, rows, n_head, attn_parts);
 
   // RoPE of one row's n heads in the architecture's pairing.
   auto rope_apply = [&](float* x, size_t n, const float* cs) {
@@ -283,7 +296,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
       }
     }
     For(attn_parts, attn_work, [&](size_t part_begin, size_t part_end) {
-      std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
+      std::vector<float> scores(n_head * (static_cast<size_t>(max_pos) + 2));
       for (size_t p = attn_bounds[part_begin]; p < attn_bounds[part_end]; ++p) {
         const size_t r = attn_order[p].row, h = attn_order[p].head;
         const Row& row = rows[r];
@@ -291,8 +304,13 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
         span.pool = &kv;
         span.block_table = *batch[row.entry].block_table;
         span.layer = l;
-        span.kv_head = static_cast<int32_t>(h / group);
         span.pos = row.pos;
+        if (h == HeadRow::kAllHeads) {
+          internal::AttendRow(span, n_head, &q[r * q_dim], attn_scale, &attn[r * q_dim],
+                              scores.data());
+          continue;
+        }
+        span.kv_head = static_cast<int32_t>(h / group);
         internal::AttendHead(span, &q[r * q_dim + h * hd], attn_scale,
                              &attn[r * q_dim + h * hd], scores.data());
       }

@@ -187,5 +187,56 @@ TEST(AttentionTest, SixteenBitCachesEqualTheReferenceOverWidenedRows) {
   }
 }
 
+// AttendRow (every query head of a decode row, each K/V row read once)
+// equals AttendHead head by head, bit for bit: each dtype, grouped-query
+// (4 query heads per KV head) and plain, head_dims with and without a tail
+// past the 16-lane loops, positions inside and across blocks, every ISA.
+TEST(AttentionTest, AttendRowEqualsAttendHeadForEveryHead) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+    for (int32_t head_dim : {8, 20, 64}) {
+      for (size_t group : {1, 4}) {
+        kv::KvShape shape;
+        shape.n_layers = 1;
+        shape.n_kv_heads = 2;
+        shape.head_dim = head_dim;
+        shape.block_size = 16;
+        kv::CpuKvStorage kv(shape, 8, dtype);
+        kv::BlockPool blocks(8);
+        std::vector<int32_t> table = *blocks.Allocate(5);
+        std::swap(table[1], table[4]);
+        const size_t kv_dim = 2 * static_cast<size_t>(head_dim);
+        std::vector<float> k(80 * kv_dim), v(k.size());
+        for (float& x : k) x = normal(rng);
+        for (float& x : v) x = normal(rng);
+        kv::WriteKvRows(kv, table, 0, 0, 80, k.data(), v.data());
+        const size_t n_head = 2 * group, hd = static_cast<size_t>(head_dim);
+        std::vector<float> q(n_head * hd);
+        for (float& x : q) x = normal(rng);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        for (int32_t pos : {0, 3, 15, 16, 47, 79}) {
+          for (KernelIsaKind isa :
+               {KernelIsaKind::kGeneric, KernelIsaKind::kAvx2, KernelIsaKind::kAvx512}) {
+            if (!KernelIsaSupported(isa)) continue;
+            std::vector<float> want(n_head * hd), got(n_head * hd, -1.0f);
+            std::vector<float> scores(n_head * (static_cast<size_t>(pos) + 2));
+            for (size_t h = 0; h < n_head; ++h) {
+              AttentionSpan span{&kv, table, 0, static_cast<int32_t>(h / group), pos};
+              AttendHeadWithIsa(isa, span, q.data() + h * hd, scale, want.data() + h * hd,
+                                scores.data());
+            }
+            AttentionSpan row{&kv, table, 0, 0, pos};
+            AttendRowWithIsa(isa, row, n_head, q.data(), scale, got.data(), scores.data());
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+                << kv::KvDtypeName(dtype) << " head_dim " << head_dim << " group " << group
+                << " pos " << pos << " " << KernelIsaName(isa);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::model::internal
