@@ -246,6 +246,13 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
   const std::vector<HeadRow> attn_order = AttentionOrder(rows, n_head);
   const std::vector<size_t> attn_bounds =
       BalancedBounds(attn_order, rows, n_head, attn_parts);
+  // Scores per attention part: one row's (max_pos + 1 keys, +1 spare), for
+  // every head at once where a decode row is attended whole (AttendRow).
+  const bool any_all_heads =
+      std::any_of(attn_order.begin(), attn_order.end(),
+                  [](const HeadRow& p) { return p.head == HeadRow::kAllHeads; });
+  const size_t scores_size =
+      (any_all_heads ? n_head : 1) * (static_cast<size_t>(max_pos) + 2);
 
   // RoPE of one row's n heads in the architecture's pairing.
   auto rope_apply = [&](float* x, size_t n, const float* cs) {
@@ -296,7 +303,9 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
       }
     }
     For(attn_parts, attn_work, [&](size_t part_begin, size_t part_end) {
-      std::vector<float> scores(n_head * (static_cast<size_t>(max_pos) + 2));
+      // Per worker thread, reused across layers and calls.
+      thread_local std::vector<float> scores_buffer;
+      std::vector<float>& scores = AtLeast(scores_buffer, scores_size);
       for (size_t p = attn_bounds[part_begin]; p < attn_bounds[part_end]; ++p) {
         const size_t r = attn_order[p].row, h = attn_order[p].head;
         const Row& row = rows[r];
