@@ -153,33 +153,56 @@ template <typename E, size_t kChunk>
   for (; d < kChunk; ++d) out[d] = E::One(p + d);
 }
 
-// out[d] for d < kChunk: sum_j p_j * v_j[d] over j ascending, with p_j =
-// scores[j] * inv, the kChunk sums held in registers across all j (the
-// compiler unrolls the fixed-size inner loop). v_j[d] = V(block of j)[row j
-// % block_size][kv_off + d].
-template <typename E, size_t kChunk>
-[[gnu::always_inline]] inline void AccumulateValues(const AttentionSpan& kv, size_t kv_off,
-                                                    const float* scores, float inv,
-                                                    float* out) {
+// acc[r][d] = acc[r][d] + p_rj * v_j[d] for d < kChunk, r < kRows and j in
+// [j_begin, j_end) ascending, with p_rj = scores[r][j] * inv[r] and v_j[d] =
+// V(block of j)[row j % block_size][kv_off + d]: each V row is widened once
+// for all kRows rows, and each sum still adds its terms in ascending j.
+template <typename E, size_t kChunk, int kRows>
+[[gnu::always_inline]] inline void AccumulateRange(const AttentionSpan& kv, size_t kv_off,
+                                                   int32_t j_begin, int32_t j_end,
+                                                   const float* const* scores,
+                                                   const float* inv, float (*acc)[kChunk]) {
   const kv::KvShape& s = kv.pool->shape();
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
-  float acc[kChunk] = {};
-  for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
-    const typename E::T* v =
-        VRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]) + kv_off;
-    const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
-    for (int32_t j = j0; j < j1; ++j, v += kv_dim) {
-      const float p = scores[j] * inv;
+  for (int32_t j = j_begin; j < j_end;) {
+    const int32_t block = j / s.block_size;
+    const int32_t j1 = std::min((block + 1) * s.block_size, j_end);
+    const typename E::T* v = VRows<E>(kv, kv.block_table[static_cast<size_t>(block)]) +
+                             static_cast<size_t>(j - block * s.block_size) * kv_dim + kv_off;
+    for (; j < j1; ++j, v += kv_dim) {
+      const float* vf;
+      float widened[kChunk];
       if constexpr (std::is_same_v<typename E::T, float>) {
-        for (size_t d = 0; d < kChunk; ++d) acc[d] = acc[d] + p * v[d];
+        vf = v;
       } else {
-        float vf[kChunk];
-        WidenChunk<E, kChunk>(v, vf);
-        for (size_t d = 0; d < kChunk; ++d) acc[d] = acc[d] + p * vf[d];
+        WidenChunk<E, kChunk>(v, widened);
+        vf = widened;
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const float p = scores[r][j] * inv[r];
+        for (size_t d = 0; d < kChunk; ++d) acc[r][d] = acc[r][d] + p * vf[d];
       }
     }
   }
-  for (size_t d = 0; d < kChunk; ++d) out[d] = acc[d];
+}
+
+// out[r][d] for d < kChunk and r < kRows (kRows 1 or 2): sum_j p_rj * v_j[d]
+// over j < len[r] ascending (AccumulateRange), the sums held in registers;
+// rows share the V rows j < len[0] (len ascending).
+template <typename E, size_t kChunk, int kRows>
+[[gnu::always_inline]] inline void AccumulateValues(const AttentionSpan& kv, size_t kv_off,
+                                                    const int32_t* len,
+                                                    const float* const* scores,
+                                                    const float* inv, float* const* out) {
+  static_assert(kRows == 1 || kRows == 2);
+  float acc[kRows][kChunk] = {};
+  AccumulateRange<E, kChunk, kRows>(kv, kv_off, 0, len[0], scores, inv, acc);
+  if constexpr (kRows == 2) {
+    AccumulateRange<E, kChunk, 1>(kv, kv_off, len[0], len[1], scores + 1, inv + 1, acc + 1);
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (size_t d = 0; d < kChunk; ++d) out[r][d] = acc[r][d];
+  }
 }
 
 // acc[d] = acc[d] + p * v[d] for d < n, v widened exactly (AccumulateValues'
@@ -225,37 +248,89 @@ template <typename E>
          __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
-// out[t] = a . b[t] for t < kKeys with the lanes of V (Float8 or Float16):
-// kKeys independent lane sets in one pass over a, so their add chains
-// overlap.
-template <typename E, typename V, int kKeys>
-[[gnu::always_inline]] inline void DotLanesOf(const float* a, const typename E::T* const* b,
-                                              size_t n, float* out) {
+// out[t] = CombineLanes(a_t) for four keys at once: the same additions on
+// the same pairs, each level done for all four keys by one vector add after
+// a shuffle (transposed), instead of a chain of scalar extracts per key.
+[[gnu::always_inline]] inline void CombineLanes4(Float8 a0, Float8 a1, Float8 a2, Float8 a3,
+                                                 float* out) {
+  const Float16 x = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                            13, 14, 15);
+  const Float16 y = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                            13, 14, 15);
+  // Level 1, per key k: lanes (a0 + a4, a1 + a5, a2 + a6, a3 + a7).
+  const Float16 lo = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                             24, 25, 26, 27);
+  const Float16 hi = __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23,
+                                             28, 29, 30, 31);
+  const Float16 s1 = lo + hi;
+  // Level 2: ((a0 + a4) + (a2 + a6)) and ((a1 + a5) + (a3 + a7)).
+  const Float8 e = __builtin_shufflevector(s1, s1, 0, 1, 4, 5, 8, 9, 12, 13);
+  const Float8 o = __builtin_shufflevector(s1, s1, 2, 3, 6, 7, 10, 11, 14, 15);
+  const Float8 s2 = e + o;
+  // Level 3: the two halves of each key.
+  typedef float Float4 __attribute__((vector_size(16)));
+  const Float4 s3 = __builtin_shufflevector(s2, s2, 0, 2, 4, 6) +
+                    __builtin_shufflevector(s2, s2, 1, 3, 5, 7);
+  std::memcpy(out, &s3, sizeof s3);
+}
+
+// out[r][t] = a[r] . b[t] for t < kKeys and r < kRows with the lanes of V
+// (Float8 or Float16): kRows x kKeys independent lane sets in one pass, so
+// their add chains overlap and each key's elements are widened once for
+// all rows.
+template <typename E, typename V, int kKeys, int kRows>
+[[gnu::always_inline]] inline void DotLanesOf(const float* const* a,
+                                              const typename E::T* const* b, size_t n,
+                                              float* const* out) {
   constexpr size_t kWidth = sizeof(V) / sizeof(float);
-  V acc[kKeys] = {};
+  // The fixed-count loops are unrolled so that acc stays in registers.
+  V acc[kRows][kKeys];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < kKeys; ++t) acc[r][t] = V{};
+  }
   const size_t nw = n - n % kWidth;
   for (size_t i = 0; i < nw; i += kWidth) {
-    V va;
-    std::memcpy(&va, a + i, sizeof va);
+    V va[kRows];
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) std::memcpy(&va[r], a[r] + i, sizeof(V));
+#pragma GCC unroll 8
     for (int t = 0; t < kKeys; ++t) {
       const V vb = E::template Load<V>(b[t] + i);
-      acc[t] = acc[t] + va * vb;
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) acc[r][t] = acc[r][t] + va[r] * vb;
     }
   }
-  for (int t = 0; t < kKeys; ++t) {
-    float sum = CombineLanes(Fold(acc[t]));
-    for (size_t i = nw; i < n; ++i) sum += a[i] * E::One(b[t] + i);
-    out[t] = sum;
+  for (int r = 0; r < kRows; ++r) {
+    float sums[kKeys];
+    if constexpr (kKeys == 4) {
+      CombineLanes4(Fold(acc[r][0]), Fold(acc[r][1]), Fold(acc[r][2]), Fold(acc[r][3]), sums);
+    } else {
+      for (int t = 0; t < kKeys; ++t) sums[t] = CombineLanes(Fold(acc[r][t]));
+    }
+    for (int t = 0; t < kKeys; ++t) {
+      float sum = sums[t];
+      for (size_t i = nw; i < n; ++i) sum += a[r][i] * E::One(b[t] + i);
+      out[r][t] = sum;
+    }
   }
 }
 
-// out[t] = a . b[t] for t < kKeys in the order attention.h documents:
-// 16 lanes when n >= 16, else 8.
+// out[r][t] = a[r] . b[t] for t < kKeys, r < kRows, in the order
+// attention.h documents: 16 lanes when n >= 16, else 8.
+template <typename E, int kKeys, int kRows>
+[[gnu::always_inline]] inline void DotLanes(const float* const* a, const typename E::T* const* b,
+                                            size_t n, float* const* out) {
+  if (n >= 16) return DotLanesOf<E, Float16, kKeys, kRows>(a, b, n, out);
+  DotLanesOf<E, Float8, kKeys, kRows>(a, b, n, out);
+}
+
+// One query row: out[t] = a . b[t].
 template <typename E, int kKeys>
 [[gnu::always_inline]] inline void DotLanes(const float* a, const typename E::T* const* b,
                                             size_t n, float* out) {
-  if (n >= 16) return DotLanesOf<E, Float16, kKeys>(a, b, n, out);
-  DotLanesOf<E, Float8, kKeys>(a, b, n, out);
+  DotLanes<E, kKeys, 1>(&a, b, n, &out);
 }
 
 typedef int32_t Int8 __attribute__((vector_size(32)));
@@ -312,40 +387,104 @@ typedef double Double4 __attribute__((vector_size(32)));
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
-template <typename E>
-[[gnu::always_inline]] inline void Attend(const AttentionSpan& kv, const float* q,
-                                          float scale, float* out, float* scores) {
+// scores[j] = scores[j] * scale for j < n; returns the largest of `max`
+// and those products (a NaN never wins, as with std::max(max, x) in
+// ascending j). The lanes keep their own maxima and are combined after:
+// the maximum of a set is the same in any order, but for the sign of a
+// zero, and a -0 or +0 max gives the same exp(x - max) for every x.
+[[gnu::always_inline]] inline float ScaleAndMax(float* scores, int32_t n, float scale,
+                                                float max) {
+  Float8 m = Float8{} + max;
+  int32_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const Float8 v = Load8(scores + j) * scale;
+    std::memcpy(scores + j, &v, sizeof v);
+    m = m < v ? v : m;
+  }
+  for (; j < n; ++j) {
+    scores[j] = scores[j] * scale;
+    max = std::max(max, scores[j]);
+  }
+  for (int t = 0; t < 8; ++t) max = std::max(max, m[t]);
+  return max;
+}
+
+// scores[r][j] = q[r] . K_j (KV head kv.kv_head) for j in [j_begin, j_end)
+// and r < kRows, walking the positions block by block (j ascending), so
+// the pool is asked for each block's rows once, and four keys at a time.
+template <typename E, int kRows>
+[[gnu::always_inline]] inline void ScoreRange(const AttentionSpan& kv, int32_t j_begin,
+                                              int32_t j_end, const float* const* q,
+                                              float* const* scores) {
   const kv::KvShape& s = kv.pool->shape();
   const size_t hd = static_cast<size_t>(s.head_dim);
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * hd;
-  const size_t kv_off = static_cast<size_t>(kv.kv_head) * hd;
-  // Positions are walked block by block (j ascending), so the pool is
-  // asked for each block's rows once.
-  float max = -INFINITY;
-  for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
-    const typename E::T* k =
-        KRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]) + kv_off;
-    const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
-    int32_t j = j0;
+  for (int32_t j = j_begin; j < j_end;) {
+    const int32_t block = j / s.block_size;
+    const int32_t j1 = std::min((block + 1) * s.block_size, j_end);
+    const typename E::T* k = KRows<E>(kv, kv.block_table[static_cast<size_t>(block)]) +
+                             static_cast<size_t>(j - block * s.block_size) * kv_dim +
+                             static_cast<size_t>(kv.kv_head) * hd;
     for (; j + 4 <= j1; j += 4, k += 4 * kv_dim) {
       const typename E::T* keys[4] = {k, k + kv_dim, k + 2 * kv_dim, k + 3 * kv_dim};
-      DotLanes<E, 4>(q, keys, hd, &scores[j]);
+      float* out[kRows];
+      for (int r = 0; r < kRows; ++r) out[r] = scores[r] + j;
+      DotLanes<E, 4, kRows>(q, keys, hd, out);
     }
-    for (; j < j1; ++j, k += kv_dim) DotLanes<E, 1>(q, &k, hd, &scores[j]);
-    for (j = j0; j < j1; ++j) {
-      scores[j] = scores[j] * scale;
-      max = std::max(max, scores[j]);
+    for (; j < j1; ++j, k += kv_dim) {
+      float* out[kRows];
+      for (int r = 0; r < kRows; ++r) out[r] = scores[r] + j;
+      DotLanes<E, 1, kRows>(q, &k, hd, out);
     }
   }
-  const float inv = static_cast<float>(1.0 / ExpAndSum(scores, kv.pos + 1, max));
+}
+
+// o[r] = out[r] + offset for r < kRows; returns o.
+template <int kRows>
+[[gnu::always_inline]] inline float* const* RowsAt(float* const* out, size_t offset,
+                                                   float** o) {
+  for (int r = 0; r < kRows; ++r) o[r] = out[r] + offset;
+  return o;
+}
+
+// Attend for kRows (1 or 2) query rows q[r] of one head of one sequence,
+// row r at position pos[r] (ascending; kv.pos is not read): out[r] gets
+// the same bits as AttendHead at pos[r], since every score and every
+// output sum is formed by the same operations in the same order; the K and
+// V rows that rows share are read and widened once. scores: kRows *
+// (pos[kRows - 1] + 1) floats.
+template <typename E, int kRows>
+[[gnu::always_inline]] inline void AttendRows(const AttentionSpan& kv, const int32_t* pos,
+                                              const float* const* q, float scale,
+                                              float* const* out, float* scores) {
+  static_assert(kRows == 1 || kRows == 2);
+  const kv::KvShape& s = kv.pool->shape();
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  const size_t kv_off = static_cast<size_t>(kv.kv_head) * hd;
+  int32_t len[kRows];
+  float* sc[kRows];
+  float inv[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    len[r] = pos[r] + 1;
+    sc[r] = scores + static_cast<size_t>(r) * static_cast<size_t>(pos[kRows - 1] + 1);
+  }
+  ScoreRange<E, kRows>(kv, 0, len[0], q, sc);
+  if constexpr (kRows == 2) ScoreRange<E, 1>(kv, len[0], len[1], q + 1, sc + 1);
+  for (int r = 0; r < kRows; ++r) {
+    const float max = ScaleAndMax(sc[r], len[r], scale, -INFINITY);
+    inv[r] = static_cast<float>(1.0 / ExpAndSum(sc[r], len[r], max));
+  }
   // Chunks of 64, 32, 16, 8 and 1 output elements; each element's sum is
   // the same whichever chunk holds it.
+  float* o[kRows];
   size_t d = 0;
-  for (; d + 64 <= hd; d += 64) AccumulateValues<E, 64>(kv, kv_off + d, scores, inv, out + d);
-  if (d + 32 <= hd) AccumulateValues<E, 32>(kv, kv_off + d, scores, inv, out + d), d += 32;
-  if (d + 16 <= hd) AccumulateValues<E, 16>(kv, kv_off + d, scores, inv, out + d), d += 16;
-  if (d + 8 <= hd) AccumulateValues<E, 8>(kv, kv_off + d, scores, inv, out + d), d += 8;
-  for (; d < hd; ++d) AccumulateValues<E, 1>(kv, kv_off + d, scores, inv, out + d);
+#define at(offset) RowsAt<kRows>(out, offset, o)
+  for (; d + 64 <= hd; d += 64) AccumulateValues<E, 64, kRows>(kv, kv_off + d, len, sc, inv, at(d));
+  if (d + 32 <= hd) AccumulateValues<E, 32, kRows>(kv, kv_off + d, len, sc, inv, at(d)), d += 32;
+  if (d + 16 <= hd) AccumulateValues<E, 16, kRows>(kv, kv_off + d, len, sc, inv, at(d)), d += 16;
+  if (d + 8 <= hd) AccumulateValues<E, 8, kRows>(kv, kv_off + d, len, sc, inv, at(d)), d += 8;
+  for (; d < hd; ++d) AccumulateValues<E, 1, kRows>(kv, kv_off + d, len, sc, inv, at(d));
+#undef at
 }
 
 // Attend for every query head h < n_head of one row (head h reads KV head
@@ -387,11 +526,7 @@ template <typename E>
   float* const inv = scores + n_head * n;
   for (size_t h = 0; h < n_head; ++h) {
     float* sh = scores + h * n;
-    float max = -INFINITY;
-    for (size_t j = 0; j < n; ++j) {
-      sh[j] = sh[j] * scale;
-      max = std::max(max, sh[j]);
-    }
+    const float max = ScaleAndMax(sh, kv.pos + 1, scale, -INFINITY);
     inv[h] = static_cast<float>(1.0 / ExpAndSum(sh, kv.pos + 1, max));
     std::fill(out + h * hd, out + (h + 1) * hd, 0.0f);
   }
@@ -407,10 +542,35 @@ template <typename E>
   }
 }
 
+// One query row: AttendRows<E, 1> at kv.pos.
+template <typename E>
+[[gnu::always_inline]] inline void Attend(const AttentionSpan& kv, const float* q,
+                                          float scale, float* out, float* scores) {
+  AttendRows<E, 1>(kv, &kv.pos, &q, scale, &out, scores);
+}
+
+// Two query rows, at pos0 and kv.pos: AttendRows<E, 2>.
+template <typename E>
+[[gnu::always_inline]] inline void AttendPair(const AttentionSpan& kv, int32_t pos0,
+                                              const float* q0, const float* q1, float scale,
+                                              float* out0, float* out1, float* scores) {
+  const int32_t pos[2] = {pos0, kv.pos};
+  const float* q[2] = {q0, q1};
+  float* out[2] = {out0, out1};
+  AttendRows<E, 2>(kv, pos, q, scale, out, scores);
+}
+
 template <typename E>
 void AttendGeneric(const AttentionSpan& kv, const float* q, float scale, float* out,
                    float* scores) {
   Attend<E>(kv, q, scale, out, scores);
+}
+
+template <typename E>
+void AttendPairGeneric(const AttentionSpan& kv, int32_t pos0, const float* q0,
+                       const float* q1, float scale, float* out0, float* out1,
+                       float* scores) {
+  AttendPair<E>(kv, pos0, q0, q1, scale, out0, out1, scores);
 }
 
 template <typename E>
@@ -433,6 +593,20 @@ template <typename E>
 }
 
 template <typename E>
+[[gnu::flatten]] __attribute__((target("avx2,fma,f16c"))) void AttendPairAvx2(
+    const AttentionSpan& kv, int32_t pos0, const float* q0, const float* q1, float scale,
+    float* out0, float* out1, float* scores) {
+  AttendPair<E>(kv, pos0, q0, q1, scale, out0, out1, scores);
+}
+
+template <typename E>
+[[gnu::flatten]] __attribute__((target("avx512f,avx2,fma,f16c"))) void AttendPairAvx512(
+    const AttentionSpan& kv, int32_t pos0, const float* q0, const float* q1, float scale,
+    float* out0, float* out1, float* scores) {
+  AttendPair<E>(kv, pos0, q0, q1, scale, out0, out1, scores);
+}
+
+template <typename E>
 [[gnu::flatten]] __attribute__((target("avx2,fma,f16c"))) void AttendAllHeadsAvx2(
     const AttentionSpan& kv, size_t n_head, const float* q, float scale, float* out,
     float* scores) {
@@ -447,7 +621,7 @@ template <typename E>
 }
 #endif
 
-// The entry points of one kernel (Attend or AttendAllHeads) for each ISA
+// The entry points of one kernel (Attend, AttendPair or AttendAllHeads) for each ISA
 // and dtype.
 struct AttendHeadFns {
   using Fn = void (*)(const AttentionSpan&, const float*, float, float*, float*);
@@ -455,6 +629,15 @@ struct AttendHeadFns {
 #ifdef TANDEM_ATTENTION_X86
   template <typename E> static constexpr Fn kAvx2 = AttendAvx2<E>;
   template <typename E> static constexpr Fn kAvx512 = AttendAvx512<E>;
+#endif
+};
+struct AttendPairFns {
+  using Fn = void (*)(const AttentionSpan&, int32_t, const float*, const float*, float, float*,
+                      float*, float*);
+  template <typename E> static constexpr Fn kGeneric = AttendPairGeneric<E>;
+#ifdef TANDEM_ATTENTION_X86
+  template <typename E> static constexpr Fn kAvx2 = AttendPairAvx2<E>;
+  template <typename E> static constexpr Fn kAvx512 = AttendPairAvx512<E>;
 #endif
 };
 struct AttendRowFns {
@@ -520,6 +703,18 @@ void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* 
 void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
                 float* scores) {
   AttendHeadWithIsa(WidestIsa(), kv, q, scale, out, scores);
+}
+
+void AttendHeadPairWithIsa(KernelIsaKind isa, const AttentionSpan& kv, int32_t pos0,
+                           const float* q0, const float* q1, float scale, float* out0,
+                           float* out1, float* scores) {
+  AttendFor<AttendPairFns>(isa, kv.pool->dtype())(kv, pos0, q0, q1, scale, out0, out1,
+                                                  scores);
+}
+
+void AttendHeadPair(const AttentionSpan& kv, int32_t pos0, const float* q0, const float* q1,
+                    float scale, float* out0, float* out1, float* scores) {
+  AttendHeadPairWithIsa(WidestIsa(), kv, pos0, q0, q1, scale, out0, out1, scores);
 }
 
 void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head,

@@ -58,6 +58,21 @@ void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out
 void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
                        float scale, float* out, float* scores);
 
+// AttendHead for two query rows of one head of one sequence: q0 at
+// position pos0 and q1 at kv.pos (0 <= pos0 <= kv.pos). out0 and out1 get
+// the same bits as AttendHead at pos0 and at kv.pos; the K and V rows
+// both read (positions <= pos0) are loaded and widened once for the two,
+// so a prefill chunk's rows, taken in pairs, read each head's K/V half as
+// often. scores: scratch of at least 2 * (kv.pos + 1) floats.
+void AttendHeadPair(const AttentionSpan& kv, int32_t pos0, const float* q0, const float* q1,
+                    float scale, float* out0, float* out1, float* scores);
+
+// AttendHeadPair built for `isa` (kGeneric when this CPU cannot run it);
+// for tests and benchmarks.
+void AttendHeadPairWithIsa(KernelIsaKind isa, const AttentionSpan& kv, int32_t pos0,
+                           const float* q0, const float* q1, float scale, float* out0,
+                           float* out1, float* scores);
+
 // Every query head of one row: out[h * head_dim, (h + 1) * head_dim) =
 // AttendHead of q + h * head_dim over KV head h / (n_head / n_kv_heads) of
 // `kv` (kv.kv_head is ignored), for h < n_head (a multiple of the pool's

@@ -38,19 +38,22 @@ struct Row {
   size_t entry;
 };
 
-// One query head of one row, or all of them (kAllHeads): the unit of
-// attention work.
+// The unit of attention work: one query head of `n_rows` (1 or 2)
+// consecutive rows of one entry from `row` on, or every head of one row
+// (head kAllHeads).
 struct HeadRow {
   static constexpr uint32_t kAllHeads = ~uint32_t{0};
   uint32_t row;
   uint32_t head;
+  uint32_t n_rows = 1;
 };
 
 // The attention work, entry by entry. A prefill chunk (an entry of several
-// rows) gives every (row, head) pair, head-major, so its rows read one
-// head's K/V slice while it is in cache; a decode entry (one row) gives one
-// kAllHeads unit, which reads its K/V rows once, whole (AttendRow), rather
-// than one strided slice per head.
+// rows) gives its rows in pairs (AttendHeadPair: a pair reads its K/V
+// rows once), head-major, so the chunk reads one head's K/V slice while it
+// is in cache; a decode entry (one row) gives one kAllHeads unit, which
+// reads its K/V rows once, whole (AttendRow), rather than one strided
+// slice per head.
 std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head) {
   std::vector<HeadRow> order;
   order.reserve(rows.size() * n_head);
@@ -61,8 +64,9 @@ std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head)
       order.push_back({static_cast<uint32_t>(first), HeadRow::kAllHeads});
     } else {
       for (size_t h = 0; h < n_head; ++h) {
-        for (size_t r = first; r < last; ++r) {
-          order.push_back({static_cast<uint32_t>(r), static_cast<uint32_t>(h)});
+        for (size_t r = first; r < last; r += 2) {
+          order.push_back({static_cast<uint32_t>(r), static_cast<uint32_t>(h),
+                           r + 1 < last ? 2u : 1u});
         }
       }
     }
@@ -72,15 +76,19 @@ std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head)
 }
 
 // Splits `order` into `parts` contiguous ranges of about equal attention
-// cost (a head at position pos costs pos + 1, a kAllHeads unit n_head times
-// that), so causal prefill rows, whose cost grows with position, still
-// share the work evenly. Returns parts + 1 boundaries.
+// cost (a head of a row at position pos costs pos + 1, a kAllHeads unit
+// n_head times that, a pair the sum of its rows'), so causal prefill rows,
+// whose cost grows with position, still share the work evenly. Returns
+// parts + 1 boundaries.
 std::vector<size_t> BalancedBounds(const std::vector<HeadRow>& order,
                                    const std::vector<Row>& rows, size_t n_head,
                                    size_t parts) {
   auto cost = [&](const HeadRow& p) {
-    return (static_cast<size_t>(rows[p.row].pos) + 1) *
-           (p.head == HeadRow::kAllHeads ? n_head : 1);
+    size_t positions = 0;
+    for (uint32_t i = 0; i < p.n_rows; ++i) {
+      positions += static_cast<size_t>(rows[p.row + i].pos) + 1;
+    }
+    return positions * (p.head == HeadRow::kAllHeads ? n_head : 1);
   };
   size_t total = 0;
   for (const HeadRow& p : order) total += cost(p);
@@ -246,13 +254,14 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
   const std::vector<HeadRow> attn_order = AttentionOrder(rows, n_head);
   const std::vector<size_t> attn_bounds =
       BalancedBounds(attn_order, rows, n_head, attn_parts);
-  // Scores per attention part: one row's (max_pos + 1 keys, +1 spare), for
-  // every head at once where a decode row is attended whole (AttendRow).
+  // Scores per attention part: a pair of rows' (max_pos + 1 keys each, +1
+  // spare), or every head's where a decode row is attended whole
+  // (AttendRow).
   const bool any_all_heads =
       std::any_of(attn_order.begin(), attn_order.end(),
                   [](const HeadRow& p) { return p.head == HeadRow::kAllHeads; });
   const size_t scores_size =
-      (any_all_heads ? n_head : 1) * (static_cast<size_t>(max_pos) + 2);
+      std::max<size_t>(any_all_heads ? n_head : 1, 2) * (static_cast<size_t>(max_pos) + 2);
 
   // RoPE of one row's n heads in the architecture's pairing.
   auto rope_apply = [&](float* x, size_t n, const float* cs) {
@@ -320,6 +329,14 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
           continue;
         }
         span.kv_head = static_cast<int32_t>(h / group);
+        if (attn_order[p].n_rows == 2) {
+          span.pos = rows[r + 1].pos;
+          internal::AttendHeadPair(span, row.pos, &q[r * q_dim + h * hd],
+                                   &q[(r + 1) * q_dim + h * hd], attn_scale,
+                                   &attn[r * q_dim + h * hd], &attn[(r + 1) * q_dim + h * hd],
+                                   scores.data());
+          continue;
+        }
         internal::AttendHead(span, &q[r * q_dim + h * hd], attn_scale,
                              &attn[r * q_dim + h * hd], scores.data());
       }

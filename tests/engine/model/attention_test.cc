@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/kv/block_pool.h"
@@ -34,6 +35,35 @@ float CephesExp(float x) {
   p = p * (r * r) + r + 1.0f;
   return std::ldexp(p, static_cast<int>(n));
 }
+
+// One layer of two KV heads of head_dim in a `dtype` cache: 80 positions
+// of random K and V written by WriteKvRows into five 16-row blocks, taken
+// out of order from the pool. k and v keep the rows as written (F32).
+struct RandomCache {
+  static constexpr int32_t kPositions = 80;
+  static kv::KvShape Shape(int32_t head_dim) {
+    kv::KvShape shape;
+    shape.n_layers = 1;
+    shape.n_kv_heads = 2;
+    shape.head_dim = head_dim;
+    shape.block_size = 16;
+    return shape;
+  }
+  RandomCache(kv::KvDtype dtype, int32_t head_dim, std::mt19937& rng)
+      : kv(Shape(head_dim), 8, dtype), blocks(8), table(*blocks.Allocate(5)) {
+    std::swap(table[0], table[3]);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    k.resize(kPositions * 2 * static_cast<size_t>(head_dim));
+    v.resize(k.size());
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    kv::WriteKvRows(kv, table, 0, 0, kPositions, k.data(), v.data());
+  }
+  kv::CpuKvStorage kv;
+  kv::BlockPool blocks;
+  std::vector<int32_t> table;
+  std::vector<float> k, v;
+};
 
 TEST(AttentionTest, CephesExpIsWithinTwoUlpOfExp) {
   EXPECT_EQ(CephesExp(0.0f), 1.0f);
@@ -142,20 +172,12 @@ TEST(AttentionTest, SixteenBitCachesEqualTheReferenceOverWidenedRows) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (kv::KvDtype dtype : {kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
     for (int32_t head_dim : {8, 20, 64, 72, 128}) {
-      kv::KvShape shape;
-      shape.n_layers = 1;
-      shape.n_kv_heads = 2;
-      shape.head_dim = head_dim;
-      shape.block_size = 16;
-      kv::CpuKvStorage kv(shape, 8, dtype);
-      kv::BlockPool blocks(8);
-      std::vector<int32_t> table = *blocks.Allocate(5);
-      std::swap(table[0], table[3]);
+      RandomCache cache(dtype, head_dim, rng);
+      kv::CpuKvStorage& kv = cache.kv;
+      const std::vector<int32_t>& table = cache.table;
       const size_t kv_dim = 2 * static_cast<size_t>(head_dim);
-      std::vector<float> k(80 * kv_dim), v(k.size());
-      for (float& x : k) x = normal(rng);
-      for (float& x : v) x = normal(rng);
-      kv::WriteKvRows(kv, table, 0, 0, 80, k.data(), v.data());
+      std::vector<float>& k = cache.k;
+      std::vector<float>& v = cache.v;
       kv::ReadKvRows(kv, table, 0, 0, 80, k.data(), v.data());  // the rounded values
       std::vector<float> q(static_cast<size_t>(head_dim));
       for (float& x : q) x = normal(rng);
@@ -197,20 +219,9 @@ TEST(AttentionTest, AttendRowEqualsAttendHeadForEveryHead) {
   for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
     for (int32_t head_dim : {8, 20, 64}) {
       for (size_t group : {1, 4}) {
-        kv::KvShape shape;
-        shape.n_layers = 1;
-        shape.n_kv_heads = 2;
-        shape.head_dim = head_dim;
-        shape.block_size = 16;
-        kv::CpuKvStorage kv(shape, 8, dtype);
-        kv::BlockPool blocks(8);
-        std::vector<int32_t> table = *blocks.Allocate(5);
-        std::swap(table[1], table[4]);
-        const size_t kv_dim = 2 * static_cast<size_t>(head_dim);
-        std::vector<float> k(80 * kv_dim), v(k.size());
-        for (float& x : k) x = normal(rng);
-        for (float& x : v) x = normal(rng);
-        kv::WriteKvRows(kv, table, 0, 0, 80, k.data(), v.data());
+        RandomCache cache(dtype, head_dim, rng);
+        const kv::CpuKvStorage& kv = cache.kv;
+        const std::vector<int32_t>& table = cache.table;
         const size_t n_head = 2 * group, hd = static_cast<size_t>(head_dim);
         std::vector<float> q(n_head * hd);
         for (float& x : q) x = normal(rng);
@@ -231,6 +242,47 @@ TEST(AttentionTest, AttendRowEqualsAttendHeadForEveryHead) {
             EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
                 << kv::KvDtypeName(dtype) << " head_dim " << head_dim << " group " << group
                 << " pos " << pos << " " << KernelIsaName(isa);
+          }
+        }
+      }
+    }
+  }
+}
+
+// AttendHeadPair (two rows of one head sharing their K/V reads) equals
+// AttendHead row by row, bit for bit: each dtype, head_dims with and
+// without tails, both KV heads, the rows at equal, adjacent and distant
+// positions, inside and across blocks and 4-key groups, every ISA.
+TEST(AttentionTest, AttendHeadPairEqualsAttendHeadForEachRow) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::pair<int32_t, int32_t> positions[] = {{0, 0},   {0, 1},   {2, 3},  {3, 4},
+                                                   {14, 15}, {15, 16}, {16, 16}, {30, 47},
+                                                   {0, 79},  {78, 79}};
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+    for (int32_t head_dim : {8, 20, 64, 72}) {
+      RandomCache cache(dtype, head_dim, rng);
+      const size_t hd = static_cast<size_t>(head_dim);
+      std::vector<float> q(2 * hd);
+      for (float& x : q) x = normal(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      for (const auto& [pos0, pos1] : positions) {
+        for (int32_t kv_head : {0, 1}) {
+          for (KernelIsaKind isa :
+               {KernelIsaKind::kGeneric, KernelIsaKind::kAvx2, KernelIsaKind::kAvx512}) {
+            if (!KernelIsaSupported(isa)) continue;
+            std::vector<float> want(2 * hd), got(2 * hd, -1.0f);
+            std::vector<float> scores(2 * (static_cast<size_t>(pos1) + 1));
+            AttentionSpan first{&cache.kv, cache.table, 0, kv_head, pos0};
+            AttendHeadWithIsa(isa, first, q.data(), scale, want.data(), scores.data());
+            AttentionSpan second{&cache.kv, cache.table, 0, kv_head, pos1};
+            AttendHeadWithIsa(isa, second, q.data() + hd, scale, want.data() + hd,
+                              scores.data());
+            AttendHeadPairWithIsa(isa, second, pos0, q.data(), q.data() + hd, scale,
+                                  got.data(), got.data() + hd, scores.data());
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+                << kv::KvDtypeName(dtype) << " head_dim " << head_dim << " positions " << pos0
+                << ", " << pos1 << " kv_head " << kv_head << " " << KernelIsaName(isa);
           }
         }
       }
