@@ -144,18 +144,25 @@ void TileRows(int nr, int nc, const Args& a, size_t r0, size_t p0) {
   TilePanels<Isa, R, Isa::kPanels>(nc, a, r0, p0);
 }
 
-// Panels outer, K blocks in increasing k, rows inner: a block of kPanels
-// panels x kPanelKBlock steps (24 KiB on AVX-512) stays in L1 while every
-// row passes over it.
+// Row blocks outer (kPanelRowBlockBytes of x each, so they stay in L2
+// instead of every panel group re-reading all of x from L3), then panels, K blocks in increasing k, rows inner: a
+// block of kPanels panels x kPanelKBlock steps (24 KiB on AVX-512) stays
+// in L1 while every row of the row block passes over it. Each element's
+// chain still runs over the K blocks in increasing k.
 template <typename Isa>
 void Panels(Args a, size_t rows, size_t p_begin, size_t p_end) {
-  for (size_t p = p_begin; p < p_end; p += Isa::kPanels) {
-    const int nc = static_cast<int>(std::min<size_t>(Isa::kPanels, p_end - p));
-    for (a.k0 = 0; a.k0 < a.in; a.k0 = a.k1) {
-      a.k1 = std::min(a.in, a.k0 + kPanelKBlock);
-      for (size_t r = 0; r < rows; r += Isa::kRows) {
-        const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
-        TileRows<Isa, Isa::kRows>(nr, nc, a, r, p);
+  const size_t block_rows =
+      std::max<size_t>(1, kPanelRowBlockBytes / (a.in * sizeof(float)) / Isa::kRows) * Isa::kRows;
+  for (size_t r_begin = 0; r_begin < rows; r_begin += block_rows) {
+    const size_t r_end = std::min(rows, r_begin + block_rows);
+    for (size_t p = p_begin; p < p_end; p += Isa::kPanels) {
+      const int nc = static_cast<int>(std::min<size_t>(Isa::kPanels, p_end - p));
+      for (a.k0 = 0; a.k0 < a.in; a.k0 = a.k1) {
+        a.k1 = std::min(a.in, a.k0 + kPanelKBlock);
+        for (size_t r = r_begin; r < r_end; r += Isa::kRows) {
+          const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, r_end - r));
+          TileRows<Isa, Isa::kRows>(nr, nc, a, r, p);
+        }
       }
     }
   }

@@ -64,6 +64,12 @@ class F32PanelMatrix {
 // K elements per block of the K loop (see the top of this file).
 inline constexpr size_t kPanelKBlock = 128;
 
+// Rows of x per pass over the panels: about this many bytes of x (rows x
+// in floats, at least one tile of rows), so a large batch's rows stay in
+// L2 while the panels stream by. Changes no bit (each element's chain is
+// the same in every pass).
+inline constexpr size_t kPanelRowBlockBytes = 512 * 1024;
+
 // y[r][o] for r < rows and o in [16 * p_begin, min(out, 16 * p_end)), the
 // chain at the top of this file; x: [rows][w.in()], y: [rows][w.out()]
 // (other columns left as they are). An unsupported `isa` runs kGeneric.

@@ -97,6 +97,22 @@ TEST(F32PanelGemmTest, EveryIsaEqualsTheFmaChainExactly) {
   }
 }
 
+// Rows past one row block (kPanelRowBlockBytes of x: 16-21 rows at in =
+// 6000, by ISA) give the same chains: two full blocks and a partial one.
+TEST(F32PanelGemmTest, RowsAcrossRowBlocksEqualTheFmaChainExactly) {
+  const size_t in = 6000, out = 40, rows = 45;
+  ASSERT_LT(kPanelRowBlockBytes / (in * sizeof(float)) * 2, rows);
+  const std::vector<float> w = Random(out * in, 8);
+  const auto m = F32PanelMatrix::Pack(WeightMatrix::F32(w.data(), in, out));
+  const std::vector<float> x = Random(rows * in, 9);
+  const std::vector<float> want = FmaChain(x, w, rows, in, out);
+  for (KernelIsaKind isa : SupportedIsas()) {
+    std::vector<float> y(rows * out, std::nanf(""));
+    MatMulF32PanelsWithIsa(isa, x.data(), *m, rows, y.data(), nullptr, 0);
+    EXPECT_TRUE(SameBits(y, want)) << KernelIsaName(isa);
+  }
+}
+
 // A row's bits do not depend on the rows beside it, on which panels a call
 // covers, or on the threads (whole panels per thread).
 TEST(F32PanelGemmTest, RowBitsDoNotDependOnBatchRangeOrThreads) {
