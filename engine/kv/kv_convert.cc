@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "engine/gguf/half.h"
 
 namespace tandem::kv {
@@ -24,6 +28,28 @@ void FloatsTo16(const float* src, size_t n, char* dst) {
     std::memcpy(dst + 2 * i, &h, 2);
   }
 }
+
+#if defined(__x86_64__)
+// FloatsTo16<FloatToF16> with VCVTPS2PH, 8 at a time: the same bits
+// (FloatToF16 is that instruction's rounding, NaNs included).
+__attribute__((target("avx,f16c"))) void FloatsToF16C(const float* src, size_t n, char* dst) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
+  }
+  FloatsTo16<FloatToF16>(src + i, n - i, dst + 2 * i);
+}
+
+bool HasF16C() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return has;
+}
+#endif
 }  // namespace
 
 void FloatsToKv(KvDtype dtype, const float* src, size_t n, char* dst) {
@@ -32,6 +58,9 @@ void FloatsToKv(KvDtype dtype, const float* src, size_t n, char* dst) {
       std::memcpy(dst, src, n * sizeof(float));
       return;
     case KvDtype::kF16:
+#if defined(__x86_64__)
+      if (HasF16C()) return FloatsToF16C(src, n, dst);
+#endif
       return FloatsTo16<FloatToF16>(src, n, dst);
     case KvDtype::kBF16:
       return FloatsTo16<FloatToBf16>(src, n, dst);

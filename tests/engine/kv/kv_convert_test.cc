@@ -131,6 +131,30 @@ TEST(KvConvertTest, RowsConvertElementwise) {
   }
 }
 
+// Rows of every length to 40 (vector bodies and tails), over bit patterns
+// spread across all floats (NaNs, infinities, subnormals included): each
+// F16 element equals FloatToF16 of its float, whichever path the CPU runs.
+TEST(KvConvertTest, F16RowsEqualFloatToF16OnEveryElement) {
+  std::vector<float> x;
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 1000003) x.push_back(Bits(static_cast<uint32_t>(u)));
+  x.push_back(Bits(0x7fbfe000u));  // a NaN with payload
+  x.push_back(Bits(0x477ff000u));  // 65520: rounds up to infinity
+  for (size_t n = 0; n <= 40; ++n) {
+    std::vector<size_t> firsts = {x.size() - n};  // the last rows: the two above
+    for (size_t first = 0; first + n <= x.size(); first += 97) firsts.push_back(first);
+    for (size_t first : firsts) {
+      std::vector<char> bytes(2 * n + 2, 0x55);
+      FloatsToKv(KvDtype::kF16, x.data() + first, n, bytes.data() + 1);  // unaligned
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 1 + 2 * i, 2);
+        ASSERT_EQ(h, FloatToF16(x[first + i])) << "n " << n << " element " << first + i;
+      }
+      ASSERT_EQ(bytes[2 * n + 1], 0x55) << "wrote past the row, n " << n;
+    }
+  }
+}
+
 #if defined(__x86_64__)
 __attribute__((target("f16c"))) uint16_t CvtssSh(float x) { return _cvtss_sh(x, 0); }
 __attribute__((target("f16c"))) float CvtshSs(uint16_t h) { return _cvtsh_ss(h); }
