@@ -3,6 +3,7 @@
 #include "engine/model/f32_panels.h"
 #include "engine/model/q8_int8.h"
 #include "engine/model/quant_loads.h"
+#include "engine/model/tile_dispatch.h"
 #include "engine/model/weight_loads.h"
 
 #include <atomic>
@@ -208,27 +209,6 @@ F32Rows F32Source(const float* w, size_t in, size_t /*ahead*/) {
 }
 #endif
 
-// Runs the R' x C' tile for R' = nr <= R, C' = nc <= C. Each element's
-// arithmetic is the same whatever the tile size, so edge tiles (rows left
-// over when M is not a multiple of kRows, columns at a range's end) give
-// the bits a full tile would.
-template <typename Isa, int R, int C, typename Rows>
-void TileCols(int nc, const float* x, const Rows& w, size_t in, size_t out, float* y) {
-  if constexpr (C > 1) {
-    if (nc < C) return TileCols<Isa, R, C - 1>(nc, x, w, in, out, y);
-  }
-  Isa::template Tile<R, C>(x, w, in, out, y);
-}
-
-template <typename Isa, int R, typename Rows>
-void TileRows(int nr, int nc, const float* x, const Rows& w, size_t in, size_t out,
-              float* y) {
-  if constexpr (R > 1) {
-    if (nr < R) return TileRows<Isa, R - 1>(nr, nc, x, w, in, out, y);
-  }
-  TileCols<Isa, R, Isa::kCols>(nc, x, w, in, out, y);
-}
-
 // Column blocks outer, so a block of kCols weight rows stays in cache while
 // every input row passes over it. `rows_at(o, nc)` gives the weight source
 // of rows [o, o + nc).
@@ -240,7 +220,7 @@ void Columns(const float* x, size_t rows, size_t in, size_t out, size_t o_begin,
     const auto w = rows_at(o, nc);
     for (size_t r = 0; r < rows; r += Isa::kRows) {
       const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
-      TileRows<Isa, Isa::kRows>(nr, nc, x + r * in, w, in, out, y + r * out + o);
+      RunTile<Isa, Isa::kRows, Isa::kCols>(nr, nc, x + r * in, w, in, out, y + r * out + o);
     }
   }
 }

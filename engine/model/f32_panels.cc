@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/model/tile_dispatch.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TANDEM_PANELS_X86 1
@@ -126,24 +128,6 @@ struct Avx2Isa {
 };
 #endif  // TANDEM_PANELS_X86
 
-// The R' x C' tile for R' = nr <= R, C' = nc <= C: every element runs the
-// same chain whatever the tile, so edge tiles give a full tile's bits.
-template <typename Isa, int R, int C>
-void TilePanels(int nc, const Args& a, size_t r0, size_t p0) {
-  if constexpr (C > 1) {
-    if (nc < C) return TilePanels<Isa, R, C - 1>(nc, a, r0, p0);
-  }
-  Isa::template Tile<R, C>(a, r0, p0);
-}
-
-template <typename Isa, int R>
-void TileRows(int nr, int nc, const Args& a, size_t r0, size_t p0) {
-  if constexpr (R > 1) {
-    if (nr < R) return TileRows<Isa, R - 1>(nr, nc, a, r0, p0);
-  }
-  TilePanels<Isa, R, Isa::kPanels>(nc, a, r0, p0);
-}
-
 // Row blocks outer (kPanelRowBlockBytes of x each, so they stay in L2
 // instead of every panel group re-reading all of x from L3), then panels, K blocks in increasing k, rows inner: a
 // block of kPanels panels x kPanelKBlock steps (24 KiB on AVX-512) stays
@@ -161,7 +145,7 @@ void Panels(Args a, size_t rows, size_t p_begin, size_t p_end) {
         a.k1 = std::min(a.in, a.k0 + kPanelKBlock);
         for (size_t r = r_begin; r < r_end; r += Isa::kRows) {
           const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, r_end - r));
-          TileRows<Isa, Isa::kRows>(nr, nc, a, r, p);
+          RunTile<Isa, Isa::kRows, Isa::kPanels>(nr, nc, a, r, p);
         }
       }
     }

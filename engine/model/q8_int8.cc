@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/model/quant_blocks.h"
+#include "engine/model/tile_dispatch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -270,24 +271,6 @@ struct Avx512VnniIsa {
 };
 #endif  // TANDEM_INT8_X86
 
-// Edge tiles: R' <= R rows, C' <= C groups, each element computed as in a
-// full tile.
-template <typename Isa, int R, int C>
-void TileGroups(int nc, const Args& a, size_t r0, size_t g0) {
-  if constexpr (C > 1) {
-    if (nc < C) return TileGroups<Isa, R, C - 1>(nc, a, r0, g0);
-  }
-  Isa::template Tile<R, C>(a, r0, g0);
-}
-
-template <typename Isa, int R>
-void TileRows(int nr, int nc, const Args& a, size_t r0, size_t g0) {
-  if constexpr (R > 1) {
-    if (nr < R) return TileRows<Isa, R - 1>(nr, nc, a, r0, g0);
-  }
-  TileGroups<Isa, R, Isa::kGroups>(nc, a, r0, g0);
-}
-
 // Groups outer, rows inner: a few groups' tiles stay in cache while every
 // activation row passes over them.
 template <typename Isa>
@@ -296,7 +279,7 @@ void Groups(const Args& a, size_t rows, size_t g_begin, size_t g_end) {
     const int nc = static_cast<int>(std::min<size_t>(Isa::kGroups, g_end - g));
     for (size_t r = 0; r < rows; r += Isa::kRows) {
       const int nr = static_cast<int>(std::min<size_t>(Isa::kRows, rows - r));
-      TileRows<Isa, Isa::kRows>(nr, nc, a, r, g);
+      RunTile<Isa, Isa::kRows, Isa::kGroups>(nr, nc, a, r, g);
     }
   }
 }
