@@ -186,22 +186,24 @@ template <typename E, size_t kChunk, int kRows>
   }
 }
 
-// out[r][d] for d < kChunk and r < kRows (kRows 1 or 2): sum_j p_rj * v_j[d]
-// over j < len[r] ascending (AccumulateRange), the sums held in registers;
-// rows share the V rows j < len[0] (len ascending).
+// out[r][d0 + d] for d < kChunk and r < kRows (kRows 1 or 2): sum_j p_rj *
+// v_j[d] over j < len[r] ascending (AccumulateRange, V elements from kv_off
+// + d0 of each head row), the sums held in registers; rows share the V
+// rows j < len[0] (len ascending).
 template <typename E, size_t kChunk, int kRows>
 [[gnu::always_inline]] inline void AccumulateValues(const AttentionSpan& kv, size_t kv_off,
-                                                    const int32_t* len,
+                                                    size_t d0, const int32_t* len,
                                                     const float* const* scores,
                                                     const float* inv, float* const* out) {
   static_assert(kRows == 1 || kRows == 2);
   float acc[kRows][kChunk] = {};
-  AccumulateRange<E, kChunk, kRows>(kv, kv_off, 0, len[0], scores, inv, acc);
+  AccumulateRange<E, kChunk, kRows>(kv, kv_off + d0, 0, len[0], scores, inv, acc);
   if constexpr (kRows == 2) {
-    AccumulateRange<E, kChunk, 1>(kv, kv_off, len[0], len[1], scores + 1, inv + 1, acc + 1);
+    AccumulateRange<E, kChunk, 1>(kv, kv_off + d0, len[0], len[1], scores + 1, inv + 1,
+                                  acc + 1);
   }
   for (int r = 0; r < kRows; ++r) {
-    for (size_t d = 0; d < kChunk; ++d) out[r][d] = acc[r][d];
+    for (size_t d = 0; d < kChunk; ++d) out[r][d0 + d] = acc[r][d];
   }
 }
 
@@ -439,14 +441,6 @@ template <typename E, int kRows>
   }
 }
 
-// o[r] = out[r] + offset for r < kRows; returns o.
-template <int kRows>
-[[gnu::always_inline]] inline float* const* RowsAt(float* const* out, size_t offset,
-                                                   float** o) {
-  for (int r = 0; r < kRows; ++r) o[r] = out[r] + offset;
-  return o;
-}
-
 // Attend for kRows (1 or 2) query rows q[r] of one head of one sequence,
 // row r at position pos[r] (ascending; kv.pos is not read): out[r] gets
 // the same bits as AttendHead at pos[r], since every score and every
@@ -476,15 +470,12 @@ template <typename E, int kRows>
   }
   // Chunks of 64, 32, 16, 8 and 1 output elements; each element's sum is
   // the same whichever chunk holds it.
-  float* o[kRows];
   size_t d = 0;
-#define at(offset) RowsAt<kRows>(out, offset, o)
-  for (; d + 64 <= hd; d += 64) AccumulateValues<E, 64, kRows>(kv, kv_off + d, len, sc, inv, at(d));
-  if (d + 32 <= hd) AccumulateValues<E, 32, kRows>(kv, kv_off + d, len, sc, inv, at(d)), d += 32;
-  if (d + 16 <= hd) AccumulateValues<E, 16, kRows>(kv, kv_off + d, len, sc, inv, at(d)), d += 16;
-  if (d + 8 <= hd) AccumulateValues<E, 8, kRows>(kv, kv_off + d, len, sc, inv, at(d)), d += 8;
-  for (; d < hd; ++d) AccumulateValues<E, 1, kRows>(kv, kv_off + d, len, sc, inv, at(d));
-#undef at
+  for (; d + 64 <= hd; d += 64) AccumulateValues<E, 64, kRows>(kv, kv_off, d, len, sc, inv, out);
+  if (d + 32 <= hd) AccumulateValues<E, 32, kRows>(kv, kv_off, d, len, sc, inv, out), d += 32;
+  if (d + 16 <= hd) AccumulateValues<E, 16, kRows>(kv, kv_off, d, len, sc, inv, out), d += 16;
+  if (d + 8 <= hd) AccumulateValues<E, 8, kRows>(kv, kv_off, d, len, sc, inv, out), d += 8;
+  for (; d < hd; ++d) AccumulateValues<E, 1, kRows>(kv, kv_off, d, len, sc, inv, out);
 }
 
 // Attend for every query head h < n_head of one row (head h reads KV head

@@ -129,10 +129,11 @@ struct Avx2Isa {
 #endif  // TANDEM_PANELS_X86
 
 // Row blocks outer (kPanelRowBlockBytes of x each, so they stay in L2
-// instead of every panel group re-reading all of x from L3), then panels, K blocks in increasing k, rows inner: a
-// block of kPanels panels x kPanelKBlock steps (24 KiB on AVX-512) stays
-// in L1 while every row of the row block passes over it. Each element's
-// chain still runs over the K blocks in increasing k.
+// instead of every panel group re-reading all of x from L3), then panels,
+// K blocks in increasing k, rows inner: a block of kPanels panels x
+// kPanelKBlock steps (24 KiB on AVX-512) stays in L1 while every row of
+// the row block passes over it. Each element's chain still runs over the K
+// blocks in increasing k.
 template <typename Isa>
 void Panels(Args a, size_t rows, size_t p_begin, size_t p_end) {
   const size_t block_rows =
