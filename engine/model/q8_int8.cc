@@ -18,19 +18,47 @@ namespace tandem::model::internal {
 namespace {
 
 constexpr size_t kCols = Q8Int8Matrix::kGroupCols;
-constexpr size_t kTile = Q8Int8Matrix::kTileBytes;
-constexpr size_t kScalesAt = 512;  // F16 d of the 16 columns
-constexpr size_t kSumsAt = 544;    // int16 -sum(q) of the 16 columns
+// How far ahead of the loads the AVX-512 tiles prefetch a group's weight
+// stream (8 tiles; 2 and 4 KiB measured the same within noise), for
+// calls of at most kMaxTileRows rows (one pass of AVX-512 row tiles).
+constexpr size_t kPrefetchBytes = 4096;
+constexpr size_t kMaxTileRows = 6;
 
-// What every tile function reads: activations q [rows][in] and d
-// [rows][blocks], the packed matrix, and y [rows][out].
+// One quantized activation block as the kernels read it: its 32 q, the
+// VNNI paths' int32 start -128 * sum(q) (vpdpbusd over the stored w + 128
+// adds 128 * sum(q) to sum(q * w); starting there takes it back), and d.
+// One row's blocks are consecutive, so a tile needs one pointer per row.
+struct ActivationBlock {
+  int8_t q[32];
+  int32_t start;
+  float d;
+};
+static_assert(sizeof(ActivationBlock) == 40);
+
+// Fills a row's nb blocks from QuantizeActivationRow's q [32 nb] and d [nb].
+void ToBlocks(const int8_t* q, const float* d, size_t nb, ActivationBlock* out) {
+  for (size_t b = 0; b < nb; ++b, q += 32) {
+    std::memcpy(out[b].q, q, 32);
+    int32_t sum = 0;
+    for (int k = 0; k < 32; ++k) sum += q[k];
+    out[b].start = -128 * sum;
+    out[b].d = d[b];
+  }
+}
+
+// What every tile function reads: the activation blocks x [rows][nb], the
+// packed matrix, and y [rows][out].
 struct Args {
-  const int8_t* q;
-  const uint8_t* qu;  // q + 128 as u8 (the VNNI paths), else null
-  const float* d;
+  const ActivationBlock* x;
   const Q8Int8Matrix* w;
-  size_t in, nb, out;
+  size_t nb, out;
+  // Whether the tiles prefetch the weights kPrefetchBytes ahead: set when
+  // one pass of row tiles covers every row (decode), so each weight byte is
+  // read once, from memory. Measured on the 110M Q8_0 model (Xeon, 1
+  // thread): batch-1 decode +10%, while in prefill, whose tiles are reused
+  // from cache by the later rows, it cost 20%.
   float* y;
+  bool prefetch;
   // Valid columns of group g (16 but in the last group).
   int Cols(size_t g) const {
     return static_cast<int>(std::min(kCols, out - g * kCols));
@@ -51,8 +79,7 @@ struct GenericIsa {
   template <int R, int C>
   static void Tile(const Args& a, size_t r0, size_t g0) {
     for (int r = 0; r < R; ++r) {
-      const int8_t* q = a.q + (r0 + r) * a.in;
-      const float* d = a.d + (r0 + r) * a.nb;
+      const ActivationBlock* x = a.x + (r0 + r) * a.nb;
       for (int c = 0; c < C; ++c) {
         const size_t g = g0 + c;
         for (int col = 0; col < a.Cols(g); ++col) {
@@ -61,11 +88,11 @@ struct GenericIsa {
             const uint8_t* t = a.w->Tile(g, b);
             int32_t sumi = 0;
             for (size_t k = 0; k < 32; ++k) {
-              const int8_t wq = static_cast<int8_t>(t[(k / 4) * 64 + 4 * col + k % 4]);
-              sumi += static_cast<int32_t>(q[32 * b + k]) * wq;
+              const int32_t wq = static_cast<int32_t>(t[(k / 4) * 64 + 4 * col + k % 4]) - 128;
+              sumi += static_cast<int32_t>(x[b].q[k]) * wq;
             }
-            const float dw = LoadF16(t + kScalesAt + 2 * col);
-            acc = acc + static_cast<float>(sumi) * (dw * d[b]);
+            const float dw = LoadF16(a.w->Scales(g, b) + 2 * col);
+            acc = acc + static_cast<float>(sumi) * (dw * x[b].d);
           }
           a.y[(r0 + r) * a.out + g * kCols + col] = acc;
         }
@@ -97,14 +124,13 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m256 Combine(__m256
 // r0 + r's activation scale), for R rows and both halves of the group.
 template <int R>
 __attribute__((target("avx2,f16c"), always_inline)) inline void CombineBlock(
-    const Args& a, const uint8_t* t, size_t r0, size_t b, const __m256i (&si)[R][2],
+    const Args& a, size_t g0, size_t r0, size_t b, const __m256i (&si)[R][2],
     __m256 (&acc)[R][2]) {
-  const __m256 dw0 =
-      _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt)));
-  const __m256 dw1 =
-      _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t + kScalesAt + 16)));
+  const uint8_t* s = a.w->Scales(g0, b);
+  const __m256 dw0 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
+  const __m256 dw1 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(s + 16)));
   for (int r = 0; r < R; ++r) {
-    const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
+    const __m256 dx = _mm256_set1_ps(a.x[(r0 + r) * a.nb + b].d);
     acc[r][0] = Combine(acc[r][0], si[r][0], dw0, dx);
     acc[r][1] = Combine(acc[r][1], si[r][1], dw1, dx);
   }
@@ -124,8 +150,9 @@ __attribute__((target("avx2"), always_inline)) inline void StoreRows(const Args&
 }
 
 // AVX2: one group (two halves of 8 columns) by R rows. Per 4 elements and
-// half: sign(x, w) as s8 times |w| as u8 in pairs (maddubs, exact: pair
-// sums <= 2 * 128 * 127), then pairs to int32 (madd with ones).
+// half: w back to s8 (XOR 0x80), sign(x, w) as s8 times |w| as u8 in pairs
+// (maddubs, exact: pair sums <= 2 * 128 * 127), then pairs to int32 (madd
+// with ones).
 struct Avx2Isa {
   static constexpr int kRows = 3;
   static constexpr int kGroups = 1;
@@ -133,9 +160,10 @@ struct Avx2Isa {
   __attribute__((target("avx2,f16c"))) static void Tile(const Args& a, size_t r0,
                                                          size_t g0) {
     static_assert(C == 1);
-    const int8_t* q[R];
-    for (int r = 0; r < R; ++r) q[r] = a.q + (r0 + r) * a.in;
+    const ActivationBlock* x[R];
+    for (int r = 0; r < R; ++r) x[r] = a.x + (r0 + r) * a.nb;
     const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (size_t b = 0; b < a.nb; ++b) {
@@ -143,35 +171,28 @@ struct Avx2Isa {
       __m256i si[R][2];
       for (int r = 0; r < R; ++r) si[r][0] = si[r][1] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j));
-        const __m256i w1 =
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
+        const __m256i w0 = _mm256_xor_si256(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j)), bias);
+        const __m256i w1 = _mm256_xor_si256(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32)), bias);
         const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
         for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_broadcastd_epi32(_mm_loadu_si32(q[r] + 32 * b + 4 * j));
-          const __m256i p0 = _mm256_maddubs_epi16(aw0, _mm256_sign_epi8(x, w0));
-          const __m256i p1 = _mm256_maddubs_epi16(aw1, _mm256_sign_epi8(x, w1));
+          const __m256i xq = _mm256_broadcastd_epi32(_mm_loadu_si32(x[r][b].q + 4 * j));
+          const __m256i p0 = _mm256_maddubs_epi16(aw0, _mm256_sign_epi8(xq, w0));
+          const __m256i p1 = _mm256_maddubs_epi16(aw1, _mm256_sign_epi8(xq, w1));
           si[r][0] = _mm256_add_epi32(si[r][0], _mm256_madd_epi16(p0, ones));
           si[r][1] = _mm256_add_epi32(si[r][1], _mm256_madd_epi16(p1, ones));
         }
       }
-      CombineBlock<R>(a, t, r0, b, si, acc);
+      CombineBlock<R>(a, g0, r0, b, si, acc);
     }
     StoreRows<R>(a, r0, g0, acc);
   }
 };
 
-// The block's int32 start for the 8 columns of half h: -128 * sum(q_w), so
-// that vpdpbusd over x + 128 (as u8) ends at sum(q_x * q_w).
-__attribute__((target("avx2"), always_inline)) inline __m256i OffsetStart(const uint8_t* t,
-                                                                          int h) {
-  const __m128i ns =
-      _mm_load_si128(reinterpret_cast<const __m128i*>(t + kSumsAt + 16 * h));
-  return _mm256_slli_epi32(_mm256_cvtepi16_epi32(ns), 7);
-}
-
-// AVX-VNNI: 256-bit vpdpbusd of x + 128 (u8) and w (s8), started at
-// OffsetStart. One group (two halves) by R rows.
+// AVX-VNNI: 256-bit vpdpbusd of w + 128 (u8) and x (s8), started at
+// -128 * sum(x) of the activation block (Args::start), so that it ends at
+// sum(q_x * q_w). One group (two halves) by R rows.
 struct AvxVnniIsa {
   static constexpr int kRows = 3;
   static constexpr int kGroups = 1;
@@ -179,29 +200,27 @@ struct AvxVnniIsa {
   __attribute__((target("avx2,f16c,avxvnni"))) static void Tile(const Args& a, size_t r0,
                                                                  size_t g0) {
     static_assert(C == 1);
-    const uint8_t* q[R];
-    for (int r = 0; r < R; ++r) q[r] = a.qu + (r0 + r) * a.in;
+    const ActivationBlock* x[R];
+    for (int r = 0; r < R; ++r) x[r] = a.x + (r0 + r) * a.nb;
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (size_t b = 0; b < a.nb; ++b) {
       const uint8_t* t = a.w->Tile(g0, b);
       __m256i si[R][2];
-      const __m256i s0 = OffsetStart(t, 0), s1 = OffsetStart(t, 1);
       for (int r = 0; r < R; ++r) {
-        si[r][0] = s0;
-        si[r][1] = s1;
+        si[r][0] = si[r][1] = _mm256_set1_epi32(x[r][b].start);
       }
       for (int j = 0; j < 8; ++j) {
         const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j));
         const __m256i w1 =
             _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
         for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_broadcastd_epi32(_mm_loadu_si32(q[r] + 32 * b + 4 * j));
-          si[r][0] = _mm256_dpbusd_avx_epi32(si[r][0], x, w0);
-          si[r][1] = _mm256_dpbusd_avx_epi32(si[r][1], x, w1);
+          const __m256i xq = _mm256_broadcastd_epi32(_mm_loadu_si32(x[r][b].q + 4 * j));
+          si[r][0] = _mm256_dpbusd_avx_epi32(si[r][0], w0, xq);
+          si[r][1] = _mm256_dpbusd_avx_epi32(si[r][1], w1, xq);
         }
       }
-      CombineBlock<R>(a, t, r0, b, si, acc);
+      CombineBlock<R>(a, g0, r0, b, si, acc);
     }
     StoreRows<R>(a, r0, g0, acc);
   }
@@ -217,23 +236,32 @@ struct Avx512VnniIsa {
   template <int R, int C>
   __attribute__((target(TANDEM_INT8_AVX512))) static void Tile(const Args& a, size_t r0,
                                                                size_t g0) {
-    const uint8_t* q[R];
-    for (int r = 0; r < R; ++r) q[r] = a.qu + (r0 + r) * a.in;
+    const ActivationBlock* x[R];
+    for (int r = 0; r < R; ++r) x[r] = a.x + (r0 + r) * a.nb;
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     }
     const uint8_t* t0[C];
-    for (int c = 0; c < C; ++c) t0[c] = a.w->Tile(g0 + c, 0);
+    const uint8_t* s0[C];
+    for (int c = 0; c < C; ++c) {
+      t0[c] = a.w->Tile(g0 + c, 0);
+      s0[c] = a.w->Scales(g0 + c, 0);
+    }
     for (size_t b = 0; b < a.nb; ++b) {
       const uint8_t* t[C];
-      for (int c = 0; c < C; ++c) t[c] = t0[c] + b * kTile;
+      for (int c = 0; c < C; ++c) t[c] = t0[c] + b * Q8Int8Matrix::kTileBytes;
+      if (a.prefetch) {
+        for (int c = 0; c < C; ++c) {
+          for (size_t l = 0; l < Q8Int8Matrix::kTileBytes; l += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(t[c] + kPrefetchBytes + l), _MM_HINT_T0);
+          }
+        }
+      }
       __m512i si[R][C];
-      for (int c = 0; c < C; ++c) {
-        const __m256i ns = _mm256_load_si256(reinterpret_cast<const __m256i*>(t[c] + kSumsAt));
-        const __m512i start =
-            _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepi16_epi32(kAll, ns), 7);
-        for (int r = 0; r < R; ++r) si[r][c] = start;
+      for (int r = 0; r < R; ++r) {
+        const __m512i s = _mm512_set1_epi32(x[r][b].start);
+        for (int c = 0; c < C; ++c) si[r][c] = s;
       }
       for (int j = 0; j < 8; ++j) {
         __m512i w[C];
@@ -241,18 +269,19 @@ struct Avx512VnniIsa {
           w[c] = _mm512_load_si512(reinterpret_cast<const void*>(t[c] + 64 * j));
         }
         for (int r = 0; r < R; ++r) {
-          const __m512i x =
-              _mm512_maskz_broadcastd_epi32(kAll, _mm_loadu_si32(q[r] + 32 * b + 4 * j));
-          for (int c = 0; c < C; ++c) si[r][c] = _mm512_dpbusd_epi32(si[r][c], x, w[c]);
+          const __m512i xq =
+              _mm512_maskz_broadcastd_epi32(kAll, _mm_loadu_si32(x[r][b].q + 4 * j));
+          for (int c = 0; c < C; ++c) si[r][c] = _mm512_dpbusd_epi32(si[r][c], w[c], xq);
         }
       }
       __m512 dw[C];
       for (int c = 0; c < C; ++c) {
         dw[c] = _mm512_maskz_cvtph_ps(
-            kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(t[c] + kScalesAt)));
+            kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                      s0[c] + b * Q8Int8Matrix::kScaleBytes)));
       }
       for (int r = 0; r < R; ++r) {
-        const __m512 dx = _mm512_set1_ps(a.d[(r0 + r) * a.nb + b]);
+        const __m512 dx = _mm512_set1_ps(x[r][b].d);
         for (int c = 0; c < C; ++c) {
           acc[r][c] = _mm512_add_ps(
               acc[r][c],
@@ -269,6 +298,7 @@ struct Avx512VnniIsa {
     }
   }
 };
+static_assert(Avx512VnniIsa::kRows == kMaxTileRows);
 #endif  // TANDEM_INT8_X86
 
 // Groups outer, rows inner: a few groups' tiles stay in cache while every
@@ -381,15 +411,6 @@ __attribute__((target("avx512f"))) void QuantizeRowAvx512(const float* x, size_t
 }
 #endif  // TANDEM_INT8_X86
 
-// Whether `isa` reads the activations as x + 128 (vpdpbusd's u8 operand).
-bool UsesOffset(Int8IsaKind isa) {
-  return isa == Int8IsaKind::kAvxVnni || isa == Int8IsaKind::kAvx512Vnni;
-}
-
-// qu[i] = q[i] + 128 as u8, i < n.
-void OffsetActivations(const int8_t* q, size_t n, uint8_t* qu) {
-  for (size_t i = 0; i < n; ++i) qu[i] = static_cast<uint8_t>(q[i]) ^ 0x80u;
-}
 
 // Groups on a supported `isa`.
 void RunGroups(Int8IsaKind isa, const Args& a, size_t rows, size_t g_begin, size_t g_end) {
@@ -430,24 +451,22 @@ std::unique_ptr<Q8Int8Matrix> Q8Int8Matrix::Pack(const WeightMatrix& w) {
   auto m = std::unique_ptr<Q8Int8Matrix>(new Q8Int8Matrix());
   m->in_ = w.in;
   m->out_ = w.out;
-  const size_t bytes = std::max<size_t>(1, m->groups() * m->blocks()) * kTile;
+  const size_t bytes = std::max<size_t>(64, m->groups() * m->GroupBytes());
   m->data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
+  // Zero weights (stored + 128) and zero scales for the missing columns.
   std::memset(m->data_.get(), 0, bytes);
+  for (size_t g = 0; g < m->groups(); ++g) {
+    std::memset(m->data_.get() + g * m->GroupBytes(), 0x80, m->blocks() * kTileBytes);
+  }
   const size_t row_bytes = w.RowBytes();
   for (size_t o = 0; o < w.out; ++o) {
     const size_t g = o / kCols, c = o % kCols;
     const uint8_t* row = w.data + o * row_bytes;
     for (size_t b = 0; b < m->blocks(); ++b) {
       const uint8_t* block = row + 34 * b;
-      uint8_t* t = m->data_.get() + (g * m->blocks() + b) * kTile;
-      std::memcpy(t + kScalesAt + 2 * c, block, 2);
-      int32_t sum = 0;
-      for (size_t k = 0; k < 32; ++k) {
-        t[(k / 4) * 64 + 4 * c + k % 4] = block[2 + k];
-        sum += static_cast<int8_t>(block[2 + k]);
-      }
-      const int16_t neg = static_cast<int16_t>(-sum);  // |sum| <= 32 * 128
-      std::memcpy(t + kSumsAt + 2 * c, &neg, 2);
+      uint8_t* t = m->data_.get() + m->TileOffset(g, b);
+      std::memcpy(m->data_.get() + m->ScalesOffset(g, b) + 2 * c, block, 2);
+      for (size_t k = 0; k < 32; ++k) t[(k / 4) * 64 + 4 * c + k % 4] = block[2 + k] ^ 0x80u;
     }
   }
   return m;
@@ -490,38 +509,34 @@ void MatMulInt8GroupsWithIsa(Int8IsaKind isa, const int8_t* q, const float* d,
                              const Q8Int8Matrix& w, size_t rows, size_t g_begin,
                              size_t g_end, float* y) {
   if (!Int8IsaSupported(isa)) isa = Int8IsaKind::kGeneric;
-  std::vector<uint8_t> offset;
-  if (UsesOffset(isa)) {
-    offset.resize(rows * w.in());
-    OffsetActivations(q, rows * w.in(), offset.data());
-  }
-  RunGroups(isa, Args{q, offset.data(), d, &w, w.in(), w.blocks(), w.out(), y}, rows,
-            g_begin, g_end);
+  const size_t nb = w.blocks();
+  std::vector<ActivationBlock> blocks(rows * nb);
+  for (size_t r = 0; r < rows; ++r) ToBlocks(q + r * w.in(), d + r * nb, nb, &blocks[r * nb]);
+  RunGroups(isa, Args{blocks.data(), &w, nb, w.out(), y, rows <= kMaxTileRows}, rows, g_begin,
+            g_end);
 }
 
 void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, size_t rows,
                        float* y, ThreadPool* pool, size_t min_work) {
   if (!Int8IsaSupported(isa)) isa = Int8IsaKind::kGeneric;
   const size_t in = w.in(), nb = w.blocks();
-  const bool offset = UsesOffset(isa);
   // Reused from call to call on the calling thread; the workers only read.
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<uint8_t> qu;
-  thread_local std::vector<float> d;
-  if (q.size() < rows * in) q.resize(rows * in);
-  if (offset && qu.size() < rows * in) qu.resize(rows * in);
-  if (d.size() < rows * nb) d.resize(rows * nb);
-  int8_t* const qp = q.data();
-  uint8_t* const qup = offset ? qu.data() : nullptr;
-  float* const dp = d.data();
+  thread_local std::vector<ActivationBlock> blocks;
+  if (blocks.size() < rows * nb) blocks.resize(rows * nb);
+  ActivationBlock* const xb = blocks.data();
   // ~8 operations per element, as the element-wise kernels count.
   MaybeParallelFor(pool, rows, rows * in * 8, min_work, [&](size_t begin, size_t end) {
+    // One row's q and d on the way to its blocks, per worker thread.
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<float> d;
+    if (q.size() < in) q.resize(in);
+    if (d.size() < nb) d.resize(nb);
     for (size_t r = begin; r < end; ++r) {
-      QuantizeActivationRow(x + r * in, in, qp + r * in, dp + r * nb);
-      if (qup != nullptr) OffsetActivations(qp + r * in, in, qup + r * in);
+      QuantizeActivationRow(x + r * in, in, q.data(), d.data());
+      ToBlocks(q.data(), d.data(), nb, xb + r * nb);
     }
   });
-  const Args a{qp, qup, dp, &w, in, nb, w.out(), y};
+  const Args a{xb, &w, nb, w.out(), y, rows <= kMaxTileRows};
   MaybeParallelFor(pool, w.groups(), rows * in * w.out(), min_work,
                    [&](size_t begin, size_t end) { RunGroups(isa, a, rows, begin, end); });
 }

@@ -19,8 +19,9 @@
 //   kGeneric       scalar, over the packed layout
 //   kAvx2          maddubs(|w| as u8, sign(x, w) as s8) + madd: the pair
 //                  sums stay within 2 * 128 * 127 < 32767 (no saturation)
-//   kAvxVnni       256-bit vpdpbusd(x + 128 as u8, w as s8), started at
-//                  -128 * sum(w) of the block (int32, no saturation)
+//   kAvxVnni       256-bit vpdpbusd(w + 128 as u8, x as s8), started at
+//                  -128 * sum(x) of the activation block (int32, no
+//                  saturation: |sum| <= 32 * 255 * 127)
 //   kAvx512Vnni    the same on 512 bits
 // Activations are within +-127 (roundf of x * 127 / amax); a weight from a
 // file may be -128, which every path handles.
@@ -54,20 +55,23 @@ void QuantizeActivationRow(const float* x, size_t n, int8_t* q, float* d);
 void QuantizeActivationRowGeneric(const float* x, size_t n, int8_t* q, float* d);
 
 // A Q8_0 matrix W (WeightMatrix of type Q8_0, dims [in, out]) repacked once
-// at load for the int8 kernels. Columns (output rows of W) go in groups of
-// kGroupCols = 16; per group g and block b (32 elements of `in`) a tile of
-// kTileBytes bytes at data() + (g * blocks + b) * kTileBytes:
-//   bytes [0, 512):   weight q of column c, element 4j + i of the block, at
-//                     64j + 4c + i (j < 8, c < 16, i < 4): vector j holds 4
-//                     consecutive elements of each of the 16 columns, one
-//                     32-bit lane per column (vpdpbusd's shape)
-//   bytes [512, 544): the 16 columns' F16 scales d
-//   bytes [544, 576): the 16 columns' int16 -sum(q) over the block
-// Columns >= out of the last group are zero (q 0, d 0) and never stored.
+// at load for the int8 kernels: 1.0625 bytes per weight, as in the file.
+// Columns (output rows of W) go in groups of kGroupCols = 16; group g's
+// bytes start at data() + g * GroupBytes() (64-byte aligned) and hold, for
+// each block b (32 elements of `in`):
+//   a weight tile of kTileBytes = 512 bytes at Tile(g, b): the weight q of
+//     column c, element 4j + i of the block, stored as q + 128 (u8: q XOR
+//     0x80) at byte 64j + 4c + i (j < 8, c < 16, i < 4): vector j holds 4
+//     consecutive elements of each of the 16 columns, one 32-bit lane per
+//     column (vpdpbusd's shape, weights as its unsigned operand)
+//   the 16 columns' F16 scales d (32 bytes) at Scales(g, b), after all of
+//     the group's tiles.
+// Columns >= out of the last group are zero (q 0, stored 0x80; d 0).
 class Q8Int8Matrix {
  public:
   static constexpr size_t kGroupCols = 16;
-  static constexpr size_t kTileBytes = 576;
+  static constexpr size_t kTileBytes = 512;
+  static constexpr size_t kScaleBytes = 2 * kGroupCols;
 
   // Packs `w` (type Q8_0, `in` a multiple of 32; the loader checks). Copies
   // the bytes: `w` need not outlive the result.
@@ -77,12 +81,20 @@ class Q8Int8Matrix {
   size_t out() const { return out_; }
   size_t blocks() const { return in_ / 32; }
   size_t groups() const { return (out_ + kGroupCols - 1) / kGroupCols; }
-  // The tile of group g, block b (layout above); 64-byte aligned.
-  const uint8_t* Tile(size_t g, size_t b) const {
-    return data_.get() + (g * blocks() + b) * kTileBytes;
+  // Bytes of one group: its tiles and scales, rounded up to 64.
+  size_t GroupBytes() const {
+    return (blocks() * (kTileBytes + kScaleBytes) + 63) / 64 * 64;
   }
+  // The weight tile of group g, block b (layout above); 64-byte aligned.
+  const uint8_t* Tile(size_t g, size_t b) const { return data_.get() + TileOffset(g, b); }
+  // The 16 F16 scales of group g, block b; 32-byte aligned.
+  const uint8_t* Scales(size_t g, size_t b) const { return data_.get() + ScalesOffset(g, b); }
 
  private:
+  size_t TileOffset(size_t g, size_t b) const { return g * GroupBytes() + b * kTileBytes; }
+  size_t ScalesOffset(size_t g, size_t b) const {
+    return g * GroupBytes() + blocks() * kTileBytes + b * kScaleBytes;
+  }
   struct Free {
     void operator()(uint8_t* p) const;
   };
