@@ -137,6 +137,26 @@ template <typename E>
   return reinterpret_cast<const typename E::T*>(kv.pool->VData(block, kv.layer));
 }
 
+// Position j's K (kValues false) or V row in its block, `offset` elements
+// in, and the end of the run of positions [j, end) that follow it there
+// (rows kv_dim apart): end = min(the block's end, j_end).
+template <typename E>
+struct KvRun {
+  const typename E::T* row;
+  int32_t end;
+};
+template <typename E, bool kValues>
+[[gnu::always_inline]] inline KvRun<E> KvRunAt(const AttentionSpan& kv, int32_t j,
+                                               int32_t j_end, size_t offset) {
+  const kv::KvShape& s = kv.pool->shape();
+  const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
+  const int32_t block = j / s.block_size;
+  const int32_t id = kv.block_table[static_cast<size_t>(block)];
+  const typename E::T* rows = kValues ? VRows<E>(kv, id) : KRows<E>(kv, id);
+  return {rows + static_cast<size_t>(j - block * s.block_size) * kv_dim + offset,
+          std::min((block + 1) * s.block_size, j_end)};
+}
+
 // out[0, kChunk) = the kChunk elements at p widened (E::Load 16, then 8,
 // then one at a time): one value row's slice, held in registers.
 template <typename E, size_t kChunk>
@@ -165,11 +185,9 @@ template <typename E, size_t kChunk, int kRows>
   const kv::KvShape& s = kv.pool->shape();
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int32_t j = j_begin; j < j_end;) {
-    const int32_t block = j / s.block_size;
-    const int32_t j1 = std::min((block + 1) * s.block_size, j_end);
-    const typename E::T* v = VRows<E>(kv, kv.block_table[static_cast<size_t>(block)]) +
-                             static_cast<size_t>(j - block * s.block_size) * kv_dim + kv_off;
-    for (; j < j1; ++j, v += kv_dim) {
+    const KvRun<E> run = KvRunAt<E, true>(kv, j, j_end, kv_off);
+    const typename E::T* v = run.row;
+    for (; j < run.end; ++j, v += kv_dim) {
       const float* vf;
       float widened[kChunk];
       if constexpr (std::is_same_v<typename E::T, float>) {
@@ -422,11 +440,9 @@ template <typename E, int kRows>
   const size_t hd = static_cast<size_t>(s.head_dim);
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * hd;
   for (int32_t j = j_begin; j < j_end;) {
-    const int32_t block = j / s.block_size;
-    const int32_t j1 = std::min((block + 1) * s.block_size, j_end);
-    const typename E::T* k = KRows<E>(kv, kv.block_table[static_cast<size_t>(block)]) +
-                             static_cast<size_t>(j - block * s.block_size) * kv_dim +
-                             static_cast<size_t>(kv.kv_head) * hd;
+    const KvRun<E> run = KvRunAt<E, false>(kv, j, j_end, static_cast<size_t>(kv.kv_head) * hd);
+    const int32_t j1 = run.end;
+    const typename E::T* k = run.row;
     for (; j + 4 <= j1; j += 4, k += 4 * kv_dim) {
       const typename E::T* keys[4] = {k, k + kv_dim, k + 2 * kv_dim, k + 3 * kv_dim};
       float* out[kRows];
@@ -494,10 +510,10 @@ template <typename E>
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * hd;
   const size_t group = n_head / static_cast<size_t>(s.n_kv_heads);
   const size_t n = static_cast<size_t>(kv.pos) + 1;
-  for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
-    const typename E::T* k = KRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]);
-    const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
-    int32_t j = j0;
+  for (int32_t j = 0; j <= kv.pos;) {
+    const KvRun<E> run = KvRunAt<E, false>(kv, j, kv.pos + 1, 0);
+    const int32_t j1 = run.end;
+    const typename E::T* k = run.row;
     for (; j + 4 <= j1; j += 4, k += 4 * kv_dim) {
       for (size_t h = 0; h < n_head; ++h) {
         const typename E::T* kh = k + (h / group) * hd;
@@ -521,10 +537,10 @@ template <typename E>
     inv[h] = static_cast<float>(1.0 / ExpAndSum(sh, kv.pos + 1, max));
     std::fill(out + h * hd, out + (h + 1) * hd, 0.0f);
   }
-  for (int32_t j0 = 0; j0 <= kv.pos; j0 += s.block_size) {
-    const typename E::T* v = VRows<E>(kv, kv.block_table[static_cast<size_t>(j0 / s.block_size)]);
-    const int32_t j1 = std::min(j0 + s.block_size, kv.pos + 1);
-    for (int32_t j = j0; j < j1; ++j, v += kv_dim) {
+  for (int32_t j = 0; j <= kv.pos;) {
+    const KvRun<E> run = KvRunAt<E, true>(kv, j, kv.pos + 1, 0);
+    const typename E::T* v = run.row;
+    for (; j < run.end; ++j, v += kv_dim) {
       for (size_t h = 0; h < n_head; ++h) {
         const float p = scores[h * n + static_cast<size_t>(j)] * inv[h];
         AddScaledRow<E>(v + (h / group) * hd, hd, p, out + h * hd);
