@@ -8,8 +8,8 @@
 namespace tandem::model {
 namespace {
 
-// Range `part` of `parts` over [0, n): [n*part/parts, n*(part+1)/parts).
-// n * parts cannot overflow for any n a forward pass produces (parts <= 256).
+// Chunk `part` of `parts` over [0, n): [n*part/parts, n*(part+1)/parts).
+// n * parts cannot overflow for any n a forward pass produces (parts <= 1024).
 size_t RangeBegin(size_t n, size_t part, size_t parts) { return n * part / parts; }
 
 // How long a worker (or the caller) spins on an atomic before sleeping.
@@ -37,7 +37,7 @@ ThreadPool::ThreadPool(int32_t num_threads) : num_threads_(num_threads) {
   }
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int32_t i = 1; i < num_threads; ++i) {
-    workers_.emplace_back([this, i] { WorkerLoop(static_cast<size_t>(i)); });
+    workers_.emplace_back([this] { WorkerLoop(); });
   }
 }
 
@@ -51,52 +51,68 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::ParallelFor(size_t n, const RangeFn& fn) {
-  const size_t parts = std::min(n, static_cast<size_t>(num_threads_));
-  if (parts == 0) return;
-  if (parts == 1) {
+  if (n == 0) return;
+  if (num_threads_ == 1 || n == 1) {
     fn(0, n);
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
+  // At most 0xFFFF: the count has 16 bits of claim_.
+  const size_t chunks = std::min(
+      {n, kChunksPerThread * static_cast<size_t>(num_threads_), size_t{0xFFFF}});
   fn_ = &fn;
   n_ = n;
-  parts_ = parts;
-  // Every worker reports, even one without a range, so none is still
-  // reading fn_, n_ or parts_ when the next loop writes them.
-  pending_.store(workers_.size(), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t generation = ++generation_;
+  claim_.store(static_cast<uint64_t>(generation) << 32 | static_cast<uint64_t>(chunks) << 16,
+               std::memory_order_release);
   // Spinning workers see the new generation; sleeping ones are woken. The
   // empty critical section orders this against a worker that checked the
   // generation under mu_ and is about to wait.
   { std::lock_guard<std::mutex> lock(mu_); }
   work_cv_.notify_all();
-  fn(0, RangeBegin(n, 1, parts));
-  if (!SpinUntil([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+  RunChunks(generation);
+  auto all_done = [&] { return done_.load(std::memory_order_acquire) == chunks; };
+  if (!SpinUntil(all_done)) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    done_cv_.wait(lock, all_done);
   }
-  fn_ = nullptr;
 }
 
-void ThreadPool::WorkerLoop(size_t index) {
-  uint64_t seen = 0;
+void ThreadPool::RunChunks(uint32_t generation) {
   for (;;) {
-    auto new_loop = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    uint64_t claim = claim_.load(std::memory_order_acquire);
+    size_t c, chunks;
+    do {
+      c = claim & 0xFFFF;
+      chunks = (claim >> 16) & 0xFFFF;
+      if (static_cast<uint32_t>(claim >> 32) != generation || c >= chunks) return;
+    } while (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel,
+                                           std::memory_order_acquire));
+    // Chunk c of loop `generation` is ours: that loop cannot end before it
+    // is done, so fn_ and n_ are still the ones its caller set.
+    (*fn_)(RangeBegin(n_, c, chunks), RangeBegin(n_, c + 1, chunks));
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+      { std::lock_guard<std::mutex> lock(mu_); }
+      done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  uint32_t seen = 0;
+  auto generation = [this] {
+    return static_cast<uint32_t>(claim_.load(std::memory_order_acquire) >> 32);
+  };
+  for (;;) {
+    auto new_loop = [&] { return generation() != seen; };
     if (!SpinUntil(new_loop)) {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || new_loop(); });
       if (stop_) return;
     }
-    // Every loop waits for every worker, so a new generation is exactly
-    // one loop on.
-    seen = generation_.load(std::memory_order_acquire);
-    if (index < parts_) {
-      (*fn_)(RangeBegin(n_, index, parts_), RangeBegin(n_, index + 1, parts_));
-    }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      { std::lock_guard<std::mutex> lock(mu_); }
-      done_cv_.notify_one();
-    }
+    seen = generation();
+    RunChunks(seen);
   }
 }
 

@@ -1,10 +1,13 @@
-// ThreadPool: ParallelFor's documented split ([n*i/P, n*(i+1)/P), range 0
-// on the caller, range i on worker i), inline runs, back-to-back and
+// ThreadPool: ParallelFor's documented chunks ([n*i/C, n*(i+1)/C), C =
+// min(n, 4 * threads)), claimed by whichever thread is free (a blocked
+// worker's share goes to the caller), inline runs, back-to-back and
 // concurrent loops, shutdown; MaybeParallelFor's size threshold.
 #include "engine/model/thread_pool.h"
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,7 +40,7 @@ std::vector<Call> Record(ThreadPool& pool, size_t n) {
   return calls;
 }
 
-TEST(ThreadPoolTest, SplitsIntoTheDocumentedContiguousRanges) {
+TEST(ThreadPoolTest, SplitsIntoTheDocumentedContiguousChunks) {
   for (int32_t threads : {1, 2, 3, 4}) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.num_threads(), threads);
@@ -45,22 +48,57 @@ TEST(ThreadPoolTest, SplitsIntoTheDocumentedContiguousRanges) {
                      size_t{1001}}) {
       SCOPED_TRACE(::testing::Message() << threads << " threads, n " << n);
       const std::vector<Call> calls = Record(pool, n);
-      const size_t parts = std::min(n, static_cast<size_t>(threads));
-      ASSERT_EQ(calls.size(), parts);
-      for (size_t i = 0; i < parts; ++i) {
-        EXPECT_EQ(calls[i].begin, n * i / parts);
-        EXPECT_EQ(calls[i].end, n * (i + 1) / parts);
+      const size_t chunks =
+          threads == 1 ? std::min<size_t>(n, 1) : std::min<size_t>(n, 4 * threads);
+      ASSERT_EQ(calls.size(), chunks);
+      for (size_t i = 0; i < chunks; ++i) {
+        EXPECT_EQ(calls[i].begin, n * i / chunks);
+        EXPECT_EQ(calls[i].end, n * (i + 1) / chunks);
         EXPECT_LT(calls[i].begin, calls[i].end);
       }
-      // Range 0 on the caller, every range on its own thread.
-      if (parts > 0) {
+      // A loop of one chunk runs inline on the caller.
+      if (chunks == 1) {
         EXPECT_EQ(calls[0].thread, std::this_thread::get_id());
-      }
-      for (size_t i = 0; i < parts; ++i) {
-        for (size_t j = i + 1; j < parts; ++j) EXPECT_NE(calls[i].thread, calls[j].thread);
       }
     }
   }
+}
+
+// A worker that stops inside its first chunk (as a descheduled vCPU would)
+// does not hold up the others: the caller claims every other chunk. The
+// worker's chunk waits until the caller has run them all (or 60 s, which
+// fails the test), so a pool that split the loop into fixed per-thread
+// shares would fail here, not hang.
+TEST(ThreadPoolTest, AStalledWorkersShareGoesToTheCaller) {
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  constexpr size_t kN = 8;  // 8 chunks of 1 on 2 threads
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t caller_chunks = 0;
+  bool worker_stalled_until_caller_done = true;
+  for (int loop = 0; loop < 50; ++loop) {
+    caller_chunks = 0;
+    size_t worker_chunks = 0;
+    pool.ParallelFor(kN, [&](size_t begin, size_t end) {
+      ASSERT_EQ(end, begin + 1);
+      std::unique_lock<std::mutex> lock(mu);
+      if (std::this_thread::get_id() == caller) {
+        ++caller_chunks;
+        cv.notify_all();
+        return;
+      }
+      ++worker_chunks;
+      if (worker_chunks == 1) {
+        // The caller has every chunk but this one to run.
+        worker_stalled_until_caller_done &= cv.wait_for(
+            lock, std::chrono::seconds(60), [&] { return caller_chunks == kN - 1; });
+      }
+    });
+    EXPECT_EQ(caller_chunks + worker_chunks, kN);
+    EXPECT_LE(worker_chunks, 1u) << "loop " << loop;
+  }
+  EXPECT_TRUE(worker_stalled_until_caller_done);
 }
 
 TEST(ThreadPoolTest, OneThreadRunsTheWholeRangeInline) {
@@ -136,9 +174,10 @@ TEST(MaybeParallelForTest, SplitsOnlyFromMinWorkUp) {
   MaybeParallelFor(&pool, 10, 99, 100, fn);  // below min_work: inline
   EXPECT_EQ(calls, (std::vector<std::pair<size_t, size_t>>{{0, 10}}));
   calls.clear();
-  MaybeParallelFor(&pool, 10, 100, 100, fn);  // at min_work: split
+  MaybeParallelFor(&pool, 10, 100, 100, fn);  // at min_work: split in 8 chunks
   std::sort(calls.begin(), calls.end());
-  EXPECT_EQ(calls, (std::vector<std::pair<size_t, size_t>>{{0, 5}, {5, 10}}));
+  EXPECT_EQ(calls, (std::vector<std::pair<size_t, size_t>>{
+                       {0, 1}, {1, 2}, {2, 3}, {3, 5}, {5, 6}, {6, 7}, {7, 8}, {8, 10}}));
   calls.clear();
   MaybeParallelFor(nullptr, 10, 1000, 0, fn);  // no pool: inline
   EXPECT_EQ(calls, (std::vector<std::pair<size_t, size_t>>{{0, 10}}));
