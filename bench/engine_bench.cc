@@ -7,12 +7,15 @@
 // All use real (wall-clock) time: Forward may run on a thread pool.
 // $TANDEM_BENCH_Q8_MATMUL (exact | int8) and $TANDEM_BENCH_KV_DTYPE
 // (f32 | f16 | bf16) set engine.q8_matmul and engine.kv_cache_dtype
-// (bench_util.h); defaults exact and f32.
+// (bench_util.h); defaults exact and f32 (also when set but empty). A bad
+// value, or a $TANDEM_MODEL that cannot be read, exits 2 before any run.
 // BM_Prefill and BM_Decode also publish the model's matrix weights as
 // counters (params_matmul, weight_bytes; see MatMulWeights) and its weight
 // type as the label, from which bench/report.py derives GFLOP/s and GB/s.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -344,7 +347,31 @@ void ServingArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_ServingLoop)->Apply(ServingArgs)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// The environment's settings, checked before any benchmark runs: a bad
+// value (or a model file that is not there) is one line naming it and exit
+// 2, rather than every benchmark skipped with exit 0.
+absl::Status CheckEnvironment() {
+  if (absl::Status s = BenchQ8MatMul().status(); !s.ok()) return s;
+  if (absl::Status s = BenchKvDtype().status(); !s.ok()) return s;
+  if (FILE* f = std::fopen(ModelPath().c_str(), "rb")) {
+    std::fclose(f);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("TANDEM_MODEL: cannot read '", ModelPath(),
+                                          "': ", std::strerror(errno)));
+}
+
 }  // namespace
 }  // namespace tandem::bench
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (absl::Status s = tandem::bench::CheckEnvironment(); !s.ok()) {
+    std::fprintf(stderr, "tandem_bench_engine: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

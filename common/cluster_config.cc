@@ -730,7 +730,17 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
   // What the CPU backend would refuse at each worker's start
   // (backend::CreateBackend), refused here once, before any process runs.
   for (const WorkerConfig* w : all) {
-    if (c.WorkerDevice(*w).is_cuda()) continue;
+    if (c.WorkerDevice(*w).is_cuda()) {
+      // What the backend factory would refuse at a CUDA worker's start.
+      if (c.engine.q8_matmul != model::Q8MatMul::kExact) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "engine.q8_matmul: ", model::Q8MatMulName(c.engine.q8_matmul), ", but ", w->name,
+            " runs on ", c.WorkerDevice(*w).ToString(),
+            ", whose backend multiplies Q8_0 weights only as exact (set engine.q8_matmul: "
+            "exact, or run every worker on cpu)"));
+      }
+      continue;
+    }
     if (!c.engine.batch_invariant) {
       return absl::InvalidArgumentError(absl::StrCat(
           "engine.batch_invariant: false, but ", w->name,

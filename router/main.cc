@@ -27,6 +27,20 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   using namespace tandem;
+  if (HelpRequested(argc, argv)) {
+    std::printf(
+        "usage: tandem-router [flags]\n"
+        "Routes generation requests (gRPC, and OpenAI-style HTTP with router.http_listen)\n"
+        "to the prefill and decode workers that register with it (docs/operations.md).\n\n"
+        "  --config PATH          cluster YAML (default deploy/local/cluster.yaml)\n"
+        "  --name NAME            the router's name (default: router.name)\n"
+        "  --model PATH           GGUF model file, for its tokenizer (default: the config's model)\n"
+        "  --listen HOST:PORT     the gRPC listener (default: router.listen)\n"
+        "  --advertise HOST[:PORT]  the address peers dial (default: router.advertise)\n"
+        "  --http-listen HOST:PORT  the HTTP API listener (default: router.http_listen)\n"
+        "  --help                 this text\n");
+    return 0;
+  }
   rpc::BlockTerminationSignals();
   auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen", "advertise", "http-listen"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()));

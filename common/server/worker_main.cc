@@ -58,8 +58,52 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
   return flags;
 }
 
+bool HelpRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-help" || arg == "-h") return true;
+  }
+  return false;
+}
+
+namespace {
+
+// The workers' --help text (flags as RunWorkerMain reads them).
+void PrintWorkerUsage(v1::WorkerRole role, const std::vector<std::string>& extra_flags) {
+  const bool decode = role == v1::ROLE_DECODE;
+  const char* entries = decode ? "decode_workers" : "prefill_workers";
+  std::printf(
+      "usage: tandem-%s-worker --name NAME [flags]\n"
+      "Serves one %s worker of a Tandem cluster and registers it with the router\n"
+      "(docs/operations.md).\n\n"
+      "  --config PATH         cluster YAML (default deploy/local/cluster.yaml)\n"
+      "  --name NAME           the name registered with the router and logged (required)\n"
+      "  --config-entry ENTRY  the %s entry whose settings to use (default: --name)\n"
+      "  --model PATH          GGUF model file (default: the config's model)\n"
+      "  --router HOST:PORT    the router to register with (default: router.listen)\n"
+      "  --advertise HOST[:PORT]  the gRPC address peers dial (default: the entry's advertise)\n",
+      decode ? "decode" : "prefill", decode ? "decode" : "prefill", entries);
+  if (decode) {
+    std::printf(
+        "  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");
+  }
+  std::printf(
+      "  --metrics-listen HOST:PORT  the Prometheus /metrics listener (default: the entry's)\n"
+      "  --gpu-memory-fraction F    share of the GPU's memory for weights and KV (cuda only)\n"
+      "  --help                this text\n"
+      "Tests only: --fault-kv-layout-id ID, --fault-backend-error SPEC");
+  for (const std::string& f : extra_flags) std::printf(", --%s V", f.c_str());
+  std::printf("\n");
+}
+
+}  // namespace
+
 int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
                   const std::vector<std::string>& extra_flags, RuntimeFactory factory) {
+  if (HelpRequested(argc, argv)) {
+    PrintWorkerUsage(role, extra_flags);
+    return 0;
+  }
   rpc::BlockTerminationSignals();
   std::vector<std::string> allowed = {"config",         "name",
                                       "config-entry",   "model",

@@ -29,6 +29,10 @@ namespace tandem {
 absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     int argc, char** argv, const std::vector<std::string>& allowed);
 
+// True when an argument is --help, -help or -h: the caller then prints its
+// usage to stdout and exits 0 (nothing else on the line is parsed).
+bool HelpRequested(int argc, char** argv);
+
 // What a worker plugs into RunWorkerMain.
 class WorkerRuntime {
  public:

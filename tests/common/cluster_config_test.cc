@@ -921,6 +921,24 @@ TEST(KvTransportConfigTest, CpuWorkerRefusesAFixedDeviceTransport) {
   EXPECT_TRUE(ParseClusterConfig(std::string(kMinimal) + "kv: {transport: auto}\n").ok());
 }
 
+// q8_matmul: int8 with a cuda worker: refused once, at read, naming the key
+// and the worker (the backend factory would refuse it at that worker's
+// start, after the router and the models had loaded).
+TEST(ClusterConfigTest, Int8Q8MatmulWithACudaWorkerIsRefusedAtRead) {
+  EXPECT_EQ(ErrorOf("prefill_workers: [{name: p, device: \"cuda:1\"}]\n"
+                    "decode_workers: [{name: d}]\n"
+                    "engine: {q8_matmul: int8, kv_cache_dtype: f16}\n"),
+            "engine.q8_matmul: int8, but p runs on cuda:1, whose backend multiplies Q8_0 "
+            "weights only as exact (set engine.q8_matmul: exact, or run every worker on cpu)");
+  EXPECT_TRUE(ParseClusterConfig("prefill_workers: [{name: p, device: \"cuda:1\"}]\n"
+                                 "decode_workers: [{name: d}]\n"
+                                 "engine: {q8_matmul: exact, kv_cache_dtype: f16}\n")
+                  .ok());
+  EXPECT_TRUE(ParseClusterConfig("decode_workers: [{name: d}]\n"
+                                 "engine: {q8_matmul: int8}\n")
+                  .ok());
+}
+
 TEST(ClusterConfigTest, PrefillAndDecodeWorkersMustShareTheKvDtype) {
   // cuda defaults to bf16, cpu to f32: KV could not move from p to d.
   EXPECT_EQ(ErrorOf("prefill_workers: [{name: p}]\n"

@@ -115,6 +115,33 @@ INSTANTIATE_TEST_SUITE_P(Servers, UnknownConfigKeyTest,
                            return ServerName(info.param);
                          });
 
+// ---- --help -----------------------------------------------------------------------
+
+class HelpTest : public StartupErrorTest, public ::testing::WithParamInterface<Server> {};
+
+// --help (and -h) print the usage to stdout and exit 0, whatever else is on
+// the line; every flag the usage names is one the binary accepts.
+TEST_P(HelpTest, PrintsUsageAndExitsZero) {
+  for (const char* help : {"--help", "-h"}) {
+    SCOPED_TRACE(help);
+    std::vector<std::string> argv = ServerArgv(GetParam(), "/nonexistent.yaml", ModelPath());
+    argv.push_back(help);
+    const ProcessResult r = RunProcess(argv, kExitTimeout);
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe();
+    EXPECT_THAT(r.out, HasSubstr("usage: tandem-"));
+    EXPECT_EQ(r.err, "");
+    for (const char* flag : {"--config PATH", "--model PATH", "--name NAME"}) {
+      EXPECT_THAT(r.out, HasSubstr(flag));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Servers, HelpTest,
+                         ::testing::Values(Server::kRouter, Server::kPrefill, Server::kDecode),
+                         [](const ::testing::TestParamInfo<Server>& info) {
+                           return ServerName(info.param);
+                         });
+
 // ---- Wildcard listen address without advertise ----------------------------------------
 
 class WildcardListenTest : public StartupErrorTest,
