@@ -140,7 +140,8 @@ template <typename E>
 // Asks for the `bytes` bytes at p (a KV row run) to be brought into cache
 // (software prefetch, one per 64-byte line): a block's rows are contiguous,
 // but its 4 KiB pages start new hardware-prefetch streams, and the next
-// block of a sequence is anywhere in the pool.
+// block of a sequence is anywhere in the pool. A prefetch never faults,
+// so a range past the end of a small block only wastes the request.
 [[gnu::always_inline]] inline void PrefetchBytes(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
@@ -526,8 +527,7 @@ template <typename E>
     const typename E::T* k = run.row;
     // The next block's first rows, while this one is read.
     if (j1 <= kv.pos) {
-      PrefetchBytes(KvRunAt<E, false>(kv, j1, kv.pos + 1, 0).row,
-                    4 * row_bytes);
+      PrefetchBytes(KvRunAt<E, false>(kv, j1, kv.pos + 1, 0).row, 4 * row_bytes);
     }
     for (; j + 4 <= j1; j += 4, k += 4 * kv_dim) {
       if (j + 8 <= j1) PrefetchBytes(k + 4 * kv_dim, 4 * row_bytes);

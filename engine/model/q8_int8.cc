@@ -52,12 +52,12 @@ struct Args {
   const ActivationBlock* x;
   const Q8Int8Matrix* w;
   size_t nb, out;
+  float* y;
   // Whether the tiles prefetch the weights kPrefetchBytes ahead: set when
   // one pass of row tiles covers every row (decode), so each weight byte is
   // read once, from memory. Measured on the 110M Q8_0 model (Xeon, 1
   // thread): batch-1 decode +10%, while in prefill, whose tiles are reused
   // from cache by the later rows, it cost 20%.
-  float* y;
   bool prefetch;
   // Valid columns of group g (16 but in the last group).
   int Cols(size_t g) const {
