@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
         (*receiver)->set_endpoint(kv_address->ToString());
         decode::ReceiverKvLoader* loader = receiver->get();
         const std::string bit_exact_class = backend->bit_exact_class();
+        loader->set_bit_exact_class(bit_exact_class);
         core::EngineCoreOptions core_options =
             CoreOptionsFromConfig(*ctx.config, *ctx.model, "decode worker", ctx.kv_events);
         core_options.step_observer = ctx.step_observer;

@@ -90,6 +90,17 @@ ReceiverKvLoader::ReceiverKvLoader(std::shared_ptr<const KvDataPlanes> planes,
       layout_(std::move(layout)),
       offer_(std::move(offer)) {}
 
+std::optional<std::string> PeerClassNotes::Note(const std::string& peer_class) {
+  if (peer_class.empty() || peer_class == local_) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  if (!noted_.insert(peer_class).second) return std::nullopt;
+  return absl::StrCat("KV from a prefill worker of bit-exact class ", peer_class,
+                      ", but this decode worker's is ", local_,
+                      ": a request prefilled there may differ in its last bits from one "
+                      "prefilled here (check engine.q8_matmul, engine.kernel_isa and "
+                      "engine.kv_cache_dtype on both; logged once per class)");
+}
+
 std::string ReceiverKvLoader::endpoint() const {
   if (!endpoint_.empty()) return endpoint_;
   return absl::StrCat(host_, ":", receiver_->port());
@@ -107,8 +118,13 @@ absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
   absl::Status expect = receiver_->Expect(
       request_id, attempt, static_cast<uint32_t>(hit_tokens),
       static_cast<uint32_t>(prompt_tokens), raw_writer,
-      [writer, done = std::move(done)](absl::Status status,
-                                       const kvtransfer::TransferResult& r) {
+      [writer, notes = class_notes_, done = std::move(done)](
+          absl::Status status, const kvtransfer::TransferResult& r) {
+        if (notes != nullptr && status.ok()) {
+          if (std::optional<std::string> line = notes->Note(r.peer_bit_exact_class)) {
+            rpc::Log(*line);
+          }
+        }
         core::RemotePrefillResult result;
         result.peer_bit_exact_class = r.peer_bit_exact_class;
         for (size_t i = 0; status.ok() && i < r.samples.size(); ++i) {

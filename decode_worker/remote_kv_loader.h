@@ -20,10 +20,13 @@
 #define TANDEM_DECODE_WORKER_REMOTE_KV_LOADER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cluster_config.h"
 #include "common/server/kv_data_planes.h"
 #include "engine/core/request.h"
@@ -31,6 +34,25 @@
 #include "kvtransfer/transport.h"
 
 namespace tandem::decode {
+
+// Which prefill workers' bit-exact classes differ from this worker's: the
+// class is reported at the KV HELLO but never enforced (only the KV layout
+// id is), so a pair of different classes (e.g. engine.q8_matmul exact on
+// the prefill worker, int8 here) serves, and a request prefilled there may
+// differ in its last bits from one prefilled here. Thread-safe.
+class PeerClassNotes {
+ public:
+  explicit PeerClassNotes(std::string local_class) : local_(std::move(local_class)) {}
+  // The line to log the first time `peer_class` (a HELLO's
+  // bit_exact_class) differs from the local class; nullopt when it is the
+  // same, empty (an older peer) or already noted.
+  std::optional<std::string> Note(const std::string& peer_class);
+
+ private:
+  const std::string local_;
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> noted_ ABSL_GUARDED_BY(mu_);
+};
 
 class ReceiverKvLoader final : public core::RemoteKvLoader {
  public:
@@ -55,6 +77,13 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   // The advertised KV endpoint (AdvertisedAddress of kv_listen); call once,
   // before the loader is handed to the engine core.
   void set_endpoint(std::string endpoint) { endpoint_ = std::move(endpoint); }
+  // This worker's bit-exact class: each transfer from a prefill worker of
+  // another class is logged once per class (PeerClassNotes). Call once,
+  // before the loader is handed to the engine core; unset, nothing is
+  // logged.
+  void set_bit_exact_class(std::string local_class) {
+    class_notes_ = std::make_shared<PeerClassNotes>(std::move(local_class));
+  }
   const kvtransfer::KvLayout& layout() const { return layout_; }
   // What every load offers: the receiver's transports ({tcp} without
   // planes), kvtransfer::LocalHostId() and a NewInstanceId() drawn at Start.
@@ -96,6 +125,8 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   std::string endpoint_;  // set_endpoint's, empty until then
   const kvtransfer::KvLayout layout_;
   const kvtransfer::TransportOffer offer_;
+  // Shared with the receiver's completion callbacks.
+  std::shared_ptr<PeerClassNotes> class_notes_;
 };
 
 }  // namespace tandem::decode

@@ -41,6 +41,21 @@ bool IsHex32(const std::string& s) {
   return s.size() == 32 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
+// A prefill worker of another bit-exact class is noted once per class;
+// the same class, an empty one (a peer that sent none) and repeats are not.
+TEST(PeerClassNotesTest, NotesEachDifferingPeerClassOnce) {
+  PeerClassNotes notes("tandem-cpu/int8/int8/f16/v4");
+  EXPECT_EQ(notes.Note("tandem-cpu/int8/int8/f16/v4"), std::nullopt);
+  EXPECT_EQ(notes.Note(""), std::nullopt);
+  EXPECT_EQ(notes.Note("tandem-cpu/avx512/exact/f16/v4"),
+            "KV from a prefill worker of bit-exact class tandem-cpu/avx512/exact/f16/v4, but "
+            "this decode worker's is tandem-cpu/int8/int8/f16/v4: a request prefilled there may "
+            "differ in its last bits from one prefilled here (check engine.q8_matmul, "
+            "engine.kernel_isa and engine.kv_cache_dtype on both; logged once per class)");
+  EXPECT_EQ(notes.Note("tandem-cpu/avx512/exact/f16/v4"), std::nullopt);
+  EXPECT_NE(notes.Note("tandem-cpu/avx2/exact/f16/v4"), std::nullopt);
+}
+
 TEST(KvTransportLoaderTest, ATcpOnlyReceiverOffersTcpWithItsHostAndInstance) {
   auto loader = ReceiverKvLoader::Start(ReceiverOptions(), Layout());
   ASSERT_TRUE(loader.ok()) << loader.status();
