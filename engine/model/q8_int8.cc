@@ -53,12 +53,12 @@ struct Args {
   const Q8Int8Matrix* w;
   size_t nb, out;
   float* y;
-  // Whether the tiles prefetch the weights kPrefetchBytes ahead: set when
-  // one pass of row tiles covers every row (decode), so each weight byte is
-  // read once, from memory. Measured on the 110M Q8_0 model (Xeon, 1
-  // thread): batch-1 decode +10%, while in prefill, whose tiles are reused
-  // from cache by the later rows, it cost 20%.
-  bool prefetch;
+  // Whether the tiles prefetch the weights kPrefetchBytes ahead: set by
+  // RunGroups when one pass of row tiles covers every row (decode), so
+  // each weight byte is read once, from memory. Measured on the 110M Q8_0
+  // model (Xeon, 1 thread): batch-1 decode +10%, while in prefill, whose
+  // tiles are reused from cache by the later rows, it cost 20%.
+  bool prefetch = false;
   // Valid columns of group g (16 but in the last group).
   int Cols(size_t g) const {
     return static_cast<int>(std::min(kCols, out - g * kCols));
@@ -411,9 +411,10 @@ __attribute__((target("avx512f"))) void QuantizeRowAvx512(const float* x, size_t
 }
 #endif  // TANDEM_INT8_X86
 
-
-// Groups on a supported `isa`.
-void RunGroups(Int8IsaKind isa, const Args& a, size_t rows, size_t g_begin, size_t g_end) {
+// Groups on a supported `isa`, over `rows` rows of a (its prefetch flag set
+// here, from rows).
+void RunGroups(Int8IsaKind isa, Args a, size_t rows, size_t g_begin, size_t g_end) {
+  a.prefetch = rows <= kMaxTileRows;
   switch (isa) {
 #ifdef TANDEM_INT8_X86
     case Int8IsaKind::kAvx512Vnni:
@@ -512,8 +513,7 @@ void MatMulInt8GroupsWithIsa(Int8IsaKind isa, const int8_t* q, const float* d,
   const size_t nb = w.blocks();
   std::vector<ActivationBlock> blocks(rows * nb);
   for (size_t r = 0; r < rows; ++r) ToBlocks(q + r * w.in(), d + r * nb, nb, &blocks[r * nb]);
-  RunGroups(isa, Args{blocks.data(), &w, nb, w.out(), y, rows <= kMaxTileRows}, rows, g_begin,
-            g_end);
+  RunGroups(isa, Args{blocks.data(), &w, nb, w.out(), y}, rows, g_begin, g_end);
 }
 
 void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, size_t rows,
@@ -536,7 +536,7 @@ void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, s
       ToBlocks(q.data(), d.data(), nb, xb + r * nb);
     }
   });
-  const Args a{xb, &w, nb, w.out(), y, rows <= kMaxTileRows};
+  const Args a{xb, &w, nb, w.out(), y};
   MaybeParallelFor(pool, w.groups(), rows * in * w.out(), min_work,
                    [&](size_t begin, size_t end) { RunGroups(isa, a, rows, begin, end); });
 }

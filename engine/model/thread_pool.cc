@@ -9,7 +9,8 @@ namespace tandem::model {
 namespace {
 
 // Chunk `part` of `parts` over [0, n): [n*part/parts, n*(part+1)/parts).
-// n * parts cannot overflow for any n a forward pass produces (parts <= 1024).
+// n * parts cannot overflow for any n a forward pass produces (parts <=
+// 0xFFFF).
 size_t RangeBegin(size_t n, size_t part, size_t parts) { return n * part / parts; }
 
 // How long a worker (or the caller) spins on an atomic before sleeping.
