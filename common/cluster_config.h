@@ -25,7 +25,7 @@
 //            device: cpu, kv_cache_dtype: <by device>,
 //            gpu_memory_fraction: 0.9, batch_invariant: true}
 //   conditional: {max_local_prefill_tokens: 32,   # integer >= 0 | unbounded
-//                 on_prefill_failure: fail}
+//                 on_prefill_failure: retry}   # fail | retry | local
 //   # Colocated mode (deploy/local/colocated.yaml): prefill_workers: [] and
 //   # max_local_prefill_tokens: unbounded; decode workers prefill everything.
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
@@ -226,7 +226,9 @@ struct ConditionalConfig {
   // (kUnboundedLocalPrefillTokens): every prompt local unless a request
   // sets route_override REMOTE.
   int32_t max_local_prefill_tokens = 32;
-  OnPrefillFailure on_prefill_failure = OnPrefillFailure::kFail;
+  // retry: another prefill worker, then (retries exhausted) the decode
+  // worker prefills; the default of the code and of every example config.
+  OnPrefillFailure on_prefill_failure = OnPrefillFailure::kRetry;
 };
 
 struct KvConfig {

@@ -98,6 +98,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
                      req.generated.size(), "), got ", request->first_output_index())));
     return reactor;
   }
+  for (const v1::DecodeGenerateRequest::MigratedSample& m : request->migrated_samples()) {
+    core::EngineRequest::MigratedSample& sample = req.migrated_samples.emplace_back();
+    sample.generated.assign(m.generated_token_ids().begin(), m.generated_token_ids().end());
+    sample.finished = m.finished();
+  }
   req.output = std::make_shared<GrpcDecodeOutput>(sink);
   absl::Status submitted = core->Submit(std::move(req));
   if (!submitted.ok()) sink->Finish(rpc::ToGrpc(submitted));

@@ -87,7 +87,9 @@ class KvDataSender {
   virtual KvTransport transport() const = 0;
 
   // Prepares transfer `key` to `peer`; returns the HELLO's transport_setup
-  // (opaque to the KV connection, at most 16 KiB). Engine loop thread.
+  // (opaque to the KV connection, at most 16 KiB). Any thread: the
+  // prefill worker opens a transfer on the Prefill call's gRPC thread
+  // (EngineCore::Submit), so implementations take their own lock.
   // Errors: UNAVAILABLE (e.g. the communicator of the pair failed and a new
   // one cannot be made), INVALID_ARGUMENT.
   virtual absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,

@@ -1,5 +1,5 @@
 // KV transfer between a prefill worker (sender) and a decode worker
-// (receiver) over TCP, protocol v3 (DESIGN.md, KV transfer; README.md has
+// (receiver) over TCP, protocol v4 (DESIGN.md, KV transfer; README.md has
 // the message table and the receiver's decisions).
 //
 // Owns: the wire protocol, sockets, per-transfer state and deadlines.
@@ -13,7 +13,7 @@
 //
 // Wire format (all little-endian; wire.h has the type numbers and the
 // exact field layout), every message = u32 type | u32 length | payload:
-//   HELLO  {protocol_version u32 (= 3, first so that a receiver can refuse
+//   HELLO  {protocol_version u32 (= 4, first so that a receiver can refuse
 //           another version unparsed), request_id str, attempt u32,
 //           model_fingerprint str, n_layers u32, n_kv_heads u32,
 //           head_dim u32, kv_dtype u32 (KvDtype), bit_exact_class str,
@@ -28,6 +28,9 @@
 //           token_count u32, comm_seq u64, locator str} (device transports:
 //           the bytes move on the data path, data_plane.h)
 //   ACK    {} (D -> P after a device transfer's FINAL and every frame landed)
+//   KEEPALIVE {} (P -> D while an accepted transfer has nothing to send:
+//           the request waits in P's queue or P computes; it keeps D's
+//           silence bound, transfer_timeout_ms, for a peer that stopped)
 //   (str = u32 length | bytes). D checks every frame before placing it:
 //   layer < n_layers, token_start >= D_hit, end <= L, exact payload size.
 // D may also send REJECT mid-transfer (cancel, bad frame, superseded
@@ -65,7 +68,10 @@ namespace tandem::kvtransfer {
 // FINAL's per-sample layout, for n > 1 and top-n logprobs, replaced the
 // single-token v2 FINAL in place; README.md, Versioning.) v3 = transports:
 // HELLO names the data path (transport.h), FRAME_DESC and ACK exist.
-inline constexpr uint32_t kKvProtocolVersion = 3;
+// v4 = KEEPALIVE: P opens the transfer when the Prefill call arrives and
+// keeps the accepted connection alive while the request waits for its
+// turn, so D's silence bound measures a stopped peer, not a busy one.
+inline constexpr uint32_t kKvProtocolVersion = 4;
 
 // Bounds of a FINAL: samples of one request (the proto's
 // GenerationParams.n, 1..16) and top logprobs per sample (the proto's
@@ -102,7 +108,7 @@ struct KvLayout {
   uint64_t FrameBytes(uint32_t token_count) const;
   // A stable, printable name of everything in the layout:
   // "kv<version>/<model_fingerprint>/L<n_layers>.H<n_kv_heads>.D<head_dim>/
-  // <dtype name>", e.g. "kv3/3f0a.../L5.H4.D8/f32". Two ends can exchange
+  // <dtype name>", e.g. "kv4/3f0a.../L5.H4.D8/f32". Two ends can exchange
   // KV iff their layout ids are equal (CheckCompatible is OK exactly then).
   // The fingerprint may contain '/': the fields after it never do, so the
   // id still determines the layout.
@@ -172,7 +178,9 @@ class KvReceiver {
     std::string host = "127.0.0.1";
     int port = 0;                       // 0 = ephemeral
     int handshake_timeout_ms = 5000;    // Expect() -> HELLO
-    int transfer_timeout_ms = 5000;     // max silence between messages
+    // Max silence between messages of an accepted transfer (the sender
+    // sends KEEPALIVE while it has nothing else: see KvSendQueue).
+    int transfer_timeout_ms = 5000;
     // One line per refused connection (no HELLO accepted, or one taken
     // over by a newer attempt) and per failed transfer, e.g. "KV receiver:
     // transfer for request r1 attempt 2 failed: DEADLINE_EXCEEDED: ...".
@@ -266,7 +274,7 @@ class KvReceiver {
 // Prefill-worker side: one connection per transfer.
 class KvSender {
  public:
-  // Connects to endpoint ("host:port"), sends a v3 HELLO (transport tcp) with `layout` and
+  // Connects to endpoint ("host:port"), sends a v4 HELLO (transport tcp) with `layout` and
   // `bit_exact_class` (this end's backend/ISA/build, see the top of this
   // file) and waits for ACCEPT within timeout_ms (milliseconds, > 0).
   // Errors: INVALID_ARGUMENT (bad endpoint, timeout_ms <= 0, a dtype

@@ -37,6 +37,12 @@ void KvReceiver::Impl::OnMessage(Conn& c) {
     OnFrameDesc(c);
   } else if (type == static_cast<uint32_t>(wire::MessageType::kFinal)) {
     OnFinal(c);
+  } else if (type == static_cast<uint32_t>(wire::MessageType::kKeepalive)) {
+    // The sender is alive and has nothing to send yet (the request waits
+    // for its turn on P); its bytes already moved the silence deadline.
+    if (absl::Status s = wire::DecodeKeepalive(c.reader.payload()); !s.ok()) {
+      FailTransfer(c, s);
+    }
   } else {
     FailTransfer(c, absl::DataLossError(absl::StrCat(
                         "unexpected KV message ", wire::MessageTypeName(type),

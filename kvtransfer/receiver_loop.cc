@@ -234,7 +234,9 @@ void KvReceiver::Impl::FireDeadlines(Clock::time_point now) {
         FailTransfer(c, absl::DeadlineExceededError(absl::StrCat(
                             "KV transfer for request ", c.hello.request_id,
                             " stalled for ", options_.transfer_timeout_ms,
-                            " ms")));
+                            " ms: no byte (not even a KEEPALIVE) from the prefill "
+                            "worker at ", c.peer,
+                            "; it stopped or the link is down (kv.transfer_timeout_ms)")));
         break;
       case ConnPhase::kClosing:
         CloseNow(c);
@@ -253,7 +255,8 @@ void KvReceiver::Impl::FireDeadlines(Clock::time_point now) {
     EndLocked(t, absl::DeadlineExceededError(absl::StrCat(
                      "no KV sender said HELLO for request ", t->request_id,
                      " attempt ", t->attempt, " within ",
-                     options_.handshake_timeout_ms, " ms")));
+                     options_.handshake_timeout_ms,
+                     " ms: no prefill worker connected for it (kv.handshake_timeout_ms)")));
   }
   for (auto it = finished_.begin(); it != finished_.end();) {
     it = (now - it->second.at >= kFinishedMemory) ? finished_.erase(it)

@@ -70,6 +70,9 @@ struct Transfer {
   bool final_queued = false;
   std::string in;               // bytes read from the receiver
   Clock::time_point last_progress;
+  // When a byte last went to the receiver (or ACCEPT came): a streaming
+  // transfer with nothing to send sends KEEPALIVE KeepaliveIntervalMs after.
+  Clock::time_point last_sent;
   // Queued FRAMEs (FRAME_DESCs) and their K+V bytes (FrameBytes).
   uint64_t frames = 0, kv_bytes = 0;
   std::optional<absl::Status> result;
@@ -81,6 +84,8 @@ struct Transfer {
            (state == State::kStreaming && queued > 0);
   }
   bool device() const { return transport != KvTransport::kTcp; }
+  // Accepted, nothing queued, no FINAL yet: the request waits on P.
+  bool Idle() const { return state == State::kStreaming && out.empty() && !final_queued; }
 };
 
 struct Destination {
@@ -92,7 +97,8 @@ struct Destination {
 
 class KvSendQueue::Impl {
  public:
-  explicit Impl(const Options& options) : options_(options) {}
+  explicit Impl(const Options& options)
+      : options_(options), keepalive_ms_(KeepaliveIntervalMs(options.transfer_timeout_ms)) {}
 
   ~Impl() {
     {
@@ -471,6 +477,7 @@ class KvSendQueue::Impl {
       t.in.erase(0, wire::kHeaderBytes + length);
       t.state = State::kStreaming;
       t.last_progress = Clock::now();
+      t.last_sent = t.last_progress;
       return true;
     }
     if (type == static_cast<uint32_t>(wire::MessageType::kAck) && t.device() &&
@@ -525,6 +532,7 @@ class KvSendQueue::Impl {
       }
       if (sent == 0) break;
       t.last_progress = Clock::now();
+      t.last_sent = t.last_progress;
       size_t left = static_cast<size_t>(sent);
       if (t.state == State::kHandshake) {
         t.hello.erase(0, left);
@@ -586,14 +594,26 @@ class KvSendQueue::Impl {
         t.state = State::kConnecting;
         t.last_progress = Clock::now();
       }
-      // One poll over every live socket, bounded by the nearest deadline.
+      // One poll over every live socket, bounded by the nearest deadline
+      // or keepalive.
       pfds.assign(1, {wake_read_, POLLIN, 0});
       ids.assign(1, 0);
       int timeout_ms = -1;
       {
         absl::MutexLock lock(&mu_);
         const Clock::time_point now = Clock::now();
+        const auto keepalive = std::chrono::milliseconds(keepalive_ms_);
         for (auto& [id, t] : transfers_) {
+          if (t.Idle() && t.fd.valid()) {
+            if (now - t.last_sent >= keepalive) {
+              Push(t, wire::EncodeKeepalive());  // written below (POLLOUT)
+            } else {
+              const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  t.last_sent + keepalive - now).count() + 1;
+              timeout_ms = timeout_ms < 0 ? static_cast<int>(left)
+                                          : std::min(timeout_ms, static_cast<int>(left));
+            }
+          }
           if (t.Waiting()) {
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                 t.last_progress + std::chrono::milliseconds(options_.transfer_timeout_ms) -
@@ -664,6 +684,7 @@ class KvSendQueue::Impl {
   }
 
   const Options options_;
+  const int keepalive_ms_;  // KeepaliveIntervalMs(options_.transfer_timeout_ms)
   int wake_read_ = -1, wake_write_ = -1;
   std::thread thread_;
   absl::Mutex mu_;
@@ -685,6 +706,10 @@ absl::StatusOr<std::unique_ptr<KvSendQueue>> KvSendQueue::Start(const Options& o
   absl::Status s = impl->Init();
   if (!s.ok()) return s;
   return std::unique_ptr<KvSendQueue>(new KvSendQueue(std::move(impl)));
+}
+
+int KeepaliveIntervalMs(int transfer_timeout_ms) {
+  return std::clamp(transfer_timeout_ms / 4, 1, 1000);
 }
 
 KvSendQueue::KvSendQueue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -14,6 +14,13 @@
 // goes, alone). A caller that was told "not now" gets `notify` once the
 // destination's writes make progress.
 //
+// Keepalive (protocol v4): an accepted transfer with nothing queued and no
+// FINAL yet (the request waits in P's scheduler, or P computes a step)
+// sends a KEEPALIVE every KeepaliveIntervalMs(transfer_timeout_ms), so the
+// receiver's silence bound trips for a stopped sender, never a busy one.
+// A KEEPALIVE is queued like any message: one that cannot be written
+// counts as bytes queued (the silence bound applies on this side too).
+//
 // Results: a tcp transfer ends OK once its FINAL was written to the
 // kernel, a device transfer (OpenWithTransport) once D's ACK arrived after
 // it; otherwise with the first error: the code and reason of a REJECT (at HELLO or mid-
@@ -45,6 +52,11 @@
 #include "kvtransfer/kv_transfer.h"
 
 namespace tandem::kvtransfer {
+
+// Milliseconds between KEEPALIVEs of an idle accepted transfer: a quarter
+// of transfer_timeout_ms (the receiver's silence bound, from the same
+// cluster config: kv.transfer_timeout_ms), within [1, 1000].
+int KeepaliveIntervalMs(int transfer_timeout_ms);
 
 class KvSendQueue {
  public:

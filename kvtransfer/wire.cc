@@ -120,6 +120,7 @@ std::string MessageTypeName(uint32_t type) {
     case MessageType::kFinal: return "FINAL";
     case MessageType::kFrameDesc: return "FRAME_DESC";
     case MessageType::kAck: return "ACK";
+    case MessageType::kKeepalive: return "KEEPALIVE";
   }
   return absl::StrCat("type ", type);
 }
@@ -199,6 +200,10 @@ std::string EncodeFrameDesc(const FrameDescriptor& f) {
 
 std::string EncodeAck() {
   return Message(MessageType::kAck, [](Writer&) {});
+}
+
+std::string EncodeKeepalive() {
+  return Message(MessageType::kKeepalive, [](Writer&) {});
 }
 
 std::string EncodeFinal(const TransferResult& r) {
@@ -334,10 +339,19 @@ absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
   return r.status();
 }
 
-absl::Status DecodeAck(absl::string_view payload) {
-  Reader r(payload, "ACK");
+namespace {
+// An empty message (ACK, KEEPALIVE): DATA_LOSS naming it for any byte.
+absl::Status DecodeEmpty(absl::string_view payload, const char* name) {
+  Reader r(payload, name);
   if (!r.End()) return r.status();
   return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status DecodeAck(absl::string_view payload) { return DecodeEmpty(payload, "ACK"); }
+
+absl::Status DecodeKeepalive(absl::string_view payload) {
+  return DecodeEmpty(payload, "KEEPALIVE");
 }
 
 absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {

@@ -1,11 +1,11 @@
-// KV transfer wire messages, protocol v3: encoding and bounds-checked
+// KV transfer wire messages, protocol v4: encoding and bounds-checked
 // decoding (kv_transfer.h has the protocol overview, README.md the table).
 //
 // Every message is   u32 type | u32 length | payload[length]   with all
 // integers and floats little-endian (the host must be little-endian; a
 // static_assert in wire.cc guards it). A `str` is u32 length | bytes.
 //
-//   type 1 HELLO   u32 protocol_version (= kKvProtocolVersion, 3),
+//   type 1 HELLO   u32 protocol_version (= kKvProtocolVersion, 4),
 //                  str request_id, u32 attempt, str model_fingerprint,
 //                  u32 n_layers, u32 n_kv_heads, u32 head_dim,
 //                  u32 kv_dtype (KvDtype = ggml_type number),
@@ -36,6 +36,9 @@
 //                  bytes move on a device data path (data_plane.h)
 //   type 7 ACK     (empty): D -> P, a device transfer's FINAL checked out
 //                  and every frame is in D's blocks
+//   type 8 KEEPALIVE (empty): P -> D, v4, while an accepted transfer has
+//                  nothing else to send (KvSendQueue); D reads it as
+//                  progress and nothing else
 //
 // HELLO's version comes first so that a receiver refuses a version it does
 // not speak without reading further. (A v1 HELLO had no version: its first
@@ -70,6 +73,7 @@ enum class MessageType : uint32_t {
   kFinal = 5,
   kFrameDesc = 6,
   kAck = 7,
+  kKeepalive = 8,
 };
 // "HELLO", "FRAME", ... or "type N" for numbers outside the enum.
 std::string MessageTypeName(uint32_t type);
@@ -167,6 +171,8 @@ std::string EncodeReject(const absl::Status& status);
 std::string EncodeFrameDesc(const FrameDescriptor& frame);
 // ACK: empty payload.
 std::string EncodeAck();
+// KEEPALIVE: empty payload.
+std::string EncodeKeepalive();
 // FINAL: result.samples, frames and kv_bytes as given (peer_bit_exact_class
 // is not on the wire). No check of the counts against kMaxFinalSamples /
 // kMaxFinalTopLogprobs: tests build out-of-range FINALs with it;
@@ -188,7 +194,7 @@ absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
 //
 // HELLO: reads protocol_version first. Errors:
 //   - FAILED_PRECONDITION "KV protocol version N is not supported (this
-//     worker speaks 3)" for N != kKvProtocolVersion; nothing after the
+//     worker speaks 4)" for N != kKvProtocolVersion; nothing after the
 //     version is read, so the rest may be anything.
 //   - DATA_LOSS for truncated or trailing bytes (checked before the dtype).
 //   - FAILED_PRECONDITION "unknown KV dtype N" for a kv_dtype outside
@@ -220,6 +226,8 @@ absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
 absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload);
 // ACK: DATA_LOSS unless the payload is empty.
 absl::Status DecodeAck(absl::string_view payload);
+// KEEPALIVE: DATA_LOSS unless the payload is empty.
+absl::Status DecodeKeepalive(absl::string_view payload);
 // ACCEPT: empty (answer "") or one str (the answer); DATA_LOSS otherwise.
 // `answer` may be nullptr.
 absl::Status DecodeAccept(absl::string_view payload, std::string* answer = nullptr);

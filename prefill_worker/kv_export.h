@@ -1,5 +1,7 @@
 // The prefill worker's KV sends (kvtransfer::KvSendQueue) as the engine
-// core's KvExport: HELLO when the request reaches the core, one FRAME per
+// core's KvExport: HELLO when the Prefill call arrives (EngineCore::Submit
+// opens the export; the queue then keeps the accepted connection alive
+// with KEEPALIVEs while the request waits for its turn), one FRAME per
 // (layer, token range) as the forward writes it, FINAL with token 0
 // (DESIGN.md, steps 4-6). Nothing here waits for the network: the queue's
 // sender thread connects and writes, the core asks Ready() before each
@@ -17,8 +19,9 @@
 // Owns: one request's transfer in the shared queue.
 // Does not touch: KV memory (the core reads the rows and hands them over;
 // the queue copies them), scheduling, gRPC.
-// Threads: the core's loop thread calls every method; the queue runs
-// `wake` on its sender thread.
+// Threads: Open runs on the submitting thread (the Prefill call's gRPC
+// thread), every other method on the core's loop thread after Submit
+// handed the request over; the queue runs `wake` on its sender thread.
 #ifndef TANDEM_PREFILL_WORKER_KV_EXPORT_H_
 #define TANDEM_PREFILL_WORKER_KV_EXPORT_H_
 

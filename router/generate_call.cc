@@ -238,15 +238,30 @@ void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
     // No healthy prefill worker: D prefills every prompt itself.
     dreq.set_route_override(v1::ROUTE_LOCAL);
   }
-  SampleStream& sample = samples_[0];
-  if (sample.next_index > 0) {
+  const bool progressed = std::any_of(samples_.begin(), samples_.end(), [](const SampleStream& s) {
+    return s.next_index > 0 || s.done;
+  });
+  if (progressed && samples_.size() == 1) {
     // Migration: D prefills prompt + the tokens already streamed and
-    // continues at index k (n = 1).
+    // continues at index k.
+    const SampleStream& sample = samples_[0];
     dreq.mutable_generated_token_ids()->Add(sample.emitted.begin(), sample.emitted.end());
     dreq.set_first_output_index(sample.next_index);
     dreq.set_route_override(v1::ROUTE_LOCAL);
+  } else if (progressed) {
+    // n > 1: every sample continues from its own tokens (each is its own
+    // sequence on D, with its own seed as before); ended ones stay ended.
+    for (const SampleStream& sample : samples_) {
+      v1::DecodeGenerateRequest::MigratedSample* m = dreq.add_migrated_samples();
+      m->mutable_generated_token_ids()->Add(sample.emitted.begin(), sample.emitted.end());
+      m->set_finished(sample.done);
+    }
+    dreq.set_route_override(v1::ROUTE_LOCAL);
   }
-  sample.pending.clear();  // the new stream sends them again
+  for (SampleStream& sample : samples_) {
+    sample.pending.clear();  // the new stream sends them again
+    if (!sample.done) sample.finish = v1::FINISH_NONE;  // and says again how they end
+  }
   auto* stream = new DecodeStream(shared_from_this(), decode, std::move(dreq));
   decode_stream_ = stream;
   decode_ = std::move(decode);
@@ -363,7 +378,7 @@ void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Statu
 }
 
 bool GenerateCall::CanMigrate() const {
-  return !finished_ && !cancelled_ && samples_left_ > 0 && samples_.size() == 1 &&
+  return !finished_ && !cancelled_ && samples_left_ > 0 &&
          migrations_ < params_.max_migrations &&
          params_.request.route_override() != v1::ROUTE_REMOTE;
 }
@@ -376,13 +391,17 @@ std::string GenerateCall::LogTag() const {
 
 std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
                                                        std::vector<std::string> avoid,
-                                                       const std::string& kv_layout_id) {
+                                                       const std::string& kv_layout_id,
+                                                       double max_queue_wait_s,
+                                                       std::string* why_none) {
   PickRequest pick;
   pick.role = role;
   pick.prompt = params_.prompt;
   pick.avoid = std::move(avoid);
   pick.kv_layout_id = kv_layout_id;
+  pick.max_queue_wait_s = max_queue_wait_s;
   PickResult result = registry_->Pick(pick);
+  if (result.worker == nullptr && why_none != nullptr) *why_none = result.explanation;
   if (result.worker != nullptr) {
     rpc::Log(absl::StrCat(LogTag(), ": ",
                           role == v1::ROLE_DECODE ? "decode" : "prefill", " worker ",
@@ -406,7 +425,11 @@ bool GenerateCall::MoveOn(bool received, const std::string& why) {
                ? absl::StrCat(LogTag(), ": ", why, "; sending it to ",
                               next->name)
                : absl::StrCat(LogTag(), ": ", why, "; migrating to ",
-                              next->name, " at output index ", samples_[0].next_index,
+                              next->name,
+                              samples_.size() == 1
+                                  ? absl::StrCat(" at output index ", samples_[0].next_index)
+                                  : absl::StrCat(" (", samples_left_, " of ", samples_.size(),
+                                                 " samples, each at its own output index)"),
                               " (migration ", migrations_, " of ", params_.max_migrations,
                               ")"));
   StartDecode(std::move(next));
@@ -436,9 +459,17 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
       }
     }
   }
-  // Only a P whose KV layout equals D's can feed it.
+  // Only a P whose KV layout equals D's can feed it, and only one whose
+  // queue lets it start before the Prefill call's deadline.
   const std::string layout = decode_ != nullptr ? decode_->kv_layout_id : std::string();
-  std::shared_ptr<WorkerHandle> prefill = PickWorker(v1::ROLE_PREFILL, failed_prefill_, layout);
+  const auto call_deadline = std::min(
+      params_.deadline,
+      std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms));
+  const double time_left_s =
+      std::chrono::duration<double>(call_deadline - std::chrono::system_clock::now()).count();
+  std::string too_busy;
+  std::shared_ptr<WorkerHandle> prefill =
+      PickWorker(v1::ROLE_PREFILL, failed_prefill_, layout, time_left_s, &too_busy);
   if (prefill == nullptr) {
     // D prefills itself (conditional disaggregation's fallback), unless
     // the request forbids it.
@@ -446,7 +477,12 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
                           ? std::string("no healthy prefill worker")
                           : absl::StrCat("no healthy prefill worker left (failed: ",
                                          absl::StrJoin(failed_prefill_, ", "), ")");
-    if (failed_prefill_.empty() && !layout.empty() && registry_->HasRoutable(v1::ROLE_PREFILL)) {
+    if (!too_busy.empty()) {
+      why = failed_prefill_.empty()
+                ? too_busy
+                : absl::StrCat(too_busy, " (failed: ", absl::StrJoin(failed_prefill_, ", "), ")");
+    } else if (failed_prefill_.empty() && !layout.empty() &&
+               registry_->HasRoutable(v1::ROLE_PREFILL)) {
       why = absl::StrCat("no healthy prefill worker with the KV layout of decode worker ",
                          decode_->name, " (", layout, ")");
     }
@@ -461,9 +497,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
   auto call = std::make_shared<PrefillCall>();
   call->attempt = attempt;
   call->worker = prefill;
-  call->context.set_deadline(std::min(
-      params_.deadline,
-      std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms)));
+  call->context.set_deadline(call_deadline);
   v1::PrefillRequest& req = call->request;
   req.set_request_id(worker_request_id_);
   req.mutable_prompt_token_ids()->Add(params_.prompt.begin(), params_.prompt.end());
@@ -490,6 +524,7 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
     prefill_calls_.erase(std::find(prefill_calls_.begin(), prefill_calls_.end(), call));
     if (status.ok()) {
       if (!call->superseded && !finished_) {
+        served_prefill_ = call->worker->name;
         cached_prompt_tokens_ =
             static_cast<uint32_t>(params_.prompt.size()) - call->response.prompt_tokens_computed();
         for (const v1::TokenOutput& t : call->response.first_tokens()) Deliver(t);
@@ -748,6 +783,10 @@ void GenerateCall::EndSample(uint32_t s, std::string text, v1::FinishReason reas
   v1::GenerateResponse last;
   if (with != nullptr) last = std::move(*with);  // the tokens of this push
   last.set_sample_index(s);
+  // Who served, as it turned out (the header named the first picks).
+  last.set_route(served_prefill_.empty() ? "local" : "remote");
+  last.set_prefill_worker(served_prefill_);
+  last.set_decode_worker(decode_ == nullptr ? "" : decode_->name);
   last.set_text(std::move(text));
   last.set_finish_reason(reason);
   if (stop_reason != nullptr) *last.mutable_stop_reason() = *stop_reason;

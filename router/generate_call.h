@@ -20,10 +20,12 @@
 //   prefill worker: AbortTransfer with no_prefill_worker, D prefills itself
 //   (unless route_override REMOTE).
 // - D dies mid-stream (its stream breaks and a status probe to it fails,
-//   or the registry marks it lost): for n = 1, up to max_migrations times,
-//   the router re-issues {prompt, the k tokens already streamed,
-//   first_output_index = k} to another healthy decode worker, which
-//   continues at index k; the client's stream goes on without a gap.
+//   or the registry marks it lost): up to max_migrations times, the router
+//   re-issues {prompt, the k tokens already streamed, first_output_index =
+//   k} to another healthy decode worker, which continues at index k; for
+//   n > 1 every sample goes with its own tokens (migrated_samples: each
+//   unfinished one continues at its own index, ended ones stay ended). The
+//   client's stream goes on without a gap.
 //
 // Owns: the request's client calls (to D and P), ordering, detokenization
 // and stop-string state. Does not touch: worker selection policy (the
@@ -36,6 +38,7 @@
 
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -153,11 +156,14 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // not empty, workers registered with another KV layout id (a P for D:
   // KV moves only between equal layouts), or null; logs "request <id>:
   // decode worker <name> (<score and its inputs>)" for a choice.
-  std::shared_ptr<WorkerHandle> PickWorker(v1::WorkerRole role, std::vector<std::string> avoid,
-                                           const std::string& kv_layout_id = "")
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a dead D may be replaced (n = 1, router.max_migrations left,
-  // not route_override REMOTE, the request still running).
+  // A prefill pick skips workers whose queue outlasts `max_queue_wait_s`;
+  // when that leaves none, *why_none (if given) says so.
+  std::shared_ptr<WorkerHandle> PickWorker(
+      v1::WorkerRole role, std::vector<std::string> avoid, const std::string& kv_layout_id = "",
+      double max_queue_wait_s = std::numeric_limits<double>::infinity(),
+      std::string* why_none = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a dead D may be replaced (router.max_migrations left, not
+  // route_override REMOTE, the request still running).
   bool CanMigrate() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After D's stream failed because D is gone: a stream that `received`
   // nothing is sent to another healthy decode worker (routing, no budget);
@@ -190,8 +196,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // Sends sample s's last message once its end is known and every token up
   // to it was emitted.
   void MaybeEndSample(uint32_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends sample s's last message (text: `text`) and, with the last sample,
-  // cancels the calls to the workers.
+  // Sends sample s's last message (text: `text`; route, prefill_worker and
+  // decode_worker: the workers that served the request, after any retry or
+  // migration) and, with the last sample, cancels the calls to the workers.
   // `with` (may be null): a message whose tokens end the sample, sent as
   // the last one.
   void EndSample(uint32_t s, std::string text, v1::FinishReason reason,
@@ -237,6 +244,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   std::vector<std::shared_ptr<PrefillCall>> prefill_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> failed_prefill_ ABSL_GUARDED_BY(mu_);  // failed this request
   std::string prefill_name_ ABSL_GUARDED_BY(mu_);  // first prefill worker (header)
+  // The prefill worker whose Prefill call delivered token 0 (empty: the
+  // prompt was prefilled by a decode worker): with decode_'s name, what
+  // each sample's last message reports as the workers that served it.
+  std::string served_prefill_ ABSL_GUARDED_BY(mu_);
   int32_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // streams, calls and probes running
   std::vector<SampleStream> samples_ ABSL_GUARDED_BY(mu_);
   uint32_t samples_left_ ABSL_GUARDED_BY(mu_) = 0;

@@ -22,6 +22,11 @@ int64_t CandidateLoad(const Candidate& c) {
          c.in_flight;
 }
 
+double PredictedQueueWaitSeconds(const Candidate& c) {
+  if (c.prefill_tokens_per_s <= 0) return 0;
+  return static_cast<double>(c.queued_prefill_tokens) / c.prefill_tokens_per_s;
+}
+
 Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
                       const RoutingOptions& options) {
   Scored out;

@@ -47,6 +47,9 @@ struct Candidate {
   uint32_t running = 0;  // scheduled: running_requests - waiting_requests
   uint32_t waiting = 0;  // waiting_requests
   uint64_t queued_prefill_tokens = 0;
+  // The worker's measured prefill rate, tokens/s (WorkerRegistry: from
+  // polls while it had prefill queued); 0: not measured yet.
+  double prefill_tokens_per_s = 0;
   // Requests this router sent it that have not finished (fresh, not polled).
   int64_t in_flight = 0;
   // in_flight when the last poll's reply arrived: the part of running +
@@ -57,6 +60,11 @@ struct Candidate {
 // The candidate's load in sequences: max(0, running + waiting -
 // in_flight_at_poll) + in_flight.
 int64_t CandidateLoad(const Candidate& candidate);
+
+// Seconds until a prefill worker would start a request sent now:
+// queued_prefill_tokens / prefill_tokens_per_s (0 while the rate is not
+// measured: a new or never busy worker is taken to start at once).
+double PredictedQueueWaitSeconds(const Candidate& candidate);
 
 // The policy and the normalisers of its terms.
 struct RoutingOptions {

@@ -5,11 +5,35 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/server/auth_call.h"
 #include "common/server/log.h"
 #include "common/server/server_util.h"
 
 namespace tandem::router {
+namespace {
+
+// Weight of the newest poll in a worker's prefill rate average.
+constexpr double kRateWeight = 0.3;
+
+// The prefill rate after a poll that found `reply` `seconds` after the
+// previous one (`before`): the tokens computed since, averaged into `rate`,
+// when prefill was queued at the previous poll (idle time says nothing of
+// the rate) and some progress was made.
+double UpdatePrefillRate(double rate, const v1::WorkerStatus& before,
+                         const v1::WorkerStatus& reply, double seconds) {
+  if (before.queued_prefill_tokens() == 0 || seconds <= 0 ||
+      reply.prefill_tokens_computed_total() <= before.prefill_tokens_computed_total()) {
+    return rate;
+  }
+  const double sample = static_cast<double>(reply.prefill_tokens_computed_total() -
+                                            before.prefill_tokens_computed_total()) /
+                        seconds;
+  return rate == 0 ? sample : (1 - kRateWeight) * rate + kRateWeight * sample;
+}
+
+}  // namespace
 
 // One GetStatus poll in flight on cq_; its address is the call's tag.
 struct WorkerRegistry::PollCall {
@@ -180,6 +204,7 @@ void WorkerRegistry::ReportUnreachable(const std::shared_ptr<WorkerHandle>& hand
 PickResult WorkerRegistry::Pick(const PickRequest& request) {
   std::vector<std::shared_ptr<WorkerHandle>> handles;
   std::vector<Candidate> candidates;
+  std::vector<std::string> too_busy;  // prefill workers whose queue outlasts the request
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, entry] : workers_) {
@@ -199,13 +224,29 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
       // running_requests includes the waiting ones.
       c.running = st.running_requests() - std::min(st.waiting_requests(), st.running_requests());
       c.queued_prefill_tokens = st.queued_prefill_tokens();
+      c.prefill_tokens_per_s = entry.prefill_tokens_per_s;
       c.in_flight = entry.handle->active_requests.load();
       c.in_flight_at_poll = entry.in_flight_at_poll;
+      const double wait_s = PredictedQueueWaitSeconds(c);
+      if (wait_s > request.max_queue_wait_s) {
+        too_busy.push_back(absl::StrFormat("%s ~%.1f s (%d queued prefill tokens at %.0f tokens/s)",
+                                           name, wait_s, c.queued_prefill_tokens,
+                                           c.prefill_tokens_per_s));
+        continue;
+      }
       handles.push_back(entry.handle);
       candidates.push_back(std::move(c));
     }
   }
-  if (candidates.empty()) return {};
+  if (candidates.empty()) {
+    PickResult none;
+    if (!too_busy.empty()) {
+      none.explanation = absl::StrFormat(
+          "every prefill worker's queue outlasts the %.1f s left to the request: %s",
+          request.max_queue_wait_s, absl::StrJoin(too_busy, ", "));
+    }
+    return none;
+  }
   // The prefix index has its own lock: asked outside mu_.
   if (options_.routing.policy == RouterPolicy::kKvAware) {
     for (Candidate& c : candidates) {
@@ -387,6 +428,10 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
         Log(absl::StrCat("worker ", h->name, " is draining"));
       }
       e.draining = !call->reply.ready();
+      const absl::Time now = absl::Now();
+      e.prefill_tokens_per_s = UpdatePrefillRate(e.prefill_tokens_per_s, e.status, call->reply,
+                                                 absl::ToDoubleSeconds(now - e.status_at));
+      e.status_at = now;
       e.status = call->reply;  // Pick's load and KV inputs
       e.in_flight_at_poll = h->active_requests.load();
     } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {

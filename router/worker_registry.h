@@ -38,6 +38,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -147,10 +148,16 @@ struct PickRequest {
   // router picks a prefill worker for a decode worker with D's: KV moves
   // only between equal layouts, issue #16).
   std::string kv_layout_id;
+  // A prefill worker whose queue would hold the request longer than this
+  // (PredictedQueueWaitSeconds, from its measured prefill rate) is not
+  // picked: it cannot serve before the request's deadline.
+  double max_queue_wait_s = std::numeric_limits<double>::infinity();
 };
 
-// The chosen worker (null: no routable worker of the role outside avoid),
-// its score under router.policy and the inputs that gave it, e.g.
+// The chosen worker (null: no routable worker of the role outside avoid,
+// or, with `explanation` saying so, none whose queue fits
+// max_queue_wait_s), its score under router.policy and the inputs that
+// gave it, e.g.
 // "kv_aware score 0.93: 192/200 prompt tokens cached, 1990/2048 blocks free,
 // 0 running, 0 waiting, 0 in flight" (routing_policy.h).
 struct PickResult {
@@ -234,6 +241,11 @@ class WorkerRegistry {
     // The handle's active_requests when that reply arrived (this router's
     // requests the status counts).
     int in_flight_at_poll = 0;
+    absl::Time status_at = absl::InfinitePast();  // when `status` arrived
+    // Prefill tokens/s over the polls after which prefill was still queued
+    // (an exponential moving average, weight kRateWeight per new poll);
+    // 0 until measured.
+    double prefill_tokens_per_s = 0;
     // Takes new requests.
     bool Routable() const { return healthy && !draining; }
   };

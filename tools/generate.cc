@@ -299,6 +299,13 @@ void GenerateResult::Add(const tandem::v1::GenerateResponse& r, absl::Duration s
   if (meta_.route().empty()) meta_.set_route(r.route());
   if (meta_.prefill_worker().empty()) meta_.set_prefill_worker(r.prefill_worker());
   if (meta_.decode_worker().empty()) meta_.set_decode_worker(r.decode_worker());
+  if (r.finish_reason() != tandem::v1::FINISH_NONE && !r.route().empty()) {
+    // A sample's last message names the workers that served it (after a
+    // retry or migration the header's first picks are out of date).
+    meta_.set_route(r.route());
+    meta_.set_prefill_worker(r.prefill_worker());
+    meta_.set_decode_worker(r.decode_worker());
+  }
   if (meta_.prompt_token_ids().empty()) *meta_.mutable_prompt_token_ids() = r.prompt_token_ids();
   if (!ttft_.has_value() && r.tokens_size() > 0) ttft_ = since_start;
   if (r.prompt_tokens() != 0) prompt_tokens_ = r.prompt_tokens();

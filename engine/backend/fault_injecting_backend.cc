@@ -1,5 +1,7 @@
 #include "engine/backend/fault_injecting_backend.h"
 
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -14,7 +16,8 @@ struct KindName {
 };
 constexpr KindName kKinds[] = {{BackendFault::Kind::kOom, "oom"},
                                {BackendFault::Kind::kInternal, "internal"},
-                               {BackendFault::Kind::kSticky, "sticky"}};
+                               {BackendFault::Kind::kSticky, "sticky"},
+                               {BackendFault::Kind::kSlow, "slow"}};
 
 }  // namespace
 
@@ -23,7 +26,8 @@ absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec, absl::str
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": '", spec, "': ", why,
                      "; expected KIND@N with KIND oom, internal or sticky and N >= 1 "
-                     "(the N-th forward call fails)"));
+                     "(the N-th forward call fails), or slow@N (N >= 1 ms added to every "
+                     "forward call)"));
   };
   const size_t at = spec.find('@');
   if (at == absl::string_view::npos) return bad("no '@'");
@@ -59,6 +63,10 @@ absl::Status FaultInjectingBackend::Forward(std::span<const ForwardEntry> batch,
                                             const LayerHook* hook,
                                             std::vector<sampling::SamplingView>* views) {
   const int64_t call = ++calls_;
+  if (fault_.kind == BackendFault::Kind::kSlow) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(fault_.call));
+    return inner_->Forward(batch, hook, views);
+  }
   const bool sticky = fault_.kind == BackendFault::Kind::kSticky;
   if (call != fault_.call && !(sticky && call > fault_.call)) {
     return inner_->Forward(batch, hook, views);
@@ -73,6 +81,8 @@ absl::Status FaultInjectingBackend::Forward(std::span<const ForwardEntry> batch,
     case BackendFault::Kind::kSticky:
       lost_.store(true);
       return absl::InternalError(absl::StrCat("illegal memory access", what));
+    case BackendFault::Kind::kSlow:
+      break;  // handled above
   }
   return absl::InternalError(absl::StrCat("unknown fault", what));
 }

@@ -1,7 +1,9 @@
 // A ModelBackend decorator that makes one Forward call fail the way a
 // device backend's would (tests only: the workers' --fault-backend-error
 // KIND@N), so that the engine core's and the workers' error paths
-// (DESIGN.md, GPU workers: errors) run without a GPU.
+// (DESIGN.md, GPU workers: errors) run without a GPU; or that makes every
+// Forward call take longer (slow@MS: a busy worker whose steps are long,
+// for the tests of issue #32's timeouts).
 //
 // Owns: the wrapped backend and a count of Forward calls. Does not touch:
 // anything the wrapped backend does on the calls it lets through.
@@ -27,12 +29,14 @@ struct BackendFault {
     kOom,       // that call: RESOURCE_EXHAUSTED (device out of memory)
     kInternal,  // that call: INTERNAL (a recoverable device error)
     kSticky,    // that call and every later one: INTERNAL, device_lost() true
+    kSlow,      // every call: computes normally after `call` ms of sleep
   };
   Kind kind = Kind::kInternal;
-  int64_t call = 1;  // 1-based: the call-th Forward fails
+  int64_t call = 1;  // 1-based: the call-th Forward fails; kSlow: ms per call
 };
 
-// Parses "KIND@N": KIND one of oom, internal, sticky; N an integer >= 1.
+// Parses "KIND@N": KIND one of oom, internal, sticky (N an integer >= 1:
+// the N-th forward call fails) or slow (N >= 1 ms added to every call).
 // Errors: INVALID_ARGUMENT naming `flag` (e.g. "--fault-backend-error"),
 // the value and what is expected.
 absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec, absl::string_view flag);
@@ -50,7 +54,8 @@ class FaultInjectingBackend final : public ModelBackend {
   // Calls the wrapped backend, except on the fault's call (and, for
   // kSticky, every later one): then returns the fault's error without
   // computing anything (no hook call; *views untouched), as a device step
-  // that did not complete. The message names the injected fault.
+  // that did not complete. The message names the injected fault. kSlow:
+  // sleeps fault.call ms, then calls the wrapped backend.
   absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
                        std::vector<sampling::SamplingView>* views) override;
   // True from the failing call of a kSticky fault on.

@@ -40,6 +40,9 @@ struct EngineCore::Request {
   bool export_open = false;       // kv_export: Open succeeded, not closed yet
   std::chrono::steady_clock::time_point export_opened;  // kv_export: when Open ran
   bool cached_rows_sent = false;  // kv_export: rows from the prefix cache went out
+  // An n > 1 migration (EngineRequest::migrated_samples): every sample is
+  // its own sequence from arrival on; nothing is forked.
+  bool independent_samples = false;
   absl::Status export_error;      // kv_export: first failure
   // kv_export: the sequence, until Ready() first lets it run (a request
   // whose receiver has no room waits outside the scheduler).
@@ -104,12 +107,16 @@ absl::Status EngineCore::Submit(EngineRequest request) {
                              config.vocab_size);
   }
   if (valid.ok()) {
+    valid = ValidateMigratedSamples(request.migrated_samples, request.generated,
+                                    request.controls.n, request.max_tokens, config.vocab_size);
+  }
+  if (valid.ok()) {
     valid = ValidateGenerated(request.generated, request.controls.n, request.max_tokens,
                               config.vocab_size);
   }
   if (!valid.ok()) return valid;
   const bool exports = request.kv_export != nullptr;
-  if (!request.generated.empty()) {
+  if (!request.generated.empty() || !request.migrated_samples.empty()) {
     // A migrated request continues from tokens only this worker can
     // recompute (a prefill worker samples output index 0 only).
     if (request.route == RouteChoice::kRemote || exports) {
@@ -166,21 +173,44 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   r->sample_done.assign(n, false);
   r->cancel_requested.assign(n, false);
   r->samples_left = static_cast<int32_t>(n);
-  absl::MutexLock lock(&mu_);
-  if (!device_lost_.ok()) return device_lost_;
-  if (stop_requested_) {
-    return absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"));
+  if (exports) {
+    // The transfer opens on receipt, not when the loop gets to the request
+    // (a long step may run first): the receiver hears HELLO at once, and
+    // the export keeps the connection alive while the request waits
+    // (kvtransfer/send_queue.h, keepalive).
+    r->export_opened = std::chrono::steady_clock::now();
+    absl::Status open = r->req.kv_export->Open(r->cancelled, [this] {
+      absl::MutexLock lock(&mu_);
+      export_wake_ = true;
+      cv_.Signal();
+    });
+    if (!open.ok()) return open;
+    r->export_open = true;
   }
-  if (live_.count(r->req.request_id) != 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("request_id ", r->req.request_id, " is already running"));
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!device_lost_.ok()) {
+      refused = device_lost_;
+    } else if (stop_requested_) {
+      refused = absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"));
+    } else if (live_.count(r->req.request_id) != 0) {
+      refused = absl::AlreadyExistsError(
+          absl::StrCat("request_id ", r->req.request_id, " is already running"));
+    } else {
+      if (r->export_open) ++open_exports_;
+      live_[r->req.request_id] = r->cancelled;
+      stats_.running_requests = static_cast<uint32_t>(live_.size());
+      stats_.prompt_tokens_total += r->req.prompt.size();
+      inbox_new_.push_back(std::move(r));
+      cv_.Signal();
+      return absl::OkStatus();
+    }
   }
-  live_[r->req.request_id] = r->cancelled;
-  stats_.running_requests = static_cast<uint32_t>(live_.size());
-  stats_.prompt_tokens_total += r->req.prompt.size();
-  inbox_new_.push_back(std::move(r));
-  cv_.Signal();
-  return absl::OkStatus();
+  // Outside mu_: the export's queue calls its wake (which takes mu_) with
+  // its own lock held.
+  if (r->export_open) r->req.kv_export->Close();
+  return refused;
 }
 
 void EngineCore::Cancel(const std::string& request_id) {
@@ -335,7 +365,39 @@ void EngineCore::PublishKvEvents() {
   if (!events.empty()) options_.kv_event_sink(std::move(events));
 }
 
+void EngineCore::ArriveMigratedSamples(std::unique_ptr<Request> request) {
+  Request& r = *request;
+  r.independent_samples = true;
+  const std::string id = r.req.request_id;
+  std::vector<scheduler::SeqState> sequences;
+  for (size_t k = 0; k < r.req.migrated_samples.size(); ++k) {
+    const EngineRequest::MigratedSample& m = r.req.migrated_samples[k];
+    if (m.finished) {  // ended before the migration: the router has it all
+      r.sample_done[k] = true;
+      --r.samples_left;
+      continue;
+    }
+    const int64_t seq_id = next_seq_id_++;
+    r.seq_ids[k] = seq_id;
+    samples_[seq_id] =
+        Sample{&r, static_cast<uint32_t>(k), static_cast<int32_t>(m.generated.size())};
+    scheduler::SeqState& s = sequences.emplace_back();
+    s.id = seq_id;
+    s.tokens = r.req.prompt;
+    s.tokens.insert(s.tokens.end(), m.generated.begin(), m.generated.end());
+    s.num_prompt_tokens = static_cast<int32_t>(r.req.prompt.size());
+    s.route = RouteChoice::kLocal;
+    s.preemptible = true;
+  }
+  requests_.emplace(id, std::move(request));
+  for (scheduler::SeqState& s : sequences) scheduler_.Add(std::move(s));
+}
+
 void EngineCore::Arrive(std::unique_ptr<Request> request) {
+  if (!request->req.migrated_samples.empty()) {
+    ArriveMigratedSamples(std::move(request));
+    return;
+  }
   Request& r = *request;
   const int64_t seq_id = next_seq_id_++;
   r.seq_ids[0] = seq_id;
@@ -358,28 +420,14 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
     scheduler_.Add(std::move(s));
     return;
   }
-  // A prefill-only request joins the scheduler once its export has room
-  // (PollExports, before every step).
+  // A prefill-only request (its export opened in Submit) joins the
+  // scheduler once its export has room (PollExports, before every step).
   r.unscheduled = std::move(s);
   if (r.cancelled->load()) {
     // Cancelled (or shutting down) before it got here: the Abort that
-    // follows ends it; no handshake for nothing.
+    // follows ends it (and closes the export).
     r.export_error = absl::CancelledError("request cancelled");
-    return;
   }
-  r.export_opened = std::chrono::steady_clock::now();
-  absl::Status open = r.req.kv_export->Open(r.cancelled, [this] {
-    absl::MutexLock lock(&mu_);
-    export_wake_ = true;
-    cv_.Signal();
-  });
-  if (!open.ok()) {
-    EndRequest(id, open);
-    return;
-  }
-  r.export_open = true;
-  absl::MutexLock lock(&mu_);
-  ++open_exports_;
 }
 
 std::set<int64_t> EngineCore::PollExports() {
@@ -490,9 +538,12 @@ void EngineCore::FailOver(Request& r, int64_t seq_id, const std::string& cause,
   }
   if (policy == PrefillFailurePolicy::kRetry &&
       r.remote_attempt >= static_cast<uint32_t>(options_.max_prefill_attempts)) {
-    policy = PrefillFailurePolicy::kFail;
+    // Retries exhausted: a request that may be prefilled here still is
+    // (the prompt is not lost for want of a prefill worker).
+    policy = remote_only ? PrefillFailurePolicy::kFail : PrefillFailurePolicy::kLocal;
     why = absl::StrCat("; kv.max_prefill_attempts (", options_.max_prefill_attempts,
-                       ") reached");
+                       ") reached",
+                       remote_only ? "; route_override REMOTE forbids a local prefill" : "");
   }
   const std::string event = absl::StrCat("request ", id, ": remote prefill attempt ",
                                          r.remote_attempt, " failed: ", cause);
@@ -503,7 +554,7 @@ void EngineCore::FailOver(Request& r, int64_t seq_id, const std::string& cause,
       StartLoadAttempt(r, seq_id, scheduler_.Find(seq_id)->num_computed);
       return;
     case PrefillFailurePolicy::kLocal:
-      if (options_.log) options_.log(absl::StrCat(event, "; prefilling on this worker"));
+      if (options_.log) options_.log(absl::StrCat(event, why, "; prefilling on this worker"));
       scheduler_.RemoteKvToLocal(seq_id);
       return;
     case PrefillFailurePolicy::kFail:
@@ -607,7 +658,7 @@ void EngineCore::AbortSample(const std::string& request_id, uint32_t sample_inde
   Request& r = *it->second;
   if (sample_index >= r.sampling.size() || r.sample_done[sample_index]) return;
   const int64_t seq_id = r.seq_ids[sample_index];
-  if (seq_id == 0 || samples_.at(seq_id).num_generated == 0) {
+  if (!r.independent_samples && (seq_id == 0 || samples_.at(seq_id).num_generated == 0)) {
     r.cancel_requested[sample_index] = true;  // ends once its token 0 is drawn
     return;
   }
@@ -921,7 +972,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan,
       }
       continue;
     }
-    if (sample.num_generated == 0 && r.sampling.size() > 1) {
+    if (sample.num_generated == 0 && r.sampling.size() > 1 && !r.independent_samples) {
       // Sample 0's token 0 of an n > 1 request: draw all n, fork after
       // the step (the parent's prompt is then computed).
       std::vector<SampleStart> starts = DrawFirstTokens(r, row, prompt_computed, true);

@@ -36,7 +36,9 @@
 // s with seed sampling::SampleSeed(seed, s)) and samples 1.. are forked
 // (Scheduler::Fork: full prompt blocks shared, the partial last block
 // recomputed). A prefill-only request draws the n tokens and sends them
-// all in FINAL; the decode worker forks when the KV arrives.
+// all in FINAL; the decode worker forks when the KV arrives. A migrated
+// n > 1 request (EngineRequest::migrated_samples) forks nothing: each
+// unfinished sample arrives as its own sequence.
 #ifndef TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 #define TANDEM_ENGINE_CORE_ENGINE_CORE_H_
 
@@ -68,7 +70,9 @@ namespace tandem::core {
 enum class PrefillFailurePolicy {
   kFail,   // the request ends with UNAVAILABLE
   kRetry,  // same blocks, attempt + 1 (OnRemotePrefill again), up to
-           // max_prefill_attempts; after the last one the request fails
+           // max_prefill_attempts; after the last one the prompt is
+           // prefilled here (kLocal), or, for route kRemote, the request
+           // fails
   kLocal,  // the prompt is prefilled here
 };
 
@@ -191,7 +195,9 @@ class EngineCore {
   // bad sampling options; FAILED_PRECONDITION for route kRemote without a
   // loader or with a kv_export; RESOURCE_EXHAUSTED when its KV can never
   // fit the pool; ALREADY_EXISTS for a live request id; UNAVAILABLE after
-  // Shutdown or once the device is lost ("device lost: ...").
+  // Shutdown or once the device is lost ("device lost: ..."); the error of
+  // a kv_export's Open (called here, on the caller's thread, so the
+  // receiver hears from this worker on receipt).
   absl::Status Submit(EngineRequest request);
   // Ends the request with CANCELLED and frees its blocks once nothing
   // writes into them; its KvExport is closed (the transfer cancelled).
@@ -251,6 +257,8 @@ class EngineCore {
   void Loop();
   // Loop-thread helpers.
   void Arrive(std::unique_ptr<Request> request);
+  // Arrive for an n > 1 migration: one sequence per unfinished sample.
+  void ArriveMigratedSamples(std::unique_ptr<Request> request);
   void HandleRemoteDone(RemoteDone done);
   void HandleRemoteAbort(const RemoteAbort& abort);
   // A failed remote prefill attempt of `r` (sequence `seq_id`, still

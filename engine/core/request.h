@@ -106,8 +106,10 @@ class KvExport {
   // Tokens the receiver already holds (D_hit): nothing before it is sent.
   virtual int32_t first_token_to_send() const = 0;
   // Starts the transfer (the handshake runs on without the caller); called
-  // once when the request reaches the loop. An error ends the request with
-  // it. `cancelled` outlives the export.
+  // once, by EngineCore::Submit on the submitting thread, so the receiver
+  // hears from this worker as soon as the request arrives (the other
+  // methods run on the loop thread, after Submit handed the request over).
+  // An error fails Submit with it. `cancelled` outlives the export.
   virtual absl::Status Open(std::shared_ptr<const CancelFlag> cancelled, Wake wake) = 0;
   // Asked before each step that could compute the request: true when its
   // next chunk may run; false when the receiver's send buffer is full ("not
@@ -224,6 +226,19 @@ struct EngineRequest {
   // min_tokens and stops, so with the counter-based sampler the ids equal
   // an undisturbed run's. Needs n = 1 and k < max_tokens.
   std::vector<int32_t> generated;
+  // Migration of an n > 1 request (DecodeGenerateRequest.migrated_samples),
+  // instead of `generated`: one entry per sample, in sample order (exactly
+  // n). Each unfinished sample is its own sequence over prompt + its
+  // generated tokens (k_s < max_tokens), streamed from output index k_s:
+  // no fork, and a sample with k_s = 0 draws its token 0 at index 0 with
+  // its own seed from the prompt's row, as the fork would have. Finished
+  // samples are done at once (nothing is streamed for them). At least one
+  // sample must be unfinished.
+  struct MigratedSample {
+    std::vector<int32_t> generated;
+    bool finished = false;
+  };
+  std::vector<MigratedSample> migrated_samples;
   std::shared_ptr<RequestOutput> output;  // required
   // Set: a prefill-only request (the prefill worker): its KV goes out
   // through the export, it is prefilled here, never preempted, and it ends

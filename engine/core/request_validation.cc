@@ -1,5 +1,7 @@
 #include "engine/core/request_validation.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace tandem::core {
@@ -68,7 +70,8 @@ absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, in
   }
   if (n != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("generated_token_ids: a migrated request must have n = 1, got n = ", n));
+        absl::StrCat("generated_token_ids: for n = 1 only (an n > 1 request migrates with "
+                     "migrated_samples), got n = ", n));
   }
   for (size_t i = 0; i < generated.size(); ++i) {
     if (generated[i] < 0 || generated[i] >= vocab_size) {
@@ -76,6 +79,44 @@ absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, in
                                                      generated[i], " is outside the vocabulary [0, ",
                                                      vocab_size, ")"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMigratedSamples(std::span<const EngineRequest::MigratedSample> samples,
+                                     std::span<const int32_t> generated, int64_t n,
+                                     int64_t max_tokens, int32_t vocab_size) {
+  if (samples.empty()) return absl::OkStatus();
+  if (!generated.empty()) {
+    return absl::InvalidArgumentError(
+        "generated_token_ids: must be empty when migrated_samples is set (one list per sample)");
+  }
+  if (static_cast<int64_t>(samples.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("migrated_samples: ", samples.size(),
+                                                   " entries for n = ", n,
+                                                   " (one per sample, in sample order)"));
+  }
+  bool any_unfinished = false;
+  for (size_t s = 0; s < samples.size(); ++s) {
+    if (samples[s].finished) continue;
+    any_unfinished = true;
+    const std::vector<int32_t>& ids = samples[s].generated;
+    if (static_cast<int64_t>(ids.size()) >= max_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "migrated_samples[", s, "].generated_token_ids: ", ids.size(),
+          " tokens leave nothing to generate under max_tokens ", max_tokens,
+          " (a sample at its limit is finished)"));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "migrated_samples[", s, "].generated_token_ids[", i, "]: ", ids[i],
+            " is outside the vocabulary [0, ", vocab_size, ")"));
+      }
+    }
+  }
+  if (!any_unfinished) {
+    return absl::InvalidArgumentError("migrated_samples: every sample is finished");
   }
   return absl::OkStatus();
 }

@@ -35,10 +35,20 @@ absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
 // INVALID_ARGUMENT naming the field when a migrated request's already
 // generated tokens (EngineRequest::generated, k of them) cannot continue:
 // k >= max_tokens ("generated_token_ids": nothing left to generate), n > 1
-// (migration is for one sample), an id outside [0, vocab_size)
+// (an n > 1 request migrates with migrated_samples), an id outside [0, vocab_size)
 // ("generated_token_ids[i]"). Empty `generated` is always fine.
 absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, int64_t max_tokens,
                                int32_t vocab_size);
+
+// INVALID_ARGUMENT naming the field when an n > 1 migration
+// (EngineRequest::migrated_samples) cannot continue: not exactly n entries
+// ("migrated_samples"), every sample finished, an unfinished sample with
+// k >= max_tokens or an id outside [0, vocab_size)
+// ("migrated_samples[s].generated_token_ids[i]"), or both it and a
+// non-empty `generated` ("generated_token_ids"). Empty `samples` is fine.
+absl::Status ValidateMigratedSamples(std::span<const EngineRequest::MigratedSample> samples,
+                                     std::span<const int32_t> generated, int64_t n,
+                                     int64_t max_tokens, int32_t vocab_size);
 
 }  // namespace tandem::core
 

@@ -169,6 +169,8 @@ TEST(ClusterConfigTest, MinimalFileTakesHeaderDefaults) {
   EXPECT_EQ(c->engine.max_num_seqs, 64);
   EXPECT_EQ(c->engine.threads, 1);
   EXPECT_EQ(c->conditional.max_local_prefill_tokens, 32);
+  // The same default as every example config (issue #32).
+  EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
   EXPECT_EQ(c->kv.transfer_timeout_ms, 5000);
   EXPECT_EQ(c->kv.send_buffer_bytes, 268435456u);
   EXPECT_EQ(c->shutdown_grace_s, 5);

@@ -42,7 +42,7 @@ TEST(ExpectedKvLayoutTest, EqualsTheLayoutOfTheBackendAWorkerBuilds) {
   EXPECT_NE(ExpectedKvLayout(ClusterConfig(), **a, WorkerConfig()).LayoutId(),
             ExpectedKvLayout(ClusterConfig(), **b, WorkerConfig()).LayoutId());
   EXPECT_EQ(ExpectedKvLayout(ClusterConfig(), **a, WorkerConfig()).LayoutId(),
-            "kv3/" + (*a)->fingerprint + "/L5.H4.D8/f32");
+            "kv4/" + (*a)->fingerprint + "/L5.H4.D8/f32");
 }
 
 // A mixed cluster: each worker's expected layout follows its own entry's
@@ -53,7 +53,7 @@ TEST(ExpectedKvLayoutTest, FollowsEachWorkersDeviceAndKvDtype) {
   auto config = ParseClusterConfig(
       "decode_workers:\n  - {name: gpu, device: \"cuda:0\"}\n  - {name: host}\n");
   ASSERT_TRUE(config.ok()) << config.status();
-  const std::string prefix = "kv3/" + (*model)->fingerprint + "/L5.H4.D8/";
+  const std::string prefix = "kv4/" + (*model)->fingerprint + "/L5.H4.D8/";
   EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("gpu")).LayoutId(),
             prefix + "bf16");
   EXPECT_EQ(ExpectedKvLayout(*config, **model, *config->FindWorker("host")).LayoutId(),
@@ -71,7 +71,7 @@ TEST(ExpectedKvLayoutTest, FollowsEachWorkersDeviceAndKvDtype) {
 TEST(ExpectedKvLayoutTest, CpuWorkersWithDifferentKvDtypesAreIncompatible) {
   auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::string prefix = "kv3/" + (*model)->fingerprint + "/L5.H4.D8/";
+  const std::string prefix = "kv4/" + (*model)->fingerprint + "/L5.H4.D8/";
   std::vector<kvtransfer::KvLayout> layouts;
   for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
     ClusterConfig config;
@@ -294,7 +294,7 @@ TEST(WithBackendFaultTest, BadValueIsRefusedNamingTheFlag) {
   EXPECT_EQ(refused.status().message(),
             "--fault-backend-error: 'internal@zero': N 'zero' is not an integer >= 1; "
             "expected KIND@N with KIND oom, internal or sticky and N >= 1 (the N-th forward "
-            "call fails)");
+            "call fails), or slow@N (N >= 1 ms added to every forward call)");
 }
 
 // Greedy ids of `prompts` (one running sequence at a time, in order) from a

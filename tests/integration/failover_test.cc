@@ -112,6 +112,10 @@ TEST_F(PrefillFailoverTest, RetryRunsTheNextAttemptOnAnotherPrefillWorkerWithThe
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.route, "remote");
   EXPECT_EQ(r.prefill_worker, LocalCluster::kPrefillName);  // the first attempt's
+  // The last message names who served: attempt 2's prefill worker.
+  EXPECT_EQ(r.served_route, "remote");
+  EXPECT_EQ(r.served_prefill_worker, kOtherPrefill);
+  EXPECT_EQ(r.served_decode_worker, LocalCluster::kDecodeName);
   EXPECT_EQ(r.token_ids, reference.token_ids);
   EXPECT_TRUE(r.IndicesAreSequential());
   // Attempt 2 was prefilled by the other prefill worker.
@@ -130,6 +134,10 @@ TEST_F(PrefillFailoverTest, LocalPolicyPrefillsOnTheDecodeWorkerWithTheSameIds) 
   const StreamResult r = RunAndKillPrefill(cluster(), request);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.token_ids, reference.token_ids);
+  // The header named prefill-0; the decode worker prefilled in the end.
+  EXPECT_EQ(r.prefill_worker, LocalCluster::kPrefillName);
+  EXPECT_EQ(r.served_route, "local");
+  EXPECT_EQ(r.served_prefill_worker, "");
   EXPECT_EQ(WorkerView(cluster(), kOtherPrefill).prefill_tokens_computed_total(), 0u);
   ExpectHealthyWorkersIdle(cluster());
 }
@@ -257,6 +265,8 @@ TEST_F(MigrationE2ETest, DecodeWorkerKilledMidStreamContinuesOnAnotherWithTheSam
   EXPECT_EQ(r.text, reference.text);
   EXPECT_EQ(r.finish_reason, v1::FINISH_LENGTH);
   const std::string survivor = victim_ == "decode-0" ? "decode-1" : "decode-0";
+  EXPECT_EQ(r.decode_worker, victim_);            // the header's first pick
+  EXPECT_EQ(r.served_decode_worker, survivor);    // who finished it
   EXPECT_TRUE(absl::StrContains(cluster().CapturedStderr(), "migrating to " + survivor))
       << cluster().CapturedStderr();
   ExpectHealthyWorkersIdle(cluster());
@@ -322,6 +332,41 @@ TEST_F(MigrationE2ETest, DecodeWorkerDrainingPastItsGraceHandsTheStreamOver) {
              absl::StrContains(line, "migrating to " + survivor);
   }
   EXPECT_TRUE(moved) << log;
+}
+
+// n > 1 (issue #32): every sample migrates with its own tokens so far and
+// each ends exactly as in an undisturbed run (seeded sampling: sample s
+// draws with its own seed on whichever decode worker runs it).
+TEST_F(MigrationE2ETest, EverySampleOfAnNRequestContinuesOnAnotherWithTheSameIds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Options(1)));
+  v1::GenerateRequest request = Request();
+  request.set_max_tokens(64);
+  request.set_n(4);
+  const StreamResult reference = RunGenerate(cluster().stub(), request, absl::Seconds(120));
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  ASSERT_EQ(reference.samples.size(), 4u);
+
+  GenerateStream stream(cluster().stub(), request, absl::Seconds(120));
+  while (stream.result().token_ids.size() < 12 && stream.ReadOne()) {
+  }
+  ASSERT_GE(stream.result().token_ids.size(), 12u) << "the stream ended before the kill";
+  victim_ = stream.result().decode_worker;
+  ASSERT_EQ(kill(cluster().worker_pid(victim_), SIGKILL), 0);
+  const StreamResult& r = stream.Finish();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.samples.size(), 4u);
+  for (size_t s = 0; s < 4; ++s) {
+    SCOPED_TRACE(s);
+    EXPECT_EQ(r.samples[s].token_ids, reference.samples[s].token_ids);
+    EXPECT_TRUE(r.samples[s].IndicesAreSequential());
+    EXPECT_EQ(r.samples[s].text, reference.samples[s].text);
+    EXPECT_EQ(r.samples[s].finish_reason, v1::FINISH_LENGTH);
+  }
+  const std::string survivor = victim_ == "decode-0" ? "decode-1" : "decode-0";
+  EXPECT_EQ(r.served_decode_worker, survivor);
+  EXPECT_TRUE(absl::StrContains(cluster().CapturedStderr(), "migrating to " + survivor))
+      << cluster().CapturedStderr();
+  ExpectHealthyWorkersIdle(cluster());
 }
 
 TEST_F(MigrationE2ETest, WithoutMigrationsTheStreamEndsUnavailableNamingTheWorker) {

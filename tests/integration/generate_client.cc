@@ -135,6 +135,11 @@ void StreamResult::Add(const v1::GenerateResponse& r) {
   if (route.empty()) route = r.route();
   if (prefill_worker.empty()) prefill_worker = r.prefill_worker();
   if (decode_worker.empty()) decode_worker = r.decode_worker();
+  if (r.finish_reason() != v1::FINISH_NONE) {
+    served_route = r.route();
+    served_prefill_worker = r.prefill_worker();
+    served_decode_worker = r.decode_worker();
+  }
   if (r.prompt_token_ids_size() > 0) {
     if (messages == 1) first_message_has_prompt_ids = true;
     if (prompt_ids_messages++ == 0) {

@@ -117,8 +117,13 @@ struct StreamResult {
   int messages = 0;
   std::string request_id;               // first non-empty
   std::string route;                    // first non-empty
-  std::string prefill_worker;
+  std::string prefill_worker;           // first non-empty (the header's first pick)
   std::string decode_worker;
+  // From the last message with a finish_reason: the workers that served
+  // the request after any retry, local fallback or migration.
+  std::string served_route;
+  std::string served_prefill_worker;
+  std::string served_decode_worker;
   std::vector<int32_t> prompt_token_ids;  // from the first message that has them
   int prompt_ids_messages = 0;            // messages carrying prompt_token_ids
   bool first_message_has_prompt_ids = false;

@@ -253,7 +253,7 @@ TEST_F(KubernetesDiscoveryTest, RegistersWithEveryResolvedRouterAndStopsWithOneT
   options.request.set_model_fingerprint(fingerprint);
   // The router's expected layout for an unlisted name (engine.device's):
   // stories260K, 5 layers, 4 KV heads of 8, f32.
-  options.request.set_kv_layout_id(absl::StrCat("kv3/", fingerprint, "/L5.H4.D8/f32"));
+  options.request.set_kv_layout_id(absl::StrCat("kv4/", fingerprint, "/L5.H4.D8/f32"));
   options.resolve_interval = absl::Milliseconds(100);
   dns.Wire(&options);
   RouterRegistration registration(std::move(options));
@@ -398,7 +398,7 @@ TEST_F(KubernetesDiscoveryTest, ConfigEntryReplicaRegistersUnderItsPodName) {
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->role(), v1::ROLE_DECODE);
   EXPECT_EQ(w->kv_layout_id(),
-            absl::StrCat("kv3/", last.router().model_fingerprint(), "/L5.H4.D8/f32"));
+            absl::StrCat("kv4/", last.router().model_fingerprint(), "/L5.H4.D8/f32"));
   // The entry's own worker is still there beside it.
   ASSERT_NE(FindWorker(last, LocalCluster::kDecodeName), nullptr);
   EXPECT_EQ(CountLines(ReadAll(err), absl::StrCat(pod, ": registered with router ",

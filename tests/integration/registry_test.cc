@@ -37,10 +37,10 @@ constexpr absl::Duration kExitTimeout = absl::Seconds(30);
 // The layout id every worker of stories260K has (5 layers, 4 KV heads of
 // 8, f32 on the CPU backend), and the same with f16 K/V.
 std::string GoodLayout(const std::string& fingerprint) {
-  return absl::StrCat("kv3/", fingerprint, "/L5.H4.D8/f32");
+  return absl::StrCat("kv4/", fingerprint, "/L5.H4.D8/f32");
 }
 std::string F16Layout(const std::string& fingerprint) {
-  return absl::StrCat("kv3/", fingerprint, "/L5.H4.D8/f16");
+  return absl::StrCat("kv4/", fingerprint, "/L5.H4.D8/f16");
 }
 
 // A port on 127.0.0.1 that was free a moment ago (0 on failure).

@@ -188,10 +188,10 @@ TEST_F(KvBadInputTest, GarbageBeforeHello) {
   const std::vector<std::string> inputs = {
       std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),   // length "/ HT" huge
       std::string("\x09\0\0\0\x04\0\0\0abcd", 12),         // unknown type 9
-      // v3 HELLO cut inside request_id's length.
-      std::string("\x01\0\0\0\x05\0\0\0\x03\0\0\0\x01", 13),
-      // v3 HELLO whose request_id length runs past the payload.
-      std::string("\x01\0\0\0\x09\0\0\0\x03\0\0\0\xff\xff\xff\xff\x01", 17),
+      // v4 HELLO cut inside request_id's length.
+      std::string("\x01\0\0\0\x05\0\0\0\x04\0\0\0\x01", 13),
+      // v4 HELLO whose request_id length runs past the payload.
+      std::string("\x01\0\0\0\x09\0\0\0\x04\0\0\0\xff\xff\xff\xff\x01", 17),
   };
   for (const std::string& bytes : inputs) {
     auto peer = RawPeer::Connect(receiver_->port());

@@ -407,7 +407,7 @@ TEST_F(KvTransportDescriptorTest, V2HelloIsRefused) {
   ASSERT_TRUE(verdict.ok()) << verdict.status();
   EXPECT_EQ(verdict->ToStatus(),
             absl::FailedPreconditionError(
-                "KV protocol version 2 is not supported (this worker speaks 3)"));
+                "KV protocol version 2 is not supported (this worker speaks 4)"));
   EXPECT_EQ(done_.calls(), 0);  // names no transfer it could end
   EXPECT_EQ(receiver_->transfers_in_flight(), 1u);
 }

@@ -46,7 +46,7 @@ TEST_F(KvProtocolV2Test, UnknownProtocolVersionIsRejectedAndReceiverKeepsServing
   VectorKvWriter writer(layout_, 6);
   DoneRecorder done;
   ASSERT_TRUE(receiver_->Expect("req-ver", 1, 0, 6, &writer, done.Callback()).ok());
-  for (uint32_t version : {1u, 2u, 7u}) {
+  for (uint32_t version : {1u, 2u, 3u, 7u}) {
     // Otherwise a perfect HELLO for the expected request: the version alone
     // refuses it, and the receiver reads nothing after it.
     wire::Hello hello;
@@ -63,7 +63,7 @@ TEST_F(KvProtocolV2Test, UnknownProtocolVersionIsRejectedAndReceiverKeepsServing
         << verdict->ToStatus();
     EXPECT_EQ(verdict->reason,
               absl::StrCat("KV protocol version ", version,
-                           " is not supported (this worker speaks 3)"));
+                           " is not supported (this worker speaks 4)"));
   }
   {
     // A v1 HELLO, bytes as v1 laid them out (str request_id first): its

@@ -63,9 +63,13 @@ class ScriptedReceiver {
     if (!conn.ok() || !conn->valid()) return;
     auto read = [&](uint32_t* type) {
       std::string payload;
-      if (!tcp::ReadMessage(conn->get(), tcp::DeadlineIn(5000), 1 << 20, type, &payload).ok()) {
-        return false;
-      }
+      // KEEPALIVEs (an idle accepted transfer's) are not recorded.
+      do {
+        if (!tcp::ReadMessage(conn->get(), tcp::DeadlineIn(5000), 1 << 20, type, &payload)
+                 .ok()) {
+          return false;
+        }
+      } while (*type == static_cast<uint32_t>(wire::MessageType::kKeepalive));
       absl::MutexLock l(&mu_);
       messages_.emplace_back(*type, std::move(payload));
       return true;

@@ -206,6 +206,41 @@ TEST_F(KvSendQueueTest, FullTransferArrivesAndEndsOk) {
   EXPECT_EQ(q->Result(id)->code(), absl::StatusCode::kNotFound);
 }
 
+// Protocol v4: an accepted transfer with nothing to send (the request
+// waits its turn on a busy prefill worker) outlives the receiver's silence
+// bound several times over, because the queue sends KEEPALIVEs; then its
+// frames and FINAL still complete it (issue #32: a busy prefill worker is
+// not a failed one).
+TEST_F(KvSendQueueTest, KeepalivesHoldAnIdleTransferPastTheSilenceBound) {
+  constexpr int kSilenceMs = 200;
+  Start(TestLayout(2, 2, 4), /*handshake_ms=*/2000, kSilenceMs);
+  VectorKvWriter writer(layout_, 8);
+  DoneRecorder done;
+  ASSERT_TRUE(receiver_->Expect("q-idle", 1, 0, 8, &writer, done.Callback()).ok());
+  auto q = NewQueue(1 << 20, kSilenceMs);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(KeepaliveIntervalMs(kSilenceMs), kSilenceMs / 4);
+  Notifier n;
+  const Id id = Open(*q, Endpoint(), "q-idle", n);
+  // Idle for 4 silence bounds: without KEEPALIVEs the receiver would have
+  // ended the transfer (DEADLINE_EXCEEDED "stalled") after the first.
+  EXPECT_FALSE(done.Wait(std::chrono::milliseconds(4 * kSilenceMs)));
+  EXPECT_FALSE(q->Result(id).has_value());
+  const RefKv ref(layout_, 8, 3);
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    auto queued = q->EnqueueFrame(id, layer, 0, 8, ref.K(layer, 0), ref.V(layer, 0));
+    ASSERT_TRUE(queued.ok()) << queued.status();
+  }
+  ASSERT_TRUE(q->EnqueueFinal(id, OneSample(9)).ok());
+  std::optional<absl::Status> result = Notifier::WaitResult(*q, id, n);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_TRUE(result->ok()) << *result;
+  ASSERT_TRUE(done.Wait());
+  EXPECT_TRUE(done.status().ok()) << done.status();
+  EXPECT_EQ(done.result().frames, 2u);
+  EXPECT_EQ(std::memcmp(writer.K(1, 0), ref.K(1, 0), 8 * 32), 0);
+}
+
 TEST_F(KvSendQueueTest, StalledDestinationFillsItsBudgetWhileAnotherCompletes) {
   // 1 layer, kv_dim 64 x 64 f32 = 16 KiB rows; 32-token frames carry
   // 2 x 32 x 16 KiB = 1 MiB. Budget 4 MiB: the stalled peer takes what the

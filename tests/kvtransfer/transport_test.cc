@@ -166,7 +166,7 @@ TEST(KvTransportWireTest, FrameDescByteLayoutAndRoundTrip) {
   EXPECT_EQ(back->locator, f.locator);
   EXPECT_EQ(wire::MessageTypeName(6), "FRAME_DESC");
   EXPECT_EQ(wire::MessageTypeName(7), "ACK");
-  EXPECT_EQ(wire::MessageTypeName(8), "type 8");
+  EXPECT_EQ(wire::MessageTypeName(9), "type 9");
 }
 
 TEST(KvTransportWireTest, MalformedFrameDescIsDataLossNamingField) {

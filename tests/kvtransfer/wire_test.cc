@@ -37,6 +37,15 @@ TEST(KvWireTest, AcceptIsTypeTwoWithEmptyPayload) {
   EXPECT_EQ(DecodeAccept("x").code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(KvWireTest, KeepaliveIsTypeEightWithEmptyPayload) {
+  EXPECT_EQ(EncodeKeepalive(), std::string("\x08\0\0\0\0\0\0\0", 8));
+  EXPECT_EQ(MessageTypeName(8), "KEEPALIVE");
+  EXPECT_TRUE(DecodeKeepalive("").ok());
+  const absl::Status extra = DecodeKeepalive("x");
+  EXPECT_EQ(extra.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(extra.message().find("KEEPALIVE"), std::string::npos) << extra;
+}
+
 // Two samples: sample 0 with one top logprob, sample 1 with none.
 TEST(KvWireTest, FinalByteLayout) {
   TransferResult r;
@@ -248,7 +257,7 @@ TEST(KvWireTest, FrameByteLayoutAndRoundTrip) {
   EXPECT_EQ(f->kv, want.substr(8 + 22));
 }
 
-TEST(KvWireTest, HelloV3ByteLayout) {
+TEST(KvWireTest, HelloV4ByteLayout) {
   Hello h;
   h.request_id = "r1";
   h.attempt = 3;
@@ -258,17 +267,17 @@ TEST(KvWireTest, HelloV3ByteLayout) {
   h.layout.head_dim = 8;
   h.layout.dtype = KvDtype::kF16;
   h.bit_exact_class = "c";
-  EXPECT_EQ(h.protocol_version, 3u);  // the default
+  EXPECT_EQ(h.protocol_version, 4u);  // the default
   EXPECT_EQ(h.transport, "tcp");      // the default
   // version 4 + "r1" 6 + attempt 4 + "fp" 6 + 3 x 4 + dtype 4 + "c" 5 +
   // "tcp" 7 + "" 4 = 52.
-  const std::string want = U32(1) + U32(52) + U32(3) + U32(2) + "r1" + U32(3) +
+  const std::string want = U32(1) + U32(52) + U32(4) + U32(2) + "r1" + U32(3) +
                            U32(2) + "fp" + U32(5) + U32(4) + U32(8) + U32(1) +
                            U32(1) + "c" + U32(3) + "tcp" + U32(0);
   EXPECT_EQ(EncodeHello(h), want);
 }
 
-TEST(KvWireTest, HelloV3RoundTrip) {
+TEST(KvWireTest, HelloV4RoundTrip) {
   Hello h;
   h.request_id = "0123456789abcdef0123456789abcdef";
   h.attempt = 3;
@@ -280,10 +289,10 @@ TEST(KvWireTest, HelloV3RoundTrip) {
   GetHeader(msg.data(), &type, &len);
   EXPECT_EQ(type, 1u);
   EXPECT_EQ(len, msg.size() - kHeaderBytes);
-  EXPECT_EQ(msg.substr(kHeaderBytes, 4), U32(3));  // version first
+  EXPECT_EQ(msg.substr(kHeaderBytes, 4), U32(4));  // version first
   absl::StatusOr<Hello> back = DecodeHello(Payload(msg));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->protocol_version, 3u);
+  EXPECT_EQ(back->protocol_version, 4u);
   EXPECT_EQ(back->request_id, h.request_id);
   EXPECT_EQ(back->attempt, 3u);
   EXPECT_EQ(back->layout.model_fingerprint, "sha256:0f1e2d");
@@ -304,14 +313,14 @@ TEST(KvWireTest, HelloV3RoundTrip) {
 // The version is read first and nothing after it: a v1 or future HELLO is
 // FAILED_PRECONDITION whatever follows, never DATA_LOSS.
 TEST(KvWireTest, HelloWithOtherVersionIsFailedPrecondition) {
-  const std::string v3 =
-      Payload(EncodeHello({3, "req", 1, TestLayout(2, 2, 4), "c", {}, "tcp", ""}));
-  for (uint32_t version : {1u, 2u, 7u}) {
+  const std::string v4 =
+      Payload(EncodeHello({4, "req", 1, TestLayout(2, 2, 4), "c", {}, "tcp", ""}));
+  for (uint32_t version : {1u, 2u, 3u, 7u}) {
     const std::string want =
         absl::StrCat("KV protocol version ", version,
-                     " is not supported (this worker speaks 3)");
+                     " is not supported (this worker speaks 4)");
     for (const std::string& payload :
-         {U32(version) + v3.substr(4), U32(version), U32(version) + "\xff"}) {
+         {U32(version) + v4.substr(4), U32(version), U32(version) + "\xff"}) {
       Hello fields;
       absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
       EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
@@ -332,14 +341,14 @@ TEST(KvWireTest, HelloWithUnknownDtypeIsFailedPreconditionNamingIt) {
     KvLayout l = TestLayout(2, 2, 4);
     l.dtype = static_cast<KvDtype>(dtype);
     const std::string payload =
-        Payload(EncodeHello({3, "req-dt", 4, l, "cls", {}, "tcp", ""}));
+        Payload(EncodeHello({4, "req-dt", 4, l, "cls", {}, "tcp", ""}));
     Hello fields;
     absl::StatusOr<Hello> h = DecodeHello(payload, &fields);
     EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition)
         << h.status();
     EXPECT_EQ(h.status().message(), absl::StrCat("unknown KV dtype ", dtype));
     // Read in full, so the receiver knows which transfer it was for.
-    EXPECT_EQ(fields.protocol_version, 3u);
+    EXPECT_EQ(fields.protocol_version, 4u);
     EXPECT_EQ(fields.request_id, "req-dt");
     EXPECT_EQ(fields.attempt, 4u);
     EXPECT_EQ(static_cast<uint32_t>(fields.layout.dtype), dtype);
@@ -371,7 +380,8 @@ TEST(KvWireTest, RejectRoundTripAndUnknownCode) {
 // read past the end; so is one trailing byte.
 TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
   const std::string hello =
-      Payload(EncodeHello({3, "req", 1, TestLayout(2, 2, 4), "class", {}, "tcp", ""}));
+      Payload(EncodeHello({kKvProtocolVersion, "req", 1, TestLayout(2, 2, 4), "class", {},
+                           "tcp", ""}));
   TransferResult one_sample;
   one_sample.samples = ::tandem::kvtransfer::testing::OneSample(3, -1.5f, 1);
   const std::string final_msg = Payload(EncodeFinal(one_sample));
@@ -400,7 +410,7 @@ TEST(KvWireTest, TruncatedAndTrailingBytesAreDataLoss) {
 }
 
 TEST(KvWireTest, HugeStringLengthIsDataLossNamingField) {
-  absl::StatusOr<Hello> h = DecodeHello(U32(3) + U32(0xfffffff0u) + "abc");
+  absl::StatusOr<Hello> h = DecodeHello(U32(kKvProtocolVersion) + U32(0xfffffff0u) + "abc");
   EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(h.status().message().find("request_id"), std::string::npos)
       << h.status();
@@ -454,9 +464,9 @@ TEST(KvLayoutTest, FrameBytesMatchesReferenceCount) {
 }
 
 TEST(KvLayoutTest, LayoutIdSpellsEveryField) {
-  EXPECT_EQ(TestLayout(5, 4, 8).LayoutId(), "kv3/test-model-fp/L5.H4.D8/f32");
+  EXPECT_EQ(TestLayout(5, 4, 8).LayoutId(), "kv4/test-model-fp/L5.H4.D8/f32");
   EXPECT_EQ(TestLayout(1, 2, 64, KvDtype::kBF16).LayoutId(),
-            "kv3/test-model-fp/L1.H2.D64/bf16");
+            "kv4/test-model-fp/L1.H2.D64/bf16");
 }
 
 // Two ends can exchange KV iff their layout ids are equal: every field

@@ -226,6 +226,16 @@ TEST(RoutingPolicyTest, RoundRobinRotatesOverEveryCandidate) {
   EXPECT_EQ(ScoreCandidate(busy, false, 200, o).explanation, "round_robin");
 }
 
+TEST(RoutingPolicyTest, PredictedQueueWaitIsQueuedTokensOverTheMeasuredRate) {
+  Candidate c;
+  c.queued_prefill_tokens = 6000;
+  EXPECT_EQ(PredictedQueueWaitSeconds(c), 0.0);  // no rate yet: starts at once
+  c.prefill_tokens_per_s = 1500;
+  EXPECT_EQ(PredictedQueueWaitSeconds(c), 4.0);
+  c.queued_prefill_tokens = 0;
+  EXPECT_EQ(PredictedQueueWaitSeconds(c), 0.0);
+}
+
 TEST(RoutingPolicyTest, NoCandidateIsNoChoice) {
   uint64_t cursor = 7;
   EXPECT_FALSE(ChooseCandidate({}, true, 200, KvAware(), &cursor).has_value());

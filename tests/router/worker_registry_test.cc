@@ -12,11 +12,13 @@
 
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -298,6 +300,55 @@ TEST(WorkerRegistryTest, PickScoresTheLastPolledLoad) {
     EXPECT_EQ(registry.Pick({v1::ROLE_DECODE, prompt, {}, ""}).worker->name, "d-idle");
     EXPECT_EQ(registry.Pick({v1::ROLE_PREFILL, prompt, {}, ""}).worker->name, "p-idle");
   }
+}
+
+// Issue #32: a prefill worker whose queue cannot start the request before
+// its deadline is not picked; the rate comes from the worker's own polls
+// (tokens computed while prefill was queued), and with no such worker
+// left the explanation says why.
+TEST(WorkerRegistryTest, PrefillPickSkipsAQueueThatOutlastsTheRequest) {
+  Recorder rec;
+  FakeWorker p;
+  v1::WorkerStatus load;
+  load.set_kv_blocks_total(2048);
+  load.set_queued_prefill_tokens(1000000);
+  p.SetLoad(load);
+  WorkerRegistry registry(Options(&rec), HealthTo(&rec));
+  ASSERT_TRUE(registry.Register(Registration("p0", v1::ROLE_PREFILL, p.address())).ok());
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  PickRequest request;
+  request.prompt = prompt;
+  request.role = v1::ROLE_PREFILL;
+  request.max_queue_wait_s = 0.5;
+  // No rate measured yet: the worker is taken to start at once.
+  ASSERT_TRUE(WaitFor([&] { return registry.Pick(request).explanation.find("1000000 queued") !=
+                                   std::string::npos; },
+                      absl::Seconds(5)));
+  EXPECT_EQ(registry.Pick(request).worker->name, "p0");
+  // It computes 100 tokens between polls (20 ms apart: ~5000 tokens/s),
+  // so a million queued tokens take minutes.
+  uint64_t computed = 0;
+  PickResult result;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        computed += 100;
+        load.set_prefill_tokens_computed_total(computed);
+        p.SetLoad(load);
+        result = registry.Pick(request);
+        return result.worker == nullptr;
+      },
+      absl::Seconds(5)));
+  EXPECT_TRUE(absl::StartsWith(result.explanation,
+                               "every prefill worker's queue outlasts the 0.5 s left to the "
+                               "request: p0 ~"))
+      << result.explanation;
+  EXPECT_NE(result.explanation.find("(1000000 queued prefill tokens at "), std::string::npos)
+      << result.explanation;
+  // Without the bound it is still picked.
+  request.max_queue_wait_s = std::numeric_limits<double>::infinity();
+  result = registry.Pick(request);
+  ASSERT_NE(result.worker, nullptr);
+  EXPECT_EQ(result.worker->name, "p0");
 }
 
 // least_loaded and round_robin over the same polled load.

@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/backend/fault_injecting_backend.h"
 #include "engine/core/engine_core.h"
 #include "gtest/gtest.h"
@@ -69,11 +71,16 @@ TEST(BackendFaultTest, ParsesKindAndCall) {
   EXPECT_EQ(f->kind, BackendFault::Kind::kSticky);
   EXPECT_EQ(f->call, 12);
   EXPECT_EQ(backend::BackendFaultToString(*f), "sticky@12");
+  f = ParseBackendFault("slow@250", "--f");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->kind, BackendFault::Kind::kSlow);
+  EXPECT_EQ(f->call, 250);
+  EXPECT_EQ(backend::BackendFaultToString(*f), "slow@250");
 }
 
 TEST(BackendFaultTest, RefusesBadValuesNamingTheFlag) {
   for (const char* bad : {"", "oom", "oom@", "oom@0", "oom@-1", "oom@x", "oom@2x", "OOM@1",
-                          "crash@1", "@1", "oom@1@2"}) {
+                          "crash@1", "@1", "oom@1@2", "slow@0"}) {
     absl::StatusOr<BackendFault> f = ParseBackendFault(bad, "--fault-backend-error");
     ASSERT_FALSE(f.ok()) << bad;
     EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -121,6 +128,19 @@ TEST(FaultInjectingBackendTest, StickyFaultFailsEveryLaterCallAndLosesTheDevice)
   EXPECT_EQ(inner->forward_calls(), 1);
   EXPECT_EQ(b.kv_storage().num_blocks(), 8);
   EXPECT_EQ(b.bit_exact_class(), "fake/v1");
+}
+
+TEST(FaultInjectingBackendTest, SlowFaultDelaysEveryCallAndComputesIt) {
+  auto fake = std::make_unique<FakeBackend>(4, 8);
+  FakeBackend* inner = fake.get();
+  FaultInjectingBackend b(std::move(fake), Fault(BackendFault::Kind::kSlow, 30));
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE(Call(b).ok());
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(30));
+  }
+  EXPECT_FALSE(b.device_lost());
+  EXPECT_EQ(inner->forward_calls(), 3);  // every call computed
 }
 
 // One running sequence at a time: "b" waits in the queue while "a" runs,

@@ -101,10 +101,35 @@ TEST(EngineCoreFailoverTest, RetryKeepsTheBlocksAndAsksForTheNextAttempt) {
   ASSERT_TRUE(h.WaitIdle());
 }
 
-TEST(EngineCoreFailoverTest, RetryStopsAtMaxPrefillAttempts) {
+// Retries exhausted on route auto: the prompt is prefilled here rather than
+// lost (issue #32: no request fails while a worker can still serve it).
+TEST(EngineCoreFailoverTest, RetriesExhaustedPrefillHere) {
   LogLines log;
   Harness h(64, std::make_unique<FakeLoader>(), WithPolicy(PrefillFailurePolicy::kRetry, &log));
-  auto sink = h.Submit("r", FakePrompt(40, 2), 6);
+  const std::vector<int32_t> prompt = FakePrompt(40, 2);
+  auto sink = h.Submit("r", prompt, 6);
+  ASSERT_TRUE(h.loader->WaitStarted("r"));
+  h.loader->Fail("r", absl::UnavailableError("connection reset"));
+  ASSERT_TRUE(h.loader->WaitStarted("r", absl::Seconds(3), 2));
+  h.loader->Fail("r", absl::UnavailableError("connection reset again"));
+  ASSERT_TRUE(sink->WaitFinish());
+  EXPECT_TRUE(sink->finish()->status.ok()) << sink->finish()->status;
+  EXPECT_EQ(sink->token_ids(), FakeGenerate(prompt, 6));
+  EXPECT_EQ(sink->token_indices(), Indices(0, 6));
+  EXPECT_EQ(h.loader->starts(), 2);
+  EXPECT_NE(log.Joined().find("request r: remote prefill attempt 2 failed: UNAVAILABLE: "
+                              "connection reset again; kv.max_prefill_attempts (2) reached; "
+                              "prefilling on this worker"),
+            std::string::npos)
+      << log.Joined();
+  ASSERT_TRUE(h.WaitIdle());
+}
+
+// route_override REMOTE never prefills here: exhausted retries fail it.
+TEST(EngineCoreFailoverTest, RetriesExhaustedFailARemoteOnlyRequest) {
+  LogLines log;
+  Harness h(64, std::make_unique<FakeLoader>(), WithPolicy(PrefillFailurePolicy::kRetry, &log));
+  auto sink = h.Submit("r", FakePrompt(40, 2), 6, RouteChoice::kRemote);
   ASSERT_TRUE(h.loader->WaitStarted("r"));
   h.loader->Fail("r", absl::UnavailableError("connection reset"));
   ASSERT_TRUE(h.loader->WaitStarted("r", absl::Seconds(3), 2));
@@ -114,7 +139,8 @@ TEST(EngineCoreFailoverTest, RetryStopsAtMaxPrefillAttempts) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(status.message(),
             "remote prefill failed (attempt 2): UNAVAILABLE: connection reset again; "
-            "kv.max_prefill_attempts (2) reached");
+            "kv.max_prefill_attempts (2) reached; route_override REMOTE forbids a local "
+            "prefill");
   EXPECT_EQ(h.loader->starts(), 2);
   ASSERT_TRUE(h.WaitIdle());
 }
@@ -247,7 +273,8 @@ TEST(EngineCoreFailoverTest, MigrationRefusesWhatCannotContinue) {
   EXPECT_EQ(submit({5, 6}, 2, 1, RouteChoice::kAuto).message(),
             "generated_token_ids: 2 tokens leave nothing to generate under max_tokens 2");
   EXPECT_EQ(submit({5}, 4, 2, RouteChoice::kAuto).message(),
-            "generated_token_ids: a migrated request must have n = 1, got n = 2");
+            "generated_token_ids: for n = 1 only (an n > 1 request migrates with "
+            "migrated_samples), got n = 2");
   EXPECT_EQ(submit({5, 64}, 4, 1, RouteChoice::kAuto).message(),
             "generated_token_ids[1]: 64 is outside the vocabulary [0, 64)");
   EXPECT_EQ(submit({5}, 4, 1, RouteChoice::kRemote).code(),

@@ -92,6 +92,79 @@ TEST(EngineCoreSamplesTest, EachSampleIsTheStreamOfItsOwnSeed) {
   ASSERT_TRUE(h.WaitIdle());
 }
 
+// Migration of an n > 1 request (issue #32): every unfinished sample goes
+// on from its own tokens at its own output index, one that had no token
+// yet draws token 0 as the fork would have, and an ended one stays ended.
+// Each stream equals the undisturbed sample's (its n = 1 reference).
+TEST(EngineCoreSamplesTest, MigratedSamplesEachContinueFromTheirOwnTokens) {
+  const std::vector<int32_t> prompt = FakePrompt(14, 5);
+  std::vector<std::vector<int32_t>> ref;
+  for (uint32_t s = 0; s < 3; ++s) ref.push_back(Reference(prompt, 10, s));
+  ASSERT_GT(ref[0].size(), 4u);  // sample 0 goes on after its 4 tokens
+  ASSERT_GE(ref[1].size(), 2u);
+  Harness h(64);
+  auto sink = std::make_shared<RecordingSink>();
+  EngineRequest r = Request("mig", prompt, 10, 3, kSeed, sink);
+  r.migrated_samples.resize(3);
+  r.migrated_samples[0].generated.assign(ref[0].begin(), ref[0].begin() + 4);
+  r.migrated_samples[1].generated.assign(ref[1].begin(), ref[1].begin() + 2);
+  r.migrated_samples[1].finished = true;  // e.g. a stop string ended it
+  // Sample 2 had streamed nothing when its decode worker died.
+  ASSERT_TRUE(h.core->Submit(std::move(r)).ok());
+  ASSERT_TRUE(sink->WaitFinish());
+  EXPECT_TRUE(sink->finish()->status.ok()) << sink->finish()->status;
+  EXPECT_EQ(sink->sample_token_ids(0), std::vector<int32_t>(ref[0].begin() + 4, ref[0].end()));
+  EXPECT_TRUE(sink->sample_token_ids(1).empty());
+  EXPECT_FALSE(sink->sample_finish(1).has_value());
+  EXPECT_EQ(sink->sample_token_ids(2), ref[2]);
+  std::vector<uint32_t> indices0, indices2;
+  for (const SinkEvent& e : sink->events()) {
+    if (e.kind != SinkEvent::Kind::kToken) continue;
+    (e.sample_index == 0 ? indices0 : indices2).push_back(e.index);
+  }
+  // Indices from k on; each sample ends as its reference did (at
+  // max_tokens, or on an end-of-generation id drawn before it).
+  auto expected_indices = [](uint32_t from, size_t to) {
+    std::vector<uint32_t> v;
+    for (uint32_t i = from; i < to; ++i) v.push_back(i);
+    return v;
+  };
+  auto expected_finish = [](const std::vector<int32_t>& r) {
+    return r.size() == 10 ? FinishReason::kLength : FinishReason::kStop;
+  };
+  EXPECT_EQ(indices0, expected_indices(4, ref[0].size()));
+  EXPECT_EQ(indices2, expected_indices(0, ref[2].size()));
+  EXPECT_EQ(sink->sample_finish(0), expected_finish(ref[0]));
+  EXPECT_EQ(sink->sample_finish(2), expected_finish(ref[2]));
+  ASSERT_TRUE(h.WaitIdle());
+}
+
+TEST(EngineCoreSamplesTest, MigratedSamplesThatCannotContinueAreRefused) {
+  Harness h(64);
+  auto submit = [&](std::vector<EngineRequest::MigratedSample> samples, int64_t n,
+                    std::vector<int32_t> generated = {}) {
+    EngineRequest r = Request("bad", FakePrompt(8, 9), 4, static_cast<int32_t>(n), kSeed,
+                              std::make_shared<RecordingSink>());
+    r.migrated_samples = std::move(samples);
+    r.generated = std::move(generated);
+    return h.core->Submit(std::move(r));
+  };
+  using M = EngineRequest::MigratedSample;
+  EXPECT_EQ(submit({M{{5}, false}}, 2).message(),
+            "migrated_samples: 1 entries for n = 2 (one per sample, in sample order)");
+  EXPECT_EQ(submit({M{{5}, true}, M{{}, true}}, 2).message(),
+            "migrated_samples: every sample is finished");
+  EXPECT_EQ(submit({M{{5}, false}, M{{1, 2, 3, 4}, false}}, 2).message(),
+            "migrated_samples[1].generated_token_ids: 4 tokens leave nothing to generate "
+            "under max_tokens 4 (a sample at its limit is finished)");
+  EXPECT_EQ(submit({M{{5, 64}, false}, M{{}, false}}, 2).message(),
+            "migrated_samples[0].generated_token_ids[1]: 64 is outside the vocabulary [0, 64)");
+  EXPECT_EQ(submit({M{{5}, false}, M{{}, false}}, 2, {5}).message(),
+            "generated_token_ids: must be empty when migrated_samples is set (one list per "
+            "sample)");
+  EXPECT_EQ(h.core->GetStats().running_requests, 0u);
+}
+
 TEST(EngineCoreSamplesTest, SamplesShareTheFullPromptBlocks) {
   // 42 tokens: 10 full blocks of 4 shared, 2 tokens recomputed per sample.
   const std::vector<int32_t> prompt = FakePrompt(42, 5);

@@ -425,10 +425,14 @@ TEST(EngineCoreTest, ExportFailuresEndTheRequestWithTheirError) {
     r.prompt = FakePrompt(10, 14);
     r.output = sink;
     r.kv_export = kv_export;
-    ASSERT_TRUE(h.core->Submit(std::move(r)).ok());
-    ASSERT_TRUE(sink->WaitFinish());
-    ExpectFinished(*sink, absl::FailedPreconditionError(""), FinishReason::kNone);
+    // Open runs in Submit (the transfer opens on receipt): its error is
+    // Submit's, and nothing is queued.
+    const absl::Status submitted = h.core->Submit(std::move(r));
+    EXPECT_EQ(submitted.code(), absl::StatusCode::kFailedPrecondition) << submitted;
+    EXPECT_EQ(submitted.message(), "layout mismatch");
+    EXPECT_FALSE(sink->finish().has_value());
     EXPECT_TRUE(kv_export->sent().empty());
+    EXPECT_EQ(h.core->GetStats().running_requests, 0u);
   }
   ASSERT_TRUE(h.WaitIdle());
   EXPECT_EQ(h.backend->forward_calls(), 2);  // the failing request's two chunks
