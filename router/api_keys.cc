@@ -199,7 +199,8 @@ void ApiKeys::Key::Update(const ApiKeyEntry& e, absl::Time now) {
     } else {
       const int64_t level = bucket->Available(now);
       bucket.emplace(e.tokens_per_minute, now);
-      if (level < e.tokens_per_minute) bucket->Take(e.tokens_per_minute - level, now);
+      // Full now, so taking the difference (<= the capacity) always works.
+      if (level < e.tokens_per_minute) (void)bucket->TryTake(e.tokens_per_minute - level, now);
     }
   }
   entry = e;
@@ -260,21 +261,33 @@ absl::StatusOr<int> ApiKeys::Authenticate(const std::string* value) const {
   return it->second;
 }
 
-ApiKeys::Decision ApiKeys::Admit(int id, int64_t prompt_tokens) {
+namespace {
+
+// "prompt 10 + max_tokens 100" or "prompt 10 + max_tokens 100 x n 4".
+std::string ReservationTerms(const ApiKeys::Reservation& r) {
+  std::string terms = absl::StrCat("prompt ", r.prompt_tokens, " + max_tokens ", r.max_tokens);
+  if (r.n > 1) absl::StrAppend(&terms, " x n ", r.n);
+  return terms;
+}
+
+}  // namespace
+
+ApiKeys::Decision ApiKeys::Admit(int id, const Reservation& r) {
   Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
   const std::string& name = k.entry.name;
+  const int64_t tokens = r.tokens();
   Decision d;
-  if (k.bucket && prompt_tokens > k.bucket->capacity()) {
+  if (k.bucket && tokens > k.bucket->capacity()) {
     ++k.refused;
-    d.status = absl::ResourceExhaustedError(
-        absl::StrCat("API key '", name, "': the prompt's ", prompt_tokens,
-                     " tokens exceed its tokens_per_minute of ", k.bucket->capacity(),
-                     "; this request can never be admitted"));
+    d.status = absl::ResourceExhaustedError(absl::StrCat(
+        "API key '", name, "': this request may use ", tokens, " tokens (", ReservationTerms(r),
+        "), more than its tokens_per_minute of ", k.bucket->capacity(),
+        "; lower max_tokens or n, or shorten the prompt"));
     return d;
   }
-  const int64_t token_wait = k.bucket ? k.bucket->MsUntil(prompt_tokens, now) : 0;
+  const int64_t token_wait = k.bucket ? k.bucket->MsUntil(tokens, now) : 0;
   const int32_t max = k.entry.max_concurrent_requests;
   if (max > 0 && k.in_flight >= max) {
     while (!k.completions.empty() && now - k.completions.front() > Admission::kRateHorizon) {
@@ -290,24 +303,24 @@ ApiKeys::Decision ApiKeys::Admit(int id, int64_t prompt_tokens) {
                      " requests in flight (max_concurrent_requests ", max, ")"));
     return d;
   }
-  if (token_wait > 0) {
+  if (k.bucket && !k.bucket->TryTake(tokens, now)) {
     ++k.refused;
     d.retry_after_ms = token_wait;
-    d.status = absl::ResourceExhaustedError(absl::StrCat(
-        "API key '", name, "': ", k.bucket->Available(now), " tokens available, the prompt needs ",
-        prompt_tokens, " (tokens_per_minute ", k.bucket->capacity(), ")"));
+    d.status = absl::ResourceExhaustedError(
+        absl::StrCat("API key '", name, "': ", k.bucket->Available(now),
+                     " tokens available, this request reserves ", tokens, " (",
+                     ReservationTerms(r), "; tokens_per_minute ", k.bucket->capacity(), ")"));
     return d;
   }
-  if (k.bucket) k.bucket->Take(prompt_tokens, now);
   ++k.in_flight;
   return d;
 }
 
-void ApiKeys::Refund(int id, int64_t prompt_tokens) {
+void ApiKeys::Refund(int id, const Reservation& r) {
   Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
-  if (k.bucket) k.bucket->Give(prompt_tokens, now);
+  if (k.bucket) k.bucket->Give(r.tokens(), now);
   --k.in_flight;
 }
 
@@ -320,16 +333,15 @@ void ApiKeys::Started(int id, int64_t prompt_tokens) {
 
 void ApiKeys::Generated(int id, int64_t tokens) {
   Key& k = At(id);
-  const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
-  if (k.bucket) k.bucket->Take(tokens, now);
   k.generated_tokens += static_cast<uint64_t>(tokens);
 }
 
-void ApiKeys::Ended(int id) {
+void ApiKeys::Ended(int id, const Reservation& r, int64_t generated) {
   Key& k = At(id);
   const absl::Time now = clock_();
   absl::MutexLock lock(&k.mu);
+  if (k.bucket && generated < r.generation()) k.bucket->Give(r.generation() - generated, now);
   --k.in_flight;
   k.completions.push_back(now);
   while (k.completions.size() > static_cast<size_t>(Admission::kRateWindow)) {

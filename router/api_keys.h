@@ -11,12 +11,17 @@
 // The key itself is never stored, logged or reported: only its hash is.
 //
 // Per key:
-// - A token bucket (router/token_bucket.h) of tokens_per_minute: a
-//   Generate request is admitted only when the bucket holds at least its
-//   prompt's tokens, which are charged then; generated tokens are charged
-//   as they reach the client (the level may go negative: a running stream
-//   is finished, not cut; the next request waits until the bucket refills).
-//   A prompt longer than tokens_per_minute can never be admitted.
+// - A token bucket (router/token_bucket.h) of tokens_per_minute. A
+//   Generate request reserves at admission everything it may use: its
+//   prompt's tokens plus max_tokens for each of its n samples
+//   (ApiKeys::Reservation; the HTTP front door sets max_tokens to the rest
+//   of the context for a chat request without one, and that is what it
+//   reserves). It is admitted only when the bucket holds the whole
+//   reservation; when it ends, the generated tokens it did not use go
+//   back. So the bucket never goes below 0, and requests running at once
+//   can never use more than tokens_per_minute between them. A reservation
+//   larger than tokens_per_minute can never be admitted: refused at once,
+//   without a retry time (HTTP 400, not 429), naming what to lower.
 // - A limit on requests in flight (admitted and not yet ended, including
 //   those waiting in the router's admission queue).
 // The limits are per router replica: each replica keeps its own buckets.
@@ -90,14 +95,25 @@ class ApiKeys {
   using Clock = std::function<absl::Time()>;
   static Clock MonotonicClock();
 
+  // What one Generate request may use, reserved from its key's bucket at
+  // admission: the prompt once, and max_tokens per sample (a sample never
+  // generates more).
+  struct Reservation {
+    int64_t prompt_tokens = 0;  // the tokenized prompt (BOS included)
+    int64_t max_tokens = 0;     // per sample, as the request gave it (>= 1)
+    int64_t n = 1;              // samples, 1..16
+    int64_t generation() const { return max_tokens * n; }
+    int64_t tokens() const { return prompt_tokens + generation(); }
+  };
+
   // What Admit decided.
   struct Decision {
-    // OK (charged: the caller must later call either Refund, or Started
+    // OK (reserved: the caller must later call either Refund, or Started
     // and then Ended) or RESOURCE_EXHAUSTED naming the key, the numbers and
     // the limit's field.
     absl::Status status;
     // With RESOURCE_EXHAUSTED: when to retry, ms; -1 when retrying cannot
-    // help (the prompt exceeds tokens_per_minute).
+    // help (the reservation exceeds tokens_per_minute).
     int64_t retry_after_ms = -1;
   };
 
@@ -107,9 +123,12 @@ class ApiKeys {
     uint64_t requests = 0;          // admitted requests that started running
     uint64_t refused = 0;           // refused by this key's limits
     uint64_t prompt_tokens = 0;     // charged for requests that started
-    uint64_t generated_tokens = 0;  // charged as they reached the client
+    uint64_t generated_tokens = 0;  // reached the client (requests that started)
     int32_t in_flight = 0;          // admitted, not yet ended (queued included)
-    int64_t tokens_available = 0;   // the bucket's level now (0 when unlimited)
+    // The bucket's level now, >= 0: tokens_per_minute less what the
+    // requests in flight reserved and what ended ones used, plus the refill
+    // (0 when unlimited).
+    int64_t tokens_available = 0;
     int64_t tokens_per_minute = 0;  // 0 = unlimited
     int32_t max_concurrent_requests = 0;  // 0 = unlimited
   };
@@ -137,32 +156,41 @@ class ApiKeys {
   // "Bearer"), "invalid API key" (not Bearer, or no key has its hash).
   absl::StatusOr<int> Authenticate(const std::string* value) const;
 
-  // Admits a Generate request of `prompt_tokens` under key `id`, checked
-  // in this order:
-  //   1. prompt_tokens > tokens_per_minute: RESOURCE_EXHAUSTED, never
-  //      admissible (retry_after_ms -1);
+  // Admits a Generate request under key `id`, checked in this order:
+  //   1. r.tokens() > tokens_per_minute: RESOURCE_EXHAUSTED, never
+  //      admissible (retry_after_ms -1): "API key 'alice': this request
+  //      may use 1210 tokens (prompt 10 + max_tokens 300 x n 4), more than
+  //      its tokens_per_minute of 1000; lower max_tokens or n, or shorten
+  //      the prompt" (" x n K" only when n > 1);
   //   2. in flight == max_concurrent_requests: RESOURCE_EXHAUSTED with
   //      retry_after_ms = Admission::RetryAfterMs(0, n, span) over the
   //      key's own recent completions (one of its requests ends every
   //      span / n on average; none recorded: Admission::kMaxRetryAfterMs),
   //      or the bucket's wait below when that is longer;
-  //   3. the bucket holds fewer than prompt_tokens: RESOURCE_EXHAUSTED with
-  //      retry_after_ms = the exact time until it holds them (rounded up);
-  // else OK: the prompt's tokens are taken from the bucket and the
-  // request counts as in flight. Each refusal counts in `refused`.
-  Decision Admit(int id, int64_t prompt_tokens);
+  //   3. the bucket holds fewer than r.tokens(): RESOURCE_EXHAUSTED with
+  //      retry_after_ms = the exact time until it holds them (rounded up):
+  //      "API key 'alice': 20 tokens available, this request reserves 110
+  //      (prompt 10 + max_tokens 100; tokens_per_minute 120)";
+  // else OK: r.tokens() are taken from the bucket and the request counts
+  // as in flight. Each refusal counts in `refused`.
+  Decision Admit(int id, const Reservation& r);
   // An admitted request that never ran (the router's admission refused or
-  // dropped it): its prompt tokens go back (the bucket capped at its
+  // dropped it): its whole reservation goes back (the bucket capped at its
   // capacity) and it leaves the in-flight count. Counters are untouched.
-  void Refund(int id, int64_t prompt_tokens);
+  void Refund(int id, const Reservation& r);
   // An admitted request started running: counts it and its prompt tokens
-  // (kept from now on, whatever happens to the request).
+  // (the prompt's part of the reservation is kept from now on, whatever
+  // happens to the request).
   void Started(int id, int64_t prompt_tokens);
-  // `tokens` generated tokens reached the client: charged and counted.
+  // `tokens` generated tokens reached the client: counted (they were
+  // reserved at admission).
   void Generated(int id, int64_t tokens);
-  // A started request ended (any outcome): leaves the in-flight count and
-  // is recorded for the concurrency retry-after estimate.
-  void Ended(int id);
+  // A started request with reservation `r` ended (any outcome) after
+  // `generated` of its tokens reached the client: r.generation() -
+  // generated go back to the bucket (none when generated is larger, which
+  // no request does), it leaves the in-flight count and is recorded for
+  // the concurrency retry-after estimate.
+  void Ended(int id, const Reservation& r, int64_t generated);
 
   std::vector<Usage> Snapshot() const;  // the current keys, in file order
   int size() const;                     // the current keys

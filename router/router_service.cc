@@ -1,6 +1,8 @@
 #include "router/router_service.h"
 
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <thread>
 
 #include "absl/random/random.h"
@@ -175,10 +177,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   }
   params.prompt = std::move(*prompt);
   const int64_t prompt_tokens = static_cast<int64_t>(params.prompt.size());
+  // What the request may use, reserved from the key's bucket; the
+  // generated tokens it did not use go back when it ends.
+  const ApiKeys::Reservation reservation{prompt_tokens, int64_t{request->max_tokens()},
+                                         request->has_n() ? int64_t{request->n()} : 1};
+  auto generated = std::make_shared<std::atomic<int64_t>>(0);
   // The key's limits before the router's admission: a refused key holds no
   // slot and no place in the queue.
   if (key >= 0) {
-    ApiKeys::Decision d = api_keys_->Admit(key, prompt_tokens);
+    ApiKeys::Decision d = api_keys_->Admit(key, reservation);
     if (!d.status.ok()) {
       if (d.retry_after_ms < 0) {
         Refuse(*sink, d.status);
@@ -187,7 +194,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
       }
       return reactor;
     }
-    params.on_tokens_emitted = [keys = api_keys_.get(), key](int64_t n) {
+    params.on_tokens_emitted = [keys = api_keys_.get(), key, generated](int64_t n) {
+      generated->fetch_add(n);
       keys->Generated(key, n);
     };
   }
@@ -210,22 +218,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   // Runs once the request holds an admission slot; the slot is released
   // once the call finished its sink and every call to a worker ended.
   // With a key: counted as started (its prompt charge kept) when it gets a
-  // slot, ended with the slot; refunded if it never gets one.
-  auto start = [this, call, key, prompt_tokens] {
+  // slot, ended with the slot (the unused part of its reservation given
+  // back: every token reached the client before the call ended); refunded
+  // in full if it never gets one.
+  auto start = [this, call, key, prompt_tokens, reservation, generated] {
     metrics_.RequestStarted(prompt_tokens);
     if (key >= 0) api_keys_->Started(key, prompt_tokens);
-    call->Start([this, key] {
-      if (key >= 0) api_keys_->Ended(key);
+    call->Start([this, key, reservation, generated] {
+      if (key >= 0) api_keys_->Ended(key, reservation, generated->load());
       admission_.Release();
     });
   };
-  auto drop = [this, sink, key, prompt_tokens](absl::Status s) {
-    if (key >= 0) api_keys_->Refund(key, prompt_tokens);
+  auto drop = [this, sink, key, reservation](absl::Status s) {
+    if (key >= 0) api_keys_->Refund(key, reservation);
     Refuse(*sink, s);
   };
   Admission::Ticket ticket = admission_.Submit(deadline, std::move(start), std::move(drop));
   if (!ticket.status.ok()) {
-    if (key >= 0) api_keys_->Refund(key, prompt_tokens);
+    if (key >= 0) api_keys_->Refund(key, reservation);
     Refuse(*sink, ticket.status, {{"retry-after-ms", absl::StrCat(ticket.retry_after_ms)}});
     return reactor;
   }

@@ -11,12 +11,13 @@
 // every Generation call needs `authorization: Bearer <key>` metadata,
 // checked before anything else (UNAUTHENTICATED otherwise; the gRPC
 // health service stays open). A Generate request is then validated and
-// tokenized, admitted by its key's limits (the prompt's tokens charged;
-// RESOURCE_EXHAUSTED with retry-after-ms otherwise, holding no admission
-// slot) and only then submitted to the router's admission: refused there
-// or dropped from its queue, the key's charge is refunded; once it starts
-// running the prompt's charge is kept whatever happens to the request.
-// Generated tokens are charged as GenerateCall emits them.
+// tokenized, admitted by its key's limits (prompt + max_tokens x n
+// reserved from the key's bucket; RESOURCE_EXHAUSTED with retry-after-ms
+// otherwise, holding no admission slot) and only then submitted to the
+// router's admission: refused there or dropped from its queue, the whole
+// reservation is refunded; once it starts running the prompt's charge is
+// kept whatever happens to the request, and when it ends the generated
+// tokens it did not use (counted as GenerateCall emits them) go back.
 //
 // Every Generate call is measured (router/router_metrics.h, metrics()):
 // from its arrival here to its stream's end, refusals included; GetStatus
@@ -113,8 +114,9 @@ class RouterService final : public GenerationBase {
   // the client cancelling: CANCELLED), or refused with RESOURCE_EXHAUSTED
   // "router at capacity: ..." and trailing metadata retry-after-ms. With
   // keys, the key's limits come first (ApiKeys::Admit: RESOURCE_EXHAUSTED
-  // "API key '<name>': ..." with retry-after-ms, none for a prompt over
-  // tokens_per_minute).
+  // "API key '<name>': ..." with retry-after-ms, none for a request that
+  // may use more than tokens_per_minute: prompt + max_tokens x n, what
+  // the key reserves at admission).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,

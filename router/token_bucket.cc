@@ -30,10 +30,7 @@ void TokenBucket::Refill(absl::Time now) {
 
 int64_t TokenBucket::Available(absl::Time now) {
   Refill(now);
-  // Floor division (the level may be negative).
-  int64_t q = level_units_ / kUnitsPerToken;
-  if (level_units_ % kUnitsPerToken != 0 && level_units_ < 0) --q;
-  return q;
+  return level_units_ / kUnitsPerToken;  // level_units_ >= 0: rounds down
 }
 
 int64_t TokenBucket::MsUntil(int64_t tokens, absl::Time now) {
@@ -44,9 +41,11 @@ int64_t TokenBucket::MsUntil(int64_t tokens, absl::Time now) {
   return (need + per_ms - 1) / per_ms;
 }
 
-void TokenBucket::Take(int64_t tokens, absl::Time now) {
+bool TokenBucket::TryTake(int64_t tokens, absl::Time now) {
   Refill(now);
+  if (tokens * kUnitsPerToken > level_units_) return false;
   level_units_ -= tokens * kUnitsPerToken;
+  return true;
 }
 
 void TokenBucket::Give(int64_t tokens, absl::Time now) {

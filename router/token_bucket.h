@@ -6,8 +6,9 @@
 // microseconds of a minute), so a refill of `elapsed` microseconds adds
 // tokens_per_minute * elapsed units with no rounding, and the time until
 // the level reaches a target is computed exactly (rounded up to whole ms).
-// The level may go negative (generated tokens are charged after the fact,
-// Take); it refills from there at the same rate.
+// The level stays in [0, capacity]: tokens leave only by TryTake, which
+// takes all it is asked for or nothing (ApiKeys reserves a request's whole
+// possible use at admission and gives back what it did not use).
 //
 // Owns: the level and the time of the last refill. Does not touch: clocks
 // (the caller passes `now`; time going backwards refills nothing).
@@ -33,14 +34,15 @@ class TokenBucket {
 
   int64_t capacity() const { return tokens_per_minute_; }  // tokens
 
-  // The level at `now` in whole tokens, rounded towards -infinity (may be
-  // negative).
+  // The level at `now` in whole tokens, rounded down: in [0, capacity()].
   int64_t Available(absl::Time now);
   // Milliseconds from `now` until the level is >= `tokens` (0 when it
-  // already is), rounded up. `tokens` <= capacity().
+  // already is), rounded up. `tokens` in [0, capacity()].
   int64_t MsUntil(int64_t tokens, absl::Time now);
-  // Removes `tokens` (>= 0); the level may go negative.
-  void Take(int64_t tokens, absl::Time now);
+  // Removes `tokens` (>= 0) when the level holds them and returns true;
+  // otherwise removes nothing and returns false (the level never goes
+  // below 0).
+  bool TryTake(int64_t tokens, absl::Time now);
   // Adds `tokens` (>= 0) back, the level capped at capacity().
   void Give(int64_t tokens, absl::Time now);
 

@@ -8,11 +8,16 @@
 // metrics annotations and the grace period agree with that config and the
 // code's defaults; and every container's command line, run with the
 // rendered config, passes every start-up check of the real binary up to
-// the first file only the pod has (its cluster secret).
+// the first file only the pod has (its cluster secret). The model-download
+// component (deploy/k8s/components/model-download) is rendered on the gpu
+// overlay as docs/operations.md says to use it: /models an emptyDir that
+// fetch-model fills where TANDEM_MODEL points, and its script is run here
+// (a file:// URL; the checksum checked; a finished file kept).
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -90,13 +95,17 @@ struct Rendered {
   Rendered var;                                                                   \
   ASSERT_NO_FATAL_FAILURE(Render(kubectl_##var, overlay, &var))
 
-void Render(const std::string& kubectl, const std::string& overlay, Rendered* out) {
-  const std::string dir = absl::StrCat(kSource, "/deploy/k8s/overlays/", overlay);
+// Renders the kustomization in `dir`.
+void RenderDir(const std::string& kubectl, const std::string& dir, Rendered* out) {
   ProcessResult r = RunProcess({kubectl, "kustomize", dir}, absl::Seconds(60));
   ASSERT_TRUE(r.exited && r.exit_code == 0) << "kubectl kustomize " << dir << ": "
                                             << r.Describe();
   out->objects = YAML::LoadAll(r.out);
   ASSERT_FALSE(out->objects.empty());
+}
+
+void Render(const std::string& kubectl, const std::string& overlay, Rendered* out) {
+  RenderDir(kubectl, absl::StrCat(kSource, "/deploy/k8s/overlays/", overlay), out);
 }
 
 std::string Str(const YAML::Node& n) { return n.IsDefined() && !n.IsNull() ? n.as<std::string>() : ""; }
@@ -155,6 +164,14 @@ std::pair<std::string, std::string> MountOf(const YAML::Node& container, const s
     if (absl::StartsWith(path, at + "/")) return {Str(m["name"]), path.substr(at.size() + 1)};
   }
   return {"", ""};
+}
+
+// The container's mount of volume `name` (undefined if none).
+const YAML::Node MountNamed(const YAML::Node& container, const std::string& name) {
+  for (const YAML::Node& m : container["volumeMounts"]) {
+    if (Str(m["name"]) == name) return m;
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
 }
 
 // The cluster config of the rendered ConfigMap tandem-config, loaded by
@@ -471,6 +488,109 @@ TEST(DeployK8sTest, GpuOverlayRendersAndMatchesTheCode) {
   const YAML::Node rc = Container(r.Get("Deployment", "tandem-router"));
   const YAML::Node limits = rc["resources"]["limits"];
   EXPECT_FALSE(limits.IsDefined() && limits["nvidia.com/gpu"].IsDefined());
+}
+
+// Where no ReadOnlyMany storage holds the model (issue #32: the base claim
+// is ReadOnlyMany, so no pod can fill it through that claim), each pod
+// downloads it: deploy/k8s/components/model-download on the gpu overlay,
+// in a kustomization written as docs/operations.md shows. Rendered: no
+// claim; in every Deployment /models is an emptyDir that the init
+// container fetch-model mounts read-write and the process read-only, and
+// TANDEM_MODEL (the --model every process reads) is on it; fetch-model
+// reads TANDEM_MODEL and the source from the rendered ConfigMaps. Its
+// script, run here on a file:// URL of stories260K: a wrong MODEL_SHA256
+// leaves no file; the right one puts the exact bytes at TANDEM_MODEL; a
+// restarted init container finds the finished file and downloads nothing.
+TEST(DeployK8sTest, ModelDownloadComponentFillsAnEmptyDirForEveryProcess) {
+  const std::string kubectl = FindKubectl();
+  if (kubectl.empty()) GTEST_SKIP() << "kubectl not found on PATH: cannot render deploy/k8s";
+  const std::filesystem::path dir =
+      absl::StrCat(::testing::TempDir(), "/k8s-model-download-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "models");
+  // kustomize takes relative paths only.
+  auto rel = [&](const std::string& p) {
+    return std::filesystem::relative(kSource + "/" + p, dir).string();
+  };
+  std::ofstream(dir / "kustomization.yaml")
+      << "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+      << "resources: [" << rel("deploy/k8s/overlays/gpu") << "]\n"
+      << "components: [" << rel("deploy/k8s/components/model-download") << "]\n"
+      << "configMapGenerator:\n  - name: tandem-model-source\n    literals:\n"
+      << "      - MODEL_URL=https://models.example/model.gguf\n      - MODEL_SHA256=\n";
+  Rendered r;
+  ASSERT_NO_FATAL_FAILURE(RenderDir(kubectl, dir.string(), &r));
+  ClusterConfig config;
+  ASSERT_NO_FATAL_FAILURE(CheckCommon(r, &config));
+  EXPECT_FALSE(r.Get("PersistentVolumeClaim", "tandem-models").IsDefined());
+  const YAML::Node env = r.Get("ConfigMap", "tandem-env");
+  const YAML::Node source = r.Get("ConfigMap", "tandem-model-source");
+  ASSERT_TRUE(source.IsDefined());
+  EXPECT_EQ(Str(source["data"]["MODEL_URL"]), "https://models.example/model.gguf");
+  const std::string model = Str(env["data"]["TANDEM_MODEL"]);
+  EXPECT_EQ(model, "/models/model.gguf");  // the gpu overlay keeps the base's
+  std::string script;
+  for (const char* name : {"tandem-router", "tandem-prefill", "tandem-decode"}) {
+    SCOPED_TRACE(name);
+    const YAML::Node d = r.Get("Deployment", name);
+    const YAML::Node models = Volume(d, "models");
+    EXPECT_TRUE(models["emptyDir"].IsMap());
+    EXPECT_FALSE(models["persistentVolumeClaim"].IsDefined());
+    const YAML::Node c = Container(d);
+    EXPECT_EQ(MountOf(c, model).first, "models");
+    EXPECT_TRUE(MountNamed(c, "models")["readOnly"].as<bool>());
+    const YAML::Node inits = d["spec"]["template"]["spec"]["initContainers"];
+    ASSERT_EQ(inits.size(), 1u);
+    const YAML::Node init = inits[0];
+    EXPECT_EQ(Str(init["name"]), "fetch-model");
+    EXPECT_EQ(MountOf(init, model).first, "models");
+    const YAML::Node mount = MountNamed(init, "models");
+    EXPECT_EQ(Str(mount["mountPath"]), Str(MountNamed(c, "models")["mountPath"]));
+    EXPECT_FALSE(mount["readOnly"].IsDefined() && mount["readOnly"].as<bool>());
+    std::set<std::string> refs;
+    for (const YAML::Node& e : init["envFrom"]) refs.insert(Str(e["configMapRef"]["name"]));
+    EXPECT_EQ(refs, (std::set<std::string>{Str(env["metadata"]["name"]),
+                                           Str(source["metadata"]["name"])}));
+    EXPECT_FALSE(init["securityContext"]["allowPrivilegeEscalation"].as<bool>());
+    ASSERT_EQ(init["command"].size(), 3u);
+    EXPECT_EQ(Str(init["command"][0]), "sh");
+    EXPECT_EQ(Str(init["command"][1]), "-c");
+    if (script.empty()) script = Str(init["command"][2]);
+    EXPECT_EQ(Str(init["command"][2]), script) << "one script for every process";
+  }
+
+  // fetch-model's script, with curl and sha256sum from this machine.
+  const std::string stories = SharedPath("models/stories260K.gguf");
+  ProcessResult sum = RunProcess({"/usr/bin/sha256sum", stories}, absl::Seconds(20));
+  ASSERT_EQ(sum.exit_code, 0) << sum.Describe();
+  const std::string sha = sum.out.substr(0, 64);
+  const std::string target = (dir / "models/sub/stories260K.gguf").string();
+  auto fetch = [&](const std::string& url, const std::string& expected_sha) {
+    return RunProcess({"/usr/bin/env", "-i", absl::StrCat("PATH=", std::getenv("PATH")),
+                       "TANDEM_MODEL=" + target, "MODEL_URL=" + url,
+                       "MODEL_SHA256=" + expected_sha, "sh", "-c", script},
+                      absl::Seconds(60));
+  };
+  const std::string wrong(64, '0');
+  ProcessResult bad = fetch("file://" + stories, wrong);
+  EXPECT_EQ(bad.exit_code, 1) << bad.Describe();
+  EXPECT_THAT(bad.err, HasSubstr(absl::StrCat("has SHA-256 ", sha, ", expected MODEL_SHA256 ",
+                                              wrong)));
+  EXPECT_FALSE(std::filesystem::exists(target));
+  EXPECT_FALSE(std::filesystem::exists(target + ".partial"));
+  ProcessResult good = fetch("file://" + stories, sha);
+  ASSERT_EQ(good.exit_code, 0) << good.Describe();
+  EXPECT_THAT(good.out, HasSubstr(absl::StrCat("fetch-model: ", target, " ready (")));
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(target), bytes(stories));
+  // A restarted init container: the finished file stays, nothing fetched.
+  ProcessResult again = fetch("file:///nonexistent/model.gguf", sha);
+  EXPECT_EQ(again.exit_code, 0) << again.Describe();
+  EXPECT_THAT(again.out, HasSubstr("is already here"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

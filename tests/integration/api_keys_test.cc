@@ -5,7 +5,11 @@
 // the gRPC health service stays open; alice is served until her bucket is
 // spent, then refused with retry-after-ms while bob is served, then served
 // again once it refilled; GetStatus reports per key exactly the prompt and
-// generated tokens the client was sent. A running router re-reads its keys
+// generated tokens the client was sent. Each request reserves prompt +
+// max_tokens x n at admission (issue #32): concurrent requests never drive
+// the bucket below 0 and no refusal names a negative balance; a request
+// that may use more than the whole minute is refused at once (HTTP 400,
+// not a 429 a client would retry forever). A running router re-reads its keys
 // file (router/api_keys_reloader.h): a file swapped by rename to other
 // keys takes effect, a broken one is logged and the keys stay.
 #include <grpcpp/generic/generic_stub.h>
@@ -14,7 +18,10 @@
 #include <stdlib.h>
 
 #include <cstdio>
+#include <atomic>
 #include <map>
+#include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +32,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
 #include "tests/integration/http_client.h"
@@ -206,11 +214,16 @@ TEST_F(ApiKeysTest, SpentKeyRefusedWithRetryAfterOtherKeyServedThenRefilled) {
   ++refused;
   EXPECT_GE(served, 3u);
   EXPECT_THAT(last.status.error_message(), HasSubstr("API key 'alice': "));
-  EXPECT_THAT(last.status.error_message(), HasSubstr("(tokens_per_minute 120)"));
-  // The wait for at most the whole prompt at 2 tokens a second.
+  EXPECT_THAT(last.status.error_message(), HasSubstr("; tokens_per_minute 120)"));
+  // The wait for at most the whole reservation (prompt + max_tokens) at 2
+  // tokens a second.
   const uint32_t prompt_len = static_cast<uint32_t>(prompt_tokens / served);
+  EXPECT_THAT(last.status.error_message(),
+              HasSubstr(absl::StrCat(" tokens available, this request reserves ",
+                                     prompt_len + kMaxTokens, " (prompt ", prompt_len,
+                                     " + max_tokens ", kMaxTokens, ";")));
   EXPECT_GT(last.retry_after_ms, 0);
-  EXPECT_LE(last.retry_after_ms, int64_t{prompt_len} * 500);
+  EXPECT_LE(last.retry_after_ms, int64_t{prompt_len + kMaxTokens} * 500);
 
   // Bob is served meanwhile.
   Call bob = Generate(cluster(), kBobKey, Request());
@@ -245,6 +258,7 @@ TEST_F(ApiKeysTest, SpentKeyRefusedWithRetryAfterOtherKeyServedThenRefilled) {
   EXPECT_EQ(alice.tokens_per_minute(), 120u);
   EXPECT_EQ(alice.max_concurrent_requests(), 0u);
   EXPECT_LT(alice.tokens_available(), int64_t{prompt_len} + kMaxTokens);
+  EXPECT_GE(alice.tokens_available(), 0);
   const v1::ApiKeyUsage b = Usage(cluster(), "bob");
   EXPECT_EQ(b.requests(), 1u);
   EXPECT_EQ(b.refused(), 0u);
@@ -253,15 +267,47 @@ TEST_F(ApiKeysTest, SpentKeyRefusedWithRetryAfterOtherKeyServedThenRefilled) {
   EXPECT_EQ(b.tokens_available(), 0);  // unlimited: no bucket
 }
 
-TEST_F(ApiKeysTest, PromptOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
+// A request that may use more than the key's whole minute (a long prompt,
+// or a short one with a large max_tokens x n) can never run: refused at
+// once, naming the numbers and what to lower, without retry-after-ms
+// (gRPC) and as 400 on HTTP (a 429 would be retried forever by clients).
+TEST_F(ApiKeysTest, RequestOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
   std::string long_prompt;
   for (int i = 0; i < 150; ++i) absl::StrAppend(&long_prompt, i ? " " : "", "a");
   Call big = Generate(cluster(), kAliceKey, Request(long_prompt));
   ASSERT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(big.status.error_message(),
-              HasSubstr("tokens exceed its tokens_per_minute of 120; this request can never be "
-                        "admitted"));
+  std::smatch m;
+  const std::string big_message = big.status.error_message();
+  ASSERT_TRUE(std::regex_match(
+      big_message, m,
+      std::regex("API key 'alice': this request may use ([0-9]+) tokens \\(prompt ([0-9]+) \\+ "
+                 "max_tokens 10\\), more than its tokens_per_minute of 120; lower max_tokens or "
+                 "n, or shorten the prompt")))
+      << big_message;
+  EXPECT_GT(std::stoi(m[2]), 120);  // 150 "a"s: over the minute by itself
+  EXPECT_EQ(std::stoi(m[1]), std::stoi(m[2]) + 10);
   EXPECT_EQ(big.retry_after_ms, -1);  // no point retrying
+  // A short prompt whose samples may use more than the minute: 4 x 40.
+  v1::GenerateRequest samples = MakeRequest(kPrompt, 40);
+  samples.set_n(4);
+  Call many = Generate(cluster(), kAliceKey, samples);
+  ASSERT_EQ(many.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(many.status.error_message(), HasSubstr(" + max_tokens 40 x n 4), more than its "
+                                                     "tokens_per_minute of 120"));
+  EXPECT_EQ(many.retry_after_ms, -1);
+  // HTTP: 400 in OpenAI's error shape, no Retry-After.
+  HttpResult http = HttpCall(
+      cluster().http_address(), "POST", "/v1/completions",
+      R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":200})",
+      {{"Authorization", absl::StrCat("Bearer ", kAliceKey)}});
+  EXPECT_EQ(http.status, 400) << http.body;
+  EXPECT_EQ(http.headers.count("retry-after"), 0u);
+  const nlohmann::json e = nlohmann::json::parse(http.body, nullptr, false);
+  ASSERT_TRUE(e.contains("error")) << http.body;
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error") << http.body;
+  EXPECT_THAT(e["error"]["message"].get<std::string>(),
+              HasSubstr(" + max_tokens 200), more than its tokens_per_minute of 120; lower "
+                        "max_tokens or n, or shorten the prompt"));
   EXPECT_EQ(Usage(cluster(), "alice").tokens_available(), kAliceTokensPerMinute);
 
   // tandem generate / status with --api-key, and without.
@@ -284,13 +330,112 @@ TEST_F(ApiKeysTest, PromptOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
                                     absl::Seconds(30));
   unsetenv("TANDEM_API_KEY");
   ASSERT_EQ(status.exit_code, 0) << status.Describe();
-  EXPECT_THAT(status.out, HasSubstr("\napi_key alice requests=0 refused=1 prompt_tokens=0 "
+  EXPECT_THAT(status.out, HasSubstr("\napi_key alice requests=0 refused=3 prompt_tokens=0 "
                                     "generated_tokens=0 in_flight=0 tokens_available=120 "
                                     "tokens_per_minute=120 max_concurrent_requests=unlimited\n"));
   EXPECT_THAT(status.out, HasSubstr("\napi_key bob requests=1 refused=0 "));
   EXPECT_THAT(status.out, HasSubstr(" generated_tokens=4 in_flight=0 tokens_available=unlimited "
                                     "tokens_per_minute=unlimited "
                                     "max_concurrent_requests=unlimited\n"));
+}
+
+// Issue #32: a refusal said "-12 tokens available" (generated tokens were
+// charged after the fact, so each request could overshoot the minute by
+// its max_tokens). Ten clients at once, gRPC and HTTP, against alice's 120
+// tokens a minute, each request reserving its prompt + 30: only as many
+// run at once as their reservations fit, the others are refused
+// (RESOURCE_EXHAUSTED / 429) naming a balance that is never negative, and
+// GetStatus, polled all along, never shows one.
+TEST_F(ApiKeysTest, ConcurrentRequestsNeverDriveTheBalanceNegative) {
+  constexpr uint32_t kLong = 30;
+  std::mutex mu;
+  std::vector<std::string> refusals;  // every refusal's message
+  int served = 0;
+  auto record = [&](bool ok, const std::string& message) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ok) {
+      ++served;
+    } else {
+      refusals.push_back(message);
+    }
+  };
+  std::atomic<bool> done{false};
+  int64_t lowest = kAliceTokensPerMinute;
+  int polls = 0;
+  std::thread watcher([&] {
+    while (!done.load()) {
+      lowest = std::min<int64_t>(lowest, Usage(cluster(), "alice").tokens_available());
+      ++polls;
+      absl::SleepFor(absl::Milliseconds(5));  // the polling cadence
+    }
+  });
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&] {
+      for (int j = 0; j < 3; ++j) {
+        v1::GenerateRequest r = MakeRequest(kPrompt, kLong);
+        r.set_ignore_eos(true);
+        Call c = Generate(cluster(), kAliceKey, r);
+        if (c.status.ok()) {
+          EXPECT_EQ(c.generated, kLong);
+        } else {
+          EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+              << c.status.error_message();
+          EXPECT_GT(c.retry_after_ms, 0) << c.status.error_message();
+        }
+        record(c.status.ok(), c.status.error_message());
+      }
+    });
+  }
+  const std::string body = absl::StrCat(R"({"model":"stories260K","prompt":")", kPrompt,
+                                        R"(","max_tokens":)", kLong, R"(,"ignore_eos":true})");
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&] {
+      for (int j = 0; j < 3; ++j) {
+        HttpResult h = HttpCall(cluster().http_address(), "POST", "/v1/completions", body,
+                                {{"Authorization", absl::StrCat("Bearer ", kAliceKey)}});
+        if (h.status == 200) {
+          record(true, "");
+          continue;
+        }
+        EXPECT_EQ(h.status, 429) << h.body;
+        EXPECT_EQ(h.headers.count("retry-after"), 1u) << h.body;
+        const nlohmann::json e = nlohmann::json::parse(h.body, nullptr, false);
+        const bool shaped = e.is_object() && e.contains("error") && e["error"].is_object();
+        EXPECT_TRUE(shaped) << h.body;
+        EXPECT_EQ(shaped ? e["error"].value("type", "") : "", "rate_limit_error") << h.body;
+        record(false, shaped ? e["error"].value("message", h.body) : h.body);
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  done.store(true);
+  watcher.join();
+
+  EXPECT_GE(served, 3);
+  EXPECT_FALSE(refusals.empty());  // 10 x (prompt + 30) at once cannot fit in 120
+  EXPECT_GT(polls, 0);
+  EXPECT_GE(lowest, 0);
+  const std::regex available("^API key 'alice': ([0-9]+) tokens available, this request reserves "
+                             "([0-9]+) \\(prompt ([0-9]+) \\+ max_tokens 30; tokens_per_minute "
+                             "120\\)$");
+  for (const std::string& message : refusals) {
+    EXPECT_THAT(message, Not(HasSubstr("-"))) << "a negative number";
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(message, m, available)) << message;
+    EXPECT_LT(std::stoi(m[1]), std::stoi(m[2])) << message;
+    EXPECT_EQ(std::stoi(m[2]), std::stoi(m[3]) + 30) << message;
+  }
+  v1::ApiKeyUsage alice;
+  ASSERT_TRUE(PollUntil(absl::Seconds(10), [&] {
+    alice = Usage(cluster(), "alice");
+    return alice.in_flight() == 0;
+  }));
+  EXPECT_GE(alice.tokens_available(), 0);
+  EXPECT_LE(alice.tokens_available(), kAliceTokensPerMinute);
+  EXPECT_EQ(alice.requests(), static_cast<uint64_t>(served));
+  EXPECT_EQ(alice.refused(), refusals.size());
+  EXPECT_EQ(alice.generated_tokens(), uint64_t{kLong} * served);
 }
 
 // The key's limits come before the router's admission (router.max_inflight
@@ -366,7 +511,7 @@ TEST(ApiKeysAdmissionTest, KeyRefusalHoldsNoSlotRouterRefusalRefunds) {
   queued.join();
   EXPECT_EQ(b1.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // b1 left the queue without running: refunded too, so the bucket is
-  // full again (without the refunds it would be two prompts short).
+  // full again (without the refunds it would be two reservations short).
   EXPECT_TRUE(PollUntil(absl::Seconds(10), [&] {
     bob = Usage(cluster, "bob");
     return bob.in_flight() == 0;

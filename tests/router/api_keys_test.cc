@@ -1,7 +1,10 @@
 // router::TokenBucket and router::ApiKeys alone, on an injected clock: the
 // keys file parser, SHA-256, authentication, the bucket's refill and the
-// exact retry-after values, prompt > capacity, the negative bucket after
-// generation, the concurrency limit, refunds and counters; replacing the
+// exact retry-after values, the reservation (prompt + max_tokens x n)
+// taken at admission and its unused part given back, a reservation over
+// capacity, a level that never goes below 0 (issue #32: "-12 tokens
+// available"), also under concurrent callers, the concurrency limit,
+// refunds and counters; replacing the
 // table (state kept by name, removed keys refused, their ids still valid,
 // new limits) and the file reloader (a Kubernetes-style symlink swap, bad
 // files logged once per content, the thread).
@@ -12,7 +15,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -46,7 +51,7 @@ TEST(TokenBucketTest, StartsFullAndRefillsContinuously) {
   TokenBucket b(60, kT0);  // 1 token per second
   EXPECT_EQ(b.capacity(), 60);
   EXPECT_EQ(b.Available(kT0), 60);
-  b.Take(50, kT0);
+  EXPECT_TRUE(b.TryTake(50, kT0));
   EXPECT_EQ(b.Available(kT0), 10);
   EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(999)), 10);
   EXPECT_EQ(b.Available(kT0 + absl::Seconds(1)), 11);
@@ -57,7 +62,7 @@ TEST(TokenBucketTest, StartsFullAndRefillsContinuously) {
 
 TEST(TokenBucketTest, MsUntilIsExactAndRoundsUp) {
   TokenBucket b(7, kT0);  // 7 tokens per 60 s: one per 8571.43 ms
-  b.Take(7, kT0);
+  EXPECT_TRUE(b.TryTake(7, kT0));
   EXPECT_EQ(b.MsUntil(0, kT0), 0);
   EXPECT_EQ(b.MsUntil(1, kT0), 8572);
   EXPECT_EQ(b.MsUntil(7, kT0), 60000);
@@ -67,15 +72,23 @@ TEST(TokenBucketTest, MsUntilIsExactAndRoundsUp) {
   EXPECT_EQ(b.Available(kT0), 1);
 }
 
-TEST(TokenBucketTest, GoesNegativeAndRefillsFromThere) {
-  TokenBucket b(60, kT0);
-  b.Take(100, kT0);
-  EXPECT_EQ(b.Available(kT0), -40);
-  EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(500)), -40);  // -39.5 rounds down
-  // From -39.5 to 5 at 1 token per second.
-  EXPECT_EQ(b.MsUntil(5, kT0 + absl::Milliseconds(500)), 44500);
-  b.Give(1000, kT0 + absl::Seconds(1));  // a refund never overfills
-  EXPECT_EQ(b.Available(kT0 + absl::Seconds(1)), 60);
+TEST(TokenBucketTest, TryTakeTakesAllOrNothingNeverBelowZero) {
+  TokenBucket b(60, kT0);  // 1 token per second
+  EXPECT_FALSE(b.TryTake(61, kT0));
+  EXPECT_EQ(b.Available(kT0), 60);  // nothing taken
+  EXPECT_TRUE(b.TryTake(60, kT0));
+  EXPECT_EQ(b.Available(kT0), 0);
+  EXPECT_FALSE(b.TryTake(1, kT0));
+  EXPECT_EQ(b.Available(kT0), 0);
+  EXPECT_EQ(b.Available(kT0 + absl::Milliseconds(500)), 0);  // 0.5 rounds down
+  // From 0.5 to 5 at 1 token per second.
+  EXPECT_EQ(b.MsUntil(5, kT0 + absl::Milliseconds(500)), 4500);
+  EXPECT_FALSE(b.TryTake(5, kT0 + absl::Milliseconds(4999)));
+  EXPECT_TRUE(b.TryTake(5, kT0 + absl::Seconds(5)));
+  EXPECT_EQ(b.Available(kT0 + absl::Seconds(5)), 0);
+  EXPECT_TRUE(b.TryTake(0, kT0 + absl::Seconds(5)));  // nothing: always fine
+  b.Give(1000, kT0 + absl::Seconds(6));  // a refund never overfills
+  EXPECT_EQ(b.Available(kT0 + absl::Seconds(6)), 60);
 }
 
 // A clock the test moves by hand.
@@ -118,33 +131,39 @@ TEST(ApiKeysTest, AuthenticatesBearerKeysByHash) {
   expect(&hash, "invalid API key");
 }
 
-TEST(ApiKeysTest, PromptChargedAtAdmissionRetryAfterExact) {
+// A request's reservation: `prompt` tokens, `max_tokens` per sample, n.
+ApiKeys::Reservation R(int64_t prompt, int64_t max_tokens, int64_t n = 1) {
+  return {prompt, max_tokens, n};
+}
+
+TEST(ApiKeysTest, ReservationTakenAtAdmissionRetryAfterExact) {
   FakeClock t;
   ApiKeys keys(TwoKeys(120, 0), t.clock());  // 2 tokens per second
-  ApiKeys::Decision d = keys.Admit(0, 100);
+  ApiKeys::Decision d = keys.Admit(0, R(90, 10));
   ASSERT_TRUE(d.status.ok()) << d.status;
-  keys.Started(0, 100);
-  // 20 left: a 30-token prompt waits for 10 more = 5000 ms.
-  d = keys.Admit(0, 30);
+  keys.Started(0, 90);
+  // 20 left: a request that may use 30 waits for 10 more = 5000 ms.
+  d = keys.Admit(0, R(20, 10));
   EXPECT_EQ(d.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(d.status.message(),
-            "API key 'alice': 20 tokens available, the prompt needs 30 (tokens_per_minute 120)");
+            "API key 'alice': 20 tokens available, this request reserves 30 (prompt 20 + "
+            "max_tokens 10; tokens_per_minute 120)");
   EXPECT_EQ(d.retry_after_ms, 5000);
   t.now += absl::Milliseconds(4999);
-  d = keys.Admit(0, 30);
+  d = keys.Admit(0, R(20, 10));
   EXPECT_EQ(d.retry_after_ms, 1);
   t.now += absl::Milliseconds(1);
-  d = keys.Admit(0, 30);
+  d = keys.Admit(0, R(20, 10));
   EXPECT_TRUE(d.status.ok()) << d.status;
-  keys.Started(0, 30);
+  keys.Started(0, 20);
   // Bob is unlimited meanwhile.
-  for (int i = 0; i < 5; ++i) EXPECT_TRUE(keys.Admit(1, 1000).status.ok());
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(keys.Admit(1, R(1000, 100000, 16)).status.ok());
   std::vector<ApiKeys::Usage> u = keys.Snapshot();
   ASSERT_EQ(u.size(), 2u);
   EXPECT_EQ(u[0].name, "alice");
   EXPECT_EQ(u[0].requests, 2u);
   EXPECT_EQ(u[0].refused, 2u);
-  EXPECT_EQ(u[0].prompt_tokens, 130u);
+  EXPECT_EQ(u[0].prompt_tokens, 110u);
   EXPECT_EQ(u[0].in_flight, 2);
   EXPECT_EQ(u[0].tokens_available, 0);
   EXPECT_EQ(u[0].tokens_per_minute, 120);
@@ -154,85 +173,169 @@ TEST(ApiKeysTest, PromptChargedAtAdmissionRetryAfterExact) {
   EXPECT_EQ(u[1].requests, 0u);         // admitted, not started
 }
 
-TEST(ApiKeysTest, PromptOverCapacityIsNeverAdmissible) {
+TEST(ApiKeysTest, ReservationOverCapacityIsNeverAdmissible) {
   FakeClock t;
   ApiKeys keys(TwoKeys(120, 0), t.clock());
-  ApiKeys::Decision d = keys.Admit(0, 121);
+  // 21 + 25 x 4 = 121 > 120, though the prompt alone fits.
+  ApiKeys::Decision d = keys.Admit(0, R(21, 25, 4));
   EXPECT_EQ(d.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(d.status.message(),
-            "API key 'alice': the prompt's 121 tokens exceed its tokens_per_minute of 120; "
-            "this request can never be admitted");
+            "API key 'alice': this request may use 121 tokens (prompt 21 + max_tokens 25 x n 4), "
+            "more than its tokens_per_minute of 120; lower max_tokens or n, or shorten the "
+            "prompt");
   EXPECT_EQ(d.retry_after_ms, -1);
-  EXPECT_TRUE(keys.Admit(0, 120).status.ok());  // exactly the capacity: fine
-  EXPECT_EQ(keys.Snapshot()[0].refused, 1u);
+  d = keys.Admit(0, R(100, 21));
+  EXPECT_EQ(d.status.message(),
+            "API key 'alice': this request may use 121 tokens (prompt 100 + max_tokens 21), more "
+            "than its tokens_per_minute of 120; lower max_tokens or n, or shorten the prompt");
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 120);  // nothing taken
+  EXPECT_TRUE(keys.Admit(0, R(20, 25, 4)).status.ok());  // exactly the capacity: fine
+  EXPECT_EQ(keys.Snapshot()[0].refused, 2u);
 }
 
-TEST(ApiKeysTest, GeneratedTokensMayDriveTheBucketNegative) {
+// Issue #32: a request's generation used to be charged after the fact, so
+// one request could overshoot the minute by its whole max_tokens and the
+// next refusal said "-12 tokens available".
+TEST(ApiKeysTest, UnusedGenerationGoesBackTheLevelNeverGoesNegative) {
   FakeClock t;
   ApiKeys keys(TwoKeys(60, 0), t.clock());  // 1 token per second
-  ASSERT_TRUE(keys.Admit(0, 10).status.ok());
+  const ApiKeys::Reservation big = R(10, 50);
+  ASSERT_TRUE(keys.Admit(0, big).status.ok());
   keys.Started(0, 10);
-  keys.Generated(0, 40);
-  keys.Generated(0, 30);  // the stream goes on past the limit
-  keys.Ended(0);
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 0);  // all 60 reserved
+  // A second request cannot start while the first may still use it all.
+  ApiKeys::Decision d = keys.Admit(0, R(3, 2));
+  EXPECT_EQ(d.status.message(),
+            "API key 'alice': 0 tokens available, this request reserves 5 (prompt 3 + max_tokens "
+            "2; tokens_per_minute 60)");
+  EXPECT_EQ(d.retry_after_ms, 5000);
+  keys.Generated(0, 15);
+  keys.Generated(0, 5);
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 0);  // generation was reserved
+  t.now += absl::Seconds(2);
+  keys.Ended(0, big, 20);  // 30 of the 50 unused: back, plus 2 s of refill
   ApiKeys::Usage u = keys.Snapshot()[0];
-  EXPECT_EQ(u.tokens_available, -20);
-  EXPECT_EQ(u.generated_tokens, 70u);
+  EXPECT_EQ(u.tokens_available, 32);
+  EXPECT_EQ(u.generated_tokens, 20u);
   EXPECT_EQ(u.prompt_tokens, 10u);
   EXPECT_EQ(u.in_flight, 0);
-  // A 5-token prompt waits until the level is back at 5: 25 s.
-  ApiKeys::Decision d = keys.Admit(0, 5);
-  EXPECT_EQ(d.retry_after_ms, 25000);
-  t.now += absl::Seconds(25);
-  EXPECT_TRUE(keys.Admit(0, 5).status.ok());
+  EXPECT_EQ(u.requests, 1u);
+  // Several samples: max_tokens x n reserved, all used, nothing back.
+  const ApiKeys::Reservation three = R(2, 10, 3);
+  ASSERT_TRUE(keys.Admit(0, three).status.ok());
+  keys.Started(0, 2);
+  keys.Generated(0, 30);
+  keys.Ended(0, three, 30);
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 0);
+  // More generated than reserved (no request does): nothing back, and the
+  // level stays at 0.
+  t.now += absl::Seconds(5);
+  ASSERT_TRUE(keys.Admit(0, R(1, 4)).status.ok());
+  keys.Started(0, 1);
+  keys.Ended(0, R(1, 4), 9);
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 0);
 }
 
-TEST(ApiKeysTest, RefundReturnsThePromptAndTheSlot) {
+TEST(ApiKeysTest, RefundReturnsTheWholeReservationAndTheSlot) {
   FakeClock t;
   ApiKeys keys(TwoKeys(60, 1), t.clock());
-  ASSERT_TRUE(keys.Admit(0, 50).status.ok());
-  keys.Refund(0, 50);
+  ASSERT_TRUE(keys.Admit(0, R(20, 15, 2)).status.ok());
+  EXPECT_EQ(keys.Snapshot()[0].tokens_available, 10);
+  keys.Refund(0, R(20, 15, 2));
   ApiKeys::Usage u = keys.Snapshot()[0];
   EXPECT_EQ(u.tokens_available, 60);
   EXPECT_EQ(u.in_flight, 0);
   EXPECT_EQ(u.requests, 0u);
   EXPECT_EQ(u.prompt_tokens, 0u);
-  EXPECT_TRUE(keys.Admit(0, 60).status.ok());
+  EXPECT_TRUE(keys.Admit(0, R(30, 30)).status.ok());
+}
+
+// Many callers at once on a stopped clock (no refill), more than the
+// bucket can hold at once (8 x 13 tokens > 60): the reservations admitted
+// at any moment never add up to more than the capacity, no snapshot shows
+// a level below 0, and once every request ended or was refunded the bucket
+// holds exactly the capacity less what the ended ones used.
+TEST(ApiKeysTest, ConcurrentCallersNeverOverdrawTheBucket) {
+  FakeClock t;  // never moved: nothing refills
+  constexpr int64_t kCapacity = 60;
+  ApiKeys keys(TwoKeys(kCapacity, 0), t.clock());
+  const ApiKeys::Reservation r = R(1, 6, 2);  // 13 tokens
+  std::atomic<int64_t> reserved{0}, peak{0}, used{0}, lowest{kCapacity};
+  // a = min(a, v) and a = max(a, v), atomically.
+  auto keep_min = [](std::atomic<int64_t>& a, int64_t v) {
+    for (int64_t old = a.load(); v < old && !a.compare_exchange_weak(old, v);) {
+    }
+  };
+  auto keep_max = [](std::atomic<int64_t>& a, int64_t v) {
+    for (int64_t old = a.load(); v > old && !a.compare_exchange_weak(old, v);) {
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      for (int j = 0; j < 300; ++j) {
+        if (!keys.Admit(0, r).status.ok()) continue;
+        // Counted only between a granted Admit and its return below, so
+        // never more than the bucket actually has out.
+        const int64_t out = reserved.fetch_add(r.tokens()) + r.tokens();
+        keep_max(peak, out);
+        keep_min(lowest, keys.Snapshot()[0].tokens_available);
+        reserved.fetch_sub(r.tokens());
+        if ((i * 1000 + j) % 97 != 0) {
+          keys.Refund(0, r);
+        } else {  // a few run: the prompt and 0 or 1 generated tokens used
+          const int64_t generated = j % 2;
+          keys.Started(0, r.prompt_tokens);
+          keys.Generated(0, generated);
+          keys.Ended(0, r, generated);
+          used.fetch_add(r.prompt_tokens + generated);
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_LE(peak.load(), kCapacity);
+  EXPECT_GE(lowest.load(), 0);
+  const ApiKeys::Usage u = keys.Snapshot()[0];
+  EXPECT_EQ(u.in_flight, 0);
+  EXPECT_GT(used.load(), 0);
+  EXPECT_EQ(u.tokens_available, kCapacity - used.load());
 }
 
 TEST(ApiKeysTest, ConcurrencyLimitRetryAfterFromTheKeysCompletions) {
   FakeClock t;
   ApiKeys keys(TwoKeys(0, 2), t.clock());  // no token limit, 2 at once
-  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
-  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
-  ApiKeys::Decision d = keys.Admit(0, 5);
+  const ApiKeys::Reservation r = R(5, 1);
+  ASSERT_TRUE(keys.Admit(0, r).status.ok());
+  ASSERT_TRUE(keys.Admit(0, r).status.ok());
+  ApiKeys::Decision d = keys.Admit(0, r);
   EXPECT_EQ(d.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(d.status.message(), "API key 'alice': 2 requests in flight (max_concurrent_requests 2)");
   EXPECT_EQ(d.retry_after_ms, 10000);  // no completion yet: Admission::kMaxRetryAfterMs
   keys.Started(0, 5);
   keys.Started(0, 5);
   t.now += absl::Seconds(1);
-  keys.Ended(0);
-  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
+  keys.Ended(0, r, 1);
+  ASSERT_TRUE(keys.Admit(0, r).status.ok());
   keys.Started(0, 5);
   t.now += absl::Seconds(1);
-  keys.Ended(0);
-  ASSERT_TRUE(keys.Admit(0, 5).status.ok());
+  keys.Ended(0, r, 1);
+  ASSERT_TRUE(keys.Admit(0, r).status.ok());
   keys.Started(0, 5);
   t.now += absl::Seconds(1);
   // Two completions, the older 2 s ago: one ends every 1000 ms.
-  d = keys.Admit(0, 5);
+  d = keys.Admit(0, r);
   EXPECT_EQ(d.retry_after_ms, 1000);
   EXPECT_EQ(keys.Snapshot()[0].refused, 2u);
   // Bob has no limit.
-  for (int i = 0; i < 10; ++i) EXPECT_TRUE(keys.Admit(1, 5).status.ok());
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(keys.Admit(1, r).status.ok());
 }
 
 TEST(ApiKeysTest, ConcurrencyRefusalWaitsForTheBucketToo) {
   FakeClock t;
   ApiKeys keys(TwoKeys(60, 1), t.clock());
-  ASSERT_TRUE(keys.Admit(0, 60).status.ok());  // bucket empty, slot taken
-  ApiKeys::Decision d = keys.Admit(0, 30);
+  ASSERT_TRUE(keys.Admit(0, R(50, 10)).status.ok());  // bucket empty, slot taken
+  ApiKeys::Decision d = keys.Admit(0, R(20, 10));
   EXPECT_THAT(d.status.message(), HasSubstr("max_concurrent_requests 1"));
   EXPECT_EQ(d.retry_after_ms, 30000);  // the bucket's wait beats the 10 s default
 }
@@ -343,9 +446,9 @@ int IdOf(const ApiKeys& keys, const std::string& key, std::string* why = nullptr
 TEST(ApiKeysReplaceTest, KeptNamesKeepTheirStateRemovedOnesAreRefused) {
   FakeClock t;
   ApiKeys keys(TwoKeys(120, 0), t.clock());
-  ASSERT_TRUE(keys.Admit(0, 100).status.ok());
-  keys.Started(0, 100);                       // alice: 1 in flight, 20 tokens left
-  ASSERT_TRUE(keys.Admit(1, 7).status.ok());  // bob: 1 in flight
+  ASSERT_TRUE(keys.Admit(0, R(90, 10)).status.ok());
+  keys.Started(0, 90);                              // alice: 1 in flight, 20 tokens left
+  ASSERT_TRUE(keys.Admit(1, R(7, 3)).status.ok());  // bob: 1 in flight
   keys.Started(1, 7);
   const std::string carol_key = "sk-test-carol";
   keys.Replace({{"alice", kAliceSha, 120, 0}, {"carol", Sha256Hex(carol_key), 0, 0}});
@@ -360,13 +463,13 @@ TEST(ApiKeysReplaceTest, KeptNamesKeepTheirStateRemovedOnesAreRefused) {
   EXPECT_EQ(u[0].name, "alice");
   EXPECT_EQ(u[0].in_flight, 1);
   EXPECT_EQ(u[0].requests, 1u);
-  EXPECT_EQ(u[0].prompt_tokens, 100u);
+  EXPECT_EQ(u[0].prompt_tokens, 90u);
   EXPECT_EQ(u[0].tokens_available, 20);
   EXPECT_EQ(u[1].name, "carol");
   EXPECT_EQ(u[1].in_flight, 0);
   // Bob's running request ends against his state (its id is still valid).
   keys.Generated(1, 3);
-  keys.Ended(1);
+  keys.Ended(1, R(7, 3), 3);
   // Bob listed again: his old state, with the request that ended.
   keys.Replace(TwoKeys(120, 0));
   EXPECT_EQ(IdOf(keys, kBobKey), 1);
@@ -382,7 +485,7 @@ TEST(ApiKeysReplaceTest, KeptNamesKeepTheirStateRemovedOnesAreRefused) {
 TEST(ApiKeysReplaceTest, NewHashForANameIsARotationNotAFreshQuota) {
   FakeClock t;
   ApiKeys keys(TwoKeys(120, 0), t.clock());
-  ASSERT_TRUE(keys.Admit(0, 100).status.ok());
+  ASSERT_TRUE(keys.Admit(0, R(90, 10)).status.ok());
   const std::string rotated = "sk-test-alice-2";
   keys.Replace({{"alice", Sha256Hex(rotated), 120, 0}, {"bob", kBobSha, 0, 0}});
   EXPECT_EQ(IdOf(keys, kAliceKey), -1);
@@ -394,8 +497,8 @@ TEST(ApiKeysReplaceTest, NewHashForANameIsARotationNotAFreshQuota) {
 TEST(ApiKeysReplaceTest, NewLimitsKeepTheBucketLevelAndInFlight) {
   FakeClock t;
   ApiKeys keys(TwoKeys(120, 0), t.clock());
-  ASSERT_TRUE(keys.Admit(0, 100).status.ok());
-  ASSERT_TRUE(keys.Admit(0, 10).status.ok());  // 10 left, 2 in flight
+  ASSERT_TRUE(keys.Admit(0, R(90, 10)).status.ok());
+  ASSERT_TRUE(keys.Admit(0, R(5, 5)).status.ok());  // 10 left, 2 in flight
   auto alice = [&](int64_t tpm, int32_t max) {
     keys.Replace({{"alice", kAliceSha, tpm, max}});
     return keys.Snapshot()[0];
@@ -407,7 +510,7 @@ TEST(ApiKeysReplaceTest, NewLimitsKeepTheBucketLevelAndInFlight) {
   ApiKeys::Usage u = alice(600, 1);
   EXPECT_EQ(u.in_flight, 2);
   EXPECT_EQ(u.max_concurrent_requests, 1);
-  ApiKeys::Decision d = keys.Admit(0, 1);
+  ApiKeys::Decision d = keys.Admit(0, R(1, 1));
   EXPECT_EQ(d.status.message(), "API key 'alice': 2 requests in flight (max_concurrent_requests 1)");
 }
 
