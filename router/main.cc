@@ -210,6 +210,7 @@ int main(int argc, char** argv) {
     http_options.limits.vocab_size = model_config.vocab_size;
     http_options.http.max_streams = config->router.http_max_streams;
     http_options.http.max_body_bytes = config->router.http_max_body_bytes;
+    http_options.http.read_timeout_ms = config->router.http_read_timeout_ms;
     const tokenizer::Tokenizer* tok = (*bundle)->tokenizer.get();
     router::openai::OpenAiFrontend::Router hooks;
     hooks.channel = (*server)->InProcessChannel(grpc::ChannelArguments());

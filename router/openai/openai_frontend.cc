@@ -237,7 +237,10 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
       open_streams_(std::make_shared<std::atomic<int>>(0)),
       calls_(std::make_shared<std::atomic<int>>(0)) {
   const std::string models_prefix = "/v1/models/";
-  server_->set_fallback_body([models_prefix](int status, const std::string& path) {
+  // The HTTP server's own answers: 404, 405, 408 (read timeout), 413
+  // (body over router.http_max_body_bytes).
+  server_->set_fallback_body([models_prefix](int status, const std::string& path,
+                                             const std::string& message) {
     ApiError e;
     e.http_status = status;
     if (status == 404 && path.rfind(models_prefix, 0) == 0) {
@@ -249,8 +252,19 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
       return ErrorBody(e);
     }
     e.type = status == 404 ? "not_found_error" : "invalid_request_error";
-    e.message = status == 404 ? absl::StrCat("no route ", path)
-                              : absl::StrCat("method not allowed for ", path);
+    switch (status) {
+      case 404: e.message = absl::StrCat("no route ", path); break;
+      case 405: e.message = absl::StrCat("method not allowed for ", path); break;
+      case 408:
+        e.message = absl::StrCat(message, " (router.http_read_timeout_ms)");
+        e.code = "request_timeout";
+        break;
+      case 413:
+        e.message = absl::StrCat(message, " (router.http_max_body_bytes)");
+        e.code = "request_too_large";
+        break;
+      default: e.message = message; break;
+    }
     return ErrorBody(e);
   });
   // GET /v1/models/{id} (OpenAI's "retrieve model") for the served model.

@@ -151,6 +151,9 @@ std::string ClusterYaml(const ClusterOptions& o) {
       o.http_max_body_bytes > 0
           ? absl::StrCat("  http_max_body_bytes: ", o.http_max_body_bytes, "\n")
           : "",
+      o.http_read_timeout_ms > 0
+          ? absl::StrCat("  http_read_timeout_ms: ", o.http_read_timeout_ms, "\n")
+          : "",
       WorkerEntries(o),
       "engine:\n"
       "  block_size: ", o.block_size, "\n",

@@ -131,6 +131,7 @@ struct ClusterOptions {
   // router.http_max_body_bytes (0: the default).
   std::string served_model_name;
   int32_t http_max_body_bytes = 0;
+  int32_t http_read_timeout_ms = 0;  // router.http_read_timeout_ms (0: the default)
   // cluster.secret_file of every process (empty: none, an open cluster).
   // With one, DecodeStatus() and PrefillStatus() sign their calls
   // (LocalCluster::Sign); calls a test makes on decode_stub() carry no
