@@ -201,8 +201,16 @@ void Connection::OnRefusalWritten(bufferevent*, void* arg) {
   c->CloseIfDone();
 }
 
-void Connection::OnRefusalEvent(bufferevent*, short, void* arg) {
-  static_cast<Connection*>(arg)->Close();  // end of input, an error or the write timeout
+void Connection::OnRefusalEvent(bufferevent*, short what, void* arg) {
+  auto* c = static_cast<Connection*>(arg);
+  if ((what & BEV_EVENT_READING) && (what & BEV_EVENT_EOF) && !c->written_) {
+    // The client half-closed (sent all it will): the answer still goes
+    // out, then OnRefusalWritten closes.
+    c->drop_bytes_ = 0;
+    bufferevent_disable(c->bev_, EV_READ);
+    return;
+  }
+  c->Close();  // an error, the write timeout, or the end of input once answered
 }
 
 void Connection::CloseIfDone() {

@@ -55,6 +55,8 @@ class Conn {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
   }
+  // Half-closes: a FIN, the socket still reads.
+  void ShutdownWrite() { shutdown(fd_, SHUT_WR); }
   // Closes with a reset (RST) instead of a FIN.
   void Reset() {
     linger l{1, 0};
@@ -376,6 +378,22 @@ TEST_F(HttpServerTest, DeclaredBodyOverTheLimitIs413AtOnceAndClosesWithinTheRead
     EXPECT_EQ(rd.status, 413) << length;
     EXPECT_TRUE(d.WaitClosed());
   }
+}
+
+// A client that sends its too-large body and half-closes still reads the
+// 413 (the server does not close before the answer is written).
+TEST_F(HttpServerTest, DeclaredBodyOverTheLimitIs413EvenAfterTheClientHalfCloses) {
+  HttpServer::Options o;
+  o.max_body_bytes = 1024;
+  o.read_timeout_ms = 300;
+  StartServer(o);
+  Conn c(port_);
+  ASSERT_TRUE(c.Request("POST", "/echo", std::string(4096, 'b')));
+  c.ShutdownWrite();
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 413);
+  EXPECT_TRUE(c.WaitClosed());
 }
 
 // Issue #32: headers that never finish (here: a byte every 50 ms, which an
