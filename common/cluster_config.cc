@@ -427,11 +427,16 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                                   "max_inflight", "max_queued", "max_migrations",
                                   "drop_after_ms", "api_keys_file", "policy", "kv_aware",
                                   "http_listen", "served_model_name", "http_max_streams",
-                                  "http_max_body_bytes", "http_read_timeout_ms"});
+                                  "http_max_body_bytes", "http_read_timeout_ms",
+                                  "metrics_listen"});
       !s.ok()) {
     return s;
   }
   if (absl::Status s = ReadOptionalHostPort(node, "http_listen", path, &r->http_listen);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadOptionalHostPort(node, "metrics_listen", path, &r->metrics_listen);
       !s.ok()) {
     return s;
   }

@@ -441,15 +441,25 @@ void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
   RespondError(exchange, error, client_id);
 }
 
+bool OpenAiFrontend::Authenticated(http::Exchange& exchange) {
+  if (!router_.authenticate) return true;
+  const std::string authorization = exchange.header("Authorization");
+  absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
+  if (s.ok()) return true;
+  RespondError(exchange, FromStatus(s), "");
+  return false;
+}
+
+void OpenAiFrontend::HandleBehindKeys(const std::string& method, const std::string& path,
+                                      http::Handler handler) {
+  server_->Handle(method, path,
+                  [this, handler = std::move(handler)](std::shared_ptr<http::Exchange> e) {
+                    if (Authenticated(*e)) handler(std::move(e));
+                  });
+}
+
 void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange, bool one) {
-  const std::string authorization = exchange->header("Authorization");
-  if (router_.authenticate) {
-    absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
-    if (!s.ok()) {
-      RespondError(*exchange, FromStatus(s), "");
-      return;
-    }
-  }
+  if (!Authenticated(*exchange)) return;
   exchange->Respond(200, {{"Content-Type", kJson}},
                     one ? ModelJson(options_.limits, started_s_).dump()
                         : ModelsBody(options_.limits, started_s_));

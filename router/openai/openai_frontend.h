@@ -2,7 +2,8 @@
 //   POST /v1/completions, POST /v1/chat/completions (stream or not),
 //   GET /v1/models, GET /v1/models/{served name}, GET /health (liveness),
 //   GET /ready (readiness);
-//   GET /metrics is added by the caller (common/metrics).
+//   GET /metrics is added by the caller (HandleBehindKeys with
+//   common/metrics' handler).
 //
 // Each generation request is parsed (openai_protocol.h) and then run as a
 // gRPC Generate call on the router's own Generation service through an
@@ -83,8 +84,13 @@ class OpenAiFrontend {
   OpenAiFrontend(Options options, Router router);
   ~OpenAiFrontend();  // Stop()s
 
-  // The HTTP server, to add routes (GET /metrics) before Start.
+  // The HTTP server, to add open routes before Start.
   http::HttpServer& server() { return *server_; }
+  // Adds a route behind the API keys, as /v1/models (before Start): with
+  // keys configured, a request without a valid `Authorization: Bearer`
+  // key gets 401 in OpenAI's shape and `handler` never runs.
+  void HandleBehindKeys(const std::string& method, const std::string& path,
+                        http::Handler handler);
 
   // Binds host:port (0: any) and serves. Returns the bound port; errors
   // as http::HttpServer::Start.
@@ -103,6 +109,8 @@ class OpenAiFrontend {
   void HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
   // GET /v1/models (the list) or, `one`, GET /v1/models/{served name}.
   void HandleModels(std::shared_ptr<http::Exchange> exchange, bool one);
+  // OK, or answers 401 (RespondError) and returns false.
+  bool Authenticated(http::Exchange& exchange);
   // Answers a generation request refused here (RespondError) and counts it.
   void Refuse(http::Exchange& exchange, const ApiError& error, const std::string& client_id);
   void KeepAliveLoop();
