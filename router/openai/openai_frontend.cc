@@ -235,7 +235,8 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
       stub_(v1::Generation::NewStub(router_.channel)),
       server_(std::make_unique<http::HttpServer>(options_.http)),
       open_streams_(std::make_shared<std::atomic<int>>(0)),
-      calls_(std::make_shared<std::atomic<int>>(0)) {
+      calls_(std::make_shared<std::atomic<int>>(0)),
+      workers_(std::make_unique<WorkQueue>(options_.request_threads)) {
   const std::string models_prefix = "/v1/models/";
   // The HTTP server's own answers: 404, 405, 408 (read timeout), 413
   // (body over router.http_max_body_bytes).
@@ -271,10 +272,10 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
   server_->Handle("GET", models_prefix + options_.limits.served_model_name,
                   [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), true); });
   server_->Handle("POST", "/v1/completions", [this](std::shared_ptr<http::Exchange> e) {
-    HandleGenerate(Endpoint::kCompletions, std::move(e));
+    QueueGenerate(Endpoint::kCompletions, std::move(e));
   });
   server_->Handle("POST", "/v1/chat/completions", [this](std::shared_ptr<http::Exchange> e) {
-    HandleGenerate(Endpoint::kChatCompletions, std::move(e));
+    QueueGenerate(Endpoint::kChatCompletions, std::move(e));
   });
   server_->Handle("GET", "/v1/models",
                   [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), false); });
@@ -306,6 +307,9 @@ void OpenAiFrontend::Stop() {
     stopping_ = true;
   }
   if (keepalive_.joinable()) keepalive_.join();
+  // Requests still queued are answered 503 (HandleGenerate sees
+  // stopping_); one being parsed starts no call.
+  workers_->Stop();
   std::vector<std::shared_ptr<Call>> live;
   {
     absl::MutexLock lock(&mu_);
@@ -346,7 +350,25 @@ void OpenAiFrontend::KeepAliveLoop() {
   }
 }
 
+void OpenAiFrontend::QueueGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange) {
+  if (workers_->Post([this, endpoint, exchange] { HandleGenerate(endpoint, exchange); })) return;
+  RefuseShuttingDown(*exchange, "");
+}
+
 void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      RefuseShuttingDown(*exchange, "");
+      return;
+    }
+  }
+  if (!exchange->open()) {
+    // Gone while its request waited for a worker: nothing to parse.
+    if (router_.refused) router_.refused(absl::StatusCode::kCancelled);
+    rpc::Log("http request -: the client went away before its request was read");
+    return;
+  }
   std::string client_id = exchange->header("X-Request-Id");
   if (!client_id.empty() && !ValidClientId(client_id)) {
     ApiError e;
@@ -413,14 +435,29 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
   auto call = std::make_shared<Call>(std::move(request), exchange, client_id,
                                      options_.limits.served_model_name, router_.token_bytes,
                                      open_streams_, calls_);
+  bool stopping = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stopping_;
+    if (!stopping) live_calls_.push_back(call);
+  }
+  if (stopping) {  // Stop began while this request was parsed
+    if (stream) open_streams_->fetch_sub(1);
+    RefuseShuttingDown(*exchange, client_id);
+    return;
+  }
   exchange->OnClose([weak = std::weak_ptr<Call>(call)] {
     if (std::shared_ptr<Call> c = weak.lock()) c->ClientGone();
   });
-  {
-    absl::MutexLock lock(&mu_);
-    live_calls_.push_back(call);
-  }
   call->Start(stub_.get(), authorization);
+}
+
+void OpenAiFrontend::RefuseShuttingDown(http::Exchange& exchange, const std::string& client_id) {
+  ApiError e;
+  e.http_status = 503;
+  e.type = "server_error";
+  e.message = "router is shutting down";
+  Refuse(exchange, e, client_id);
 }
 
 void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,

@@ -5,7 +5,10 @@
 //   GET /metrics is added by the caller (HandleBehindKeys with
 //   common/metrics' handler).
 //
-// Each generation request is parsed (openai_protocol.h) and then run as a
+// Each generation request is handed from the HTTP loop thread to a small
+// fixed pool (WorkQueue, Options::request_threads), where it is parsed
+// (openai_protocol.h), a chat without max_tokens rendered and tokenized,
+// and then run as a
 // gRPC Generate call on the router's own Generation service through an
 // in-process channel (grpc::Server::InProcessChannel: no socket, no
 // copy of the rules), so HTTP and gRPC clients get the same validation,
@@ -29,8 +32,10 @@
 // Owns: the HTTP routes and the HTTP <-> gRPC mapping of one request.
 // Does not touch: generation rules (RouterService), JSON shapes
 // (openai_protocol), sockets (common/http).
-// Threads: the HTTP loop thread (handlers), gRPC callback threads (the
-// reactors), and one keep-alive thread for all streams.
+// Threads: the HTTP loop thread (handlers: cheap routes answered there,
+// generation requests queued), request_threads workers (parse, tokenize,
+// start the call), gRPC callback threads (the reactors), and one
+// keep-alive thread for all streams.
 #ifndef TANDEM_ROUTER_OPENAI_OPENAI_FRONTEND_H_
 #define TANDEM_ROUTER_OPENAI_OPENAI_FRONTEND_H_
 
@@ -46,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
 #include "router/openai/openai_protocol.h"
+#include "router/openai/work_queue.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::router::openai {
@@ -56,6 +62,11 @@ class OpenAiFrontend {
     ModelLimits limits;                // served model name, context length, vocabulary size
     http::HttpServer::Options http;    // max_streams: also this front end's SSE limit (503)
     int keepalive_ms = 2000;           // SSE comment period while a stream is quiet
+    // Threads that parse, render and tokenize generation requests (and
+    // start their gRPC calls), so the HTTP loop never does: a 7 MB body
+    // takes seconds. More requests wait in their queue, first come first
+    // served.
+    int request_threads = 2;
   };
   // What the front end needs from the router process.
   struct Router {
@@ -106,6 +117,11 @@ class OpenAiFrontend {
  private:
   class Call;
 
+  // On the loop thread: queues HandleGenerate for a worker (503 once
+  // stopping).
+  void QueueGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
+  // On a worker: parse, validate, tokenize a chat without max_tokens,
+  // start the gRPC call.
   void HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
   // GET /v1/models (the list) or, `one`, GET /v1/models/{served name}.
   void HandleModels(std::shared_ptr<http::Exchange> exchange, bool one);
@@ -113,6 +129,8 @@ class OpenAiFrontend {
   bool Authenticated(http::Exchange& exchange);
   // Answers a generation request refused here (RespondError) and counts it.
   void Refuse(http::Exchange& exchange, const ApiError& error, const std::string& client_id);
+  // Refuses with 503 "router is shutting down".
+  void RefuseShuttingDown(http::Exchange& exchange, const std::string& client_id);
   void KeepAliveLoop();
 
   const Options options_;
@@ -124,6 +142,7 @@ class OpenAiFrontend {
   // (<= options.http.max_streams) and gRPC calls in flight.
   const std::shared_ptr<std::atomic<int>> open_streams_;
   const std::shared_ptr<std::atomic<int>> calls_;
+  std::unique_ptr<WorkQueue> workers_;  // joined by Stop
 
   absl::Mutex mu_;
   // Every call started (pruned as they end): keep-alives for the streams,

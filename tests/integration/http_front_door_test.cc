@@ -1,9 +1,14 @@
-// The router's HTTP front door against clients that misbehave (issue #32):
-// requests whose headers or body never finish arriving get 408 within
-// router.http_read_timeout_ms, a declared body over
+// The router's HTTP front door against clients that misbehave or are just
+// large (issue #32): requests whose headers or body never finish arriving
+// get 408 within router.http_read_timeout_ms, a declared body over
 // router.http_max_body_bytes gets 413 before any of it is sent, both in
-// OpenAI's error shape, and the connection closes.
+// OpenAI's error shape, and the connection closes; big bodies are parsed
+// and tokenized off the HTTP loop, which keeps answering /health.
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -84,6 +89,71 @@ TEST_F(HttpReadLimitsTest, ADeclaredBodyOverTheLimitGets413BeforeItIsSent) {
             "(router.http_max_body_bytes)");
   // The front door still serves.
   EXPECT_EQ(HttpCall(http(), "GET", "/health").status, 200);
+}
+
+// A model with a chat template; three ~7 MB chat requests without
+// max_tokens at once, each rendered and tokenized for seconds (issue #32).
+class HttpLoopTest : public ClusterSuite {
+ protected:
+  static void SetUpTestSuite() {
+    ClusterOptions options;
+    options.model = "qwen2-tiny-synth.gguf";
+    options.http_listen = "127.0.0.1:0";
+    StartSuiteCluster(options);
+  }
+  static std::string http() { return cluster().http_address(); }
+};
+
+// The HTTP loop stays responsive: GET /health, probed every 20 ms, answers
+// each probe within 250 ms while the big requests are parsed and
+// tokenized (before: on the loop thread, 1-4 s each, every probe and
+// stream stalled).
+TEST_F(HttpLoopTest, HealthAnswersWithin250MsWhileThreeBigChatsAreTokenized) {
+  // ~7 MB of ordinary words (under the 8 MiB body limit).
+  std::string content;
+  while (content.size() < 7'000'000) content += "The quick brown fox jumps over the lazy dog. ";
+  const std::string body =
+      json{{"model", "qwen2-tiny-synth"},
+           {"messages", {{{"role", "user"}, {"content", content}}}}}
+          .dump();
+  ASSERT_LT(body.size(), size_t{8} << 20);
+  ASSERT_GT(body.size(), size_t{6'900'000});
+  std::atomic<int> done{0};
+  std::vector<HttpResult> results(3);
+  std::vector<std::thread> senders;
+  for (int i = 0; i < 3; ++i) {
+    senders.emplace_back([&, i] {
+      results[i] = HttpCall(http(), "POST", "/v1/chat/completions", body);
+      done.fetch_add(1);
+    });
+  }
+  // Probe until every big request was answered (and at least 1 s).
+  std::vector<absl::Duration> slow;
+  int probes = 0;
+  const absl::Time start = absl::Now();
+  absl::Time next = start;
+  while (done.load() < 3 || absl::Now() - start < absl::Seconds(1)) {
+    const absl::Time t0 = absl::Now();
+    HttpResult h = HttpCall(http(), "GET", "/health");
+    const absl::Duration took = absl::Now() - t0;
+    ++probes;
+    EXPECT_EQ(h.status, 200) << h.error;
+    if (took > absl::Milliseconds(250)) slow.push_back(took);
+    next += absl::Milliseconds(20);
+    if (absl::Now() < next) absl::SleepFor(next - absl::Now());
+    ASSERT_LT(absl::Now() - start, absl::Seconds(120)) << "the big requests never finished";
+  }
+  for (std::thread& t : senders) t.join();
+  EXPECT_TRUE(slow.empty()) << slow.size() << " of " << probes
+                            << " probes took over 250 ms; the slowest "
+                            << absl::FormatDuration(*std::max_element(slow.begin(), slow.end()));
+  // Each big request was rendered and tokenized: far over the context.
+  for (const HttpResult& r : results) {
+    EXPECT_EQ(r.status, 400) << r.error << r.body.substr(0, 300);
+    json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << r.body.substr(0, 300);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r.body.substr(0, 300);
+  }
 }
 
 }  // namespace
