@@ -427,11 +427,16 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                                   "max_inflight", "max_queued", "max_migrations",
                                   "drop_after_ms", "api_keys_file", "policy", "kv_aware",
                                   "http_listen", "served_model_name", "http_max_streams",
-                                  "http_max_body_bytes"});
+                                  "http_max_body_bytes", "http_read_timeout_ms",
+                                  "metrics_listen"});
       !s.ok()) {
     return s;
   }
   if (absl::Status s = ReadOptionalHostPort(node, "http_listen", path, &r->http_listen);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadOptionalHostPort(node, "metrics_listen", path, &r->metrics_listen);
       !s.ok()) {
     return s;
   }
@@ -465,7 +470,8 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
                    {"max_migrations", &r->max_migrations, 0},
                    {"drop_after_ms", &r->drop_after_ms, 1},
                    {"http_max_streams", &r->http_max_streams, 1},
-                   {"http_max_body_bytes", &r->http_max_body_bytes, 1024}});
+                   {"http_max_body_bytes", &r->http_max_body_bytes, 1024},
+                   {"http_read_timeout_ms", &r->http_read_timeout_ms, 1}});
 }
 
 // cluster.accepted_secret_files: a list of non-empty paths ([] allowed,

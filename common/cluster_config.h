@@ -14,7 +14,8 @@
 //            kv_aware: {prefix_weight: 1.0, free_blocks_weight: 0.25,
 //                       load_weight: 1.0, prefill_queue_weight: 1.0},
 //            http_listen: "host:port", served_model_name: NAME,
-//            http_max_streams: 1024, http_max_body_bytes: 8388608}
+//            http_max_streams: 1024, http_max_body_bytes: 8388608,
+//            http_read_timeout_ms: 30000, metrics_listen: "host:port"}
 //   prefill_workers: [{name, listen, advertise, metrics_listen, device}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise,
 //                      metrics_listen, device}]
@@ -141,16 +142,26 @@ struct RouterConfig {
   KvAwareWeights kv_aware;
   // The OpenAI-compatible HTTP front door (router/openai): POST
   // /v1/completions, /v1/chat/completions, GET /v1/models, /health, /ready,
-  // /metrics. Unset: no HTTP listener (gRPC only).
+  // /metrics (behind the API keys when api_keys_file is set, like /v1/*).
+  // Unset: no HTTP listener (gRPC only).
   std::optional<HostPort> http_listen;
+  // Where the router serves GET /metrics (Prometheus text format) on its
+  // own listener, with no API key, as workers' metrics_listen; flag
+  // --metrics-listen wins. Unset: none (the client port's /metrics only).
+  std::optional<HostPort> metrics_listen;
   // The model name clients send (`model`) and GET /v1/models lists; empty:
   // the model file's stem ("stories260K" for stories260K.gguf).
   std::string served_model_name;
   // Open streaming (SSE) responses at once; beyond: 503. One event-loop
   // thread serves them all.
   int32_t http_max_streams = 1024;
-  // Largest request body in bytes; larger: 413 (>= 1024).
+  // Largest request body in bytes; larger: 413 (>= 1024), answered as soon
+  // as the headers declare it, before the body is read.
   int32_t http_max_body_bytes = 8 << 20;
+  // Milliseconds an HTTP request may take to arrive: its headers from its
+  // first byte, then its body from the end of the headers, each this long
+  // (>= 1); late: 408 and the connection closes.
+  int32_t http_read_timeout_ms = 30000;
 };
 
 // "kv_aware", "least_loaded" or "round_robin" (as router.policy spells it).

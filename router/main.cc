@@ -1,7 +1,9 @@
 // tandem-router: flags -> config -> model (tokenizer, context length, chat
 // template) -> API keys (router.api_keys_file, re-read while serving) -> gRPC
-// server (Generation, Registry, health) -> HTTP front door (router.http_listen:
-// OpenAI API, /metrics) -> wait for SIGTERM -> drain.
+// server (Generation, Registry, health) -> metrics listener
+// (router.metrics_listen: /metrics, no key) -> HTTP front door
+// (router.http_listen: OpenAI API, /metrics behind the keys) -> wait for
+// SIGTERM -> drain.
 #include <cstdio>
 #include <filesystem>
 
@@ -38,11 +40,14 @@ int main(int argc, char** argv) {
         "  --listen HOST:PORT     the gRPC listener (default: router.listen)\n"
         "  --advertise HOST[:PORT]  the address peers dial (default: router.advertise)\n"
         "  --http-listen HOST:PORT  the HTTP API listener (default: router.http_listen)\n"
+        "  --metrics-listen HOST:PORT  the Prometheus /metrics listener (default:\n"
+        "                         router.metrics_listen)\n"
         "  --help                 this text\n");
     return 0;
   }
   rpc::BlockTerminationSignals();
-  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen", "advertise", "http-listen"});
+  auto flags = ParseFlags(argc, argv, {"config", "name", "model", "listen", "advertise",
+                                       "http-listen", "metrics-listen"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()));
   const std::string config_path =
       flags->count("config") ? flags->at("config") : "deploy/local/cluster.yaml";
@@ -72,6 +77,12 @@ int main(int argc, char** argv) {
     auto parsed = ParseHostPort(flags->at("http-listen"), "--http-listen");
     if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
     http_listen = *parsed;
+  }
+  std::optional<HostPort> metrics_listen = config->router.metrics_listen;
+  if (flags->count("metrics-listen")) {
+    auto parsed = ParseHostPort(flags->at("metrics-listen"), "--metrics-listen");
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    metrics_listen = *parsed;
   }
   const std::string name = flags->count("name") ? flags->at("name") : config->router.name;
   rpc::SetLogComponent(name);
@@ -197,6 +208,22 @@ int main(int argc, char** argv) {
     health->SetServingStatus(rpc::kLivenessHealthService, true);
     health->SetServingStatus("", service.registry().CanServe());
   }
+  // Prometheus scrapes this one (no key, as the workers' metrics_listen);
+  // the client port's /metrics needs a key when keys are configured.
+  std::unique_ptr<http::HttpServer> metrics_server;
+  if (metrics_listen.has_value()) {
+    metrics_server = std::make_unique<http::HttpServer>(http::HttpServer::Options{});
+    metrics::ServeMetrics(metrics_server.get(), {service.metrics().registry()});
+    absl::StatusOr<int> bound = metrics_server->Start(metrics_listen->host, metrics_listen->port);
+    if (!bound.ok()) {
+      return Fail(absl::StrCat(
+          flags->count("metrics-listen") ? "--metrics-listen" : "router.metrics_listen", ": ",
+          bound.status().message()));
+    }
+    rpc::Log(absl::StrCat("metrics: serving http://",
+                          HostPort{metrics_listen->host, *bound}.ToString(), "/metrics"));
+    std::printf("TANDEM_METRICS_LISTENING %s:%d\n", metrics_listen->host.c_str(), *bound);
+  }
   // The HTTP front door calls the Generation service above in-process.
   std::unique_ptr<router::openai::OpenAiFrontend> frontend;
   if (http_listen.has_value()) {
@@ -210,6 +237,7 @@ int main(int argc, char** argv) {
     http_options.limits.vocab_size = model_config.vocab_size;
     http_options.http.max_streams = config->router.http_max_streams;
     http_options.http.max_body_bytes = config->router.http_max_body_bytes;
+    http_options.http.read_timeout_ms = config->router.http_read_timeout_ms;
     const tokenizer::Tokenizer* tok = (*bundle)->tokenizer.get();
     router::openai::OpenAiFrontend::Router hooks;
     hooks.channel = (*server)->InProcessChannel(grpc::ChannelArguments());
@@ -224,7 +252,8 @@ int main(int argc, char** argv) {
     hooks.authenticate = [&service](const std::string* a) { return service.AuthenticateHeader(a); };
     hooks.refused = [&service](absl::StatusCode code) { service.metrics().RequestRefused(code); };
     frontend = std::make_unique<router::openai::OpenAiFrontend>(http_options, std::move(hooks));
-    metrics::ServeMetrics(&frontend->server(), {service.metrics().registry()});
+    frontend->HandleBehindKeys("GET", "/metrics",
+                               metrics::MetricsHandler({service.metrics().registry()}));
     auto http_port = frontend->Start(http_listen->host, http_listen->port);
     if (!http_port.ok()) {
       return Fail(absl::StrCat(flags->count("http-listen") ? "--http-listen" : "router.http_listen",
@@ -250,6 +279,7 @@ int main(int argc, char** argv) {
   }
   // HTTP streams still open end now (their gRPC calls are cancelled).
   if (frontend) frontend->Stop();
+  if (metrics_server) metrics_server->Stop();
   (*server)->Shutdown(rpc::DeadlineFromNow(1000));
   // Shutdown cancelled the remaining streams; let their request threads
   // see it before the service they use is destroyed.

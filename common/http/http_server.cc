@@ -1,10 +1,11 @@
-// HttpServer on libevent's evhttp. See http_server.h.
+// HttpServer on libevent's evhttp. See http_server.h; the read deadlines,
+// the early 413 and the connections' close callbacks are connection.h's.
 //
 // Ownership and libevent 2.1 behaviour this file relies on:
 //  - Every exchange whose response has not ended is held (shared_ptr) in
-//    Core::live, and its connection's close callback points at it. The
-//    close callback runs when libevent frees the connection: peer EOF or
-//    reset, a failed write, a timeout, or evhttp_free in Stop.
+//    Core::live, and its Connection tells it when the connection closes
+//    (the close callback, which runs when libevent frees the connection:
+//    peer EOF or reset, a failed write, a timeout, or evhttp_free in Stop).
 //  - When the client goes while the response is unfinished (the user has
 //    not called evhttp_send_reply / evhttp_send_reply_end), libevent does
 //    not free the request: it detaches it (evhttp_request_get_connection
@@ -17,8 +18,8 @@
 //    read timeout is off: idle_timeout_s applies between requests, and to
 //    a client that reads nothing while output waits (write timeout).
 //  - The response ends with evhttp_send_reply / evhttp_send_reply_end;
-//    before either, the close callback is cleared (the connection may
-//    carry later requests) and the idle timeout restored.
+//    before either, the exchange stops listening for the close (the
+//    connection may carry later requests) and the idle timeout is restored.
 #include "common/http/http_server.h"
 
 #include <arpa/inet.h>
@@ -46,6 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/http/connection.h"
 
 namespace tandem::http {
 namespace {
@@ -56,14 +58,15 @@ class ExchangeImpl;
 // any exchange holds it, so calls after Stop find `stopped` and do nothing.
 struct Core {
   HttpServer::Options options;
+  HttpServer::FallbackBody fallback_body;  // fixed before Start
 
   // Loop thread only.
   event_base* base = nullptr;
   evhttp* http = nullptr;
   event* wake = nullptr;
-  // Exchanges whose response has not ended (key: the raw pointer given to
-  // libevent as the close callback's argument).
+  // Exchanges whose response has not ended.
   std::map<ExchangeImpl*, std::shared_ptr<ExchangeImpl>> live;
+  std::unique_ptr<Connections> connections;  // from Start
 
   absl::Mutex mu;
   std::vector<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
@@ -89,16 +92,25 @@ struct Core {
     return true;
   }
   void ReleaseStream() { open_streams.fetch_sub(1); }
+
+  // The Content-Type and body of an answer the server makes itself.
+  std::pair<std::string, std::string> Answer(int status, const std::string& path,
+                                             const std::string& message) const {
+    if (fallback_body) return {"application/json", fallback_body(status, path, message)};
+    return {"text/plain; charset=utf-8", absl::StrCat(message, "\n")};
+  }
 };
 
-void OnConnectionClose(evhttp_connection* evcon, void* arg);
-
-class ExchangeImpl : public Exchange, public std::enable_shared_from_this<ExchangeImpl> {
+class ExchangeImpl : public Exchange,
+                     public Connection::Listener,
+                     public std::enable_shared_from_this<ExchangeImpl> {
  public:
-  ExchangeImpl(std::shared_ptr<Core> core, evhttp_request* req, std::string method,
-               std::string path, std::string body, Headers headers, std::string peer)
+  ExchangeImpl(std::shared_ptr<Core> core, evhttp_request* req, Connection* connection,
+               std::string method, std::string path, std::string body, Headers headers,
+               std::string peer)
       : core_(std::move(core)),
         req_(req),
+        connection_(connection),
         method_(std::move(method)),
         path_(std::move(path)),
         body_(std::move(body)),
@@ -182,11 +194,11 @@ class ExchangeImpl : public Exchange, public std::enable_shared_from_this<Exchan
 
   // --- Loop thread only below. ---
 
-  // Registers the close callback, watches for the peer's EOF, turns the
-  // read timeout off (see the file comment).
+  // Listens for the connection's close, watches for the peer's EOF, turns
+  // the read timeout off (see the file comment).
   void Attach() {
+    connection_->Handling(this);
     evhttp_connection* evcon = evhttp_request_get_connection(req_);
-    evhttp_connection_set_closecb(evcon, &OnConnectionClose, this);
     bufferevent* bev = evhttp_connection_get_bufferevent(evcon);
     bufferevent_data_cb readcb, writecb;
     bufferevent_event_cb eventcb;
@@ -197,6 +209,9 @@ class ExchangeImpl : public Exchange, public std::enable_shared_from_this<Exchan
     bufferevent_set_timeouts(bev, nullptr, &write_tv);
     bufferevent_enable(bev, EV_READ);
   }
+
+  // The connection closed while this exchange listened.
+  void ConnectionClosed() override { Closed(/*request_alive=*/true); }
 
   // The client went (or the server stops): no more libevent calls; runs
   // on_close if the response had not ended. From the close callback
@@ -242,12 +257,12 @@ class ExchangeImpl : public Exchange, public std::enable_shared_from_this<Exchan
   }
   static int ValidStatus(int status) { return status >= 100 && status <= 599 ? status : 500; }
 
-  // Clears the close callback and restores the idle timeout before the
-  // response's end hands the request back to libevent.
+  // Stops listening for the close and restores the idle timeout before
+  // the response's end hands the request back to libevent.
   void Detach() {
     evhttp_connection* evcon = evhttp_request_get_connection(req_);
-    evhttp_connection_set_closecb(evcon, nullptr, nullptr);
     evhttp_connection_set_timeout(evcon, core_->options.idle_timeout_s);
+    connection_->Idle();
   }
 
   void DoRespond(int status, const Headers& headers, const std::string& body) {
@@ -287,6 +302,7 @@ class ExchangeImpl : public Exchange, public std::enable_shared_from_this<Exchan
 
   const std::shared_ptr<Core> core_;
   evhttp_request* req_;  // loop thread; null once ended or closed
+  Connection* const connection_;  // alive while req_ is set
   const std::string method_, path_, body_;
   const Headers headers_;
   const std::string peer_;
@@ -295,10 +311,6 @@ class ExchangeImpl : public Exchange, public std::enable_shared_from_this<Exchan
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kNew;
   std::function<void()> on_close_ ABSL_GUARDED_BY(mu_);
 };
-
-void OnConnectionClose(evhttp_connection*, void* arg) {
-  static_cast<ExchangeImpl*>(arg)->Closed(/*request_alive=*/true);
-}
 
 const char* MethodName(evhttp_cmd_type type) {
   switch (type) {
@@ -337,7 +349,6 @@ struct HttpServer::Impl {
   std::shared_ptr<Core> core = std::make_shared<Core>();
   // path -> method -> handler; fixed before Start.
   std::map<std::string, std::map<std::string, Handler>> routes;
-  std::function<std::string(int, const std::string&)> fallback_body;
   std::thread loop;
   bool started = false;
   std::once_flag stop_once;
@@ -357,14 +368,10 @@ struct HttpServer::Impl {
 
   void Fallback(evhttp_request* req, int status, const std::string& path, const char* allow) {
     evkeyvalq* out = evhttp_request_get_output_headers(req);
-    std::string body;
-    if (fallback_body) {
-      body = fallback_body(status, path);
-      evhttp_add_header(out, "Content-Type", "application/json");
-    } else {
-      body = absl::StrCat(status == 404 ? "not found: " : "method not allowed: ", path, "\n");
-      evhttp_add_header(out, "Content-Type", "text/plain; charset=utf-8");
-    }
+    auto [content_type, body] = core->Answer(
+        status, path,
+        absl::StrCat(status == 404 ? "not found: " : "method not allowed: ", path));
+    evhttp_add_header(out, "Content-Type", content_type.c_str());
     if (allow != nullptr) evhttp_add_header(out, "Allow", allow);
     evbuffer* buf = evbuffer_new();
     evbuffer_add(buf, body.data(), body.size());
@@ -373,12 +380,19 @@ struct HttpServer::Impl {
   }
 
   void Dispatch(evhttp_request* req) {
+    Connection* connection = core->connections->Find(evhttp_request_get_connection(req));
+    if (connection == nullptr) {  // its bufferevent was not ours (out of memory)
+      evhttp_send_error(req, 500, nullptr);
+      return;
+    }
+    connection->Handling(nullptr);
     std::string method = MethodName(evhttp_request_get_command(req));
     std::string path = PathOf(req);
     auto route = routes.find(path);
     if (route == routes.end()) {
       bool known_method = method == "GET" || method == "POST";
       Fallback(req, known_method ? 404 : 405, path, known_method ? nullptr : "GET, POST");
+      connection->Idle();
       return;
     }
     auto handler = route->second.find(method);
@@ -386,6 +400,7 @@ struct HttpServer::Impl {
       std::vector<std::string> allowed;
       for (const auto& [m, h] : route->second) allowed.push_back(m);
       Fallback(req, 405, path, absl::StrJoin(allowed, ", ").c_str());
+      connection->Idle();
       return;
     }
     Headers headers;
@@ -397,9 +412,9 @@ struct HttpServer::Impl {
     std::string body(evbuffer_get_length(input), '\0');
     if (!body.empty()) evbuffer_copyout(input, body.data(), body.size());
     std::string peer = PeerOf(req);
-    auto ex = std::make_shared<ExchangeImpl>(core, req, std::move(method), std::move(path),
-                                             std::move(body), std::move(headers),
-                                             std::move(peer));
+    auto ex = std::make_shared<ExchangeImpl>(core, req, connection, std::move(method),
+                                             std::move(path), std::move(body),
+                                             std::move(headers), std::move(peer));
     core->live.emplace(ex.get(), ex);
     ex->Attach();
     handler->second(ex);
@@ -414,6 +429,7 @@ struct HttpServer::Impl {
     // Left only if libevent skipped a close callback; their requests are
     // freed with the connections.
     while (!core->live.empty()) core->live.begin()->second->Closed(/*request_alive=*/false);
+    core->connections->Clear();  // those libevent freed before they were bound
     event_base_loopexit(core->base, nullptr);  // after the callbacks now active
   }
 };
@@ -428,9 +444,7 @@ void HttpServer::Handle(const std::string& method, const std::string& path, Hand
   impl_->routes[path][method] = std::move(handler);
 }
 
-void HttpServer::set_fallback_body(std::function<std::string(int, const std::string&)> f) {
-  impl_->fallback_body = std::move(f);
-}
+void HttpServer::set_fallback_body(FallbackBody f) { impl_->core->fallback_body = std::move(f); }
 
 int HttpServer::open_streams() const { return impl_->core->open_streams.load(); }
 
@@ -445,11 +459,12 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   Core& core = *impl_->core;
   const Options& o = core.options;
   if (o.max_body_bytes < 0 || o.max_header_bytes <= 0 || o.max_streams < 0 ||
-      o.idle_timeout_s <= 0) {
+      o.idle_timeout_s <= 0 || o.read_timeout_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "HttpServer options: max_body_bytes ", o.max_body_bytes, ", max_header_bytes ",
         o.max_header_bytes, ", max_streams ", o.max_streams, ", idle_timeout_s ",
-        o.idle_timeout_s, " (need >= 0, > 0, >= 0, > 0)"));
+        o.idle_timeout_s, ", read_timeout_ms ", o.read_timeout_ms,
+        " (need >= 0, > 0, >= 0, > 0, > 0)"));
   }
   std::string address = absl::StrCat(host, ":", port);
   core.base = event_base_new();
@@ -463,15 +478,28 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
                                             EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
-  // Read (and drop) an oversized body before answering 413, so the client
-  // sees the answer instead of a reset.
+  // A declared body over the limit gets the Connection's 413 first; what
+  // evhttp still refuses itself (a body it finds too long: pipelined
+  // requests) it reads and drops before answering, so the client sees the
+  // answer instead of a reset.
   evhttp_set_flags(core.http, EVHTTP_SERVER_LINGERING_CLOSE);
   evhttp_set_default_content_type(core.http, "text/plain; charset=utf-8");
   evhttp_set_gencb(core.http, &Impl::OnRequest, impl_.get());
+  ConnectionOptions connection_options;
+  connection_options.max_body_bytes = o.max_body_bytes;
+  connection_options.max_header_bytes = o.max_header_bytes;
+  connection_options.read_timeout_ms = o.read_timeout_ms;
+  connection_options.idle_timeout_s = o.idle_timeout_s;
+  connection_options.answer = [core = &core](int status, const std::string& message) {
+    return core->Answer(status, "", message);
+  };
+  core.connections = std::make_unique<Connections>(core.base, std::move(connection_options));
+  evhttp_set_bevcb(core.http, &Connections::NewBufferevent, core.connections.get());
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(core.http, host.c_str(), port);
   if (bound == nullptr) {
     int err = errno;
     evhttp_free(core.http);
+    core.connections.reset();
     event_base_free(core.base);
     core.http = nullptr;
     core.base = nullptr;

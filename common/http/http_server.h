@@ -10,9 +10,13 @@
 // the client has gone (connection closed, a write failed) every call is a
 // no-op and the exchange's on_close callback runs once, on the loop thread.
 //
-// Limits (Options): a request body over max_body_bytes is answered 413 by
-// libevent before a handler sees it; headers over max_header_bytes 400;
-// more than max_streams open streams -> StartStream fails and the caller
+// Limits (Options), none of which a handler sees: a request whose
+// Content-Length is over max_body_bytes is answered 413 as soon as its
+// headers are in, before any body byte is read (a chunked body growing
+// over it gets libevent's own 413); headers over max_header_bytes 400; a
+// request whose headers, or then whose body, take longer than
+// read_timeout_ms to arrive 408. Those answers close the connection. More
+// than max_streams open streams -> StartStream fails and the caller
 // answers 503 (see Exchange::StartStream).
 //
 // Owns: sockets, HTTP parsing and framing. Does not touch: what the paths
@@ -86,6 +90,11 @@ class HttpServer {
     // while a handler holds a request only a client that reads nothing
     // while output waits is (a quiet stream is not idle).
     int idle_timeout_s = 120;
+    // From a request's first byte its headers must be complete within
+    // this many milliseconds, and from then its body within as many
+    // again; late: 408 and the connection closes. A connection that sends
+    // nothing is idle (idle_timeout_s).
+    int read_timeout_ms = 30000;
   };
 
   explicit HttpServer(Options options);
@@ -94,14 +103,23 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Registers a handler for exact `method` and `path` (before Start).
-  // Unknown paths get 404, a known path with another method 405, both as
-  // `fallback_body(status)` if set (JSON error shapes), else plain text.
   void Handle(const std::string& method, const std::string& path, Handler handler);
-  void set_fallback_body(std::function<std::string(int status, const std::string& path)> f);
+  // The body of the answers the server makes itself: 404 (unknown path),
+  // 405 (a known path, another method), 408 and 413 (Options). `path` is
+  // the request's ("" when its headers never arrived); `message` says
+  // what happened ("not found: /x", "method not allowed: /x", "request
+  // headers incomplete after 30000 ms", "request body of N bytes is over
+  // the limit of M bytes"). Set (before Start): the answer is
+  // application/json with f's result (JSON error shapes); unset: plain
+  // text, `message` and a newline.
+  using FallbackBody = std::function<std::string(int status, const std::string& path,
+                                                 const std::string& message)>;
+  void set_fallback_body(FallbackBody f);
 
   // Binds host:port (port 0: any) and starts the loop thread. Returns the
   // bound port. Errors: UNAVAILABLE naming the address when it cannot bind;
-  // INVALID_ARGUMENT for negative limits or idle_timeout_s <= 0.
+  // INVALID_ARGUMENT for negative limits, idle_timeout_s <= 0 or
+  // read_timeout_ms <= 0.
   // Once per process: evthread_use_pthreads() and SIGPIPE ignored.
   absl::StatusOr<int> Start(const std::string& host, int port);
   // Closes the listener and every connection (on_close runs for open

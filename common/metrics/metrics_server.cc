@@ -18,12 +18,15 @@ std::string Scrape(const std::vector<std::weak_ptr<prometheus::Collectable>>& co
   return prometheus::TextSerializer().Serialize(families);
 }
 
+http::Handler MetricsHandler(std::vector<std::weak_ptr<prometheus::Collectable>> collectables) {
+  return [collectables = std::move(collectables)](std::shared_ptr<http::Exchange> ex) {
+    ex->Respond(200, {{"Content-Type", kContentType}}, Scrape(collectables));
+  };
+}
+
 void ServeMetrics(http::HttpServer* server,
                   std::vector<std::weak_ptr<prometheus::Collectable>> collectables) {
-  server->Handle("GET", "/metrics",
-                 [collectables = std::move(collectables)](std::shared_ptr<http::Exchange> ex) {
-                   ex->Respond(200, {{"Content-Type", kContentType}}, Scrape(collectables));
-                 });
+  server->Handle("GET", "/metrics", MetricsHandler(std::move(collectables)));
 }
 
 }  // namespace tandem::metrics

@@ -29,9 +29,13 @@ inline constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8
 // disjoint.
 std::string Scrape(const std::vector<std::weak_ptr<prometheus::Collectable>>& collectables);
 
-// Registers GET /metrics on `server` (before its Start): 200 with
-// kContentType and Scrape(collectables) as the body. Other methods on the
-// path get the server's 405.
+// The handler of GET /metrics: 200 with kContentType and
+// Scrape(collectables) as the body. For a caller that puts its own check
+// in front (the router's client port, behind its API keys).
+http::Handler MetricsHandler(std::vector<std::weak_ptr<prometheus::Collectable>> collectables);
+
+// Registers GET /metrics on `server` (before its Start): MetricsHandler.
+// Other methods on the path get the server's 405.
 void ServeMetrics(http::HttpServer* server,
                   std::vector<std::weak_ptr<prometheus::Collectable>> collectables);
 

@@ -235,9 +235,13 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
       stub_(v1::Generation::NewStub(router_.channel)),
       server_(std::make_unique<http::HttpServer>(options_.http)),
       open_streams_(std::make_shared<std::atomic<int>>(0)),
-      calls_(std::make_shared<std::atomic<int>>(0)) {
+      calls_(std::make_shared<std::atomic<int>>(0)),
+      workers_(std::make_unique<WorkQueue>(options_.request_threads)) {
   const std::string models_prefix = "/v1/models/";
-  server_->set_fallback_body([models_prefix](int status, const std::string& path) {
+  // The HTTP server's own answers: 404, 405, 408 (read timeout), 413
+  // (body over router.http_max_body_bytes).
+  server_->set_fallback_body([models_prefix](int status, const std::string& path,
+                                             const std::string& message) {
     ApiError e;
     e.http_status = status;
     if (status == 404 && path.rfind(models_prefix, 0) == 0) {
@@ -249,18 +253,29 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
       return ErrorBody(e);
     }
     e.type = status == 404 ? "not_found_error" : "invalid_request_error";
-    e.message = status == 404 ? absl::StrCat("no route ", path)
-                              : absl::StrCat("method not allowed for ", path);
+    switch (status) {
+      case 404: e.message = absl::StrCat("no route ", path); break;
+      case 405: e.message = absl::StrCat("method not allowed for ", path); break;
+      case 408:
+        e.message = absl::StrCat(message, " (router.http_read_timeout_ms)");
+        e.code = "request_timeout";
+        break;
+      case 413:
+        e.message = absl::StrCat(message, " (router.http_max_body_bytes)");
+        e.code = "request_too_large";
+        break;
+      default: e.message = message; break;
+    }
     return ErrorBody(e);
   });
   // GET /v1/models/{id} (OpenAI's "retrieve model") for the served model.
   server_->Handle("GET", models_prefix + options_.limits.served_model_name,
                   [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), true); });
   server_->Handle("POST", "/v1/completions", [this](std::shared_ptr<http::Exchange> e) {
-    HandleGenerate(Endpoint::kCompletions, std::move(e));
+    QueueGenerate(Endpoint::kCompletions, std::move(e));
   });
   server_->Handle("POST", "/v1/chat/completions", [this](std::shared_ptr<http::Exchange> e) {
-    HandleGenerate(Endpoint::kChatCompletions, std::move(e));
+    QueueGenerate(Endpoint::kChatCompletions, std::move(e));
   });
   server_->Handle("GET", "/v1/models",
                   [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), false); });
@@ -292,6 +307,9 @@ void OpenAiFrontend::Stop() {
     stopping_ = true;
   }
   if (keepalive_.joinable()) keepalive_.join();
+  // Requests still queued are answered 503 (HandleGenerate sees
+  // stopping_); one being parsed starts no call.
+  workers_->Stop();
   std::vector<std::shared_ptr<Call>> live;
   {
     absl::MutexLock lock(&mu_);
@@ -332,7 +350,25 @@ void OpenAiFrontend::KeepAliveLoop() {
   }
 }
 
+void OpenAiFrontend::QueueGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange) {
+  if (workers_->Post([this, endpoint, exchange] { HandleGenerate(endpoint, exchange); })) return;
+  RefuseShuttingDown(*exchange, "");
+}
+
 void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      RefuseShuttingDown(*exchange, "");
+      return;
+    }
+  }
+  if (!exchange->open()) {
+    // Gone while its request waited for a worker: nothing to parse.
+    if (router_.refused) router_.refused(absl::StatusCode::kCancelled);
+    rpc::Log("http request -: the client went away before its request was read");
+    return;
+  }
   std::string client_id = exchange->header("X-Request-Id");
   if (!client_id.empty() && !ValidClientId(client_id)) {
     ApiError e;
@@ -399,14 +435,29 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
   auto call = std::make_shared<Call>(std::move(request), exchange, client_id,
                                      options_.limits.served_model_name, router_.token_bytes,
                                      open_streams_, calls_);
+  bool stopping = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stopping_;
+    if (!stopping) live_calls_.push_back(call);
+  }
+  if (stopping) {  // Stop began while this request was parsed
+    if (stream) open_streams_->fetch_sub(1);
+    RefuseShuttingDown(*exchange, client_id);
+    return;
+  }
   exchange->OnClose([weak = std::weak_ptr<Call>(call)] {
     if (std::shared_ptr<Call> c = weak.lock()) c->ClientGone();
   });
-  {
-    absl::MutexLock lock(&mu_);
-    live_calls_.push_back(call);
-  }
   call->Start(stub_.get(), authorization);
+}
+
+void OpenAiFrontend::RefuseShuttingDown(http::Exchange& exchange, const std::string& client_id) {
+  ApiError e;
+  e.http_status = 503;
+  e.type = "server_error";
+  e.message = "router is shutting down";
+  Refuse(exchange, e, client_id);
 }
 
 void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
@@ -427,15 +478,25 @@ void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
   RespondError(exchange, error, client_id);
 }
 
+bool OpenAiFrontend::Authenticated(http::Exchange& exchange) {
+  if (!router_.authenticate) return true;
+  const std::string authorization = exchange.header("Authorization");
+  absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
+  if (s.ok()) return true;
+  RespondError(exchange, FromStatus(s), "");
+  return false;
+}
+
+void OpenAiFrontend::HandleBehindKeys(const std::string& method, const std::string& path,
+                                      http::Handler handler) {
+  server_->Handle(method, path,
+                  [this, handler = std::move(handler)](std::shared_ptr<http::Exchange> e) {
+                    if (Authenticated(*e)) handler(std::move(e));
+                  });
+}
+
 void OpenAiFrontend::HandleModels(std::shared_ptr<http::Exchange> exchange, bool one) {
-  const std::string authorization = exchange->header("Authorization");
-  if (router_.authenticate) {
-    absl::Status s = router_.authenticate(authorization.empty() ? nullptr : &authorization);
-    if (!s.ok()) {
-      RespondError(*exchange, FromStatus(s), "");
-      return;
-    }
-  }
+  if (!Authenticated(*exchange)) return;
   exchange->Respond(200, {{"Content-Type", kJson}},
                     one ? ModelJson(options_.limits, started_s_).dump()
                         : ModelsBody(options_.limits, started_s_));

@@ -2,9 +2,13 @@
 //   POST /v1/completions, POST /v1/chat/completions (stream or not),
 //   GET /v1/models, GET /v1/models/{served name}, GET /health (liveness),
 //   GET /ready (readiness);
-//   GET /metrics is added by the caller (common/metrics).
+//   GET /metrics is added by the caller (HandleBehindKeys with
+//   common/metrics' handler).
 //
-// Each generation request is parsed (openai_protocol.h) and then run as a
+// Each generation request is handed from the HTTP loop thread to a small
+// fixed pool (WorkQueue, Options::request_threads), where it is parsed
+// (openai_protocol.h), a chat without max_tokens rendered and tokenized,
+// and then run as a
 // gRPC Generate call on the router's own Generation service through an
 // in-process channel (grpc::Server::InProcessChannel: no socket, no
 // copy of the rules), so HTTP and gRPC clients get the same validation,
@@ -28,8 +32,10 @@
 // Owns: the HTTP routes and the HTTP <-> gRPC mapping of one request.
 // Does not touch: generation rules (RouterService), JSON shapes
 // (openai_protocol), sockets (common/http).
-// Threads: the HTTP loop thread (handlers), gRPC callback threads (the
-// reactors), and one keep-alive thread for all streams.
+// Threads: the HTTP loop thread (handlers: cheap routes answered there,
+// generation requests queued), request_threads workers (parse, tokenize,
+// start the call), gRPC callback threads (the reactors), and one
+// keep-alive thread for all streams.
 #ifndef TANDEM_ROUTER_OPENAI_OPENAI_FRONTEND_H_
 #define TANDEM_ROUTER_OPENAI_OPENAI_FRONTEND_H_
 
@@ -45,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
 #include "router/openai/openai_protocol.h"
+#include "router/openai/work_queue.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::router::openai {
@@ -55,6 +62,11 @@ class OpenAiFrontend {
     ModelLimits limits;                // served model name, context length, vocabulary size
     http::HttpServer::Options http;    // max_streams: also this front end's SSE limit (503)
     int keepalive_ms = 2000;           // SSE comment period while a stream is quiet
+    // Threads that parse, render and tokenize generation requests (and
+    // start their gRPC calls), so the HTTP loop never does: a 7 MB body
+    // takes seconds. More requests wait in their queue, first come first
+    // served.
+    int request_threads = 2;
   };
   // What the front end needs from the router process.
   struct Router {
@@ -83,8 +95,13 @@ class OpenAiFrontend {
   OpenAiFrontend(Options options, Router router);
   ~OpenAiFrontend();  // Stop()s
 
-  // The HTTP server, to add routes (GET /metrics) before Start.
+  // The HTTP server, to add open routes before Start.
   http::HttpServer& server() { return *server_; }
+  // Adds a route behind the API keys, as /v1/models (before Start): with
+  // keys configured, a request without a valid `Authorization: Bearer`
+  // key gets 401 in OpenAI's shape and `handler` never runs.
+  void HandleBehindKeys(const std::string& method, const std::string& path,
+                        http::Handler handler);
 
   // Binds host:port (0: any) and serves. Returns the bound port; errors
   // as http::HttpServer::Start.
@@ -100,11 +117,20 @@ class OpenAiFrontend {
  private:
   class Call;
 
+  // On the loop thread: queues HandleGenerate for a worker (503 once
+  // stopping).
+  void QueueGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
+  // On a worker: parse, validate, tokenize a chat without max_tokens,
+  // start the gRPC call.
   void HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exchange> exchange);
   // GET /v1/models (the list) or, `one`, GET /v1/models/{served name}.
   void HandleModels(std::shared_ptr<http::Exchange> exchange, bool one);
+  // OK, or answers 401 (RespondError) and returns false.
+  bool Authenticated(http::Exchange& exchange);
   // Answers a generation request refused here (RespondError) and counts it.
   void Refuse(http::Exchange& exchange, const ApiError& error, const std::string& client_id);
+  // Refuses with 503 "router is shutting down".
+  void RefuseShuttingDown(http::Exchange& exchange, const std::string& client_id);
   void KeepAliveLoop();
 
   const Options options_;
@@ -116,6 +142,7 @@ class OpenAiFrontend {
   // (<= options.http.max_streams) and gRPC calls in flight.
   const std::shared_ptr<std::atomic<int>> open_streams_;
   const std::shared_ptr<std::atomic<int>> calls_;
+  std::unique_ptr<WorkQueue> workers_;  // joined by Stop
 
   absl::Mutex mu_;
   // Every call started (pruned as they end): keep-alives for the streams,

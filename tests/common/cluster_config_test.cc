@@ -291,19 +291,31 @@ TEST(ClusterConfigTest, HttpKeys) {
   absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->router.http_listen.has_value());  // gRPC only
+  EXPECT_FALSE(none->router.metrics_listen.has_value());  // no metrics listener
   EXPECT_EQ(none->router.served_model_name, "");        // the model file's stem
   EXPECT_EQ(none->router.http_max_streams, 1024);
   EXPECT_EQ(none->router.http_max_body_bytes, 8 << 20);
+  EXPECT_EQ(none->router.http_read_timeout_ms, 30000);
   absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
       std::string(kMinimal) +
       "router:\n  http_listen: 0.0.0.0:0\n  served_model_name: my-model\n"
-      "  http_max_streams: 7\n  http_max_body_bytes: 4096\n");
+      "  http_max_streams: 7\n  http_max_body_bytes: 4096\n  http_read_timeout_ms: 250\n"
+      "  metrics_listen: 0.0.0.0:9100\n");
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(c->router.http_listen.has_value());
   EXPECT_EQ(c->router.http_listen->ToString(), "0.0.0.0:0");
   EXPECT_EQ(c->router.served_model_name, "my-model");
   EXPECT_EQ(c->router.http_max_streams, 7);
   EXPECT_EQ(c->router.http_max_body_bytes, 4096);
+  EXPECT_EQ(c->router.http_read_timeout_ms, 250);
+  ASSERT_TRUE(c->router.metrics_listen.has_value());
+  EXPECT_EQ(c->router.metrics_listen->ToString(), "0.0.0.0:9100");
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  metrics_listen: 9100\n"),
+              HasSubstr("router.metrics_listen"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  http_read_timeout_ms: 0\n"),
+              HasSubstr("router.http_read_timeout_ms"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  http_read_timeout_ms: 1.5\n"),
+              HasSubstr("router.http_read_timeout_ms"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  served_model_name: \"\"\n"),
               HasSubstr("router.served_model_name: must not be empty"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  http_max_body_bytes: 100\n"),

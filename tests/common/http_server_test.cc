@@ -1,5 +1,6 @@
 // HttpServer (common/http) against a raw-socket HTTP/1.1 client: whole
-// responses and keep-alive, 404/405 fallback bodies, 413, chunked streams
+// responses and keep-alive, 404/405 fallback bodies, 413 (at once for a
+// declared body), 408 read timeouts, chunked streams
 // written from other threads, max_streams, client disconnects, idle
 // timeouts, hundreds of open streams on one thread, Stop.
 #include "common/http/http_server.h"
@@ -11,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <map>
 #include <set>
@@ -53,6 +55,8 @@ class Conn {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
   }
+  // Half-closes: a FIN, the socket still reads.
+  void ShutdownWrite() { shutdown(fd_, SHUT_WR); }
   // Closes with a reset (RST) instead of a FIN.
   void Reset() {
     linger l{1, 0};
@@ -285,7 +289,7 @@ TEST_F(HttpServerTest, RespondsWithHeadersAndBodyAndKeepsTheConnection) {
 TEST_F(HttpServerTest, UnknownPathIs404AndWrongMethodIs405WithTheFallbackBody) {
   server_ = std::make_unique<HttpServer>(HttpServer::Options{});
   server_->Handle("POST", "/v1/x", [](std::shared_ptr<Exchange> ex) { ex->Respond(200, {}, ""); });
-  server_->set_fallback_body([](int status, const std::string& path) {
+  server_->set_fallback_body([](int status, const std::string& path, const std::string&) {
     return absl::StrCat("{\"status\":", status, ",\"path\":\"", path, "\"}");
   });
   auto port = server_->Start("127.0.0.1", 0);
@@ -344,6 +348,132 @@ TEST_F(HttpServerTest, BodyOverTheLimitIs413WithoutReachingTheHandler) {
   ASSERT_TRUE(c.ReadHead(&r));
   EXPECT_EQ(r.status, 413);
   EXPECT_TRUE(c.WaitClosed());
+}
+
+// Issue #32: a declared body over the limit is answered before any of it
+// is read; the connection closes within the read timeout (the client never
+// sends the body).
+TEST_F(HttpServerTest, DeclaredBodyOverTheLimitIs413AtOnceAndClosesWithinTheReadTimeout) {
+  HttpServer::Options o;
+  o.max_body_bytes = 1024;
+  o.read_timeout_ms = 300;
+  StartServer(o);
+  Conn c(port_);
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(c.SendAll("POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 9999999999\r\n\r\n"));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 413);  // not the 408 the read timeout would give
+  EXPECT_EQ(r.headers["connection"], "close");
+  EXPECT_EQ(r.body, "request body of 9999999999 bytes is over the limit of 1024 bytes\n");
+  EXPECT_TRUE(c.WaitClosed());
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  // A Content-Length too large for 64 bits, and the limit + 1.
+  for (const char* length : {"99999999999999999999999", "1025"}) {
+    Conn d(port_);
+    ASSERT_TRUE(d.SendAll(absl::StrCat("PUT /echo HTTP/1.1\r\nContent-Length:  ", length,
+                                       " \r\n\r\n")));
+    Conn::Response rd;
+    ASSERT_TRUE(d.ReadHead(&rd));
+    EXPECT_EQ(rd.status, 413) << length;
+    EXPECT_TRUE(d.WaitClosed());
+  }
+}
+
+// A client that sends its too-large body and half-closes still reads the
+// 413 (the server does not close before the answer is written).
+TEST_F(HttpServerTest, DeclaredBodyOverTheLimitIs413EvenAfterTheClientHalfCloses) {
+  HttpServer::Options o;
+  o.max_body_bytes = 1024;
+  o.read_timeout_ms = 300;
+  StartServer(o);
+  Conn c(port_);
+  ASSERT_TRUE(c.Request("POST", "/echo", std::string(4096, 'b')));
+  c.ShutdownWrite();
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 413);
+  EXPECT_TRUE(c.WaitClosed());
+}
+
+// Issue #32: headers that never finish (here: a byte every 50 ms, which an
+// inactivity timeout would never catch) get 408 and the connection closes.
+TEST_F(HttpServerTest, HeadersNotCompleteWithinTheReadTimeoutAre408) {
+  HttpServer::Options o;
+  o.read_timeout_ms = 300;
+  StartServer(o);
+  Conn c(port_);
+  const absl::Time t0 = absl::Now();
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string head = "GET /hello HTTP/1.1\r\nHost: test\r\nX-Slow: " + std::string(200, 'x');
+    for (size_t i = 0; i < head.size() && !stop.load(); ++i) {
+      if (!c.SendAll(head.substr(i, 1))) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  Conn::Response r;
+  const bool read = c.ReadResponse(&r);
+  stop = true;
+  trickle.join();
+  ASSERT_TRUE(read);
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(r.status, 408);
+  EXPECT_EQ(r.body, "request headers incomplete after 300 ms\n");
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_TRUE(c.WaitClosed());
+}
+
+// Issue #32: the body has its own read_timeout_ms from the end of the
+// headers; late: 408, closed.
+TEST_F(HttpServerTest, BodyNotCompleteWithinTheReadTimeoutIs408) {
+  HttpServer::Options o;
+  o.read_timeout_ms = 300;
+  StartServer(o);
+  Conn c(port_);
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(c.SendAll("POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n0123456789"));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 408);
+  EXPECT_EQ(r.body, "request body incomplete after 300 ms\n");
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  EXPECT_TRUE(c.WaitClosed());
+}
+
+// The read timeout counts the arrival of a request only: a body sent in
+// pieces within it, a keep-alive connection quiet between requests, and a
+// handler or stream slower than it are all fine.
+TEST_F(HttpServerTest, ReadTimeoutSparesTimelyPiecesIdleConnectionsAndSlowResponses) {
+  HttpServer::Options o;
+  o.read_timeout_ms = 300;
+  StartServer(o);
+  Conn c(port_);
+  ASSERT_TRUE(c.SendAll("POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 6\r\n"));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(c.SendAll("\r\nab"));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(c.SendAll("cdef"));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(r.body, "abcdef");
+  absl::SleepFor(absl::Milliseconds(700));  // idle between requests
+  ASSERT_TRUE(c.Request("GET", "/stream"));
+  ASSERT_TRUE(WaitKept(1));
+  absl::SleepFor(absl::Milliseconds(700));  // a quiet stream
+  std::shared_ptr<Exchange> ex = kept_.at(0);
+  ASSERT_TRUE(ex->Send("late but fine"));
+  ex->EndStream();
+  Conn::Response rs;
+  ASSERT_TRUE(c.ReadResponse(&rs));
+  EXPECT_EQ(rs.status, 200);
+  EXPECT_EQ(rs.body, "late but fine");
+  ASSERT_TRUE(c.Request("GET", "/hello"));  // the connection still serves
+  Conn::Response rh;
+  ASSERT_TRUE(c.ReadResponse(&rh));
+  EXPECT_EQ(rh.status, 200);
 }
 
 TEST_F(HttpServerTest, HeadersOverTheLimitAreRefused) {
@@ -580,6 +710,17 @@ TEST_F(HttpServerTest, IdleConnectionsTimeOutButQuietStreamsDoNot) {
   Conn::Response r;
   ASSERT_TRUE(s.ReadResponse(&r));
   EXPECT_EQ(r.body, "still here");
+}
+
+TEST(HttpServerOptionsTest, NonPositiveReadTimeoutIsInvalid) {
+  HttpServer::Options o;
+  o.read_timeout_ms = 0;
+  HttpServer server(o);
+  auto port = server.Start("127.0.0.1", 0);
+  ASSERT_FALSE(port.ok());
+  EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(port.status().message().find("read_timeout_ms 0"), std::string::npos)
+      << port.status();
 }
 
 TEST_F(HttpServerTest, StartOnAUsedPortIsUnavailableNamingTheAddress) {

@@ -333,7 +333,11 @@ void CheckCommon(const Rendered& r, ClusterConfig* out_config) {
   CheckProbes(rc, config.router.listen.port);
   ASSERT_TRUE(config.router.http_listen.has_value());
   EXPECT_EQ(ContainerPort(rc, "http"), config.router.http_listen->port);
-  CheckMetricsAnnotations(router, config.router.http_listen->port);
+  // Prometheus scrapes the metrics port: the client port's /metrics needs
+  // an API key (router.api_keys_file is set, below).
+  ASSERT_TRUE(config.router.metrics_listen.has_value());
+  EXPECT_EQ(ContainerPort(rc, "metrics"), config.router.metrics_listen->port);
+  CheckMetricsAnnotations(router, config.router.metrics_listen->port);
   CheckGrace(router, config);
   CheckStartsUpToThePodsFiles(router, text, config);
   EXPECT_EQ(EnvFieldRef(rc, "POD_NAME"), "metadata.name");
@@ -350,6 +354,7 @@ void CheckCommon(const Rendered& r, ClusterConfig* out_config) {
   }
   EXPECT_EQ(svc_ports["grpc"], config.router.listen.port);
   EXPECT_EQ(svc_ports["http"], config.router.http_listen->port);
+  EXPECT_EQ(svc_ports.count("metrics"), 0u) << "the metrics port is for Prometheus, not clients";
   const YAML::Node router_labels = router["spec"]["selector"]["matchLabels"];
   for (const YAML::Node& s : {svc, r.Get("Service", "tandem-router-peers")}) {
     ASSERT_TRUE(s.IsDefined());

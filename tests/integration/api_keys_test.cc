@@ -119,6 +119,7 @@ class ApiKeysTest : public OwnClusterTest {
     o.api_keys_file = keys;
     o.api_key = kBobKey;
     o.http_listen = "127.0.0.1:0";
+    o.router_metrics_listen = "127.0.0.1:0";
     ASSERT_NO_FATAL_FAILURE(StartCluster(o));
   }
   std::string dir_;
@@ -643,6 +644,34 @@ TEST_F(ApiKeysTest, HttpNeedsTheKeyToo) {
   const v1::ApiKeyUsage after = Usage(cluster(), "bob");
   EXPECT_EQ(after.requests() - before.requests(), 1u);
   EXPECT_EQ(after.generated_tokens() - before.generated_tokens(), 4u);
+}
+
+// Issue #32: with keys, GET /metrics on the client port needs one (401 in
+// OpenAI's shape without); router.metrics_listen serves it with none, for
+// Prometheus. Both are the same registry.
+TEST_F(ApiKeysTest, ClientPortMetricsNeedAKeyTheMetricsPortDoesNot) {
+  const std::string http = cluster().http_address();
+  HttpResult none = HttpCall(http, "GET", "/metrics");
+  EXPECT_EQ(none.status, 401) << none.body;
+  EXPECT_THAT(none.body, HasSubstr("missing API key"));
+  EXPECT_THAT(none.body, HasSubstr("\"type\":\"authentication_error\""));
+  EXPECT_THAT(none.body, Not(HasSubstr("tandem_requests_total")));
+  HttpResult wrong =
+      HttpCall(http, "GET", "/metrics", "", {{"Authorization", "Bearer sk-test-carol"}});
+  EXPECT_EQ(wrong.status, 401) << wrong.body;
+  HttpResult keyed = HttpCall(http, "GET", "/metrics", "",
+                              {{"Authorization", absl::StrCat("Bearer ", kBobKey)}});
+  ASSERT_EQ(keyed.status, 200) << keyed.body;
+  EXPECT_EQ(keyed.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_THAT(keyed.body, HasSubstr("tandem_requests_total"));
+
+  ASSERT_FALSE(cluster().router_metrics_address().empty());
+  HttpResult scraped = HttpCall(cluster().router_metrics_address(), "GET", "/metrics");
+  ASSERT_EQ(scraped.status, 200) << scraped.body;
+  EXPECT_EQ(scraped.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_THAT(scraped.body, HasSubstr("tandem_requests_total"));
+  // Only /metrics there: the API is not reachable through the metrics port.
+  EXPECT_EQ(HttpCall(cluster().router_metrics_address(), "GET", "/v1/models").status, 404);
 }
 
 // Kubernetes swaps a mounted Secret's file under the running router: the

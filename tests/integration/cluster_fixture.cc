@@ -144,12 +144,18 @@ std::string ClusterYaml(const ClusterOptions& o) {
       o.api_keys_file.empty() ? "" : absl::StrCat("  api_keys_file: ", o.api_keys_file, "\n"),
       o.router_policy.empty() ? "" : absl::StrCat("  policy: ", o.router_policy, "\n"),
       o.http_listen.empty() ? "" : absl::StrCat("  http_listen: ", o.http_listen, "\n"),
+      o.router_metrics_listen.empty()
+          ? ""
+          : absl::StrCat("  metrics_listen: ", o.router_metrics_listen, "\n"),
       o.http_max_streams > 0 ? absl::StrCat("  http_max_streams: ", o.http_max_streams, "\n") : "",
       o.served_model_name.empty()
           ? ""
           : absl::StrCat("  served_model_name: ", o.served_model_name, "\n"),
       o.http_max_body_bytes > 0
           ? absl::StrCat("  http_max_body_bytes: ", o.http_max_body_bytes, "\n")
+          : "",
+      o.http_read_timeout_ms > 0
+          ? absl::StrCat("  http_read_timeout_ms: ", o.http_read_timeout_ms, "\n")
           : "",
       WorkerEntries(o),
       "engine:\n"
@@ -251,17 +257,26 @@ absl::Status LocalCluster::StartProcesses() {
                                                 ConfigPath("router"), "--name", "router",
                                                 "--model", model};
   absl::StatusOr<std::string> router;
-  if (options_.http_listen.empty()) {
+  if (options_.http_listen.empty() && options_.router_metrics_listen.empty()) {
     router = SpawnAndWait("router", router_argv, &router_index_);
   } else {
-    // The HTTP line comes first (router/main.cc), then the gRPC one.
+    // The metrics line comes first (router/main.cc), then the HTTP one,
+    // then the gRPC one.
     absl::StatusOr<int> spawned = Spawn("router", router_argv);
     if (!spawned.ok()) return spawned.status();
     router_index_ = *spawned;
-    absl::StatusOr<std::string> http =
-        group_.WaitForLine(router_index_, "TANDEM_HTTP_LISTENING ", options_.start_timeout);
-    if (!http.ok()) return http.status();
-    http_address_ = *http;
+    if (!options_.router_metrics_listen.empty()) {
+      absl::StatusOr<std::string> metrics = group_.WaitForLine(
+          router_index_, "TANDEM_METRICS_LISTENING ", options_.start_timeout);
+      if (!metrics.ok()) return metrics.status();
+      router_metrics_address_ = *metrics;
+    }
+    if (!options_.http_listen.empty()) {
+      absl::StatusOr<std::string> http =
+          group_.WaitForLine(router_index_, "TANDEM_HTTP_LISTENING ", options_.start_timeout);
+      if (!http.ok()) return http.status();
+      http_address_ = *http;
+    }
     router = group_.WaitForLine(router_index_, kListening, options_.start_timeout);
   }
   if (!router.ok()) return router.status();

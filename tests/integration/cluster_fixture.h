@@ -131,6 +131,10 @@ struct ClusterOptions {
   // router.http_max_body_bytes (0: the default).
   std::string served_model_name;
   int32_t http_max_body_bytes = 0;
+  int32_t http_read_timeout_ms = 0;  // router.http_read_timeout_ms (0: the default)
+  // router.metrics_listen (e.g. "127.0.0.1:0"; empty: none); its bound
+  // address is LocalCluster::router_metrics_address().
+  std::string router_metrics_listen;
   // cluster.secret_file of every process (empty: none, an open cluster).
   // With one, DecodeStatus() and PrefillStatus() sign their calls
   // (LocalCluster::Sign); calls a test makes on decode_stub() carry no
@@ -196,6 +200,7 @@ class LocalCluster {
   const std::string& router_address() const { return router_address_; }
   // The router's HTTP host:port (ClusterOptions::http_listen set), else "".
   const std::string& http_address() const { return http_address_; }
+  const std::string& router_metrics_address() const { return router_metrics_address_; }
   const std::string& prefill_address() const { return prefill_address_; }
   const std::string& decode_address() const { return decode_address_; }
   pid_t router_pid() const { return group_.pid(router_index_); }
@@ -270,6 +275,7 @@ class LocalCluster {
   std::map<std::string, std::vector<std::string>> worker_argv_;  // name -> command line
   std::string router_address_;
   std::string http_address_;
+  std::string router_metrics_address_;
   std::string prefill_address_;
   std::string decode_address_;
   std::unique_ptr<v1::Generation::Stub> stub_;

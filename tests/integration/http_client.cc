@@ -54,6 +54,60 @@ HttpResult HttpCall(const std::string& address, const std::string& method,
   return out;
 }
 
+RawHttpResult RawHttp(const std::string& address, const std::string& request,
+                      absl::Duration timeout) {
+  RawHttpResult out;
+  auto [host, port] = SplitAddress(address);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    out.error = absl::StrCat("connect ", address, ": ", strerror(errno));
+    if (fd >= 0) close(fd);
+    return out;
+  }
+  const absl::Time start = absl::Now();
+  for (size_t off = 0; off < request.size();) {
+    ssize_t n = send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) {
+      out.error = absl::StrCat("send: ", strerror(errno));
+      break;
+    }
+    off += static_cast<size_t>(n);
+  }
+  std::string raw;
+  const absl::Time deadline = start + timeout;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0 || poll(&p, 1, static_cast<int>(ms)) == 0) break;
+    char buf[16384];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      out.closed = true;  // EOF or reset
+      break;
+    }
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  out.took = absl::Now() - start;
+  close(fd);
+  const size_t end = raw.find("\r\n\r\n");
+  if (end == std::string::npos) return out;
+  std::vector<std::string> lines = absl::StrSplit(raw.substr(0, end), "\r\n");
+  std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
+  if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &out.status)) return out;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const size_t colon = lines[i].find(':');
+    if (colon == std::string::npos) continue;
+    out.headers[absl::AsciiStrToLower(lines[i].substr(0, colon))] =
+        std::string(absl::StripAsciiWhitespace(lines[i].substr(colon + 1)));
+  }
+  out.body = raw.substr(end + 4);
+  return out;
+}
+
 absl::StatusOr<SseStream> SseStream::Open(
     const std::string& address, const std::string& path, const std::string& body,
     const std::vector<std::pair<std::string, std::string>>& headers, absl::Duration timeout) {

@@ -29,6 +29,22 @@ HttpResult HttpCall(const std::string& address, const std::string& method,
                     const std::string& path, const std::string& body = "",
                     const std::vector<std::pair<std::string, std::string>>& headers = {});
 
+// What RawHttp saw.
+struct RawHttpResult {
+  int status = 0;                              // 0: no status line came
+  std::map<std::string, std::string> headers;  // names lowercased
+  std::string body;                            // every byte after the headers
+  bool closed = false;  // the server closed the connection before the timeout
+  absl::Duration took;  // from the first byte sent to the close (or the timeout)
+  std::string error;    // connect or send failures
+};
+
+// Sends `request` as is (bytes a well-behaved client never sends: a head
+// that never ends, a body that never comes) on a new connection, then
+// reads until the server closes it or `timeout` passes.
+RawHttpResult RawHttp(const std::string& address, const std::string& request,
+                      absl::Duration timeout);
+
 // A POST whose response is read incrementally (chunked or not).
 class SseStream {
  public:

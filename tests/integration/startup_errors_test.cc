@@ -338,5 +338,45 @@ TEST_F(StartupErrorTest, RouterOnBusyPortExitsOneNamingRouterListen) {
   EXPECT_THAT(r.err, HasSubstr(absl::StrCat(port)));
 }
 
+// router.metrics_listen (and --metrics-listen, which wins) that cannot be
+// bound: exit 1 naming the key or flag.
+TEST_F(StartupErrorTest, RouterMetricsListenOnBusyPortExitsOneNamingIt) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string busy = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+
+  ClusterOptions options;
+  options.router_metrics_listen = busy;
+  const std::string config = Write("cluster.yaml", ClusterYaml(options));
+  const ProcessResult r =
+      RunProcess(ServerArgv(Server::kRouter, config, ModelPath()), kExitTimeout);
+  EXPECT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr("router.metrics_listen: cannot listen on " + busy));
+  EXPECT_THAT(r.out, Not(HasSubstr("TANDEM_METRICS_LISTENING")));
+
+  options.router_metrics_listen = "127.0.0.1:0";  // the flag wins over a good key
+  std::vector<std::string> argv =
+      ServerArgv(Server::kRouter, Write("flag.yaml", ClusterYaml(options)), ModelPath());
+  argv.push_back("--metrics-listen");
+  argv.push_back(busy);
+  const ProcessResult f = RunProcess(argv, kExitTimeout);
+  EXPECT_TRUE(f.exited) << f.Describe();
+  EXPECT_EQ(f.exit_code, 1) << f.Describe();
+  EXPECT_THAT(f.err, HasSubstr("--metrics-listen: cannot listen on " + busy));
+}
+
 }  // namespace
 }  // namespace tandem::testing
