@@ -97,10 +97,11 @@ class Supervisor {
     }
   }
 
-  // Reports an exit during start-up, stops the rest; returns the exit
-  // status 1.
-  int FailOnChildExit() {
-    std::cerr << "tandem: " << exit_->Describe() << " unexpectedly; stopping the cluster\n";
+  // Reports an exit during start-up (the one Wait() reported, or `e`),
+  // stops the rest; returns the exit status 1.
+  int FailOnChildExit() { return FailOnChildExit(*exit_); }
+  int FailOnChildExit(const ProcessGroup::Exit& e) {
+    std::cerr << "tandem: " << e.Describe() << " unexpectedly; stopping the cluster\n";
     StopAll();
     return 1;
   }
@@ -198,8 +199,10 @@ absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir
   std::ifstream in(options.config, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("cannot read cluster config '", options.config, "'"));
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read cluster config '", options.config, "': ", strerror(errno)));
+  }
   absl::StatusOr<std::string> resized =
       ResizeWorkerLists(text.str(), options.prefill_workers, options.decode_workers);
   if (!resized.ok()) {
@@ -483,6 +486,14 @@ int RunUp(const std::vector<std::string>& args) {
       if (line.ok()) {
         *address = *line;
         return std::nullopt;
+      }
+      if (absl::IsUnavailable(line.status()) && !sup.group().running(*router)) {
+        // It closed its stdout and exited (WaitForLine reaped it): a
+        // start-up error such as a model it cannot load, which it has
+        // written on stderr above. Said as for any child.
+        ProcessGroup& group = sup.group();
+        return sup.FailOnChildExit(
+            {*router, group.name(*router), group.pid(*router), group.wait_status(*router)});
       }
       if (!absl::IsCancelled(line.status())) {
         sup.StopAll();
