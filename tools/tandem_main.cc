@@ -36,6 +36,7 @@ constexpr char kUsage[] =
     "            [--chat] PROMPT   (--chat: send PROMPT as one user message)\n"
     "  status    one line per process; exit 0 when the cluster can serve\n"
     "            [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms MS]\n"
+    "            (--check-idle: exit 3 while a worker holds work, 4 when one did not answer)\n"
     "  synth-model  write a llama or qwen2 GGUF of a given shape with seeded random weights\n"
     "            --out PATH (--vocab-from GGUF | --vocab byte)\n"
     "            [--preset 15M|110M|1B|llama3.2-1b | --dim N --layers N --heads N [--kv-heads N]\n"
