@@ -22,6 +22,8 @@ constexpr char kUsage[] =
     "  up        run a local cluster (router + workers) in the foreground\n"
     "            [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n"
     "            [--prefill-workers N] [--decode-workers M]   (N >= 0, M >= 1; default: the config's)\n"
+    "            [--ephemeral-ports]   (every listen port of the config that is not 0 binds 0:\n"
+    "            a second cluster from one config; the process lines give the bound ports)\n"
     "            [--nccl-one-gpu-test]   (NCCL test mode, P and D on one GPU: each worker gets\n"
     "            NCCL_HOSTID=tandem-<name>, NCCL_NET=Socket, NCCL_IB_DISABLE=1,\n"
     "            NCCL_SOCKET_IFNAME=lo; slow, functional only; needs a worker on cuda:N and\n"
