@@ -9,10 +9,15 @@
 // messages name our key paths.
 #include "common/cluster_config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -838,11 +843,41 @@ std::string PrefillPlacementSummary(const ClusterConfig& config) {
                       "<= ", threshold, ", else a prefill worker)");
 }
 
+namespace {
+
+// Why `path` cannot be read as a file: the OS's reason (strerror: "No such
+// file or directory", "Permission denied", "Is a directory"), "not a
+// regular file" for a FIFO, socket or device; "" when it can. Opens
+// without blocking (a FIFO would wait for a writer) and closes again.
+std::string UnreadableFileReason(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return strerror(errno);
+  struct stat st;
+  std::string reason;
+  if (fstat(fd, &st) != 0) {
+    reason = strerror(errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    reason = strerror(EISDIR);
+  } else if (!S_ISREG(st.st_mode)) {
+    reason = "not a regular file";
+  }
+  close(fd);
+  return reason;
+}
+
+}  // namespace
+
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+  if (const std::string reason = UnreadableFileReason(path); !reason.empty()) {
+    return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "': ", reason));
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
   std::ostringstream text;
   text << in.rdbuf();
+  if (in.bad()) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read cluster config '", path, "': ", strerror(errno)));
+  }
   absl::StatusOr<ClusterConfig> config = ParseClusterConfig(text.str());
   if (!config.ok()) {
     return absl::Status(config.status().code(),
@@ -862,10 +897,11 @@ absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
       {config.model, "model (config)"}};
   for (const auto& [path, source] : explicit_choices) {
     if (path.empty()) continue;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(path, ec)) return path;
+    const std::string reason = UnreadableFileReason(path);
+    if (reason.empty()) return path;
     return absl::NotFoundError(
-        absl::StrCat(source, " ", path, ": no such model file (pass --model PATH)"));
+        absl::StrCat(source, " ", path, ": cannot read model file: ", reason,
+                     " (pass --model PATH)"));
   }
   const std::string defaults[] = {"models/stories260K.gguf",
                                   "../shared/models/stories260K.gguf"};

@@ -349,12 +349,14 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
 //     workers get only requests with route_override REMOTE".
 std::string PrefillPlacementSummary(const ClusterConfig& config);
 
-// Reads and parses a file. NOT_FOUND if it cannot be read.
+// Reads and parses a file. NOT_FOUND with the OS's reason if it cannot be
+// read: "cannot read cluster config 'x.yaml': No such file or directory".
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 
 // Model path resolution (issue #2): the first explicit choice of the flag,
-// $TANDEM_MODEL and the config's `model` wins and must exist (NOT_FOUND
-// naming it otherwise); with none given, models/stories260K.gguf, then
+// $TANDEM_MODEL and the config's `model` wins and must be a readable file
+// (NOT_FOUND naming it and the OS's reason otherwise: "--model /tmp: cannot
+// read model file: Is a directory (pass --model PATH)"); with none given, models/stories260K.gguf, then
 // ../shared/models/stories260K.gguf. NOT_FOUND with one line naming the
 // --model flag when neither default exists.
 absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,

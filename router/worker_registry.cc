@@ -360,6 +360,7 @@ void WorkerRegistry::StatusAllAsync(
         status.set_name(h.name);
         status.set_role(h.role);
         status.set_address(h.address);
+        status.set_unreachable(true);
       }
       status.set_healthy(gather->healthy[i] && s.ok());
       status.set_kv_index_blocks(gather->index_blocks[i]);

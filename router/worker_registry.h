@@ -223,8 +223,9 @@ class WorkerRegistry {
   // deadline of rpc_timeout_ms; never blocks. `done` runs exactly once with
   // one status per worker in name order, on a gRPC thread (on the caller's
   // when there is no worker). A worker that did not answer is reported with
-  // only name, role and address; healthy is the registry's health and the
-  // poll's success. kv_index_blocks is the prefix index's block count for
+  // only name, role and address, and unreachable = true (its load is
+  // unknown, not 0); healthy is the registry's health and the poll's
+  // success. A dropped worker (drop_after_ms) is not reported. kv_index_blocks is the prefix index's block count for
   // the worker when the call started.
   void StatusAllAsync(std::function<void(std::vector<v1::WorkerStatus>)> done) const;
 

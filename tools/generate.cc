@@ -7,8 +7,12 @@
 #include <iostream>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/server/proto_convert.h"
+#include "engine/core/request_validation.h"
+#include "engine/sampling/sampling_options.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tools/cli_args.h"
 #include "tools/router_client.h"
@@ -25,7 +29,7 @@ constexpr char kUsage[] =
     "                       [--logprobs N] [--n N] [--route auto|local|remote] [--chat]\n"
     "                       [--json] [--timeout-ms MS] PROMPT\n"
     "  --chat: send PROMPT as one user message, rendered with the model's chat template\n"
-    "  ...: the flag may be repeated; value ranges are checked by the router\n"
+    "  ...: the flag may be repeated; values outside the router's ranges are refused here\n"
     "  --n N > 1 without --json: one \"[sample S] TEXT\" line per sample as it finishes\n";
 
 double ToMs(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
@@ -41,7 +45,8 @@ absl::StatusOr<int64_t> CheckRange(const std::string& name, int64_t value, int64
   return value;
 }
 
-// A uint32 field's flag (0 fits the field and is the router's to reject).
+// A uint32 field's flag (any value of the field; CheckRanges has the
+// router's ranges).
 absl::StatusOr<std::optional<uint32_t>> OptionalUint32(const ParsedArgs& parsed,
                                                        const std::string& name) {
   if (!parsed.Has(name)) return std::optional<uint32_t>();
@@ -105,6 +110,72 @@ nlohmann::ordered_json FloatJson(float v) {
   return d;
 }
 
+// The flag of each GenerateRequest field that the servers' range checks
+// name at the start of their messages.
+constexpr std::pair<absl::string_view, absl::string_view> kFieldFlags[] = {
+    {"max_tokens", "max-tokens"},
+    {"temperature", "temperature"},
+    {"top_p", "top-p"},
+    {"min_p", "min-p"},
+    {"repetition_penalty", "repetition-penalty"},
+    {"presence_penalty", "presence-penalty"},
+    {"frequency_penalty", "frequency-penalty"},
+    {"logprobs", "logprobs"},
+    {"logit_bias", "logit-bias"},
+    {"n", "n"},
+    {"min_tokens", "min-tokens"},
+    {"stop_token_ids", "stop-token-id"}};
+
+// A server check's INVALID_ARGUMENT with its field named by the flag:
+// "top_p: must be in (0, 1], got 2" -> "--top-p: must be in (0, 1], got 2";
+// "logit_bias[5]: ..." -> "--logit-bias: logit_bias[5]: ...".
+absl::Status NameTheFlag(const absl::Status& s) {
+  const absl::string_view m = s.message();
+  for (const auto& [field, flag] : kFieldFlags) {
+    if (absl::StartsWith(m, absl::StrCat(field, ": "))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, m.substr(field.size())));
+    }
+    if (absl::StartsWith(m, absl::StrCat(field, "["))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", m));
+    }
+  }
+  return s;
+}
+
+// The router's range checks on `r` (RouterService::Validate runs the same
+// functions, in this order), minus what needs the model: the context
+// length and the vocabulary's upper bound. Token ids are checked for >= 0.
+absl::Status CheckRanges(const tandem::v1::GenerateRequest& r) {
+  if (r.max_tokens() < 1) {
+    // core::ValidateGeneration's first range check; the rest of it needs
+    // the tokenized prompt.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-tokens: must be >= 1, got ", r.max_tokens()));
+  }
+  for (int32_t id : r.stop_token_ids()) {
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stop-token-id: a token id is >= 0, got ", id));
+    }
+  }
+  for (const auto& entry : r.sampling().logit_bias()) {
+    if (entry.first < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--logit-bias: a token id is >= 0, got ", entry.first));
+    }
+  }
+  // Every id the flags can carry lies in a vocabulary this large.
+  constexpr int32_t kAnyVocabulary = std::numeric_limits<int32_t>::max();
+  absl::Status s =
+      sampling::Validate(SamplingFromProto(r.sampling(), r.logprobs()), kAnyVocabulary);
+  if (s.ok()) {
+    const std::vector<int32_t> stop_ids(r.stop_token_ids().begin(), r.stop_token_ids().end());
+    s = core::ValidateControls(r.has_n() ? int64_t{r.n()} : 1, r.min_tokens(), r.max_tokens(),
+                               stop_ids, kAnyVocabulary);
+  }
+  return s.ok() ? s : NameTheFlag(s);
+}
+
 nlohmann::ordered_json StopReasonJson(const tandem::v1::StopReason& r) {
   switch (r.kind_case()) {
     case tandem::v1::StopReason::kText:
@@ -159,8 +230,8 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   o.include_stop_str = parsed->Has("include-stop-str");
   o.ignore_eos = parsed->Has("ignore-eos");
 
-  // Only the syntax and the field's type are checked here; value ranges
-  // are the router's (one place for every client).
+  // The syntax and the field's type here; the router's value ranges at the
+  // end (CheckRanges), on the request that would be sent.
   absl::StatusOr<std::optional<uint32_t>> max_tokens = OptionalUint32(*parsed, "max-tokens");
   if (!max_tokens.ok()) return max_tokens.status();
   o.max_tokens = max_tokens->value_or(o.max_tokens);
@@ -231,6 +302,7 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   if (tandem::tokenizer::SanitizeUtf8(o.prompt) != o.prompt) {
     return absl::InvalidArgumentError("PROMPT: not valid UTF-8");
   }
+  if (absl::Status s = CheckRanges(BuildGenerateRequest(o)); !s.ok()) return s;
   return o;
 }
 

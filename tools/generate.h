@@ -26,9 +26,8 @@
 // finishing order; after a successful call, a sample the stream ended
 // without finishing is printed at the end). With --json exactly one JSON
 // line is printed at the end (see GenerateResult::ToJson). A failed RPC
-// prints "tandem: CODE: message" to stderr and exits 1 (value ranges are
-// the router's: INVALID_ARGUMENT naming the field); a bad flag (unparsable
-// value) exits 2.
+// prints "tandem: CODE: message" to stderr and exits 1; a bad flag (a
+// value that does not parse, or that the router would refuse) exits 2.
 #ifndef TANDEM_TOOLS_GENERATE_H_
 #define TANDEM_TOOLS_GENERATE_H_
 
@@ -80,9 +79,14 @@ struct GenerateOptions {
 // for a value that does not parse or fit its proto field: --max-tokens,
 // --min-tokens, --logprobs, --n outside 0..2^32-1; --top-k, --stop-token-id
 // or a --logit-bias id outside int32; --logit-bias not ID=BIAS or an id
-// given twice; --stop or PROMPT not valid UTF-8; a missing PROMPT. Value
-// ranges of the request (max_tokens >= 1, temperature >= 0, n in 1..16,
-// ...) are left to the router, one place for every client.
+// given twice; --stop or PROMPT not valid UTF-8; a missing PROMPT; and a
+// value the router refuses, checked by the servers' own functions
+// (sampling::Validate, core::ValidateControls, as RouterService::Validate)
+// with the message naming the flag: "--max-tokens: must be >= 1, got 0",
+// "--top-p: must be in (0, 1], got 2", "--n: must be in [1, 16], got 0",
+// "--min-tokens: must be in [0, max_tokens = 4], got 5". Only what needs
+// the model is left to the router: prompt + max_tokens against the context
+// length, token ids against the vocabulary size (here: ids >= 0).
 absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args);
 
 // The request `options` describe (has_seed set iff --seed was given):

@@ -195,16 +195,29 @@ void ProcessGroup::ForwardLines(Child& child) {
 
 absl::StatusOr<std::string> ProcessGroup::WaitForLine(int index, absl::string_view prefix,
                                                       absl::Duration timeout, int interrupt_fd) {
+  absl::StatusOr<std::pair<size_t, std::string>> line =
+      WaitForAnyLine(index, {prefix}, timeout, interrupt_fd);
+  if (!line.ok()) return line.status();
+  return std::move(line->second);
+}
+
+absl::StatusOr<std::pair<size_t, std::string>> ProcessGroup::WaitForAnyLine(
+    int index, const std::vector<absl::string_view>& prefixes, absl::Duration timeout,
+    int interrupt_fd) {
   Child& child = children_[index];
   const absl::Time deadline = absl::Now() + timeout;
+  const std::string wanted = absl::StrCat("'", absl::StrJoin(prefixes, "' or '"), "'");
   for (;;) {
     // Look through the complete lines we already have.
     size_t nl;
     while ((nl = child.pending.find('\n')) != std::string::npos) {
       std::string line = child.pending.substr(0, nl);
       child.pending.erase(0, nl + 1);
-      if (absl::StartsWith(line, prefix)) {
-        return std::string(absl::StripAsciiWhitespace(line.substr(prefix.size())));
+      for (size_t i = 0; i < prefixes.size(); ++i) {
+        if (absl::StartsWith(line, prefixes[i])) {
+          return std::make_pair(
+              i, std::string(absl::StripAsciiWhitespace(line.substr(prefixes[i].size()))));
+        }
       }
       WriteAll(STDERR_FILENO, absl::StrCat("[", child.name, "] ", line, "\n"));
     }
@@ -212,7 +225,7 @@ absl::StatusOr<std::string> ProcessGroup::WaitForLine(int index, absl::string_vi
       // Closed stdout: give the child a moment to exit so we can say how.
       for (int i = 0; i < 100 && !TryReap(child); ++i) absl::SleepFor(absl::Milliseconds(10));
       return absl::UnavailableError(absl::StrCat(
-          child.name, " closed its stdout before printing '", prefix, "'",
+          child.name, " closed its stdout before printing ", wanted,
           child.running ? "" : absl::StrCat(": ", DescribeWaitStatus(child.wait_status))));
     }
     pollfd pfds[2] = {{child.stdout_fd, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
@@ -225,8 +238,8 @@ absl::StatusOr<std::string> ProcessGroup::WaitForLine(int index, absl::string_vi
       return absl::CancelledError(absl::StrCat("interrupted while waiting for ", child.name));
     }
     if (n == 0 && timeout_ms == 0) {
-      return absl::DeadlineExceededError(absl::StrCat(child.name, " did not print '", prefix,
-                                                      "' within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(child.name, " did not print ", wanted,
+                                                      " within ", absl::FormatDuration(timeout)));
     }
     ReadAvailable(child);
   }

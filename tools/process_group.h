@@ -86,6 +86,13 @@ class ProcessGroup {
   // CANCELLED as soon as `interrupt_fd` (if >= 0) becomes readable.
   absl::StatusOr<std::string> WaitForLine(int index, absl::string_view prefix,
                                           absl::Duration timeout, int interrupt_fd = -1);
+  // WaitForLine for the first line that starts with any of `prefixes`:
+  // returns the index of the prefix it starts with (the first that
+  // matches) and the rest of the line, trimmed. The errors name every
+  // prefix ("'A' or 'B'").
+  absl::StatusOr<std::pair<size_t, std::string>> WaitForAnyLine(
+      int index, const std::vector<absl::string_view>& prefixes, absl::Duration timeout,
+      int interrupt_fd = -1);
 
   // Copies whatever the children have written to stdout so far to our
   // stderr ("[name] line"); never blocks.

@@ -76,6 +76,12 @@ std::string KvByTransport(const tandem::v1::WorkerStatus& s) {
 }  // namespace
 
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
+  if (s.unreachable()) {
+    return absl::StrCat(s.name(), " ", RoleName(s.role()), " ",
+                        s.address().empty() ? "-" : s.address(), " unreachable ",
+                        s.healthy() ? "healthy" : "unhealthy",
+                        " (no answer to the router's GetStatus: its load is unknown)");
+  }
   return absl::StrCat(
       s.name(), " ", RoleName(s.role()), " ", s.address().empty() ? "-" : s.address(),
       s.kv_endpoint().empty() ? "" : absl::StrCat(" kv=", s.kv_endpoint()),
@@ -104,6 +110,7 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
           {"kv_endpoint", s.kv_endpoint()},
           {"ready", s.ready()},
           {"healthy", s.healthy()},
+          {"unreachable", s.unreachable()},
           {"running_requests", s.running_requests()},
           {"queued_requests", s.queued_requests()},
           {"kv_blocks_in_use", s.kv_blocks_in_use()},
@@ -192,18 +199,30 @@ nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& stat
   return j;
 }
 
-bool IsIdle(const tandem::v1::ClusterStatus& status) {
+Idleness CheckIdleness(const tandem::v1::ClusterStatus& status) {
+  bool unknown = false;
   for (const tandem::v1::WorkerStatus& w : status.workers()) {
-    if (w.kv_blocks_in_use() > 0 || w.transfers_in_flight() > 0 || w.running_requests() > 0) {
-      return false;
+    if (w.unreachable()) {
+      unknown = true;
+    } else if (w.kv_blocks_in_use() > 0 || w.transfers_in_flight() > 0 ||
+               w.running_requests() > 0) {
+      return Idleness::kBusy;
     }
   }
-  return true;
+  return unknown ? Idleness::kUnknown : Idleness::kIdle;
 }
 
 int StatusExitCode(const tandem::v1::ClusterStatus& status, bool check_idle) {
   if (!status.can_serve()) return 1;
-  if (check_idle && !IsIdle(status)) return 3;
+  if (!check_idle) return 0;
+  switch (CheckIdleness(status)) {
+    case Idleness::kIdle:
+      return 0;
+    case Idleness::kBusy:
+      return kExitBusy;
+    case Idleness::kUnknown:
+      return kExitIdleUnknown;
+  }
   return 0;
 }
 
@@ -241,6 +260,14 @@ int RunStatus(const std::vector<std::string>& args) {
   std::fflush(stdout);
   const int code = StatusExitCode(status, options->check_idle);
   if (code == 1) std::cerr << "tandem: the cluster cannot serve\n";
+  if (code == kExitIdleUnknown) {
+    std::vector<std::string> unreachable;
+    for (const tandem::v1::WorkerStatus& w : status.workers()) {
+      if (w.unreachable()) unreachable.push_back(w.name());
+    }
+    std::cerr << "tandem: idle unknown: " << absl::StrJoin(unreachable, ", ")
+              << " did not answer the router (its KV blocks and requests are unknown)\n";
+  }
   return code;
 }
 

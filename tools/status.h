@@ -12,8 +12,11 @@
 // Exit status: 0 when the cluster can serve; 1 when the router is
 // unreachable or cannot serve; 3 with --check-idle while any worker still
 // has KV blocks in use, transfers in flight or running requests (tests poll
-// this until a cancelled or finished request has released everything); 2 for
-// a bad flag.
+// this until a cancelled or finished request has released everything); 4
+// with --check-idle when no worker is busy but one did not answer the
+// router (WorkerStatus.unreachable: a frozen worker may hold work, so it is
+// unknown, not idle; a worker the router has dropped, router.drop_after_ms,
+// is no longer listed and no longer counts); 2 for a bad flag.
 #ifndef TANDEM_TOOLS_STATUS_H_
 #define TANDEM_TOOLS_STATUS_H_
 
@@ -47,6 +50,9 @@ std::string RoleName(tandem::v1::WorkerRole role);
 //    kv_blocks=USED/TOTAL transfers=N prefill_tokens=N decode_tokens=N
 //    kv_sent=BYTES kv_received=BYTES max_batch=N" (one line, single spaces),
 // with " kv=<endpoint>" after the address for decode workers that have one.
+// A worker the router got no answer from (unreachable) has no numbers:
+//   "<name> <role> <address> unreachable unhealthy (no answer to the
+//    router's GetStatus: its load is unknown)".
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 
 // One line for one API key's usage (ClusterStatus.api_keys):
@@ -72,12 +78,23 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& status
 //  "api_keys_required": bool, "api_keys": [{every ApiKeyUsage field}, ...]}.
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status);
 
-// True when no worker has kv_blocks_in_use, transfers_in_flight or
-// running_requests above zero.
-bool IsIdle(const tandem::v1::ClusterStatus& status);
+// Whether the workers of a ClusterStatus hold work.
+enum class Idleness {
+  kIdle,     // every listed worker answered, none holds anything
+  kBusy,     // a worker that answered has kv_blocks_in_use,
+             // transfers_in_flight or running_requests above zero
+  kUnknown,  // none of those is busy, but a listed worker is unreachable
+};
 
-// The exit status for a successful GetStatus: 1 if !can_serve, else 3 if
-// check_idle and !IsIdle, else 0.
+// The idleness of `status.workers()` (the router line is not looked at).
+Idleness CheckIdleness(const tandem::v1::ClusterStatus& status);
+
+// The exit statuses of `tandem status` beyond 0, 1 and 2.
+inline constexpr int kExitBusy = 3;
+inline constexpr int kExitIdleUnknown = 4;
+
+// The exit status for a successful GetStatus: 1 if !can_serve, else with
+// check_idle kExitBusy / kExitIdleUnknown per CheckIdleness, else 0.
 int StatusExitCode(const tandem::v1::ClusterStatus& status, bool check_idle);
 
 // Runs the subcommand; returns the process exit status.

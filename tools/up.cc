@@ -35,8 +35,11 @@ namespace tandem::cli {
 namespace {
 
 constexpr char kUsageHint[] = " (usage: tandem up --help)";
+// The lines the servers announce their bound addresses with, on stdout
+// (common/server/server_util.h, router/main.cc).
 constexpr char kListeningPrefix[] = "TANDEM_LISTENING ";
 constexpr char kHttpListeningPrefix[] = "TANDEM_HTTP_LISTENING ";
+constexpr char kMetricsListeningPrefix[] = "TANDEM_METRICS_LISTENING ";
 
 // What woke the supervisor.
 enum class Event { kNothing, kStopSignal, kChildExited };
@@ -97,10 +100,11 @@ class Supervisor {
     }
   }
 
-  // Reports an exit during start-up, stops the rest; returns the exit
-  // status 1.
-  int FailOnChildExit() {
-    std::cerr << "tandem: " << exit_->Describe() << " unexpectedly; stopping the cluster\n";
+  // Reports an exit during start-up (the one Wait() reported, or `e`),
+  // stops the rest; returns the exit status 1.
+  int FailOnChildExit() { return FailOnChildExit(*exit_); }
+  int FailOnChildExit(const ProcessGroup::Exit& e) {
+    std::cerr << "tandem: " << e.Describe() << " unexpectedly; stopping the cluster\n";
     StopAll();
     return 1;
   }
@@ -192,16 +196,22 @@ class TempDir {
   std::string path_;
 };
 
-// Writes --config's text with the worker lists `options` asks for to
+// Writes --config's text with the worker lists and ports `options` asks
+// for (--prefill-workers, --decode-workers, --ephemeral-ports) to
 // dir/cluster.yaml; returns that path. Errors name --config or the flags.
-absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir& dir) {
+absl::StatusOr<std::string> WriteDerivedConfig(const UpOptions& options, TempDir& dir) {
   std::ifstream in(options.config, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("cannot read cluster config '", options.config, "'"));
-  absl::StatusOr<std::string> resized =
-      ResizeWorkerLists(text.str(), options.prefill_workers, options.decode_workers);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read cluster config '", options.config, "': ", strerror(errno)));
+  }
+  absl::StatusOr<std::string> resized = text.str();
+  if (options.prefill_workers || options.decode_workers) {
+    resized = ResizeWorkerLists(*resized, options.prefill_workers, options.decode_workers);
+  }
+  if (resized.ok() && options.ephemeral_ports) resized = EphemeralPorts(*resized);
   if (!resized.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.config, ": ", resized.status().message()));
@@ -213,7 +223,7 @@ absl::StatusOr<std::string> WriteResizedConfig(const UpOptions& options, TempDir
       << (options.prefill_workers ? absl::StrCat(" --prefill-workers ", *options.prefill_workers)
                                   : "")
       << (options.decode_workers ? absl::StrCat(" --decode-workers ", *options.decode_workers) : "")
-      << "\n"
+      << (options.ephemeral_ports ? " --ephemeral-ports" : "") << "\n"
       << *resized;
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
@@ -270,6 +280,7 @@ absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
              {"ready-timeout-s"},
              {"prefill-workers"},
              {"decode-workers"},
+             {"ephemeral-ports", /*takes_value=*/false},
              {kNcclOneGpuTestFlag, /*takes_value=*/false}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
@@ -292,12 +303,20 @@ absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
   if (!decode.ok()) return decode.status();
   o.decode_workers = *decode;
   o.nccl_one_gpu_test = parsed->Has(kNcclOneGpuTestFlag);
+  o.ephemeral_ports = parsed->Has("ephemeral-ports");
   return o;
 }
 
 std::string FormatUpProcess(const UpProcess& p) {
-  return absl::StrCat(kUpProcessPrefix, p.name, " role=", p.role, " pid=", p.pid,
-                      " address=", p.address, p.kv_endpoint.empty() ? "" : " kv=", p.kv_endpoint);
+  std::string line = absl::StrCat(kUpProcessPrefix, p.name, " role=", p.role, " pid=", p.pid,
+                                  " address=", p.address);
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string*>{"kv", &p.kv_endpoint},
+        {"http", &p.http_address},
+        {"metrics", &p.metrics_address}}) {
+    if (!value->empty()) absl::StrAppend(&line, " ", key, "=", *value);
+  }
+  return line;
 }
 
 absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
@@ -305,18 +324,27 @@ absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
     return absl::InvalidArgumentError(absl::StrCat("not a tandem up process line: '", text, "'"));
   };
   const std::vector<std::string> fields = absl::StrSplit(text, ' ');
-  if (fields.size() != 4 && fields.size() != 5) return bad();
+  if (fields.size() < 4) return bad();
   UpProcess p;
   p.name = fields[0];
+  // The keys in FormatUpProcess's order; role, pid and address always, the
+  // others only when set.
+  std::string UpProcess::*const kFields[] = {&UpProcess::role, nullptr, &UpProcess::address,
+                                             &UpProcess::kv_endpoint, &UpProcess::http_address,
+                                             &UpProcess::metrics_address};
+  static constexpr const char* kKeys[] = {"role", "pid", "address", "kv", "http", "metrics"};
+  size_t next = 0;  // the first key the next field may have
   for (size_t i = 1; i < fields.size(); ++i) {
     const std::pair<std::string, std::string> kv =
         absl::StrSplit(fields[i], absl::MaxSplits('=', 1));
-    static constexpr const char* kKeys[] = {"", "role", "pid", "address", "kv"};
-    if (kv.first != kKeys[i]) return bad();
-    if (i == 1) p.role = kv.second;
-    if (i == 2 && !absl::SimpleAtoi(kv.second, &p.pid)) return bad();
-    if (i == 3) p.address = kv.second;
-    if (i == 4) p.kv_endpoint = kv.second;
+    while (next < std::size(kKeys) && kv.first != kKeys[next] && next >= 3) ++next;
+    if (next >= std::size(kKeys) || kv.first != kKeys[next] || kv.second.empty()) return bad();
+    if (kFields[next] != nullptr) {
+      p.*kFields[next] = kv.second;
+    } else if (!absl::SimpleAtoi(kv.second, &p.pid)) {
+      return bad();
+    }
+    ++next;
   }
   if (p.name.empty() || p.role.empty() || p.address.empty() || p.pid <= 0) return bad();
   return p;
@@ -393,11 +421,12 @@ int RunUp(const std::vector<std::string>& args) {
   }
   absl::StatusOr<ClusterConfig> config = LoadClusterConfig(options->config);
   if (!config.ok()) return Fail(config.status().message());
-  // The file the children read: --config, or its resized copy.
+  // The file the children read: --config, or its copy with resized lists
+  // and/or ephemeral ports.
   std::string config_path = options->config;
   TempDir resized_dir;
-  if (options->prefill_workers || options->decode_workers) {
-    absl::StatusOr<std::string> path = WriteResizedConfig(*options, resized_dir);
+  if (options->prefill_workers || options->decode_workers || options->ephemeral_ports) {
+    absl::StatusOr<std::string> path = WriteDerivedConfig(*options, resized_dir);
     if (!path.ok()) return Fail(path.status().message());
     config = LoadClusterConfig(*path);
     if (!config.ok()) return Fail(config.status().message());
@@ -472,17 +501,30 @@ int RunUp(const std::vector<std::string>& args) {
     }
     return std::nullopt;
   };
-  // The router's stdout: TANDEM_HTTP_LISTENING (with router.http_listen),
-  // then TANDEM_LISTENING. Sets `address`; an exit code when up must end.
-  const absl::Time listen_deadline = absl::Now() + options->listen_timeout;
-  auto wait_router_line = [&](const char* prefix,
-                              std::string* address) -> std::optional<int> {
-    for (;;) {
-      absl::StatusOr<std::string> line = sup.group().WaitForLine(
-          *router, prefix, listen_deadline - absl::Now(), sup.signal_fd());
+  // Reads child `index`'s stdout until it has announced each of `prefixes`
+  // (in any order); (*found)[i] is the address after prefixes[i]. An exit
+  // code when up must end: the child exited (its own error is on stderr
+  // above), a stop signal, no announcement by `deadline`.
+  auto wait_announcements = [&](int index, const std::vector<absl::string_view>& prefixes,
+                                absl::Time deadline,
+                                std::vector<std::string>* found) -> std::optional<int> {
+    found->assign(prefixes.size(), "");
+    std::vector<bool> seen(prefixes.size(), false);
+    for (size_t left = prefixes.size(); left > 0;) {
+      absl::StatusOr<std::pair<size_t, std::string>> line = sup.group().WaitForAnyLine(
+          index, prefixes, deadline - absl::Now(), sup.signal_fd());
       if (line.ok()) {
-        *address = *line;
-        return std::nullopt;
+        if (!seen[line->first]) --left;
+        seen[line->first] = true;
+        (*found)[line->first] = std::move(line->second);
+        continue;
+      }
+      ProcessGroup& group = sup.group();
+      if (absl::IsUnavailable(line.status()) && !group.running(index)) {
+        // Closed its stdout and exited (WaitForAnyLine reaped it): said as
+        // for any child that exits during start-up.
+        return sup.FailOnChildExit(
+            {index, group.name(index), group.pid(index), group.wait_status(index)});
       }
       if (!absl::IsCancelled(line.status())) {
         sup.StopAll();
@@ -490,13 +532,18 @@ int RunUp(const std::vector<std::string>& args) {
       }
       if (std::optional<int> rc = OnStartupEvent(sup.Wait(absl::ZeroDuration()))) return *rc;
     }
+    return std::nullopt;
   };
-  std::string http_address;
-  if (config->router.http_listen.has_value()) {
-    if (std::optional<int> rc = wait_router_line(kHttpListeningPrefix, &http_address)) return *rc;
+  // The router's bound addresses: gRPC, and HTTP with router.http_listen.
+  std::vector<absl::string_view> router_lines = {kListeningPrefix};
+  if (config->router.http_listen.has_value()) router_lines.push_back(kHttpListeningPrefix);
+  std::vector<std::string> router_found;
+  if (std::optional<int> rc = wait_announcements(
+          *router, router_lines, absl::Now() + options->listen_timeout, &router_found)) {
+    return *rc;
   }
-  std::string router_address;
-  if (std::optional<int> rc = wait_router_line(kListeningPrefix, &router_address)) return *rc;
+  const std::string router_address = router_found[0];
+  const std::string http_address = router_found.size() > 1 ? router_found[1] : "";
   const std::string dial = DialAddress(router_address);
   std::cerr << "tandem: router listening on " << router_address << "\n";
 
@@ -510,6 +557,7 @@ int RunUp(const std::vector<std::string>& args) {
     }
   }
   std::vector<std::string> worker_names;
+  std::map<int, std::string> metrics_address;  // child index -> bound address
   for (const auto& [bin, workers] : {std::pair{prefill_bin, &config->prefill_workers},
                                      std::pair{decode_bin, &config->decode_workers}}) {
     for (const WorkerConfig& w : *workers) {
@@ -526,12 +574,22 @@ int RunUp(const std::vector<std::string>& args) {
         return Fail(child.status().message());
       }
       worker_names.push_back(w.name);
+      if (w.metrics_listen.has_value()) metrics_address[*child] = "";
     }
+  }
+  const absl::Time ready_deadline = absl::Now() + options->ready_timeout;
+  // Each metrics server's bound address (announced once its model loaded).
+  for (auto& [index, address] : metrics_address) {
+    std::vector<std::string> found;
+    if (std::optional<int> rc =
+            wait_announcements(index, {kMetricsListeningPrefix}, ready_deadline, &found)) {
+      return *rc;
+    }
+    address = DialAddress(found[0]);
   }
 
   // 3. Readiness as the router sees it.
   std::unique_ptr<tandem::v1::Generation::Stub> stub = MakeGenerationStub(dial);
-  const absl::Time ready_deadline = absl::Now() + options->ready_timeout;
   std::string last_problem = "no answer yet";
   tandem::v1::ClusterStatus status;
   for (;;) {
@@ -557,15 +615,19 @@ int RunUp(const std::vector<std::string>& args) {
     if (std::optional<int> rc = OnStartupEvent(sup.Wait(absl::Milliseconds(200)))) return *rc;
   }
   // 4. The cluster: every process with its pid and address, then ready.
-  std::string table =
-      FormatUpProcess({config->router.name, "router", sup.group().pid(*router), dial, ""});
+  std::string table = FormatUpProcess(
+      {config->router.name, "router", sup.group().pid(*router), dial, /*kv_endpoint=*/"",
+       http_address.empty() ? "" : DialAddress(http_address), /*metrics_address=*/""});
   for (size_t i = 1; i < sup.group().size(); ++i) {
     const int index = static_cast<int>(i);
     for (const tandem::v1::WorkerStatus& w : status.workers()) {
       if (w.name() != sup.group().name(index)) continue;
-      absl::StrAppend(&table, "\n",
-                      FormatUpProcess({w.name(), RoleName(w.role()), sup.group().pid(index),
-                                       w.address(), w.kv_endpoint()}));
+      const auto metrics = metrics_address.find(index);
+      absl::StrAppend(
+          &table, "\n",
+          FormatUpProcess({w.name(), RoleName(w.role()), sup.group().pid(index), w.address(),
+                           w.kv_endpoint(), /*http_address=*/"",
+                           metrics == metrics_address.end() ? "" : metrics->second}));
     }
   }
   if (!http_address.empty()) {

@@ -2,20 +2,25 @@
 //
 //   tandem up [--config deploy/local/cluster.yaml] [--model PATH]
 //             [--prefill-workers N] [--decode-workers M] [--ready-timeout-s 60]
-//             [--nccl-one-gpu-test]
+//             [--ephemeral-ports] [--nccl-one-gpu-test]
 //
 // Sequence: load the config; with --prefill-workers / --decode-workers,
 // write it with resized worker lists (ResizeWorkerLists: workers
-// prefill-0..N-1, decode-0..M-1) to a temporary directory, removed at exit,
-// and give the children that file; resolve the model (ResolveUpModel);
+// prefill-0..N-1, decode-0..M-1), and with --ephemeral-ports with every
+// listen port that is not 0 made 0 (EphemeralPorts, up_cluster.h), to a
+// temporary directory, removed at exit, and give the children that file;
+// resolve the model (ResolveUpModel);
 // start the router (the sibling binary tandem-router next to
-// /proc/self/exe) and read its "TANDEM_LISTENING host:port" line (30 s);
-// start every prefill and decode worker of the config with --name <entry>
+// /proc/self/exe) and read its "TANDEM_LISTENING host:port" line, and with
+// router.http_listen its "TANDEM_HTTP_LISTENING host:port" (30 s, in any
+// order); start every prefill and decode worker of the config with --name <entry>
 // and --router <that address> (workers that resolve to one cuda:N share its
 // memory: each gets --gpu-memory-fraction engine.gpu_memory_fraction / n,
 // and one line per such GPU goes to stderr, "tandem: GPU cuda:0: 2 workers
 // (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 split as 0.45
-// each": SplitGpuMemory, FormatGpuShare in up_cluster.h); only then open a gRPC channel and poll
+// each": SplitGpuMemory, FormatGpuShare in up_cluster.h), read the
+// "TANDEM_METRICS_LISTENING host:port" line of each worker with a
+// metrics_listen; only then open a gRPC channel and poll
 // Generation.GetStatus until can_serve and every worker is registered and
 // healthy (sending $TANDEM_API_KEY when set: a router with
 // router.api_keys_file answers UNAUTHENTICATED without a valid key, which
@@ -69,6 +74,8 @@ struct UpOptions {
   std::optional<int> decode_workers;
   // --nccl-one-gpu-test: the NCCL one-GPU test mode (tools/up_nccl.h).
   bool nccl_one_gpu_test = false;
+  // --ephemeral-ports: the children read EphemeralPorts(config).
+  bool ephemeral_ports = false;
 };
 
 // Parses the arguments after "up". INVALID_ARGUMENT naming the flag:
@@ -107,14 +114,19 @@ struct UpProcess {
   pid_t pid = -1;
   std::string address;      // gRPC host:port (the router: the dial address)
   std::string kv_endpoint;  // decode workers: the KV receiver host:port
+  // The bound address (DialAddress) of its HTTP front door (the router
+  // with router.http_listen) and of its GET /metrics server (a
+  // metrics_listen); empty without one.
+  std::string http_address;
+  std::string metrics_address;
 };
 
 // The line prefix of FormatUpProcess.
 inline constexpr char kUpProcessPrefix[] = "tandem: process ";
 
 // "tandem: process decode-0 role=decode pid=123 address=127.0.0.1:4000
-// kv=127.0.0.1:4001" (one line, no newline; " kv=..." only when
-// kv_endpoint is set).
+// kv=127.0.0.1:4001 http=127.0.0.1:8000 metrics=127.0.0.1:9102" (one line,
+// no newline; kv=, http= and metrics= only when set, in that order).
 std::string FormatUpProcess(const UpProcess& p);
 
 // The inverse of FormatUpProcess for the text after kUpProcessPrefix.

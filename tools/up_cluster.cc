@@ -32,17 +32,53 @@ std::string BareAdvertiseHost(const std::string& text) {
   return a->host.find(':') != std::string::npos ? absl::StrCat("[", a->host, "]") : a->host;
 }
 
+// Where a listen key lives in a cluster config.
+enum class Section { kRouter, kWorker };
+
+// Every listen address of a cluster config (common/cluster_config.h), with
+// the advertise key whose port follows it (nullptr: none). The rewrites
+// below (--ephemeral-ports, the extra entries of a resized list) read only
+// this table: a new listen key is one row.
+struct ListenKey {
+  Section section;
+  const char* listen;
+  const char* advertise;
+};
+constexpr ListenKey kListenKeys[] = {
+    {Section::kRouter, "listen", "advertise"},
+    {Section::kRouter, "http_listen", nullptr},
+    {Section::kWorker, "listen", "advertise"},
+    {Section::kWorker, "kv_listen", "kv_advertise"},
+    {Section::kWorker, "metrics_listen", nullptr},
+};
+
+// In `node` (the router map, or one worker entry), makes every listen key
+// of `section` whose port is not 0 port 0, and its advertise key (when it
+// has a port) the bare host. With `every_advertise`, each advertise key of
+// the section becomes its bare host even where its listener already had
+// port 0 (copies of one entry must not advertise one port). Values that
+// do not parse are left for ParseClusterConfig to name.
+void MakePortsEphemeral(YAML::Node node, Section section, bool every_advertise) {
+  for (const ListenKey& k : kListenKeys) {
+    if (k.section != section) continue;
+    bool changed = false;
+    if (node[k.listen] && node[k.listen].IsScalar()) {
+      const std::string text = node[k.listen].as<std::string>();
+      const std::string ephemeral = EphemeralListen(text);
+      changed = ephemeral != text;
+      node[k.listen] = ephemeral;
+    }
+    if (k.advertise != nullptr && (changed || every_advertise) && node[k.advertise] &&
+        node[k.advertise].IsScalar()) {
+      node[k.advertise] = BareAdvertiseHost(node[k.advertise].as<std::string>());
+    }
+  }
+}
+
 // A deep copy of `entry` with every port made ephemeral.
 YAML::Node EphemeralCopy(const YAML::Node& entry) {
   YAML::Node copy = YAML::Clone(entry);
-  for (const char* key : {"listen", "kv_listen", "metrics_listen"}) {
-    if (copy[key] && copy[key].IsScalar()) copy[key] = EphemeralListen(copy[key].as<std::string>());
-  }
-  for (const char* key : {"advertise", "kv_advertise"}) {
-    if (copy[key] && copy[key].IsScalar()) {
-      copy[key] = BareAdvertiseHost(copy[key].as<std::string>());
-    }
-  }
+  MakePortsEphemeral(copy, Section::kWorker, /*every_advertise=*/true);
   return copy;
 }
 
@@ -131,6 +167,41 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
         ResizeList(decode_listed, prefill_listed, "decode_workers", "decode", *decode);
     if (!list.ok()) return list.status();
     root["decode_workers"] = *list;
+  }
+  YAML::Emitter out;
+  out << root;
+  if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
+  return absl::StrCat(out.c_str(), "\n");
+}
+
+absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error: ", e.msg));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("cluster config: expected a map");
+  if (root["router"].IsNull() || !root["router"].IsDefined()) {
+    root["router"] = YAML::Node(YAML::NodeType::Map);
+  }
+  YAML::Node router = root["router"];
+  if (!router.IsMap()) return absl::InvalidArgumentError("router: expected a map");
+  // An absent router.listen is its default, 127.0.0.1:50051: written out.
+  if (!router["listen"]) router["listen"] = RouterConfig().listen.ToString();
+  MakePortsEphemeral(router, Section::kRouter, /*every_advertise=*/false);
+  for (const char* list : {"prefill_workers", "decode_workers"}) {
+    YAML::Node workers = root[list];
+    if (!workers.IsDefined() || workers.IsNull()) continue;
+    if (!workers.IsSequence()) {
+      return absl::InvalidArgumentError(absl::StrCat(list, ": expected a list"));
+    }
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (!workers[i].IsMap()) {
+        return absl::InvalidArgumentError(absl::StrCat(list, "[", i, "]: expected a map"));
+      }
+      MakePortsEphemeral(workers[i], Section::kWorker, /*every_advertise=*/false);
+    }
   }
   YAML::Emitter out;
   out << root;

@@ -1,7 +1,8 @@
 // The cluster `tandem up --prefill-workers N --decode-workers M` runs: the
 // config file's text with its worker lists resized.
 //
-// Owns: rewriting the two worker lists of a cluster YAML. Does not touch:
+// Owns: rewriting the two worker lists of a cluster YAML, and its listen
+// ports (--ephemeral-ports; one table of every listen key). Does not touch:
 // the schema or its validation (common/cluster_config: the caller parses the
 // result with ParseClusterConfig), files, processes. Threads: pure functions.
 #ifndef TANDEM_TOOLS_UP_CLUSTER_H_
@@ -43,6 +44,20 @@ inline constexpr int kMaxWorkersPerRole = 64;
 absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
                                               std::optional<int> prefill,
                                               std::optional<int> decode);
+
+// Returns `yaml_text` (a cluster config) for `tandem up --ephemeral-ports`:
+// every listen address whose port is not 0 binds port 0 instead
+// (router.listen, written out as 127.0.0.1:0 when absent since its default
+// is 127.0.0.1:50051; router.http_listen; each worker's listen, kv_listen
+// and metrics_listen), and the advertise address of such a listener
+// (advertise, kv_advertise) loses its port, which then follows the bound
+// one. Listeners already on port 0 and their advertise addresses stay as
+// written; every other key is copied (comments are dropped). So a second
+// cluster from one config binds nothing the first holds. Errors:
+// INVALID_ARGUMENT for YAML that does not parse or whose router is not a
+// map or worker lists not lists of maps (ParseClusterConfig of the
+// original, called first, names these better).
+absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text);
 
 // A GPU that several workers of a cluster resolve to (their entry's
 // `device:`, else engine.device), and the share of its memory each gets.

@@ -77,6 +77,11 @@ void AnnounceListening(const std::string& host, int port) {
   std::fflush(stdout);
 }
 
+void AnnounceMetricsListening(const std::string& host, int port) {
+  std::printf("TANDEM_METRICS_LISTENING %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

@@ -42,6 +42,12 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
 // `tandem up` and tests wait for.
 void AnnounceListening(const std::string& host, int port);
 
+// Prints "TANDEM_METRICS_LISTENING host:port" on stdout and flushes: where
+// the process's GET /metrics server bound (a port 0 in the config becomes
+// the real one), printed before its TANDEM_LISTENING line. `tandem up`
+// reads it for the "metrics=" of its process table.
+void AnnounceMetricsListening(const std::string& host, int port);
+
 // An insecure channel to `address` with reconnect backoff ~100 ms initial,
 // 1 s max (DESIGN.md: a restarted worker is seen at once).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);

@@ -256,6 +256,7 @@ int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
     }
     rpc::Log(absl::StrCat("metrics: serving http://", HostPort{at.host, *bound}.ToString(),
                           "/metrics"));
+    rpc::AnnounceMetricsListening(at.host, *bound);
   }
 
   grpc::EnableDefaultHealthCheckService(true);

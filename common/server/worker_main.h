@@ -95,8 +95,9 @@ using RuntimeFactory =
 // the advertise host), --metrics-listen HOST:PORT (default: the entry's
 // `metrics_listen`; set: GET /metrics on an HTTP server there, serving
 // WorkerMetrics over the same status GetStatus answers with; the bound
-// address is logged as "metrics: serving http://HOST:PORT/metrics"; a
-// wildcard host is allowed), plus `extra_flags`. A wildcard listen address
+// address is logged as "metrics: serving http://HOST:PORT/metrics" and
+// printed on stdout as "TANDEM_METRICS_LISTENING HOST:PORT" before
+// TANDEM_LISTENING; a wildcard host is allowed), plus `extra_flags`. A wildcard listen address
 // (0.0.0.0, [::]) without its advertise is refused naming the key.
 // Start-up errors print one line to stderr and return 1. The registration
 // carries the worker's KV layout id (its runtime's Status().kv_layout_id);

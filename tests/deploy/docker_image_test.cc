@@ -311,7 +311,9 @@ TEST(DockerImageTest, CommandFlagsAreOnesTheBinaryAccepts) {
     const std::string shown = absl::StrJoin(argv, " ");
     const ProcessResult run = RunProcess(argv, kProcessTimeout);
     EXPECT_EQ(run.exit_code, 1) << shown << ": " << run.Describe();
-    EXPECT_EQ(run.err, absl::StrCat("cannot read cluster config '", missing, "'\n")) << shown;
+    EXPECT_EQ(run.err,
+              absl::StrCat("cannot read cluster config '", missing, "': No such file or directory\n"))
+        << shown;
     EXPECT_EQ(run.out, "") << shown;
   }
 }

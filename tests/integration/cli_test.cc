@@ -1,4 +1,6 @@
 // The real tandem CLI (build/tandem) against the real cluster.
+#include <signal.h>
+
 #include <string>
 #include <vector>
 
@@ -28,6 +30,48 @@ TEST_F(CliTest, StatusCheckIdleExitsZeroAfterRequests) {
       {BinaryPath("tandem"), "status", "--check-idle", "--router", cluster().router_address()},
       absl::Seconds(20));
   EXPECT_TRUE(status.exited && status.exit_code == 0) << status.Describe() << status.out;
+}
+
+// Issue #32: a SIGSTOPped worker does not answer the router's GetStatus;
+// `tandem status --check-idle` must not read its missing numbers as idle
+// (it showed "running=0 kv_blocks=0/0" and exited 0). It is unknown (exit
+// 4, its line says unreachable) until the router drops it
+// (router.drop_after_ms); then it no longer counts (exit 0).
+TEST(CliStatusTest, CheckIdleCallsAStoppedWorkerUnknownUntilItIsDropped) {
+  ClusterOptions o;
+  o.num_decode_workers = 2;  // the cluster still serves without decode-1
+  o.rpc_timeout_ms = 500;    // a GetStatus of the stopped worker gives up soon
+  o.drop_after_ms = 2000;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  LocalCluster& cluster = **started;
+  const std::vector<std::string> check = {BinaryPath("tandem"), "status", "--check-idle",
+                                          "--router", cluster.router_address()};
+  ProcessResult idle = RunProcess(check, absl::Seconds(20));
+  ASSERT_TRUE(idle.exited && idle.exit_code == 0) << idle.Describe() << idle.out;
+
+  const pid_t decode1 = cluster.worker_pid("decode-1");
+  ASSERT_GT(decode1, 0);
+  ASSERT_EQ(kill(decode1, SIGSTOP), 0);
+  ASSERT_TRUE(WaitStopped(decode1, absl::Seconds(5)));
+  ProcessResult unknown = RunProcess(check, absl::Seconds(20));
+  EXPECT_TRUE(unknown.exited && unknown.exit_code == 4) << unknown.Describe() << unknown.out;
+  EXPECT_THAT(unknown.out,
+              ::testing::ContainsRegex("\ndecode-1 decode [0-9.:]+ unreachable unhealthy \\(no "
+                                       "answer to the router's GetStatus: its load is "
+                                       "unknown\\)\n"));
+  EXPECT_EQ(unknown.err,
+            "tandem: idle unknown: decode-1 did not answer the router (its KV blocks and "
+            "requests are unknown)\n");
+
+  // Dropped: no longer listed, no longer counted.
+  ProcessResult last;
+  EXPECT_TRUE(PollUntil(absl::Seconds(20), [&] {
+    last = RunProcess(check, absl::Seconds(20));
+    return last.exited && last.exit_code == 0;
+  }, absl::Milliseconds(200))) << last.Describe() << last.out;
+  EXPECT_THAT(last.out, ::testing::Not(::testing::HasSubstr("decode-1")));
+  kill(decode1, SIGCONT);
 }
 
 TEST_F(CliTest, GenerateJsonPrintsOneLineWithGoldenIds) {

@@ -63,6 +63,10 @@ std::string WriteSlowModel(const std::string& dir);
 // `timeout`.
 bool WaitStopped(pid_t pid, absl::Duration timeout);
 
+// A port on 127.0.0.1 that was free a moment ago (0 on failure): for a
+// test that needs a fixed port in a config (bound and released here).
+int FreePort();
+
 // Writes `contents` to `path` (binary); false on failure.
 bool WriteFile(const std::string& path, const std::string& contents);
 

@@ -8,9 +8,7 @@
 // router.drop_after_ms. Names (issue #13): a second process started with a
 // running worker's --name is refused (ALREADY_EXISTS), keeps retrying, and
 // gets the name once the first dies.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -41,23 +39,6 @@ std::string GoodLayout(const std::string& fingerprint) {
 }
 std::string F16Layout(const std::string& fingerprint) {
   return absl::StrCat("kv4/", fingerprint, "/L5.H4.D8/f16");
-}
-
-// A port on 127.0.0.1 that was free a moment ago (0 on failure).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 class RegistryTest : public OwnClusterTest {

@@ -45,12 +45,14 @@ absl::Status UpCluster::StartProcess(const UpClusterOptions& options) {
                                    absl::StartsWith(options.cluster.model, "/")
                                        ? options.cluster.model
                                        : SharedPath("models/" + options.cluster.model),
-                                   "--prefill-workers",
-                                   absl::StrCat(options.prefill_workers),
-                                   "--decode-workers",
-                                   absl::StrCat(options.decode_workers),
                                    "--ready-timeout-s",
                                    absl::StrCat(absl::ToInt64Seconds(options.start_timeout))};
+  if (options.prefill_workers.has_value()) {
+    argv.insert(argv.end(), {"--prefill-workers", absl::StrCat(*options.prefill_workers)});
+  }
+  if (options.decode_workers.has_value()) {
+    argv.insert(argv.end(), {"--decode-workers", absl::StrCat(*options.decode_workers)});
+  }
   argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   cli::ProcessGroup::SpawnOptions spawn;
   spawn.stderr_path = stderr_path_;

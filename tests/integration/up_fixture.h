@@ -36,8 +36,10 @@
 namespace tandem::testing {
 
 struct UpClusterOptions {
-  int prefill_workers = 2;  // --prefill-workers
-  int decode_workers = 2;   // --decode-workers
+  // --prefill-workers / --decode-workers; nullopt: the flag is not given
+  // (the config's lists as written).
+  std::optional<int> prefill_workers = 2;
+  std::optional<int> decode_workers = 2;
   // The config `tandem up` resizes: ClusterYaml(cluster) (its one prefill
   // and one decode entry are the templates), unless config_yaml is set.
   // cluster.model is the --model (relative to ../shared/models, or absolute).
@@ -51,8 +53,8 @@ struct UpClusterOptions {
 class UpCluster {
  public:
   // Writes the config, runs `tandem up --config F --model M
-  // --prefill-workers N --decode-workers M ...` and reads its table up to
-  // the ready line. Errors: cli::WaitForUpReady's (UNAVAILABLE with the exit
+  // [--prefill-workers N] [--decode-workers M] ...` and reads its table up
+  // to the ready line. Errors: cli::WaitForUpReady's (UNAVAILABLE with the exit
   // status and the end of tandem up's stderr when it exits first,
   // DEADLINE_EXCEEDED), INTERNAL for the temporary files.
   static absl::StatusOr<std::unique_ptr<UpCluster>> Start(const UpClusterOptions& options);
@@ -79,7 +81,8 @@ class UpCluster {
   // "decode-1", ...) from tandem up's table; -1 for an unknown name.
   pid_t pid(const std::string& name) const;
   // Every process of the table: router first, then the workers in config
-  // order (prefill-0.., decode-0..), with role, pid, address, kv endpoint.
+  // order (prefill-0.., decode-0..), with role, pid, address, kv endpoint,
+  // and the bound HTTP and metrics addresses.
   const std::vector<cli::UpProcess>& processes() const { return ready_.processes; }
   const std::string& router_address() const { return ready_.router_address; }
   // The router's HTTP host:port from tandem up's table; empty without

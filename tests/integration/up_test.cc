@@ -2,19 +2,25 @@
 // on stories260K (up_fixture.h): every worker registered under its name and
 // healthy, Generate on both routes, a SIGKILLed decode worker reported by
 // tandem up while the router keeps serving with the other one, and SIGTERM
-// stopping every process.
+// stopping every process. Then two clusters from deploy/local/cluster.yaml
+// side by side, the second with --ephemeral-ports.
 #include <signal.h>
 
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/generate_client.h"
+#include "tests/integration/http_client.h"
 #include "tests/integration/up_fixture.h"
+#include "tests/test_util.h"
 
 namespace tandem::testing {
 namespace {
@@ -120,6 +126,95 @@ TEST(UpTest, TwoPrefillTwoDecodeWorkersSurviveADecodeWorkersDeath) {
     EXPECT_TRUE(ProcessGone(p.pid)) << p.name << " (pid " << p.pid << ") outlived tandem up";
   }
   EXPECT_THAT(cluster.Stderr(), HasSubstr("tandem: received SIGTERM, stopping the cluster\n"));
+}
+
+// The port of "host:port" (-1 when there is none).
+int PortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
+  return port;
+}
+
+// Issue #32: the README's second cluster on one machine. `tandem up` on
+// deploy/local/cluster.yaml holds its fixed ports (router gRPC and HTTP,
+// both workers' metrics); the same config again fails on the router's
+// port, and with --ephemeral-ports runs beside the first, every listener
+// on a port of its own, shown in its process lines. Both serve. (Tests
+// bind no fixed port: the file's 50051, 8000, 9101 and 9102 are replaced
+// by ports found free at run time.)
+TEST(UpTest, ASecondClusterFromTheSameConfigRunsWithEphemeralPorts) {
+  std::string yaml = ReadFileOrDie(std::string(TANDEM_SOURCE_DIR) + "/deploy/local/cluster.yaml");
+  // The file's port -> the free one in its place.
+  std::map<std::string, int> port;
+  std::set<int> fixed;
+  for (const char* written : {"50051", "8000", "9101", "9102"}) {
+    int free_port = 0;
+    for (int i = 0; i < 10 && (free_port == 0 || fixed.count(free_port) > 0); ++i) {
+      free_port = FreePort();
+    }
+    ASSERT_GT(free_port, 0);
+    fixed.insert(free_port);
+    port[written] = free_port;
+    const std::string from = absl::StrCat("127.0.0.1:", written);
+    const size_t at = yaml.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " is no longer in deploy/local/cluster.yaml";
+    yaml.replace(at, from.size(), absl::StrCat("127.0.0.1:", free_port));
+  }
+  UpClusterOptions o;  // as scripts/up: no worker counts
+  o.prefill_workers = std::nullopt;
+  o.decode_workers = std::nullopt;
+  o.config_yaml = yaml;
+
+  absl::StatusOr<std::unique_ptr<UpCluster>> first = UpCluster::Start(o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::vector<cli::UpProcess>& a = (*first)->processes();
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ((*first)->router_address(), absl::StrCat("127.0.0.1:", port["50051"]));
+  EXPECT_EQ(a[0].http_address, absl::StrCat("127.0.0.1:", port["8000"]));
+  EXPECT_EQ((*first)->http_address(), a[0].http_address);
+  EXPECT_EQ(a[1].name, "prefill-0");
+  EXPECT_EQ(a[1].metrics_address, absl::StrCat("127.0.0.1:", port["9101"]));
+  EXPECT_EQ(a[2].name, "decode-0");
+  EXPECT_EQ(a[2].metrics_address, absl::StrCat("127.0.0.1:", port["9102"]));
+
+  // The same config again: its router cannot bind.
+  absl::StatusOr<std::unique_ptr<UpCluster>> clash = UpCluster::Start(o);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_THAT(clash.status().message(),
+              HasSubstr(absl::StrCat("127.0.0.1:", port["50051"], " is already in use")));
+
+  o.extra_args = {"--ephemeral-ports"};
+  absl::StatusOr<std::unique_ptr<UpCluster>> second = UpCluster::Start(o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const std::vector<cli::UpProcess>& b = (*second)->processes();
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].address, (*second)->router_address());
+  for (const std::string& address :
+       {b[0].address, b[0].http_address, b[1].metrics_address, b[2].metrics_address}) {
+    EXPECT_TRUE(absl::StartsWith(address, "127.0.0.1:")) << address;
+    EXPECT_GT(PortOf(address), 0) << address;
+    EXPECT_EQ(fixed.count(PortOf(address)), 0u) << address << " is one of the first cluster's";
+  }
+  EXPECT_EQ((*second)->http_address(), b[0].http_address);
+
+  // Both serve, on both routes; each metrics= and http= address answers.
+  for (UpCluster* cluster : {first->get(), second->get()}) {
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectServes(cluster->stub(), Golden("once_upon_a_time"), v1::ROUTE_LOCAL));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectServes(cluster->stub(), Golden("long_repeated_313tok"), v1::ROUTE_REMOTE));
+    const HttpResult models = HttpCall(cluster->processes()[0].http_address, "GET", "/v1/models");
+    EXPECT_EQ(models.status, 200) << models.error << models.body;
+    for (size_t i = 1; i < cluster->processes().size(); ++i) {
+      const HttpResult metrics =
+          HttpCall(cluster->processes()[i].metrics_address, "GET", "/metrics");
+      EXPECT_EQ(metrics.status, 200) << cluster->processes()[i].name << metrics.error;
+      EXPECT_THAT(metrics.body, HasSubstr("tandem_")) << cluster->processes()[i].name;
+    }
+  }
+  EXPECT_EQ((*second)->Stop(), "exited with status 0");
+  EXPECT_EQ((*first)->Stop(), "exited with status 0");
 }
 
 }  // namespace

@@ -437,14 +437,39 @@ TEST_F(CliTest, UpStartUpErrorsAreOneLine) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "tandem: cannot run " + (dir_ / "tandem-router").string() +
                        " (build its target: cmake --build <dir> --target tandem-router)\n");
+  // Issue #32: each with the OS's reason (strerror).
   r = RunCommand({tandem_, "up", "--config", (dir_ / "missing.yaml").string()});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err,
-            "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() + "'\n");
+  EXPECT_EQ(r.err, "tandem: cannot read cluster config '" + (dir_ / "missing.yaml").string() +
+                       "': No such file or directory\n");
+  r = RunCommand({tandem_, "up", "--config", dir_.string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "tandem: cannot read cluster config '" + dir_.string() + "': Is a directory\n");
   r = RunCommand({tandem_, "up", "--config", config_, "--model", "/nonexistent.gguf"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, StartsWith("tandem: --model /nonexistent.gguf: no such model file"));
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_EQ(r.err,
+            "tandem: --model /nonexistent.gguf: cannot read model file: No such file or "
+            "directory (pass --model PATH)\n");
+  r = RunCommand({tandem_, "up", "--config", config_, "--model", dir_.string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "tandem: --model " + dir_.string() +
+                       ": cannot read model file: Is a directory (pass --model PATH)\n");
+}
+
+// Issue #32: a router that cannot load its model writes why on stderr and
+// exits before it listens; tandem up then says which child exited, as for
+// any start-up exit, not how it read the router's stdout.
+TEST_F(CliTest, UpReportsARouterThatFailsToStart) {
+  ScopedEnv bad_model("FAKE_ROUTER_BAD_MODEL", "1");
+  Result r = RunCommand({tandem_, "up", "--config", config_, "--model", model_});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr(model_ + ": not a GGUF file\n"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "\ntandem: router \\(pid [0-9]+\\) exited with status 1 unexpectedly; "
+                         "stopping the cluster\n$"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("stdout")));
+  EXPECT_FALSE(fs::exists(dir_ / "decode-0.args"));  // no worker was started
 }
 
 // --nccl-one-gpu-test on a cluster of CPU workers: one line naming the
@@ -553,17 +578,18 @@ TEST_F(CliTest, UpWithNoModelServesTheSyntheticOne) {
   // An explicit choice that does not exist stays an error, files or not.
   Result r = RunCommand({tandem_, "up", "--config", config_, "--model", "missing.gguf"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "tandem: --model missing.gguf: no such model file (pass --model PATH)\n");
+  EXPECT_EQ(r.err, "tandem: --model missing.gguf: cannot read model file: No such file or directory "
+                   "(pass --model PATH)\n");
   {
     ScopedEnv env("TANDEM_MODEL", "missing.gguf");
     r = RunCommand({tandem_, "up", "--config", config_});
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_THAT(r.err, StartsWith("tandem: $TANDEM_MODEL missing.gguf: no such model file"));
+    EXPECT_THAT(r.err, StartsWith("tandem: $TANDEM_MODEL missing.gguf: cannot read model file"));
   }
   std::ofstream(config_, std::ios::app) << "model: missing.gguf\n";
   r = RunCommand({tandem_, "up", "--config", config_});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, StartsWith("tandem: model (config) missing.gguf: no such model file"));
+  EXPECT_THAT(r.err, StartsWith("tandem: model (config) missing.gguf: cannot read model file"));
 }
 
 TEST_F(CliTest, GenerateJsonAndText) {
@@ -645,6 +671,11 @@ TEST_F(CliTest, GenerateErrors) {
   r = RunCommand({tandem_, "generate", "--route", "nowhere", "hi"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, StartsWith("tandem generate: --route: expected auto, local or remote"));
+  // Issue #32: a value the router would refuse is a bad flag, refused
+  // before any call (the address is unreachable), one line then the usage.
+  r = RunCommand({tandem_, "generate", "--router", "127.0.0.1:1", "--max-tokens", "0", "hi"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, StartsWith("tandem generate: --max-tokens: must be >= 1, got 0\nusage: "));
 }
 
 TEST_F(CliTest, StatusExitCodes) {

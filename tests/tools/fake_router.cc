@@ -10,7 +10,9 @@
 // (address 127.0.0.1:1; decode workers kv_blocks_total 2048), prefill
 // workers first; without --config, decode-0 alone.
 // Environment knobs: FAKE_ROUTER_NOT_READY=1 -> can_serve false;
-// FAKE_ROUTER_BUSY=1 -> decode-0 reports kv_blocks_in_use 3.
+// FAKE_ROUTER_BUSY=1 -> decode-0 reports kv_blocks_in_use 3;
+// FAKE_ROUTER_BAD_MODEL=1 -> as the router with a model it cannot load:
+// "<--model>: not a GGUF file" on stderr, exit 1, nothing on stdout.
 //
 // Generate: prompt "fail" -> INVALID_ARGUMENT "prompt: rejected by the fake
 // router". Otherwise one metadata message (request_id "fake-1", prompt ids
@@ -137,6 +139,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:0";
   std::string name = "router";
   std::string config_path;
+  std::string model;
   std::string all_args;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -144,6 +147,11 @@ int main(int argc, char** argv) {
     if (i + 1 < argc && arg == "--listen") listen = argv[i + 1];
     if (i + 1 < argc && arg == "--name") name = argv[i + 1];
     if (i + 1 < argc && arg == "--config") config_path = argv[i + 1];
+    if (i + 1 < argc && arg == "--model") model = argv[i + 1];
+  }
+  if (Env("FAKE_ROUTER_BAD_MODEL")) {
+    std::fprintf(stderr, "%s: not a GGUF file\n", model.c_str());
+    return 1;
   }
   std::vector<std::pair<std::string, tandem::v1::WorkerRole>> workers = {
       {"decode-0", tandem::v1::ROLE_DECODE}};

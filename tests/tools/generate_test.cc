@@ -52,7 +52,7 @@ TEST(GenerateArgsTest, Defaults) {
 
 TEST(GenerateArgsTest, GenerationControls) {
   absl::StatusOr<GenerateOptions> o = ParseGenerateArgs(
-      {"--stop", "\n\n", "--stop-token-id", "7", "--stop=END", "--stop-token-id=-3",
+      {"--stop", "\n\n", "--stop-token-id", "7", "--stop=END", "--stop-token-id=3",
        "--stop", "--json", "--include-stop-str", "--ignore-eos", "--min-tokens", "4",
        "--logprobs", "5", "--n", "3", "--min-p", "0.05", "--repetition-penalty", "1.25",
        "--presence-penalty", "-0.5", "--frequency-penalty=1.5", "--logit-bias", "42=-100",
@@ -61,7 +61,7 @@ TEST(GenerateArgsTest, GenerationControls) {
   EXPECT_FALSE(o->json);  // "--json" was the value of --stop
   const tandem::v1::GenerateRequest r = BuildGenerateRequest(*o);
   EXPECT_THAT(r.stop(), ElementsAre("\n\n", "END", "--json", "日本"));  // in order
-  EXPECT_THAT(r.stop_token_ids(), ElementsAre(7, -3));
+  EXPECT_THAT(r.stop_token_ids(), ElementsAre(7, 3));
   EXPECT_TRUE(r.include_stop_str_in_output());
   EXPECT_TRUE(r.ignore_eos());
   EXPECT_EQ(r.min_tokens(), 4u);
@@ -78,18 +78,21 @@ TEST(GenerateArgsTest, GenerationControls) {
   EXPECT_EQ(r.sampling().logit_bias().at(7), 2.5f);
   EXPECT_EQ(r.prompt(), "p");
 
-  // Values the router rejects still parse: its INVALID_ARGUMENT names the
-  // field. --n 1 and --repetition-penalty 1 are sent as given (set).
+  // The edges of the router's ranges parse and are sent as given (--n 1
+  // and --repetition-penalty 1 set).
   const tandem::v1::GenerateRequest edge = BuildGenerateRequest(*ParseGenerateArgs(
-      {"--n", "0", "--logprobs", "0", "--min-p", "7", "--repetition-penalty", "1",
-       "--logit-bias", "-1=1e30", "--stop", "", "p"}));
+      {"--n", "16", "--logprobs", "20", "--min-p", "1", "--repetition-penalty", "1",
+       "--logit-bias", "0=-100", "--top-p", "1", "--temperature", "0.00001", "--max-tokens",
+       "1", "--min-tokens", "1", "--presence-penalty", "-2", "--frequency-penalty", "2",
+       "--stop", "", "p"}));
   ASSERT_TRUE(edge.has_n());
-  EXPECT_EQ(edge.n(), 0u);
-  EXPECT_EQ(edge.logprobs(), 0u);
-  EXPECT_EQ(edge.sampling().min_p(), 7.0f);
+  EXPECT_EQ(edge.n(), 16u);
+  EXPECT_EQ(edge.logprobs(), 20u);
+  EXPECT_EQ(edge.sampling().min_p(), 1.0f);
   ASSERT_TRUE(edge.sampling().has_repetition_penalty());
   EXPECT_EQ(edge.sampling().repetition_penalty(), 1.0f);
-  EXPECT_EQ(edge.sampling().logit_bias().at(-1), 1e30f);
+  EXPECT_EQ(edge.sampling().logit_bias().at(0), -100.0f);
+  EXPECT_EQ(edge.min_tokens(), 1u);
   EXPECT_THAT(edge.stop(), ElementsAre(""));
   EXPECT_TRUE(ParseGenerateArgs({"--logprobs", "0", "p"})->logprobs.has_value());
 }
@@ -113,8 +116,6 @@ TEST(GenerateArgsTest, EveryFlag) {
   EXPECT_TRUE(r.sampling().has_seed());
   EXPECT_EQ(r.sampling().seed(), 18446744073709551615ull);
   EXPECT_EQ(r.route_override(), tandem::v1::ROUTE_REMOTE);
-  // 0 is passed on for the router to reject (INVALID_ARGUMENT, exit 1).
-  EXPECT_EQ(BuildGenerateRequest(*ParseGenerateArgs({"--max-tokens", "0", "p"})).max_tokens(), 0u);
   EXPECT_EQ(BuildGenerateRequest(*ParseGenerateArgs({"--route", "local", "p"})).route_override(),
             tandem::v1::ROUTE_LOCAL);
   // --seed 0 is a real seed, not "unset".
@@ -217,6 +218,58 @@ TEST(GenerateArgsTest, Errors) {
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(o.status().message(), HasSubstr(c.message));
   }
+}
+
+// Issue #32: a value the router refuses is refused here, as a bad flag
+// naming it, with the router's range (engine/sampling/sampling_options.h,
+// engine/core/request_validation.h; vLLM's and OpenAI's ranges).
+TEST(GenerateArgsTest, ValuesOutsideTheRoutersRangesAreBadFlags) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  } cases[] = {
+      {{"--max-tokens", "0", "p"}, "--max-tokens: must be >= 1, got 0"},
+      {{"--temperature", "-1", "p"}, "--temperature: must be 0 (greedy) or in [1e-05, inf), got -1"},
+      {{"--temperature", "1e-6", "p"},
+       "--temperature: must be 0 (greedy) or in [1e-05, inf), got 1e-06"},
+      {{"--top-p", "0", "p"}, "--top-p: must be in (0, 1], got 0"},
+      {{"--top-p", "1.5", "p"}, "--top-p: must be in (0, 1], got 1.5"},
+      {{"--min-p", "7", "p"}, "--min-p: must be in [0, 1], got 7"},
+      {{"--min-p", "-0.5", "p"}, "--min-p: must be in [0, 1], got -0.5"},
+      {{"--repetition-penalty", "0", "p"},
+       "--repetition-penalty: must be in [0.01, 100], got 0"},
+      {{"--repetition-penalty", "101", "p"},
+       "--repetition-penalty: must be in [0.01, 100], got 101"},
+      {{"--presence-penalty", "-2.5", "p"}, "--presence-penalty: must be in [-2, 2], got -2.5"},
+      {{"--frequency-penalty", "3", "p"}, "--frequency-penalty: must be in [-2, 2], got 3"},
+      {{"--logprobs", "21", "p"}, "--logprobs: must be in [0, 20], got 21"},
+      {{"--logit-bias", "5=101", "p"},
+       "--logit-bias: logit_bias[5]: bias must be in [-100, 100], got 101"},
+      {{"--logit-bias", "-1=1", "p"}, "--logit-bias: a token id is >= 0, got -1"},
+      {{"--n", "0", "p"}, "--n: must be in [1, 16], got 0"},
+      {{"--n", "17", "p"}, "--n: must be in [1, 16], got 17"},
+      {{"--min-tokens", "5", "--max-tokens", "4", "p"},
+       "--min-tokens: must be in [0, max_tokens = 4], got 5"},
+      {{"--stop-token-id", "-3", "p"}, "--stop-token-id: a token id is >= 0, got -3"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<GenerateOptions> o = ParseGenerateArgs(c.args);
+    ASSERT_FALSE(o.ok()) << c.message;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(o.status().message(), c.message);
+  }
+  // 257 stop token ids: more than the router takes (kMaxStopTokenIds).
+  std::vector<std::string> many;
+  for (int i = 0; i < 257; ++i) many.insert(many.end(), {"--stop-token-id", std::to_string(i)});
+  many.push_back("p");
+  EXPECT_EQ(ParseGenerateArgs(many).status().message(),
+            "--stop-token-id: at most 256 ids, got 257");
+}
+
+TEST(GenerateArgsTest, ErrorsKeepTheirOrder) {
+  // The syntax is checked before the ranges: one line, the first problem.
+  EXPECT_EQ(ParseGenerateArgs({"--max-tokens", "0", "--route", "x", "p"}).status().message(),
+            "--route: expected auto, local or remote, got 'x'");
 }
 
 TEST(FinishReasonNameTest, MatchesTheDocumentedStrings) {

@@ -129,6 +129,32 @@ TEST(ProcessGroupTest, ChildExitingBeforeTheLineIsUnavailableWithItsStatus) {
             "router closed its stdout before printing 'TANDEM_LISTENING ': exited with status 1");
 }
 
+// The announcements of a server in any order (tandem up waits for the
+// router's TANDEM_LISTENING and TANDEM_HTTP_LISTENING lines this way);
+// other lines go to our stderr.
+TEST(ProcessGroupTest, WaitForAnyLineReturnsWhichPrefixMatched) {
+  ProcessGroup group;
+  absl::StatusOr<int> c = group.Spawn(
+      "router", Sh("echo 'TANDEM_HTTP_LISTENING 127.0.0.1:8000'; echo log; "
+                   "echo 'TANDEM_LISTENING 127.0.0.1:50051'; exec sleep 30"));
+  ASSERT_TRUE(c.ok());
+  const std::vector<absl::string_view> prefixes = {"TANDEM_LISTENING ", "TANDEM_HTTP_LISTENING "};
+  ::testing::internal::CaptureStderr();
+  absl::StatusOr<std::pair<size_t, std::string>> first =
+      group.WaitForAnyLine(*c, prefixes, absl::Seconds(10));
+  absl::StatusOr<std::pair<size_t, std::string>> second =
+      group.WaitForAnyLine(*c, prefixes, absl::Seconds(10));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "[router] log\n");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, std::make_pair(size_t{1}, std::string("127.0.0.1:8000")));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, std::make_pair(size_t{0}, std::string("127.0.0.1:50051")));
+  absl::StatusOr<std::pair<size_t, std::string>> none =
+      group.WaitForAnyLine(*c, prefixes, absl::Milliseconds(100));
+  EXPECT_EQ(none.status().message(),
+            "router did not print 'TANDEM_LISTENING ' or 'TANDEM_HTTP_LISTENING ' within 100ms");
+}
+
 TEST(ProcessGroupTest, WaitForLineTimesOut) {
   ProcessGroup group;
   absl::StatusOr<int> c = group.Spawn("quiet", Sh("exec sleep 30"));

@@ -65,6 +65,22 @@ TEST(StatusFormatTest, OneLinePerProcess) {
               ::testing::HasSubstr(" running=512 queued=7 kv_blocks=0/0 cached=0 transfers=0 "));
 }
 
+// Issue #32: a worker the router got no answer from has no numbers to
+// show: zeros would read as idle.
+TEST(StatusFormatTest, AnUnreachableWorkerShowsNoLoad) {
+  tandem::v1::WorkerStatus w;  // what the router fills in (StatusAllAsync)
+  w.set_name("decode-1");
+  w.set_role(tandem::v1::ROLE_DECODE);
+  w.set_address("127.0.0.1:40003");
+  w.set_unreachable(true);
+  EXPECT_EQ(FormatStatusLine(w),
+            "decode-1 decode 127.0.0.1:40003 unreachable unhealthy (no answer to the router's "
+            "GetStatus: its load is unknown)");
+  tandem::v1::ClusterStatus s;
+  *s.add_workers() = w;
+  EXPECT_EQ(ClusterStatusToJson(s)["workers"][0]["unreachable"], true);
+}
+
 TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
   tandem::v1::ClusterStatus s;
   s.set_can_serve(true);
@@ -77,7 +93,8 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
   ASSERT_EQ(j["workers"].size(), 1u);
   EXPECT_EQ(j["workers"][0].dump(),
             R"({"name":"decode-0","role":"decode","address":"127.0.0.1:40001",)"
-            R"("kv_endpoint":"127.0.0.1:40002","ready":true,"healthy":true,"running_requests":2,)"
+            R"("kv_endpoint":"127.0.0.1:40002","ready":true,"healthy":true,"unreachable":false,)"
+            R"("running_requests":2,)"
             R"("queued_requests":0,"kv_blocks_in_use":5,"kv_blocks_total":2048,"kv_blocks_cached":0,)"
             R"("kv_index_blocks":3,"transfers_in_flight":1,)"
             R"("prefill_tokens_computed_total":0,"kv_bytes_sent_total":0,)"
@@ -153,7 +170,7 @@ TEST(StatusExitCodeTest, Rules) {
   EXPECT_EQ(StatusExitCode(s, false), 1);
   EXPECT_EQ(StatusExitCode(s, true), 1);
   s.set_can_serve(true);
-  EXPECT_TRUE(IsIdle(s));
+  EXPECT_EQ(CheckIdleness(s), Idleness::kIdle);
   EXPECT_EQ(StatusExitCode(s, false), 0);
   EXPECT_EQ(StatusExitCode(s, true), 0);
   // Each of the three counters alone makes the cluster busy.
@@ -163,13 +180,30 @@ TEST(StatusExitCodeTest, Rules) {
     if (field == 1) busy.set_transfers_in_flight(1);
     if (field == 2) busy.set_running_requests(1);
     *w = busy;
-    EXPECT_FALSE(IsIdle(s)) << field;
+    EXPECT_EQ(CheckIdleness(s), Idleness::kBusy) << field;
     EXPECT_EQ(StatusExitCode(s, true), 3) << field;
     EXPECT_EQ(StatusExitCode(s, false), 0) << field;
   }
   // Cached (ref 0) blocks do not count as in use.
   w->Clear();
   w->set_kv_blocks_total(10);
+  EXPECT_EQ(StatusExitCode(s, true), 0);
+
+  // Issue #32: an unreachable worker is unknown, not idle (exit 4); a busy
+  // worker that answered still says busy (3); without --check-idle the
+  // cluster serves (0).
+  tandem::v1::WorkerStatus* frozen = s.add_workers();
+  frozen->set_name("decode-1");
+  frozen->set_unreachable(true);
+  EXPECT_EQ(CheckIdleness(s), Idleness::kUnknown);
+  EXPECT_EQ(StatusExitCode(s, true), 4);
+  EXPECT_EQ(StatusExitCode(s, false), 0);
+  w->set_running_requests(1);
+  EXPECT_EQ(CheckIdleness(s), Idleness::kBusy);
+  EXPECT_EQ(StatusExitCode(s, true), 3);
+  // Dropped from the registry: no longer listed, no longer counted.
+  w->set_running_requests(0);
+  s.mutable_workers()->RemoveLast();
   EXPECT_EQ(StatusExitCode(s, true), 0);
 }
 

@@ -1,5 +1,5 @@
 // Tests for tools/up's pure parts: flags, the dial address, the process
-// lines and the resized worker lists (tools/up_cluster).
+// lines, the resized worker lists and the ephemeral ports (tools/up_cluster).
 #include "tools/up.h"
 
 #include "common/cluster_config.h"
@@ -36,6 +36,15 @@ TEST(UpArgsTest, NcclOneGpuTestIsABooleanFlag) {
   EXPECT_FALSE(ParseUpArgs({"--nccl-one-gpu-test=yes"}).ok());
 }
 
+TEST(UpArgsTest, EphemeralPortsIsABooleanFlag) {
+  EXPECT_FALSE(ParseUpArgs({})->ephemeral_ports);
+  absl::StatusOr<UpOptions> o = ParseUpArgs({"--ephemeral-ports"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->ephemeral_ports);
+  EXPECT_EQ(ParseUpArgs({"--ephemeral-ports=1"}).status().message(),
+            "--ephemeral-ports: takes no value");
+}
+
 TEST(UpArgsTest, WorkerCounts) {
   absl::StatusOr<UpOptions> o = ParseUpArgs({});
   ASSERT_TRUE(o.ok());
@@ -64,7 +73,8 @@ TEST(UpArgsTest, WorkerCounts) {
 }
 
 TEST(UpProcessTest, FormatAndParse) {
-  const UpProcess decode{"decode-1", "decode", 4321, "127.0.0.1:40001", "127.0.0.1:40002"};
+  const UpProcess decode{"decode-1",        "decode", 4321, "127.0.0.1:40001",
+                         "127.0.0.1:40002", "",       ""};
   const std::string line = FormatUpProcess(decode);
   EXPECT_EQ(line,
             "tandem: process decode-1 role=decode pid=4321 address=127.0.0.1:40001 "
@@ -76,15 +86,40 @@ TEST(UpProcessTest, FormatAndParse) {
   EXPECT_EQ(back->pid, 4321);
   EXPECT_EQ(back->address, "127.0.0.1:40001");
   EXPECT_EQ(back->kv_endpoint, "127.0.0.1:40002");
-  EXPECT_EQ(FormatUpProcess({"router", "router", 7, "[::1]:50051", ""}),
+  EXPECT_EQ(FormatUpProcess({"router", "router", 7, "[::1]:50051", "", "", ""}),
             "tandem: process router role=router pid=7 address=[::1]:50051");
   back = ParseUpProcess("router role=router pid=7 address=[::1]:50051");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->kv_endpoint, "");
+  // The bound HTTP and metrics addresses (issue #32), each only when set.
+  const UpProcess router{"router", "router", 7, "127.0.0.1:50051", "", "127.0.0.1:8000", ""};
+  EXPECT_EQ(FormatUpProcess(router),
+            "tandem: process router role=router pid=7 address=127.0.0.1:50051 "
+            "http=127.0.0.1:8000");
+  UpProcess d = decode;
+  d.metrics_address = "127.0.0.1:9102";
+  EXPECT_EQ(FormatUpProcess(d),
+            "tandem: process decode-1 role=decode pid=4321 address=127.0.0.1:40001 "
+            "kv=127.0.0.1:40002 metrics=127.0.0.1:9102");
+  back = ParseUpProcess(FormatUpProcess(d).substr(sizeof(kUpProcessPrefix) - 1));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kv_endpoint, "127.0.0.1:40002");
+  EXPECT_EQ(back->metrics_address, "127.0.0.1:9102");
+  EXPECT_EQ(back->http_address, "");
+  back = ParseUpProcess("p role=prefill pid=8 address=a:1 metrics=b:2");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->metrics_address, "b:2");
+  EXPECT_EQ(back->kv_endpoint, "");
+  back = ParseUpProcess("router role=router pid=7 address=a:1 http=h:1 metrics=m:2");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->http_address, "h:1");
+  EXPECT_EQ(back->metrics_address, "m:2");
   for (const char* bad :
        {"", "router", "router role=router pid=x address=a:1",
         "router pid=7 role=router address=a:1", "r role=router pid=7 address=a:1 x=1",
-        "r role=router pid=0 address=a:1"}) {
+        "r role=router pid=0 address=a:1", "r role=router pid=7 address=a:1 metrics=m:1 kv=k:1",
+        "r role=router pid=7 address=a:1 kv=k:1 kv=k:2", "r role=router pid=7 address=a:1 http=",
+        "r role=router pid=7 kv=k:1"}) {
     EXPECT_EQ(ParseUpProcess(bad).status().message(),
               std::string("not a tandem up process line: '") + bad + "'");
   }
@@ -217,6 +252,82 @@ TEST(ResizeWorkerListsTest, Errors) {
   ASSERT_TRUE(clash.ok()) << clash.status();
   EXPECT_EQ(ParseClusterConfig(*clash).status().message(),
             "duplicate process name 'decode-1': router and worker names must be unique");
+}
+
+// --ephemeral-ports (issue #32): every listen port that is not 0 becomes 0,
+// the advertise address of such a listener loses its port; the rest as
+// written.
+TEST(EphemeralPortsTest, EveryFixedListenPortBecomesZero) {
+  std::string with_http = kTwoListed;
+  with_http.replace(with_http.find("listen: 127.0.0.1:50051}"), 24,
+                    "listen: 127.0.0.1:50051, advertise: 'router.local:50051', "
+                    "http_listen: 127.0.0.1:8000}");
+  absl::StatusOr<std::string> text = EphemeralPorts(with_http);
+  ASSERT_TRUE(text.ok()) << text.status();
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(*text);
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << *text;
+  EXPECT_EQ(c->router.listen.ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->router.advertise.host, "router.local");
+  EXPECT_EQ(c->router.advertise.port, 0);
+  ASSERT_TRUE(c->router.http_listen.has_value());
+  EXPECT_EQ(c->router.http_listen->ToString(), "127.0.0.1:0");
+  ASSERT_EQ(c->prefill_workers.size(), 1u);
+  const WorkerConfig& p = c->prefill_workers[0];
+  EXPECT_EQ(p.name, "p-a");
+  EXPECT_EQ(p.listen.ToString(), "0.0.0.0:0");
+  EXPECT_EQ(p.advertise.host, "10.0.0.5");
+  EXPECT_EQ(p.advertise.port, 0);
+  ASSERT_TRUE(p.metrics_listen.has_value());
+  EXPECT_EQ(p.metrics_listen->ToString(), "0.0.0.0:0");
+  ASSERT_EQ(c->decode_workers.size(), 2u);
+  EXPECT_EQ(c->decode_workers[0].listen.ToString(), "0.0.0.0:0");
+  EXPECT_EQ(c->decode_workers[0].advertise.host, "10.0.0.5");
+  EXPECT_EQ(c->decode_workers[0].kv_listen.ToString(), "0.0.0.0:0");
+  EXPECT_EQ(c->decode_workers[0].kv_advertise.host, "10.0.0.6");
+  EXPECT_EQ(c->decode_workers[0].kv_advertise.port, 0);
+  EXPECT_EQ(c->decode_workers[1].listen.ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->decode_workers[1].kv_listen.ToString(), "127.0.0.1:0");
+  EXPECT_FALSE(c->decode_workers[1].metrics_listen.has_value());  // none stays none
+  EXPECT_EQ(c->model, "m.gguf");
+  EXPECT_EQ(c->engine.block_size, 32);
+  EXPECT_EQ(c->shutdown_grace_s, 1);
+}
+
+TEST(EphemeralPortsTest, PortZeroStaysAsWrittenAndAnAbsentRouterListenIsWrittenOut) {
+  // A listener already on port 0 keeps its advertise port (a mapping the
+  // user chose); router.listen's default 127.0.0.1:50051 is written out as
+  // port 0.
+  absl::StatusOr<std::string> text = EphemeralPorts(
+      "decode_workers: [{name: d, listen: '127.0.0.1:0', advertise: 'gw:7000'}]\n");
+  ASSERT_TRUE(text.ok()) << text.status();
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(*text);
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << *text;
+  EXPECT_EQ(c->router.listen.ToString(), "127.0.0.1:0");
+  EXPECT_FALSE(c->router.http_listen.has_value());
+  EXPECT_EQ(c->decode_workers[0].listen.ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->decode_workers[0].advertise.port, 7000);
+  // deploy/local/cluster.yaml's fixed ports, IPv6 included.
+  text = EphemeralPorts(
+      "router: {listen: '[::1]:50051', http_listen: '127.0.0.1:8000'}\n"
+      "prefill_workers: [{name: p, listen: '127.0.0.1:0', metrics_listen: '127.0.0.1:9101'}]\n"
+      "decode_workers: [{name: d, metrics_listen: '[::]:9102'}]\n");
+  ASSERT_TRUE(text.ok()) << text.status();
+  c = ParseClusterConfig(*text);
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << *text;
+  EXPECT_EQ(c->router.listen.ToString(), "[::1]:0");
+  EXPECT_EQ(c->router.http_listen->ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->prefill_workers[0].metrics_listen->ToString(), "127.0.0.1:0");
+  EXPECT_EQ(c->decode_workers[0].metrics_listen->ToString(), "[::]:0");
+}
+
+TEST(EphemeralPortsTest, Errors) {
+  EXPECT_EQ(EphemeralPorts("- 1\n").status().message(), "cluster config: expected a map");
+  EXPECT_EQ(EphemeralPorts("router: 3\n").status().message(), "router: expected a map");
+  EXPECT_EQ(EphemeralPorts("decode_workers: 3\n").status().message(),
+            "decode_workers: expected a list");
+  EXPECT_EQ(EphemeralPorts("prefill_workers: [3]\n").status().message(),
+            "prefill_workers[0]: expected a map");
+  EXPECT_FALSE(EphemeralPorts("a: [\n").ok());
 }
 
 TEST(SplitGpuMemoryTest, WorkersSharingAGpuDivideTheFraction) {
