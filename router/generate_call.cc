@@ -460,11 +460,12 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
     }
   }
   // Only a P whose KV layout equals D's can feed it, and only one whose
-  // queue lets it start before the Prefill call's deadline.
+  // queue lets it start before the request's deadline. The Prefill call
+  // has no shorter deadline of its own: a request queued behind others on
+  // a busy P is not a failed one (issue #32); a P that stops is seen by
+  // the registry's polls and by D's KV silence bound.
   const std::string layout = decode_ != nullptr ? decode_->kv_layout_id : std::string();
-  const auto call_deadline = std::min(
-      params_.deadline,
-      std::chrono::system_clock::now() + std::chrono::milliseconds(params_.prefill_timeout_ms));
+  const auto call_deadline = params_.deadline;
   const double time_left_s =
       std::chrono::duration<double>(call_deadline - std::chrono::system_clock::now()).count();
   std::string too_busy;

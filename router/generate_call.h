@@ -74,7 +74,6 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     v1::GenerateRequest request;  // validated; sampling.seed set
     v1::EngineControls controls;  // the request's, for the workers (n set)
     std::chrono::system_clock::time_point deadline;
-    int32_t prefill_timeout_ms = 120000;  // one Prefill call, ms
     // Re-issues to another decode worker after D died (router.max_migrations).
     int32_t max_migrations = 0;
     // Deadline of the status probe that tells a dead D from a D that ended

@@ -534,16 +534,22 @@ int RunUp(const std::vector<std::string>& args) {
     }
     return std::nullopt;
   };
-  // The router's bound addresses: gRPC, and HTTP with router.http_listen.
+  // The router's bound addresses: gRPC, HTTP with router.http_listen,
+  // metrics with router.metrics_listen.
   std::vector<absl::string_view> router_lines = {kListeningPrefix};
   if (config->router.http_listen.has_value()) router_lines.push_back(kHttpListeningPrefix);
+  if (config->router.metrics_listen.has_value()) router_lines.push_back(kMetricsListeningPrefix);
   std::vector<std::string> router_found;
   if (std::optional<int> rc = wait_announcements(
           *router, router_lines, absl::Now() + options->listen_timeout, &router_found)) {
     return *rc;
   }
   const std::string router_address = router_found[0];
-  const std::string http_address = router_found.size() > 1 ? router_found[1] : "";
+  std::string http_address, router_metrics_address;
+  for (size_t i = 1; i < router_lines.size(); ++i) {
+    (router_lines[i] == kHttpListeningPrefix ? http_address : router_metrics_address) =
+        router_found[i];
+  }
   const std::string dial = DialAddress(router_address);
   std::cerr << "tandem: router listening on " << router_address << "\n";
 
@@ -617,7 +623,8 @@ int RunUp(const std::vector<std::string>& args) {
   // 4. The cluster: every process with its pid and address, then ready.
   std::string table = FormatUpProcess(
       {config->router.name, "router", sup.group().pid(*router), dial, /*kv_endpoint=*/"",
-       http_address.empty() ? "" : DialAddress(http_address), /*metrics_address=*/""});
+       http_address.empty() ? "" : DialAddress(http_address),
+       router_metrics_address.empty() ? "" : DialAddress(router_metrics_address)});
   for (size_t i = 1; i < sup.group().size(); ++i) {
     const int index = static_cast<int>(i);
     for (const tandem::v1::WorkerStatus& w : status.workers()) {

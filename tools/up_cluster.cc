@@ -47,10 +47,32 @@ struct ListenKey {
 constexpr ListenKey kListenKeys[] = {
     {Section::kRouter, "listen", "advertise"},
     {Section::kRouter, "http_listen", nullptr},
+    {Section::kRouter, "metrics_listen", nullptr},
     {Section::kWorker, "listen", "advertise"},
     {Section::kWorker, "kv_listen", "kv_advertise"},
     {Section::kWorker, "metrics_listen", nullptr},
 };
+
+// The cluster config text as a YAML map. Errors: INVALID_ARGUMENT "cluster
+// config: YAML error: ..." or "cluster config: expected a map".
+absl::StatusOr<YAML::Node> LoadConfigMap(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error: ", e.msg));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("cluster config: expected a map");
+  return root;
+}
+
+// `root` as YAML text (INTERNAL if the emitter fails).
+absl::StatusOr<std::string> EmitConfig(const YAML::Node& root) {
+  YAML::Emitter out;
+  out << root;
+  if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
+  return absl::StrCat(out.c_str(), "\n");
+}
 
 // In `node` (the router map, or one worker entry), makes every listen key
 // of `section` whose port is not 0 port 0, and its advertise key (when it
@@ -146,13 +168,9 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
     return absl::InvalidArgumentError(
         absl::StrCat("decode worker count must be in 1..", kMaxWorkersPerRole, ", got ", *decode));
   }
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error: ", e.msg));
-  }
-  if (!root.IsMap()) return absl::InvalidArgumentError("cluster config: expected a map");
+  absl::StatusOr<YAML::Node> loaded = LoadConfigMap(yaml_text);
+  if (!loaded.ok()) return loaded.status();
+  YAML::Node root = *std::move(loaded);
   // Both new lists are computed from the original ones before either is set.
   const YAML::Node prefill_listed = CloneKey(root, "prefill_workers");
   const YAML::Node decode_listed = CloneKey(root, "decode_workers");
@@ -168,20 +186,13 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
     if (!list.ok()) return list.status();
     root["decode_workers"] = *list;
   }
-  YAML::Emitter out;
-  out << root;
-  if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
-  return absl::StrCat(out.c_str(), "\n");
+  return EmitConfig(root);
 }
 
 absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error: ", e.msg));
-  }
-  if (!root.IsMap()) return absl::InvalidArgumentError("cluster config: expected a map");
+  absl::StatusOr<YAML::Node> loaded = LoadConfigMap(yaml_text);
+  if (!loaded.ok()) return loaded.status();
+  YAML::Node root = *std::move(loaded);
   if (root["router"].IsNull() || !root["router"].IsDefined()) {
     root["router"] = YAML::Node(YAML::NodeType::Map);
   }
@@ -203,10 +214,7 @@ absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
       MakePortsEphemeral(workers[i], Section::kWorker, /*every_advertise=*/false);
     }
   }
-  YAML::Emitter out;
-  out << root;
-  if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
-  return absl::StrCat(out.c_str(), "\n");
+  return EmitConfig(root);
 }
 
 std::vector<GpuShare> SplitGpuMemory(const ClusterConfig& config) {

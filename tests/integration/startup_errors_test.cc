@@ -25,6 +25,31 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+// A listening socket held on an ephemeral port of 127.0.0.1 (port 0 when
+// it could not be made), closed on destruction: a port a server must
+// find busy.
+struct BusyPort {
+  BusyPort() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && listen(fd, 1) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+  }
+  ~BusyPort() {
+    if (fd >= 0) close(fd);
+  }
+  BusyPort(const BusyPort&) = delete;
+  BusyPort& operator=(const BusyPort&) = delete;
+  int fd = -1;
+  int port = 0;
+};
+
 // A server that fails at start-up is expected within this time; one that
 // starts instead is killed then and the test fails.
 constexpr absl::Duration kExitTimeout = absl::Seconds(15);
@@ -309,22 +334,9 @@ INSTANTIATE_TEST_SUITE_P(Workers, WorkerBackendRefusalTest,
 // ---- Busy port ----------------------------------------------------------------------
 
 TEST_F(StartupErrorTest, RouterOnBusyPortExitsOneNamingRouterListen) {
-  // Hold a listening socket on an ephemeral port of 127.0.0.1.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
+  const BusyPort held;
+  ASSERT_GT(held.port, 0);
+  const int port = held.port;
 
   ClusterOptions options;
   options.router_listen = absl::StrCat("127.0.0.1:", port);
@@ -341,21 +353,9 @@ TEST_F(StartupErrorTest, RouterOnBusyPortExitsOneNamingRouterListen) {
 // router.metrics_listen (and --metrics-listen, which wins) that cannot be
 // bound: exit 1 naming the key or flag.
 TEST_F(StartupErrorTest, RouterMetricsListenOnBusyPortExitsOneNamingIt) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string busy = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  const BusyPort held;
+  ASSERT_GT(held.port, 0);
+  const std::string busy = absl::StrCat("127.0.0.1:", held.port);
 
   ClusterOptions options;
   options.router_metrics_listen = busy;

@@ -261,7 +261,7 @@ TEST(EphemeralPortsTest, EveryFixedListenPortBecomesZero) {
   std::string with_http = kTwoListed;
   with_http.replace(with_http.find("listen: 127.0.0.1:50051}"), 24,
                     "listen: 127.0.0.1:50051, advertise: 'router.local:50051', "
-                    "http_listen: 127.0.0.1:8000}");
+                    "http_listen: 127.0.0.1:8000, metrics_listen: 127.0.0.1:9100}");
   absl::StatusOr<std::string> text = EphemeralPorts(with_http);
   ASSERT_TRUE(text.ok()) << text.status();
   absl::StatusOr<ClusterConfig> c = ParseClusterConfig(*text);
@@ -271,6 +271,8 @@ TEST(EphemeralPortsTest, EveryFixedListenPortBecomesZero) {
   EXPECT_EQ(c->router.advertise.port, 0);
   ASSERT_TRUE(c->router.http_listen.has_value());
   EXPECT_EQ(c->router.http_listen->ToString(), "127.0.0.1:0");
+  ASSERT_TRUE(c->router.metrics_listen.has_value());
+  EXPECT_EQ(c->router.metrics_listen->ToString(), "127.0.0.1:0");
   ASSERT_EQ(c->prefill_workers.size(), 1u);
   const WorkerConfig& p = c->prefill_workers[0];
   EXPECT_EQ(p.name, "p-a");
