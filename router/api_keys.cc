@@ -66,7 +66,7 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
   e.name = name.Scalar();
   path = absl::StrCat(path, " (", e.name, ")");
   static const std::set<std::string> kKnown = {"name", "sha256", "tokens_per_minute",
-                                               "max_concurrent_requests"};
+                                               "max_concurrent_requests", "admin"};
   std::set<std::string> seen;
   for (const auto& kv : item) {
     const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "<not a scalar>";
@@ -76,7 +76,7 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
     if (!kKnown.count(key)) {
       return Invalid(path, absl::StrCat("unknown key '", key,
                                         "' (known: name, sha256, tokens_per_minute, "
-                                        "max_concurrent_requests)"));
+                                        "max_concurrent_requests, admin)"));
     }
   }
   const YAML::Node hash = item["sha256"];
@@ -103,6 +103,13 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
           ReadLimit(item, "max_concurrent_requests", path, INT32_MAX, &e.max_concurrent_requests);
       !s.ok()) {
     return s;
+  }
+  if (const YAML::Node admin = item["admin"]; admin.IsDefined()) {
+    const std::string text = admin.IsScalar() ? admin.Scalar() : "";
+    if (text != "true" && text != "false") {
+      return Invalid(path + ".admin", absl::StrCat("expected true or false, got '", text, "'"));
+    }
+    e.admin = text == "true";
   }
   return e;
 }
@@ -347,6 +354,25 @@ void ApiKeys::Ended(int id, const Reservation& r, int64_t generated) {
   while (k.completions.size() > static_cast<size_t>(Admission::kRateWindow)) {
     k.completions.pop_front();
   }
+}
+
+std::vector<ApiKeys::Usage> ApiKeys::SnapshotFor(int id) const {
+  std::string name;
+  {
+    absl::ReaderMutexLock table_lock(&table_mu_);
+    if (id < 0 || id >= static_cast<int>(keys_.size()) ||
+        std::find(current_.begin(), current_.end(), id) == current_.end()) {
+      return {};
+    }
+    if (!keys_[id]->entry.admin) name = keys_[id]->entry.name;
+  }
+  std::vector<Usage> all = Snapshot();
+  if (name.empty()) return all;
+  std::vector<Usage> own;
+  for (Usage& u : all) {
+    if (u.name == name) own.push_back(std::move(u));
+  }
+  return own;
 }
 
 std::vector<ApiKeys::Usage> ApiKeys::Snapshot() const {

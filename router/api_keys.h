@@ -71,6 +71,9 @@ struct ApiKeyEntry {
   std::string sha256_hex;             // 64 lowercase hex digits
   int64_t tokens_per_minute = 0;      // 0 = unlimited; <= TokenBucket::kMaxTokensPerMinute
   int32_t max_concurrent_requests = 0;  // 0 = unlimited
+  // May read every key's usage (GetStatus, `tandem status`); any other key
+  // sees only its own, so one tenant learns nothing of another.
+  bool admin = false;
 };
 
 // Parses the keys file's YAML text. Errors (INVALID_ARGUMENT naming the
@@ -193,6 +196,9 @@ class ApiKeys {
   void Ended(int id, const Reservation& r, int64_t generated);
 
   std::vector<Usage> Snapshot() const;  // the current keys, in file order
+  // What key `id` may see of Snapshot(): every key for an admin key, else
+  // its own usage only (empty for an id no longer in the file).
+  std::vector<Usage> SnapshotFor(int id) const;
   int size() const;                     // the current keys
 
  private:

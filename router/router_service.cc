@@ -298,13 +298,13 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* context,
                                                    const v1::GetStatusRequest*,
                                                    v1::ClusterStatus* response) {
-  if (absl::StatusOr<int> key = Authenticate(context); !key.ok()) {
-    return rpc::FinishUnary(context, rpc::ToGrpc(key.status()));
-  }
+  absl::StatusOr<int> caller = Authenticate(context);
+  if (!caller.ok()) return rpc::FinishUnary(context, rpc::ToGrpc(caller.status()));
   // The workers are asked asynchronously (all at once, each with
   // rpc_timeout_ms); the last answer finishes the call. No thread waits.
   auto* reactor = context->DefaultReactor();
-  registry_.StatusAllAsync([this, reactor, response](std::vector<v1::WorkerStatus> workers) {
+  const int key = *caller;  // -1 without api keys
+  registry_.StatusAllAsync([this, reactor, response, key](std::vector<v1::WorkerStatus> workers) {
     for (v1::WorkerStatus& w : workers) *response->add_workers() = std::move(w);
     const bool can_serve = registry_.CanServe();
     v1::WorkerStatus* self = response->mutable_router();
@@ -325,7 +325,7 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     response->set_can_serve(can_serve);
     response->set_api_keys_required(api_keys_ != nullptr);
     if (api_keys_ != nullptr) {
-      for (const ApiKeys::Usage& u : api_keys_->Snapshot()) {
+      for (const ApiKeys::Usage& u : api_keys_->SnapshotFor(key)) {
         v1::ApiKeyUsage* out = response->add_api_keys();
         out->set_name(u.name);
         out->set_requests(u.requests);

@@ -14,6 +14,7 @@
 #include "engine/core/request_validation.h"
 #include "engine/sampling/sampling_options.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "router/stop_strings.h"
 #include "tools/cli_args.h"
 #include "tools/router_client.h"
 
@@ -52,6 +53,11 @@ absl::StatusOr<std::optional<uint32_t>> OptionalUint32(const ParsedArgs& parsed,
   if (!parsed.Has(name)) return std::optional<uint32_t>();
   absl::StatusOr<int64_t> value = parsed.GetInt(name, 0);
   if (!value.ok()) return value.status();
+  if (name == "max-tokens" && *value < 0) {
+    // Said as CheckRanges says 0 (core::ValidateGeneration's rule), not as
+    // the field's type would.
+    return absl::InvalidArgumentError(absl::StrCat("--max-tokens: must be >= 1, got ", *value));
+  }
   value = CheckRange(name, *value, 0, std::numeric_limits<uint32_t>::max());
   if (!value.ok()) return value.status();
   return std::optional<uint32_t>(static_cast<uint32_t>(*value));
@@ -124,7 +130,8 @@ constexpr std::pair<absl::string_view, absl::string_view> kFieldFlags[] = {
     {"logit_bias", "logit-bias"},
     {"n", "n"},
     {"min_tokens", "min-tokens"},
-    {"stop_token_ids", "stop-token-id"}};
+    {"stop_token_ids", "stop-token-id"},
+    {"stop", "stop"}};
 
 // A server check's INVALID_ARGUMENT with its field named by the flag:
 // "top_p: must be in (0, 1], got 2" -> "--top-p: must be in (0, 1], got 2";
@@ -168,6 +175,7 @@ absl::Status CheckRanges(const tandem::v1::GenerateRequest& r) {
   constexpr int32_t kAnyVocabulary = std::numeric_limits<int32_t>::max();
   absl::Status s =
       sampling::Validate(SamplingFromProto(r.sampling(), r.logprobs()), kAnyVocabulary);
+  if (s.ok()) s = router::ValidateStopStrings({r.stop().begin(), r.stop().end()});
   if (s.ok()) {
     const std::vector<int32_t> stop_ids(r.stop_token_ids().begin(), r.stop_token_ids().end());
     s = core::ValidateControls(r.has_n() ? int64_t{r.n()} : 1, r.min_tokens(), r.max_tokens(),
@@ -299,6 +307,10 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   }
   if (parsed->positional().empty()) return absl::InvalidArgumentError("missing PROMPT");
   o.prompt = absl::StrJoin(parsed->positional(), " ");
+  if (o.prompt.empty() && !o.chat) {
+    // The router's own rule (router/request_prompt.cc).
+    return absl::InvalidArgumentError("PROMPT: must not be empty");
+  }
   if (tandem::tokenizer::SanitizeUtf8(o.prompt) != o.prompt) {
     return absl::InvalidArgumentError("PROMPT: not valid UTF-8");
   }

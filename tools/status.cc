@@ -213,17 +213,19 @@ Idleness CheckIdleness(const tandem::v1::ClusterStatus& status) {
 }
 
 int StatusExitCode(const tandem::v1::ClusterStatus& status, bool check_idle) {
-  if (!status.can_serve()) return 1;
-  if (!check_idle) return 0;
-  switch (CheckIdleness(status)) {
-    case Idleness::kIdle:
-      return 0;
-    case Idleness::kBusy:
-      return kExitBusy;
-    case Idleness::kUnknown:
-      return kExitIdleUnknown;
+  if (check_idle) {
+    // What a drain waits for comes first: work in use (or a worker that may
+    // hold some) matters whether or not the cluster can serve.
+    switch (CheckIdleness(status)) {
+      case Idleness::kBusy:
+        return kExitBusy;
+      case Idleness::kUnknown:
+        return kExitIdleUnknown;
+      case Idleness::kIdle:
+        break;
+    }
   }
-  return 0;
+  return status.can_serve() ? 0 : 1;
 }
 
 int RunStatus(const std::vector<std::string>& args) {
@@ -259,7 +261,7 @@ int RunStatus(const std::vector<std::string>& args) {
   }
   std::fflush(stdout);
   const int code = StatusExitCode(status, options->check_idle);
-  if (code == 1) std::cerr << "tandem: the cluster cannot serve\n";
+  if (!status.can_serve()) std::cerr << "tandem: the cluster cannot serve\n";
   if (code == kExitIdleUnknown) {
     std::vector<std::string> unreachable;
     for (const tandem::v1::WorkerStatus& w : status.workers()) {

@@ -1,6 +1,8 @@
 // Connection and Connections: see connection.h.
 #include "common/http/connection.h"
 
+#include <sys/socket.h>
+
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -12,17 +14,23 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem::http {
-namespace {
 
 const char* ReasonPhrase(int status) {
   switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 413: return "Content Too Large";
-    default: return "Error";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return status < 400 ? "OK" : status < 500 ? "Client Error" : "Server Error";
   }
 }
-
-}  // namespace
 
 Connection::Connection(Connections* owner, bufferevent* bev)
     : owner_(owner),
@@ -88,6 +96,11 @@ void Connection::Scan(size_t from, bool may_refuse) {
   if (!head_.complete()) return;
   const int64_t declared = head_.declared_body_bytes();
   const ConnectionOptions& o = owner_->options();
+  if (may_refuse && head_.conflicting_lengths()) {
+    // Nothing after the head can be trusted to be this request's body.
+    Refuse(400, "conflicting Content-Length headers", 0);
+    return;
+  }
   if (may_refuse && declared > o.max_body_bytes) {
     Refuse(413,
            absl::StrCat("request body of ", declared, " bytes is over the limit of ",
@@ -198,6 +211,10 @@ void Connection::OnRefusalRead(bufferevent*, void* arg) {
 void Connection::OnRefusalWritten(bufferevent*, void* arg) {
   auto* c = static_cast<Connection*>(arg);
   c->written_ = true;
+  // The answer is out: end our half at once, so the client reads it and
+  // sees the close without waiting for the rest of a body it may still
+  // send (drained until it closes, or read_timeout_ms).
+  ::shutdown(bufferevent_getfd(c->bev_), SHUT_WR);
   c->CloseIfDone();
 }
 

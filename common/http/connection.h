@@ -51,6 +51,10 @@ struct evhttp_connection;
 
 namespace tandem::http {
 
+// The reason phrase of an HTTP status (RFC 9110 section 15): libevent 2.1
+// knows none for 429 ("Client Error"), so every answer names its own.
+const char* ReasonPhrase(int status);
+
 class Connections;
 
 class Connection {

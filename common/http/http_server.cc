@@ -41,6 +41,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
@@ -59,6 +60,7 @@ class ExchangeImpl;
 struct Core {
   HttpServer::Options options;
   HttpServer::FallbackBody fallback_body;  // fixed before Start
+  HttpServer::UnroutedGuard unrouted_guard;  // fixed before Start
 
   // Loop thread only.
   event_base* base = nullptr;
@@ -271,14 +273,14 @@ class ExchangeImpl : public Exchange,
     evbuffer* buf = evbuffer_new();
     evbuffer_add(buf, body.data(), body.size());
     Detach();
-    evhttp_send_reply(req_, ValidStatus(status), nullptr, buf);
+    evhttp_send_reply(req_, ValidStatus(status), ReasonPhrase(ValidStatus(status)), buf);
     evbuffer_free(buf);
     Finished();
   }
   void DoStartStream(int status, const Headers& headers) {
     if (req_ == nullptr) return;
     AddHeaders(req_, headers);
-    evhttp_send_reply_start(req_, ValidStatus(status), nullptr);
+    evhttp_send_reply_start(req_, ValidStatus(status), ReasonPhrase(ValidStatus(status)));
   }
   void DoSend(const std::string& chunk) {
     if (req_ == nullptr) return;
@@ -368,14 +370,23 @@ struct HttpServer::Impl {
 
   void Fallback(evhttp_request* req, int status, const std::string& path, const char* allow) {
     evkeyvalq* out = evhttp_request_get_output_headers(req);
-    auto [content_type, body] = core->Answer(
-        status, path,
-        absl::StrCat(status == 404 ? "not found: " : "method not allowed: ", path));
+    std::string message =
+        absl::StrCat(status == 404 ? "not found: " : "method not allowed: ", path);
+    if (core->unrouted_guard) {
+      const char* authorization =
+          evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+      const std::string header = authorization == nullptr ? "" : authorization;
+      if (auto instead = core->unrouted_guard(path, authorization == nullptr ? nullptr : &header)) {
+        std::tie(status, message) = *std::move(instead);
+        allow = nullptr;
+      }
+    }
+    auto [content_type, body] = core->Answer(status, path, message);
     evhttp_add_header(out, "Content-Type", content_type.c_str());
     if (allow != nullptr) evhttp_add_header(out, "Allow", allow);
     evbuffer* buf = evbuffer_new();
     evbuffer_add(buf, body.data(), body.size());
-    evhttp_send_reply(req, status, nullptr, buf);
+    evhttp_send_reply(req, status, ReasonPhrase(status), buf);
     evbuffer_free(buf);
   }
 
@@ -445,6 +456,10 @@ void HttpServer::Handle(const std::string& method, const std::string& path, Hand
 }
 
 void HttpServer::set_fallback_body(FallbackBody f) { impl_->core->fallback_body = std::move(f); }
+
+void HttpServer::set_unrouted_guard(UnroutedGuard guard) {
+  impl_->core->unrouted_guard = std::move(guard);
+}
 
 int HttpServer::open_streams() const { return impl_->core->open_streams.load(); }
 

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -115,6 +116,15 @@ class HttpServer {
   using FallbackBody = std::function<std::string(int status, const std::string& path,
                                                  const std::string& message)>;
   void set_fallback_body(FallbackBody f);
+  // Asked before the server answers 404 or 405 itself, with the request's
+  // path and Authorization header (nullptr when absent): a {status,
+  // message} to answer instead (e.g. 401 when API keys are required, so an
+  // unknown path tells a client without a key nothing), or nullopt for the
+  // 404/405. The answer's body is the fallback body's. Set before Start;
+  // runs on the loop thread.
+  using UnroutedGuard = std::function<std::optional<std::pair<int, std::string>>(
+      const std::string& path, const std::string* authorization)>;
+  void set_unrouted_guard(UnroutedGuard guard);
 
   // Binds host:port (port 0: any) and starts the loop thread. Returns the
   // bound port. Errors: UNAVAILABLE naming the address when it cannot bind;

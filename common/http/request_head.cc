@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -71,31 +72,43 @@ size_t RequestHead::Feed(std::string_view bytes) {
   return i;
 }
 
-int64_t RequestHead::declared_body_bytes() const {
-  if (!complete_ || truncated_) return -1;
-  std::vector<absl::string_view> lines = absl::StrSplit(head_, '\n');
-  if (lines.empty()) return -1;
+namespace {
+
+// The head's method and its header lines as (name, value) in order; a line
+// starting with a blank continues the previous value (evhttp appends it
+// after a space). False when a header line has no colon (evhttp: 400).
+bool ParseHead(absl::string_view head, absl::string_view* method,
+               std::vector<std::pair<absl::string_view, std::string>>* headers) {
+  std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
+  if (lines.empty()) return false;
   const absl::string_view request_line = lines[0];
-  const absl::string_view method = request_line.substr(0, request_line.find(' '));
-  if (method != "POST" && method != "PUT" && method != "PATCH") return -1;
-  // (name, value) in order; a line starting with a blank continues the
-  // previous value (evhttp appends it after a space).
-  std::vector<std::pair<absl::string_view, std::string>> headers;
+  *method = request_line.substr(0, request_line.find(' '));
   for (size_t i = 1; i < lines.size(); ++i) {
     absl::string_view line = lines[i];
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) break;
     if (line.front() == ' ' || line.front() == '\t') {
-      if (!headers.empty()) {
-        headers.back().second += ' ';
-        headers.back().second += std::string(absl::StripAsciiWhitespace(line));
+      if (!headers->empty()) {
+        headers->back().second += ' ';
+        headers->back().second += std::string(absl::StripAsciiWhitespace(line));
       }
       continue;
     }
     const size_t colon = line.find(':');
-    if (colon == absl::string_view::npos) return -1;  // evhttp: 400
-    headers.emplace_back(line.substr(0, colon), std::string(line.substr(colon + 1)));
+    if (colon == absl::string_view::npos) return false;
+    headers->emplace_back(line.substr(0, colon), std::string(line.substr(colon + 1)));
   }
+  return true;
+}
+
+}  // namespace
+
+int64_t RequestHead::declared_body_bytes() const {
+  if (!complete_ || truncated_) return -1;
+  absl::string_view method;
+  std::vector<std::pair<absl::string_view, std::string>> headers;
+  if (!ParseHead(head_, &method, &headers)) return -1;
+  if (method != "POST" && method != "PUT" && method != "PATCH") return -1;
   const std::string* length = nullptr;
   for (const auto& [name, value] : headers) {
     if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
@@ -110,6 +123,21 @@ int64_t RequestHead::declared_body_bytes() const {
     }
   }
   return length == nullptr ? -1 : ContentLength(Trimmed(*length));
+}
+
+bool RequestHead::conflicting_lengths() const {
+  if (!complete_ || truncated_) return false;
+  absl::string_view method;
+  std::vector<std::pair<absl::string_view, std::string>> headers;
+  if (!ParseHead(head_, &method, &headers)) return false;
+  std::optional<absl::string_view> first;
+  for (const auto& [name, value] : headers) {
+    if (!absl::EqualsIgnoreCase(name, "Content-Length")) continue;
+    const absl::string_view v = Trimmed(value);
+    if (first.has_value() && *first != v) return true;
+    first = v;
+  }
+  return false;
 }
 
 void RequestHead::Reset() {

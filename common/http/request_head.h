@@ -45,6 +45,13 @@ class RequestHead {
   // than max_bytes.
   int64_t declared_body_bytes() const;
 
+  // Once complete(): two Content-Length headers with different values
+  // (RFC 9112 section 6.3: the framing is invalid, answered 400 and the
+  // connection closed; evhttp would take the first and read the rest as
+  // another request, the start of request smuggling). Equal repeats are
+  // fine.
+  bool conflicting_lengths() const;
+
   // Forgets everything: the next byte fed starts a new request.
   void Reset();
 

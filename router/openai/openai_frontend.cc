@@ -1,5 +1,7 @@
 #include "router/openai/openai_frontend.h"
 
+#include <optional>
+
 #include <chrono>
 #include <ctime>
 
@@ -252,6 +254,7 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
                                "' does not exist");
       return ErrorBody(e);
     }
+    if (status == 401) return ErrorBody(FromStatus(absl::UnauthenticatedError(message)));
     e.type = status == 404 ? "not_found_error" : "invalid_request_error";
     switch (status) {
       case 404: e.message = absl::StrCat("no route ", path); break;
@@ -268,6 +271,17 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
     }
     return ErrorBody(e);
   });
+  // With API keys, a request no route takes (an unknown path or model, a
+  // wrong method) is refused 401 without a valid key, as OpenAI does: a
+  // 404 would tell a client without a key which models exist.
+  server_->set_unrouted_guard(
+      [this](const std::string&,
+             const std::string* authorization) -> std::optional<std::pair<int, std::string>> {
+        if (!router_.authenticate) return std::nullopt;
+        absl::Status s = router_.authenticate(authorization);
+        if (s.ok()) return std::nullopt;
+        return std::make_pair(401, std::string(s.message()));
+      });
   // GET /v1/models/{id} (OpenAI's "retrieve model") for the served model.
   server_->Handle("GET", models_prefix + options_.limits.served_model_name,
                   [this](std::shared_ptr<http::Exchange> e) { HandleModels(std::move(e), true); });

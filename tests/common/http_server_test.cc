@@ -17,6 +17,8 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -87,6 +90,7 @@ class Conn {
 
   struct Response {
     int status = 0;
+    std::string reason;  // the status line's reason phrase
     std::map<std::string, std::string> headers;  // lower-case names
     std::string body;
   };
@@ -100,6 +104,7 @@ class Conn {
     buf_.erase(0, end + 4);
     std::vector<std::string> first = absl::StrSplit(lines[0], absl::MaxSplits(' ', 2));
     if (first.size() < 2 || !absl::SimpleAtoi(first[1], &r->status)) return false;
+    if (first.size() > 2) r->reason = first[2];
     for (size_t i = 1; i < lines.size(); ++i) {
       size_t colon = lines[i].find(':');
       if (colon == std::string::npos) return false;
@@ -242,6 +247,9 @@ class HttpServerTest : public ::testing::Test {
     server_->Handle("POST", "/echo", [](std::shared_ptr<Exchange> ex) {
       ex->Respond(201, {}, ex->body());
     });
+    server_->Handle("GET", "/limited", [](std::shared_ptr<Exchange> ex) {
+      ex->Respond(429, {}, "slow down");
+    });
     server_->Handle("GET", "/stream", [this](std::shared_ptr<Exchange> ex) {
       bool ok = ex->StartStream(200, {{"Content-Type", "text/event-stream"}});
       if (!ok) ex->Respond(503, {}, "busy");
@@ -378,6 +386,95 @@ TEST_F(HttpServerTest, DeclaredBodyOverTheLimitIs413AtOnceAndClosesWithinTheRead
     EXPECT_EQ(rd.status, 413) << length;
     EXPECT_TRUE(d.WaitClosed());
   }
+}
+
+// Issue #32: two Content-Length headers that disagree make the framing
+// invalid (RFC 9112 section 6.3): 400 and the connection closed, never the
+// rest read as another request (request smuggling).
+TEST_F(HttpServerTest, ConflictingContentLengthsAre400AndClose) {
+  StartServer();
+  Conn c(port_);
+  ASSERT_TRUE(c.SendAll("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                        "Content-Length: 66\r\n\r\n{}GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.reason, "Bad Request");
+  EXPECT_EQ(r.body, "conflicting Content-Length headers\n");
+  EXPECT_TRUE(c.WaitClosed());  // no second response
+  // Equal repeats are one length.
+  Conn d(port_);
+  ASSERT_TRUE(d.SendAll("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                        "Content-Length: 2\r\n\r\n{}"));
+  ASSERT_TRUE(d.ReadResponse(&r));
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(r.body, "{}");
+}
+
+// The 413 for a declared body over the limit ends the server's half of the
+// connection as soon as it is written: the client sees the close at once,
+// not after the read timeout.
+TEST_F(HttpServerTest, DeclaredBodyOverTheLimitClosesOnceAnswered) {
+  HttpServer::Options o;
+  o.max_body_bytes = 1024;
+  o.read_timeout_ms = 20000;
+  StartServer(o);
+  Conn c(port_);
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(c.SendAll("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n"));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(r.reason, "Content Too Large");
+  EXPECT_TRUE(c.WaitClosed());
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+}
+
+// libevent 2.1 has no phrase for 429 ("Client Error"): every answer names
+// its own.
+TEST_F(HttpServerTest, ReasonPhrasesAreTheStatusNames) {
+  StartServer();
+  Conn c(port_);
+  ASSERT_TRUE(c.Request("GET", "/limited", ""));
+  Conn::Response r;
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.reason, "Too Many Requests");
+  ASSERT_TRUE(c.Request("GET", "/nowhere", ""));
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.reason, "Not Found");
+}
+
+// The unrouted guard answers instead of the server's own 404/405 (with
+// the request's Authorization header): what the router uses to refuse a
+// client without an API key before telling it a path or model is unknown.
+TEST(HttpServerGuardTest, UnroutedGuardAnswersInsteadOf404And405) {
+  HttpServer server{HttpServer::Options{}};
+  server.Handle("GET", "/known", [](std::shared_ptr<Exchange> ex) { ex->Respond(200, {}, "ok"); });
+  server.set_unrouted_guard([](const std::string& path, const std::string* authorization)
+                                -> std::optional<std::pair<int, std::string>> {
+    if (authorization != nullptr && *authorization == "Bearer good") return std::nullopt;
+    return std::make_pair(401, absl::StrCat("no key for ", path));
+  });
+  auto port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  Conn c(*port);
+  Conn::Response r;
+  ASSERT_TRUE(c.Request("GET", "/unknown", ""));
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.body, "no key for /unknown\n");
+  ASSERT_TRUE(c.Request("POST", "/known", "x"));  // a known path, another method
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.headers.count("allow"), 0u);
+  ASSERT_TRUE(c.SendAll("GET /unknown HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer good\r\n\r\n"));
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 404);
+  ASSERT_TRUE(c.Request("GET", "/known", ""));
+  ASSERT_TRUE(c.ReadResponse(&r));
+  EXPECT_EQ(r.status, 200);  // routed requests never reach the guard
 }
 
 // A client that sends its too-large body and half-closes still reads the

@@ -114,7 +114,8 @@ class ApiKeysTest : public OwnClusterTest {
                                              "    sha256: ", kAliceSha, "\n",
                                              "    tokens_per_minute: ", kAliceTokensPerMinute, "\n",
                                              "  - name: bob\n"
-                                             "    sha256: ", kBobSha, "\n")));
+                                             "    sha256: ", kBobSha, "\n",
+                                             "    admin: true\n")));
     ClusterOptions o;
     o.api_keys_file = keys;
     o.api_key = kBobKey;
@@ -338,6 +339,14 @@ TEST_F(ApiKeysTest, RequestOverTheMinuteIsNeverAdmittedAndCliSendsTheKey) {
   EXPECT_THAT(status.out, HasSubstr(" generated_tokens=4 in_flight=0 tokens_available=unlimited "
                                     "tokens_per_minute=unlimited "
                                     "max_concurrent_requests=unlimited\n"));
+  // A key without `admin: true` sees its own usage, nothing of another
+  // tenant's.
+  ProcessResult own = RunProcess(
+      {BinaryPath("tandem"), "status", "--router", router, "--api-key", kAliceKey},
+      absl::Seconds(30));
+  ASSERT_EQ(own.exit_code, 0) << own.Describe();
+  EXPECT_THAT(own.out, HasSubstr("\napi_key alice requests=0 refused=3 "));
+  EXPECT_THAT(own.out, Not(HasSubstr("api_key bob")));
 }
 
 // Issue #32: a refusal said "-12 tokens available" (generated tokens were
@@ -455,7 +464,8 @@ TEST(ApiKeysAdmissionTest, KeyRefusalHoldsNoSlotRouterRefusalRefunds) {
                                            "    max_concurrent_requests: 1\n"
                                            "  - name: bob\n"
                                            "    sha256: ", kBobSha, "\n",
-                                           "    tokens_per_minute: 60\n")));
+                                           "    tokens_per_minute: 60\n",
+                                           "    admin: true\n")));  // reads alice's usage
   ClusterOptions o;
   o.api_keys_file = keys;
   o.api_key = kBobKey;
@@ -672,6 +682,28 @@ TEST_F(ApiKeysTest, ClientPortMetricsNeedAKeyTheMetricsPortDoesNot) {
   EXPECT_THAT(scraped.body, HasSubstr("tandem_requests_total"));
   // Only /metrics there: the API is not reachable through the metrics port.
   EXPECT_EQ(HttpCall(cluster().router_metrics_address(), "GET", "/v1/models").status, 404);
+}
+
+// Issue #32: without a key, a path or model id the router does not serve
+// is 401 like every other /v1 route (a 404 would tell which models exist);
+// with one, 404 as before. A wrong method is 401 too.
+TEST_F(ApiKeysTest, UnknownRoutesNeedAKeyBeforeTheyAre404) {
+  const std::string http = cluster().http_address();
+  for (const auto& [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"GET", "/v1/models/nope"},
+                                                        {"GET", "/v1/models/"},
+                                                        {"GET", "/v1/chat/completions"},
+                                                        {"GET", "/nowhere"}}) {
+    HttpResult none = HttpCall(http, method, path);
+    EXPECT_EQ(none.status, 401) << path << ": " << none.body;
+    EXPECT_THAT(none.body, HasSubstr("\"type\":\"authentication_error\"")) << path;
+  }
+  HttpResult keyed = HttpCall(http, "GET", "/v1/models/nope", "",
+                              {{"Authorization", absl::StrCat("Bearer ", kBobKey)}});
+  EXPECT_EQ(keyed.status, 404) << keyed.body;
+  EXPECT_THAT(keyed.body, HasSubstr("model_not_found"));
+  // /health and /ready stay open.
+  EXPECT_EQ(HttpCall(http, "GET", "/health").status, 200);
 }
 
 // Kubernetes swaps a mounted Secret's file under the running router: the

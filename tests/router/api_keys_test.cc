@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -362,6 +363,27 @@ TEST(ParseApiKeysTest, ReadsEntriesAndDefaults) {
   EXPECT_EQ((*e)[1].max_concurrent_requests, 0);
 }
 
+// Issue #32: a key reads its own usage; only an admin key reads every
+// key's (one tenant learns nothing of another's).
+TEST(ApiKeysTest, EachKeySeesItsOwnUsageAnAdminKeySeesAll) {
+  absl::StatusOr<std::vector<ApiKeyEntry>> e = ParseApiKeys(
+      absl::StrCat("keys:\n  - name: alice\n    sha256: ", kAliceSha,
+                   "\n  - name: bob\n    sha256: ", kBobSha, "\n    admin: true\n"));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_FALSE((*e)[0].admin);
+  EXPECT_TRUE((*e)[1].admin);
+  FakeClock t;
+  ApiKeys keys(*e, t.clock());
+  std::vector<ApiKeys::Usage> alice = keys.SnapshotFor(0);
+  ASSERT_EQ(alice.size(), 1u);
+  EXPECT_EQ(alice[0].name, "alice");
+  std::vector<ApiKeys::Usage> bob = keys.SnapshotFor(1);
+  ASSERT_EQ(bob.size(), 2u);
+  EXPECT_EQ(bob[0].name, "alice");
+  EXPECT_EQ(bob[1].name, "bob");
+  EXPECT_TRUE(keys.SnapshotFor(7).empty());
+}
+
 TEST(ParseApiKeysTest, ErrorsNameTheEntryAndField) {
   const std::string alice = std::string("  - name: alice\n    sha256: ") + kAliceSha + "\n";
   const std::string bob = std::string("  - name: bob\n    sha256: ") + kBobSha + "\n";
@@ -395,6 +417,8 @@ TEST(ParseApiKeysTest, ErrorsNameTheEntryAndField) {
       {"keys:\n" + bob + "    tokens_per_min: 5\n",
        "keys[0] (bob): unknown key 'tokens_per_min'"},
       {"keys:\n" + bob + "    key: sk-test-bob\n", "keys[0] (bob): unknown key 'key'"},
+      {"keys:\n" + bob + "    admin: yes\n",
+       "keys[0] (bob).admin: expected true or false, got 'yes'"},
       {"keys:\n" + alice + "  - name: alice\n    sha256: " + kBobSha + "\n",
        "keys[1].name: duplicate name 'alice'"},
       {"keys:\n" + alice + "  - name: carol\n    sha256: " + kAliceSha + "\n",
@@ -413,8 +437,11 @@ TEST(ParseApiKeysTest, TheDeployExampleParses) {
   absl::StatusOr<std::vector<ApiKeyEntry>> e =
       LoadApiKeys(std::string(TANDEM_SOURCE_DIR) + "/deploy/api-keys.example.yaml");
   ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_EQ(e->size(), 2u);
+  ASSERT_EQ(e->size(), 3u);
   EXPECT_EQ((*e)[0].name, "team-a");
+  EXPECT_FALSE((*e)[0].admin);
+  EXPECT_EQ((*e)[2].name, "operator");
+  EXPECT_TRUE((*e)[2].admin);
   EXPECT_EQ((*e)[0].tokens_per_minute, 60000);
   EXPECT_EQ((*e)[0].max_concurrent_requests, 8);
   EXPECT_EQ((*e)[1].name, "batch-jobs");

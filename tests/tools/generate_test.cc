@@ -84,7 +84,7 @@ TEST(GenerateArgsTest, GenerationControls) {
       {"--n", "16", "--logprobs", "20", "--min-p", "1", "--repetition-penalty", "1",
        "--logit-bias", "0=-100", "--top-p", "1", "--temperature", "0.00001", "--max-tokens",
        "1", "--min-tokens", "1", "--presence-penalty", "-2", "--frequency-penalty", "2",
-       "--stop", "", "p"}));
+       "--stop", std::string(256, 'x'), "p"}));
   ASSERT_TRUE(edge.has_n());
   EXPECT_EQ(edge.n(), 16u);
   EXPECT_EQ(edge.logprobs(), 20u);
@@ -93,7 +93,7 @@ TEST(GenerateArgsTest, GenerationControls) {
   EXPECT_EQ(edge.sampling().repetition_penalty(), 1.0f);
   EXPECT_EQ(edge.sampling().logit_bias().at(0), -100.0f);
   EXPECT_EQ(edge.min_tokens(), 1u);
-  EXPECT_THAT(edge.stop(), ElementsAre(""));
+  EXPECT_THAT(edge.stop(), ElementsAre(std::string(256, 'x')));
   EXPECT_TRUE(ParseGenerateArgs({"--logprobs", "0", "p"})->logprobs.has_value());
 }
 
@@ -175,7 +175,7 @@ TEST(GenerateArgsTest, Errors) {
       {{"--chat"}, "missing PROMPT"},
       {{"--chat=yes", "p"}, "--chat: takes no value"},
       {{"--route", "sideways", "p"}, "--route: expected auto, local or remote, got 'sideways'"},
-      {{"--max-tokens", "-1", "p"}, "--max-tokens: must be in 0..4294967295, got -1"},
+      {{"--max-tokens", "-1", "p"}, "--max-tokens: must be >= 1, got -1"},
       {{"--max-tokens", "4294967296", "p"}, "--max-tokens: must be in 0..4294967295, got 4294967296"},
       {{"--seed", "-1", "p"}, "--seed: expected an unsigned integer, got '-1'"},
       {{"--temperature", "warm", "p"}, "--temperature: expected a finite number, got 'warm'"},
@@ -251,6 +251,10 @@ TEST(GenerateArgsTest, ValuesOutsideTheRoutersRangesAreBadFlags) {
       {{"--min-tokens", "5", "--max-tokens", "4", "p"},
        "--min-tokens: must be in [0, max_tokens = 4], got 5"},
       {{"--stop-token-id", "-3", "p"}, "--stop-token-id: a token id is >= 0, got -3"},
+      {{"--stop", "", "p"}, "--stop: stop[0]: must be 1 to 256 bytes, got 0"},
+      {{"--stop", std::string(257, 'x'), "p"},
+       "--stop: stop[0]: must be 1 to 256 bytes, got 257"},
+      {{""}, "PROMPT: must not be empty"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<GenerateOptions> o = ParseGenerateArgs(c.args);

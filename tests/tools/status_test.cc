@@ -198,6 +198,12 @@ TEST(StatusExitCodeTest, Rules) {
   EXPECT_EQ(CheckIdleness(s), Idleness::kUnknown);
   EXPECT_EQ(StatusExitCode(s, true), 4);
   EXPECT_EQ(StatusExitCode(s, false), 0);
+  // The only decode worker frozen: the cluster cannot serve (1), but a
+  // drain's question is whether work may be held: still 4 (and 3 below).
+  s.set_can_serve(false);
+  EXPECT_EQ(StatusExitCode(s, true), 4);
+  EXPECT_EQ(StatusExitCode(s, false), 1);
+  s.set_can_serve(true);
   w->set_running_requests(1);
   EXPECT_EQ(CheckIdleness(s), Idleness::kBusy);
   EXPECT_EQ(StatusExitCode(s, true), 3);
