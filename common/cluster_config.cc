@@ -34,7 +34,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "engine/model/llama_model.h"
 
 namespace tandem {
 
@@ -578,7 +577,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
                  {{"block_size", &e.block_size, 1},
                   {"num_kv_blocks", &e.num_kv_blocks, 1},
                   {"max_num_seqs", &e.max_num_seqs, 1},
-                  {"threads", &e.threads, 1, model::LlamaModel::kMaxThreads},
+                  {"threads", &e.threads, 1, model::kMaxForwardThreads},
                   {"max_num_batched_tokens", &e.max_num_batched_tokens, 1},
                   {"prefill_chunk_tokens", &e.prefill_chunk_tokens, 1}});
     if (!s.ok()) return s;

@@ -50,7 +50,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/backend/device.h"
 #include "engine/kv/kv_dtype.h"
-#include "engine/model/q8_matmul.h"
+#include "engine/forward_options.h"
 #include "kvtransfer/transport.h"
 
 namespace tandem {
@@ -279,7 +279,7 @@ inline constexpr std::array<absl::string_view, 12> kChatTemplateNames = {
     "mistral-v1",     "mistral-v3",       "mistral-v3-tekken",
     "mistral-v7",     "mistral-v7-tekken"};
 
-// Peer authentication (common/auth/cluster_auth.h). No secret_file: the
+// Peer authentication (auth/cluster_auth.h). No secret_file: the
 // cluster runs open (any host that reaches a worker port can call it).
 struct ClusterAuthConfig {
   // A file holding the shared secret (>= 32 bytes, trailing newline
@@ -287,7 +287,7 @@ struct ClusterAuthConfig {
   std::string secret_file;
   // Secrets also accepted when verifying (never used to sign), each file
   // read like secret_file; only with secret_file. A rolling rotation to a
-  // new secret (common/auth/cluster_auth.h): secret_file OLD + accepted
+  // new secret (auth/cluster_auth.h): secret_file OLD + accepted
   // [NEW] everywhere, then NEW + [OLD], then NEW + [].
   std::vector<std::string> accepted_secret_files;
   // Largest accepted |sender's clock - receiver's clock| of a credential;

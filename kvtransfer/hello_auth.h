@@ -1,5 +1,5 @@
 // The KV HELLO's authentication with the cluster secret
-// (common/auth/cluster_auth.h; docs/architecture.md, "Trust: the cluster
+// (auth/cluster_auth.h; docs/architecture.md, "Trust: the cluster
 // secret (HMAC)"). With a secret:
 //   P -> D  HELLO + credential: ts, nonce and
 //           HMAC("kv/HELLO", SHA-256 of the HELLO's other fields, ts, nonce)
@@ -20,7 +20,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem::kvtransfer {

@@ -56,7 +56,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "engine/kv/kv_dtype.h"
 #include "kvtransfer/transport.h"
 

@@ -105,7 +105,7 @@ inline size_t FrameFieldsBytes(size_t request_id_size) {
   return 4 + request_id_size + 4 * 4;
 }
 
-// HELLO's optional credential (common/auth/cluster_auth.h): the HMAC of
+// HELLO's optional credential (auth/cluster_auth.h): the HMAC of
 // "kv/HELLO" over the HELLO's other fields (HelloSignedBytes).
 struct HelloAuth {
   uint64_t ts_ms = 0;

@@ -19,7 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/auth/crypto.h"
+#include "auth/crypto.h"
 #include "router/admission.h"
 
 namespace tandem::router {

@@ -61,7 +61,7 @@
 
 namespace tandem::router {
 
-// Lowercase hex SHA-256 of `data` (common/auth/crypto.h, OpenSSL), as
+// Lowercase hex SHA-256 of `data` (auth/crypto.h, OpenSSL), as
 // `printf %s DATA | sha256sum` prints it.
 std::string Sha256Hex(absl::string_view data);
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "router/prefix_index.h"
 #include "tandem/v1/worker.grpc.pb.h"
 

@@ -51,7 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "router/routing_policy.h"
 #include "router/kv_event_watcher.h"
 #include "router/prefix_index.h"

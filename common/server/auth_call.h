@@ -1,4 +1,4 @@
-// The cluster credential (common/auth/cluster_auth.h) on gRPC calls: one
+// The cluster credential (auth/cluster_auth.h) on gRPC calls: one
 // line to sign a client call, one line to verify it in a handler.
 //
 //   Client (after the request is final, before the call starts):
@@ -25,7 +25,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/strings/string_view.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 
 namespace tandem::rpc {
 

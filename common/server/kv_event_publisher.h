@@ -28,7 +28,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "engine/kv/kv_cache_manager.h"
 #include "tandem/v1/worker.grpc.pb.h"
 

@@ -39,7 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "common/cluster_config.h"
 #include "common/server/exit_codes.h"
 #include "common/server/kv_event_publisher.h"

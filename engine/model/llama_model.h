@@ -56,7 +56,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/cpu_kv_storage.h"
 #include "engine/model/model_arch.h"
-#include "engine/model/q8_matmul.h"
+#include "engine/forward_options.h"
 
 namespace tandem::model {
 class ThreadPool;
@@ -116,7 +116,7 @@ struct LlamaModelOptions {
   int32_t num_threads = 1;
   // kInt8 repacks every Q8_0 matrix Forward multiplies (the layers' and
   // the output; token_embd is only looked up) once at load, 1.125 bytes
-  // per weight beside the mapping's (q8_matmul.h). A model without Q8_0
+  // per weight beside the mapping's (engine/forward_options.h). A model without Q8_0
   // matrices is unchanged.
   Q8MatMul q8_matmul = Q8MatMul::kExact;
   // Packs every F32 matrix Forward multiplies into column panels once at
@@ -147,7 +147,7 @@ class LlamaModel {
   // As above with `options` (num_threads checked as above).
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
                                                           const LlamaModelOptions& options);
-  static constexpr int32_t kMaxThreads = 256;
+  static constexpr int32_t kMaxThreads = kMaxForwardThreads;
 
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;

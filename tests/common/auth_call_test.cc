@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "common/server/raw_call.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/worker.pb.h"

@@ -30,7 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "common/cluster_config.h"
 #include "common/server/server_util.h"  // rpc::kLivenessHealthService
 #include "gmock/gmock.h"

@@ -25,7 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "common/cluster_config.h"
 #include "tests/test_util.h"
 

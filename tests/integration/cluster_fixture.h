@@ -36,7 +36,7 @@
 #include "tools/process_group.h"
 
 namespace tandem::auth {
-class ClusterAuth;  // common/auth/cluster_auth.h
+class ClusterAuth;  // auth/cluster_auth.h
 }  // namespace tandem::auth
 
 namespace tandem::testing {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
@@ -238,7 +238,7 @@ TEST_F(TrustTest, OpenClusterSaysSo) {
             "register or call it)");
 }
 
-// Step 1 -> 2 of a rotation (common/auth/cluster_auth.h) half done: the
+// Step 1 -> 2 of a rotation (auth/cluster_auth.h) half done: the
 // router and decode-1 already run NEW (accepting OLD); prefill-0 and
 // decode-0 still run OLD (accepting NEW). Registrations (OLD at a NEW
 // router), polls and watches (NEW at OLD workers), Prefill calls and the

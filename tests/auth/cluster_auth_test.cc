@@ -1,9 +1,9 @@
-// common/auth: HMAC-SHA256 against RFC 4231, the credential format, the
+// auth: HMAC-SHA256 against RFC 4231, the credential format, the
 // verifier (skew, replay, wrong secret, tampered message, missing and
 // malformed credentials, the replay cache bound), rotation with accepted
 // secrets (each rolling step's pairs, a third secret, replay across
 // secrets, ACCEPT answers) and secret-file loading.
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "common/auth/crypto.h"
+#include "auth/crypto.h"
 
 namespace tandem::auth {
 namespace {

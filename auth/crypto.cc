@@ -1,4 +1,4 @@
-#include "common/auth/crypto.h"
+#include "auth/crypto.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

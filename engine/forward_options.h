@@ -1,10 +1,21 @@
-// engine.q8_matmul: how a Q8_0 weight matrix is multiplied on the CPU. A
-// header of its own so the cluster config can name the choice without the
-// model's headers.
-#ifndef TANDEM_ENGINE_MODEL_Q8_MATMUL_H_
-#define TANDEM_ENGINE_MODEL_Q8_MATMUL_H_
+// The CPU forward pass's settings that the cluster config names
+// (engine.q8_matmul, engine.threads): vocabulary only, no code, in a header
+// of its own at the bottom of engine/ so common/cluster_config names them
+// without including any model header (issue #33: config sits above the
+// engine, never inside it). The model (engine/model/llama_model.h) takes
+// them in LlamaModelOptions.
+#ifndef TANDEM_ENGINE_FORWARD_OPTIONS_H_
+#define TANDEM_ENGINE_FORWARD_OPTIONS_H_
+
+#include <cstdint>
 
 namespace tandem::model {
+
+// The most threads one model's Forward runs on (engine.threads' upper
+// bound; LlamaModel::kMaxThreads).
+inline constexpr int32_t kMaxForwardThreads = 256;
+
+// engine.q8_matmul: how a Q8_0 weight matrix is multiplied on the CPU.
 
 //   kExact: dequantized exactly to F32 (q * d) and multiplied in float
 //           (internal cpu_kernels.h): the bits of the model's F32
@@ -30,4 +41,4 @@ inline const char* Q8MatMulName(Q8MatMul mode) {
 
 }  // namespace tandem::model
 
-#endif  // TANDEM_ENGINE_MODEL_Q8_MATMUL_H_
+#endif  // TANDEM_ENGINE_FORWARD_OPTIONS_H_

@@ -1,4 +1,4 @@
-#include "common/auth/cluster_auth.h"
+#include "auth/cluster_auth.h"
 
 #include <cerrno>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/auth/crypto.h"
+#include "auth/crypto.h"
 
 namespace tandem::auth {
 namespace {

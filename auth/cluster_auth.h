@@ -29,8 +29,8 @@
 // (common/server/auth_call.h binds it to gRPC metadata; kvtransfer to the
 // HELLO). Threads: every method is thread-safe (the replay cache is under
 // a mutex); the object outlives every caller (one per process).
-#ifndef TANDEM_COMMON_AUTH_CLUSTER_AUTH_H_
-#define TANDEM_COMMON_AUTH_CLUSTER_AUTH_H_
+#ifndef TANDEM_AUTH_CLUSTER_AUTH_H_
+#define TANDEM_AUTH_CLUSTER_AUTH_H_
 
 #include <cstdint>
 #include <functional>
@@ -167,4 +167,4 @@ class ClusterAuth {
 
 }  // namespace tandem::auth
 
-#endif  // TANDEM_COMMON_AUTH_CLUSTER_AUTH_H_
+#endif  // TANDEM_AUTH_CLUSTER_AUTH_H_

@@ -3,8 +3,8 @@
 //
 // Owns: nothing but these pure functions. Threads: all thread-safe
 // (OpenSSL 3 needs no locking set-up).
-#ifndef TANDEM_COMMON_AUTH_CRYPTO_H_
-#define TANDEM_COMMON_AUTH_CRYPTO_H_
+#ifndef TANDEM_AUTH_CRYPTO_H_
+#define TANDEM_AUTH_CRYPTO_H_
 
 #include <string>
 
@@ -32,4 +32,4 @@ std::string RandomHex(int bytes);
 
 }  // namespace tandem::auth
 
-#endif  // TANDEM_COMMON_AUTH_CRYPTO_H_
+#endif  // TANDEM_AUTH_CRYPTO_H_
