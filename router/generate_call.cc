@@ -59,6 +59,30 @@ bool IsTransportError(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::INTERNAL;
 }
 
+// SampleFinish mirrors v1::FinishReason value for value.
+static_assert(static_cast<int>(SampleFinish::kNone) == v1::FINISH_NONE);
+static_assert(static_cast<int>(SampleFinish::kLength) == v1::FINISH_LENGTH);
+static_assert(static_cast<int>(SampleFinish::kStop) == v1::FINISH_STOP);
+static_assert(static_cast<int>(SampleFinish::kContext) == v1::FINISH_CONTEXT);
+static_assert(static_cast<int>(SampleFinish::kCancelled) == v1::FINISH_CANCELLED);
+
+v1::FinishReason ToProto(SampleFinish finish) {
+  return static_cast<v1::FinishReason>(static_cast<int>(finish));
+}
+
+// The request's fields the samples' output follows.
+SampleOutputOptions SampleOptionsOf(const v1::GenerateRequest& request) {
+  SampleOutputOptions options;
+  options.n = request.has_n() ? request.n() : 1;
+  options.stop.assign(request.stop().begin(), request.stop().end());
+  options.include_stop_str_in_output = request.include_stop_str_in_output();
+  options.stop_token_ids.assign(request.stop_token_ids().begin(),
+                                request.stop_token_ids().end());
+  options.ignore_eos = request.ignore_eos();
+  options.min_tokens = request.min_tokens();
+  return options;
+}
+
 }  // namespace
 
 void KvTargetFromNeed(const v1::NeedRemotePrefill& need, const std::string& request_id,
@@ -131,22 +155,9 @@ GenerateCall::GenerateCall(Params params, WorkerRegistry* registry,
       registry_(registry),
       tokenizer_(tokenizer),
       sink_(std::move(sink)),
+      samples_(*tokenizer_, SampleOptionsOf(params_.request)),
       timer_(params_.metrics, params_.arrival,
-             params_.request.has_n() ? params_.request.n() : 1) {
-  const v1::GenerateRequest& request = params_.request;
-  stop_criteria_.eog_token_ids = tokenizer_->eog_ids();
-  std::sort(stop_criteria_.eog_token_ids.begin(), stop_criteria_.eog_token_ids.end());
-  // Only the stop-token part of CheckStop is asked here.
-  stop_criteria_.context_length = std::numeric_limits<int32_t>::max();
-  stop_token_ids_.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
-  std::sort(stop_token_ids_.begin(), stop_token_ids_.end());
-  const StopStringMatcher stops({request.stop().begin(), request.stop().end()},
-                                request.include_stop_str_in_output());
-  const uint32_t n = request.has_n() ? request.n() : 1;
-  absl::MutexLock lock(&mu_);
-  for (uint32_t s = 0; s < n; ++s) samples_.emplace_back(*tokenizer_, stops);
-  samples_left_ = n;
-}
+             params_.request.has_n() ? params_.request.n() : 1) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -238,30 +249,28 @@ void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
     // No healthy prefill worker: D prefills every prompt itself.
     dreq.set_route_override(v1::ROUTE_LOCAL);
   }
-  const bool progressed = std::any_of(samples_.begin(), samples_.end(), [](const SampleStream& s) {
-    return s.next_index > 0 || s.done;
-  });
+  const bool progressed = samples_.progressed();
   if (progressed && samples_.size() == 1) {
     // Migration: D prefills prompt + the tokens already streamed and
     // continues at index k.
-    const SampleStream& sample = samples_[0];
-    dreq.mutable_generated_token_ids()->Add(sample.emitted.begin(), sample.emitted.end());
-    dreq.set_first_output_index(sample.next_index);
+    const std::vector<int32_t>& emitted = samples_.emitted(0);
+    dreq.mutable_generated_token_ids()->Add(emitted.begin(), emitted.end());
+    dreq.set_first_output_index(samples_.next_index(0));
     dreq.set_route_override(v1::ROUTE_LOCAL);
   } else if (progressed) {
     // n > 1: every sample continues from its own tokens (each is its own
     // sequence on D, with its own seed as before); ended ones stay ended.
-    for (const SampleStream& sample : samples_) {
+    for (uint32_t s = 0; s < samples_.size(); ++s) {
       v1::DecodeGenerateRequest::MigratedSample* m = dreq.add_migrated_samples();
-      m->mutable_generated_token_ids()->Add(sample.emitted.begin(), sample.emitted.end());
-      m->set_finished(sample.done);
+      const std::vector<int32_t>& emitted = samples_.emitted(s);
+      m->mutable_generated_token_ids()->Add(emitted.begin(), emitted.end());
+      m->set_finished(samples_.done(s));
     }
     dreq.set_route_override(v1::ROUTE_LOCAL);
   }
-  for (SampleStream& sample : samples_) {
-    sample.pending.clear();  // the new stream sends them again
-    if (!sample.done) sample.finish = v1::FINISH_NONE;  // and says again how they end
-  }
+  // The new stream sends the buffered tokens again and says again how the
+  // unfinished samples end.
+  samples_.Restart();
   auto* stream = new DecodeStream(shared_from_this(), decode, std::move(dreq));
   decode_stream_ = stream;
   decode_ = std::move(decode);
@@ -283,7 +292,9 @@ void GenerateCall::OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerat
       Deliver(t);
     }
     if (msg.finish_reason() != v1::FINISH_NONE) {
-      SampleFinished(msg.sample_index(), msg.finish_reason());
+      std::optional<SampleOutputs<v1::TokenOutput>::Emission> last = samples_.Finish(
+          msg.sample_index(), static_cast<SampleFinish>(msg.finish_reason()));
+      if (last.has_value()) Send(std::move(*last));
     }
   }
   RunDeferred();
@@ -295,7 +306,7 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
     --outstanding_;
     if (stream == decode_stream_) decode_stream_ = nullptr;
     const std::shared_ptr<WorkerHandle>& worker = stream->worker();
-    if (finished_ || cancelled_ || samples_left_ == 0) {
+    if (finished_ || cancelled_ || samples_.samples_left() == 0) {
       DecodeEnded(status);
     } else if (stream->lost) {
       const std::string reason = worker->lost_reason();
@@ -378,7 +389,7 @@ void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Statu
 }
 
 bool GenerateCall::CanMigrate() const {
-  return !finished_ && !cancelled_ && samples_left_ > 0 &&
+  return !finished_ && !cancelled_ && samples_.samples_left() > 0 &&
          migrations_ < params_.max_migrations &&
          params_.request.route_override() != v1::ROUTE_REMOTE;
 }
@@ -411,7 +422,7 @@ std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
 }
 
 bool GenerateCall::MoveOn(bool received, const std::string& why) {
-  if (finished_ || cancelled_ || samples_left_ == 0) return false;
+  if (finished_ || cancelled_ || samples_.samples_left() == 0) return false;
   // A stream that never answered did not start the request there: sending
   // it to another decode worker is routing, not a migration (no budget; the
   // failed workers are skipped, so this ends).
@@ -427,8 +438,9 @@ bool GenerateCall::MoveOn(bool received, const std::string& why) {
                : absl::StrCat(LogTag(), ": ", why, "; migrating to ",
                               next->name,
                               samples_.size() == 1
-                                  ? absl::StrCat(" at output index ", samples_[0].next_index)
-                                  : absl::StrCat(" (", samples_left_, " of ", samples_.size(),
+                                  ? absl::StrCat(" at output index ", samples_.next_index(0))
+                                  : absl::StrCat(" (", samples_.samples_left(), " of ",
+                                                 samples_.size(),
                                                  " samples, each at its own output index)"),
                               " (migration ", migrations_, " of ", params_.max_migrations,
                               ")"));
@@ -530,7 +542,7 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
             static_cast<uint32_t>(params_.prompt.size()) - call->response.prompt_tokens_computed();
         for (const v1::TokenOutput& t : call->response.first_tokens()) Deliver(t);
       }
-    } else if (!call->superseded && !finished_ && !cancelled_ && samples_left_ > 0) {
+    } else if (!call->superseded && !finished_ && !cancelled_ && samples_.samples_left() > 0) {
       const std::string& name = call->worker->name;
       const std::string lost_reason = call->lost ? call->worker->lost_reason() : "";
       const std::string reason =
@@ -573,23 +585,17 @@ bool GenerateCall::RestartAfterLostFirstToken() {
   // was lost: P died after writing FINAL. Nothing reached the client yet,
   // so the request runs again from the start, once.
   if (restarted_ || cancelled_ || !decode_status_.ok() || prefill_error_.ok() ||
-      samples_left_ == 0) {
+      samples_.samples_left() == 0) {
     return false;
   }
-  for (const SampleStream& sample : samples_) {
-    if (sample.next_index != 0 || sample.done) return false;
-  }
+  if (samples_.progressed()) return false;
   std::shared_ptr<WorkerHandle> next = PickWorker(v1::ROLE_DECODE, {});
   if (next == nullptr) return false;
   restarted_ = true;
   rpc::Log(absl::StrCat(LogTag(), ": token 0 was lost with ",
                         prefill_error_.error_message(), "; running the request again on ",
                         next->name));
-  for (SampleStream& sample : samples_) {
-    sample.pending.clear();
-    sample.finish = v1::FINISH_NONE;
-  }
-  decode_ended_ = false;
+  decode_ended_ = false;  // StartDecode forgets the samples' buffered tokens and ends
   StartDecode(std::move(next));
   return true;
 }
@@ -598,7 +604,7 @@ void GenerateCall::MaybeFinish() {
   if (!finished_ && decode_ended_ && prefill_calls_.empty() && !RestartAfterLostFirstToken()) {
     finished_ = true;
     grpc::Status status = decode_status_;
-    if (samples_left_ == 0 && !cancelled_) {
+    if (samples_.samples_left() == 0 && !cancelled_) {
       // Every sample ended (the cancel that followed is ours).
       status = grpc::Status::OK;
     } else {
@@ -617,14 +623,14 @@ void GenerateCall::MaybeFinish() {
       }
       if (cancelled_) status = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
       if (status.ok()) {
-        for (size_t s = 0; s < samples_.size(); ++s) {
-          if (samples_[s].done) continue;
+        for (uint32_t s = 0; s < samples_.size(); ++s) {
+          if (samples_.done(s)) continue;
           status = grpc::Status(
               grpc::StatusCode::INTERNAL,
               absl::StrCat("sample ", s, ": ",
-                           samples_[s].finish == v1::FINISH_NONE
+                           samples_.reported(s) == SampleFinish::kNone
                                ? "the decode worker reported no end"
-                               : absl::StrCat("token index ", samples_[s].next_index,
+                               : absl::StrCat("token index ", samples_.next_index(s),
                                               " never arrived")));
           break;
         }
@@ -638,7 +644,7 @@ void GenerateCall::MaybeFinish() {
                                        : route_ == "remote" ? RouterMetrics::Route::kRemote
                                                             : RouterMetrics::Route::kLocal;
     timer_.Finished(absl::Now(), route, static_cast<absl::StatusCode>(status.error_code()),
-                    samples_[0].sent, cached_prompt_tokens_);
+                    ToProto(samples_.sent(0)), cached_prompt_tokens_);
     sink_->Finish(status);
   }
   if (finished_ && outstanding_ == 0 && on_done_) {
@@ -668,138 +674,62 @@ void GenerateCall::TokensEmitted(uint32_t s, int64_t n) {
 }
 
 void GenerateCall::Deliver(const v1::TokenOutput& token) {
-  const uint32_t s = token.sample_index();
-  if (s >= samples_.size()) return;  // never sent by a worker of this build
-  SampleStream& sample = samples_[s];
-  if (sample.done || token.index() < sample.next_index) return;  // ended, or a duplicate
-  sample.pending[token.index()] = token;
+  for (SampleOutputs<v1::TokenOutput>::Emission& emission : samples_.Deliver(token)) {
+    Send(std::move(emission));
+  }
+}
+
+void GenerateCall::Send(SampleOutputs<v1::TokenOutput>::Emission emission) {
+  const uint32_t s = emission.sample_index;
   v1::GenerateResponse msg;
   msg.set_sample_index(s);
-  const int64_t min_tokens = params_.request.min_tokens();
-  while (!sample.pending.empty() && sample.pending.begin()->first == sample.next_index) {
-    const v1::TokenOutput& t = sample.pending.begin()->second;
-    *msg.add_tokens() = t;
-    sample.last_token = t.token_id();
-    sample.emitted.push_back(t.token_id());
-    // vLLM checks stop strings once the output holds min_tokens tokens.
-    const int64_t num_generated = static_cast<int64_t>(t.index()) + 1;
-    const bool check = num_generated >= min_tokens;
-    // A token that ends the sample as a stop token (an end-of-generation
-    // or stop_token_ids id) keeps its id but not its text, unless
-    // include_stop_str_in_output (vLLM's detokenizer skips it).
-    const core::RequestStops stops{stop_token_ids_, params_.request.ignore_eos(), min_tokens,
-                                   std::numeric_limits<int64_t>::max()};
-    const bool stop_token =
-        !params_.request.include_stop_str_in_output() &&
-        core::CheckStop(stop_criteria_, stops, t.token_id(), num_generated, 0) ==
-            core::FinishReason::kStop;
-    StopPush pushed =
-        sample.matcher.Push(stop_token ? std::string() : sample.decoder.Push(t.token_id()), check);
-    sample.pending.erase(sample.pending.begin());
-    ++sample.next_index;
-    if (pushed.stopped()) {
-      EmitHeader();
-      msg.set_completion_tokens(sample.next_index);
-      msg.mutable_text()->append(pushed.text);
-      v1::StopReason reason;
-      reason.set_text(sample.matcher.stops()[pushed.stop_index]);
-      // Tokens after the match never reach the client.
-      sample.pending.clear();
-      if (samples_.size() > 1 && samples_left_ > 1 && decode_ != nullptr) {
-        // Free the sample's KV on D now; the others go on.
-        struct CancelCall {
-          grpc::ClientContext context;
-          v1::CancelSampleRequest request;
-          v1::CancelSampleResponse response;
-        };
-        auto call = std::make_shared<CancelCall>();
-        call->context.set_deadline(params_.deadline);
-        call->request.set_request_id(worker_request_id_);
-        call->request.set_sample_index(s);
-        rpc::SignCall(decode_->auth, &call->context, rpc::kDecodeCancelSampleMethod,
-                      call->request);
-        decode_->decode_stub->async()->CancelSample(
-            &call->context, &call->request, &call->response,
-            [call, worker = decode_](grpc::Status) {});
-      }
-      TokensEmitted(s, msg.tokens_size());
-      EndSample(s, std::move(*msg.mutable_text()), v1::FINISH_STOP, &reason, &msg);
-      return;
-    }
-    msg.mutable_text()->append(pushed.text);
-  }
-  if (msg.tokens_size() > 0) {
-    TokensEmitted(s, msg.tokens_size());
+  const int n = static_cast<int>(emission.tokens.size());
+  for (v1::TokenOutput& t : emission.tokens) *msg.add_tokens() = std::move(t);
+  msg.set_text(std::move(emission.text));
+  msg.set_completion_tokens(emission.completion_tokens);
+  if (!emission.end.has_value()) {
+    TokensEmitted(s, n);
     EmitHeader();
-    msg.set_completion_tokens(sample.next_index);
     sink_->Write(std::move(msg));
-  }
-  MaybeEndSample(s);
-}
-
-void GenerateCall::SampleFinished(uint32_t s, v1::FinishReason reason) {
-  if (s >= samples_.size() || samples_[s].done) return;
-  samples_[s].finish = reason;
-  MaybeEndSample(s);
-}
-
-void GenerateCall::MaybeEndSample(uint32_t s) {
-  SampleStream& sample = samples_[s];
-  // D reports a sample's end after its tokens; only a remote token 0 (from
-  // P's reply) may still be on its way.
-  if (sample.done || sample.finish == v1::FINISH_NONE || !sample.pending.empty() ||
-      sample.next_index == 0) {
     return;
   }
-  const int64_t min_tokens = params_.request.min_tokens();
-  StopPush pushed = sample.matcher.Push(sample.decoder.Flush(),
-                                        static_cast<int64_t>(sample.next_index) >= min_tokens);
-  v1::StopReason reason;
-  if (pushed.stopped()) {
-    reason.set_text(sample.matcher.stops()[pushed.stop_index]);
-    EndSample(s, std::move(pushed.text), v1::FINISH_STOP, &reason, nullptr);
-    return;
-  }
-  std::string text = std::move(pushed.text) + sample.matcher.Flush();
-  const v1::GenerateRequest& request = params_.request;
-  const std::vector<int32_t>& eog = tokenizer_->eog_ids();
-  const bool eog_stop = !request.ignore_eos() &&
-                        std::find(eog.begin(), eog.end(), sample.last_token) != eog.end();
-  const auto& stop_ids = request.stop_token_ids();
-  if (sample.finish == v1::FINISH_STOP && !eog_stop &&
-      std::find(stop_ids.begin(), stop_ids.end(), sample.last_token) != stop_ids.end()) {
-    reason.set_token_id(sample.last_token);  // as vLLM: an EOS stop has no stop_reason
-    EndSample(s, std::move(text), sample.finish, &reason, nullptr);
-    return;
-  }
-  EndSample(s, std::move(text), sample.finish, nullptr, nullptr);
-}
-
-void GenerateCall::EndSample(uint32_t s, std::string text, v1::FinishReason reason,
-                             const v1::StopReason* stop_reason, v1::GenerateResponse* with) {
-  SampleStream& sample = samples_[s];
-  sample.done = true;
-  sample.sent = reason;
+  const SampleEnd& end = *emission.end;
   EmitHeader();
-  v1::GenerateResponse last;
-  if (with != nullptr) last = std::move(*with);  // the tokens of this push
-  last.set_sample_index(s);
+  // Free the sample's KV on D now; the others go on.
+  if (end.stopped_early && samples_.size() > 1 && samples_.samples_left() > 0 &&
+      decode_ != nullptr) {
+    CancelSample(s);
+  }
+  if (n > 0) TokensEmitted(s, n);
   // Who served, as it turned out (the header named the first picks).
-  last.set_route(served_prefill_.empty() ? "local" : "remote");
-  last.set_prefill_worker(served_prefill_);
-  last.set_decode_worker(decode_ == nullptr ? "" : decode_->name);
-  last.set_text(std::move(text));
-  last.set_finish_reason(reason);
-  if (stop_reason != nullptr) *last.mutable_stop_reason() = *stop_reason;
-  last.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
-  last.set_completion_tokens(sample.next_index);
-  last.set_cached_prompt_tokens(cached_prompt_tokens_);
-  sink_->Write(std::move(last));
-  if (--samples_left_ == 0) {
+  msg.set_route(served_prefill_.empty() ? "local" : "remote");
+  msg.set_prefill_worker(served_prefill_);
+  msg.set_decode_worker(decode_ == nullptr ? "" : decode_->name);
+  msg.set_finish_reason(ToProto(end.finish));
+  if (end.stop_string.has_value()) msg.mutable_stop_reason()->set_text(*end.stop_string);
+  if (end.stop_token_id.has_value()) msg.mutable_stop_reason()->set_token_id(*end.stop_token_id);
+  msg.set_prompt_tokens(static_cast<uint32_t>(params_.prompt.size()));
+  msg.set_cached_prompt_tokens(cached_prompt_tokens_);
+  sink_->Write(std::move(msg));
+  if (samples_.samples_left() == 0) {
     // Nothing more to stream: stop whatever the workers still do for it.
     CancelCalls();
   }
 }
 
+void GenerateCall::CancelSample(uint32_t s) {
+  struct CancelCall {
+    grpc::ClientContext context;
+    v1::CancelSampleRequest request;
+    v1::CancelSampleResponse response;
+  };
+  auto call = std::make_shared<CancelCall>();
+  call->context.set_deadline(params_.deadline);
+  call->request.set_request_id(worker_request_id_);
+  call->request.set_sample_index(s);
+  rpc::SignCall(decode_->auth, &call->context, rpc::kDecodeCancelSampleMethod, call->request);
+  decode_->decode_stub->async()->CancelSample(&call->context, &call->request, &call->response,
+                                              [call, worker = decode_](grpc::Status) {});
+}
 
 }  // namespace tandem::router

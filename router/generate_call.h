@@ -1,8 +1,9 @@
 // One public Generate request inside the router: pick D, call
 // D.Generate; if D asks for remote prefill, pick P and call P.Prefill;
-// merge P's token 0 and D's tokens in index order per sample; detokenize;
-// match stop strings (router/stop_strings.h, the one place for both
-// routes); stream to the client (DESIGN.md, Request flow).
+// hand P's token 0 and D's tokens to the per-sample output assembly
+// (router/sample_output.h: index order, detokenization, stop strings and
+// stop-token text, the one place for both routes); stream what it releases
+// to the client (DESIGN.md, Request flow).
 //
 // Each of the request's n samples streams its own messages (sample_index)
 // and ends with one message carrying its finish_reason, sent once the
@@ -27,8 +28,8 @@
 //   unfinished one continues at its own index, ended ones stay ended). The
 //   client's stream goes on without a gap.
 //
-// Owns: the request's client calls (to D and P), ordering, detokenization
-// and stop-string state. Does not touch: worker selection policy (the
+// Owns: the request's client calls (to D and P) and its samples' output
+// state (a SampleOutputs). Does not touch: worker selection policy (the
 // registry), engine state. Threads: none of its own (no thread per
 // request): gRPC's callback threads run the reactors' callbacks; Cancel()
 // and WorkerLost() come from gRPC/registry threads. Every state change is
@@ -39,7 +40,6 @@
 #include <chrono>
 #include <functional>
 #include <limits>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,10 +48,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/server/stream_sink.h"
-#include "engine/core/stop_checker.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/router_metrics.h"
-#include "router/stop_strings.h"
+#include "router/sample_output.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.pb.h"
 #include "tandem/v1/worker.pb.h"
@@ -109,21 +108,6 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  private:
   class DecodeStream;
   struct PrefillCall;
-
-  // One sample's stream state.
-  struct SampleStream {
-    SampleStream(const tokenizer::Tokenizer& tokenizer, const StopStringMatcher& stops)
-        : decoder(tokenizer), matcher(stops) {}
-    tokenizer::IncrementalDecoder decoder;
-    StopStringMatcher matcher;
-    uint32_t next_index = 0;                      // next output index to emit
-    std::map<uint32_t, v1::TokenOutput> pending;  // arrived early
-    std::vector<int32_t> emitted;                 // ids of indices < next_index
-    int32_t last_token = -1;
-    v1::FinishReason finish = v1::FINISH_NONE;    // as the decode worker reported it
-    v1::FinishReason sent = v1::FINISH_NONE;      // what its last message said
-    bool done = false;                            // its last message was sent
-  };
 
   // Starts a D.Generate stream on `decode` (a migration when the samples
   // already hold tokens); the call starts from RunDeferred.
@@ -186,23 +170,19 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // failure is not a failover).
   void CancelPrefillCalls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Buffers `token` and emits every token of its sample that is next in
-  // index order (ending the sample if a stop string matches).
+  // Hands `token` to the samples' output and sends what it releases.
   void Deliver(const v1::TokenOutput& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The decode worker ended sample `sample_index` with `reason`.
-  void SampleFinished(uint32_t sample_index, v1::FinishReason reason)
+  // Sends one emission of the samples' output: a message with its tokens
+  // and text, or the sample's last message (route, prefill_worker and
+  // decode_worker: the workers that served the request, after any retry
+  // or migration). A stop string's early end asks D to drop the sample
+  // (n > 1, others left); with the last sample, cancels the calls to the
+  // workers.
+  void Send(SampleOutputs<v1::TokenOutput>::Emission emission)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends sample s's last message once its end is known and every token up
-  // to it was emitted.
-  void MaybeEndSample(uint32_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends sample s's last message (text: `text`; route, prefill_worker and
-  // decode_worker: the workers that served the request, after any retry or
-  // migration) and, with the last sample, cancels the calls to the workers.
-  // `with` (may be null): a message whose tokens end the sample, sent as
-  // the last one.
-  void EndSample(uint32_t s, std::string text, v1::FinishReason reason,
-                 const v1::StopReason* stop_reason, v1::GenerateResponse* with)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks D to end sample `s` now (DecodeWorker.CancelSample, fire and
+  // forget): a stop string ended it, the other samples go on.
+  void CancelSample(uint32_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `n` tokens of sample `s` are about to be written to the client: the
   // API key's charge (on_tokens_emitted) and the request's timer.
@@ -212,10 +192,6 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   WorkerRegistry* const registry_;
   const tokenizer::Tokenizer* const tokenizer_;
   const std::shared_ptr<Sink> sink_;
-  // The request's stop-token rule (core::CheckStop's kStop part), to leave
-  // a stop token's text out as vLLM does.
-  core::StopCriteria stop_criteria_;
-  std::vector<int32_t> stop_token_ids_;  // sorted
 
   absl::Mutex mu_;
   std::function<void()> on_done_ ABSL_GUARDED_BY(mu_);
@@ -248,8 +224,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // each sample's last message reports as the workers that served it.
   std::string served_prefill_ ABSL_GUARDED_BY(mu_);
   int32_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // streams, calls and probes running
-  std::vector<SampleStream> samples_ ABSL_GUARDED_BY(mu_);
-  uint32_t samples_left_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every sample's ordering, text, stop state and end.
+  SampleOutputs<v1::TokenOutput> samples_ ABSL_GUARDED_BY(mu_);
   grpc::Status prefill_error_ ABSL_GUARDED_BY(mu_);
   // Prompt tokens the prefilling worker did not compute (prefix-cache hit).
   uint32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
