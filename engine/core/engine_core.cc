@@ -488,7 +488,7 @@ void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
 
 void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens) {
   ++r.remote_attempt;
-  absl::StatusOr<RemotePrefillTarget> target = loader_->StartLoad(
+  absl::StatusOr<KvTarget> target = loader_->StartLoad(
       r.req.request_id, r.remote_attempt, hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
       &backend_->kv_storage(), kv_.BlockTable(seq_id),
       [this, seq_id, started = std::chrono::steady_clock::now()](absl::Status status,
