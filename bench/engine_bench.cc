@@ -260,7 +260,7 @@ class TimingSink : public core::RequestOutput {
   };
   // Every sink of a round holds `shared`, so it outlives the last Finish.
   explicit TimingSink(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  void OnRemotePrefill(const core::RemotePrefillTarget&) override {}
+  void OnRemotePrefill(const core::KvTarget&) override {}
   void OnToken(uint32_t, uint32_t index, const sampling::SampledToken&, uint32_t) override {
     const Clock::time_point now = Clock::now();
     absl::MutexLock lock(&shared_->mu);

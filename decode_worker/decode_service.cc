@@ -19,15 +19,9 @@ using Sink = rpc::StreamSink<v1::DecodeGenerateResponse>;
 class GrpcDecodeOutput : public core::RequestOutput {
  public:
   explicit GrpcDecodeOutput(std::shared_ptr<Sink> sink) : sink_(std::move(sink)) {}
-  void OnRemotePrefill(const core::RemotePrefillTarget& target) override {
+  void OnRemotePrefill(const core::KvTarget& target) override {
     v1::DecodeGenerateResponse msg;
-    auto* need = msg.mutable_need_remote_prefill();
-    need->set_kv_endpoint(target.kv_endpoint);
-    need->set_hit_tokens(static_cast<uint32_t>(target.hit_tokens));
-    need->set_attempt(target.attempt);
-    for (const std::string& name : target.kv_transports) need->add_kv_transports(name);
-    need->set_kv_host_id(target.kv_host_id);
-    need->set_kv_instance_id(target.kv_instance_id);
+    KvTargetToProto(target, msg.mutable_need_remote_prefill()->mutable_kv_target());
     sink_->Write(std::move(msg));
   }
   void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,

@@ -36,15 +36,6 @@ class BlockTableWriter : public kvtransfer::KvWriter {
   kvtransfer::DeviceKvTarget device_;  // kv null: a host storage
 };
 
-// The names of `transports`, in order.
-std::vector<std::string> TransportNames(const std::vector<kvtransfer::KvTransport>& transports) {
-  std::vector<std::string> names;
-  for (kvtransfer::KvTransport t : transports) {
-    names.emplace_back(kvtransfer::KvTransportName(t));
-  }
-  return names;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> ReceiverKvLoader::Start(
@@ -108,7 +99,7 @@ std::string ReceiverKvLoader::endpoint() const {
 
 int ReceiverKvLoader::port() const { return receiver_->port(); }
 
-absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
+absl::StatusOr<core::KvTarget> ReceiverKvLoader::StartLoad(
     const std::string& request_id, uint32_t attempt, int32_t hit_tokens, int32_t prompt_tokens,
     kv::KvStorage* storage, std::vector<int32_t> block_table, Done done) {
   // The writer lives in the receiver's callback, which it keeps until it
@@ -146,13 +137,12 @@ absl::StatusOr<core::RemotePrefillTarget> ReceiverKvLoader::StartLoad(
         done(std::move(status), std::move(result));
       });
   if (!expect.ok()) return expect;
-  core::RemotePrefillTarget target;
-  target.kv_endpoint = endpoint();
-  target.hit_tokens = hit_tokens;
+  core::KvTarget target;
+  target.endpoint = endpoint();
+  target.request_id = request_id;
   target.attempt = attempt;
-  target.kv_transports = TransportNames(offer_.transports);
-  target.kv_host_id = offer_.host_id;
-  target.kv_instance_id = offer_.instance_id;
+  target.hit_tokens = static_cast<uint32_t>(hit_tokens);
+  SetTransportOffer(offer_, &target);
   return target;
 }
 

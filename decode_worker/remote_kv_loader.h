@@ -4,8 +4,8 @@
 //
 // Transports (issue #16, kvtransfer/transport.h): each load offers this
 // worker's transports (its KvDataPlanes), host id and a per-process
-// instance id in the RemotePrefillTarget (-> NeedRemotePrefill -> the
-// router's KvTarget -> P's choice); the receiver takes a device transport's
+// instance id in the core::KvTarget (-> NeedRemotePrefill.kv_target,
+// forwarded by the router -> P's choice); the receiver takes a device transport's
 // rows through the KvWriter's device_target() (the storage's
 // kv::DeviceKvAccess and the load's block table) when the storage is on a
 // GPU.
@@ -98,17 +98,17 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   double transfer_seconds_total() const;
 
   // core::RemoteKvLoader. A load is transfer (request_id, attempt); its
-  // target carries offer() (transport names, host id, instance id). Every
+  // target carries request_id and offer() (SetTransportOffer: transport
+  // names, host id, instance id). Every
   // FINAL sample's finish reason must be a tandem.v1.FinishReason a prefill
   // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS. The
   // result carries every sample (token, logprob, top logprobs, finish
   // reason) in order; the core checks their count against the request's n.
-  absl::StatusOr<core::RemotePrefillTarget> StartLoad(const std::string& request_id,
-                                                      uint32_t attempt, int32_t hit_tokens,
-                                                      int32_t prompt_tokens,
-                                                      kv::KvStorage* storage,
-                                                      std::vector<int32_t> block_table,
-                                                      Done done) override;
+  absl::StatusOr<core::KvTarget> StartLoad(const std::string& request_id, uint32_t attempt,
+                                           int32_t hit_tokens, int32_t prompt_tokens,
+                                           kv::KvStorage* storage,
+                                           std::vector<int32_t> block_table,
+                                           Done done) override;
   void CancelLoad(const std::string& request_id) override;
   uint32_t loads_in_flight() const override;
   uint64_t bytes_received_total() const override;

@@ -9,7 +9,7 @@
 // Negotiation: each worker has a setting (`kv.transport`: auto | tcp |
 // nccl | cuda_ipc) and from it and its backend a list of transports it
 // supports, in preference order (SupportedTransports). D offers its list
-// with its KV endpoint (NeedRemotePrefill / KvTarget: kv_transports,
+// with its KV endpoint (NeedRemotePrefill.kv_target: kv_transports,
 // kv_host_id, kv_instance_id); P picks with ChooseTransport and names its
 // pick in HELLO (protocol v3); D refuses a pick outside its own list with
 // REJECT FAILED_PRECONDITION naming both (CheckTransportAccepted).

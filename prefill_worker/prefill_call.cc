@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "common/server/kv_data_planes.h"
 
 namespace tandem::prefill {
 namespace {
@@ -16,7 +16,7 @@ class PrefillOutput : public core::RequestOutput {
                 bool fault_fail_reply)
       : export_(std::move(kv_export)), done_(std::move(done)),
         fault_fail_reply_(fault_fail_reply) {}
-  void OnRemotePrefill(const core::RemotePrefillTarget&) override {}  // never: P prefills
+  void OnRemotePrefill(const core::KvTarget&) override {}  // never: P prefills
   void OnToken(uint32_t sample_index, uint32_t, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override {
     Slot(sample_index).token = token;
@@ -54,41 +54,25 @@ class PrefillOutput : public core::RequestOutput {
 
 }  // namespace
 
-absl::StatusOr<kvtransfer::TransportOffer> OfferFromRequest(const PrefillRequest& request,
-                                                           const KvSendOptions& send) {
-  kvtransfer::TransportOffer offer;
-  offer.host_id = request.kv_host_id;
-  offer.instance_id = request.kv_instance_id;
-  for (const std::string& name : request.kv_transports) {
-    absl::StatusOr<kvtransfer::KvTransport> t = kvtransfer::ParseKvTransport(name);
-    if (t.ok()) offer.transports.push_back(*t);
-  }
-  if (offer.transports.empty() && !request.kv_transports.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no common KV transport: this prefill worker supports ",
-        kvtransfer::KvTransportListName(send.transports()), ", the decode worker offers ",
-        absl::StrJoin(request.kv_transports, ",")));
-  }
-  return offer;
-}
-
 void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillRequest request,
                    PrefillDone done) {
-  if (request.hit_tokens > request.prompt.size()) {
-    done(absl::InvalidArgumentError(absl::StrCat("kv_target.hit_tokens: ", request.hit_tokens,
+  const core::KvTarget& target = request.kv_target;
+  if (target.hit_tokens > request.prompt.size()) {
+    done(absl::InvalidArgumentError(absl::StrCat("kv_target.hit_tokens: ", target.hit_tokens,
                                                  " exceeds the prompt length ",
                                                  request.prompt.size())));
     return;
   }
-  absl::StatusOr<kvtransfer::TransportOffer> offer = OfferFromRequest(request, send);
+  absl::StatusOr<kvtransfer::TransportOffer> offer =
+      TransportOfferFromTarget(target, send.transports());
   if (!offer.ok()) {
-    done(absl::Status(offer.status().code(), absl::StrCat("KV transport for ", request.kv_endpoint,
+    done(absl::Status(offer.status().code(), absl::StrCat("KV transport for ", target.endpoint,
                                                           ": ", offer.status().message())));
     return;
   }
   auto kv_export = std::make_shared<SenderKvExport>(
-      send, request.kv_endpoint, request.request_id, request.attempt,
-      static_cast<int32_t>(request.hit_tokens), *std::move(offer));
+      send, target.endpoint, request.request_id, target.attempt,
+      static_cast<int32_t>(target.hit_tokens), *std::move(offer));
   core::EngineRequest req;
   req.request_id = std::move(request.request_id);
   req.prompt = std::move(request.prompt);

@@ -26,14 +26,9 @@ struct PrefillRequest {
   int64_t max_tokens = 1;
   sampling::SamplingOptions sampling;
   core::GenerationControls controls;
-  std::string kv_endpoint;      // D's KV receiver
-  uint32_t attempt = 1;
-  uint32_t hit_tokens = 0;      // D_hit: send [hit_tokens, L)
-  // D's transport offer (KvTarget.kv_transports / kv_host_id /
-  // kv_instance_id): transport names, most preferred first (empty: tcp).
-  std::vector<std::string> kv_transports;
-  std::string kv_host_id;
-  std::string kv_instance_id;
+  // Where the KV goes: D's target as the router forwarded it
+  // (PrefillRequest.kv_target; its request_id is D's, for logs only).
+  core::KvTarget kv_target;
 };
 
 struct PrefillResult {
@@ -46,19 +41,13 @@ struct PrefillResult {
 
 using PrefillDone = std::function<void(absl::StatusOr<PrefillResult>)>;
 
-// D's offer from the request's names. Names this build does not know are
-// skipped (a newer D may offer more); an offer of only unknown names is
-// FAILED_PRECONDITION "no common KV transport: this prefill worker supports
-// <list>, the decode worker offers <names>".
-absl::StatusOr<kvtransfer::TransportOffer> OfferFromRequest(const PrefillRequest& request,
-                                                           const KvSendOptions& send);
-
 // Queues `request` on `core`. Errors reach `done`: INVALID_ARGUMENT for
 // kv_target.hit_tokens beyond the prompt or any core::EngineCore::Submit
 // error; FAILED_PRECONDITION when this worker and D's offer share no KV
-// transport (naming both; from OfferFromRequest or the export's Open);
-// KV handshake and send errors (UNAVAILABLE, FAILED_PRECONDITION,
-// DEADLINE_EXCEEDED, ...); CANCELLED after core.Cancel(request_id).
+// transport (naming both; from TransportOfferFromTarget,
+// common/server/kv_data_planes.h, or the export's Open); KV handshake and
+// send errors (UNAVAILABLE, FAILED_PRECONDITION, DEADLINE_EXCEEDED, ...);
+// CANCELLED after core.Cancel(request_id).
 void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillRequest request,
                    PrefillDone done);
 

@@ -50,13 +50,7 @@ void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillReques
   req.max_tokens = MaxTokensFromProto(request->max_tokens());
   req.sampling = SamplingFromProto(request->sampling(), request->controls().logprobs());
   req.controls = ControlsFromProto(request->controls());
-  req.kv_endpoint = request->kv_target().endpoint();
-  req.attempt = request->kv_target().attempt();
-  req.hit_tokens = request->kv_target().hit_tokens();
-  req.kv_transports.assign(request->kv_target().kv_transports().begin(),
-                           request->kv_target().kv_transports().end());
-  req.kv_host_id = request->kv_target().kv_host_id();
-  req.kv_instance_id = request->kv_target().kv_instance_id();
+  req.kv_target = KvTargetFromProto(request->kv_target());
   SubmitPrefill(*core_, send_, std::move(req),
                 [reactor, response](absl::StatusOr<PrefillResult> r) {
                   if (!r.ok()) {

@@ -85,17 +85,6 @@ SampleOutputOptions SampleOptionsOf(const v1::GenerateRequest& request) {
 
 }  // namespace
 
-void KvTargetFromNeed(const v1::NeedRemotePrefill& need, const std::string& request_id,
-                      v1::KvTarget* target) {
-  target->set_endpoint(need.kv_endpoint());
-  target->set_request_id(request_id);
-  target->set_attempt(need.attempt());
-  target->set_hit_tokens(need.hit_tokens());
-  *target->mutable_kv_transports() = need.kv_transports();
-  target->set_kv_host_id(need.kv_host_id());
-  target->set_kv_instance_id(need.kv_instance_id());
-}
-
 // One D.Generate stream (one decode attempt of the request). Lives until
 // gRPC's OnDone; holds the request alive meanwhile.
 class GenerateCall::DecodeStream final
@@ -458,7 +447,7 @@ void GenerateCall::DecodeEnded(grpc::Status status) {
 }
 
 void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
-  const uint32_t attempt = need.attempt();
+  const uint32_t attempt = need.kv_target().attempt();
   for (const std::shared_ptr<PrefillCall>& call : prefill_calls_) {
     if (call->attempt < attempt && !call->superseded) {
       // D gave up on that attempt (its KV connection failed first): that
@@ -517,7 +506,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
   req.set_max_tokens(params_.request.max_tokens());
   *req.mutable_sampling() = params_.request.sampling();
   *req.mutable_controls() = params_.controls;
-  KvTargetFromNeed(need, worker_request_id_, req.mutable_kv_target());
+  *req.mutable_kv_target() = need.kv_target();  // D's target, untouched
   prefill_calls_.push_back(call);
   ++outstanding_;
   deferred_.push_back([self = shared_from_this(), call] {

@@ -57,13 +57,6 @@
 
 namespace tandem::router {
 
-// The KvTarget a prefill worker gets for a decode worker's
-// NeedRemotePrefill: D's KV endpoint, hit tokens and transport offer
-// (kv_transports, kv_host_id, kv_instance_id) exactly as D sent them, with
-// the worker-side `request_id` and the need's attempt.
-void KvTargetFromNeed(const v1::NeedRemotePrefill& need, const std::string& request_id,
-                      v1::KvTarget* target);
-
 class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  public:
   using Sink = rpc::StreamSink<v1::GenerateResponse>;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/server/log.h"
 #include "engine/kv/device_kv.h"
 
@@ -133,6 +134,33 @@ absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
   }
   rpc::Log(absl::StrCat("KV transports: ", kvtransfer::KvTransportListName(planes.transports)));
   return planes;
+}
+
+void SetTransportOffer(const kvtransfer::TransportOffer& offer, core::KvTarget* target) {
+  target->kv_transports.clear();
+  for (kvtransfer::KvTransport t : offer.transports) {
+    target->kv_transports.emplace_back(kvtransfer::KvTransportName(t));
+  }
+  target->kv_host_id = offer.host_id;
+  target->kv_instance_id = offer.instance_id;
+}
+
+absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
+    const core::KvTarget& target, const std::vector<kvtransfer::KvTransport>& local) {
+  kvtransfer::TransportOffer offer;
+  offer.host_id = target.kv_host_id;
+  offer.instance_id = target.kv_instance_id;
+  for (const std::string& name : target.kv_transports) {
+    absl::StatusOr<kvtransfer::KvTransport> t = kvtransfer::ParseKvTransport(name);
+    if (t.ok()) offer.transports.push_back(*t);
+  }
+  if (offer.transports.empty() && !target.kv_transports.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no common KV transport: this prefill worker supports ",
+                     kvtransfer::KvTransportListName(local), ", the decode worker offers ",
+                     absl::StrJoin(target.kv_transports, ",")));
+  }
+  return offer;
 }
 
 }  // namespace tandem

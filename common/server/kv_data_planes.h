@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/cluster_config.h"
+#include "engine/core/kv_target.h"
 #include "engine/kv/kv_storage.h"
 #include "kvtransfer/data_plane.h"
 #include "kvtransfer/transport.h"
@@ -67,6 +68,20 @@ kvtransfer::TransportCapabilities KvTransportCapabilities(kv::KvStorage& storage
 absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
                                                const WorkerConfig& worker,
                                                kv::KvStorage& storage);
+
+// The decode worker's transport offer inside the KV target it sends, and
+// back on the prefill worker: the one place kvtransfer::TransportOffer and
+// core::KvTarget (kv_transports, kv_host_id, kv_instance_id) meet (issue
+// #33). SetTransportOffer writes `offer`'s transport names (KvTransportName,
+// in order), host id and instance id into `target`.
+void SetTransportOffer(const kvtransfer::TransportOffer& offer, core::KvTarget* target);
+// D's offer from `target`, for a prefill worker supporting `local` (named in
+// the error only). Names this build does not know are skipped (a newer D
+// may offer more); an offer of only unknown names is FAILED_PRECONDITION
+// "no common KV transport: this prefill worker supports <local>, the decode
+// worker offers <names>". No names: an empty offer (tcp).
+absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
+    const core::KvTarget& target, const std::vector<kvtransfer::KvTransport>& local);
 
 // KV payload bytes per transport (monotonic), for the per-transport
 // counters (WorkerStatus.kv_bytes_by_transport). Thread-safe.

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/kv_target.h"
 #include "engine/core/request.h"
 #include "engine/sampling/sampler.h"
 #include "tandem/v1/common.pb.h"
@@ -82,6 +83,31 @@ inline void TokenToProto(uint32_t sample_index, uint32_t index,
     top->set_token_id(t.id);
     top->set_logprob(t.logprob);
   }
+}
+
+// The KV target on the wire and back (tandem.v1.KvTarget <->
+// core::KvTarget, field for field): the one converter pair of the record D
+// sends in NeedRemotePrefill and P reads from PrefillRequest (issue #33).
+inline void KvTargetToProto(const core::KvTarget& target, v1::KvTarget* out) {
+  out->set_endpoint(target.endpoint);
+  out->set_request_id(target.request_id);
+  out->set_attempt(target.attempt);
+  out->set_hit_tokens(target.hit_tokens);
+  out->mutable_kv_transports()->Assign(target.kv_transports.begin(), target.kv_transports.end());
+  out->set_kv_host_id(target.kv_host_id);
+  out->set_kv_instance_id(target.kv_instance_id);
+}
+
+inline core::KvTarget KvTargetFromProto(const v1::KvTarget& target) {
+  core::KvTarget out;
+  out.endpoint = target.endpoint();
+  out.request_id = target.request_id();
+  out.attempt = target.attempt();
+  out.hit_tokens = target.hit_tokens();
+  out.kv_transports.assign(target.kv_transports().begin(), target.kv_transports().end());
+  out.kv_host_id = target.kv_host_id();
+  out.kv_instance_id = target.kv_instance_id();
+  return out;
 }
 
 // max_tokens from the wire, kept whole so an error names the value sent

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/core/engine_core_request.h"
 #include "engine/core/request_validation.h"
 #include "engine/kv/device_kv.h"
 
@@ -28,48 +29,6 @@ scheduler::SchedulerOptions WithLoader(scheduler::SchedulerOptions options, bool
 }
 
 }  // namespace
-
-struct EngineCore::Request {
-  EngineRequest req;  // controls.stop_token_ids sorted and unique
-  std::shared_ptr<CancelFlag> cancelled;
-  std::vector<sampling::SamplingOptions> sampling;  // per sample (its seed)
-  std::vector<int64_t> seq_ids;        // per sample: its live sequence, 0 if none
-  std::vector<bool> sample_done;       // per sample: finished
-  std::vector<bool> cancel_requested;  // per sample: CancelSample before token 0
-  int32_t samples_left = 0;            // samples not finished
-  bool export_open = false;       // kv_export: Open succeeded, not closed yet
-  std::chrono::steady_clock::time_point export_opened;  // kv_export: when Open ran
-  bool cached_rows_sent = false;  // kv_export: rows from the prefix cache went out
-  // An n > 1 migration (EngineRequest::migrated_samples): every sample is
-  // its own sequence from arrival on; nothing is forked.
-  bool independent_samples = false;
-  absl::Status export_error;      // kv_export: first failure
-  // kv_export: the sequence, until Ready() first lets it run (a request
-  // whose receiver has no room waits outside the scheduler).
-  std::optional<scheduler::SeqState> unscheduled;
-  // kv_export: every sample ended OK with Finish; the request waits for
-  // the transfer's Result() holding `pinned` (its blocks), and then ends
-  // with `drain_last` (if OK) as its last sample's finish.
-  bool draining = false;
-  bool transfer_done = false;  // Result() arrived; EndRequest ends it for good
-  std::vector<int32_t> pinned;
-  std::optional<Ending> drain_last;
-  absl::Status abort_status;      // why a request aborted while loading ends
-  uint32_t remote_attempt = 0;    // the remote prefill attempt awaited (1, 2, ...)
-  // AbortRemotePrefill for the awaited attempt: its load was cancelled;
-  // when its done arrives this is the cause the failover acts on.
-  bool router_abort_pending = false;
-  std::string router_abort_reason;
-  bool router_abort_no_prefill_worker = false;
-  // Remote prefill: when its load's done ran, until the first decode step
-  // (CoreStats::kv_load_to_first_decode_seconds_total).
-  std::optional<std::chrono::steady_clock::time_point> load_done_at;
-
-  RequestStops stops() const {
-    return RequestStops{req.controls.stop_token_ids, req.controls.ignore_eos,
-                        req.controls.min_tokens, req.max_tokens};
-  }
-};
 
 EngineCore::EngineCore(const EngineCoreOptions& options,
                        std::unique_ptr<backend::ModelBackend> backend,
@@ -174,18 +133,7 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   r->cancel_requested.assign(n, false);
   r->samples_left = static_cast<int32_t>(n);
   if (exports) {
-    // The transfer opens on receipt, not when the loop gets to the request
-    // (a long step may run first): the receiver hears HELLO at once, and
-    // the export keeps the connection alive while the request waits
-    // (kvtransfer/send_queue.h, keepalive).
-    r->export_opened = std::chrono::steady_clock::now();
-    absl::Status open = r->req.kv_export->Open(r->cancelled, [this] {
-      absl::MutexLock lock(&mu_);
-      export_wake_ = true;
-      cv_.Signal();
-    });
-    if (!open.ok()) return open;
-    r->export_open = true;
+    if (absl::Status open = OpenExport(*r); !open.ok()) return open;
   }
   absl::Status refused;
   {
@@ -198,7 +146,7 @@ absl::Status EngineCore::Submit(EngineRequest request) {
       refused = absl::AlreadyExistsError(
           absl::StrCat("request_id ", r->req.request_id, " is already running"));
     } else {
-      if (r->export_open) ++open_exports_;
+      if (r->export_state.has_value()) ++open_exports_;
       live_[r->req.request_id] = r->cancelled;
       stats_.running_requests = static_cast<uint32_t>(live_.size());
       stats_.prompt_tokens_total += r->req.prompt.size();
@@ -209,7 +157,7 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   }
   // Outside mu_: the export's queue calls its wake (which takes mu_) with
   // its own lock held.
-  if (r->export_open) r->req.kv_export->Close();
+  if (r->export_state.has_value()) r->req.kv_export->Close();
   return refused;
 }
 
@@ -275,9 +223,10 @@ void EngineCore::UpdateKvStats() {
                : 0;
   };
   for (const auto& [id, r] : requests_) {
-    if (r->unscheduled.has_value()) {  // a prefill-only request waiting for room
-      ++waiting;
-      queued_tokens += prompt_left(*r->unscheduled);
+    if (r->export_state.has_value() &&
+        r->export_state->phase == ExportPhase::kWaitingForRoom) {
+      ++waiting;  // a prefill-only request waiting for room
+      queued_tokens += prompt_left(r->export_state->unscheduled);
       continue;
     }
     bool is_waiting = false;
@@ -420,199 +369,7 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
     scheduler_.Add(std::move(s));
     return;
   }
-  // A prefill-only request (its export opened in Submit) joins the
-  // scheduler once its export has room (PollExports, before every step).
-  r.unscheduled = std::move(s);
-  if (r.cancelled->load()) {
-    // Cancelled (or shutting down) before it got here: the Abort that
-    // follows ends it (and closes the export).
-    r.export_error = absl::CancelledError("request cancelled");
-  }
-}
-
-std::set<int64_t> EngineCore::PollExports() {
-  std::set<int64_t> held;
-  bool device_drain_pending = false;
-  std::vector<std::pair<std::string, absl::Status>> ended;
-  for (auto& [id, rp] : requests_) {
-    Request& r = *rp;
-    if (!r.export_open) continue;
-    if (r.draining) {
-      std::optional<absl::Status> result = r.req.kv_export->Result();
-      if (result.has_value()) {
-        ended.emplace_back(id, *std::move(result));
-      } else if (r.req.kv_export->sends_device_rows()) {
-        device_drain_pending = true;
-      }
-      continue;
-    }
-    if (!r.export_error.ok()) continue;  // ends at the end of its step
-    absl::StatusOr<bool> ready = r.req.kv_export->Ready();
-    if (!ready.ok()) {
-      ended.emplace_back(id, ready.status());
-      continue;
-    }
-    if (!*ready) {
-      if (!r.unscheduled.has_value()) held.insert(r.seq_ids[0]);
-      continue;
-    }
-    if (r.unscheduled.has_value()) {
-      scheduler_.Add(*std::move(r.unscheduled));
-      r.unscheduled.reset();
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    device_drain_pending_ = device_drain_pending;
-  }
-  for (auto& [id, status] : ended) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    Request& r = *it->second;
-    r.transfer_done = true;
-    if (status.ok() && r.drain_last.has_value()) {
-      const Ending last = *r.drain_last;
-      EndRequest(id, status, &last);
-    } else {
-      EndRequest(id, status);
-    }
-  }
-  return held;
-}
-
-void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
-  Request& r = *samples_.at(start.id).request;
-  r.remote_attempt = 0;
-  StartLoadAttempt(r, start.id, start.hit_tokens);
-}
-
-void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens) {
-  ++r.remote_attempt;
-  absl::StatusOr<RemotePrefillTarget> target = loader_->StartLoad(
-      r.req.request_id, r.remote_attempt, hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
-      &backend_->kv_storage(), kv_.BlockTable(seq_id),
-      [this, seq_id, started = std::chrono::steady_clock::now()](absl::Status status,
-                                                                  RemotePrefillResult result) {
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        absl::MutexLock lock(&mu_);
-        ++stats_.kv_transfers_received_total;
-        stats_.kv_transfer_seconds_received_total += seconds;
-        inbox_done_.push_back(RemoteDone{seq_id, std::move(status), std::move(result),
-                                         std::chrono::steady_clock::now()});
-        cv_.Signal();
-      });
-  if (!target.ok()) {
-    EndRequest(r.req.request_id, target.status());
-    return;
-  }
-  r.req.output->OnRemotePrefill(*target);
-}
-
-void EngineCore::HandleRemoteAbort(const RemoteAbort& abort) {
-  auto it = requests_.find(abort.request_id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
-  const int64_t seq0 = r.seq_ids[0];
-  const scheduler::SeqState* s = seq0 == 0 ? nullptr : scheduler_.Find(seq0);
-  if (s == nullptr || s->status != SeqStatus::kWaitingForRemoteKv ||
-      r.remote_attempt != abort.attempt || r.router_abort_pending) {
-    return;  // not (or no longer) waiting for that attempt
-  }
-  r.router_abort_pending = true;
-  r.router_abort_reason = abort.reason;
-  r.router_abort_no_prefill_worker = abort.no_prefill_worker;
-  loader_->CancelLoad(abort.request_id);  // its done brings the failover
-}
-
-void EngineCore::FailOver(Request& r, int64_t seq_id, const std::string& cause,
-                          bool no_prefill_worker) {
-  const std::string id = r.req.request_id;
-  const bool remote_only = r.req.route == RouteChoice::kRemote;
-  PrefillFailurePolicy policy = options_.on_prefill_failure;
-  if (no_prefill_worker) policy = PrefillFailurePolicy::kLocal;
-  std::string why;
-  if (policy == PrefillFailurePolicy::kLocal && remote_only) {
-    policy = PrefillFailurePolicy::kFail;
-    why = "; route_override REMOTE forbids a local prefill";
-  }
-  if (policy == PrefillFailurePolicy::kRetry &&
-      r.remote_attempt >= static_cast<uint32_t>(options_.max_prefill_attempts)) {
-    // Retries exhausted: a request that may be prefilled here still is
-    // (the prompt is not lost for want of a prefill worker).
-    policy = remote_only ? PrefillFailurePolicy::kFail : PrefillFailurePolicy::kLocal;
-    why = absl::StrCat("; kv.max_prefill_attempts (", options_.max_prefill_attempts,
-                       ") reached",
-                       remote_only ? "; route_override REMOTE forbids a local prefill" : "");
-  }
-  const std::string event = absl::StrCat("request ", id, ": remote prefill attempt ",
-                                         r.remote_attempt, " failed: ", cause);
-  switch (policy) {
-    case PrefillFailurePolicy::kRetry:
-      if (options_.log) options_.log(absl::StrCat(event, "; retrying (attempt ",
-                                                  r.remote_attempt + 1, ")"));
-      StartLoadAttempt(r, seq_id, scheduler_.Find(seq_id)->num_computed);
-      return;
-    case PrefillFailurePolicy::kLocal:
-      if (options_.log) options_.log(absl::StrCat(event, why, "; prefilling on this worker"));
-      scheduler_.RemoteKvToLocal(seq_id);
-      return;
-    case PrefillFailurePolicy::kFail:
-      if (options_.log) options_.log(absl::StrCat(event, "; failing the request", why));
-      EndRequest(id, absl::UnavailableError(absl::StrCat("remote prefill failed (attempt ",
-                                                         r.remote_attempt, "): ", cause, why)));
-      return;
-  }
-}
-
-void EngineCore::HandleRemoteDone(RemoteDone done) {
-  auto it = samples_.find(done.seq_id);
-  if (it == samples_.end()) return;
-  Sample& sample = it->second;
-  Request& r = *sample.request;
-  const std::string id = r.req.request_id;
-  const scheduler::SeqState* s = scheduler_.Find(done.seq_id);
-  if (s->status == SeqStatus::kAbortingRemoteKv) {
-    EndRequest(id, r.abort_status);
-    return;
-  }
-  const bool router_abort = r.router_abort_pending;
-  r.router_abort_pending = false;
-  if (!done.status.ok()) {
-    // conditional.on_prefill_failure (DESIGN.md, failures). The router's
-    // reason is the cause when it cut the wait short.
-    FailOver(r, done.seq_id,
-             router_abort ? r.router_abort_reason : done.status.ToString(),
-             router_abort && r.router_abort_no_prefill_worker);
-    return;
-  }
-  std::vector<SampleStart>& starts = done.result.samples;
-  if (starts.size() != r.sampling.size()) {
-    EndRequest(id, absl::DataLossError(absl::StrCat("remote prefill returned ", starts.size(),
-                                                    " first tokens for n = ",
-                                                    r.sampling.size())));
-    return;
-  }
-  const int32_t sequence_tokens = static_cast<int32_t>(r.req.prompt.size()) + 1;
-  for (SampleStart& start : starts) {
-    const int32_t token = start.token.token_id;
-    if (token < 0 || token >= backend_->config().vocab_size) {
-      EndRequest(id, absl::DataLossError(absl::StrCat("remote prefill returned token id ", token,
-                                                      " outside the vocabulary")));
-      return;
-    }
-    if (start.finish_reason == FinishReason::kNone) {
-      start.finish_reason = CheckStop(stop_, r.stops(), token, 1, sequence_tokens);
-    }
-  }
-  // Token 0 of every sample was streamed by the router from the prefill
-  // worker's reply.
-  sample.num_generated = 1;
-  r.load_done_at = done.done_at;
-  scheduler_.FinishRemoteKv(done.seq_id, starts[0].token.token_id);
-  std::vector<Ending> endings;
-  StartSamples(r, done.seq_id, starts, &endings);
-  for (const Ending& e : endings) FinishSample(e.request_id, e.sample_index, e.reason);
+  ArriveExporting(r, std::move(s));
 }
 
 void EngineCore::StartSamples(Request& r, int64_t parent, const std::vector<SampleStart>& starts,
@@ -644,7 +401,7 @@ void EngineCore::Abort(const std::string& request_id, const absl::Status& status
     // RECEIVING -> ABORTING: the blocks are freed once the load has
     // quiesced and its done arrives (HandleRemoteDone).
     scheduler_.AbortRemoteKv(seq0);
-    r.abort_status = status;
+    r.remote_load->abort_status = status;
     loader_->CancelLoad(request_id);
     return;
   }
@@ -696,7 +453,8 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
                             const Ending* last) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
-  if (status.ok() && it->second->export_open && !it->second->transfer_done) {
+  const std::optional<ExportState>& e = it->second->export_state;
+  if (status.ok() && e.has_value() && e->phase != ExportPhase::kDone) {
     StartDraining(*it->second, last);
     return;
   }
@@ -707,7 +465,9 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
     scheduler_.Remove(seq_id);  // frees its blocks (full ones stay cached)
     samples_.erase(seq_id);
   }
-  if (!r->pinned.empty()) kv_.Unpin(r->pinned);
+  if (r->export_state.has_value() && !r->export_state->pinned.empty()) {
+    kv_.Unpin(r->export_state->pinned);
+  }
   uint64_t bytes_sent = 0;
   if (r->req.kv_export != nullptr) {
     r->req.kv_export->Close();
@@ -718,11 +478,11 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
     live_.erase(r->req.request_id);
     stats_.running_requests = static_cast<uint32_t>(live_.size());
     stats_.kv_bytes_sent_total += bytes_sent;
-    if (r->export_open) {
+    if (r->export_state.has_value()) {
       --open_exports_;
       ++stats_.kv_transfers_sent_total;
       stats_.kv_transfer_seconds_sent_total +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - r->export_opened)
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r->export_state->opened)
               .count();
     }
     UpdateKvStats();
@@ -731,54 +491,6 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
   // freed in GetStats() and may reuse the request id.
   if (last != nullptr) r->req.output->OnSampleFinish(last->sample_index, last->reason);
   r->req.output->OnFinish(status);
-}
-
-void EngineCore::StartDraining(Request& r, const Ending* last) {
-  // The sequence leaves the scheduler; its blocks stay pinned until the
-  // transfer's last frame is written (or it failed).
-  const int64_t seq0 = r.seq_ids[0];
-  if (seq0 != 0) {
-    r.pinned = kv_.BlockTable(seq0);
-    kv_.Pin(r.pinned);
-    scheduler_.Remove(seq0);
-    samples_.erase(seq0);
-    r.seq_ids[0] = 0;
-  }
-  r.draining = true;
-  if (last != nullptr) r.drain_last = *last;
-  absl::MutexLock lock(&mu_);
-  export_wake_ = true;  // its result may be in already
-  UpdateKvStats();
-}
-
-void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from,
-                            int32_t to) {
-  if (!r.export_error.ok() || from >= to) return;
-  if (r.cancelled->load()) {
-    r.export_error = absl::CancelledError("request cancelled");
-    return;
-  }
-  kv::KvStorage& storage = backend_->kv_storage();
-  if (r.req.kv_export->sends_device_rows()) {
-    // The rows stay in device memory: the export enqueues their copy after
-    // the layer's event and returns.
-    auto* device = dynamic_cast<kv::DeviceKvAccess*>(&storage);
-    if (device == nullptr) {
-      r.export_error = absl::FailedPreconditionError(
-          "KV export needs device rows but this worker's KV cache is on the host");
-      return;
-    }
-    r.export_error =
-        r.req.kv_export->SendDeviceRows(*device, kv_.BlockTable(seq_id), layer, from, to - from);
-    return;
-  }
-  const size_t n = static_cast<size_t>(to - from) * storage.row_bytes();
-  k_rows_.resize(n);
-  v_rows_.resize(n);
-  storage.ReadTokens(kv_.BlockTable(seq_id), layer, from, to - from, k_rows_.data(),
-                     v_rows_.data());
-  r.export_error = r.req.kv_export->SendLayer(layer, from, to - from, k_rows_.data(),
-                                              v_rows_.data());
 }
 
 bool EngineCore::Step() {
@@ -843,7 +555,6 @@ void EngineCore::LoseDevice(const absl::Status& error) {
 }
 
 absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
-  const int32_t n_layers = backend_->config().n_layers;
   bool any_export = false;
   entries_.clear();
   entry_samples_.clear();
@@ -851,26 +562,10 @@ absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
     Sample& sample = samples_.at(chunk.id);
     Request& r = *sample.request;
     const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
-    if (r.load_done_at.has_value() && chunk.start >= s.num_prompt_tokens) {
-      // A remote prefill's first decode step.
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                           *r.load_done_at)
-                                 .count();
-      r.load_done_at.reset();
-      absl::MutexLock lock(&mu_);
-      ++stats_.kv_load_to_first_decode_total;
-      stats_.kv_load_to_first_decode_seconds_total += seconds;
-    }
+    NoteFirstDecode(r, chunk, s);
     if (r.req.kv_export != nullptr) {
       any_export = true;
-      if (!r.cached_rows_sent) {
-        // The first chunk starts at this worker's prefix hit: K/V of
-        // [D_hit, hit) come from cached blocks (DESIGN.md, step 5).
-        r.cached_rows_sent = true;
-        for (int32_t layer = 0; layer < n_layers; ++layer) {
-          ExportRows(r, chunk.id, layer, r.req.kv_export->first_token_to_send(), chunk.start);
-        }
-      }
+      ExportCachedRows(r, chunk);
     }
     backend::ForwardEntry entry;
     entry.tokens = std::span<const int32_t>(s.tokens.data() + chunk.start,
@@ -945,7 +640,9 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan,
       prefill_tokens += static_cast<uint64_t>(chunk.count);
     }
     if (!chunk.samples) {
-      if (!r.export_error.ok()) endings.push_back({id, 0, FinishReason::kNone, r.export_error});
+      if (r.export_failed()) {
+        endings.push_back({id, 0, FinishReason::kNone, r.export_state->error});
+      }
       continue;
     }
     const sampling::SamplingView& row = views_[view++];
@@ -954,22 +651,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan,
             ? static_cast<uint32_t>(s.num_prompt_tokens - s.num_cached_prompt_tokens)
             : 0;
     if (r.req.kv_export != nullptr) {
-      // Prefill-only: the request ends with the samples' token 0 here;
-      // kNone tells the decode worker to go on.
-      std::vector<SampleStart> starts = DrawFirstTokens(r, row, prompt_computed, false);
-      generated += starts.size();
-      sampled.push_back(starts[0].token.token_id);
-      if (r.export_error.ok()) r.export_error = r.req.kv_export->Finish(starts);
-      if (!r.export_error.ok()) {
-        endings.push_back({id, 0, FinishReason::kNone, r.export_error});
-        continue;
-      }
-      for (size_t k = 0; k < starts.size(); ++k) {
-        r.req.output->OnToken(static_cast<uint32_t>(k), 0, starts[k].token,
-                              k == 0 ? prompt_computed : 0);
-        endings.push_back({id, static_cast<uint32_t>(k), starts[k].finish_reason,
-                           absl::OkStatus()});
-      }
+      FinishExport(r, row, prompt_computed, &sampled, &generated, &endings);
       continue;
     }
     if (sample.num_generated == 0 && r.sampling.size() > 1 && !r.independent_samples) {

@@ -227,7 +227,13 @@ class EngineCore {
   RemoteKvLoader* loader() const { return loader_.get(); }
 
  private:
+  // A request's state (engine_core_request.h): what every request holds,
+  // plus its role's, if any: a prefill-only request's KV export (P,
+  // ExportState, handled in engine_core_export.cc) or a remote prefill's
+  // load (D, RemoteLoadState, engine_core_remote_load.cc).
   struct Request;
+  struct ExportState;
+  struct RemoteLoadState;
   // One sequence: sample `index` of `request`.
   struct Sample {
     Request* request = nullptr;
@@ -259,15 +265,62 @@ class EngineCore {
   void Arrive(std::unique_ptr<Request> request);
   // Arrive for an n > 1 migration: one sequence per unfinished sample.
   void ArriveMigratedSamples(std::unique_ptr<Request> request);
+
+  // ---- D's remote load (engine_core_remote_load.cc) ----
+  // A sequence the scheduler put in WAITING_FOR_REMOTE_KV: creates its
+  // request's remote load state and starts attempt 1.
+  void StartRemoteLoad(const scheduler::RemoteKvStart& start);
+  // A load's done: ends a request aborted while loading, fails over a
+  // failed attempt, or checks token 0 of every sample and starts decoding.
   void HandleRemoteDone(RemoteDone done);
+  // The router's AbortRemotePrefill: cancels the awaited attempt's load
+  // (its done then brings the failover with the router's reason).
   void HandleRemoteAbort(const RemoteAbort& abort);
   // A failed remote prefill attempt of `r` (sequence `seq_id`, still
   // WAITING_FOR_REMOTE_KV, its load quiesced): retry, prefill here, or end
   // the request, per options_.on_prefill_failure.
   void FailOver(Request& r, int64_t seq_id, const std::string& cause, bool no_prefill_worker);
-  // Starts attempt r.remote_attempt + 1 of `seq_id`'s remote prefill into its
+  // Starts the next attempt of `seq_id`'s remote prefill into its
   // blocks and tells the output; on a start error ends the request.
   void StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens);
+  // Before the forward: counts a remote prefill's first decode step
+  // (CoreStats::kv_load_to_first_decode_*) when `chunk` of `s` is it.
+  void NoteFirstDecode(Request& r, const scheduler::ScheduledChunk& chunk,
+                       const scheduler::SeqState& s);
+
+  // ---- P's KV export (engine_core_export.cc) ----
+  // In Submit, on the caller's thread: creates r.export_state and opens
+  // the transfer (its Wake posts to the loop). Returns Open's error.
+  absl::Status OpenExport(Request& r);
+  // In Arrive: the prefill-only request's sequence `s` waits outside the
+  // scheduler until its export has room (PollExports).
+  void ArriveExporting(Request& r, scheduler::SeqState s);
+  // Before every step: adds prefill-only requests whose export has room to
+  // the scheduler, ends those whose transfer failed or (draining) ended,
+  // and returns the running sequences whose export has no room now.
+  std::set<int64_t> PollExports();
+  // In Execute, for the request's first chunk: K/V of [D_hit, chunk.start)
+  // from cached blocks go out first (DESIGN.md, step 5).
+  void ExportCachedRows(Request& r, const scheduler::ScheduledChunk& chunk);
+  // A prefill-only request's sampled row: token 0 of every sample is drawn
+  // and queued behind the frames (KvExport::Finish); each sample ends with
+  // it (kNone: the decode worker goes on), or the request with the
+  // export's error. Appends to *sampled, *generated and *endings.
+  void FinishExport(Request& r, const sampling::SamplingView& row, uint32_t prompt_computed,
+                    std::vector<int32_t>* sampled, uint64_t* generated,
+                    std::vector<Ending>* endings);
+  // A prefill-only request whose samples all ended OK: pins its blocks,
+  // removes its sequence and waits for the export's Result (`last`, the
+  // last sample's finish, is told then).
+  void StartDraining(Request& r, const Ending* last);
+  // Ships K/V of tokens [from, to) of `layer` of `seq_id` through the
+  // request's export: SendDeviceRows on the backend's device KV storage
+  // when the export sends device rows (FAILED_PRECONDITION when the
+  // storage is on the host), else ReadTokens to the host and SendLayer.
+  // The first error is kept in the export state; nothing runs after it.
+  void ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to);
+
+  // ---- Every request (engine_core.cc) ----
   void Abort(const std::string& request_id, const absl::Status& status);
   void AbortSample(const std::string& request_id, uint32_t sample_index);
   // schedule -> execute -> update from output. Returns whether the step
@@ -298,22 +351,6 @@ class EngineCore {
   // its token 0 (or was cancelled before it).
   void StartSamples(Request& r, int64_t parent, const std::vector<SampleStart>& starts,
                     std::vector<Ending>* endings);
-  void StartRemoteLoad(const scheduler::RemoteKvStart& start);
-  // Before a step: adds prefill-only requests whose export has room to the
-  // scheduler, ends those whose transfer failed or (draining) ended, and
-  // returns the running sequences whose export has no room now.
-  std::set<int64_t> PollExports();
-  // A prefill-only request whose samples all ended OK: pins its blocks,
-  // removes its sequence and waits for the export's Result (`last`, the
-  // last sample's finish, is told then).
-  void StartDraining(Request& r, const Ending* last);
-  // Sends K/V of tokens [from, to) of `layer` through the request's export.
-  // Ships K/V of tokens [from, to) of `layer` of `seq_id` through the
-  // request's export: SendDeviceRows on the backend's device KV storage
-  // when the export sends device rows (FAILED_PRECONDITION when the
-  // storage is on the host), else ReadTokens to the host and SendLayer.
-  // The first error is kept in r.export_error; nothing runs after it.
-  void ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to);
   // Ends one sample; the request ends (OK) with its last one.
   void FinishSample(const std::string& request_id, uint32_t sample_index, FinishReason reason);
   // Ends the request: frees every sequence left, then tells the output

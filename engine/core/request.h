@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/core/kv_target.h"
 #include "engine/kv/device_kv.h"
 #include "engine/kv/kv_storage.h"
 #include "engine/sampling/sampler.h"
@@ -37,19 +38,6 @@ enum class FinishReason : uint32_t {
   kCancelled = 4,
 };
 
-// Where a remote prefill worker must send a prompt's KV.
-struct RemotePrefillTarget {
-  std::string kv_endpoint;  // host:port of this worker's KV receiver
-  int32_t hit_tokens = 0;   // tokens already here: P sends [hit_tokens, L)
-  uint32_t attempt = 1;
-  // The receiver's transport offer (kvtransfer/transport.h,
-  // TransportOffer): transport names most preferred first ("cuda_ipc",
-  // "nccl", "tcp"; empty = tcp only), its host id and process instance id.
-  std::vector<std::string> kv_transports;
-  std::string kv_host_id;
-  std::string kv_instance_id;
-};
-
 // Most samples per request (EngineRequest::n), as the public API's n.
 inline constexpr int32_t kMaxSamples = 16;
 
@@ -67,7 +55,7 @@ class RequestOutput {
   virtual ~RequestOutput() = default;
   // The prompt waits for a remote prefill (never called for requests whose
   // prompt is prefilled here).
-  virtual void OnRemotePrefill(const RemotePrefillTarget& target) = 0;
+  virtual void OnRemotePrefill(const KvTarget& target) = 0;
   // Output token `index` (0-based) of sample `sample_index`.
   // prompt_tokens_computed: prompt tokens this worker prefilled, on the
   // first token sample 0 streams (else 0).
@@ -178,7 +166,7 @@ class RemoteKvLoader {
   // `block_table` (which covers them). Returns where the prefill worker
   // must send it. Errors: the load did not start (`done` will not run),
   // e.g. ALREADY_EXISTS.
-  virtual absl::StatusOr<RemotePrefillTarget> StartLoad(
+  virtual absl::StatusOr<KvTarget> StartLoad(
       const std::string& request_id, uint32_t attempt, int32_t hit_tokens,
       int32_t prompt_tokens, kv::KvStorage* storage, std::vector<int32_t> block_table,
       Done done) = 0;

@@ -187,9 +187,9 @@ TEST_F(DecodeWorkerTest, AutoRoutingAtThresholdThenRealPrefillEngine) {
   pr.request_id = "b33";
   pr.prompt = remote.prompt;
   pr.max_tokens = 32;
-  pr.kv_endpoint = need.kv_endpoint;
-  pr.attempt = need.attempt;
-  pr.hit_tokens = need.hit_tokens;
+  pr.kv_target.endpoint = need.kv_endpoint;
+  pr.kv_target.attempt = need.attempt;
+  pr.kv_target.hit_tokens = need.hit_tokens;
   worker_testing::PrefillDoneRecorder p_done;
   p.Submit(pr, p_done.Callback());
   auto p_result = p_done.Wait();

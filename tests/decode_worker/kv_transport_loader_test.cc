@@ -1,6 +1,7 @@
 // The decode worker's transport offer (issue #16): every load's
-// RemotePrefillTarget carries the receiver's transports, this host's id and
-// the process's instance id (-> NeedRemotePrefill -> the router's KvTarget);
+// core::KvTarget carries the receiver's transports, this host's id and
+// the process's instance id (-> NeedRemotePrefill.kv_target, which the
+// router forwards to P);
 // the per-transport byte counters read the right source; and one device
 // transfer end to end through both workers' wiring (P's SenderKvExport, D's
 // ReceiverKvLoader) over the real KV connection, with recording fakes as
@@ -68,8 +69,9 @@ TEST(KvTransportLoaderTest, ATcpOnlyReceiverOffersTcpWithItsHostAndInstance) {
   auto target = (*loader)->StartLoad("r1", 3, 2, 9, &storage, {0, 1, 2},
                                      [](absl::Status, core::RemotePrefillResult) {});
   ASSERT_TRUE(target.ok()) << target.status();
-  EXPECT_EQ(target->kv_endpoint, (*loader)->endpoint());
-  EXPECT_EQ(target->hit_tokens, 2);
+  EXPECT_EQ(target->endpoint, (*loader)->endpoint());
+  EXPECT_EQ(target->hit_tokens, 2u);
+  EXPECT_EQ(target->request_id, "r1");
   EXPECT_EQ(target->attempt, 3u);
   EXPECT_THAT(target->kv_transports, ElementsAre("tcp"));
   EXPECT_EQ(target->kv_host_id, offer.host_id);
@@ -155,13 +157,10 @@ TEST(KvTransportWiringTest, ADeviceTransferRunsThroughBothWorkersWiring) {
   p_planes->senders = {&p_nccl};
   send.planes = p_planes;
   ASSERT_TRUE(prefill::StartKvSendQueue(&send).ok());
-  prefill::PrefillRequest names;
-  names.kv_transports = target->kv_transports;
-  names.kv_host_id = target->kv_host_id;
-  names.kv_instance_id = target->kv_instance_id;
-  absl::StatusOr<kvtransfer::TransportOffer> offer = prefill::OfferFromRequest(names, send);
+  absl::StatusOr<kvtransfer::TransportOffer> offer =
+      TransportOfferFromTarget(*target, send.transports());
   ASSERT_TRUE(offer.ok()) << offer.status();
-  prefill::SenderKvExport e(send, target->kv_endpoint, "w1", 1, 0, *offer);
+  prefill::SenderKvExport e(send, target->endpoint, "w1", 1, 0, *offer);
   const absl::Status open = e.Open(nullptr, [] {});
   ASSERT_TRUE(open.ok()) << open;
   EXPECT_EQ(e.transport(), KvTransport::kNccl);

@@ -138,23 +138,24 @@ TEST(KvTransportExportTest, CudaIpcOnlyBetweenWorkersOfOneHost) {
 
 TEST(KvTransportExportTest, OfferNamesThisBuildDoesNotKnowAreSkipped) {
   KvSendOptions o = Options({});
-  PrefillRequest request;
+  core::KvTarget request;
   request.kv_transports = {"rdma", "tcp"};
   request.kv_host_id = "h";
   request.kv_instance_id = "i";
-  absl::StatusOr<kvtransfer::TransportOffer> offer = OfferFromRequest(request, o);
+  absl::StatusOr<kvtransfer::TransportOffer> offer =
+      TransportOfferFromTarget(request, o.transports());
   ASSERT_TRUE(offer.ok()) << offer.status();
   EXPECT_EQ(offer->transports, std::vector<KvTransport>{KvTransport::kTcp});
   EXPECT_EQ(offer->host_id, "h");
   EXPECT_EQ(offer->instance_id, "i");
   request.kv_transports = {"rdma"};
-  offer = OfferFromRequest(request, o);
+  offer = TransportOfferFromTarget(request, o.transports());
   EXPECT_EQ(offer.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(offer.status().message(),
             "no common KV transport: this prefill worker supports tcp, the decode worker "
             "offers rdma");
   request.kv_transports.clear();  // no offer: tcp
-  offer = OfferFromRequest(request, o);
+  offer = TransportOfferFromTarget(request, o.transports());
   ASSERT_TRUE(offer.ok());
   EXPECT_TRUE(offer->transports.empty());
 }

@@ -91,9 +91,9 @@ class PrefillWorkerTest : public worker_testing::StoriesTest {
     r.request_id = id;
     r.prompt = c.prompt;
     r.max_tokens = max_tokens;
-    r.kv_endpoint = endpoint;
-    r.attempt = 1;
-    r.hit_tokens = hit_tokens;
+    r.kv_target.endpoint = endpoint;
+    r.kv_target.attempt = 1;
+    r.kv_target.hit_tokens = hit_tokens;
     return r;
   }
 
@@ -247,8 +247,8 @@ TEST_F(PrefillWorkerTest, NoCommonKvTransportFailsTheRequest) {
   auto r = StartReceiver("nccl-only", static_cast<uint32_t>(c.prompt.size()), 0);
   ASSERT_NE(r, nullptr);
   PrefillRequest req = Request("nccl-only", c, 4, r->endpoint());
-  req.kv_transports = {"nccl"};
-  req.kv_host_id = "another-host";
+  req.kv_target.kv_transports = {"nccl"};
+  req.kv_target.kv_host_id = "another-host";
   PrefillDoneRecorder done;
   engine.Submit(std::move(req), done.Callback());
   auto result = done.Wait();
@@ -263,7 +263,7 @@ TEST_F(PrefillWorkerTest, NoCommonKvTransportFailsTheRequest) {
   EXPECT_EQ(engine.GetStats().kv_blocks_in_use, 0u);
   // An offer with tcp in it is served over tcp.
   PrefillRequest both = Request("nccl-only", c, 4, r->endpoint());
-  both.kv_transports = {"nccl", "tcp"};
+  both.kv_target.kv_transports = {"nccl", "tcp"};
   PrefillDoneRecorder served;
   engine.Submit(std::move(both), served.Callback());
   auto ok = served.Wait();

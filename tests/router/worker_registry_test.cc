@@ -816,36 +816,5 @@ TEST(KvTransportRoutingTest, PrefillWorkersArePairedByTheDecodeWorkersLayoutId) 
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("p-gpu", "p-host"));
 }
 
-// The router hands P exactly D's endpoint, hit and transport offer.
-TEST(KvTransportRoutingTest, KvTargetCarriesTheDecodeWorkersOffer) {
-  v1::NeedRemotePrefill need;
-  need.set_kv_endpoint("10.0.0.7:7001");
-  need.set_hit_tokens(48);
-  need.set_attempt(2);
-  need.add_kv_transports("cuda_ipc");
-  need.add_kv_transports("nccl");
-  need.add_kv_transports("tcp");
-  need.set_kv_host_id("boot-1234");
-  need.set_kv_instance_id("0123456789abcdef0123456789abcdef");
-  v1::KvTarget target;
-  KvTargetFromNeed(need, "r-17", &target);
-  EXPECT_EQ(target.endpoint(), "10.0.0.7:7001");
-  EXPECT_EQ(target.request_id(), "r-17");
-  EXPECT_EQ(target.attempt(), 2u);
-  EXPECT_EQ(target.hit_tokens(), 48u);
-  EXPECT_THAT(target.kv_transports(), ::testing::ElementsAre("cuda_ipc", "nccl", "tcp"));
-  EXPECT_EQ(target.kv_host_id(), "boot-1234");
-  EXPECT_EQ(target.kv_instance_id(), "0123456789abcdef0123456789abcdef");
-  // A D from before the offer sends none: P reads that as tcp.
-  v1::NeedRemotePrefill old;
-  old.set_kv_endpoint("10.0.0.8:7001");
-  old.set_attempt(1);
-  KvTargetFromNeed(old, "r-18", &target);
-  EXPECT_TRUE(target.kv_transports().empty());
-  EXPECT_EQ(target.kv_host_id(), "");
-  EXPECT_EQ(target.kv_instance_id(), "");
-  EXPECT_EQ(target.endpoint(), "10.0.0.8:7001");
-}
-
 }  // namespace
 }  // namespace tandem::router

@@ -163,12 +163,10 @@ FakeLoader::~FakeLoader() {
   for (std::thread& t : threads) t.join();
 }
 
-absl::StatusOr<RemotePrefillTarget> FakeLoader::StartLoad(const std::string& request_id,
-                                                          uint32_t attempt, int32_t hit_tokens,
-                                                          int32_t prompt_tokens,
-                                                          kv::KvStorage* storage,
-                                                          std::vector<int32_t> block_table,
-                                                          Done done) {
+absl::StatusOr<KvTarget> FakeLoader::StartLoad(const std::string& request_id, uint32_t attempt,
+                                               int32_t hit_tokens, int32_t prompt_tokens,
+                                               kv::KvStorage* storage,
+                                               std::vector<int32_t> block_table, Done done) {
   if (!options_.start_error.ok()) return options_.start_error;
   {
     absl::MutexLock lock(&mu_);
@@ -187,9 +185,10 @@ absl::StatusOr<RemotePrefillTarget> FakeLoader::StartLoad(const std::string& req
   if (it != options_.complete_with.end()) {
     Complete(request_id, it->second, FakeNextToken(it->second));
   }
-  RemotePrefillTarget target;
-  target.kv_endpoint = "fake-receiver:1";
-  target.hit_tokens = hit_tokens;
+  KvTarget target;
+  target.endpoint = "fake-receiver:1";
+  target.request_id = request_id;
+  target.hit_tokens = static_cast<uint32_t>(hit_tokens);
   target.attempt = attempt;
   return target;
 }

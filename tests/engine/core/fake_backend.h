@@ -165,12 +165,10 @@ class FakeLoader final : public RemoteKvLoader {
   explicit FakeLoader(Options options = {});
   ~FakeLoader() override;  // joins the quiesce threads
 
-  absl::StatusOr<RemotePrefillTarget> StartLoad(const std::string& request_id,
-                                                uint32_t attempt, int32_t hit_tokens,
-                                                int32_t prompt_tokens,
-                                                kv::KvStorage* storage,
-                                                std::vector<int32_t> block_table,
-                                                Done done) override;
+  absl::StatusOr<KvTarget> StartLoad(const std::string& request_id, uint32_t attempt,
+                                     int32_t hit_tokens, int32_t prompt_tokens,
+                                     kv::KvStorage* storage, std::vector<int32_t> block_table,
+                                     Done done) override;
   void CancelLoad(const std::string& request_id) override;
   uint32_t loads_in_flight() const override;
   uint64_t bytes_received_total() const override { return 0; }

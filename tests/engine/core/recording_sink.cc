@@ -23,11 +23,11 @@ void RecordingSink::Record(SinkEvent event) {
   events_.push_back(std::move(event));
 }
 
-void RecordingSink::OnRemotePrefill(const RemotePrefillTarget& target) {
+void RecordingSink::OnRemotePrefill(const KvTarget& target) {
   SinkEvent e;
   e.kind = SinkEvent::Kind::kNeedRemotePrefill;
-  e.kv_endpoint = target.kv_endpoint;
-  e.hit_tokens = static_cast<uint32_t>(target.hit_tokens);
+  e.kv_endpoint = target.endpoint;
+  e.hit_tokens = target.hit_tokens;
   e.attempt = target.attempt;
   Record(std::move(e));
 }

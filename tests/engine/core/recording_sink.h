@@ -43,7 +43,7 @@ struct SinkEvent {
 
 class RecordingSink : public RequestOutput {
  public:
-  void OnRemotePrefill(const RemotePrefillTarget& target) override;
+  void OnRemotePrefill(const KvTarget& target) override;
   void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override;
   void OnSampleFinish(uint32_t sample_index, FinishReason reason) override;
