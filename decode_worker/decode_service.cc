@@ -3,12 +3,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/server/auth_call.h"
+#include "common/server/authorized.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
 #include "common/server/status_util.h"
 #include "common/server/stream_sink.h"
-#include "common/server/worker_engine.h"
+#include "worker/worker_engine.h"
 
 namespace tandem::decode {
 namespace {
@@ -63,12 +63,8 @@ DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeGenerateMethod, *request);
-      !s.ok()) {
-    return rpc::FinishedStream(s);
-  }
-  return rpc::ServeStream<v1::DecodeGenerateRequest>(
-      request,
+  return rpc::AuthorizedStream<v1::DecodeGenerateRequest>(
+      auth_, context, rpc::kDecodeGenerateMethod, request,
       [&](const v1::DecodeGenerateRequest* parsed) { return GenerateParsed(context, parsed); });
 }
 
@@ -112,15 +108,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
 grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeCancelSampleMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  return rpc::ServeUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
-      context, request, response,
-      [this](const v1::CancelSampleRequest* parsed, v1::CancelSampleResponse* out) {
-        return CancelSampleParsed(parsed, out);
-      });
+  return rpc::AuthorizedUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
+      auth_, context, rpc::kDecodeCancelSampleMethod, request, response,
+      [this](const auto* parsed, auto* out) { return CancelSampleParsed(parsed, out); });
 }
 
 grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* request,
@@ -137,15 +127,9 @@ grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* re
 grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeAbortTransferMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  return rpc::ServeUnary<v1::AbortTransferRequest, v1::AbortTransferResponse>(
-      context, request, response,
-      [this](const v1::AbortTransferRequest* parsed, v1::AbortTransferResponse* out) {
-        return AbortTransferParsed(parsed, out);
-      });
+  return rpc::AuthorizedUnary<v1::AbortTransferRequest, v1::AbortTransferResponse>(
+      auth_, context, rpc::kDecodeAbortTransferMethod, request, response,
+      [this](const auto* parsed, auto* out) { return AbortTransferParsed(parsed, out); });
 }
 
 grpc::Status DecodeService::AbortTransferParsed(const v1::AbortTransferRequest* request,
@@ -191,12 +175,8 @@ KvTransportCounters DecodeService::KvCounters() {
 grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* context,
                                                    const v1::GetStatusRequest* request,
                                                    v1::WorkerStatus* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeGetStatusMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  *response = status_();
-  return rpc::FinishUnary(context, grpc::Status::OK);
+  return AnswerStatus(auth_, context, rpc::kDecodeGetStatusMethod, *request, status_,
+                       response);
 }
 
 }  // namespace tandem::decode

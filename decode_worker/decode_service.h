@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "common/server/worker_main.h"
+#include "worker/worker_main.h"
 #include "decode_worker/remote_kv_loader.h"
 #include "engine/core/engine_core.h"
 #include "tandem/v1/worker.grpc.pb.h"

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "common/server/raw_call.h"
-#include "common/server/worker_main.h"
+#include "worker/worker_main.h"
 #include "engine/core/engine_core.h"
 #include "prefill_worker/kv_export.h"
 #include "tandem/v1/worker.grpc.pb.h"

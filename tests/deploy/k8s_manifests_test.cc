@@ -51,7 +51,7 @@ const std::string kBinaries = TANDEM_BINARY_DIR;
 // What a process may still take after SIGTERM beyond its drain
 // (shutdown_grace_s), seconds: a worker flushes its ended streams (up to
 // 1 s) and shuts its gRPC server down (1 s deadline,
-// common/server/worker_main.cc); the router shuts its server down (1 s)
+// worker/worker_main.cc); the router shuts its server down (1 s)
 // and waits for its request threads (2 s, router/main.cc).
 constexpr int kServerShutdownS = 3;
 

@@ -1,6 +1,6 @@
 // Start-up errors of the real server binaries: each must exit with status
 // 1 (not a signal, not a hang) and say what is wrong in one stderr line
-// (common/server/worker_main.h, router/main.cc).
+// (worker/worker_main.h, router/main.cc).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
