@@ -33,6 +33,9 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
       "  --advertise HOST[:PORT]  the gRPC address peers dial (default: the entry's advertise)\n",
       program.c_str(), decode ? "decode" : "prefill", kDefaultConfigPath,
       WorkerListName(spec.role));
+  if (program.find("--role") != std::string::npos) {
+    std::printf("  --role prefill|decode  the role this worker serves (required)\n");
+  }
   if (decode) {
     std::printf(
         "  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");

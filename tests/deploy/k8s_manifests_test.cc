@@ -376,7 +376,8 @@ void CheckCommon(const Rendered& r, ClusterConfig* out_config) {
     const YAML::Node d = r.Get("Deployment", "tandem-" + role);
     ASSERT_TRUE(d.IsDefined());
     const YAML::Node c = Container(d);
-    EXPECT_EQ(Str(c["command"][0]), absl::StrCat("tandem-", role, "-worker"));
+    EXPECT_EQ(Str(c["command"][0]), "tandem-worker");
+    EXPECT_EQ(Arg(c, "--role"), role);
     const std::string entry_name = Arg(c, "--config-entry");
     const WorkerConfig* entry =
         Entry(decode ? config.decode_workers : config.prefill_workers, entry_name);
