@@ -55,16 +55,15 @@ DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
                              const ReceiverKvLoader* receiver, std::string bit_exact_class,
                              std::function<v1::WorkerStatus()> status,
                              const auth::ClusterAuth* auth)
-    : core_(std::move(core)),
+    : WorkerService(std::move(status), auth),
+      core_(std::move(core)),
       receiver_(receiver),
-      bit_exact_class_(std::move(bit_exact_class)),
-      status_(std::move(status)),
-      auth_(auth) {}
+      bit_exact_class_(std::move(bit_exact_class)) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return rpc::AuthorizedStream<v1::DecodeGenerateRequest>(
-      auth_, context, rpc::kDecodeGenerateMethod, request,
+      auth(), context, rpc::kDecodeGenerateMethod, request,
       [&](const v1::DecodeGenerateRequest* parsed) { return GenerateParsed(context, parsed); });
 }
 
@@ -108,9 +107,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
 grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  return rpc::AuthorizedUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
-      auth_, context, rpc::kDecodeCancelSampleMethod, request, response,
-      [this](const auto* parsed, auto* out) { return CancelSampleParsed(parsed, out); });
+  return rpc::AuthorizedUnary(auth(), context, rpc::kDecodeCancelSampleMethod, request, response,
+                              this, &DecodeService::CancelSampleParsed);
+}
+
+grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return rpc::AuthorizedUnary(auth(), context, rpc::kDecodeAbortTransferMethod, request,
+                              response, this, &DecodeService::AbortTransferParsed);
 }
 
 grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* request,
@@ -122,14 +127,6 @@ grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* re
   }
   core_->CancelSample(request->request_id(), request->sample_index());
   return grpc::Status::OK;
-}
-
-grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request,
-                                                       grpc::ByteBuffer* response) {
-  return rpc::AuthorizedUnary<v1::AbortTransferRequest, v1::AbortTransferResponse>(
-      auth_, context, rpc::kDecodeAbortTransferMethod, request, response,
-      [this](const auto* parsed, auto* out) { return AbortTransferParsed(parsed, out); });
 }
 
 grpc::Status DecodeService::AbortTransferParsed(const v1::AbortTransferRequest* request,
@@ -170,13 +167,6 @@ KvTransportCounters DecodeService::KvCounters() {
   c.loads = stats.kv_load_to_first_decode_total;
   c.load_to_first_decode_seconds_sum = stats.kv_load_to_first_decode_seconds_total;
   return c;
-}
-
-grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* context,
-                                                   const v1::GetStatusRequest* request,
-                                                   v1::WorkerStatus* response) {
-  return AnswerStatus(auth_, context, rpc::kDecodeGetStatusMethod, *request, status_,
-                       response);
 }
 
 }  // namespace tandem::decode

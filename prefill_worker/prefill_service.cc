@@ -28,12 +28,12 @@ class PrefillReactor : public rpc::UnaryCall<v1::PrefillRequest, v1::PrefillResp
 PrefillService::PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
                                std::function<v1::WorkerStatus()> status,
                                const auth::ClusterAuth* auth)
-    : send_(std::move(send)), core_(std::move(core)), status_(std::move(status)), auth_(auth) {}
+    : WorkerService(std::move(status), auth), send_(std::move(send)), core_(std::move(core)) {}
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
-  return rpc::Authorized(auth_, context, rpc::kPrefillPrefillMethod, *request, [&] {
+  return rpc::Authorized(auth(), context, rpc::kPrefillPrefillMethod, *request, [&] {
     auto* reactor = new PrefillReactor(core_.get(), response);
     if (reactor->Parse(*request)) PrefillParsed(reactor, reactor->request(), reactor->response());
     return reactor->reactor();
@@ -91,13 +91,6 @@ KvTransportCounters PrefillService::KvCounters() {
         send_.bytes_by_transport != nullptr ? send_.bytes_by_transport->Get(transport) : 0;
   }
   return c;
-}
-
-grpc::ServerUnaryReactor* PrefillService::GetStatus(grpc::CallbackServerContext* context,
-                                                    const v1::GetStatusRequest* request,
-                                                    v1::WorkerStatus* response) {
-  return AnswerStatus(auth_, context, rpc::kPrefillGetStatusMethod, *request, status_,
-                       response);
 }
 
 }  // namespace tandem::prefill

@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/server/authorized.h"
 #include "common/server/log.h"
 #include "common/server/prologue.h"
 #include "common/server/server_util.h"
@@ -63,18 +62,6 @@ absl::StatusOr<WorkerSettings> LoadWorkerSettings(int argc, char** argv,
 }
 
 }  // namespace
-
-grpc::ServerUnaryReactor* AnswerStatus(const auth::ClusterAuth* auth,
-                                       grpc::CallbackServerContext* context,
-                                       absl::string_view method,
-                                       const v1::GetStatusRequest& request,
-                                       const std::function<v1::WorkerStatus()>& status,
-                                       v1::WorkerStatus* response) {
-  return rpc::Authorized(auth, context, method, request, [&] {
-    *response = status();
-    return rpc::FinishUnary(context, grpc::Status::OK);
-  });
-}
 
 int RunWorkerMain(int argc, char** argv, const WorkerRoleSpec& role, const std::string& program) {
   if (HelpRequested(argc, argv)) {

@@ -16,7 +16,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "common/auth/cluster_auth.h"
 #include "common/cluster_config.h"
 #include "common/server/exit_codes.h"
@@ -26,7 +25,6 @@
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
-#include "tandem/v1/worker.pb.h"
 
 namespace tandem {
 
@@ -45,15 +43,6 @@ class WorkerRuntime {
   // kv_transport_counters.h). Default: everything over tcp, from Status().
   virtual KvTransportCounters KvCounters() { return CountersFromStatus(Status()); }
 };
-
-// A worker service's GetStatus: the credential check (rpc::Authorized for
-// `method`), then `status()` as the answer.
-grpc::ServerUnaryReactor* AnswerStatus(const auth::ClusterAuth* auth,
-                                       grpc::CallbackServerContext* context,
-                                       absl::string_view method,
-                                       const v1::GetStatusRequest& request,
-                                       const std::function<v1::WorkerStatus()>& status,
-                                       v1::WorkerStatus* response);
 
 struct WorkerContext {
   const ClusterConfig* config;

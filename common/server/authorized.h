@@ -4,6 +4,7 @@
 //
 //   Raw unary:   return rpc::AuthorizedUnary<Req, Resp>(auth_, context, kMethod, request,
 //                                                     response, body);  // ServeUnary's body
+//                (or this, &MyService::XParsed as the body)
 //   Raw stream:  return rpc::AuthorizedStream<Req>(auth_, context, kMethod, request, body);
 //   Any other:   return rpc::Authorized(auth_, context, kMethod, *request, [&] { ...; });
 //
@@ -51,6 +52,21 @@ grpc::ServerUnaryReactor* AuthorizedUnary(
     absl::FunctionRef<grpc::Status(const Req*, Resp*)> body) {
   return Authorized(auth, context, method, *request,
                     [&] { return ServeUnary<Req, Resp>(context, request, response, body); });
+}
+
+// The same with the typed body a member function of `service`:
+//   return rpc::AuthorizedUnary(auth_, context, kMethod, request, response, this,
+//                               &MyService::CancelSampleParsed);
+template <class Service, class Req, class Resp>
+grpc::ServerUnaryReactor* AuthorizedUnary(const auth::ClusterAuth* auth,
+                                          grpc::CallbackServerContext* context,
+                                          absl::string_view method,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response, Service* service,
+                                          grpc::Status (Service::*body)(const Req*, Resp*)) {
+  return AuthorizedUnary<Req, Resp>(
+      auth, context, method, request, response,
+      [service, body](const Req* parsed, Resp* out) { return (service->*body)(parsed, out); });
 }
 
 // A raw server-streaming method: Authorized, then ServeStream.
