@@ -20,11 +20,11 @@
 #include "common/cluster_config.h"
 #include "common/server/exit_codes.h"
 #include "common/server/flags.h"
-#include "worker/kv_event_publisher.h"
-#include "worker/kv_transport_counters.h"
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
+#include "worker/kv_event_publisher.h"
+#include "worker/kv_transport_counters.h"
 
 namespace tandem {
 
@@ -83,8 +83,8 @@ struct WorkerRoleSpec {
 };
 
 // Runs the worker process of `role`; returns the exit code. `program` is
-// how --help names the binary ("tandem-worker --role decode"). Flags: --config FILE
-// (default deploy/local/cluster.yaml), --name NAME (required: the name
+// how --help names the binary ("tandem-worker --role decode"). Flags:
+// --config FILE (default deploy/local/cluster.yaml), --name NAME (required: the name
 // registered with the router and printed in every log line),
 // --config-entry ENTRY (the prefill_workers / decode_workers entry whose
 // settings this worker takes: listen, kv_listen, metrics_listen, device,
@@ -104,7 +104,8 @@ struct WorkerRoleSpec {
 // WorkerMetrics over the same status GetStatus answers with; the bound
 // address is logged as "metrics: serving http://HOST:PORT/metrics" and
 // printed on stdout as "TANDEM_METRICS_LISTENING HOST:PORT" before
-// TANDEM_LISTENING; a wildcard host is allowed), plus the role's `extra_flags`. A wildcard listen address
+// TANDEM_LISTENING; a wildcard host is allowed), plus the role's
+// `extra_flags` (settings: worker_settings.h). A wildcard listen address
 // (0.0.0.0, [::]) without its advertise is refused naming the key.
 // Start-up errors print one line to stderr and return 1. The registration
 // carries the worker's KV layout id (its runtime's Status().kv_layout_id);

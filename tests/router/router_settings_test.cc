@@ -35,12 +35,10 @@ TEST(RouterSettingsTest, ConfigValuesWithoutFlags) {
 }
 
 TEST(RouterSettingsTest, FlagBeatsConfig) {
-  absl::StatusOr<RouterSettings> s =
-      Resolve({{"name", "r2"},
-               {"listen", "127.0.0.1:7100"},
-               {"http-listen", "127.0.0.1:8100"},
-               {"metrics-listen", "127.0.0.1:9100"},
-               {"model", "/o.gguf"}});
+  const std::map<std::string, std::string> flags = {
+      {"name", "r2"}, {"listen", "127.0.0.1:7100"}, {"http-listen", "127.0.0.1:8100"},
+      {"metrics-listen", "127.0.0.1:9100"}, {"model", "/o.gguf"}};
+  absl::StatusOr<RouterSettings> s = Resolve(flags);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->name, "r2");
   EXPECT_EQ(s->listen.ToString(), "127.0.0.1:7100");
