@@ -3,12 +3,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/server/auth_call.h"
+#include "common/server/authorized.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
 #include "common/server/status_util.h"
 #include "common/server/stream_sink.h"
-#include "common/server/worker_engine.h"
+#include "worker/worker_engine.h"
 
 namespace tandem::decode {
 namespace {
@@ -49,20 +49,15 @@ DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
                              const ReceiverKvLoader* receiver, std::string bit_exact_class,
                              std::function<v1::WorkerStatus()> status,
                              const auth::ClusterAuth* auth)
-    : core_(std::move(core)),
+    : WorkerService(std::move(status), auth),
+      core_(std::move(core)),
       receiver_(receiver),
-      bit_exact_class_(std::move(bit_exact_class)),
-      status_(std::move(status)),
-      auth_(auth) {}
+      bit_exact_class_(std::move(bit_exact_class)) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeGenerateMethod, *request);
-      !s.ok()) {
-    return rpc::FinishedStream(s);
-  }
-  return rpc::ServeStream<v1::DecodeGenerateRequest>(
-      request,
+  return rpc::AuthorizedStream<v1::DecodeGenerateRequest>(
+      auth(), context, rpc::kDecodeGenerateMethod, request,
       [&](const v1::DecodeGenerateRequest* parsed) { return GenerateParsed(context, parsed); });
 }
 
@@ -106,15 +101,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
 grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeCancelSampleMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  return rpc::ServeUnary<v1::CancelSampleRequest, v1::CancelSampleResponse>(
-      context, request, response,
-      [this](const v1::CancelSampleRequest* parsed, v1::CancelSampleResponse* out) {
-        return CancelSampleParsed(parsed, out);
-      });
+  return rpc::AuthorizedUnary(auth(), context, rpc::kDecodeCancelSampleMethod, request, response,
+                              this, &DecodeService::CancelSampleParsed);
+}
+
+grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return rpc::AuthorizedUnary(auth(), context, rpc::kDecodeAbortTransferMethod, request,
+                              response, this, &DecodeService::AbortTransferParsed);
 }
 
 grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* request,
@@ -126,20 +121,6 @@ grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* re
   }
   core_->CancelSample(request->request_id(), request->sample_index());
   return grpc::Status::OK;
-}
-
-grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request,
-                                                       grpc::ByteBuffer* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeAbortTransferMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  return rpc::ServeUnary<v1::AbortTransferRequest, v1::AbortTransferResponse>(
-      context, request, response,
-      [this](const v1::AbortTransferRequest* parsed, v1::AbortTransferResponse* out) {
-        return AbortTransferParsed(parsed, out);
-      });
 }
 
 grpc::Status DecodeService::AbortTransferParsed(const v1::AbortTransferRequest* request,
@@ -180,17 +161,6 @@ KvTransportCounters DecodeService::KvCounters() {
   c.loads = stats.kv_load_to_first_decode_total;
   c.load_to_first_decode_seconds_sum = stats.kv_load_to_first_decode_seconds_total;
   return c;
-}
-
-grpc::ServerUnaryReactor* DecodeService::GetStatus(grpc::CallbackServerContext* context,
-                                                   const v1::GetStatusRequest* request,
-                                                   v1::WorkerStatus* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kDecodeGetStatusMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  *response = status_();
-  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 }  // namespace tandem::decode

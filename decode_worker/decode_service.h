@@ -10,7 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "common/server/worker_main.h"
+#include "worker/worker_main.h"
+#include "worker/worker_service.h"
 #include "decode_worker/remote_kv_loader.h"
 #include "engine/core/engine_core.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -25,11 +26,13 @@ using DecodeWorkerBase = v1::DecodeWorker::WithRawCallbackMethod_Generate<
         v1::DecodeWorker::WithRawCallbackMethod_AbortTransfer<
             v1::DecodeWorker::WithCallbackMethod_GetStatus<v1::DecodeWorker::Service>>>>;
 
-class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
+class DecodeService final
+    : public WorkerService<DecodeWorkerBase, rpc::kDecodeGetStatusMethod>,
+      public WorkerRuntime {
  public:
   // `receiver` is the core's loader (owned by the core). `status` fills
   // name/role/address for GetStatus (from RunWorkerMain). `auth`: every
-  // method first checks the caller's cluster credential (rpc::VerifyCall;
+  // method first checks the caller's cluster credential (rpc::Authorized;
   // nullptr or open: none required); it outlives the service.
   DecodeService(std::unique_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
                 std::string bit_exact_class, std::function<v1::WorkerStatus()> status,
@@ -46,9 +49,6 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   grpc::ServerUnaryReactor* AbortTransfer(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
-                                      const v1::GetStatusRequest* request,
-                                      v1::WorkerStatus* response) override;
 
   // WorkerRuntime
   grpc::Service* service() override { return this; }
@@ -78,8 +78,6 @@ class DecodeService final : public DecodeWorkerBase, public WorkerRuntime {
   std::unique_ptr<core::EngineCore> core_;
   const ReceiverKvLoader* const receiver_;
   const std::string bit_exact_class_;
-  std::function<v1::WorkerStatus()> status_;
-  const auth::ClusterAuth* const auth_;
 };
 
 }  // namespace tandem::decode

@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cluster_config.h"
-#include "common/server/kv_data_planes.h"
+#include "worker/kv_data_planes.h"
 #include "engine/core/request.h"
 #include "kvtransfer/kv_transfer.h"
 #include "kvtransfer/transport.h"

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "common/server/kv_data_planes.h"
+#include "worker/kv_data_planes.h"
 #include "engine/core/request.h"
 #include "kvtransfer/data_plane.h"
 #include "kvtransfer/kv_transfer.h"

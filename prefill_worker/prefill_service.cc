@@ -2,10 +2,10 @@
 
 #include <utility>
 
-#include "common/server/auth_call.h"
+#include "common/server/authorized.h"
 #include "common/server/proto_convert.h"
 #include "common/server/status_util.h"
-#include "common/server/worker_engine.h"
+#include "worker/worker_engine.h"
 #include "prefill_worker/prefill_call.h"
 
 namespace tandem::prefill {
@@ -28,18 +28,16 @@ class PrefillReactor : public rpc::UnaryCall<v1::PrefillRequest, v1::PrefillResp
 PrefillService::PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
                                std::function<v1::WorkerStatus()> status,
                                const auth::ClusterAuth* auth)
-    : send_(std::move(send)), core_(std::move(core)), status_(std::move(status)), auth_(auth) {}
+    : WorkerService(std::move(status), auth), send_(std::move(send)), core_(std::move(core)) {}
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kPrefillPrefillMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  auto* reactor = new PrefillReactor(core_.get(), response);
-  if (reactor->Parse(*request)) PrefillParsed(reactor, reactor->request(), reactor->response());
-  return reactor->reactor();
+  return rpc::Authorized(auth(), context, rpc::kPrefillPrefillMethod, *request, [&] {
+    auto* reactor = new PrefillReactor(core_.get(), response);
+    if (reactor->Parse(*request)) PrefillParsed(reactor, reactor->request(), reactor->response());
+    return reactor->reactor();
+  });
 }
 
 void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillRequest* request,
@@ -87,17 +85,6 @@ KvTransportCounters PrefillService::KvCounters() {
         send_.bytes_by_transport != nullptr ? send_.bytes_by_transport->Get(transport) : 0;
   }
   return c;
-}
-
-grpc::ServerUnaryReactor* PrefillService::GetStatus(grpc::CallbackServerContext* context,
-                                                    const v1::GetStatusRequest* request,
-                                                    v1::WorkerStatus* response) {
-  if (grpc::Status s = rpc::VerifyCall(auth_, context, rpc::kPrefillGetStatusMethod, *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  *response = status_();
-  return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
 }  // namespace tandem::prefill

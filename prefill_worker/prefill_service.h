@@ -9,7 +9,8 @@
 #include <memory>
 
 #include "common/server/raw_call.h"
-#include "common/server/worker_main.h"
+#include "worker/worker_main.h"
+#include "worker/worker_service.h"
 #include "engine/core/engine_core.h"
 #include "prefill_worker/kv_export.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -21,11 +22,13 @@ namespace tandem::prefill {
 using PrefillWorkerBase = v1::PrefillWorker::WithRawCallbackMethod_Prefill<
     v1::PrefillWorker::WithCallbackMethod_GetStatus<v1::PrefillWorker::Service>>;
 
-class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
+class PrefillService final
+    : public WorkerService<PrefillWorkerBase, rpc::kPrefillGetStatusMethod>,
+      public WorkerRuntime {
  public:
   // `send`: the KV layout, bit-exact class and timeouts of every transfer.
   // `auth`: every method first checks the caller's cluster credential
-  // (rpc::VerifyCall; nullptr or open: none required); outlives the service.
+  // (rpc::Authorized; nullptr or open: none required); outlives the service.
   PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
                  std::function<v1::WorkerStatus()> status,
                  const auth::ClusterAuth* auth = nullptr);
@@ -35,9 +38,6 @@ class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
                                     const grpc::ByteBuffer* request,
                                     grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
-                                      const v1::GetStatusRequest* request,
-                                      v1::WorkerStatus* response) override;
 
   grpc::Service* service() override { return this; }
   v1::WorkerStatus Status() override;
@@ -56,8 +56,6 @@ class PrefillService final : public PrefillWorkerBase, public WorkerRuntime {
 
   const KvSendOptions send_;
   std::unique_ptr<core::EngineCore> core_;
-  std::function<v1::WorkerStatus()> status_;
-  const auth::ClusterAuth* const auth_;
 };
 
 }  // namespace tandem::prefill

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/server/auth_call.h"
+#include "common/server/authorized.h"
 #include "common/server/log.h"
 #include "common/server/proto_convert.h"
 #include "common/server/raw_call.h"
@@ -348,16 +349,9 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* RouterService::RegistryService::RegisterWorker(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  if (grpc::Status s = rpc::VerifyCall(registry_->auth(), context, rpc::kRegisterWorkerMethod,
-                                       *request);
-      !s.ok()) {
-    return rpc::FinishUnary(context, s);
-  }
-  return rpc::ServeUnary<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
-      context, request, response,
-      [this](const v1::RegisterWorkerRequest* parsed, v1::RegisterWorkerResponse* out) {
-        return RegisterWorkerParsed(parsed, out);
-      });
+  return rpc::AuthorizedUnary<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
+      registry_->auth(), context, rpc::kRegisterWorkerMethod, request, response,
+      [this](const auto* parsed, auto* out) { return RegisterWorkerParsed(parsed, out); });
 }
 
 grpc::Status RouterService::RegistryService::RegisterWorkerParsed(

@@ -110,7 +110,7 @@ struct WorkerHandle {
 struct RegistryOptions {
   std::string model_fingerprint;       // workers must serve the same file
   // KvLayout::LayoutId a worker must register with (ExpectedKvLayout of
-  // the router's model and configuration, common/server/worker_engine.h):
+  // the router's model and configuration, worker/worker_engine.h):
   // kv_layout_ids[name] for a worker the config lists (each follows its
   // entry's device and KV dtype, so CPU and GPU workers may mix), else
   // kv_layout_id (engine.device's).

@@ -444,10 +444,9 @@ int RunUp(const std::vector<std::string>& args) {
   absl::StatusOr<std::filesystem::path> bin_dir = SelfDirectory();
   if (!bin_dir.ok()) return Fail(bin_dir.status().message());
   const std::string router_bin = *bin_dir / "tandem-router";
-  const std::string prefill_bin = *bin_dir / "tandem-prefill-worker";
-  const std::string decode_bin = *bin_dir / "tandem-decode-worker";
-  for (const std::string& bin : {router_bin, prefill_bin, decode_bin}) {
-    if (bin == prefill_bin && config->prefill_workers.empty()) continue;
+  // Every worker runs the one worker binary; --role picks its service.
+  const std::string worker_bin = *bin_dir / "tandem-worker";
+  for (const std::string& bin : {router_bin, worker_bin}) {
     if (access(bin.c_str(), X_OK) != 0) {
       return Fail(absl::StrCat("cannot run ", bin,
                                " (build its target: cmake --build <dir> --target ",
@@ -564,10 +563,11 @@ int RunUp(const std::vector<std::string>& args) {
   }
   std::vector<std::string> worker_names;
   std::map<int, std::string> metrics_address;  // child index -> bound address
-  for (const auto& [bin, workers] : {std::pair{prefill_bin, &config->prefill_workers},
-                                     std::pair{decode_bin, &config->decode_workers}}) {
+  for (const auto& [role, workers] : {std::pair{"prefill", &config->prefill_workers},
+                                      std::pair{"decode", &config->decode_workers}}) {
     for (const WorkerConfig& w : *workers) {
-      std::vector<std::string> argv = argv_for(bin, w.name);
+      std::vector<std::string> argv = argv_for(worker_bin, w.name);
+      argv.insert(argv.begin() + 1, {"--role", role});
       argv.insert(argv.end(), {"--router", dial});
       if (auto f = gpu_fraction_flag.find(w.name); f != gpu_fraction_flag.end()) {
         argv.insert(argv.end(), {"--gpu-memory-fraction", f->second});

@@ -13,8 +13,9 @@
 // start the router (the sibling binary tandem-router next to
 // /proc/self/exe) and read its "TANDEM_LISTENING host:port" line, and with
 // router.http_listen its "TANDEM_HTTP_LISTENING host:port" (30 s, in any
-// order); start every prefill and decode worker of the config with --name <entry>
-// and --router <that address> (workers that resolve to one cuda:N share its
+// order); start every prefill and decode worker of the config as
+// `tandem-worker --role prefill|decode --name <entry>` (the sibling binary)
+// with --router <that address> (workers that resolve to one cuda:N share its
 // memory: each gets --gpu-memory-fraction engine.gpu_memory_fraction / n,
 // and one line per such GPU goes to stderr, "tandem: GPU cuda:0: 2 workers
 // (prefill-0, decode-0), engine.gpu_memory_fraction 0.90 split as 0.45

@@ -39,8 +39,8 @@ constexpr char kCpuImage[] = "deploy/docker/Dockerfile.cpu";
 constexpr char kCudaImage[] = "deploy/docker/Dockerfile.cuda";
 const char* const kImages[] = {kCpuImage, kCudaImage};
 // The binaries an image holds (in /usr/local/bin), as built in build/.
-const char* const kBinaries[] = {"tandem", "tandem-router", "tandem-prefill-worker",
-                                 "tandem-decode-worker"};
+const char* const kBinaries[] = {"tandem", "tandem-router", "tandem-worker",
+                                 "tandem-prefill-worker", "tandem-decode-worker"};
 // Where the image expects the cluster file (a Kubernetes ConfigMap mount).
 constexpr char kConfigPath[] = "/etc/tandem/cluster.yaml";
 // Router gRPC, router HTTP, prefill gRPC, decode gRPC, decode KV receiver,

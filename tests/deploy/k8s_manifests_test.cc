@@ -51,7 +51,7 @@ const std::string kBinaries = TANDEM_BINARY_DIR;
 // What a process may still take after SIGTERM beyond its drain
 // (shutdown_grace_s), seconds: a worker flushes its ended streams (up to
 // 1 s) and shuts its gRPC server down (1 s deadline,
-// common/server/worker_main.cc); the router shuts its server down (1 s)
+// worker/worker_main.cc); the router shuts its server down (1 s)
 // and waits for its request threads (2 s, router/main.cc).
 constexpr int kServerShutdownS = 3;
 
@@ -376,7 +376,8 @@ void CheckCommon(const Rendered& r, ClusterConfig* out_config) {
     const YAML::Node d = r.Get("Deployment", "tandem-" + role);
     ASSERT_TRUE(d.IsDefined());
     const YAML::Node c = Container(d);
-    EXPECT_EQ(Str(c["command"][0]), absl::StrCat("tandem-", role, "-worker"));
+    EXPECT_EQ(Str(c["command"][0]), "tandem-worker");
+    EXPECT_EQ(Arg(c, "--role"), role);
     const std::string entry_name = Arg(c, "--config-entry");
     const WorkerConfig* entry =
         Entry(decode ? config.decode_workers : config.prefill_workers, entry_name);

@@ -11,7 +11,7 @@
 // Threads: start and stop on the test's main thread (PR_SET_PDEATHSIG fires
 // when the forking *thread* exits); the stubs may be used from any thread.
 //
-// Process conventions (router/main.cc, common/server/worker_main.h): each
+// Process conventions (router/main.cc, worker/worker_main.h): each
 // server prints one stdout line "TANDEM_LISTENING host:port" once bound;
 // its logs go to stderr, which the children share with the test (ctest shows
 // them with --output-on-failure).

@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/server/router_registration.h"
+#include "worker/router_registration.h"
 #include "common/server/server_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,6 +1,6 @@
 // Start-up errors of the real server binaries: each must exit with status
 // 1 (not a signal, not a hang) and say what is wrong in one stderr line
-// (common/server/worker_main.h, router/main.cc).
+// (worker/worker_main.h, router/main.cc).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -166,6 +166,33 @@ INSTANTIATE_TEST_SUITE_P(Servers, HelpTest,
                          [](const ::testing::TestParamInfo<Server>& info) {
                            return ServerName(info.param);
                          });
+
+// ---- tandem-worker --role (issue #33) ----------------------------------------------
+
+// The one worker binary: --role picks the role's usage and flags; without a
+// role, or with another one, it is a one-line start-up error.
+TEST_F(StartupErrorTest, WorkerBinaryTakesItsRole) {
+  for (const char* role : {"prefill", "decode"}) {
+    SCOPED_TRACE(role);
+    const ProcessResult r = RunProcess({BinaryPath("tandem-worker"), "--role", role, "--help"},
+                                       kExitTimeout);
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe();
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("usage: tandem-worker --role ", role)));
+    for (const char* flag : {"--config PATH", "--model PATH", "--name NAME", "--router"}) {
+      EXPECT_THAT(r.out, HasSubstr(flag));
+    }
+    EXPECT_EQ(r.out.find("--kv-advertise") != std::string::npos,
+              std::string(role) == "decode");
+  }
+  const std::string config = Write("cluster.yaml", ClusterYaml(ClusterOptions()));
+  EXPECT_EQ(ExpectOneLineFailure(RunProcess(
+                {BinaryPath("tandem-worker"), "--config", config, "--name", "decode-0"},
+                kExitTimeout)),
+            "--role is required: prefill or decode");
+  EXPECT_EQ(ExpectOneLineFailure(RunProcess(
+                {BinaryPath("tandem-worker"), "--role=router", "--config", config}, kExitTimeout)),
+            "--role: expected prefill or decode, got 'router'");
+}
 
 // ---- Wildcard listen address without advertise ----------------------------------------
 

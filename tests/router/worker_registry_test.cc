@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/server/kv_event_publisher.h"
+#include "worker/kv_event_publisher.h"
 #include "engine/kv/kv_cache_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -142,7 +142,7 @@ case "$1" in
     echo "{\"route\":\"$route\",\"prompt_token_ids\":[$ids],\"token_ids\":[1,2,3],\"timing\":{\"ttft_ms\":$ttft,\"e2e_ms\":200.0}}" ;;
 esac
 FAKE
-for b in tandem-router tandem-prefill-worker tandem-decode-worker; do
+for b in tandem-router tandem-worker; do
   printf '#!/bin/sh\nexit 1\n' > "$tmp/bin/$b"
 done
 for t in cuda_kernels_test cuda_resources_test cuda_backend_test; do

@@ -1,6 +1,6 @@
 // The tandem binary end to end against stand-ins: tests/tools/fake_router.cc
-// as tandem-router (canned Generation service) and /bin/sh scripts as the
-// workers, all copied next to a copy of `tandem` in a temporary directory,
+// as tandem-router (canned Generation service) and a /bin/sh script as
+// tandem-worker (every worker), all copied next to a copy of `tandem` in a temporary directory,
 // because `tandem up` runs the binaries beside /proc/self/exe. Checks the
 // command lines the children get, the process table and the ready line,
 // generate/status output and exit codes, shutdown on SIGTERM, a dying worker
@@ -39,12 +39,13 @@ constexpr char kReady[] = "tandem: cluster ready, router at ";
 // default 3, once the file <name>.exit exists next to it).
 constexpr char kFakeWorker[] = R"(#!/bin/sh
 d=$(dirname "$0")
-env | grep '^NCCL_' | sort > "$d/$2.env"
-echo "$*" > "$d/$2.args"
-echo $$ > "$d/$2.pid"
+n=$4  # tandem-worker --role R --name NAME ...
+env | grep '^NCCL_' | sort > "$d/$n.env"
+echo "$*" > "$d/$n.args"
+echo $$ > "$d/$n.pid"
 echo "TANDEM_LISTENING 127.0.0.1:1"
-if [ "$FAKE_WORKER_EXIT" = "$2" ]; then
-  while [ ! -e "$d/$2.exit" ]; do sleep 0.02; done
+if [ "$FAKE_WORKER_EXIT" = "$n" ]; then
+  while [ ! -e "$d/$n.exit" ]; do sleep 0.02; done
   exit ${FAKE_WORKER_EXIT_CODE:-3}
 fi
 exec sleep 60
@@ -110,10 +111,8 @@ class CliTest : public ::testing::Test {
     tandem_ = (dir_ / "tandem").string();
     fs::copy_file(TANDEM_CLI_PATH, tandem_);
     fs::copy_file(FAKE_ROUTER_PATH, dir_ / "tandem-router");
-    for (const char* worker : {"tandem-prefill-worker", "tandem-decode-worker"}) {
-      std::ofstream(dir_ / worker) << kFakeWorker;
-      fs::permissions(dir_ / worker, fs::perms::owner_all);
-    }
+    std::ofstream(dir_ / "tandem-worker") << kFakeWorker;
+    fs::permissions(dir_ / "tandem-worker", fs::perms::owner_all);
     config_ = (dir_ / "cluster.yaml").string();
     std::ofstream(config_) << "router: {listen: '127.0.0.1:0'}\n"
                               "prefill_workers: [{name: prefill-0}]\n"
@@ -211,8 +210,10 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
 
   const std::string common = " --config " + config_ + " --model " + model_;
   EXPECT_EQ(Slurp("router.args"), "--name router" + common + "\n");
-  EXPECT_EQ(Slurp("prefill-0.args"), "--name prefill-0" + common + " --router " + *address + "\n");
-  EXPECT_EQ(Slurp("decode-0.args"), "--name decode-0" + common + " --router " + *address + "\n");
+  EXPECT_EQ(Slurp("prefill-0.args"),
+            "--role prefill --name prefill-0" + common + " --router " + *address + "\n");
+  EXPECT_EQ(Slurp("decode-0.args"),
+            "--role decode --name decode-0" + common + " --router " + *address + "\n");
   const pid_t pids[] = {PidOf("router"), PidOf("prefill-0"), PidOf("decode-0")};
   // The table: every process with the pid it really has, in start order.
   ASSERT_EQ(ready->processes.size(), 3u);
@@ -362,8 +363,9 @@ TEST_F(CliTest, UpResizesTheWorkerLists) {
   const std::string resized =
       router_args.substr(prefix.size(), router_args.find(' ', prefix.size()) - prefix.size());
   EXPECT_NE(resized, config_);
-  EXPECT_EQ(Slurp("decode-2.args"), "--name decode-2 --config " + resized + " --model " + model_ +
-                                        " --router " + ready->router_address + "\n");
+  EXPECT_EQ(Slurp("decode-2.args"), "--role decode --name decode-2 --config " + resized +
+                                        " --model " + model_ + " --router " +
+                                        ready->router_address + "\n");
   absl::StatusOr<ClusterConfig> config = LoadClusterConfig(resized);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->prefill_workers.size(), 2u);
@@ -564,7 +566,8 @@ TEST_F(CliTest, UpWithNoModelServesTheSyntheticOne) {
     ASSERT_TRUE(address.ok()) << address.status();
     const std::string common = " --config " + config_ + " --model " + kModel;
     EXPECT_EQ(Slurp("router.args"), "--name router" + common + "\n");
-    EXPECT_EQ(Slurp("decode-0.args"), "--name decode-0" + common + " --router " + *address + "\n");
+    EXPECT_EQ(Slurp("decode-0.args"),
+              "--role decode --name decode-0" + common + " --router " + *address + "\n");
     ASSERT_EQ(kill(group.pid(0), SIGTERM), 0);
     EXPECT_EQ(AwaitExit(group), "exited with status 0");
     const std::string err = ::testing::internal::GetCapturedStderr();

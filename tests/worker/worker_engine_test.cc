@@ -2,7 +2,7 @@
 // layout a worker really has: KvLayoutFor of the backend it builds;
 // StatusFromCore's copy of the core's counters; WithBackendFault (the
 // workers' --fault-backend-error) over the CPU backend under a real core.
-#include "common/server/worker_engine.h"
+#include "worker/worker_engine.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/fault_injecting_backend.h"

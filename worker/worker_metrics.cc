@@ -1,4 +1,4 @@
-#include "common/server/worker_metrics.h"
+#include "worker/worker_metrics.h"
 
 #include <string>
 #include <utility>

@@ -1,8 +1,8 @@
-#include "common/server/kv_event_publisher.h"
+#include "worker/kv_event_publisher.h"
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "common/server/auth_call.h"
+#include "common/server/authorized.h"
 #include "common/server/raw_call.h"
 #include "common/server/stream_sink.h"
 
@@ -45,13 +45,9 @@ class KvEventPublisher::Service
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request) override {
-    if (grpc::Status s = rpc::VerifyCall(publisher_->options_.auth, context,
-                                         rpc::kKvEventsWatchMethod, *request);
-        !s.ok()) {
-      return rpc::FinishedStream(s);
-    }
-    return rpc::ServeStream<v1::WatchKvEventsRequest>(
-        request, [&](const v1::WatchKvEventsRequest*) {
+    return rpc::AuthorizedStream<v1::WatchKvEventsRequest>(
+        publisher_->options_.auth, context, rpc::kKvEventsWatchMethod, request,
+        [&](const v1::WatchKvEventsRequest*) {
           // A cancelled watch (the client left, the server shuts down) is
           // finished at once; the publisher prunes it on its next batch
           // (its sink's Write answers false). The cancel may come before

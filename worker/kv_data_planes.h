@@ -11,8 +11,8 @@
 // worker's KvReceiver), NCCL or CUDA calls (the data planes).
 // Threads: BuildKvDataPlanes runs once, at start-up; KvTransportBytes is
 // thread-safe.
-#ifndef TANDEM_COMMON_SERVER_KV_DATA_PLANES_H_
-#define TANDEM_COMMON_SERVER_KV_DATA_PLANES_H_
+#ifndef TANDEM_WORKER_KV_DATA_PLANES_H_
+#define TANDEM_WORKER_KV_DATA_PLANES_H_
 
 #include <array>
 #include <atomic>
@@ -100,4 +100,4 @@ class KvTransportBytes {
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_KV_DATA_PLANES_H_
+#endif  // TANDEM_WORKER_KV_DATA_PLANES_H_

@@ -25,8 +25,8 @@
 //   router HOST:PORT does not resolve: WHY; retrying   (once per outage)
 //   router LABEL: cannot register (CODE: WHY); retrying (once until the
 //                                                       next success)
-#ifndef TANDEM_COMMON_SERVER_ROUTER_REGISTRATION_H_
-#define TANDEM_COMMON_SERVER_ROUTER_REGISTRATION_H_
+#ifndef TANDEM_WORKER_ROUTER_REGISTRATION_H_
+#define TANDEM_WORKER_ROUTER_REGISTRATION_H_
 
 #include <functional>
 #include <map>
@@ -135,4 +135,4 @@ class RouterRegistration {
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_ROUTER_REGISTRATION_H_
+#endif  // TANDEM_WORKER_ROUTER_REGISTRATION_H_

@@ -15,8 +15,8 @@
 // falls behind (max_queued_batches unsent) loses its queued batches and its
 // stream ends with RESOURCE_EXHAUSTED, so the watcher sees a gap and watches
 // again. gRPC's callback API serves Watch (no thread per subscriber).
-#ifndef TANDEM_COMMON_SERVER_KV_EVENT_PUBLISHER_H_
-#define TANDEM_COMMON_SERVER_KV_EVENT_PUBLISHER_H_
+#ifndef TANDEM_WORKER_KV_EVENT_PUBLISHER_H_
+#define TANDEM_WORKER_KV_EVENT_PUBLISHER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -113,4 +113,4 @@ class KvEventPublisher {
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_KV_EVENT_PUBLISHER_H_
+#endif  // TANDEM_WORKER_KV_EVENT_PUBLISHER_H_

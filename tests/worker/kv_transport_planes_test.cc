@@ -2,7 +2,7 @@
 // what it supports under each kv.transport, and the refusal of a fixed
 // device transport naming the worker (the config refuses it earlier; the
 // worker checks again against its real backend).
-#include "common/server/kv_data_planes.h"
+#include "worker/kv_data_planes.h"
 
 #include "engine/kv/cpu_kv_storage.h"
 #include "gtest/gtest.h"

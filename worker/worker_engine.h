@@ -6,8 +6,8 @@
 // Owns: these mappings. Does not touch: the engine's behaviour (engine/),
 // sockets (kvtransfer/), gRPC serving (the services).
 // Threads: pure functions.
-#ifndef TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
-#define TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
+#ifndef TANDEM_WORKER_WORKER_ENGINE_H_
+#define TANDEM_WORKER_WORKER_ENGINE_H_
 
 #include <map>
 #include <memory>
@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/cluster_config.h"
-#include "common/server/kv_event_publisher.h"
+#include "worker/kv_event_publisher.h"
 #include "common/server/model_bundle.h"
 #include "absl/status/statusor.h"
 #include "engine/backend/backend_factory.h"
@@ -93,4 +93,4 @@ v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string&
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_WORKER_ENGINE_H_
+#endif  // TANDEM_WORKER_WORKER_ENGINE_H_

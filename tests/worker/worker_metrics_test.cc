@@ -2,7 +2,7 @@
 // given, read back through metrics::Scrape (prometheus-cpp's text
 // serializer) and an independent parser (python3-prometheus-client); the
 // step histogram's buckets and counts; ServeMetrics over real HTTP.
-#include "common/server/worker_metrics.h"
+#include "worker/worker_metrics.h"
 
 #include <map>
 #include <memory>

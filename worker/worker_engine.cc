@@ -1,4 +1,4 @@
-#include "common/server/worker_engine.h"
+#include "worker/worker_engine.h"
 
 #include <cmath>
 

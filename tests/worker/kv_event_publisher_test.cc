@@ -1,7 +1,7 @@
 // KvEventPublisher: sequence numbers, the snapshot and its sequence, event
 // batches in order, a slow subscriber cut off (a gap) without blocking
 // Publish, and the KvEvents.Watch service over a real in-process server.
-#include "common/server/kv_event_publisher.h"
+#include "worker/kv_event_publisher.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -10,13 +10,13 @@
 // touch: the counters themselves (the engine core counts), HTTP
 // (common/metrics serves any collectable).
 // Threads: ObserveStep and Collect are thread-safe.
-#ifndef TANDEM_COMMON_SERVER_WORKER_METRICS_H_
-#define TANDEM_COMMON_SERVER_WORKER_METRICS_H_
+#ifndef TANDEM_WORKER_WORKER_METRICS_H_
+#define TANDEM_WORKER_WORKER_METRICS_H_
 
 #include <functional>
 #include <vector>
 
-#include "common/server/kv_transport_counters.h"
+#include "worker/kv_transport_counters.h"
 #include "prometheus/collectable.h"
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
@@ -73,4 +73,4 @@ class WorkerMetrics : public prometheus::Collectable {
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_WORKER_METRICS_H_
+#endif  // TANDEM_WORKER_WORKER_METRICS_H_

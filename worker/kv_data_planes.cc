@@ -1,4 +1,4 @@
-#include "common/server/kv_data_planes.h"
+#include "worker/kv_data_planes.h"
 
 #include <string_view>
 #include <utility>

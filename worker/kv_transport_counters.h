@@ -24,8 +24,8 @@
 //
 // Owns: the struct and the label names. Does not touch: the counting.
 // Threads: a value type.
-#ifndef TANDEM_COMMON_SERVER_KV_TRANSPORT_COUNTERS_H_
-#define TANDEM_COMMON_SERVER_KV_TRANSPORT_COUNTERS_H_
+#ifndef TANDEM_WORKER_KV_TRANSPORT_COUNTERS_H_
+#define TANDEM_WORKER_KV_TRANSPORT_COUNTERS_H_
 
 #include <array>
 #include <cstdint>
@@ -73,4 +73,4 @@ inline KvTransportCounters CountersFromStatus(const v1::WorkerStatus& status) {
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_KV_TRANSPORT_COUNTERS_H_
+#endif  // TANDEM_WORKER_KV_TRANSPORT_COUNTERS_H_

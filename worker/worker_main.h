@@ -1,9 +1,12 @@
-// The shared main() of the prefill and decode workers: flags -> config ->
-// model -> runtime (the worker's service) -> gRPC server -> registration
-// with the router -> wait for SIGTERM -> drain -> exit (DESIGN.md,
-// Processes). Each worker's main.cc is one call to RunWorkerMain.
-#ifndef TANDEM_COMMON_SERVER_WORKER_MAIN_H_
-#define TANDEM_COMMON_SERVER_WORKER_MAIN_H_
+// The worker runtime's main(): flags -> settings (worker_settings.h) ->
+// prologue (cluster credential, model: common/server/prologue.h) -> runtime
+// (the role's service, built by its WorkerRoleSpec) -> gRPC server ->
+// registration with the router -> serve until drained -> exit (DESIGN.md,
+// Processes). `tandem-worker --role prefill|decode` (worker/main.cc) and the
+// aliases tandem-prefill-worker / tandem-decode-worker are each one call to
+// RunWorkerMain with their role's WorkerRoleSpec.
+#ifndef TANDEM_WORKER_WORKER_MAIN_H_
+#define TANDEM_WORKER_WORKER_MAIN_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -16,22 +19,14 @@
 #include "auth/cluster_auth.h"
 #include "common/cluster_config.h"
 #include "common/server/exit_codes.h"
-#include "common/server/kv_event_publisher.h"
-#include "common/server/kv_transport_counters.h"
+#include "common/server/flags.h"
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
+#include "worker/kv_event_publisher.h"
+#include "worker/kv_transport_counters.h"
 
 namespace tandem {
-
-// Parsed command line: "--key value" or "--key=value" pairs. Keys not in
-// `allowed` are INVALID_ARGUMENT naming the flag.
-absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
-    int argc, char** argv, const std::vector<std::string>& allowed);
-
-// True when an argument is --help, -help or -h: the caller then prints its
-// usage to stdout and exits 0 (nothing else on the line is parsed).
-bool HelpRequested(int argc, char** argv);
 
 // What a worker plugs into RunWorkerMain.
 class WorkerRuntime {
@@ -76,8 +71,20 @@ struct WorkerContext {
 using RuntimeFactory =
     std::function<absl::StatusOr<std::unique_ptr<WorkerRuntime>>(const WorkerContext&)>;
 
-// Runs the worker process; returns the exit code. Flags: --config FILE
-// (default deploy/local/cluster.yaml), --name NAME (required: the name
+// One role a worker can serve: prefill_worker/ and decode_worker/ each
+// provide theirs (PrefillRole(), DecodeRole()).
+struct WorkerRoleSpec {
+  v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
+  // Role-only flags beside WorkerFlagNames(role) (tests only today); the
+  // factory reads them from WorkerContext::flags.
+  std::vector<std::string> extra_flags;
+  // Builds the role's runtime (its service, engine core and KV endpoint).
+  RuntimeFactory factory;
+};
+
+// Runs the worker process of `role`; returns the exit code. `program` is
+// how --help names the binary ("tandem-worker --role decode"). Flags:
+// --config FILE (default deploy/local/cluster.yaml), --name NAME (required: the name
 // registered with the router and printed in every log line),
 // --config-entry ENTRY (the prefill_workers / decode_workers entry whose
 // settings this worker takes: listen, kv_listen, metrics_listen, device,
@@ -97,7 +104,8 @@ using RuntimeFactory =
 // WorkerMetrics over the same status GetStatus answers with; the bound
 // address is logged as "metrics: serving http://HOST:PORT/metrics" and
 // printed on stdout as "TANDEM_METRICS_LISTENING HOST:PORT" before
-// TANDEM_LISTENING; a wildcard host is allowed), plus `extra_flags`. A wildcard listen address
+// TANDEM_LISTENING; a wildcard host is allowed), plus the role's
+// `extra_flags` (settings: worker_settings.h). A wildcard listen address
 // (0.0.0.0, [::]) without its advertise is refused naming the key.
 // Start-up errors print one line to stderr and return 1. The registration
 // carries the worker's KV layout id (its runtime's Status().kv_layout_id);
@@ -123,16 +131,8 @@ using RuntimeFactory =
 // service "" is SERVING while the worker is ready and NOT_SERVING from its
 // termination signal on (the drain); rpc::kLivenessHealthService
 // ("liveness") is SERVING until the process exits.
-// The worker's backend: BackendFromConfig on its own entry's device and KV
-// dtype (worker_engine.h), wrapped by WithBackendFault when
-// --fault-backend-error is given. Errors: the factory's refusal or a bad
-// flag value, as one line (a start-up error).
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
-    const WorkerContext& ctx);
-
-int RunWorkerMain(int argc, char** argv, v1::WorkerRole role,
-                  const std::vector<std::string>& extra_flags, RuntimeFactory factory);
+int RunWorkerMain(int argc, char** argv, const WorkerRoleSpec& role, const std::string& program);
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVER_WORKER_MAIN_H_
+#endif  // TANDEM_WORKER_WORKER_MAIN_H_

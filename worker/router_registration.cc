@@ -1,4 +1,4 @@
-#include "common/server/router_registration.h"
+#include "worker/router_registration.h"
 
 #include <netdb.h>
 #include <sys/socket.h>

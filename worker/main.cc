@@ -1,0 +1,66 @@
+// tandem-worker --role prefill|decode: one worker binary; the role picks
+// the service it hosts (prefill_worker/, decode_worker/) on the shared
+// runtime (worker_main.h). --role may stand anywhere on the line, as
+// "--role R" or "--role=R"; every other flag is the runtime's.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "decode_worker/decode_role.h"
+#include "prefill_worker/prefill_role.h"
+
+namespace {
+
+// Removes --role's value from `args` (argv[0] first) into *role; false
+// when it has no value.
+bool TakeRole(std::vector<char*>* args, std::string* role) {
+  for (size_t i = 1; i < args->size(); ++i) {
+    const std::string arg = (*args)[i];
+    if (arg.rfind("--role=", 0) == 0) {
+      *role = arg.substr(7);
+      args->erase(args->begin() + i);
+      return true;
+    }
+    if (arg == "--role") {
+      if (i + 1 >= args->size()) return false;
+      *role = (*args)[i + 1];
+      args->erase(args->begin() + i, args->begin() + i + 2);
+      return true;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args(argv, argv + argc);
+  std::string role;
+  if (!TakeRole(&args, &role)) {
+    std::fprintf(stderr, "flag --role needs a value\n");
+    return 1;
+  }
+  const int n = static_cast<int>(args.size());
+  if (role == "prefill") {
+    return tandem::RunWorkerMain(n, args.data(), tandem::prefill::PrefillRole(),
+                                 "tandem-worker --role prefill");
+  }
+  if (role == "decode") {
+    return tandem::RunWorkerMain(n, args.data(), tandem::decode::DecodeRole(),
+                                 "tandem-worker --role decode");
+  }
+  if (role.empty() && tandem::HelpRequested(n, args.data())) {
+    std::printf(
+        "usage: tandem-worker --role prefill|decode --name NAME [flags]\n"
+        "Serves one worker of a Tandem cluster in the given role; see\n"
+        "`tandem-worker --role prefill --help` and `--role decode --help` for the flags.\n");
+    return 0;
+  }
+  if (role.empty()) {
+    std::fprintf(stderr, "--role is required: prefill or decode\n");
+  } else {
+    std::fprintf(stderr, "--role: expected prefill or decode, got '%s'\n", role.c_str());
+  }
+  return 1;
+}
