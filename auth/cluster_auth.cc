@@ -42,13 +42,14 @@ std::string AnswerText(absl::string_view purpose, absl::string_view peer_nonce) 
   return absl::StrCat("tandem-auth-v1\n", purpose, "\n", peer_nonce);
 }
 
-absl::Status Malformed(absl::string_view what) {
+[[nodiscard]] absl::Status Malformed(absl::string_view what) {
   return absl::UnauthenticatedError(absl::StrCat("malformed credential: ", what));
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> LoadSecretFile(const std::string& path, absl::string_view key) {
+[[nodiscard]] absl::StatusOr<std::string> LoadSecretFile(const std::string& path,
+                                                         absl::string_view key) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -66,8 +67,7 @@ absl::StatusOr<std::string> LoadSecretFile(const std::string& path, absl::string
   if (secret.size() < kMinSecretBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         key, ": '", path, "' holds a secret of ", secret.size(), " bytes; at least ",
-        kMinSecretBytes, " are required (generate one with: openssl rand -hex 32 > ", path,
-        ")"));
+        kMinSecretBytes, " are required (generate one with: openssl rand -hex 32 > ", path, ")"));
   }
   return secret;
 }
@@ -76,7 +76,7 @@ std::string FormatCredential(const Credential& c) {
   return absl::StrCat("v1 ts=", c.ts_ms, " nonce=", c.nonce, " sig=", c.sig);
 }
 
-absl::StatusOr<Credential> ParseCredential(absl::string_view text) {
+[[nodiscard]] absl::StatusOr<Credential> ParseCredential(absl::string_view text) {
   const std::vector<absl::string_view> parts = absl::StrSplit(text, ' ');
   if (parts.size() != 4) return Malformed("expected 'v1 ts=<ms> nonce=<hex> sig=<hex>'");
   if (parts[0] != "v1") return Malformed("unknown version (expected v1)");
@@ -98,8 +98,7 @@ absl::StatusOr<Credential> ParseCredential(absl::string_view text) {
 
 ClusterAuth::ClusterAuth(Options options)
     : secret_(std::move(options.secret)),
-      accepted_(secret_.empty() ? std::vector<std::string>()
-                                : std::move(options.accepted_secrets)),
+      accepted_(secret_.empty() ? std::vector<std::string>() : std::move(options.accepted_secrets)),
       max_skew_ms_(options.max_skew_ms),
       max_nonces_(options.max_remembered_nonces),
       clock_(options.clock ? std::move(options.clock) : Clock(SystemNowMs)) {}
@@ -151,10 +150,10 @@ absl::Status ClusterAuth::Verify(absl::string_view method, absl::string_view mes
   const int64_t now = clock_();
   const int64_t skew = now - c.ts_ms;
   if (skew > max_skew_ms_ || skew < -int64_t{max_skew_ms_}) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "clock skew: the credential's timestamp is ", skew > 0 ? skew : -skew, " ms ",
-        skew > 0 ? "behind" : "ahead of", " this host's clock (cluster.auth_max_skew_ms ",
-        max_skew_ms_, ")"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("clock skew: the credential's timestamp is ", skew > 0 ? skew : -skew, " ms ",
+                     skew > 0 ? "behind" : "ahead of",
+                     " this host's clock (cluster.auth_max_skew_ms ", max_skew_ms_, ")"));
   }
   if (!AnySecretSigned(SignedText(method, message_bytes, c.ts_ms, c.nonce), c.sig)) {
     return absl::UnauthenticatedError(
@@ -169,9 +168,9 @@ absl::Status ClusterAuth::Verify(absl::string_view method, absl::string_view mes
     return absl::UnauthenticatedError("replayed nonce: this credential was already used");
   }
   if (seen_.size() >= max_nonces_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "replay cache full: ", seen_.size(),
-        " authenticated messages within cluster.auth_max_skew_ms; retry later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("replay cache full: ", seen_.size(),
+                     " authenticated messages within cluster.auth_max_skew_ms; retry later"));
   }
   seen_.insert(c.nonce);
   by_expiry_.emplace(c.ts_ms + max_skew_ms_, c.nonce);
@@ -182,9 +181,9 @@ absl::Status ClusterAuth::VerifyText(absl::string_view method, absl::string_view
                                      const std::string* text) const {
   if (open()) return absl::OkStatus();
   if (text == nullptr) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("missing ", kAuthMetadataKey, " credential (this cluster requires the "
-                     "cluster secret)"));
+    return absl::UnauthenticatedError(absl::StrCat("missing ", kAuthMetadataKey,
+                                                   " credential (this cluster requires the "
+                                                   "cluster secret)"));
   }
   absl::StatusOr<Credential> c = ParseCredential(*text);
   if (!c.ok()) return c.status();

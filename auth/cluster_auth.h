@@ -59,21 +59,21 @@ inline constexpr size_t kSigHexChars = 64;    // HMAC-SHA256
 // INVALID_ARGUMENT naming `key` (e.g. "cluster.secret_file") for an
 // unreadable file, a directory or a secret shorter than kMinSecretBytes; the secret's
 // bytes are never in the message.
-absl::StatusOr<std::string> LoadSecretFile(const std::string& path,
-                                           absl::string_view key = "cluster.secret_file");
+[[nodiscard]] absl::StatusOr<std::string> LoadSecretFile(
+    const std::string& path, absl::string_view key = "cluster.secret_file");
 
 // One credential: what a signer sends, what a verifier checks.
 struct Credential {
-  int64_t ts_ms = 0;   // signer's wall clock, ms since the Unix epoch
-  std::string nonce;   // kNonceHexChars lower-case hex
-  std::string sig;     // kSigHexChars lower-case hex
+  int64_t ts_ms = 0;  // signer's wall clock, ms since the Unix epoch
+  std::string nonce;  // kNonceHexChars lower-case hex
+  std::string sig;    // kSigHexChars lower-case hex
 };
 
 // "v1 ts=<ts_ms> nonce=<nonce> sig=<sig>".
 std::string FormatCredential(const Credential& credential);
 // Parses FormatCredential's text. UNAUTHENTICATED "malformed credential:
 // <what>" for anything else (the text itself is not echoed).
-absl::StatusOr<Credential> ParseCredential(absl::string_view text);
+[[nodiscard]] absl::StatusOr<Credential> ParseCredential(absl::string_view text);
 
 class ClusterAuth {
  public:
@@ -101,7 +101,7 @@ class ClusterAuth {
   // LoadSecretFile's, naming "cluster.secret_file" or
   // "cluster.accepted_secret_files[i]"; INVALID_ARGUMENT naming
   // cluster.accepted_secret_files when it is not empty but secret_file is.
-  static absl::StatusOr<std::unique_ptr<ClusterAuth>> Load(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ClusterAuth>> Load(
       const std::string& secret_file, int32_t max_skew_ms,
       const std::vector<std::string>& accepted_secret_files = {});
 
@@ -126,14 +126,14 @@ class ClusterAuth {
   // remembered: one replay cache). Open: OK. Errors: UNAUTHENTICATED "clock
   // skew: ...", "bad signature ...", "replayed nonce ..."; RESOURCE_EXHAUSTED
   // when the replay cache is full.
-  absl::Status Verify(absl::string_view method, absl::string_view message_bytes,
-                      const Credential& credential) const;
+  [[nodiscard]] absl::Status Verify(absl::string_view method, absl::string_view message_bytes,
+                                    const Credential& credential) const;
 
   // Verify of a metadata value; `text` nullptr = no credential sent.
   // UNAUTHENTICATED "missing x-tandem-auth credential" / "malformed ..."
   // before Verify's checks. Open: OK.
-  absl::Status VerifyText(absl::string_view method, absl::string_view message_bytes,
-                          const std::string* text) const;
+  [[nodiscard]] absl::Status VerifyText(absl::string_view method, absl::string_view message_bytes,
+                                        const std::string* text) const;
 
   // Challenge-response: the 64-hex tag that proves to the holder of
   // `peer_nonce` (a nonce it sent) that this side holds the secret:

@@ -25,18 +25,18 @@ std::string ModelPath();
 // How the benchmark model multiplies Q8_0 matrices: $TANDEM_BENCH_Q8_MATMUL
 // ("exact", the default, or "int8"; engine.q8_matmul). Errors:
 // INVALID_ARGUMENT naming the variable for another value.
-absl::StatusOr<model::Q8MatMul> BenchQ8MatMul();
+[[nodiscard]] absl::StatusOr<model::Q8MatMul> BenchQ8MatMul();
 
 // The KV dtype of the engine benchmarks' caches: $TANDEM_BENCH_KV_DTYPE
 // ("f32", the default, "f16" or "bf16"; engine.kv_cache_dtype). Errors:
 // INVALID_ARGUMENT naming the variable for another value.
-absl::StatusOr<kv::KvDtype> BenchKvDtype();
+[[nodiscard]] absl::StatusOr<kv::KvDtype> BenchKvDtype();
 
 // The model at ModelPath() loaded with num_threads threads and
 // BenchQ8MatMul(), loaded on first use and kept for the life of the
 // process. Errors: those of BenchQ8MatMul, GgufFile::Open and
 // LlamaModel::Load (e.g. UNAVAILABLE for a missing file).
-absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads);
+[[nodiscard]] absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads);
 
 // The weights a Llama forward pass multiplies by (MatMul), per token: in
 // every layer attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up,
@@ -61,7 +61,7 @@ struct MatMulWeights {
 // process), whose hyperparameters are `config`. Errors: those of
 // GgufFile::Open; INVALID_ARGUMENT naming the tensor when one is missing or
 // its element count differs from what `config` implies.
-absl::StatusOr<MatMulWeights> GetMatMulWeights(const model::LlamaConfig& config);
+[[nodiscard]] absl::StatusOr<MatMulWeights> GetMatMulWeights(const model::LlamaConfig& config);
 
 // n token ids uniform in [0, vocab_size), from a fixed-seed generator
 // (std::mt19937 seeded with `seed`), so runs are reproducible.

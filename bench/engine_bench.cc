@@ -101,8 +101,7 @@ void BM_Prefill(benchmark::State& state) {
     m->Forward({&seq, 1}, kv, &logits);
     benchmark::DoNotOptimize(logits.data());
   }
-  state.counters["tokens/s"] =
-      benchmark::Counter(n, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(n, benchmark::Counter::kIsIterationInvariantRate);
   // The pass's floating-point work: 2 per multiply-add of every MatMul but
   // the output projection for n tokens, the output projection for the last
   // token, and attention (QK and PV: 4 q_dim per key, token t has t + 1
@@ -118,8 +117,12 @@ void BM_Prefill(benchmark::State& state) {
   }
   SetWeightCounters(state, *m);
 }
-BENCHMARK(BM_Prefill)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(BM_Prefill)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The KV cache BM_Decode reads: `batch` sequences of
 // BlocksForTokens(kDecodeContext) blocks each, positions
@@ -144,8 +147,7 @@ DecodeCache& GetDecodeCache(const model::LlamaModel& m, int32_t batch, kv::KvDty
   c.storage = std::make_unique<kv::CpuKvStorage>(m.kv_shape(kBlockSize), batch * per_seq, dtype);
   kv::BlockPool blocks(batch * per_seq);
   for (int32_t b = 0; b < batch; ++b) c.tables.push_back(*blocks.Allocate(per_seq));
-  const std::vector<int32_t> history =
-      RandomTokens(kDecodeContext - 1, m.config().vocab_size, 100);
+  const std::vector<int32_t> history = RandomTokens(kDecodeContext - 1, m.config().vocab_size, 100);
   model::SequenceBatch prefill;
   prefill.tokens = history;
   prefill.block_table = &c.tables[0];
@@ -225,10 +227,19 @@ void BM_Sample(benchmark::State& state) {
   m->Forward({&entry, 1}, storage, &logits);
   sampling::SamplingOptions options;
   switch (state.range(0)) {
-    case 0: break;
-    case 1: options.temperature = 0.8f; options.top_k = 40; break;
-    case 2: options.temperature = 0.8f; options.top_p = 0.95f; break;
-    default: options.temperature = 1.0f; break;
+    case 0:
+      break;
+    case 1:
+      options.temperature = 0.8f;
+      options.top_k = 40;
+      break;
+    case 2:
+      options.temperature = 0.8f;
+      options.top_p = 0.95f;
+      break;
+    default:
+      options.temperature = 1.0f;
+      break;
   }
   sampling::SamplingView view;
   std::vector<float> scratch;
@@ -253,10 +264,8 @@ class TimingSink : public core::RequestOutput {
     Clock::time_point last_first_token ABSL_GUARDED_BY(mu);  // latest token 0
     Clock::time_point last_token ABSL_GUARDED_BY(mu);
     int64_t tokens ABSL_GUARDED_BY(mu) = 0;  // tokens with index > 0
-    int32_t expected = 0;                      // requests submitted
-    bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return finished >= expected;
-    }
+    int32_t expected = 0;                    // requests submitted
+    bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return finished >= expected; }
   };
   // Every sink of a round holds `shared`, so it outlives the last Finish.
   explicit TimingSink(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
@@ -350,15 +359,15 @@ BENCHMARK(BM_ServingLoop)->Apply(ServingArgs)->UseManualTime()->Unit(benchmark::
 // The environment's settings, checked before any benchmark runs: a bad
 // value (or a model file that is not there) is one line naming it and exit
 // 2, rather than every benchmark skipped with exit 0.
-absl::Status CheckEnvironment() {
+[[nodiscard]] absl::Status CheckEnvironment() {
   if (absl::Status s = BenchQ8MatMul().status(); !s.ok()) return s;
   if (absl::Status s = BenchKvDtype().status(); !s.ok()) return s;
   if (FILE* f = std::fopen(ModelPath().c_str(), "rb")) {
     std::fclose(f);
     return absl::OkStatus();
   }
-  return absl::NotFoundError(absl::StrCat("TANDEM_MODEL: cannot read '", ModelPath(),
-                                          "': ", std::strerror(errno)));
+  return absl::NotFoundError(
+      absl::StrCat("TANDEM_MODEL: cannot read '", ModelPath(), "': ", std::strerror(errno)));
 }
 
 }  // namespace

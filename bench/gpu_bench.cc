@@ -78,8 +78,8 @@ constexpr char kUsage[] =
     " [--copy-gbps X]\n"
     "       tandem-gpu-bench invariance --model M\n";
 
-#define BENCH_RETURN_IF_ERROR(expr)        \
-  do {                                     \
+#define BENCH_RETURN_IF_ERROR(expr)                    \
+  do {                                                 \
     if (absl::Status _s = (expr); !_s.ok()) return _s; \
   } while (0)
 
@@ -92,7 +92,7 @@ class DeviceMem {
   ~DeviceMem() {
     if (p_ != nullptr) cudaFree(p_);
   }
-  absl::Status Allocate(size_t bytes, const char* what) {
+  [[nodiscard]] absl::Status Allocate(size_t bytes, const char* what) {
     return CudaStatus(cudaMalloc(&p_, bytes), what);
   }
   void* get() const { return p_; }
@@ -114,7 +114,7 @@ class EventTimer {
   }
   void Start(cudaStream_t s) { cudaEventRecord(start_, s); }
   // Records the stop, waits for it, returns the milliseconds between.
-  absl::StatusOr<float> StopMs(cudaStream_t s) {
+  [[nodiscard]] absl::StatusOr<float> StopMs(cudaStream_t s) {
     BENCH_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(stop_, s), "cudaEventRecord"));
     BENCH_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(stop_), "cudaEventSynchronize"));
     float ms = 0;
@@ -128,7 +128,7 @@ class EventTimer {
 
 // Random bf16 values in [-1, 1) (the high half of a float), so no GEMM is
 // timed on zeros (METHOD.md).
-absl::Status FillRandomBf16(void* dev, size_t n, uint32_t seed) {
+[[nodiscard]] absl::Status FillRandomBf16(void* dev, size_t n, uint32_t seed) {
   std::vector<uint16_t> host(n);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -153,8 +153,8 @@ class LtGemm {
     if (c_) cublasLtMatrixLayoutDestroy(c_);
     if (op_) cublasLtMatmulDescDestroy(op_);
   }
-  absl::Status Init(cublasLtHandle_t h, int32_t m, int32_t n, int32_t k, cudaDataType out_type,
-                    size_t workspace_bytes) {
+  [[nodiscard]] absl::Status Init(cublasLtHandle_t h, int32_t m, int32_t n, int32_t k,
+                                  cudaDataType out_type, size_t workspace_bytes) {
     h_ = h;
     BENCH_RETURN_IF_ERROR(CublasStatus(
         cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate"));
@@ -180,14 +180,14 @@ class LtGemm {
     cublasLtMatmulPreferenceDestroy(pref);
     BENCH_RETURN_IF_ERROR(CublasStatus(st, "AlgoGetHeuristic"));
     if (found == 0) {
-      return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n,
-                                              " k=", k));
+      return absl::InternalError(
+          absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k));
     }
     algo_ = result.algo;
     return absl::OkStatus();
   }
-  absl::Status Run(const void* a, const void* w, void* out, void* workspace,
-                   size_t workspace_bytes, cudaStream_t s) {
+  [[nodiscard]] absl::Status Run(const void* a, const void* w, void* out, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t s) {
     const float alpha = 1.0f, beta = 0.0f;
     return CublasStatus(cublasLtMatmul(h_, op_, &alpha, w, a_, a, b_, &beta, out, c_, out, c_,
                                        &algo_, workspace, workspace_bytes, s),
@@ -205,7 +205,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 // Mean ms of `reps` runs of `fn` after `warmup` runs, from events on `s`.
 template <typename Fn>
-absl::StatusOr<double> TimeMs(cudaStream_t s, int warmup, int reps, Fn fn) {
+[[nodiscard]] absl::StatusOr<double> TimeMs(cudaStream_t s, int warmup, int reps, Fn fn) {
   for (int i = 0; i < warmup; ++i) BENCH_RETURN_IF_ERROR(fn());
   EventTimer t;
   t.Start(s);
@@ -224,7 +224,7 @@ struct LtContext {
     if (handle) cublasLtDestroy(handle);
     if (stream) cudaStreamDestroy(stream);
   }
-  absl::Status Init() {
+  [[nodiscard]] absl::Status Init() {
     BENCH_RETURN_IF_ERROR(CublasStatus(cublasLtCreate(&handle), "cublasLtCreate"));
     BENCH_RETURN_IF_ERROR(
         CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
@@ -233,8 +233,8 @@ struct LtContext {
 };
 
 // ms of one cuBLASLt GEMM of (m, n, k), BF16 in, `out_type` out.
-absl::StatusOr<double> TimeLtGemm(LtContext& ctx, int32_t m, int32_t n, int32_t k,
-                                  cudaDataType out_type, int warmup, int reps) {
+[[nodiscard]] absl::StatusOr<double> TimeLtGemm(LtContext& ctx, int32_t m, int32_t n, int32_t k,
+                                                cudaDataType out_type, int warmup, int reps) {
   DeviceMem a, w, out;
   BENCH_RETURN_IF_ERROR(a.Allocate(size_t{2} * m * k, "A"));
   BENCH_RETURN_IF_ERROR(w.Allocate(size_t{2} * n * k, "W"));
@@ -257,7 +257,7 @@ int CheckGpu() {
   return 77;
 }
 
-absl::Status Peak() {
+[[nodiscard]] absl::Status Peak() {
   LtContext ctx;
   BENCH_RETURN_IF_ERROR(ctx.Init());
   constexpr int32_t kN = 8192;
@@ -265,8 +265,10 @@ absl::Status Peak() {
   if (!ms.ok()) return ms.status();
   const double tflops = 2.0 * kN * kN * kN / (*ms * 1e-3) * 1e-12;
   std::printf("peak_bf16_gemm_tflops=%.1f\n", tflops);
-  std::printf("peak_bf16_gemm_ms=%.3f  (8192^3, cuBLASLt heuristic #1, BF16 in/out, F32 "
-              "compute, mean of 10)\n", *ms);
+  std::printf(
+      "peak_bf16_gemm_ms=%.3f  (8192^3, cuBLASLt heuristic #1, BF16 in/out, F32 "
+      "compute, mean of 10)\n",
+      *ms);
   constexpr size_t kBytes = size_t{2} << 30;
   DeviceMem src, dst;
   BENCH_RETURN_IF_ERROR(src.Allocate(kBytes, "copy source"));
@@ -292,8 +294,8 @@ struct Loaded {
   backend::cuda::CudaBackend* cuda = nullptr;
 };
 
-absl::StatusOr<Loaded> Load(const std::string& path, int32_t max_tokens, int32_t max_seqs,
-                            int32_t num_blocks) {
+[[nodiscard]] absl::StatusOr<Loaded> Load(const std::string& path, int32_t max_tokens,
+                                          int32_t max_seqs, int32_t num_blocks) {
   Loaded l;
   absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(path);
   if (!f.ok()) return f.status();
@@ -358,7 +360,7 @@ std::vector<Shape> Shapes(const model::LlamaConfig& c) {
           {"output", c.vocab_size, c.n_embd, true}};
 }
 
-absl::Status Prefill(const std::string& path, int32_t tokens, double peak_tflops) {
+[[nodiscard]] absl::Status Prefill(const std::string& path, int32_t tokens, double peak_tflops) {
   absl::StatusOr<Loaded> l = Load(path, tokens, 1, kv::BlocksForTokens(tokens, 16) + 1);
   if (!l.ok()) return l.status();
   const model::LlamaConfig& c = l->model->config();
@@ -390,9 +392,10 @@ absl::Status Prefill(const std::string& path, int32_t tokens, double peak_tflops
   const double f = p.forwards > 0 ? 1.0 / p.forwards : 0.0;
   const double total_ms = p.total_ms * f;
   const double tflops = total_ms > 0 ? flops / (total_ms * 1e-3) * 1e-12 : 0.0;
-  std::printf("prefill_tokens=%d\nprefill_gflop=%.1f\nprefill_ms=%.3f\nprefill_wall_ms=%.3f\n"
-              "prefill_tflops=%.1f\n",
-              tokens, flops * 1e-9, total_ms, wall_ms, tflops);
+  std::printf(
+      "prefill_tokens=%d\nprefill_gflop=%.1f\nprefill_ms=%.3f\nprefill_wall_ms=%.3f\n"
+      "prefill_tflops=%.1f\n",
+      tokens, flops * 1e-9, total_ms, wall_ms, tflops);
   if (peak_tflops > 0) std::printf("prefill_pct_of_peak=%.1f\n", 100.0 * tflops / peak_tflops);
   std::printf("prefill_gemm_ms=%.3f\nprefill_attention_ms=%.3f\nprefill_other_ms=%.3f\n",
               p.gemm_ms * f, p.attention_ms * f, p.other_ms * f);
@@ -406,9 +409,10 @@ absl::Status Prefill(const std::string& path, int32_t tokens, double peak_tflops
       backend::cuda::GemmRunner::Create(backend::cuda::Dtype::kBF16, nk, tokens,
                                         /*batch_invariant=*/false, ctx.stream);
   if (!runner.ok()) return runner.status();
-  std::printf("| gemm | m | n | k | engine ms | cuBLASLt ms |"
-              " engine speed (cuBLASLt ms / engine ms) |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| gemm | m | n | k | engine ms | cuBLASLt ms |"
+      " engine speed (cuBLASLt ms / engine ms) |\n"
+      "|---|---|---|---|---|---|---|\n");
   double engine_sum = 0;
   for (const Shape& s : Shapes(c)) {
     const int32_t m = s.once ? 1 : tokens;
@@ -419,8 +423,8 @@ absl::Status Prefill(const std::string& path, int32_t tokens, double peak_tflops
     BENCH_RETURN_IF_ERROR(FillRandomBf16(a.get(), size_t{1} * m * s.k, 3));
     BENCH_RETURN_IF_ERROR(FillRandomBf16(w.get(), size_t{1} * s.n * s.k, 4));
     absl::StatusOr<double> engine = TimeMs(ctx.stream, 3, 10, [&] {
-      return (*runner)->Run(a.get(), w.get(), m, s.n, s.k, static_cast<float*>(out.get()),
-                            false, ctx.stream);
+      return (*runner)->Run(a.get(), w.get(), m, s.n, s.k, static_cast<float*>(out.get()), false,
+                            ctx.stream);
     });
     if (!engine.ok()) return engine.status();
     absl::StatusOr<double> alone = TimeLtGemm(ctx, m, s.n, s.k, CUDA_R_32F, 3, 10);
@@ -434,8 +438,8 @@ absl::Status Prefill(const std::string& path, int32_t tokens, double peak_tflops
   return absl::OkStatus();
 }
 
-absl::Status Decode(const std::string& path, int32_t batch, int32_t prompt, int32_t output,
-                    double copy_gbps) {
+[[nodiscard]] absl::Status Decode(const std::string& path, int32_t batch, int32_t prompt,
+                                  int32_t output, double copy_gbps) {
   const int32_t per_seq = kv::BlocksForTokens(prompt + output + 1, 16);
   const int32_t max_tokens = std::max(2048, batch);
   absl::StatusOr<Loaded> l = Load(path, max_tokens, std::max(batch, 1), batch * per_seq);
@@ -493,18 +497,19 @@ absl::Status Decode(const std::string& path, int32_t batch, int32_t prompt, int3
   const double step_ms = p.forwards > 0 ? p.total_ms / p.forwards : 0.0;
   const double weight_bytes = 2.0 * MatrixParams(c);  // BF16 on the device
   const double weight_gbps = step_ms > 0 ? weight_bytes / (step_ms * 1e-3) * 1e-9 : 0.0;
-  std::printf("decode_batch=%d\ndecode_steps=%d\ndecode_tokens_per_s=%.1f\n"
-              "decode_step_ms=%.4f\ndecode_step_wall_ms=%.4f\ndecode_weight_gb=%.3f\n"
-              "decode_weight_gbps=%.0f\n",
-              batch, steps, batch * steps / wall_s, step_ms, wall_s * 1e3 / steps,
-              weight_bytes * 1e-9, weight_gbps);
+  std::printf(
+      "decode_batch=%d\ndecode_steps=%d\ndecode_tokens_per_s=%.1f\n"
+      "decode_step_ms=%.4f\ndecode_step_wall_ms=%.4f\ndecode_weight_gb=%.3f\n"
+      "decode_weight_gbps=%.0f\n",
+      batch, steps, batch * steps / wall_s, step_ms, wall_s * 1e3 / steps, weight_bytes * 1e-9,
+      weight_gbps);
   if (copy_gbps > 0) {
     std::printf("decode_weight_pct_of_copy=%.1f\n", 100.0 * weight_gbps / copy_gbps);
   }
   return absl::OkStatus();
 }
 
-absl::Status Invariance(const std::string& path) {
+[[nodiscard]] absl::Status Invariance(const std::string& path) {
   absl::StatusOr<std::unique_ptr<gguf::GgufFile>> f = gguf::GgufFile::Open(path);
   if (!f.ok()) return f.status();
   absl::StatusOr<std::unique_ptr<model::LlamaModel>> m = model::LlamaModel::Load(**f);
@@ -536,8 +541,8 @@ absl::Status Invariance(const std::string& path) {
   for (const backend::cuda::GemmShapeReport& r : (*runner)->reports()) {
     std::string line = absl::StrCat("| ", r.n, " x ", r.k, " | ", r.engine, " |");
     for (size_t i = 0; i < backend::cuda::kInvarianceMs.size(); ++i) {
-      absl::StrAppend(&line, i < r.invariant.size() ? (r.invariant[i] ? " yes |" : " no |")
-                                                    : " - |");
+      absl::StrAppend(&line,
+                      i < r.invariant.size() ? (r.invariant[i] ? " yes |" : " no |") : " - |");
     }
     for (int32_t mm : {1, 2048}) {
       DeviceMem a, w, out;
@@ -605,10 +610,9 @@ int Main(int argc, char** argv) {
     return absl::OkStatus();
   };
   int32_t tokens = 0, batch = 0, prompt = 0, output = 0;
-  for (absl::Status s : {int_flag("tokens", 2048, 1, 65536, &tokens),
-                         int_flag("batch", 1, 1, 1024, &batch),
-                         int_flag("prompt", 128, 1, 8192, &prompt),
-                         int_flag("output", 128, 2, 8192, &output)}) {
+  for (absl::Status s :
+       {int_flag("tokens", 2048, 1, 65536, &tokens), int_flag("batch", 1, 1, 1024, &batch),
+        int_flag("prompt", 128, 1, 8192, &prompt), int_flag("output", 128, 2, 8192, &output)}) {
     if (!s.ok()) return usage_error(std::string(s.message()));
   }
   absl::StatusOr<double> peak = parsed->GetDouble("peak-tflops", 0);

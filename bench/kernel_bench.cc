@@ -115,8 +115,8 @@ void BM_FmaPeak(benchmark::State& state) {
     return;
   }
   const double flops = 2.0 * kAcc * lanes * static_cast<double>(kFmaSteps) * threads;
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(lanes == 16 ? "avx512" : "avx2");
 }
 BENCHMARK(BM_FmaPeak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
@@ -147,8 +147,8 @@ std::vector<uint8_t> RandomWeights(gguf::TensorType type, size_t n, size_t k) {
         const uint32_t b = std::bit_cast<uint32_t>(w[i]);
         const int e = static_cast<int>((b >> 23) & 0xff) - 127;
         const uint16_t h = e < -14 ? static_cast<uint16_t>((b >> 16) & 0x8000)
-                                   : static_cast<uint16_t>(((b >> 16) & 0x8000) |
-                                                           (e + 15) << 10 | ((b >> 13) & 0x3ff));
+                                   : static_cast<uint16_t>(((b >> 16) & 0x8000) | (e + 15) << 10 |
+                                                           ((b >> 13) & 0x3ff));
         std::memcpy(&bytes[2 * i], &h, 2);
         break;
       }
@@ -254,9 +254,9 @@ void BM_F32Gemm(benchmark::State& state) {
   for (auto _ : state) {
     if (impl == 2) {
 #ifdef TANDEM_BENCH_OPENBLAS
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                  static_cast<int>(n), static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k),
-                  w.data(), static_cast<int>(k), 0.0f, y.data(), static_cast<int>(n));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k), w.data(),
+                  static_cast<int>(k), 0.0f, y.data(), static_cast<int>(n));
 #endif
     } else {
       model::internal::MatMul(x.data(), matrix, m, y.data(), &pool);
@@ -332,8 +332,8 @@ void BM_Memcpy(benchmark::State& state) {
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
-  state.counters["GB/s"] = benchmark::Counter(
-      static_cast<double>(bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Memcpy)->ArgName("MiB")->Arg(1)->Arg(16)->Arg(256)->UseRealTime();
 

@@ -43,7 +43,8 @@ std::string HostPort::ToString() const {
   return absl::StrCat(host, ":", port);
 }
 
-absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::string& field) {
+[[nodiscard]] absl::StatusOr<HostPort> ParseHostPort(const std::string& text,
+                                                     const std::string& field) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": expected host:port, got '", text, "' (", why, ")"));
@@ -92,34 +93,35 @@ bool IsWildcardHost(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::";
 }
 
-absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::string& field) {
+[[nodiscard]] absl::StatusOr<Advertise> ParseAdvertise(const std::string& text,
+                                                       const std::string& field) {
   Advertise out;
   // A bare host (no port, or an IPv6 literal without brackets is refused by
   // ParseHostPort below) gets ":0" so one parser reads both forms.
   const bool bracketed = !text.empty() && text[0] == '[';
-  const bool has_port = bracketed ? text.find("]:") != std::string::npos
-                                  : text.find(':') != std::string::npos;
+  const bool has_port =
+      bracketed ? text.find("]:") != std::string::npos : text.find(':') != std::string::npos;
   absl::StatusOr<HostPort> parsed = ParseHostPort(has_port ? text : text + ":0", field);
   if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": expected host or host:port, got '", text, "'",
-        absl::StrContains(text, "$(")
-            ? " (an unexpanded $(VAR): the pod must define that environment variable)"
-            : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected host or host:port, got '", text, "'",
+                     absl::StrContains(text, "$(")
+                         ? " (an unexpanded $(VAR): the pod must define that environment variable)"
+                         : ""));
   }
   if (IsWildcardHost(parsed->host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": '", text, "' is a wildcard address; give one other hosts can dial"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", text, "' is a wildcard address; give one other hosts can dial"));
   }
   out.host = parsed->host;
   out.port = parsed->port;
   return out;
 }
 
-absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
-                                           const Advertise& advertise,
-                                           const std::string& listen_key,
-                                           const std::string& advertise_key) {
+[[nodiscard]] absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
+                                                         const Advertise& advertise,
+                                                         const std::string& listen_key,
+                                                         const std::string& advertise_key) {
   if (advertise.empty()) {
     if (IsWildcardHost(listen.host)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -161,8 +163,7 @@ std::string ClusterConfig::WorkerDeviceKey(const WorkerConfig& worker) const {
   if (!worker.device.has_value()) return "engine.device";
   bool prefill = false;
   for (const WorkerConfig& w : prefill_workers) prefill |= w.name == worker.name;
-  return absl::StrCat(prefill ? "prefill_workers[" : "decode_workers[", worker.name,
-                      "].device");
+  return absl::StrCat(prefill ? "prefill_workers[" : "decode_workers[", worker.name, "].device");
 }
 
 kv::KvDtype ClusterConfig::WorkerKvDtype(const WorkerConfig& worker) const {
@@ -183,14 +184,15 @@ std::string Where(const YAML::Node& node) {
   return absl::StrCat(" (line ", mark.line + 1, ", column ", mark.column + 1, ")");
 }
 
-absl::Status Invalid(const std::string& path, absl::string_view what, const YAML::Node& node) {
+[[nodiscard]] absl::Status Invalid(const std::string& path, absl::string_view what,
+                                   const YAML::Node& node) {
   return absl::InvalidArgumentError(
       absl::StrCat(path.empty() ? "cluster config" : path, ": ", what, Where(node)));
 }
 
 // Checks that `node` is a mapping whose keys are unique and all in `known`.
-absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
-                       std::initializer_list<absl::string_view> known) {
+[[nodiscard]] absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
+                                     std::initializer_list<absl::string_view> known) {
   if (!node.IsMap()) return Invalid(path, "expected a mapping", node);
   std::set<std::string> seen;
   for (const auto& entry : node) {
@@ -198,8 +200,8 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
     const std::string& key = entry.first.Scalar();
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown key '", KeyPath(path, key), "'",
-                                                     Where(entry.first), "; known keys: ",
-                                                     absl::StrJoin(known, ", ")));
+                                                     Where(entry.first),
+                                                     "; known keys: ", absl::StrJoin(known, ", ")));
     }
     if (!seen.insert(key).second) {
       return absl::InvalidArgumentError(
@@ -214,8 +216,8 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
 // silently taking the default.
 constexpr char kNoValue[] = "has no value (remove the key to use the default)";
 
-absl::Status ReadString(const YAML::Node& map, absl::string_view key, const std::string& path,
-                        std::string* out) {
+[[nodiscard]] absl::Status ReadString(const YAML::Node& map, absl::string_view key,
+                                      const std::string& path, std::string* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   if (node.IsNull()) return Invalid(KeyPath(path, key), kNoValue, node);
@@ -225,8 +227,8 @@ absl::Status ReadString(const YAML::Node& map, absl::string_view key, const std:
 }
 
 // Reads map[key], when present, into *out: true or false.
-absl::Status ReadBool(const YAML::Node& map, absl::string_view key, const std::string& path,
-                      bool* out) {
+[[nodiscard]] absl::Status ReadBool(const YAML::Node& map, absl::string_view key,
+                                    const std::string& path, bool* out) {
   std::string text = *out ? "true" : "false";
   if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
   if (text != "true" && text != "false") {
@@ -237,8 +239,9 @@ absl::Status ReadBool(const YAML::Node& map, absl::string_view key, const std::s
 }
 
 // Reads map[key] ("cpu" or "cuda:N"), when present, into *out.
-absl::Status ReadDevice(const YAML::Node& map, absl::string_view key, const std::string& path,
-                        std::optional<backend::DeviceSpec>* out) {
+[[nodiscard]] absl::Status ReadDevice(const YAML::Node& map, absl::string_view key,
+                                      const std::string& path,
+                                      std::optional<backend::DeviceSpec>* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   std::string text;
@@ -262,16 +265,17 @@ struct IntField {
 
 // Reads map[key], when present, into *out: an integer in [min, max].
 template <typename T>
-absl::Status ReadInt(const YAML::Node& map, const std::string& path, absl::string_view key,
-                     T* out, int64_t min, int64_t max) {
+[[nodiscard]] absl::Status ReadInt(const YAML::Node& map, const std::string& path,
+                                   absl::string_view key, T* out, int64_t min, int64_t max) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   const std::string field = KeyPath(path, key);
   if (node.IsNull()) return Invalid(field, kNoValue, node);
   int64_t value = 0;
   if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
-    return Invalid(field, absl::StrCat("expected an integer, got '",
-                                       node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
+    return Invalid(field,
+                   absl::StrCat("expected an integer, got '",
+                                node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
                    node);
   }
   if (value < min || value > max) {
@@ -282,8 +286,8 @@ absl::Status ReadInt(const YAML::Node& map, const std::string& path, absl::strin
 }
 
 // Reads each present field of `fields` from map, checking type and range.
-absl::Status ReadInts(const YAML::Node& map, const std::string& path,
-                      std::initializer_list<IntField> fields) {
+[[nodiscard]] absl::Status ReadInts(const YAML::Node& map, const std::string& path,
+                                    std::initializer_list<IntField> fields) {
   for (const IntField& f : fields) {
     if (absl::Status s = ReadInt(map, path, f.key, f.out, f.min, f.max); !s.ok()) return s;
   }
@@ -294,7 +298,7 @@ absl::Status ReadInts(const YAML::Node& map, const std::string& path,
 // integer in [0, INT32_MAX] or the word `unbounded`
 // (kUnboundedLocalPrefillTokens). Anything else: INVALID_ARGUMENT naming the
 // field and saying "an integer >= 0 or unbounded".
-absl::Status ReadLocalPrefillTokens(const YAML::Node& map, int32_t* out) {
+[[nodiscard]] absl::Status ReadLocalPrefillTokens(const YAML::Node& map, int32_t* out) {
   constexpr char kField[] = "conditional.max_local_prefill_tokens";
   const YAML::Node node = map["max_local_prefill_tokens"];
   if (!node.IsDefined()) return absl::OkStatus();
@@ -320,8 +324,8 @@ absl::Status ReadLocalPrefillTokens(const YAML::Node& map, int32_t* out) {
 }
 
 // Reads map[key] ("host" or "host:port") into *out when present.
-absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key, const std::string& path,
-                           Advertise* out) {
+[[nodiscard]] absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key,
+                                         const std::string& path, Advertise* out) {
   std::string text;
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
@@ -335,8 +339,8 @@ absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key, const s
 }
 
 // Reads map[key] ("host:port") into *out when present.
-absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const std::string& path,
-                          HostPort* out) {
+[[nodiscard]] absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key,
+                                        const std::string& path, HostPort* out) {
   std::string text;
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
@@ -351,8 +355,9 @@ absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key, const st
 
 // Reads map[key] ("host:port") into *out when present; absent: *out
 // untouched (nullopt for a listener that is off by default).
-absl::Status ReadOptionalHostPort(const YAML::Node& map, absl::string_view key,
-                                  const std::string& path, std::optional<HostPort>* out) {
+[[nodiscard]] absl::Status ReadOptionalHostPort(const YAML::Node& map, absl::string_view key,
+                                                const std::string& path,
+                                                std::optional<HostPort>* out) {
   if (!map[std::string(key)].IsDefined()) return absl::OkStatus();
   HostPort value;
   if (absl::Status s = ReadHostPort(map, key, path, &value); !s.ok()) return s;
@@ -361,16 +366,17 @@ absl::Status ReadOptionalHostPort(const YAML::Node& map, absl::string_view key,
 }
 
 // Reads map[key], when present, into *out: a finite number >= 0.
-absl::Status ReadWeight(const YAML::Node& map, const std::string& path, absl::string_view key,
-                        double* out) {
+[[nodiscard]] absl::Status ReadWeight(const YAML::Node& map, const std::string& path,
+                                      absl::string_view key, double* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   const std::string field = KeyPath(path, key);
   if (node.IsNull()) return Invalid(field, kNoValue, node);
   double value = 0;
   if (!node.IsScalar() || !absl::SimpleAtod(node.Scalar(), &value) || !std::isfinite(value)) {
-    return Invalid(field, absl::StrCat("expected a number, got '",
-                                       node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
+    return Invalid(field,
+                   absl::StrCat("expected a number, got '",
+                                node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
                    node);
   }
   if (value < 0) return Invalid(field, absl::StrCat("must be >= 0, got ", node.Scalar()), node);
@@ -379,7 +385,7 @@ absl::Status ReadWeight(const YAML::Node& map, const std::string& path, absl::st
 }
 
 // router.policy and router.kv_aware.
-absl::Status ParseRoutingPolicy(const YAML::Node& node, RouterConfig* r) {
+[[nodiscard]] absl::Status ParseRoutingPolicy(const YAML::Node& node, RouterConfig* r) {
   const std::string path = "router";
   if (node["policy"].IsDefined()) {
     std::string policy;
@@ -391,10 +397,10 @@ absl::Status ParseRoutingPolicy(const YAML::Node& node, RouterConfig* r) {
     } else if (policy == "round_robin") {
       r->policy = RouterPolicy::kRoundRobin;
     } else {
-      return Invalid("router.policy",
-                     absl::StrCat("must be one of kv_aware, least_loaded, round_robin; got '",
-                                  policy, "'"),
-                     node["policy"]);
+      return Invalid(
+          "router.policy",
+          absl::StrCat("must be one of kv_aware, least_loaded, round_robin; got '", policy, "'"),
+          node["policy"]);
     }
   }
   const YAML::Node weights = node["kv_aware"];
@@ -406,38 +412,35 @@ absl::Status ParseRoutingPolicy(const YAML::Node& node, RouterConfig* r) {
                    weights);
   }
   const std::string wpath = "router.kv_aware";
-  if (absl::Status s = CheckKeys(weights, wpath,
-                                 {"prefix_weight", "free_blocks_weight", "load_weight",
-                                  "prefill_queue_weight"});
+  if (absl::Status s =
+          CheckKeys(weights, wpath,
+                    {"prefix_weight", "free_blocks_weight", "load_weight", "prefill_queue_weight"});
       !s.ok()) {
     return s;
   }
   KvAwareWeights& w = r->kv_aware;
-  for (const auto& [key, out] : {std::pair<absl::string_view, double*>{"prefix_weight",
-                                                                       &w.prefix_weight},
-                                 {"free_blocks_weight", &w.free_blocks_weight},
-                                 {"load_weight", &w.load_weight},
-                                 {"prefill_queue_weight", &w.prefill_queue_weight}}) {
+  for (const auto& [key, out] :
+       {std::pair<absl::string_view, double*>{"prefix_weight", &w.prefix_weight},
+        {"free_blocks_weight", &w.free_blocks_weight},
+        {"load_weight", &w.load_weight},
+        {"prefill_queue_weight", &w.prefill_queue_weight}}) {
     if (absl::Status s = ReadWeight(weights, wpath, key, out); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
+[[nodiscard]] absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   const std::string path = "router";
-  if (absl::Status s = CheckKeys(node, path,
-                                 {"name", "listen", "advertise", "poll_interval_ms",
-                                  "unhealthy_after_missed_polls", "rpc_timeout_ms",
-                                  "max_inflight", "max_queued", "max_migrations",
-                                  "drop_after_ms", "api_keys_file", "policy", "kv_aware",
-                                  "http_listen", "served_model_name", "http_max_streams",
-                                  "http_max_body_bytes", "http_read_timeout_ms",
-                                  "metrics_listen"});
+  if (absl::Status s = CheckKeys(
+          node, path,
+          {"name", "listen", "advertise", "poll_interval_ms", "unhealthy_after_missed_polls",
+           "rpc_timeout_ms", "max_inflight", "max_queued", "max_migrations", "drop_after_ms",
+           "api_keys_file", "policy", "kv_aware", "http_listen", "served_model_name",
+           "http_max_streams", "http_max_body_bytes", "http_read_timeout_ms", "metrics_listen"});
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ReadOptionalHostPort(node, "http_listen", path, &r->http_listen);
-      !s.ok()) {
+  if (absl::Status s = ReadOptionalHostPort(node, "http_listen", path, &r->http_listen); !s.ok()) {
     return s;
   }
   if (absl::Status s = ReadOptionalHostPort(node, "metrics_listen", path, &r->metrics_listen);
@@ -481,15 +484,16 @@ absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
 // cluster.accepted_secret_files: a list of non-empty paths ([] allowed,
 // the last step of a rotation), only next to cluster.secret_file (read
 // before this).
-absl::Status ReadAcceptedSecretFiles(const YAML::Node& cluster, ClusterAuthConfig* out) {
+[[nodiscard]] absl::Status ReadAcceptedSecretFiles(const YAML::Node& cluster,
+                                                   ClusterAuthConfig* out) {
   constexpr char kKey[] = "cluster.accepted_secret_files";
   const YAML::Node list = cluster["accepted_secret_files"];
   if (!list.IsDefined()) return absl::OkStatus();
   if (list.IsNull()) return Invalid(kKey, kNoValue, list);
   if (!list.IsSequence()) return Invalid(kKey, "expected a list of paths ([] for none)", list);
   if (out->secret_file.empty()) {
-    return Invalid(kKey,
-                   "needs cluster.secret_file (an open cluster has no secret to rotate)", list);
+    return Invalid(kKey, "needs cluster.secret_file (an open cluster has no secret to rotate)",
+                   list);
   }
   for (size_t i = 0; i < list.size(); ++i) {
     const YAML::Node item = list[i];
@@ -503,8 +507,8 @@ absl::Status ReadAcceptedSecretFiles(const YAML::Node& cluster, ClusterAuthConfi
 
 // prefill_workers / decode_workers: a sequence of {name, listen, advertise,
 // metrics_listen[, kv_listen, kv_advertise]}.
-absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, bool has_kv,
-                          std::vector<WorkerConfig>* out) {
+[[nodiscard]] absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name,
+                                        bool has_kv, std::vector<WorkerConfig>* out) {
   if (node.IsNull()) return absl::OkStatus();  // "prefill_workers:" with no entries
   if (!node.IsSequence()) return Invalid(list_name, "expected a list", node);
   for (size_t i = 0; i < node.size(); ++i) {
@@ -514,8 +518,7 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
         has_kv ? CheckKeys(item, path,
                            {"name", "listen", "advertise", "kv_listen", "kv_advertise",
                             "metrics_listen", "device"})
-               : CheckKeys(item, path,
-                           {"name", "listen", "advertise", "metrics_listen", "device"});
+               : CheckKeys(item, path, {"name", "listen", "advertise", "metrics_listen", "device"});
     if (!s.ok()) return s;
     WorkerConfig w;
     if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;
@@ -535,24 +538,24 @@ absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name, 
   return absl::OkStatus();
 }
 
-absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
+[[nodiscard]] absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   if (root.IsNull()) return Invalid("", "the file is empty", root);
-  absl::Status s = CheckKeys(root, "",
-                             {"model", "chat_template", "router", "prefill_workers",
-                              "decode_workers", "engine", "conditional", "kv",
-                              "shutdown_grace_s", "cluster"});
+  absl::Status s =
+      CheckKeys(root, "",
+                {"model", "chat_template", "router", "prefill_workers", "decode_workers", "engine",
+                 "conditional", "kv", "shutdown_grace_s", "cluster"});
   if (!s.ok()) return s;
   if (s = ReadString(root, "model", "", &c->model); !s.ok()) return s;
   if (s = ReadString(root, "chat_template", "", &c->chat_template); !s.ok()) return s;
-  if (!c->chat_template.empty() &&
-      std::find(kChatTemplateNames.begin(), kChatTemplateNames.end(), c->chat_template) ==
-          kChatTemplateNames.end()) {
+  if (!c->chat_template.empty() && std::find(kChatTemplateNames.begin(), kChatTemplateNames.end(),
+                                             c->chat_template) == kChatTemplateNames.end()) {
     return Invalid("chat_template",
                    absl::StrCat("unknown chat format '", c->chat_template, "'; expected one of ",
                                 absl::StrJoin(kChatTemplateNames, ", ")),
                    root["chat_template"]);
   }
-  if (const YAML::Node n = root["router"]; n.IsDefined() && !(s = ParseRouter(n, &c->router)).ok()) {
+  if (const YAML::Node n = root["router"];
+      n.IsDefined() && !(s = ParseRouter(n, &c->router)).ok()) {
     return s;
   }
   if (const YAML::Node n = root["prefill_workers"];
@@ -564,11 +567,11 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     return s;
   }
   if (const YAML::Node n = root["engine"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "engine",
-                      {"block_size", "num_kv_blocks", "max_num_seqs", "threads",
-                       "max_num_batched_tokens", "prefill_chunk_tokens",
-                       "enable_prefix_caching", "kernel_isa", "q8_matmul", "device",
-                       "kv_cache_dtype", "gpu_memory_fraction", "batch_invariant"});
+    if (s = CheckKeys(
+            n, "engine",
+            {"block_size", "num_kv_blocks", "max_num_seqs", "threads", "max_num_batched_tokens",
+             "prefill_chunk_tokens", "enable_prefix_caching", "kernel_isa", "q8_matmul", "device",
+             "kv_cache_dtype", "gpu_memory_fraction", "batch_invariant"});
         !s.ok()) {
       return s;
     }
@@ -630,8 +633,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
       } else if (mode == "int8") {
         e.q8_matmul = model::Q8MatMul::kInt8;
       } else {
-        return Invalid("engine.q8_matmul",
-                       absl::StrCat("expected exact or int8, got '", mode, "'"),
+        return Invalid("engine.q8_matmul", absl::StrCat("expected exact or int8, got '", mode, "'"),
                        n["q8_matmul"]);
       }
     }
@@ -658,10 +660,10 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
     }
   }
   if (const YAML::Node n = root["kv"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "kv",
-                      {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts",
-                       "send_buffer_bytes", "transport", "nccl_socket_ifname",
-                       "nccl_init_timeout_ms"});
+    if (s = CheckKeys(
+            n, "kv",
+            {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts",
+             "send_buffer_bytes", "transport", "nccl_socket_ifname", "nccl_init_timeout_ms"});
         !s.ok()) {
       return s;
     }
@@ -725,7 +727,7 @@ absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
 
 // Every worker resolves to one KV dtype when KV moves between them (there
 // are prefill workers); engine.gpu_memory_fraction only with a CUDA worker.
-absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_set) {
+[[nodiscard]] absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_set) {
   std::vector<const WorkerConfig*> all;
   for (const auto* list : {&c.prefill_workers, &c.decode_workers}) {
     for (const WorkerConfig& w : *list) all.push_back(&w);
@@ -760,8 +762,8 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
     // What kvtransfer::SupportedTransports would refuse at that worker's start.
     if (!c.kv.transport.automatic && c.kv.transport.fixed != kvtransfer::KvTransport::kTcp) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "kv.transport: ", std::string(kvtransfer::KvTransportName(c.kv.transport.fixed)), ", but ",
-          w->name, " runs on cpu, whose KV cache is in host memory (",
+          "kv.transport: ", std::string(kvtransfer::KvTransportName(c.kv.transport.fixed)),
+          ", but ", w->name, " runs on cpu, whose KV cache is in host memory (",
           std::string(kvtransfer::KvTransportName(c.kv.transport.fixed)),
           " moves GPU memory; set kv.transport: auto or tcp, or run that worker on cuda:N)"));
     }
@@ -772,8 +774,9 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
     if (c.WorkerKvDtype(*w) == c.WorkerKvDtype(first)) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "engine.kv_cache_dtype: prefill and decode workers must hold one KV dtype (KV moves "
-        "between them), but ", first.name, " on ", c.WorkerDevice(first).ToString(),
-        " holds ", kv::KvDtypeName(c.WorkerKvDtype(first)), " and ", w->name, " on ",
+        "between them), but ",
+        first.name, " on ", c.WorkerDevice(first).ToString(), " holds ",
+        kv::KvDtypeName(c.WorkerKvDtype(first)), " and ", w->name, " on ",
         c.WorkerDevice(*w).ToString(), " holds ", kv::KvDtypeName(c.WorkerKvDtype(*w)),
         "; set engine.kv_cache_dtype"));
   }
@@ -781,7 +784,7 @@ absl::Status ValidateDevices(const ClusterConfig& c, bool gpu_memory_fraction_se
 }
 
 // Cross-field checks that need the whole file.
-absl::Status Validate(const ClusterConfig& c) {
+[[nodiscard]] absl::Status Validate(const ClusterConfig& c) {
   if (c.decode_workers.empty()) {
     return absl::InvalidArgumentError("decode_workers: at least one decode worker is required");
   }
@@ -789,9 +792,8 @@ absl::Status Validate(const ClusterConfig& c) {
   for (const auto* list : {&c.prefill_workers, &c.decode_workers}) {
     for (const WorkerConfig& w : *list) {
       if (!names.insert(w.name).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("duplicate process name '", w.name,
-                         "': router and worker names must be unique"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "duplicate process name '", w.name, "': router and worker names must be unique"));
       }
     }
   }
@@ -800,21 +802,22 @@ absl::Status Validate(const ClusterConfig& c) {
 
 }  // namespace
 
-absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
+[[nodiscard]] absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
   ClusterConfig config;
   bool gpu_memory_fraction_set = false;
   try {
     const YAML::Node root = YAML::Load(yaml_text);
     if (absl::Status s = ParseTop(root, &config); !s.ok()) return s;
-    gpu_memory_fraction_set = root["engine"].IsDefined() &&
-                              root["engine"]["gpu_memory_fraction"].IsDefined();
+    gpu_memory_fraction_set =
+        root["engine"].IsDefined() && root["engine"]["gpu_memory_fraction"].IsDefined();
   } catch (const YAML::Exception& e) {
     // e.msg is the bare message; e.mark is 0-based (null for some errors).
     std::string where;
     if (!e.mark.is_null()) {
       where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
     }
-    return absl::InvalidArgumentError(absl::StrCat("cluster config: YAML error", where, ": ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster config: YAML error", where, ": ", e.msg));
   }
   if (absl::Status s = Validate(config); !s.ok()) return s;
   if (absl::Status s = ValidateDevices(config, gpu_memory_fraction_set); !s.ok()) return s;
@@ -825,21 +828,25 @@ std::string PrefillPlacementSummary(const ClusterConfig& config) {
   const int32_t threshold = config.conditional.max_local_prefill_tokens;
   const bool unbounded = threshold == kUnboundedLocalPrefillTokens;
   if (config.prefill_workers.empty()) {
-    return unbounded ? std::string("prefill placement: colocated (no prefill workers, "
-                                   "conditional.max_local_prefill_tokens unbounded: every "
-                                   "prompt is prefilled by its decode worker)")
-                     : absl::StrCat("prefill placement: colocated while no prefill worker "
-                                    "registers (none in the config; "
-                                    "conditional.max_local_prefill_tokens ", threshold,
-                                    " applies to any that does)");
+    return unbounded ? std::string(
+                           "prefill placement: colocated (no prefill workers, "
+                           "conditional.max_local_prefill_tokens unbounded: every "
+                           "prompt is prefilled by its decode worker)")
+                     : absl::StrCat(
+                           "prefill placement: colocated while no prefill worker "
+                           "registers (none in the config; "
+                           "conditional.max_local_prefill_tokens ",
+                           threshold, " applies to any that does)");
   }
   if (unbounded) {
     return absl::StrCat("warning: conditional.max_local_prefill_tokens is unbounded, so the ",
                         config.prefill_workers.size(),
                         " prefill workers get only requests with route_override REMOTE");
   }
-  return absl::StrCat("prefill placement: conditional (local when prompt tokens - cached prefix "
-                      "<= ", threshold, ", else a prefill worker)");
+  return absl::StrCat(
+      "prefill placement: conditional (local when prompt tokens - cached prefix "
+      "<= ",
+      threshold, ", else a prefill worker)");
 }
 
 namespace {
@@ -866,7 +873,7 @@ std::string UnreadableFileReason(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+[[nodiscard]] absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
   if (const std::string reason = UnreadableFileReason(path); !reason.empty()) {
     return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "': ", reason));
   }
@@ -885,8 +892,8 @@ absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
   return config;
 }
 
-absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
-                                             const ClusterConfig& config) {
+[[nodiscard]] absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
+                                                           const ClusterConfig& config) {
   // An explicit choice (flag, environment, config) must exist: falling
   // through to another model would serve something the user did not ask for.
   const char* env = std::getenv("TANDEM_MODEL");
@@ -898,19 +905,17 @@ absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
     if (path.empty()) continue;
     const std::string reason = UnreadableFileReason(path);
     if (reason.empty()) return path;
-    return absl::NotFoundError(
-        absl::StrCat(source, " ", path, ": cannot read model file: ", reason,
-                     " (pass --model PATH)"));
+    return absl::NotFoundError(absl::StrCat(source, " ", path, ": cannot read model file: ", reason,
+                                            " (pass --model PATH)"));
   }
-  const std::string defaults[] = {"models/stories260K.gguf",
-                                  "../shared/models/stories260K.gguf"};
+  const std::string defaults[] = {"models/stories260K.gguf", "../shared/models/stories260K.gguf"};
   for (const std::string& path : defaults) {
     std::error_code ec;
     if (std::filesystem::is_regular_file(path, ec)) return path;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "no model file found: pass --model PATH (or set $TANDEM_MODEL); tried ",
-      absl::StrJoin(defaults, ", ")));
+  return absl::NotFoundError(
+      absl::StrCat("no model file found: pass --model PATH (or set $TANDEM_MODEL); tried ",
+                   absl::StrJoin(defaults, ", ")));
 }
 
 }  // namespace tandem

@@ -57,11 +57,12 @@ namespace tandem {
 
 struct HostPort {
   std::string host = "127.0.0.1";
-  int port = 0;  // 0 = ephemeral
+  int port = 0;                  // 0 = ephemeral
   std::string ToString() const;  // "host:port"
 };
 // Parses "host:port" (port 0..65535). INVALID_ARGUMENT naming `field`.
-absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::string& field);
+[[nodiscard]] absl::StatusOr<HostPort> ParseHostPort(const std::string& text,
+                                                     const std::string& field);
 
 // True for the hosts that bind every interface and that no peer can dial:
 // "0.0.0.0", "::" and "" (gRPC's "[::]:port" parses to "::").
@@ -79,7 +80,8 @@ struct Advertise {
 // Parses "host", "host:port", "[v6]" or "[v6]:port" (port 0..65535).
 // INVALID_ARGUMENT naming `field` for a malformed value or a wildcard host
 // (which no peer can dial).
-absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::string& field);
+[[nodiscard]] absl::StatusOr<Advertise> ParseAdvertise(const std::string& text,
+                                                       const std::string& field);
 
 // Where peers reach a listener bound to `listen` whose actual port is
 // `bound_port`: advertise's host (and its port, when not 0) if set, else
@@ -87,17 +89,17 @@ absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::str
 // wildcard and advertise is not set: "<listen_key>: binds the wildcard
 // address 0.0.0.0, which other hosts cannot dial; set <advertise_key> (or
 // --advertise) to the address they should use".
-absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
-                                           const Advertise& advertise,
-                                           const std::string& listen_key,
-                                           const std::string& advertise_key);
+[[nodiscard]] absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
+                                                         const Advertise& advertise,
+                                                         const std::string& listen_key,
+                                                         const std::string& advertise_key);
 
 // How the router picks a worker for a request (router/routing_policy.h,
 // docs/architecture.md "Choosing workers: the routing score").
 enum class RouterPolicy {
-  kKvAware,     // highest score from cached prefix, free KV blocks, load
+  kKvAware,      // highest score from cached prefix, free KV blocks, load
   kLeastLoaded,  // least load: running + waiting + router in-flight requests
-  kRoundRobin,  // each routable worker of the role in turn
+  kRoundRobin,   // each routable worker of the role in turn
 };
 
 // The weights of router.policy kv_aware (router.kv_aware.*): each a finite
@@ -118,10 +120,10 @@ struct KvAwareWeights {
 struct RouterConfig {
   std::string name = "router";
   HostPort listen{"127.0.0.1", 50051};
-  Advertise advertise;                     // what status reports; see AdvertisedAddress
-  int32_t poll_interval_ms = 500;          // GetStatus poll period per worker
+  Advertise advertise;             // what status reports; see AdvertisedAddress
+  int32_t poll_interval_ms = 500;  // GetStatus poll period per worker
   int32_t unhealthy_after_missed_polls = 3;
-  int32_t rpc_timeout_ms = 2000;           // deadline of control RPCs
+  int32_t rpc_timeout_ms = 2000;  // deadline of control RPCs
   // Generate streams running at once; more wait in a FIFO of max_queued;
   // beyond both: RESOURCE_EXHAUSTED with trailing metadata retry-after-ms.
   int32_t max_inflight = 512;
@@ -169,9 +171,9 @@ const char* RouterPolicyName(RouterPolicy policy);
 
 struct WorkerConfig {
   std::string name;
-  HostPort listen;     // gRPC
+  HostPort listen;      // gRPC
   Advertise advertise;  // the gRPC address registered with the router
-  HostPort kv_listen;  // decode workers only: KV receiver
+  HostPort kv_listen;   // decode workers only: KV receiver
   // Decode workers only: the KV endpoint prefill workers dial; unset: the
   // host of `advertise` (if set) with the bound KV port.
   Advertise kv_advertise;
@@ -185,10 +187,10 @@ struct WorkerConfig {
 };
 
 struct EngineConfig {
-  int32_t block_size = 16;        // tokens per KV block
-  int32_t num_kv_blocks = 2048;   // KV pool size per worker, blocks
-  int32_t max_num_seqs = 64;      // decode batch cap, sequences
-  int32_t threads = 1;            // compute threads per worker
+  int32_t block_size = 16;                // tokens per KV block
+  int32_t num_kv_blocks = 2048;           // KV pool size per worker, blocks
+  int32_t max_num_seqs = 64;              // decode batch cap, sequences
+  int32_t threads = 1;                    // compute threads per worker
   int32_t max_num_batched_tokens = 2048;  // token budget per engine step
   int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
   bool enable_prefix_caching = true;      // reuse full KV blocks across requests
@@ -252,8 +254,8 @@ struct KvConfig {
   // yet written to the socket. A request whose decode worker is at it
   // waits (others run), so a slow decode worker never stalls the prefill
   // worker. In [kMinSendBufferBytes, kMaxSendBufferBytes].
-  uint64_t send_buffer_bytes = 268435456;  // 256 MiB
-  static constexpr int64_t kMinSendBufferBytes = 1 << 20;             // 1 MiB
+  uint64_t send_buffer_bytes = 268435456;                           // 256 MiB
+  static constexpr int64_t kMinSendBufferBytes = 1 << 20;           // 1 MiB
   static constexpr int64_t kMaxSendBufferBytes = int64_t{1} << 40;  // 1 TiB
   // kv.transport (issue #16; kvtransfer/transport.h): auto (cuda_ipc
   // between GPU workers of one host, else nccl, else tcp) or one fixed
@@ -274,10 +276,12 @@ struct KvConfig {
 // ChatFormatName() spells each of them; tests/router checks the two lists
 // agree). The config's `chat_template` must be one of them.
 inline constexpr std::array<absl::string_view, 12> kChatTemplateNames = {
-    "chatml",         "qwen3",            "llama3",     "llama2",
-    "llama2-sys",     "llama2-sys-bos",   "llama2-sys-strip",
-    "mistral-v1",     "mistral-v3",       "mistral-v3-tekken",
-    "mistral-v7",     "mistral-v7-tekken"};
+    "chatml",           "qwen3",
+    "llama3",           "llama2",
+    "llama2-sys",       "llama2-sys-bos",
+    "llama2-sys-strip", "mistral-v1",
+    "mistral-v3",       "mistral-v3-tekken",
+    "mistral-v7",       "mistral-v7-tekken"};
 
 // Peer authentication (auth/cluster_auth.h). No secret_file: the
 // cluster runs open (any host that reaches a worker port can call it).
@@ -331,7 +335,7 @@ struct ClusterConfig {
 // engine.kv_cache_dtype); engine.gpu_memory_fraction set while no worker
 // runs on cuda:N is refused; kv.transport nccl or cuda_ipc with a worker on
 // cpu is refused naming the key and the worker.
-absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
+[[nodiscard]] absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text);
 // One line for the router's start-up log saying where prompts are
 // prefilled under this config (docs/architecture.md, "Colocated mode").
 // Workers not in the config may still register with the router, so:
@@ -351,7 +355,7 @@ std::string PrefillPlacementSummary(const ClusterConfig& config);
 
 // Reads and parses a file. NOT_FOUND with the OS's reason if it cannot be
 // read: "cannot read cluster config 'x.yaml': No such file or directory".
-absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
+[[nodiscard]] absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 
 // Model path resolution (issue #2): the first explicit choice of the flag,
 // $TANDEM_MODEL and the config's `model` wins and must be a readable file
@@ -359,8 +363,8 @@ absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 // read model file: Is a directory (pass --model PATH)"); with none given, models/stories260K.gguf, then
 // ../shared/models/stories260K.gguf. NOT_FOUND with one line naming the
 // --model flag when neither default exists.
-absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
-                                             const ClusterConfig& config);
+[[nodiscard]] absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
+                                                           const ClusterConfig& config);
 
 }  // namespace tandem
 

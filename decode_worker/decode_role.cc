@@ -9,7 +9,8 @@
 namespace tandem::decode {
 namespace {
 
-absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakeDecodeRuntime(const WorkerContext& ctx) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakeDecodeRuntime(
+    const WorkerContext& ctx) {
   absl::StatusOr<WorkerBackendParts> parts = BuildWorkerBackendParts(ctx);
   if (!parts.ok()) return parts.status();
   kvtransfer::KvReceiver::Options kv_options =
@@ -21,15 +22,14 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakeDecodeRuntime(const WorkerCon
     return absl::Status(receiver.status().code(),
                         absl::StrCat(key, "kv_listen: ", receiver.status().message()));
   }
-  auto kv_address = AdvertisedAddress(ctx.worker->kv_listen, (*receiver)->port(),
-                                      ctx.worker->kv_advertise, key + "kv_listen",
-                                      key + "kv_advertise");
+  auto kv_address =
+      AdvertisedAddress(ctx.worker->kv_listen, (*receiver)->port(), ctx.worker->kv_advertise,
+                        key + "kv_listen", key + "kv_advertise");
   if (!kv_address.ok()) return kv_address.status();
   (*receiver)->set_endpoint(kv_address->ToString());
   ReceiverKvLoader* loader = receiver->get();
   loader->set_bit_exact_class(parts->bit_exact_class);
-  auto core = MakeWorkerCore(ctx, "decode worker", std::move(parts->backend),
-                             *std::move(receiver));
+  auto core = MakeWorkerCore(ctx, "decode worker", std::move(parts->backend), *std::move(receiver));
   return std::make_unique<DecodeService>(std::move(core), loader, parts->bit_exact_class,
                                          ctx.status, ctx.auth);
 }

@@ -108,8 +108,8 @@ grpc::ServerUnaryReactor* DecodeService::CancelSample(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* DecodeService::AbortTransfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  return rpc::AuthorizedUnary(auth(), context, rpc::kDecodeAbortTransferMethod, request,
-                              response, this, &DecodeService::AbortTransferParsed);
+  return rpc::AuthorizedUnary(auth(), context, rpc::kDecodeAbortTransferMethod, request, response,
+                              this, &DecodeService::AbortTransferParsed);
 }
 
 grpc::Status DecodeService::CancelSampleParsed(const v1::CancelSampleRequest* request,

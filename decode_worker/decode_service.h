@@ -26,9 +26,8 @@ using DecodeWorkerBase = v1::DecodeWorker::WithRawCallbackMethod_Generate<
         v1::DecodeWorker::WithRawCallbackMethod_AbortTransfer<
             v1::DecodeWorker::WithCallbackMethod_GetStatus<v1::DecodeWorker::Service>>>>;
 
-class DecodeService final
-    : public WorkerService<DecodeWorkerBase, rpc::kDecodeGetStatusMethod>,
-      public WorkerRuntime {
+class DecodeService final : public WorkerService<DecodeWorkerBase, rpc::kDecodeGetStatusMethod>,
+                            public WorkerRuntime {
  public:
   // `receiver` is the core's loader (owned by the core). `status` fills
   // name/role/address for GetStatus (from RunWorkerMain). `auth`: every

@@ -32,7 +32,7 @@ class BlockTableWriter : public kvtransfer::KvWriter {
 
  private:
   kv::KvStorage* const storage_;
-  const std::vector<int32_t> table_;  // a copy: the manager's may grow later
+  const std::vector<int32_t> table_;   // a copy: the manager's may grow later
   kvtransfer::DeviceKvTarget device_;  // kv null: a host storage
 };
 
@@ -65,9 +65,7 @@ kvtransfer::KvReceiver::Options ReceiverKvLoader::OptionsFromConfig(const HostPo
   o.handshake_timeout_ms = kv.handshake_timeout_ms;
   o.transfer_timeout_ms = kv.transfer_timeout_ms;
   // kvtransfer does not depend on common/server: its lines come here.
-  o.log = [](std::string_view line) {
-    rpc::Log(absl::string_view(line.data(), line.size()));
-  };
+  o.log = [](std::string_view line) { rpc::Log(absl::string_view(line.data(), line.size())); };
   return o;
 }
 
@@ -107,10 +105,10 @@ absl::StatusOr<core::KvTarget> ReceiverKvLoader::StartLoad(
   auto writer = std::make_shared<BlockTableWriter>(storage, std::move(block_table));
   kvtransfer::KvWriter* raw_writer = writer.get();
   absl::Status expect = receiver_->Expect(
-      request_id, attempt, static_cast<uint32_t>(hit_tokens),
-      static_cast<uint32_t>(prompt_tokens), raw_writer,
-      [writer, notes = class_notes_, done = std::move(done)](
-          absl::Status status, const kvtransfer::TransferResult& r) {
+      request_id, attempt, static_cast<uint32_t>(hit_tokens), static_cast<uint32_t>(prompt_tokens),
+      raw_writer,
+      [writer, notes = class_notes_, done = std::move(done)](absl::Status status,
+                                                             const kvtransfer::TransferResult& r) {
         if (notes != nullptr && status.ok()) {
           if (std::optional<std::string> line = notes->Note(r.peer_bit_exact_class)) {
             rpc::Log(*line);
@@ -120,9 +118,9 @@ absl::StatusOr<core::KvTarget> ReceiverKvLoader::StartLoad(
         result.peer_bit_exact_class = r.peer_bit_exact_class;
         for (size_t i = 0; status.ok() && i < r.samples.size(); ++i) {
           if (r.samples[i].finish_reason > static_cast<uint32_t>(core::FinishReason::kContext)) {
-            status = absl::DataLossError(absl::StrCat("KV transfer FINAL carried samples[", i,
-                                                      "].finish_reason ",
-                                                      r.samples[i].finish_reason));
+            status =
+                absl::DataLossError(absl::StrCat("KV transfer FINAL carried samples[", i,
+                                                 "].finish_reason ", r.samples[i].finish_reason));
           }
         }
         for (const kvtransfer::FinalSample& s : r.samples) {
@@ -146,9 +144,7 @@ absl::StatusOr<core::KvTarget> ReceiverKvLoader::StartLoad(
   return target;
 }
 
-void ReceiverKvLoader::CancelLoad(const std::string& request_id) {
-  receiver_->Cancel(request_id);
-}
+void ReceiverKvLoader::CancelLoad(const std::string& request_id) { receiver_->Cancel(request_id); }
 
 uint32_t ReceiverKvLoader::loads_in_flight() const { return receiver_->transfers_in_flight(); }
 

@@ -61,13 +61,13 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   // options.data_receivers and is kept alive until the receiver has
   // stopped. Errors: UNAVAILABLE when the port cannot be bound,
   // INVALID_ARGUMENT for a bad layout or timeouts.
-  static absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ReceiverKvLoader>> Start(
       const kvtransfer::KvReceiver::Options& options, const kvtransfer::KvLayout& layout,
       std::shared_ptr<const KvDataPlanes> planes = nullptr);
   // The receiver's options from decode_workers[i].kv_listen and kv.*; its
   // log lines (refused connections, failed transfers) go to rpc::Log.
   static kvtransfer::KvReceiver::Options OptionsFromConfig(const HostPort& kv_listen,
-                                                            const KvConfig& kv);
+                                                           const KvConfig& kv);
 
   // host:port prefill workers connect to: the one set_endpoint gave, else
   // the listen host and the bound port.
@@ -104,11 +104,9 @@ class ReceiverKvLoader final : public core::RemoteKvLoader {
   // worker can send (NONE, LENGTH, STOP, CONTEXT), else DATA_LOSS. The
   // result carries every sample (token, logprob, top logprobs, finish
   // reason) in order; the core checks their count against the request's n.
-  absl::StatusOr<core::KvTarget> StartLoad(const std::string& request_id, uint32_t attempt,
-                                           int32_t hit_tokens, int32_t prompt_tokens,
-                                           kv::KvStorage* storage,
-                                           std::vector<int32_t> block_table,
-                                           Done done) override;
+  [[nodiscard]] absl::StatusOr<core::KvTarget> StartLoad(
+      const std::string& request_id, uint32_t attempt, int32_t hit_tokens, int32_t prompt_tokens,
+      kv::KvStorage* storage, std::vector<int32_t> block_table, Done done) override;
   void CancelLoad(const std::string& request_id) override;
   uint32_t loads_in_flight() const override;
   uint64_t bytes_received_total() const override;

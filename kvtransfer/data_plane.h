@@ -92,25 +92,22 @@ class KvDataSender {
   // (EngineCore::Submit), so implementations take their own lock.
   // Errors: UNAVAILABLE (e.g. the communicator of the pair failed and a new
   // one cannot be made), INVALID_ARGUMENT.
-  virtual absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,
-                                                   const TransportPeer& peer) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,
+                                                                 const TransportPeer& peer) = 0;
   // Ships K/V of tokens [token_start, token_start + count) of `layer` of
   // the sequence with `block_table` in `kv` once the layer's event has
   // fired; never waits for the device or the network (engine loop thread).
   // Returns the descriptor to announce. Errors: the transfer's failure
   // (communicator aborted, ...), INVALID_ARGUMENT for a bad range.
-  virtual absl::StatusOr<FrameDescriptor> SendRows(const TransferKey& key,
-                                                   kv::DeviceKvAccess& kv,
-                                                   std::span<const int32_t> block_table,
-                                                   int32_t layer, int32_t token_start,
-                                                   int32_t count) = 0;
+  [[nodiscard]] virtual absl::StatusOr<FrameDescriptor> SendRows(
+      const TransferKey& key, kv::DeviceKvAccess& kv, std::span<const int32_t> block_table,
+      int32_t layer, int32_t token_start, int32_t count) = 0;
   // After the KV connection's result for `key` is known (`control`: OK
   // after D's ACK, else the failure): nullopt while the data path still
   // reads P's blocks (NCCL: sends not complete; cuda_ipc after a failure:
   // until the transfer deadline, as D may still be copying); then OK or the
   // data path's own error (first error wins). Engine loop thread.
-  virtual std::optional<absl::Status> Poll(const TransferKey& key,
-                                           const absl::Status& control) = 0;
+  virtual std::optional<absl::Status> Poll(const TransferKey& key, const absl::Status& control) = 0;
   // Forgets `key` (after Poll gave a value, or to cancel: frames already
   // announced still complete on the data path so the channel stays in
   // step). Engine loop thread.
@@ -138,8 +135,9 @@ class KvDataReceiver {
   // valid until CloseTransfer's `quiesced` has run. Errors become the
   // REJECT: FAILED_PRECONDITION (a setup this end cannot use: another host
   // for cuda_ipc, a malformed setup), UNAVAILABLE (no communicator).
-  virtual absl::Status OpenTransfer(const TransferKey& key, std::string_view transport_setup,
-                                    const DeviceKvTarget& target) = 0;
+  [[nodiscard]] virtual absl::Status OpenTransfer(const TransferKey& key,
+                                                  std::string_view transport_setup,
+                                                  const DeviceKvTarget& target) = 0;
   // A FRAME_DESC the receiver checked (layer, range, size) (receiver I/O
   // thread, in the connection's order). Must not block. `done` runs exactly
   // once, on any thread but never inline, when the rows are in the target's

@@ -35,7 +35,7 @@ void SignHello(const auth::ClusterAuth* auth, wire::Hello* hello);
 // D: checks `hello`'s credential. OK when `auth` is nullptr or open.
 // UNAUTHENTICATED "missing credential ..." / "clock skew ..." / "bad
 // signature ..." / "replayed nonce ..." (ClusterAuth::Verify).
-absl::Status VerifyHello(const auth::ClusterAuth* auth, const wire::Hello& hello);
+[[nodiscard]] absl::Status VerifyHello(const auth::ClusterAuth* auth, const wire::Hello& hello);
 
 // D: the ACCEPT answer for an accepted `hello` ("" when open).
 std::string AcceptAnswer(const auth::ClusterAuth* auth, const wire::Hello& hello);
@@ -43,8 +43,8 @@ std::string AcceptAnswer(const auth::ClusterAuth* auth, const wire::Hello& hello
 // P: checks D's ACCEPT `answer` to the `hello` it sent. OK when `auth` is
 // nullptr or open. UNAUTHENTICATED "the KV receiver did not prove the
 // cluster secret ..." otherwise.
-absl::Status CheckAcceptAnswer(const auth::ClusterAuth* auth, const wire::Hello& hello,
-                               const std::string& answer);
+[[nodiscard]] absl::Status CheckAcceptAnswer(const auth::ClusterAuth* auth,
+                                             const wire::Hello& hello, const std::string& answer);
 
 }  // namespace tandem::kvtransfer
 

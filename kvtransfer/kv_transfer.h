@@ -117,10 +117,10 @@ struct KvLayout {
 // OK, or FAILED_PRECONDITION naming the first differing field (in wire
 // order) and both values, e.g. "KV layout mismatch in field 'dtype': local
 // f32, remote f16" (strings are quoted, dtypes printed by name).
-absl::Status CheckCompatible(const KvLayout& local, const KvLayout& remote);
+[[nodiscard]] absl::Status CheckCompatible(const KvLayout& local, const KvLayout& remote);
 
-struct DeviceKvTarget;      // data_plane.h
-class KvDataReceiver;       // data_plane.h
+struct DeviceKvTarget;  // data_plane.h
+class KvDataReceiver;   // data_plane.h
 
 // Destination of received K/V rows (D implements it over its block table).
 class KvWriter {
@@ -135,8 +135,7 @@ class KvWriter {
   // [token_count][kv_dim] elements of the layout's dtype (raw bytes as P
   // sent them) for tokens [token_start, token_start + token_count) of
   // `layer`. Both buffers are aligned to alignof(std::max_align_t).
-  virtual void WriteRows(uint32_t layer, uint32_t token_start,
-                         uint32_t token_count, const char* k,
+  virtual void WriteRows(uint32_t layer, uint32_t token_start, uint32_t token_count, const char* k,
                          const char* v) = 0;
 };
 
@@ -176,8 +175,8 @@ class KvReceiver {
  public:
   struct Options {
     std::string host = "127.0.0.1";
-    int port = 0;                       // 0 = ephemeral
-    int handshake_timeout_ms = 5000;    // Expect() -> HELLO
+    int port = 0;                     // 0 = ephemeral
+    int handshake_timeout_ms = 5000;  // Expect() -> HELLO
     // Max silence between messages of an accepted transfer (the sender
     // sends KEEPALIVE while it has nothing else: see KvSendQueue).
     int transfer_timeout_ms = 5000;
@@ -209,8 +208,8 @@ class KvReceiver {
   // wake eventfd) fails, INVALID_ARGUMENT for a layout with zero
   // layers/heads/head_dim or a dtype outside KvDtype, or non-positive
   // timeouts.
-  static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
-                                                           const KvLayout& layout);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvReceiver>> Start(const Options& options,
+                                                                         const KvLayout& layout);
   // Stops all threads; pending transfers end with CANCELLED and their `done`
   // has run when the destructor returns (a device transfer's after its
   // KvDataReceiver::CloseTransfer ran `quiesced`; the destructor waits for
@@ -233,9 +232,9 @@ class KvReceiver {
 
   // Registers transfer (request_id, attempt). `writer` must stay valid
   // until `done` has run. Errors: ALREADY_EXISTS for a live key.
-  absl::Status Expect(const std::string& request_id, uint32_t attempt,
-                      uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
-                      DoneCallback done);
+  [[nodiscard]] absl::Status Expect(const std::string& request_id, uint32_t attempt,
+                                    uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
+                                    DoneCallback done);
   // Aborts the transfer (if still live); `done` runs with CANCELLED once
   // nothing writes into the writer. No-op for unknown ids.
   void Cancel(const std::string& request_id);
@@ -246,8 +245,8 @@ class KvReceiver {
   // and a connected sender gets REJECT with that status. Errors: NOT_FOUND
   // when no live transfer has that key (unknown id, another attempt, or
   // already ended).
-  absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
-                             std::string reason);
+  [[nodiscard]] absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
+                                           std::string reason);
 
   // Expect()ed transfers whose `done` has not been queued yet.
   uint32_t transfers_in_flight() const;
@@ -285,10 +284,9 @@ class KvSender {
   // DEADLINE_EXCEEDED. `auth` (hello_auth.h; nullptr or open: none): signs
   // the HELLO and requires D's ACCEPT to prove the secret (UNAUTHENTICATED
   // otherwise, connection closed, nothing sent).
-  static absl::StatusOr<std::unique_ptr<KvSender>> Connect(
-      const std::string& endpoint, const std::string& request_id,
-      uint32_t attempt, const KvLayout& layout,
-      const std::string& bit_exact_class, int timeout_ms,
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvSender>> Connect(
+      const std::string& endpoint, const std::string& request_id, uint32_t attempt,
+      const KvLayout& layout, const std::string& bit_exact_class, int timeout_ms,
       const auth::ClusterAuth* auth = nullptr);
   ~KvSender();  // closes the connection
   KvSender(const KvSender&) = delete;
@@ -300,15 +298,15 @@ class KvSender {
   // for layer >= n_layers or token_count == 0, or the code of a REJECT the
   // receiver sent mid-transfer (CANCELLED, DATA_LOSS, ABORTED, ...). After
   // an error every later call returns the same error.
-  absl::Status SendFrame(uint32_t layer, uint32_t token_start,
-                         uint32_t token_count, const void* k, const void* v);
+  [[nodiscard]] absl::Status SendFrame(uint32_t layer, uint32_t token_start, uint32_t token_count,
+                                       const void* k, const void* v);
   // Sends FINAL with token 0 of every sample (in sample order) and the
   // frame and byte totals of the SendFrame calls so far. OK means it was
   // handed to the kernel; D's verdict reaches D's caller. Errors:
   // INVALID_ARGUMENT, with nothing sent and the transfer still usable, when
   // `samples` is empty or holds more than kMaxFinalSamples, or a sample has
   // more than kMaxFinalTopLogprobs top logprobs; otherwise as SendFrame.
-  absl::Status SendFinal(const std::vector<FinalSample>& samples);
+  [[nodiscard]] absl::Status SendFinal(const std::vector<FinalSample>& samples);
   uint64_t bytes_sent() const;  // payload (K+V) bytes so far
   uint64_t frames_sent() const;
 

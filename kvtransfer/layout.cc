@@ -14,24 +14,22 @@ std::string DtypeLabel(KvDtype dtype) {
   return absl::StrCat("unknown(", static_cast<uint32_t>(dtype), ")");
 }
 
-absl::Status MismatchError(const char* field, const std::string& local,
-                           const std::string& remote) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("KV layout mismatch in field '", field, "': local ", local,
-                   ", remote ", remote));
+[[nodiscard]] absl::Status MismatchError(const char* field, const std::string& local,
+                                         const std::string& remote) {
+  return absl::FailedPreconditionError(absl::StrCat("KV layout mismatch in field '", field,
+                                                    "': local ", local, ", remote ", remote));
 }
 
-absl::Status Mismatch(const char* field, uint32_t local, uint32_t remote) {
+[[nodiscard]] absl::Status Mismatch(const char* field, uint32_t local, uint32_t remote) {
   return MismatchError(field, absl::StrCat(local), absl::StrCat(remote));
 }
 
-absl::Status Mismatch(const char* field, const std::string& local,
-                      const std::string& remote) {
-  return MismatchError(field, absl::StrCat("\"", local, "\""),
-                       absl::StrCat("\"", remote, "\""));
+[[nodiscard]] absl::Status Mismatch(const char* field, const std::string& local,
+                                    const std::string& remote) {
+  return MismatchError(field, absl::StrCat("\"", local, "\""), absl::StrCat("\"", remote, "\""));
 }
 
-absl::Status Mismatch(const char* field, KvDtype local, KvDtype remote) {
+[[nodiscard]] absl::Status Mismatch(const char* field, KvDtype local, KvDtype remote) {
   return MismatchError(field, DtypeLabel(local), DtypeLabel(remote));
 }
 
@@ -47,12 +45,11 @@ uint64_t KvLayout::FrameBytes(uint32_t token_count) const {
 }
 
 std::string KvLayout::LayoutId() const {
-  return absl::StrCat("kv", kKvProtocolVersion, "/", model_fingerprint, "/L",
-                      n_layers, ".H", n_kv_heads, ".D", head_dim, "/",
-                      DtypeLabel(dtype));
+  return absl::StrCat("kv", kKvProtocolVersion, "/", model_fingerprint, "/L", n_layers, ".H",
+                      n_kv_heads, ".D", head_dim, "/", DtypeLabel(dtype));
 }
 
-absl::Status CheckCompatible(const KvLayout& local, const KvLayout& remote) {
+[[nodiscard]] absl::Status CheckCompatible(const KvLayout& local, const KvLayout& remote) {
   // Fields in wire order, so the first difference named is stable. Keep in
   // step with LayoutId: OK here iff the layout ids are equal.
 #define TANDEM_CHECK_FIELD(f) \

@@ -36,8 +36,8 @@ class MessageReader {
   // ("KV peer closed the connection after k of n bytes" of the message in
   // progress, header included) or recv() failed; DATA_LOSS as above. Once
   // a message is complete, further calls read nothing until Next().
-  absl::Status ReadSome(int fd, uint64_t max_payload, size_t budget,
-                        Progress* progress);
+  [[nodiscard]] absl::Status ReadSome(int fd, uint64_t max_payload, size_t budget,
+                                      Progress* progress);
 
   // The buffered message; valid once ReadSome reported `complete`.
   uint32_t type() const { return type_; }

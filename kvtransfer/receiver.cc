@@ -17,8 +17,8 @@ namespace tandem::kvtransfer {
 
 using tcp::Clock;
 
-KvReceiver::Impl::Impl(const Options& options, const KvLayout& layout,
-                       tcp::ScopedFd listen_fd, int port, tcp::ScopedFd wake_fd)
+KvReceiver::Impl::Impl(const Options& options, const KvLayout& layout, tcp::ScopedFd listen_fd,
+                       int port, tcp::ScopedFd wake_fd)
     : options_(options),
       layout_(layout),
       listen_fd_(std::move(listen_fd)),
@@ -37,9 +37,9 @@ KvReceiver::Impl::~Impl() {
     std::vector<std::shared_ptr<Transfer>> live;
     for (auto& [id, t] : transfers_) live.push_back(t);
     for (auto& t : live) {
-      EndLocked(t, absl::CancelledError(absl::StrCat(
-                       "KV receiver shutting down; transfer for request ",
-                       t->request_id, " cancelled")));
+      EndLocked(
+          t, absl::CancelledError(absl::StrCat("KV receiver shutting down; transfer for request ",
+                                               t->request_id, " cancelled")));
     }
   }
   Wake();
@@ -64,17 +64,16 @@ KvReceiver::Impl::~Impl() {
   completion_.join();
 }
 
-absl::Status KvReceiver::Impl::Expect(const std::string& request_id,
-                                      uint32_t attempt, uint32_t hit_tokens,
-                                      uint32_t prompt_len, KvWriter* writer,
+absl::Status KvReceiver::Impl::Expect(const std::string& request_id, uint32_t attempt,
+                                      uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
                                       DoneCallback done) {
   if (writer == nullptr || !done) {
     return absl::InvalidArgumentError("KvReceiver::Expect needs a writer and a done callback");
   }
   if (hit_tokens > prompt_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV transfer for request ", request_id, ": hit_tokens ",
-                     hit_tokens, " > prompt_len ", prompt_len));
+    return absl::InvalidArgumentError(absl::StrCat("KV transfer for request ", request_id,
+                                                   ": hit_tokens ", hit_tokens, " > prompt_len ",
+                                                   prompt_len));
   }
   auto t = std::make_shared<Transfer>();
   t->request_id = request_id;
@@ -90,8 +89,8 @@ absl::Status KvReceiver::Impl::Expect(const std::string& request_id,
       return absl::UnavailableError("KV receiver is shutting down");
     }
     if (transfers_.count(request_id) != 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "a KV transfer for request ", request_id, " is already expected"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("a KV transfer for request ", request_id, " is already expected"));
     }
     finished_.erase(request_id);
     transfers_[request_id] = std::move(t);
@@ -105,30 +104,27 @@ void KvReceiver::Impl::Cancel(const std::string& request_id) {
   absl::MutexLock l(&mu_);
   auto it = transfers_.find(request_id);
   if (it == transfers_.end()) return;
-  EndLocked(it->second,
-            absl::CancelledError(absl::StrCat("KV transfer for request ",
-                                              request_id, " cancelled")));
+  EndLocked(it->second, absl::CancelledError(
+                            absl::StrCat("KV transfer for request ", request_id, " cancelled")));
 }
 
-absl::Status KvReceiver::Impl::CancelAttempt(const std::string& request_id,
-                                             uint32_t attempt,
+absl::Status KvReceiver::Impl::CancelAttempt(const std::string& request_id, uint32_t attempt,
                                              const std::string& reason) {
   absl::MutexLock l(&mu_);
   auto it = transfers_.find(request_id);
   if (it == transfers_.end() || it->second->attempt != attempt ||
       (it->second->state != TransferState::kAwaitingHello &&
        it->second->state != TransferState::kReceiving)) {
-    return absl::NotFoundError(absl::StrCat("no live KV transfer for request ",
-                                            request_id, " attempt ", attempt));
+    return absl::NotFoundError(
+        absl::StrCat("no live KV transfer for request ", request_id, " attempt ", attempt));
   }
-  EndLocked(it->second, absl::CancelledError(absl::StrCat(
-                            "KV transfer for request ", request_id, " attempt ",
-                            attempt, " cancelled: ", reason)));
+  EndLocked(it->second,
+            absl::CancelledError(absl::StrCat("KV transfer for request ", request_id, " attempt ",
+                                              attempt, " cancelled: ", reason)));
   return absl::OkStatus();
 }
 
-void KvReceiver::Impl::EndLocked(std::shared_ptr<Transfer> t,
-                                 absl::Status status) {
+void KvReceiver::Impl::EndLocked(std::shared_ptr<Transfer> t, absl::Status status) {
   switch (t->state) {
     case TransferState::kAwaitingHello:
     case TransferState::kReceiving:
@@ -156,8 +152,7 @@ void KvReceiver::Impl::CompleteLocked(std::shared_ptr<Transfer> t) {
   if (t->status.ok()) {
     ++transfers_completed_;
     if (t->any_frame) {
-      transfer_seconds_ +=
-          std::chrono::duration<double>(t->final_at - t->first_frame_at).count();
+      transfer_seconds_ += std::chrono::duration<double>(t->final_at - t->first_frame_at).count();
     }
   }
   auto it = transfers_.find(t->request_id);
@@ -172,8 +167,7 @@ void KvReceiver::Impl::KickLocked(uint64_t conn_id) {
   Wake();
 }
 
-absl::Status KvReceiver::Impl::LostLocked(const Transfer& t,
-                                          const wire::Hello& hello) const {
+absl::Status KvReceiver::Impl::LostLocked(const Transfer& t, const wire::Hello& hello) const {
   switch (t.state) {
     case TransferState::kAborting:
     case TransferState::kQuiesced:
@@ -184,9 +178,8 @@ absl::Status KvReceiver::Impl::LostLocked(const Transfer& t,
     case TransferState::kReceiving:
       break;
   }
-  return absl::AbortedError(absl::StrCat(
-      "KV transfer for request ", hello.request_id, " attempt ", hello.attempt,
-      " superseded by attempt ", t.attempt));
+  return absl::AbortedError(absl::StrCat("KV transfer for request ", hello.request_id, " attempt ",
+                                         hello.attempt, " superseded by attempt ", t.attempt));
 }
 
 void KvReceiver::Impl::CompletionLoop() {
@@ -201,9 +194,8 @@ void KvReceiver::Impl::CompletionLoop() {
     }
     // QUIESCED: nothing touches done/status/result any more.
     if (!t->status.ok()) {
-      LogLine(absl::StrCat("KV receiver: transfer for request ", t->request_id,
-                           " attempt ", t->attempt, " failed: ",
-                           t->status.ToString()));
+      LogLine(absl::StrCat("KV receiver: transfer for request ", t->request_id, " attempt ",
+                           t->attempt, " failed: ", t->status.ToString()));
     }
     t->done(t->status, t->result);
     absl::MutexLock l(&mu_);
@@ -218,24 +210,23 @@ void KvReceiver::Impl::LogLine(const std::string& line) const {
 
 // ---- KvReceiver -----------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(
-    const Options& options, const KvLayout& layout) {
+absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(const Options& options,
+                                                              const KvLayout& layout) {
   if (layout.n_layers == 0 || layout.n_kv_heads == 0 || layout.head_dim == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layout needs n_layers, n_kv_heads, head_dim > 0, got ",
-        layout.n_layers, ", ", layout.n_kv_heads, ", ", layout.head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout needs n_layers, n_kv_heads, head_dim > 0, got ", layout.n_layers,
+                     ", ", layout.n_kv_heads, ", ", layout.head_dim));
   }
   // Any known dtype will do: D only moves the bytes into its writer.
   if (!IsKnownKvDtype(static_cast<uint32_t>(layout.dtype))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layout dtype ", static_cast<uint32_t>(layout.dtype),
-        " is not a known KvDtype (f32 = 0, f16 = 1, bf16 = 30)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout dtype ", static_cast<uint32_t>(layout.dtype),
+                     " is not a known KvDtype (f32 = 0, f16 = 1, bf16 = 30)"));
   }
   if (options.handshake_timeout_ms <= 0 || options.transfer_timeout_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "KV receiver timeouts must be > 0, got handshake_timeout_ms ",
-        options.handshake_timeout_ms, ", transfer_timeout_ms ",
-        options.transfer_timeout_ms));
+        "KV receiver timeouts must be > 0, got handshake_timeout_ms ", options.handshake_timeout_ms,
+        ", transfer_timeout_ms ", options.transfer_timeout_ms));
   }
   for (KvTransport t : options.transports) {
     if (t == KvTransport::kTcp) continue;
@@ -244,9 +235,9 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(
       found = found || (d != nullptr && d->transport() == t);
     }
     if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KvReceiver: transports offers ", std::string(KvTransportName(t)),
-          " but data_receivers has no KvDataReceiver for it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvReceiver: transports offers ", std::string(KvTransportName(t)),
+                       " but data_receivers has no KvDataReceiver for it"));
     }
   }
   for (const KvDataReceiver* d : options.data_receivers) {
@@ -256,14 +247,14 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> KvReceiver::Start(
   }
   tcp::ScopedFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake.valid()) {
-    return absl::UnavailableError(absl::StrCat(
-        "KV receiver cannot create its eventfd: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("KV receiver cannot create its eventfd: ", std::strerror(errno)));
   }
   int bound = 0;
   absl::StatusOr<tcp::ScopedFd> fd = tcp::Listen(options.host, options.port, &bound);
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<KvReceiver>(new KvReceiver(std::make_unique<Impl>(
-      options, layout, std::move(*fd), bound, std::move(wake))));
+  return std::unique_ptr<KvReceiver>(new KvReceiver(
+      std::make_unique<Impl>(options, layout, std::move(*fd), bound, std::move(wake))));
 }
 
 KvReceiver::KvReceiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -272,34 +263,27 @@ KvReceiver::~KvReceiver() = default;
 int KvReceiver::port() const { return impl_->port(); }
 
 absl::Status KvReceiver::Expect(const std::string& request_id, uint32_t attempt,
-                                uint32_t hit_tokens, uint32_t prompt_len,
-                                KvWriter* writer, DoneCallback done) {
-  return impl_->Expect(request_id, attempt, hit_tokens, prompt_len, writer,
-                       std::move(done));
+                                uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
+                                DoneCallback done) {
+  return impl_->Expect(request_id, attempt, hit_tokens, prompt_len, writer, std::move(done));
 }
 
-void KvReceiver::Cancel(const std::string& request_id) {
-  impl_->Cancel(request_id);
-}
+void KvReceiver::Cancel(const std::string& request_id) { impl_->Cancel(request_id); }
 
-absl::Status KvReceiver::CancelAttempt(const std::string& request_id,
-                                       uint32_t attempt, std::string reason) {
+absl::Status KvReceiver::CancelAttempt(const std::string& request_id, uint32_t attempt,
+                                       std::string reason) {
   return impl_->CancelAttempt(request_id, attempt, reason);
 }
 
 uint32_t KvReceiver::transfers_in_flight() const { return impl_->in_flight(); }
 
-uint64_t KvReceiver::kv_bytes_received_total() const {
-  return impl_->bytes_total();
-}
+uint64_t KvReceiver::kv_bytes_received_total() const { return impl_->bytes_total(); }
 
 uint64_t KvReceiver::kv_bytes_received(KvTransport transport) const {
   return impl_->bytes(transport);
 }
 
-double KvReceiver::transfer_seconds_total() const {
-  return impl_->transfer_seconds_total();
-}
+double KvReceiver::transfer_seconds_total() const { return impl_->transfer_seconds_total(); }
 
 uint64_t KvReceiver::transfers_completed_total() const {
   return impl_->transfers_completed_total();

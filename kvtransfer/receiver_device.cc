@@ -22,8 +22,7 @@ KvDataReceiver* KvReceiver::Impl::DataReceiverFor(KvTransport transport) const {
   return nullptr;
 }
 
-absl::Status KvReceiver::Impl::CheckTransportLocked(const Transfer& t,
-                                                    const wire::Hello& hello,
+absl::Status KvReceiver::Impl::CheckTransportLocked(const Transfer& t, const wire::Hello& hello,
                                                     std::shared_ptr<DeviceAttempt>* a) {
   a->reset();
   absl::StatusOr<KvTransport> chosen = ParseKvTransport(hello.transport);
@@ -57,8 +56,7 @@ absl::Status KvReceiver::Impl::OpenDevice(const std::shared_ptr<Transfer>& t,
   if (!opened.ok()) {
     EndLocked(t, absl::Status(opened.code(),
                               absl::StrCat("KV receiver rejects request ", hello.request_id,
-                                           " attempt ", hello.attempt, ": ",
-                                           opened.message())));
+                                           " attempt ", hello.attempt, ": ", opened.message())));
   } else {
     a->opened = true;
   }
@@ -73,17 +71,17 @@ absl::Status KvReceiver::Impl::OpenDevice(const std::shared_ptr<Transfer>& t,
 void KvReceiver::Impl::OnFrameDesc(Conn& c) {
   const std::shared_ptr<Transfer> t = c.transfer;
   if (c.transport == KvTransport::kTcp) {
-    FailTransfer(c, absl::DataLossError(absl::StrCat(
-                        "bad KV frame for request ", c.hello.request_id, " attempt ",
-                        c.hello.attempt, ": FRAME_DESC on a tcp transfer")));
+    FailTransfer(c, absl::DataLossError(
+                        absl::StrCat("bad KV frame for request ", c.hello.request_id, " attempt ",
+                                     c.hello.attempt, ": FRAME_DESC on a tcp transfer")));
     return;
   }
   absl::StatusOr<FrameDescriptor> desc = wire::DecodeFrameDesc(c.reader.payload());
   absl::Status s = desc.status();
   if (s.ok()) {
-    s = CheckFrameRange(*t, c.hello,
-                        {desc->request_id, desc->attempt, desc->layer, desc->token_start,
-                         desc->token_count});
+    s = CheckFrameRange(
+        *t, c.hello,
+        {desc->request_id, desc->attempt, desc->layer, desc->token_start, desc->token_count});
   }
   if (!s.ok()) {
     FailTransfer(c, std::move(s));
@@ -104,8 +102,7 @@ void KvReceiver::Impl::OnFrameDesc(Conn& c) {
         t->first_frame_at = Clock::now();
       }
       // FINAL's totals count descriptors as frames, FrameBytes as bytes.
-      t->progress.Add(desc->layer, desc->token_start - t->hit_tokens, desc->token_count,
-                      bytes);
+      t->progress.Add(desc->layer, desc->token_start - t->hit_tokens, desc->token_count, bytes);
     }
   }
   if (!s.ok()) {
@@ -133,8 +130,8 @@ void KvReceiver::Impl::OnReceived(const std::shared_ptr<Transfer>& t,
   if (!status.ok()) {
     // The connection learns it through the kick (REJECT with this status).
     EndLocked(t, absl::Status(status.code(),
-                              absl::StrCat("KV transfer for request ", t->request_id,
-                                           " attempt ", t->attempt, ": receiving a frame on ",
+                              absl::StrCat("KV transfer for request ", t->request_id, " attempt ",
+                                           t->attempt, ": receiving a frame on ",
                                            std::string(KvTransportName(t->transport)),
                                            " failed: ", status.message())));
     return;

@@ -116,9 +116,9 @@ struct Progress {
 struct DeviceAttempt {
   TransferKey key;
   KvDataReceiver* data = nullptr;
-  bool opened = false;        // OpenTransfer succeeded
-  bool closing = false;       // CloseTransfer queued (or called)
-  uint32_t outstanding = 0;   // Receive calls whose `done` has not run
+  bool opened = false;       // OpenTransfer succeeded
+  bool closing = false;      // CloseTransfer queued (or called)
+  uint32_t outstanding = 0;  // Receive calls whose `done` has not run
 };
 
 // One Expect()ed transfer. The first group is const after Expect(); the
@@ -174,11 +174,11 @@ struct Conn {
   // Largest payload accepted in this phase (wire::kMaxControlPayload before
   // HELLO; after it, a FRAME over all of [hit, L)).
   uint64_t max_payload = wire::kMaxControlPayload;
-  wire::Hello hello;                   // kReceiving: the accepted HELLO
+  wire::Hello hello;                          // kReceiving: the accepted HELLO
   KvTransport transport = KvTransport::kTcp;  // kReceiving: hello.transport
-  bool final_seen = false;             // kReceiving: FINAL arrived
-  std::shared_ptr<Transfer> transfer;  // kReceiving: the transfer it took
-  std::string out;                     // ACCEPT / REJECT bytes to send
+  bool final_seen = false;                    // kReceiving: FINAL arrived
+  std::shared_ptr<Transfer> transfer;         // kReceiving: the transfer it took
+  std::string out;                            // ACCEPT / REJECT bytes to send
   size_t out_sent = 0;
 };
 
@@ -201,22 +201,20 @@ class KvReceiver::Impl {
 
   // Takes the bound listening socket and an eventfd (both non-blocking)
   // and starts the I/O and completion threads.
-  Impl(const Options& options, const KvLayout& layout, tcp::ScopedFd listen_fd,
-       int port, tcp::ScopedFd wake_fd);
+  Impl(const Options& options, const KvLayout& layout, tcp::ScopedFd listen_fd, int port,
+       tcp::ScopedFd wake_fd);
   ~Impl();
 
   int port() const { return port_; }
-  absl::Status Expect(const std::string& request_id, uint32_t attempt,
-                      uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
-                      DoneCallback done);
+  [[nodiscard]] absl::Status Expect(const std::string& request_id, uint32_t attempt,
+                                    uint32_t hit_tokens, uint32_t prompt_len, KvWriter* writer,
+                                    DoneCallback done);
   void Cancel(const std::string& request_id);
-  absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
-                             const std::string& reason);
+  [[nodiscard]] absl::Status CancelAttempt(const std::string& request_id, uint32_t attempt,
+                                           const std::string& reason);
   uint32_t in_flight() const { return in_flight_.load(); }
   // Per transport (KvReceiver::kv_bytes_received) and summed.
-  uint64_t bytes(KvTransport t) const {
-    return bytes_[static_cast<size_t>(t)].load();
-  }
+  uint64_t bytes(KvTransport t) const { return bytes_[static_cast<size_t>(t)].load(); }
   uint64_t bytes_total() const;
   double transfer_seconds_total() const;
   uint64_t transfers_completed_total() const;
@@ -229,12 +227,10 @@ class KvReceiver::Impl {
   void EndLocked(std::shared_ptr<Transfer> t, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ABORTING -> QUIESCED: forgets the key, queues `done`.
-  void CompleteLocked(std::shared_ptr<Transfer> t)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteLocked(std::shared_ptr<Transfer> t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CompleteLocked once an ABORTING transfer has no write, data receiver
   // call or quiesce pending.
-  void MaybeCompleteLocked(const std::shared_ptr<Transfer>& t)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCompleteLocked(const std::shared_ptr<Transfer>& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the I/O thread to look at connection `conn_id` (its transfer
   // ended or was taken over).
   void KickLocked(uint64_t conn_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -251,19 +247,20 @@ class KvReceiver::Impl {
   // The HELLO's transport checks (Handshake, under mu_): OK and *a set to
   // a new, unopened attempt for a device transport (null for tcp), or
   // FAILED_PRECONDITION (unknown name, not offered, no device target).
-  absl::Status CheckTransportLocked(const Transfer& t, const wire::Hello& hello,
-                                    std::shared_ptr<receiver_internal::DeviceAttempt>* a)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status CheckTransportLocked(
+      const Transfer& t, const wire::Hello& hello,
+      std::shared_ptr<receiver_internal::DeviceAttempt>* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After an accepted HELLO of a device transport: KvDataReceiver::
   // OpenTransfer (mu_ released). OK, or the status to REJECT with (the
   // transfer ended with it unless it had already ended).
-  absl::Status OpenDevice(const std::shared_ptr<Transfer>& t, const wire::Hello& hello);
+  [[nodiscard]] absl::Status OpenDevice(const std::shared_ptr<Transfer>& t,
+                                        const wire::Hello& hello);
   // A FRAME_DESC on c: checked, then handed to KvDataReceiver::Receive.
   void OnFrameDesc(Conn& c);
   // Receive's `done` (any thread).
   void OnReceived(const std::shared_ptr<Transfer>& t,
-                  const std::shared_ptr<receiver_internal::DeviceAttempt>& a,
-                  uint64_t bytes, absl::Status status);
+                  const std::shared_ptr<receiver_internal::DeviceAttempt>& a, uint64_t bytes,
+                  absl::Status status);
   // CloseTransfer's `quiesced` (any thread).
   void OnQuiesced(const std::shared_ptr<Transfer>& t);
   // Queues CloseTransfer for attempt `a` of `t` (opened, not yet closing)
@@ -276,8 +273,7 @@ class KvReceiver::Impl {
   void RunCloses();
   // A device transfer whose FINAL checked out and whose Receives are all
   // done: ends it OK (its connection sends ACK).
-  void SucceedLocked(const std::shared_ptr<Transfer>& t)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SucceedLocked(const std::shared_ptr<Transfer>& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends ACK on c and closes it once sent (device transfer succeeded).
   void SendAck(Conn& c);
   // Whether nothing of the data plane is pending (destructor's wait).
@@ -330,8 +326,8 @@ class KvReceiver::Impl {
   // Otherwise the status to REJECT with; a HELLO refused for its content
   // (unknown dtype, layout mismatch) also ends the transfer it names if
   // that attempt could have taken it.
-  absl::Status Handshake(const Conn& c, wire::Hello* hello,
-                         std::shared_ptr<Transfer>* out);
+  [[nodiscard]] absl::Status Handshake(const Conn& c, wire::Hello* hello,
+                                       std::shared_ptr<Transfer>* out);
   // A FRAME: checked, then written into the transfer's writer (mu_
   // released, Transfer::writing set); a bad one ends transfer and c.
   void OnFrame(Conn& c);
@@ -342,21 +338,20 @@ class KvReceiver::Impl {
   // it lost it), then closes c with the resulting status.
   void FailTransfer(Conn& c, absl::Status status);
   // Checks one frame against the agreed range; DATA_LOSS names the check.
-  absl::Status CheckFrame(const Transfer& t, const wire::Hello& hello,
-                          const wire::FrameView& f) const;
+  [[nodiscard]] absl::Status CheckFrame(const Transfer& t, const wire::Hello& hello,
+                                        const wire::FrameView& f) const;
   // CheckFrame without the payload size (FRAME_DESC has none).
-  absl::Status CheckFrameRange(const Transfer& t, const wire::Hello& hello,
-                               const wire::FrameHeader& h) const;
+  [[nodiscard]] absl::Status CheckFrameRange(const Transfer& t, const wire::Hello& hello,
+                                             const wire::FrameHeader& h) const;
   // Checks FINAL's totals and every layer's coverage; DATA_LOSS otherwise.
-  absl::Status CheckFinalLocked(const Transfer& t, const wire::Hello& hello,
-                                const TransferResult& final_msg) const
+  [[nodiscard]] absl::Status CheckFinalLocked(const Transfer& t, const wire::Hello& hello,
+                                              const TransferResult& final_msg) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool OwnsLocked(const Transfer& t, const Conn& c) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool OwnsLocked(const Transfer& t, const Conn& c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return t.state == TransferState::kReceiving && t.conn_id == c.id;
   }
   // Why connection `c` no longer owns `t` (cancelled, failed, superseded).
-  absl::Status LostLocked(const Transfer& t, const wire::Hello& hello) const
+  [[nodiscard]] absl::Status LostLocked(const Transfer& t, const wire::Hello& hello) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Const after construction.
@@ -387,8 +382,8 @@ class KvReceiver::Impl {
   std::vector<uint64_t> kicked_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Transfer>> completions_ ABSL_GUARDED_BY(mu_);
   // CloseTransfer calls for the I/O thread to make.
-  std::vector<std::pair<std::shared_ptr<Transfer>,
-                        std::shared_ptr<receiver_internal::DeviceAttempt>>>
+  std::vector<
+      std::pair<std::shared_ptr<Transfer>, std::shared_ptr<receiver_internal::DeviceAttempt>>>
       pending_closes_ ABSL_GUARDED_BY(mu_);
   uint64_t outstanding_total_ ABSL_GUARDED_BY(mu_) = 0;  // Receives not done
   uint64_t quiesce_pending_ ABSL_GUARDED_BY(mu_) = 0;    // CloseTransfers not quiesced

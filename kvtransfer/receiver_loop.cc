@@ -31,8 +31,7 @@ namespace {
 // Milliseconds from now until `t` for poll(), rounded up (0 when past).
 int PollMs(Clock::time_point now, Clock::time_point t) {
   if (t <= now) return 0;
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(t - now).count();
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t - now).count();
   return static_cast<int>(std::min<int64_t>((us + 999) / 1000, 1 << 30));
 }
 
@@ -86,8 +85,7 @@ void KvReceiver::Impl::IoLoop() {
       if ((re & (POLLOUT | POLLERR | POLLHUP)) && c.out_sent < c.out.size()) {
         Flush(c);
       }
-      if (c.fd.valid() && c.phase != ConnPhase::kClosing &&
-          (re & (POLLIN | POLLERR | POLLHUP))) {
+      if (c.fd.valid() && c.phase != ConnPhase::kClosing && (re & (POLLIN | POLLERR | POLLHUP))) {
         OnReadable(c);
       }
     }
@@ -121,8 +119,8 @@ void KvReceiver::Impl::IoLoop() {
   for (auto& [id, c] : conns_) {
     if (!c->fd.valid()) continue;
     if (c->out_sent < c->out.size()) {
-      (void)::send(c->fd.get(), c->out.data() + c->out_sent,
-                   c->out.size() - c->out_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)::send(c->fd.get(), c->out.data() + c->out_sent, c->out.size() - c->out_sent,
+                   MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     c->fd.Reset();
   }
@@ -136,8 +134,8 @@ void KvReceiver::Impl::AcceptAll() {
       // EMFILE and the like: the listener would stay readable and spin the
       // loop; leave the connection in the backlog for a while.
       accept_paused_until_ = Clock::now() + kAcceptPause;
-      LogLine(absl::StrCat("KV receiver: ", fd.status().message(),
-                           "; not accepting for ", kAcceptPause.count(), " ms"));
+      LogLine(absl::StrCat("KV receiver: ", fd.status().message(), "; not accepting for ",
+                           kAcceptPause.count(), " ms"));
       return;
     }
     if (!fd->valid()) return;
@@ -152,11 +150,9 @@ void KvReceiver::Impl::AcceptAll() {
 
 void KvReceiver::Impl::OnReadable(Conn& c) {
   size_t used = 0;
-  while (c.fd.valid() && c.phase != ConnPhase::kClosing &&
-         used < kReadBudgetBytes) {
+  while (c.fd.valid() && c.phase != ConnPhase::kClosing && used < kReadBudgetBytes) {
     MessageReader::Progress p;
-    absl::Status s =
-        c.reader.ReadSome(c.fd.get(), c.max_payload, kReadBudgetBytes - used, &p);
+    absl::Status s = c.reader.ReadSome(c.fd.get(), c.max_payload, kReadBudgetBytes - used, &p);
     used += p.bytes;
     // Silence is measured from the last byte, so a big frame on a slow
     // link is not cut off while bytes keep coming.
@@ -183,9 +179,8 @@ void KvReceiver::Impl::OnReadError(Conn& c, absl::Status status) {
     return;
   }
   if (absl::IsUnavailable(status)) {
-    status = absl::UnavailableError(
-        absl::StrCat("KV sender for request ", c.hello.request_id,
-                     " went away mid-transfer: ", status.message()));
+    status = absl::UnavailableError(absl::StrCat("KV sender for request ", c.hello.request_id,
+                                                 " went away mid-transfer: ", status.message()));
   }
   FailTransfer(c, std::move(status));
 }
@@ -226,17 +221,17 @@ void KvReceiver::Impl::FireDeadlines(Clock::time_point now) {
     if (!c.fd.valid() || now < c.deadline) continue;
     switch (c.phase) {
       case ConnPhase::kHandshake:
-        Close(c, absl::DeadlineExceededError(absl::StrCat(
-                     "no complete KV HELLO within ",
-                     options_.handshake_timeout_ms, " ms of connecting")));
+        Close(c, absl::DeadlineExceededError(absl::StrCat("no complete KV HELLO within ",
+                                                          options_.handshake_timeout_ms,
+                                                          " ms of connecting")));
         break;
       case ConnPhase::kReceiving:
         FailTransfer(c, absl::DeadlineExceededError(absl::StrCat(
-                            "KV transfer for request ", c.hello.request_id,
-                            " stalled for ", options_.transfer_timeout_ms,
+                            "KV transfer for request ", c.hello.request_id, " stalled for ",
+                            options_.transfer_timeout_ms,
                             " ms: no byte (not even a KEEPALIVE) from the prefill "
-                            "worker at ", c.peer,
-                            "; it stopped or the link is down (kv.transfer_timeout_ms)")));
+                            "worker at ",
+                            c.peer, "; it stopped or the link is down (kv.transfer_timeout_ms)")));
         break;
       case ConnPhase::kClosing:
         CloseNow(c);
@@ -246,21 +241,18 @@ void KvReceiver::Impl::FireDeadlines(Clock::time_point now) {
   absl::MutexLock l(&mu_);
   std::vector<std::shared_ptr<Transfer>> expired;
   for (auto& [id, t] : transfers_) {
-    if (t->state == TransferState::kAwaitingHello &&
-        now >= t->handshake_deadline) {
+    if (t->state == TransferState::kAwaitingHello && now >= t->handshake_deadline) {
       expired.push_back(t);
     }
   }
   for (auto& t : expired) {
     EndLocked(t, absl::DeadlineExceededError(absl::StrCat(
-                     "no KV sender said HELLO for request ", t->request_id,
-                     " attempt ", t->attempt, " within ",
-                     options_.handshake_timeout_ms,
+                     "no KV sender said HELLO for request ", t->request_id, " attempt ", t->attempt,
+                     " within ", options_.handshake_timeout_ms,
                      " ms: no prefill worker connected for it (kv.handshake_timeout_ms)")));
   }
   for (auto it = finished_.begin(); it != finished_.end();) {
-    it = (now - it->second.at >= kFinishedMemory) ? finished_.erase(it)
-                                                  : std::next(it);
+    it = (now - it->second.at >= kFinishedMemory) ? finished_.erase(it) : std::next(it);
   }
 }
 
@@ -284,9 +276,8 @@ void KvReceiver::Impl::Queue(Conn& c, const std::string& bytes) {
 
 void KvReceiver::Impl::Flush(Conn& c) {
   while (c.out_sent < c.out.size()) {
-    const ssize_t n =
-        ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent,
-               MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n < 0) {
@@ -305,18 +296,16 @@ void KvReceiver::Impl::Flush(Conn& c) {
 void KvReceiver::Impl::Close(Conn& c, const absl::Status& status) {
   if (!c.fd.valid() || c.phase == ConnPhase::kClosing) return;
   if (c.phase == ConnPhase::kHandshake) {
-    LogLine(absl::StrCat("KV receiver: refused connection from ", c.peer, ": ",
-                         status.ToString()));
+    LogLine(absl::StrCat("KV receiver: refused connection from ", c.peer, ": ", status.ToString()));
   } else if (!status.ok()) {
     bool superseded;
     {
       absl::MutexLock l(&mu_);
-      superseded = c.transfer->state == TransferState::kReceiving &&
-                   c.transfer->conn_id != c.id;
+      superseded = c.transfer->state == TransferState::kReceiving && c.transfer->conn_id != c.id;
     }
     if (superseded) {
-      LogLine(absl::StrCat("KV receiver: closed connection from ", c.peer, ": ",
-                           status.ToString()));
+      LogLine(
+          absl::StrCat("KV receiver: closed connection from ", c.peer, ": ", status.ToString()));
     }
   }
   if (status.ok()) {

@@ -32,22 +32,27 @@ namespace {
 using tcp::Clock;
 
 enum class State {
-  kNew,         // queued for the sender thread to connect
-  kConnecting,  // connect in progress
-  kHandshake,   // connected: HELLO going out, then waiting for ACCEPT
-  kStreaming,   // accepted: FRAMEs (or FRAME_DESCs) and FINAL go out as queued
-  kAwaitingAck, // a device transfer's FINAL is written: waiting for D's ACK
-  kDone,        // result known, socket closed
+  kNew,          // queued for the sender thread to connect
+  kConnecting,   // connect in progress
+  kHandshake,    // connected: HELLO going out, then waiting for ACCEPT
+  kStreaming,    // accepted: FRAMEs (or FRAME_DESCs) and FINAL go out as queued
+  kAwaitingAck,  // a device transfer's FINAL is written: waiting for D's ACK
+  kDone,         // result known, socket closed
 };
 
 const char* Doing(State s) {
   switch (s) {
     case State::kNew:
-    case State::kConnecting: return "connecting";
-    case State::kHandshake: return "waiting for ACCEPT";
-    case State::kStreaming: return "sending";
-    case State::kAwaitingAck: return "waiting for ACK";
-    case State::kDone: return "done";
+    case State::kConnecting:
+      return "connecting";
+    case State::kHandshake:
+      return "waiting for ACCEPT";
+    case State::kStreaming:
+      return "sending";
+    case State::kAwaitingAck:
+      return "waiting for ACK";
+    case State::kDone:
+      return "done";
   }
   return "?";
 }
@@ -62,13 +67,13 @@ struct Transfer {
   KvSendQueue::Notify notify;
   State state = State::kNew;
   tcp::ScopedFd fd;
-  std::string hello;  // unwritten tail of the HELLO
-  wire::Hello sent_hello;  // what the HELLO said (its nonce, for ACCEPT's answer)
+  std::string hello;            // unwritten tail of the HELLO
+  wire::Hello sent_hello;       // what the HELLO said (its nonce, for ACCEPT's answer)
   std::deque<std::string> out;  // messages after HELLO, front partly written
   size_t front_written = 0;     // bytes of out.front() already written
   uint64_t queued = 0;          // bytes of `out` not written yet
   bool final_queued = false;
-  std::string in;               // bytes read from the receiver
+  std::string in;  // bytes read from the receiver
   Clock::time_point last_progress;
   // When a byte last went to the receiver (or ACCEPT came): a streaming
   // transfer with nothing to send sends KEEPALIVE KeepaliveIntervalMs after.
@@ -79,9 +84,8 @@ struct Transfer {
 
   // Whether the silence bound applies (the transfer waits for the network).
   bool Waiting() const {
-    return state == State::kNew || state == State::kConnecting ||
-           state == State::kHandshake || state == State::kAwaitingAck ||
-           (state == State::kStreaming && queued > 0);
+    return state == State::kNew || state == State::kConnecting || state == State::kHandshake ||
+           state == State::kAwaitingAck || (state == State::kStreaming && queued > 0);
   }
   bool device() const { return transport != KvTransport::kTcp; }
   // Accepted, nothing queued, no FINAL yet: the request waits on P.
@@ -110,17 +114,16 @@ class KvSendQueue::Impl {
     absl::MutexLock lock(&mu_);
     for (auto& [id, t] : transfers_) {
       End(t, absl::CancelledError(absl::StrCat("KV transfer of request ", t.request_id,
-                                                " cancelled: the KV send queue shut down")));
+                                               " cancelled: the KV send queue shut down")));
     }
     if (wake_read_ >= 0) ::close(wake_read_);
     if (wake_write_ >= 0) ::close(wake_write_);
   }
 
-  absl::Status Init() {
+  [[nodiscard]] absl::Status Init() {
     int fds[2];
     if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-      return absl::InternalError(
-          absl::StrCat("KvSendQueue: pipe2 failed: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("KvSendQueue: pipe2 failed: ", std::strerror(errno)));
     }
     wake_read_ = fds[0];
     wake_write_ = fds[1];
@@ -128,10 +131,12 @@ class KvSendQueue::Impl {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<TransferId> Open(const std::string& endpoint, const std::string& request_id,
-                                  uint32_t attempt, const KvLayout& layout,
-                                  const std::string& bit_exact_class, KvTransport transport,
-                                  const std::string& transport_setup, Notify notify) {
+  [[nodiscard]] absl::StatusOr<TransferId> Open(const std::string& endpoint,
+                                                const std::string& request_id, uint32_t attempt,
+                                                const KvLayout& layout,
+                                                const std::string& bit_exact_class,
+                                                KvTransport transport,
+                                                const std::string& transport_setup, Notify notify) {
     absl::StatusOr<tcp::HostPort> hp = tcp::ParseEndpoint(endpoint);
     if (!hp.ok()) return hp.status();
     if (transport_setup.size() > wire::kMaxTransportSetupBytes) {
@@ -140,9 +145,9 @@ class KvSendQueue::Impl {
           " bytes exceeds the limit of ", wire::kMaxTransportSetupBytes));
     }
     if (!IsKnownKvDtype(static_cast<uint32_t>(layout.dtype))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KvSendQueue::Open: layout.dtype ", static_cast<uint32_t>(layout.dtype),
-          " is not a KvDtype"));
+      return absl::InvalidArgumentError(absl::StrCat("KvSendQueue::Open: layout.dtype ",
+                                                     static_cast<uint32_t>(layout.dtype),
+                                                     " is not a KvDtype"));
     }
     wire::Hello h;
     h.request_id = request_id;
@@ -154,10 +159,11 @@ class KvSendQueue::Impl {
     SignHello(options_.auth, &h);
     std::string hello = wire::EncodeHello(h);
     if (hello.size() - wire::kHeaderBytes > wire::kMaxControlPayload) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KvSendQueue::Open: HELLO of ", hello.size(), " bytes exceeds the ",
-          wire::kMaxControlPayload, "-byte control limit (request_id, fingerprint or "
-          "bit_exact_class too long)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvSendQueue::Open: HELLO of ", hello.size(), " bytes exceeds the ",
+                       wire::kMaxControlPayload,
+                       "-byte control limit (request_id, fingerprint or "
+                       "bit_exact_class too long)"));
     }
     TransferId id;
     {
@@ -183,7 +189,7 @@ class KvSendQueue::Impl {
     return id;
   }
 
-  absl::StatusOr<bool> HasRoom(TransferId id) {
+  [[nodiscard]] absl::StatusOr<bool> HasRoom(TransferId id) {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Transfer*> t = Find(id);
     if (!t.ok()) return t.status();
@@ -194,9 +200,9 @@ class KvSendQueue::Impl {
     return false;
   }
 
-  absl::StatusOr<bool> EnqueueFrame(TransferId id, uint32_t layer, uint32_t token_start,
-                                    uint32_t token_count, const void* k, const void* v,
-                                    Admit admit) {
+  [[nodiscard]] absl::StatusOr<bool> EnqueueFrame(TransferId id, uint32_t layer,
+                                                  uint32_t token_start, uint32_t token_count,
+                                                  const void* k, const void* v, Admit admit) {
     // Checks and the FRAME's fields under the lock; the K/V copy without
     // it (the sender thread keeps writing meanwhile).
     std::string msg;
@@ -211,9 +217,9 @@ class KvSendQueue::Impl {
             std::string(KvTransportName((*t)->transport)), "; its frames go as EnqueueDescriptor"));
       }
       if (layer >= (*t)->n_layers || token_count == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "KvSendQueue::EnqueueFrame: layer ", layer, " (n_layers ", (*t)->n_layers,
-            "), token_count ", token_count, " (must be > 0)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvSendQueue::EnqueueFrame: layer ", layer, " (n_layers ", (*t)->n_layers,
+                         "), token_count ", token_count, " (must be > 0)"));
       }
       half = uint64_t{token_count} * (*t)->row_bytes;
       absl::StatusOr<std::string> prefix = wire::EncodeFramePrefix(
@@ -222,8 +228,7 @@ class KvSendQueue::Impl {
       msg = *std::move(prefix);
       Destination& d = dests_[(*t)->endpoint];
       const uint64_t size = msg.size() + 2 * half;
-      if (admit == Admit::kIfRoom && d.queued > 0 &&
-          d.queued + size > options_.send_buffer_bytes) {
+      if (admit == Admit::kIfRoom && d.queued > 0 && d.queued + size > options_.send_buffer_bytes) {
         d.waiter = true;
         return false;
       }
@@ -244,21 +249,21 @@ class KvSendQueue::Impl {
     return true;
   }
 
-  absl::Status EnqueueDescriptor(TransferId id, const FrameDescriptor& f) {
+  [[nodiscard]] absl::Status EnqueueDescriptor(TransferId id, const FrameDescriptor& f) {
     {
       absl::MutexLock lock(&mu_);
       absl::StatusOr<Transfer*> found = Usable(id, "EnqueueDescriptor");
       if (!found.ok()) return found.status();
       Transfer& t = **found;
       auto bad = [&](const std::string& why) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "KvSendQueue::EnqueueDescriptor: request ", t.request_id, " attempt ", t.attempt,
-            ": ", why));
+        return absl::InvalidArgumentError(absl::StrCat("KvSendQueue::EnqueueDescriptor: request ",
+                                                       t.request_id, " attempt ", t.attempt, ": ",
+                                                       why));
       };
       if (!t.device()) return bad("a tcp transfer takes FRAMEs (EnqueueFrame), not descriptors");
       if (f.request_id != t.request_id || f.attempt != t.attempt) {
-        return bad(absl::StrCat("descriptor is for request ", f.request_id, " attempt ",
-                                f.attempt));
+        return bad(
+            absl::StrCat("descriptor is for request ", f.request_id, " attempt ", f.attempt));
       }
       if (f.layer >= t.n_layers) {
         return bad(absl::StrCat("layer ", f.layer, " >= n_layers ", t.n_layers));
@@ -276,17 +281,17 @@ class KvSendQueue::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples) {
+  [[nodiscard]] absl::Status EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples) {
     if (samples.empty() || samples.size() > kMaxFinalSamples) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KvSendQueue::EnqueueFinal: samples: must hold 1 to ", kMaxFinalSamples,
-          " samples, got ", samples.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvSendQueue::EnqueueFinal: samples: must hold 1 to ", kMaxFinalSamples,
+                       " samples, got ", samples.size()));
     }
     for (size_t i = 0; i < samples.size(); ++i) {
       if (samples[i].top_logprobs.size() > kMaxFinalTopLogprobs) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "KvSendQueue::EnqueueFinal: samples[", i, "].top_logprobs: at most ",
-            kMaxFinalTopLogprobs, " entries, got ", samples[i].top_logprobs.size()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("KvSendQueue::EnqueueFinal: samples[", i, "].top_logprobs: at most ",
+                         kMaxFinalTopLogprobs, " entries, got ", samples[i].top_logprobs.size()));
       }
     }
     {
@@ -319,8 +324,8 @@ class KvSendQueue::Impl {
       Transfer& t = it->second;
       t.notify = nullptr;
       if (!t.result.has_value()) {
-        End(t, absl::CancelledError(absl::StrCat("KV transfer of request ", t.request_id,
-                                                  " cancelled")));
+        End(t, absl::CancelledError(
+                   absl::StrCat("KV transfer of request ", t.request_id, " cancelled")));
       }
       transfers_.erase(it);
     }
@@ -334,7 +339,7 @@ class KvSendQueue::Impl {
   }
 
  private:
-  absl::StatusOr<Transfer*> Find(TransferId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  [[nodiscard]] absl::StatusOr<Transfer*> Find(TransferId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = transfers_.find(id);
     if (it == transfers_.end()) {
       return absl::NotFoundError(absl::StrCat("KvSendQueue: unknown transfer id ", id));
@@ -343,15 +348,14 @@ class KvSendQueue::Impl {
   }
 
   // A transfer that still takes messages: not failed, no FINAL yet.
-  absl::StatusOr<Transfer*> Usable(TransferId id, const char* what)
+  [[nodiscard]] absl::StatusOr<Transfer*> Usable(TransferId id, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<Transfer*> t = Find(id);
     if (!t.ok()) return t;
     if ((*t)->result.has_value() && !(*t)->result->ok()) return *(*t)->result;
     if ((*t)->final_queued) {
-      return absl::InvalidArgumentError(absl::StrCat("KvSendQueue::", what, ": request ",
-                                                     (*t)->request_id,
-                                                     " already queued its FINAL"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvSendQueue::", what, ": request ", (*t)->request_id, " already queued its FINAL"));
     }
     return t;
   }
@@ -395,15 +399,15 @@ class KvSendQueue::Impl {
     (void)!::write(wake_write_, &c, 1);  // full pipe: a wake-up is pending anyway
   }
 
-  absl::Status Rejected(const Transfer& t, const wire::Reject& r) const {
+  [[nodiscard]] absl::Status Rejected(const Transfer& t, const wire::Reject& r) const {
     return absl::Status(r.code, absl::StrCat("KV receiver ", t.endpoint, " rejected request ",
-                                             t.request_id, " attempt ", t.attempt, ": ",
-                                             r.reason));
+                                             t.request_id, " attempt ", t.attempt, ": ", r.reason));
   }
 
-  absl::Status Error(const Transfer& t, absl::StatusCode code, const std::string& why) const {
-    return absl::Status(code, absl::StrCat("KV transfer of request ", t.request_id, " to ",
-                                           t.endpoint, ": ", why));
+  [[nodiscard]] absl::Status Error(const Transfer& t, absl::StatusCode code,
+                                   const std::string& why) const {
+    return absl::Status(
+        code, absl::StrCat("KV transfer of request ", t.request_id, " to ", t.endpoint, ": ", why));
   }
 
   // Reads what the receiver sent. Before ACCEPT: ACCEPT moves to
@@ -426,10 +430,10 @@ class KvSendQueue::Impl {
       const int err = errno;
       ParseReplies(t);
       if (!t.result.has_value()) {
-        End(t, Error(t, absl::StatusCode::kUnavailable,
-                      n == 0 ? absl::StrCat("KV receiver closed the connection while ",
-                                            Doing(t.state))
-                             : absl::StrCat("connection failed: ", std::strerror(err))));
+        End(t,
+            Error(t, absl::StatusCode::kUnavailable,
+                  n == 0 ? absl::StrCat("KV receiver closed the connection while ", Doing(t.state))
+                         : absl::StrCat("connection failed: ", std::strerror(err))));
       }
       return;
     }
@@ -451,8 +455,8 @@ class KvSendQueue::Impl {
     wire::GetHeader(t.in.data(), &type, &length);
     if (length > wire::kMaxControlPayload) {
       End(t, Error(t, absl::StatusCode::kDataLoss,
-                    absl::StrCat("KV receiver sent ", wire::MessageTypeName(type), " of ",
-                                 length, " bytes")));
+                   absl::StrCat("KV receiver sent ", wire::MessageTypeName(type), " of ", length,
+                                " bytes")));
       return true;
     }
     if (t.in.size() < wire::kHeaderBytes + length) return false;
@@ -462,8 +466,8 @@ class KvSendQueue::Impl {
       End(t, r.ok() ? Rejected(t, *r) : r.status());
       return true;
     }
-    if (type == static_cast<uint32_t>(wire::MessageType::kAccept) &&
-        t.state == State::kHandshake && t.hello.empty()) {
+    if (type == static_cast<uint32_t>(wire::MessageType::kAccept) && t.state == State::kHandshake &&
+        t.hello.empty()) {
       std::string answer;
       absl::Status s = wire::DecodeAccept(payload, &answer);
       if (!s.ok()) {
@@ -488,9 +492,10 @@ class KvSendQueue::Impl {
     }
     // Also an ACK on a tcp transfer or before the FINAL was written.
     End(t, Error(t, absl::StatusCode::kDataLoss,
-                  absl::StrCat("unexpected ", wire::MessageTypeName(type), " from the receiver "
-                               "while ", Doing(t.state),
-                               t.device() ? "" : " (a tcp transfer gets no ACK)")));
+                 absl::StrCat("unexpected ", wire::MessageTypeName(type),
+                              " from the receiver "
+                              "while ",
+                              Doing(t.state), t.device() ? "" : " (a tcp transfer gets no ACK)")));
     return true;
   }
 
@@ -526,7 +531,7 @@ class KvSendQueue::Impl {
         ReadFrom(t);  // the receiver's REJECT, if it sent one, says why
         if (!t.result.has_value()) {
           End(t, Error(t, absl::StatusCode::kUnavailable,
-                        absl::StrCat("connection failed while sending: ", std::strerror(err))));
+                       absl::StrCat("connection failed while sending: ", std::strerror(err))));
         }
         return;
       }
@@ -609,22 +614,25 @@ class KvSendQueue::Impl {
               Push(t, wire::EncodeKeepalive());  // written below (POLLOUT)
             } else {
               const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  t.last_sent + keepalive - now).count() + 1;
+                                    t.last_sent + keepalive - now)
+                                    .count() +
+                                1;
               timeout_ms = timeout_ms < 0 ? static_cast<int>(left)
                                           : std::min(timeout_ms, static_cast<int>(left));
             }
           }
           if (t.Waiting()) {
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                t.last_progress + std::chrono::milliseconds(options_.transfer_timeout_ms) -
-                now).count() + 1;
+            const auto left =
+                std::chrono::duration_cast<std::chrono::milliseconds>(
+                    t.last_progress + std::chrono::milliseconds(options_.transfer_timeout_ms) - now)
+                    .count() +
+                1;
             const int ms = static_cast<int>(std::max<int64_t>(0, left));
             timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
           }
           if (!t.fd.valid()) continue;
           short events = POLLIN;
-          if (t.state == State::kConnecting ||
-              (t.state == State::kHandshake && !t.hello.empty()) ||
+          if (t.state == State::kConnecting || (t.state == State::kHandshake && !t.hello.empty()) ||
               (t.state == State::kStreaming && !t.out.empty())) {
             events |= POLLOUT;
           }
@@ -638,7 +646,7 @@ class KvSendQueue::Impl {
         absl::MutexLock lock(&mu_);
         for (auto& [id, t] : transfers_) {
           End(t, Error(t, absl::StatusCode::kUnavailable,
-                        absl::StrCat("poll failed: ", std::strerror(errno))));
+                       absl::StrCat("poll failed: ", std::strerror(errno))));
         }
         continue;
       }
@@ -674,10 +682,10 @@ class KvSendQueue::Impl {
       for (auto& [id, t] : transfers_) {
         if (t.result.has_value() || !t.Waiting()) continue;
         if (now - t.last_progress >= std::chrono::milliseconds(options_.transfer_timeout_ms)) {
-          End(t, absl::DeadlineExceededError(absl::StrCat(
-                      "KV transfer of request ", t.request_id, " to ", t.endpoint,
-                      ": no progress for ", options_.transfer_timeout_ms, " ms while ",
-                      Doing(t.state))));
+          End(t,
+              absl::DeadlineExceededError(absl::StrCat(
+                  "KV transfer of request ", t.request_id, " to ", t.endpoint, ": no progress for ",
+                  options_.transfer_timeout_ms, " ms while ", Doing(t.state))));
         }
       }
     }
@@ -715,11 +723,13 @@ int KeepaliveIntervalMs(int transfer_timeout_ms) {
 KvSendQueue::KvSendQueue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 KvSendQueue::~KvSendQueue() = default;
 
-absl::StatusOr<KvSendQueue::TransferId> KvSendQueue::Open(
-    const std::string& endpoint, const std::string& request_id, uint32_t attempt,
-    const KvLayout& layout, const std::string& bit_exact_class, Notify notify) {
-  return impl_->Open(endpoint, request_id, attempt, layout, bit_exact_class, KvTransport::kTcp,
-                     "", std::move(notify));
+absl::StatusOr<KvSendQueue::TransferId> KvSendQueue::Open(const std::string& endpoint,
+                                                          const std::string& request_id,
+                                                          uint32_t attempt, const KvLayout& layout,
+                                                          const std::string& bit_exact_class,
+                                                          Notify notify) {
+  return impl_->Open(endpoint, request_id, attempt, layout, bit_exact_class, KvTransport::kTcp, "",
+                     std::move(notify));
 }
 absl::StatusOr<KvSendQueue::TransferId> KvSendQueue::OpenWithTransport(
     const std::string& endpoint, const std::string& request_id, uint32_t attempt,
@@ -732,9 +742,9 @@ absl::Status KvSendQueue::EnqueueDescriptor(TransferId id, const FrameDescriptor
   return impl_->EnqueueDescriptor(id, frame);
 }
 absl::StatusOr<bool> KvSendQueue::HasRoom(TransferId id) { return impl_->HasRoom(id); }
-absl::StatusOr<bool> KvSendQueue::EnqueueFrame(TransferId id, uint32_t layer,
-                                               uint32_t token_start, uint32_t token_count,
-                                               const void* k, const void* v, Admit admit) {
+absl::StatusOr<bool> KvSendQueue::EnqueueFrame(TransferId id, uint32_t layer, uint32_t token_start,
+                                               uint32_t token_count, const void* k, const void* v,
+                                               Admit admit) {
   return impl_->EnqueueFrame(id, layer, token_start, token_count, k, v, admit);
 }
 absl::Status KvSendQueue::EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples) {

@@ -89,7 +89,7 @@ class KvSendQueue {
   // Starts the sender thread. Errors: INVALID_ARGUMENT naming the option
   // (send_buffer_bytes == 0, transfer_timeout_ms <= 0); INTERNAL if the
   // wake-up pipe cannot be made.
-  static absl::StatusOr<std::unique_ptr<KvSendQueue>> Start(const Options& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvSendQueue>> Start(const Options& options);
   // Stops the thread and closes every connection; transfers still open end
   // CANCELLED (their notify runs). Ids stay valid for Result/Close.
   ~KvSendQueue();
@@ -101,22 +101,20 @@ class KvSendQueue {
   // and handshakes. Frames queued before ACCEPT wait for it. Errors
   // (nothing opened): INVALID_ARGUMENT for a bad endpoint, a dtype outside
   // KvDtype, or a HELLO over wire::kMaxControlPayload bytes.
-  absl::StatusOr<TransferId> Open(const std::string& endpoint, const std::string& request_id,
-                                  uint32_t attempt, const KvLayout& layout,
-                                  const std::string& bit_exact_class, Notify notify);
+  [[nodiscard]] absl::StatusOr<TransferId> Open(const std::string& endpoint,
+                                                const std::string& request_id, uint32_t attempt,
+                                                const KvLayout& layout,
+                                                const std::string& bit_exact_class, Notify notify);
   // The same for a device data path (data_plane.h): the HELLO names
   // `transport` and carries `transport_setup` (KvDataSender::OpenTransfer's,
   // at most 16 KiB: INVALID_ARGUMENT beyond); the transfer then takes
   // EnqueueDescriptor instead of EnqueueFrame, and its Result() is OK only
   // once D's ACK arrived after the FINAL (not when the FINAL was written).
   // transport tcp: exactly Open above.
-  absl::StatusOr<TransferId> OpenWithTransport(const std::string& endpoint,
-                                               const std::string& request_id, uint32_t attempt,
-                                               const KvLayout& layout,
-                                               const std::string& bit_exact_class,
-                                               KvTransport transport,
-                                               const std::string& transport_setup,
-                                               Notify notify);
+  [[nodiscard]] absl::StatusOr<TransferId> OpenWithTransport(
+      const std::string& endpoint, const std::string& request_id, uint32_t attempt,
+      const KvLayout& layout, const std::string& bit_exact_class, KvTransport transport,
+      const std::string& transport_setup, Notify notify);
   // Queues one FRAME_DESC (a frame whose bytes travel on the data path;
   // always admitted: it is small). Errors: INVALID_ARGUMENT for a tcp
   // transfer, a descriptor whose request id / attempt differ from the
@@ -124,25 +122,26 @@ class KvSendQueue {
   // or a descriptor after the FINAL; the transfer's error once it failed;
   // NOT_FOUND for an unknown id. FINAL's totals count descriptors as
   // frames and their FrameBytes as kv_bytes.
-  absl::Status EnqueueDescriptor(TransferId id, const FrameDescriptor& frame);
+  [[nodiscard]] absl::Status EnqueueDescriptor(TransferId id, const FrameDescriptor& frame);
   // true: the transfer's destination is below its budget; false: it is
   // full (notify follows when it drains); an error: the transfer already
   // failed (its result), or NOT_FOUND for an unknown id.
-  absl::StatusOr<bool> HasRoom(TransferId id);
+  [[nodiscard]] absl::StatusOr<bool> HasRoom(TransferId id);
   // Queues one FRAME: k, v are token_count * layout.RowBytes() bytes each
   // (copied). true: queued; false: not now (kIfRoom and the budget is
   // full; nothing queued). Errors: INVALID_ARGUMENT for layer >= n_layers,
   // token_count == 0 or a frame after the FINAL; the transfer's error once
   // it failed; NOT_FOUND for an unknown id.
-  absl::StatusOr<bool> EnqueueFrame(TransferId id, uint32_t layer, uint32_t token_start,
-                                    uint32_t token_count, const void* k, const void* v,
-                                    Admit admit = Admit::kIfRoom);
+  [[nodiscard]] absl::StatusOr<bool> EnqueueFrame(TransferId id, uint32_t layer,
+                                                  uint32_t token_start, uint32_t token_count,
+                                                  const void* k, const void* v,
+                                                  Admit admit = Admit::kIfRoom);
   // Queues the FINAL (always admitted: it is small) with token 0 of every
   // sample and the totals of the frames queued. Errors: INVALID_ARGUMENT
   // (nothing queued) for 0 or more than kMaxFinalSamples samples, a sample
   // with more than kMaxFinalTopLogprobs top logprobs, or a second FINAL;
   // otherwise as EnqueueFrame.
-  absl::Status EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples);
+  [[nodiscard]] absl::Status EnqueueFinal(TransferId id, const std::vector<FinalSample>& samples);
   // nullopt while the transfer runs; then OK (tcp: FINAL written; device:
   // D's ACK) or its error.
   // NOT_FOUND for an unknown id.

@@ -26,17 +26,15 @@ std::string ErrnoText(int err) { return std::strerror(err); }
 
 // Milliseconds left until `deadline` (0 when past), for poll().
 int MsLeft(Deadline deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  deadline - Clock::now())
-                  .count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left + 1, 1 << 30));
 }
 
 // Waits for `events` on fd until `deadline`. OK when ready (or when poll
 // reports an error/hangup: the next I/O call returns the precise error).
-absl::Status WaitFor(int fd, short events, Deadline deadline,
-                     const char* what) {
+[[nodiscard]] absl::Status WaitFor(int fd, short events, Deadline deadline, const char* what) {
   for (;;) {
     struct pollfd p = {fd, events, 0};
     int ms = MsLeft(deadline);
@@ -44,22 +42,19 @@ absl::Status WaitFor(int fd, short events, Deadline deadline,
     if (rc > 0) return absl::OkStatus();
     if (rc == 0) {
       if (Clock::now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("deadline exceeded while ", what));
+        return absl::DeadlineExceededError(absl::StrCat("deadline exceeded while ", what));
       }
       continue;
     }
     if (errno == EINTR) continue;
-    return absl::UnavailableError(
-        absl::StrCat("poll failed while ", what, ": ", ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("poll failed while ", what, ": ", ErrnoText(errno)));
   }
 }
 
-absl::Status SetNonBlocking(int fd) {
+[[nodiscard]] absl::Status SetNonBlocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL, 0);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("fcntl(O_NONBLOCK) failed: ", ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("fcntl(O_NONBLOCK) failed: ", ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -71,8 +66,8 @@ void SetNoDelay(int fd) {
 }
 
 // getaddrinfo for a numeric or named host; `passive` for bind.
-absl::StatusOr<struct addrinfo*> Resolve(const std::string& host, int port,
-                                         bool passive) {
+[[nodiscard]] absl::StatusOr<struct addrinfo*> Resolve(const std::string& host, int port,
+                                                       bool passive) {
   struct addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -80,20 +75,17 @@ absl::StatusOr<struct addrinfo*> Resolve(const std::string& host, int port,
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   struct addrinfo* res = nullptr;
   std::string port_str = std::to_string(port);
-  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(),
-                         port_str.c_str(), &hints, &res);
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res);
   if (rc != 0 || res == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot resolve KV endpoint host '", host, "': ", gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve KV endpoint host '", host, "': ", gai_strerror(rc)));
   }
   return res;
 }
 
 }  // namespace
 
-Deadline DeadlineIn(int ms) {
-  return Clock::now() + std::chrono::milliseconds(ms);
-}
+Deadline DeadlineIn(int ms) { return Clock::now() + std::chrono::milliseconds(ms); }
 
 ScopedFd& ScopedFd::operator=(ScopedFd&& o) noexcept {
   if (this != &o) {
@@ -114,10 +106,10 @@ void ScopedFd::Reset() {
   fd_ = -1;
 }
 
-absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint) {
+[[nodiscard]] absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint) {
   auto bad = [&](const char* why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad KV endpoint '", endpoint, "' (want host:port): ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad KV endpoint '", endpoint, "' (want host:port): ", why));
   };
   size_t colon = endpoint.rfind(':');
   if (colon == std::string::npos) return bad("no ':'");
@@ -127,33 +119,28 @@ absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint) {
     hp.host = hp.host.substr(1, hp.host.size() - 2);
   }
   if (hp.host.empty()) return bad("empty host");
-  if (!absl::SimpleAtoi(endpoint.substr(colon + 1), &hp.port) || hp.port <= 0 ||
-      hp.port > 65535) {
+  if (!absl::SimpleAtoi(endpoint.substr(colon + 1), &hp.port) || hp.port <= 0 || hp.port > 65535) {
     return bad("port must be 1..65535");
   }
   return hp;
 }
 
-absl::StatusOr<ScopedFd> Listen(const std::string& host, int port,
-                                int* bound_port) {
+[[nodiscard]] absl::StatusOr<ScopedFd> Listen(const std::string& host, int port, int* bound_port) {
   absl::StatusOr<struct addrinfo*> res = Resolve(host, port, true);
   if (!res.ok()) return res.status();
-  absl::Status last = absl::UnavailableError(
-      absl::StrCat("no address to listen on for ", host, ":", port));
+  absl::Status last =
+      absl::UnavailableError(absl::StrCat("no address to listen on for ", host, ":", port));
   for (struct addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
-    ScopedFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
-                         ai->ai_protocol));
+    ScopedFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
     if (!fd.valid()) {
-      last = absl::UnavailableError(
-          absl::StrCat("socket() failed: ", ErrnoText(errno)));
+      last = absl::UnavailableError(absl::StrCat("socket() failed: ", ErrnoText(errno)));
       continue;
     }
     int one = 1;
     (void)::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 ||
-        ::listen(fd.get(), 128) != 0) {
-      last = absl::UnavailableError(absl::StrCat(
-          "cannot listen on ", host, ":", port, ": ", ErrnoText(errno)));
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 128) != 0) {
+      last = absl::UnavailableError(
+          absl::StrCat("cannot listen on ", host, ":", port, ": ", ErrnoText(errno)));
       continue;
     }
     absl::Status nb = SetNonBlocking(fd.get());
@@ -163,16 +150,13 @@ absl::StatusOr<ScopedFd> Listen(const std::string& host, int port,
     }
     struct sockaddr_storage addr;
     socklen_t len = sizeof(addr);
-    if (::getsockname(fd.get(), reinterpret_cast<struct sockaddr*>(&addr),
-                      &len) != 0) {
-      last = absl::UnavailableError(
-          absl::StrCat("getsockname failed: ", ErrnoText(errno)));
+    if (::getsockname(fd.get(), reinterpret_cast<struct sockaddr*>(&addr), &len) != 0) {
+      last = absl::UnavailableError(absl::StrCat("getsockname failed: ", ErrnoText(errno)));
       continue;
     }
-    *bound_port =
-        addr.ss_family == AF_INET6
-            ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&addr)->sin6_port)
-            : ntohs(reinterpret_cast<struct sockaddr_in*>(&addr)->sin_port);
+    *bound_port = addr.ss_family == AF_INET6
+                      ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&addr)->sin6_port)
+                      : ntohs(reinterpret_cast<struct sockaddr_in*>(&addr)->sin_port);
     ::freeaddrinfo(*res);
     return fd;
   }
@@ -180,45 +164,40 @@ absl::StatusOr<ScopedFd> Listen(const std::string& host, int port,
   return last;
 }
 
-absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline) {
+[[nodiscard]] absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline) {
   for (;;) {
     absl::Status ready = WaitFor(listen_fd, POLLIN, deadline, "accepting");
     if (absl::IsDeadlineExceeded(ready)) return ScopedFd();
     if (!ready.ok()) return ready;
-    ScopedFd fd(::accept4(listen_fd, nullptr, nullptr,
-                          SOCK_NONBLOCK | SOCK_CLOEXEC));
+    ScopedFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (fd.valid()) {
       SetNoDelay(fd.get());
       return fd;
     }
     int err = errno;
-    if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK ||
-        err == ECONNABORTED || err == EPROTO) {
+    if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED ||
+        err == EPROTO) {
       // Spurious wakeup or a client that already went away.
       if (Clock::now() >= deadline) return ScopedFd();
       continue;
     }
-    return absl::UnavailableError(
-        absl::StrCat("accept failed: ", ErrnoText(err)));
+    return absl::UnavailableError(absl::StrCat("accept failed: ", ErrnoText(err)));
   }
 }
 
-absl::StatusOr<ScopedFd> AcceptNow(int listen_fd) {
+[[nodiscard]] absl::StatusOr<ScopedFd> AcceptNow(int listen_fd) {
   for (;;) {
-    ScopedFd fd(::accept4(listen_fd, nullptr, nullptr,
-                          SOCK_NONBLOCK | SOCK_CLOEXEC));
+    ScopedFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (fd.valid()) {
       SetNoDelay(fd.get());
       return fd;
     }
     const int err = errno;
     if (err == EINTR) continue;
-    if (err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED ||
-        err == EPROTO) {
+    if (err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED || err == EPROTO) {
       return ScopedFd();
     }
-    return absl::UnavailableError(
-        absl::StrCat("accept failed: ", ErrnoText(err)));
+    return absl::UnavailableError(absl::StrCat("accept failed: ", ErrnoText(err)));
   }
 }
 
@@ -248,22 +227,19 @@ namespace {
 // connect(). `settle(fd, in_progress, &stop)` finishes one attempt: OK
 // keeps that socket; an error moves on to the next address (or ends the
 // loop if it sets stop). Errors: the last attempt's.
-absl::StatusOr<ScopedFd> ConnectFirst(
+[[nodiscard]] absl::StatusOr<ScopedFd> ConnectFirst(
     const std::string& endpoint,
     const std::function<absl::Status(int fd, bool in_progress, bool* stop)>& settle) {
   absl::StatusOr<HostPort> hp = ParseEndpoint(endpoint);
   if (!hp.ok()) return hp.status();
   absl::StatusOr<struct addrinfo*> res = Resolve(hp->host, hp->port, false);
   if (!res.ok()) return res.status();
-  absl::Status last = absl::UnavailableError(
-      absl::StrCat("no address for KV endpoint ", endpoint));
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for KV endpoint ", endpoint));
   for (struct addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
-    ScopedFd fd(::socket(ai->ai_family,
-                         ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                         ai->ai_protocol));
+    ScopedFd fd(
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
     if (!fd.valid()) {
-      last = absl::UnavailableError(
-          absl::StrCat("socket() failed: ", ErrnoText(errno)));
+      last = absl::UnavailableError(absl::StrCat("socket() failed: ", ErrnoText(errno)));
       continue;
     }
     int rc;
@@ -271,8 +247,8 @@ absl::StatusOr<ScopedFd> ConnectFirst(
       rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
     } while (rc != 0 && errno == EINTR);
     if (rc != 0 && errno != EINPROGRESS) {
-      last = absl::UnavailableError(absl::StrCat(
-          "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(errno)));
+      last = absl::UnavailableError(
+          absl::StrCat("cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(errno)));
       continue;
     }
     bool stop = false;
@@ -289,13 +265,11 @@ absl::StatusOr<ScopedFd> ConnectFirst(
 
 }  // namespace
 
-absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
-                                 Deadline deadline) {
+[[nodiscard]] absl::StatusOr<ScopedFd> Connect(const std::string& endpoint, Deadline deadline) {
   return ConnectFirst(endpoint, [&](int fd, bool in_progress, bool* stop) {
     if (in_progress) {
-      absl::Status ready = WaitFor(
-          fd, POLLOUT, deadline,
-          absl::StrCat("connecting to KV endpoint ", endpoint).c_str());
+      absl::Status ready = WaitFor(fd, POLLOUT, deadline,
+                                   absl::StrCat("connecting to KV endpoint ", endpoint).c_str());
       if (!ready.ok()) {
         *stop = absl::IsDeadlineExceeded(ready);
         return ready;
@@ -304,8 +278,8 @@ absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
       socklen_t len = sizeof(err);
       ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
       if (err != 0) {
-        return absl::UnavailableError(absl::StrCat(
-            "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
+        return absl::UnavailableError(
+            absl::StrCat("cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
       }
     }
     SetNoDelay(fd);
@@ -313,25 +287,24 @@ absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
   });
 }
 
-absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint) {
-  return ConnectFirst(endpoint,
-                      [](int, bool, bool*) { return absl::OkStatus(); });
+[[nodiscard]] absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint) {
+  return ConnectFirst(endpoint, [](int, bool, bool*) { return absl::OkStatus(); });
 }
 
-absl::Status FinishConnect(int fd, const std::string& endpoint) {
+[[nodiscard]] absl::Status FinishConnect(int fd, const std::string& endpoint) {
   int err = 0;
   socklen_t len = sizeof(err);
   if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
   if (err != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to KV endpoint ", endpoint, ": ", ErrnoText(err)));
   }
   SetNoDelay(fd);
   return absl::OkStatus();
 }
 
-absl::Status SendAll(int fd, struct iovec* iov, int iovcnt,
-                     Deadline deadline, int idle_ms) {
+[[nodiscard]] absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline,
+                                   int idle_ms) {
   while (iovcnt > 0) {
     if (iov->iov_len == 0) {
       ++iov;
@@ -348,8 +321,7 @@ absl::Status SendAll(int fd, struct iovec* iov, int iovcnt,
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return absl::UnavailableError(
-          absl::StrCat("KV peer connection failed while sending: ",
-                       ErrnoText(errno)));
+          absl::StrCat("KV peer connection failed while sending: ", ErrnoText(errno)));
     }
     if (idle_ms > 0 && n > 0) deadline = DeadlineIn(idle_ms);
     size_t left = static_cast<size_t>(n);
@@ -366,13 +338,12 @@ absl::Status SendAll(int fd, struct iovec* iov, int iovcnt,
   return absl::OkStatus();
 }
 
-absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline) {
+[[nodiscard]] absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline) {
   struct iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
   return SendAll(fd, &iov, 1, deadline);
 }
 
-absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
-                     int idle_ms) {
+[[nodiscard]] absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline, int idle_ms) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   while (got < n) {
@@ -380,14 +351,13 @@ absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
     if (!ready.ok()) return ready;
     ssize_t r = ::recv(fd, p + got, n - got, 0);
     if (r == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "KV peer closed the connection after ", got, " of ", n, " bytes"));
+      return absl::UnavailableError(
+          absl::StrCat("KV peer closed the connection after ", got, " of ", n, " bytes"));
     }
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return absl::UnavailableError(
-          absl::StrCat("KV peer connection failed while receiving: ",
-                       ErrnoText(errno)));
+          absl::StrCat("KV peer connection failed while receiving: ", ErrnoText(errno)));
     }
     got += static_cast<size_t>(r);
     if (idle_ms > 0) *deadline = DeadlineIn(idle_ms);
@@ -395,17 +365,17 @@ absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
   return absl::OkStatus();
 }
 
-absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
-                         uint32_t* type, std::string* payload, int idle_ms) {
+[[nodiscard]] absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
+                                       uint32_t* type, std::string* payload, int idle_ms) {
   char header[wire::kHeaderBytes];
   absl::Status s = RecvAll(fd, header, sizeof(header), &deadline, idle_ms);
   if (!s.ok()) return s;
   uint32_t length = 0;
   wire::GetHeader(header, type, &length);
   if (length > max_payload) {
-    return absl::DataLossError(absl::StrCat(
-        "KV message ", wire::MessageTypeName(*type), " declares ", length,
-        " payload bytes, more than the ", max_payload, " allowed here"));
+    return absl::DataLossError(absl::StrCat("KV message ", wire::MessageTypeName(*type),
+                                            " declares ", length, " payload bytes, more than the ",
+                                            max_payload, " allowed here"));
   }
   payload->resize(length);
   return RecvAll(fd, payload->data(), length, &deadline, idle_ms);

@@ -54,23 +54,22 @@ struct HostPort {
 };
 // "host:port" or "[v6addr]:port". Errors: INVALID_ARGUMENT naming the
 // endpoint.
-absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint);
+[[nodiscard]] absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint);
 
 // Binds and listens on host:port (port 0 = ephemeral); *bound_port gets the
 // actual port. Errors: UNAVAILABLE naming the address and errno text.
-absl::StatusOr<ScopedFd> Listen(const std::string& host, int port,
-                                int* bound_port);
+[[nodiscard]] absl::StatusOr<ScopedFd> Listen(const std::string& host, int port, int* bound_port);
 
 // Waits until `listen_fd` has a connection or `deadline` passes. Returns an
 // invalid ScopedFd on timeout; UNAVAILABLE when the listener is shut down or
 // fails.
-absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline);
+[[nodiscard]] absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline);
 
 // Accepts one pending connection on non-blocking `listen_fd` without
 // waiting: an invalid ScopedFd when none is pending (or the client already
 // went away). The socket is non-blocking, close-on-exec, TCP_NODELAY.
 // Errors: UNAVAILABLE "accept failed: <errno text>" (EMFILE, ...).
-absl::StatusOr<ScopedFd> AcceptNow(int listen_fd);
+[[nodiscard]] absl::StatusOr<ScopedFd> AcceptNow(int listen_fd);
 
 // The peer's address of a connected socket, "1.2.3.4:5678" or
 // "[::1]:5678"; "unknown peer" when getpeername fails. For log lines.
@@ -79,8 +78,7 @@ std::string PeerAddress(int fd);
 // Connects to endpoint ("host:port") before `deadline`. Errors:
 // INVALID_ARGUMENT (bad endpoint), UNAVAILABLE (resolve/connect failed),
 // DEADLINE_EXCEEDED.
-absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
-                                 Deadline deadline);
+[[nodiscard]] absl::StatusOr<ScopedFd> Connect(const std::string& endpoint, Deadline deadline);
 
 // Starts a non-blocking connect to endpoint ("host:port") and returns the
 // socket at once, its connect in progress or done: wait for POLLOUT on it,
@@ -88,11 +86,11 @@ absl::StatusOr<ScopedFd> Connect(const std::string& endpoint,
 // still take a moment for a host name). Errors: INVALID_ARGUMENT (bad
 // endpoint), UNAVAILABLE (resolve failed, or every address refused at
 // once).
-absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint);
+[[nodiscard]] absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint);
 // After POLLOUT (or POLLERR/POLLHUP) on a StartConnect socket: OK once
 // connected (TCP_NODELAY set), else UNAVAILABLE naming the endpoint and
 // the connect error.
-absl::Status FinishConnect(int fd, const std::string& endpoint);
+[[nodiscard]] absl::Status FinishConnect(int fd, const std::string& endpoint);
 
 // In the functions below, idle_ms > 0 turns `deadline` into a silence
 // bound: every chunk of progress moves the deadline to now + idle_ms, so a
@@ -100,21 +98,20 @@ absl::Status FinishConnect(int fd, const std::string& endpoint);
 
 // Writes all bytes of iov[0..iovcnt) (iov is modified). Errors: UNAVAILABLE
 // (peer closed / reset), DEADLINE_EXCEEDED.
-absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline,
-                     int idle_ms = 0);
-absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline);
+[[nodiscard]] absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline,
+                                   int idle_ms = 0);
+[[nodiscard]] absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline);
 
 // Reads exactly n bytes. Errors: UNAVAILABLE (peer closed: "closed after
 // k of n bytes"), DEADLINE_EXCEEDED.
-absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
-                     int idle_ms = 0);
+[[nodiscard]] absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline,
+                                   int idle_ms = 0);
 
 // Reads one framed message; the payload goes to *payload (resized, its
 // capacity reused). A length prefix above max_payload is DATA_LOSS before
 // anything is allocated. Errors: as RecvAll, plus DATA_LOSS.
-absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
-                         uint32_t* type, std::string* payload,
-                         int idle_ms = 0);
+[[nodiscard]] absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
+                                       uint32_t* type, std::string* payload, int idle_ms = 0);
 
 // True when `fd` has bytes (or EOF / an error) to read right now.
 bool Readable(int fd);

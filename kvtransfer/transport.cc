@@ -27,41 +27,43 @@ bool Contains(const std::vector<KvTransport>& list, KvTransport t) {
 
 std::string_view KvTransportName(KvTransport transport) {
   switch (transport) {
-    case KvTransport::kTcp: return "tcp";
-    case KvTransport::kNccl: return "nccl";
-    case KvTransport::kCudaIpc: return "cuda_ipc";
+    case KvTransport::kTcp:
+      return "tcp";
+    case KvTransport::kNccl:
+      return "nccl";
+    case KvTransport::kCudaIpc:
+      return "cuda_ipc";
   }
   return "unknown";
 }
 
-absl::StatusOr<KvTransport> ParseKvTransport(std::string_view name) {
+[[nodiscard]] absl::StatusOr<KvTransport> ParseKvTransport(std::string_view name) {
   for (KvTransport t : {KvTransport::kTcp, KvTransport::kNccl, KvTransport::kCudaIpc}) {
     if (name == KvTransportName(t)) return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown KV transport '", Sv(name), "' (expected tcp, nccl or cuda_ipc)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV transport '", Sv(name), "' (expected tcp, nccl or cuda_ipc)"));
 }
 
 std::string KvTransportListName(const std::vector<KvTransport>& transports) {
-  return absl::StrJoin(transports, ",", [](std::string* out, KvTransport t) {
-    out->append(KvTransportName(t));
-  });
+  return absl::StrJoin(transports, ",",
+                       [](std::string* out, KvTransport t) { out->append(KvTransportName(t)); });
 }
 
-absl::StatusOr<KvTransportSetting> ParseKvTransportSetting(std::string_view value) {
+[[nodiscard]] absl::StatusOr<KvTransportSetting> ParseKvTransportSetting(std::string_view value) {
   KvTransportSetting setting;
   if (value == "auto") return setting;
   absl::StatusOr<KvTransport> t = ParseKvTransport(value);
   if (!t.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv.transport: unknown value '", Sv(value), "' (expected auto, tcp, nccl or cuda_ipc)"));
+    return absl::InvalidArgumentError(absl::StrCat("kv.transport: unknown value '", Sv(value),
+                                                   "' (expected auto, tcp, nccl or cuda_ipc)"));
   }
   setting.automatic = false;
   setting.fixed = *t;
   return setting;
 }
 
-absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
+[[nodiscard]] absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
     const KvTransportSetting& setting, const TransportCapabilities& capabilities,
     std::string_view what) {
   if (setting.automatic) {
@@ -82,22 +84,23 @@ absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
       break;
     case KvTransport::kCudaIpc:
       if (!capabilities.cuda_ipc) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "kv.transport cuda_ipc needs a CUDA worker whose KV pools can be exported "
-            "(this worker: ", Sv(what), ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("kv.transport cuda_ipc needs a CUDA worker whose KV pools can be exported "
+                         "(this worker: ",
+                         Sv(what), ")"));
       }
       break;
   }
   return std::vector<KvTransport>{setting.fixed};
 }
 
-absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& local,
-                                            const TransportOffer& offer,
-                                            std::string_view local_host_id) {
+[[nodiscard]] absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& local,
+                                                          const TransportOffer& offer,
+                                                          std::string_view local_host_id) {
   const std::vector<KvTransport> offered =
       offer.transports.empty() ? std::vector<KvTransport>{KvTransport::kTcp} : offer.transports;
-  const bool same_host = !local_host_id.empty() && !offer.host_id.empty() &&
-                         local_host_id == offer.host_id;
+  const bool same_host =
+      !local_host_id.empty() && !offer.host_id.empty() && local_host_id == offer.host_id;
   bool dropped_ipc = false;
   for (KvTransport t : local) {
     if (!Contains(offered, t)) continue;
@@ -111,17 +114,19 @@ absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& loca
                                  KvTransportListName(local), ", the decode worker offers ",
                                  KvTransportListName(offered));
   if (dropped_ipc) {
-    absl::StrAppend(&msg, " (cuda_ipc needs both workers on one host; the decode worker is on "
-                          "another host)");
+    absl::StrAppend(&msg,
+                    " (cuda_ipc needs both workers on one host; the decode worker is on "
+                    "another host)");
   }
   return absl::FailedPreconditionError(msg);
 }
 
-absl::Status CheckTransportAccepted(KvTransport chosen, const std::vector<KvTransport>& offered) {
+[[nodiscard]] absl::Status CheckTransportAccepted(KvTransport chosen,
+                                                  const std::vector<KvTransport>& offered) {
   if (Contains(offered, chosen)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "KV transport mismatch: the prefill worker chose ", Sv(KvTransportName(chosen)),
-      ", this decode worker offers ", KvTransportListName(offered)));
+  return absl::FailedPreconditionError(
+      absl::StrCat("KV transport mismatch: the prefill worker chose ", Sv(KvTransportName(chosen)),
+                   ", this decode worker offers ", KvTransportListName(offered)));
 }
 
 std::string LocalHostId() {

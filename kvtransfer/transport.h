@@ -42,24 +42,24 @@ inline constexpr int kNumKvTransports = 3;
 std::string_view KvTransportName(KvTransport transport);
 // The inverse of KvTransportName. Errors: INVALID_ARGUMENT "unknown KV
 // transport 'x' (expected tcp, nccl or cuda_ipc)".
-absl::StatusOr<KvTransport> ParseKvTransport(std::string_view name);
+[[nodiscard]] absl::StatusOr<KvTransport> ParseKvTransport(std::string_view name);
 // "tcp,nccl" for a list (empty string for an empty list).
 std::string KvTransportListName(const std::vector<KvTransport>& transports);
 
 // A worker's `kv.transport` setting.
 struct KvTransportSetting {
-  bool automatic = true;                 // "auto"
+  bool automatic = true;                  // "auto"
   KvTransport fixed = KvTransport::kTcp;  // when !automatic
 };
 // "auto" or a transport name. Errors: INVALID_ARGUMENT "kv.transport:
 // unknown value 'x' (expected auto, tcp, nccl or cuda_ipc)".
-absl::StatusOr<KvTransportSetting> ParseKvTransportSetting(std::string_view value);
+[[nodiscard]] absl::StatusOr<KvTransportSetting> ParseKvTransportSetting(std::string_view value);
 
 // What this process can run, besides TCP (always).
 struct TransportCapabilities {
-  bool cuda_kv = false;  // the KV cache is in GPU memory (CUDA backend)
-  bool nccl = false;     // built with NCCL and a CUDA KV cache
-  bool cuda_ipc = false; // a CUDA KV cache whose pools can be exported
+  bool cuda_kv = false;   // the KV cache is in GPU memory (CUDA backend)
+  bool nccl = false;      // built with NCCL and a CUDA KV cache
+  bool cuda_ipc = false;  // a CUDA KV cache whose pools can be exported
 };
 
 // The transports a worker supports, most preferred first. auto: cuda_ipc
@@ -67,15 +67,15 @@ struct TransportCapabilities {
 // FAILED_PRECONDITION when a fixed setting needs what the worker lacks,
 // e.g. "kv.transport nccl needs a CUDA worker built with NCCL (this
 // worker: cpu)" (`what` names the worker's backend for the message).
-absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
+[[nodiscard]] absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
     const KvTransportSetting& setting, const TransportCapabilities& capabilities,
     std::string_view what);
 
 // D's offer, sent with its KV endpoint.
 struct TransportOffer {
   std::vector<KvTransport> transports;  // D's SupportedTransports, in order
-  std::string host_id;      // LocalHostId() of D
-  std::string instance_id;  // random per D process (a restarted D is a new peer)
+  std::string host_id;                  // LocalHostId() of D
+  std::string instance_id;              // random per D process (a restarted D is a new peer)
 };
 
 // P's pick for one transfer: the first transport of P's list (`local`, in
@@ -85,13 +85,14 @@ struct TransportOffer {
 // Errors: FAILED_PRECONDITION "no common KV transport: this prefill worker
 // supports nccl, the decode worker offers tcp" (and a note when cuda_ipc
 // was dropped for another host).
-absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& local,
-                                            const TransportOffer& offer,
-                                            std::string_view local_host_id);
+[[nodiscard]] absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& local,
+                                                          const TransportOffer& offer,
+                                                          std::string_view local_host_id);
 
 // D's check of P's pick at HELLO. Errors: FAILED_PRECONDITION "KV transport
 // mismatch: the prefill worker chose nccl, this decode worker offers tcp".
-absl::Status CheckTransportAccepted(KvTransport chosen, const std::vector<KvTransport>& offered);
+[[nodiscard]] absl::Status CheckTransportAccepted(KvTransport chosen,
+                                                  const std::vector<KvTransport>& offered);
 
 // This machine's identity for "same host": the kernel's boot id
 // (/proc/sys/kernel/random/boot_id, so containers of one node agree),

@@ -25,9 +25,7 @@ class Writer {
     U32(static_cast<uint32_t>(s.size()));
     out_->append(s.data(), s.size());
   }
-  void Raw(const void* p, size_t n) {
-    out_->append(static_cast<const char*>(p), n);
-  }
+  void Raw(const void* p, size_t n) { out_->append(static_cast<const char*>(p), n); }
 
  private:
   std::string* out_;
@@ -37,8 +35,7 @@ class Writer {
 // and the first failure names the message and field.
 class Reader {
  public:
-  Reader(absl::string_view data, const char* message)
-      : data_(data), message_(message) {}
+  Reader(absl::string_view data, const char* message) : data_(data), message_(message) {}
 
   bool U32(absl::string_view field, uint32_t* v) { return Fixed(field, v, 4); }
   bool I32(absl::string_view field, int32_t* v) { return Fixed(field, v, 4); }
@@ -58,8 +55,8 @@ class Reader {
       return Fail(field, absl::StrCat("string length ", n, " exceeds the limit of ", max));
     }
     if (n > data_.size() - pos_) {
-      return Fail(field, absl::StrCat("string length ", n, " exceeds the ",
-                                      data_.size() - pos_, " bytes left"));
+      return Fail(field, absl::StrCat("string length ", n, " exceeds the ", data_.size() - pos_,
+                                      " bytes left"));
     }
     s->assign(data_.data() + pos_, n);
     pos_ += n;
@@ -77,8 +74,7 @@ class Reader {
  private:
   bool Fixed(absl::string_view field, void* v, size_t n) {
     if (n > data_.size() - pos_) {
-      return Fail(field, absl::StrCat("needs ", n, " bytes, ",
-                                      data_.size() - pos_, " left"));
+      return Fail(field, absl::StrCat("needs ", n, " bytes, ", data_.size() - pos_, " left"));
     }
     std::memcpy(v, data_.data() + pos_, n);
     pos_ += n;
@@ -87,8 +83,7 @@ class Reader {
   bool Fail(absl::string_view field, const std::string& why) {
     if (status_.ok()) {
       status_ = absl::DataLossError(
-          absl::StrCat("malformed KV ", message_, " message: field '", field,
-                       "' ", why));
+          absl::StrCat("malformed KV ", message_, " message: field '", field, "' ", why));
     }
     return false;
   }
@@ -113,14 +108,22 @@ std::string Message(MessageType type, Fill fill) {
 
 std::string MessageTypeName(uint32_t type) {
   switch (static_cast<MessageType>(type)) {
-    case MessageType::kHello: return "HELLO";
-    case MessageType::kAccept: return "ACCEPT";
-    case MessageType::kReject: return "REJECT";
-    case MessageType::kFrame: return "FRAME";
-    case MessageType::kFinal: return "FINAL";
-    case MessageType::kFrameDesc: return "FRAME_DESC";
-    case MessageType::kAck: return "ACK";
-    case MessageType::kKeepalive: return "KEEPALIVE";
+    case MessageType::kHello:
+      return "HELLO";
+    case MessageType::kAccept:
+      return "ACCEPT";
+    case MessageType::kReject:
+      return "REJECT";
+    case MessageType::kFrame:
+      return "FRAME";
+    case MessageType::kFinal:
+      return "FINAL";
+    case MessageType::kFrameDesc:
+      return "FRAME_DESC";
+    case MessageType::kAck:
+      return "ACK";
+    case MessageType::kKeepalive:
+      return "KEEPALIVE";
   }
   return absl::StrCat("type ", type);
 }
@@ -224,12 +227,12 @@ std::string EncodeFinal(const TransferResult& r) {
   });
 }
 
-absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h,
-                                              uint64_t kv_bytes) {
+[[nodiscard]] absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h,
+                                                            uint64_t kv_bytes) {
   const uint64_t payload = FrameFieldsBytes(h.request_id.size()) + kv_bytes;
   if (payload > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV frame payload of ", payload, " bytes exceeds the u32 length field"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV frame payload of ", payload, " bytes exceeds the u32 length field"));
   }
   std::string out(kHeaderBytes, '\0');
   PutHeader(MessageType::kFrame, static_cast<uint32_t>(payload), out.data());
@@ -242,11 +245,9 @@ absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h,
   return out;
 }
 
-absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
-                                        const void* k, const void* v,
-                                        size_t bytes_each) {
-  absl::StatusOr<std::string> out =
-      EncodeFramePrefix(header, 2 * uint64_t{bytes_each});
+[[nodiscard]] absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header, const void* k,
+                                                      const void* v, size_t bytes_each) {
+  absl::StatusOr<std::string> out = EncodeFramePrefix(header, 2 * uint64_t{bytes_each});
   if (!out.ok()) return out;
   out->append(static_cast<const char*>(k), bytes_each);
   out->append(static_cast<const char*>(v), bytes_each);
@@ -265,7 +266,7 @@ bool ReadHelloAuth(Reader& r, Hello* h) {
 }
 }  // namespace
 
-absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
+[[nodiscard]] absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
   Reader r(payload, "HELLO");
   Hello local;
   Hello& h = fields != nullptr ? *fields : local;
@@ -274,33 +275,31 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
   // else, and read nothing more from a version this build does not speak.
   if (!r.U32("protocol_version", &h.protocol_version)) return r.status();
   if (h.protocol_version != kKvProtocolVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "KV protocol version ", h.protocol_version,
-        " is not supported (this worker speaks ", kKvProtocolVersion, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("KV protocol version ", h.protocol_version,
+                                                      " is not supported (this worker speaks ",
+                                                      kKvProtocolVersion, ")"));
   }
   KvLayout& l = h.layout;
   uint32_t dtype = 0;
-  const bool read =
-      r.Str("request_id", &h.request_id) && r.U32("attempt", &h.attempt) &&
-      r.Str("model_fingerprint", &l.model_fingerprint) &&
-      r.U32("n_layers", &l.n_layers) && r.U32("n_kv_heads", &l.n_kv_heads) &&
-      r.U32("head_dim", &l.head_dim) && r.U32("kv_dtype", &dtype) &&
-      r.Str("bit_exact_class", &h.bit_exact_class) &&
-      r.Str("transport", &h.transport) &&
-      r.Str("transport_setup", &h.transport_setup, kMaxTransportSetupBytes) &&
-      (r.Rest().empty() || ReadHelloAuth(r, &h)) && r.End();
+  const bool read = r.Str("request_id", &h.request_id) && r.U32("attempt", &h.attempt) &&
+                    r.Str("model_fingerprint", &l.model_fingerprint) &&
+                    r.U32("n_layers", &l.n_layers) && r.U32("n_kv_heads", &l.n_kv_heads) &&
+                    r.U32("head_dim", &l.head_dim) && r.U32("kv_dtype", &dtype) &&
+                    r.Str("bit_exact_class", &h.bit_exact_class) &&
+                    r.Str("transport", &h.transport) &&
+                    r.Str("transport_setup", &h.transport_setup, kMaxTransportSetupBytes) &&
+                    (r.Rest().empty() || ReadHelloAuth(r, &h)) && r.End();
   // KvDtype has a fixed u32 underlying type, so any value is representable;
   // callers that get `fields` back see the raw number.
   l.dtype = static_cast<KvDtype>(dtype);
   if (!read) return r.status();
   if (!IsKnownKvDtype(dtype)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("unknown KV dtype ", dtype));
+    return absl::FailedPreconditionError(absl::StrCat("unknown KV dtype ", dtype));
   }
   return h;
 }
 
-absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {
+[[nodiscard]] absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {
   Reader r(payload, "REJECT");
   uint32_t code = 0;
   Reject out;
@@ -309,12 +308,12 @@ absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {
   }
   // absl::StatusCode values 1..16 are the gRPC codes; anything else
   // (including OK, which a REJECT must not carry) becomes UNKNOWN.
-  out.code = (code >= 1 && code <= 16) ? static_cast<absl::StatusCode>(code)
-                                       : absl::StatusCode::kUnknown;
+  out.code =
+      (code >= 1 && code <= 16) ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
   return out;
 }
 
-absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
+[[nodiscard]] absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
   Reader r(payload, "FRAME");
   FrameView f;
   FrameHeader& h = f.header;
@@ -327,7 +326,7 @@ absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
   return f;
 }
 
-absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
+[[nodiscard]] absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
   Reader r(payload, "FRAME_DESC");
   FrameDescriptor f;
   if (r.Str("request_id", &f.request_id) && r.U32("attempt", &f.attempt) &&
@@ -341,20 +340,22 @@ absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
 
 namespace {
 // An empty message (ACK, KEEPALIVE): DATA_LOSS naming it for any byte.
-absl::Status DecodeEmpty(absl::string_view payload, const char* name) {
+[[nodiscard]] absl::Status DecodeEmpty(absl::string_view payload, const char* name) {
   Reader r(payload, name);
   if (!r.End()) return r.status();
   return absl::OkStatus();
 }
 }  // namespace
 
-absl::Status DecodeAck(absl::string_view payload) { return DecodeEmpty(payload, "ACK"); }
+[[nodiscard]] absl::Status DecodeAck(absl::string_view payload) {
+  return DecodeEmpty(payload, "ACK");
+}
 
-absl::Status DecodeKeepalive(absl::string_view payload) {
+[[nodiscard]] absl::Status DecodeKeepalive(absl::string_view payload) {
   return DecodeEmpty(payload, "KEEPALIVE");
 }
 
-absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
+[[nodiscard]] absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
   Reader r(payload, "FINAL");
   TransferResult t;
   uint32_t n_samples = 0;
@@ -385,7 +386,7 @@ absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
   return r.status();
 }
 
-absl::Status DecodeAccept(absl::string_view payload, std::string* answer) {
+[[nodiscard]] absl::Status DecodeAccept(absl::string_view payload, std::string* answer) {
   Reader r(payload, "ACCEPT");
   std::string local;
   std::string& a = answer != nullptr ? *answer : local;

@@ -89,8 +89,7 @@ inline constexpr uint32_t kMaxControlPayload = 64 * 1024;
 // = 4 + 16 x (16 + 160) + 16 = 2,836 bytes.
 inline constexpr uint32_t kMaxFinalPayload =
     4 + kMaxFinalSamples * (4 * 4 + kMaxFinalTopLogprobs * 8) + 2 * 8;
-static_assert(kMaxFinalPayload <= kMaxControlPayload,
-              "a FINAL must fit a control message");
+static_assert(kMaxFinalPayload <= kMaxControlPayload, "a FINAL must fit a control message");
 // HELLO's transport_setup and FRAME_DESC's locator: largest accepted
 // (data_plane.h); longer ones are DATA_LOSS when decoded.
 inline constexpr uint32_t kMaxTransportSetupBytes = 16 * 1024;
@@ -101,9 +100,7 @@ inline size_t MaxFrameDescBytes(size_t request_id_size) {
   return 4 + request_id_size + 4 * 4 + 8 + 4 + kMaxLocatorBytes;
 }
 // FRAME payload bytes before K: str request_id + 4 x u32.
-inline size_t FrameFieldsBytes(size_t request_id_size) {
-  return 4 + request_id_size + 4 * 4;
-}
+inline size_t FrameFieldsBytes(size_t request_id_size) { return 4 + request_id_size + 4 * 4; }
 
 // HELLO's optional credential (auth/cluster_auth.h): the HMAC of
 // "kv/HELLO" over the HELLO's other fields (HelloSignedBytes).
@@ -118,7 +115,7 @@ struct Hello {
   std::string request_id;
   uint32_t attempt = 0;
   KvLayout layout;
-  std::string bit_exact_class;  // not enforced; see kv_transfer.h
+  std::string bit_exact_class;    // not enforced; see kv_transfer.h
   std::optional<HelloAuth> auth;  // absent in an open cluster
   // v3 (on the wire before the credential, which signs them; declared last
   // so that positional initialisers of the fields above still work).
@@ -140,7 +137,7 @@ struct FrameHeader {
 struct Reject {
   absl::StatusCode code = absl::StatusCode::kUnknown;
   std::string reason;
-  absl::Status ToStatus() const { return absl::Status(code, reason); }
+  [[nodiscard]] absl::Status ToStatus() const { return absl::Status(code, reason); }
 };
 
 // A decoded FRAME: header plus the K and V bytes that follow it, split in
@@ -181,13 +178,12 @@ std::string EncodeFinal(const TransferResult& result);
 // Prefix plus FRAME fields up to (not including) K; the caller sends
 // kv_bytes of K then V right after. Fails with INVALID_ARGUMENT when the
 // payload would not fit the u32 length.
-absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& header,
-                                              uint64_t kv_bytes);
+[[nodiscard]] absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& header,
+                                                            uint64_t kv_bytes);
 // Whole FRAME with `bytes_each` bytes of K and of V (no check against
 // token_count or a layout: tests use it to build malformed frames too).
-absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
-                                        const void* k, const void* v,
-                                        size_t bytes_each);
+[[nodiscard]] absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header, const void* k,
+                                                      const void* v, size_t bytes_each);
 
 // Payload decoders (prefix already stripped). Errors: DATA_LOSS naming the
 // message and field, unless said otherwise.
@@ -207,11 +203,10 @@ absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header,
 // kMaxTransportSetupBytes is DATA_LOSS; the transport name is not checked
 // here). Bytes after them are the credential (u64 ts, str nonce, str sig,
 // then the end); anything else there is DATA_LOSS.
-absl::StatusOr<Hello> DecodeHello(absl::string_view payload,
-                                  Hello* fields = nullptr);
+[[nodiscard]] absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields = nullptr);
 // code is never OK: 0 and codes outside 1..16 become UNKNOWN.
-absl::StatusOr<Reject> DecodeReject(absl::string_view payload);
-absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
+[[nodiscard]] absl::StatusOr<Reject> DecodeReject(absl::string_view payload);
+[[nodiscard]] absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
 // FINAL: also DATA_LOSS naming the field and value for n_samples outside
 // [1, kMaxFinalSamples] or a sample's n_top outside
 // [0, kMaxFinalTopLogprobs], e.g. "malformed KV FINAL message: field
@@ -220,17 +215,17 @@ absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload);
 // Per-sample fields are named "samples[i].token", ..., and
 // "samples[i].top_logprobs[j].token_id". finish_reason values are not
 // checked. peer_bit_exact_class stays empty.
-absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
+[[nodiscard]] absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload);
 // FRAME_DESC: DATA_LOSS naming the field for truncated or trailing bytes
 // or a locator over kMaxLocatorBytes.
-absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload);
+[[nodiscard]] absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload);
 // ACK: DATA_LOSS unless the payload is empty.
-absl::Status DecodeAck(absl::string_view payload);
+[[nodiscard]] absl::Status DecodeAck(absl::string_view payload);
 // KEEPALIVE: DATA_LOSS unless the payload is empty.
-absl::Status DecodeKeepalive(absl::string_view payload);
+[[nodiscard]] absl::Status DecodeKeepalive(absl::string_view payload);
 // ACCEPT: empty (answer "") or one str (the answer); DATA_LOSS otherwise.
 // `answer` may be nullptr.
-absl::Status DecodeAccept(absl::string_view payload, std::string* answer = nullptr);
+[[nodiscard]] absl::Status DecodeAccept(absl::string_view payload, std::string* answer = nullptr);
 
 }  // namespace tandem::kvtransfer::wire
 

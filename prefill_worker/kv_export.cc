@@ -11,7 +11,7 @@ std::vector<kvtransfer::KvTransport> KvSendOptions::transports() const {
   return planes->transports;
 }
 
-absl::Status StartKvSendQueue(KvSendOptions* options) {
+[[nodiscard]] absl::Status StartKvSendQueue(KvSendOptions* options) {
   if (options->host_id.empty()) options->host_id = kvtransfer::LocalHostId();
   if (options->bytes_by_transport == nullptr) {
     options->bytes_by_transport = std::make_shared<KvTransportBytes>();
@@ -43,12 +43,11 @@ absl::Status SenderKvExport::Open(std::shared_ptr<const core::CancelFlag>, Wake 
   absl::StatusOr<kvtransfer::KvTransport> chosen =
       kvtransfer::ChooseTransport(options_.transports(), offer_, options_.host_id);
   if (!chosen.ok()) {
-    return absl::Status(chosen.status().code(), absl::StrCat("KV transport for ", endpoint_,
-                                                             ": ", chosen.status().message()));
+    return absl::Status(chosen.status().code(), absl::StrCat("KV transport for ", endpoint_, ": ",
+                                                             chosen.status().message()));
   }
   auto handshake_error = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("KV handshake with ", endpoint_, ": ",
-                                               s.message()));
+    return absl::Status(s.code(), absl::StrCat("KV handshake with ", endpoint_, ": ", s.message()));
   };
   transport_ = *chosen;
   absl::StatusOr<kvtransfer::KvSendQueue::TransferId> id;
@@ -99,8 +98,8 @@ absl::Status SenderKvExport::SendDeviceRows(kv::DeviceKvAccess& kv,
   }
   if (Stalled()) return absl::OkStatus();  // injected stall: the frame never leaves
   ++frames_;
-  absl::StatusOr<kvtransfer::FrameDescriptor> frame = data_->SendRows(
-      {request_id_, attempt_}, kv, block_table, layer, token_start, count);
+  absl::StatusOr<kvtransfer::FrameDescriptor> frame =
+      data_->SendRows({request_id_, attempt_}, kv, block_table, layer, token_start, count);
   if (!frame.ok()) return frame.status();
   if (absl::Status s = options_.queue->EnqueueDescriptor(*id_, *frame); !s.ok()) return s;
   CountFrame(count);
@@ -110,9 +109,9 @@ absl::Status SenderKvExport::SendDeviceRows(kv::DeviceKvAccess& kv,
 absl::Status SenderKvExport::SendLayer(int32_t layer, int32_t token_start, int32_t count,
                                        const char* k, const char* v) {
   if (data_ != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "SendLayer: this KV export sends over ", std::string(kvtransfer::KvTransportName(transport_)),
-        " (device rows)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("SendLayer: this KV export sends over ",
+                     std::string(kvtransfer::KvTransportName(transport_)), " (device rows)"));
   }
   if (Stalled()) return absl::OkStatus();  // injected stall: the frame never leaves
   ++frames_;

@@ -86,7 +86,7 @@ struct KvSendOptions {
 // auth; fills host_id and bytes_by_transport when unset.
 // Errors: as kvtransfer::KvSendQueue::Start (INVALID_ARGUMENT naming the
 // option).
-absl::Status StartKvSendQueue(KvSendOptions* options);
+[[nodiscard]] absl::Status StartKvSendQueue(KvSendOptions* options);
 
 class SenderKvExport final : public core::KvExport {
  public:
@@ -107,18 +107,20 @@ class SenderKvExport final : public core::KvExport {
   // first with "KV handshake with <endpoint>: " first. Handshake failures
   // (UNAVAILABLE, a REJECT's code, DEADLINE_EXCEEDED) come later, from
   // Ready/SendLayer/Result.
-  absl::Status Open(std::shared_ptr<const core::CancelFlag> cancelled, Wake wake) override;
-  absl::StatusOr<bool> Ready() override;
+  [[nodiscard]] absl::Status Open(std::shared_ptr<const core::CancelFlag> cancelled,
+                                  Wake wake) override;
+  [[nodiscard]] absl::StatusOr<bool> Ready() override;
   // tcp only (a device transport gets SendDeviceRows): FAILED_PRECONDITION
   // otherwise.
-  absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count, const char* k,
-                         const char* v) override;
+  [[nodiscard]] absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
+                                       const char* k, const char* v) override;
   // True once Open chose nccl or cuda_ipc.
   bool sends_device_rows() const override { return data_ != nullptr; }
   // KvDataSender::SendRows, then its descriptor queued (EnqueueDescriptor).
-  absl::Status SendDeviceRows(kv::DeviceKvAccess& kv, std::span<const int32_t> block_table,
-                              int32_t layer, int32_t token_start, int32_t count) override;
-  absl::Status Finish(const std::vector<core::SampleStart>& samples) override;
+  [[nodiscard]] absl::Status SendDeviceRows(kv::DeviceKvAccess& kv,
+                                            std::span<const int32_t> block_table, int32_t layer,
+                                            int32_t token_start, int32_t count) override;
+  [[nodiscard]] absl::Status Finish(const std::vector<core::SampleStart>& samples) override;
   // tcp: the queue's result. A device transport: nullopt until the queue's
   // result (OK only after D's ACK) is known and KvDataSender::Poll says
   // the data path no longer reads this worker's blocks; then the data

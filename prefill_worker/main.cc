@@ -3,6 +3,5 @@
 #include "prefill_worker/prefill_role.h"
 
 int main(int argc, char** argv) {
-  return tandem::RunWorkerMain(argc, argv, tandem::prefill::PrefillRole(),
-                               "tandem-prefill-worker");
+  return tandem::RunWorkerMain(argc, argv, tandem::prefill::PrefillRole(), "tandem-prefill-worker");
 }

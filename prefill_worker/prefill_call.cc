@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/server/kv_data_planes.h"
+#include "worker/kv_data_planes.h"
 
 namespace tandem::prefill {
 namespace {
@@ -14,7 +14,8 @@ class PrefillOutput : public core::RequestOutput {
  public:
   PrefillOutput(std::shared_ptr<const SenderKvExport> kv_export, PrefillDone done,
                 bool fault_fail_reply)
-      : export_(std::move(kv_export)), done_(std::move(done)),
+      : export_(std::move(kv_export)),
+        done_(std::move(done)),
         fault_fail_reply_(fault_fail_reply) {}
   void OnRemotePrefill(const core::KvTarget&) override {}  // never: P prefills
   void OnToken(uint32_t sample_index, uint32_t, const sampling::SampledToken& token,
@@ -70,9 +71,9 @@ void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillReq
                                                           ": ", offer.status().message())));
     return;
   }
-  auto kv_export = std::make_shared<SenderKvExport>(
-      send, target.endpoint, request.request_id, target.attempt,
-      static_cast<int32_t>(target.hit_tokens), *std::move(offer));
+  auto kv_export =
+      std::make_shared<SenderKvExport>(send, target.endpoint, request.request_id, target.attempt,
+                                       static_cast<int32_t>(target.hit_tokens), *std::move(offer));
   core::EngineRequest req;
   req.request_id = std::move(request.request_id);
   req.prompt = std::move(request.prompt);

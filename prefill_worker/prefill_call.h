@@ -45,7 +45,7 @@ using PrefillDone = std::function<void(absl::StatusOr<PrefillResult>)>;
 // kv_target.hit_tokens beyond the prompt or any core::EngineCore::Submit
 // error; FAILED_PRECONDITION when this worker and D's offer share no KV
 // transport (naming both; from TransportOfferFromTarget,
-// common/server/kv_data_planes.h, or the export's Open); KV handshake and
+// worker/kv_data_planes.h, or the export's Open); KV handshake and
 // send errors (UNAVAILABLE, FAILED_PRECONDITION, DEADLINE_EXCEEDED, ...);
 // CANCELLED after core.Cancel(request_id).
 void SubmitPrefill(core::EngineCore& core, const KvSendOptions& send, PrefillRequest request,

@@ -11,23 +11,24 @@ namespace tandem::prefill {
 namespace {
 
 // The tests-only --fault-* flags into `send`.
-absl::Status ApplyFaultFlags(const std::map<std::string, std::string>& flags,
-                             KvSendOptions* send) {
+[[nodiscard]] absl::Status ApplyFaultFlags(const std::map<std::string, std::string>& flags,
+                                           KvSendOptions* send) {
   auto it = flags.find("fault-stall-after-frames");
   if (it != flags.end() && !absl::SimpleAtoi(it->second, &send->fault_stall_after_frames)) {
     return absl::InvalidArgumentError("--fault-stall-after-frames: not an integer");
   }
   if (auto fail = flags.find("fault-fail-reply"); fail != flags.end()) {
     if (fail->second != "true" && fail->second != "false") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--fault-fail-reply: expected true or false, got '", fail->second, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--fault-fail-reply: expected true or false, got '", fail->second, "'"));
     }
     send->fault_fail_reply = fail->second == "true";
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakePrefillRuntime(const WorkerContext& ctx) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakePrefillRuntime(
+    const WorkerContext& ctx) {
   absl::StatusOr<WorkerBackendParts> parts = BuildWorkerBackendParts(ctx);
   if (!parts.ok()) return parts.status();
   KvSendOptions send;
@@ -40,15 +41,13 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakePrefillRuntime(const WorkerCo
   if (absl::Status s = ApplyFaultFlags(*ctx.flags, &send); !s.ok()) return s;
   if (absl::Status started = StartKvSendQueue(&send); !started.ok()) return started;
   auto core = MakeWorkerCore(ctx, "prefill worker", std::move(parts->backend), nullptr);
-  return std::make_unique<PrefillService>(std::move(core), std::move(send), ctx.status,
-                                          ctx.auth);
+  return std::make_unique<PrefillService>(std::move(core), std::move(send), ctx.status, ctx.auth);
 }
 
 }  // namespace
 
 WorkerRoleSpec PrefillRole() {
-  return {v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"},
-          MakePrefillRuntime};
+  return {v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"}, MakePrefillRuntime};
 }
 
 }  // namespace tandem::prefill

@@ -58,8 +58,7 @@ void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillReques
                   for (size_t s = 0; s < r->samples.size(); ++s) {
                     TokenToProto(static_cast<uint32_t>(s), 0, r->samples[s].token,
                                  response->add_first_tokens());
-                    response->add_finish_reasons(
-                        FinishReasonToProto(r->samples[s].finish_reason));
+                    response->add_finish_reasons(FinishReasonToProto(r->samples[s].finish_reason));
                   }
                   response->set_prompt_tokens_computed(r->prompt_tokens_computed);
                   response->set_kv_bytes_sent(r->kv_bytes_sent);

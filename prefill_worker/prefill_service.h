@@ -22,16 +22,14 @@ namespace tandem::prefill {
 using PrefillWorkerBase = v1::PrefillWorker::WithRawCallbackMethod_Prefill<
     v1::PrefillWorker::WithCallbackMethod_GetStatus<v1::PrefillWorker::Service>>;
 
-class PrefillService final
-    : public WorkerService<PrefillWorkerBase, rpc::kPrefillGetStatusMethod>,
-      public WorkerRuntime {
+class PrefillService final : public WorkerService<PrefillWorkerBase, rpc::kPrefillGetStatusMethod>,
+                             public WorkerRuntime {
  public:
   // `send`: the KV layout, bit-exact class and timeouts of every transfer.
   // `auth`: every method first checks the caller's cluster credential
   // (rpc::Authorized; nullptr or open: none required); outlives the service.
   PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
-                 std::function<v1::WorkerStatus()> status,
-                 const auth::ClusterAuth* auth = nullptr);
+                 std::function<v1::WorkerStatus()> status, const auth::ClusterAuth* auth = nullptr);
 
   // A request whose text is not UTF-8 gets INVALID_ARGUMENT naming the
   // field (rpc::ParseStrict); then PrefillParsed.

@@ -79,7 +79,7 @@ class Admission {
 
   // INVALID_ARGUMENT naming the key (router.max_inflight < 1,
   // router.max_queued < 0); the config loader refuses both first.
-  static absl::Status ValidateOptions(const Options& options);
+  [[nodiscard]] static absl::Status ValidateOptions(const Options& options);
 
   // Starts the timer thread. `options` must pass ValidateOptions (a bad
   // value aborts with its message).

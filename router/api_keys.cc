@@ -28,7 +28,7 @@ std::string Sha256Hex(absl::string_view data) { return auth::Hex(auth::Sha256(da
 
 namespace {
 
-absl::Status Invalid(const std::string& field, absl::string_view what) {
+[[nodiscard]] absl::Status Invalid(const std::string& field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
@@ -41,8 +41,8 @@ bool ValidName(const std::string& name) {
 
 // map[key] as an integer in [0, max] into *out when present.
 template <typename T>
-absl::Status ReadLimit(const YAML::Node& map, const char* key, const std::string& path,
-                       int64_t max, T* out) {
+[[nodiscard]] absl::Status ReadLimit(const YAML::Node& map, const char* key,
+                                     const std::string& path, int64_t max, T* out) {
   const YAML::Node node = map[key];
   if (!node.IsDefined()) return absl::OkStatus();
   const std::string field = absl::StrCat(path, ".", key);
@@ -55,7 +55,7 @@ absl::Status ReadLimit(const YAML::Node& map, const char* key, const std::string
   return absl::OkStatus();
 }
 
-absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
+[[nodiscard]] absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
   std::string path = absl::StrCat("keys[", index, "]");
   if (!item.IsMap()) return Invalid(path, "expected a mapping");
   ApiKeyEntry e;
@@ -83,19 +83,19 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
   const std::string hash_text = hash.IsDefined() && hash.IsScalar() ? hash.Scalar() : "";
   if (hash_text.size() != 64 ||
       !std::all_of(hash_text.begin(), hash_text.end(), absl::ascii_isxdigit)) {
-    return Invalid(path + ".sha256",
-                   absl::StrCat("expected the key's SHA-256 as 64 hex digits "
-                                "(printf %s KEY | sha256sum), got ", hash_text.size(),
-                                " characters",
-                                std::all_of(hash_text.begin(), hash_text.end(),
-                                            absl::ascii_isxdigit)
-                                    ? ""
-                                    : ", not all hex",
-                                " (the value is not shown: it may be the key itself)"));
+    return Invalid(
+        path + ".sha256",
+        absl::StrCat("expected the key's SHA-256 as 64 hex digits "
+                     "(printf %s KEY | sha256sum), got ",
+                     hash_text.size(), " characters",
+                     std::all_of(hash_text.begin(), hash_text.end(), absl::ascii_isxdigit)
+                         ? ""
+                         : ", not all hex",
+                     " (the value is not shown: it may be the key itself)"));
   }
   e.sha256_hex = absl::AsciiStrToLower(hash_text);
-  if (absl::Status s = ReadLimit(item, "tokens_per_minute", path,
-                                 TokenBucket::kMaxTokensPerMinute, &e.tokens_per_minute);
+  if (absl::Status s = ReadLimit(item, "tokens_per_minute", path, TokenBucket::kMaxTokensPerMinute,
+                                 &e.tokens_per_minute);
       !s.ok()) {
     return s;
   }
@@ -116,7 +116,7 @@ absl::StatusOr<ApiKeyEntry> ParseEntry(const YAML::Node& item, size_t index) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text) {
+[[nodiscard]] absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text) {
   std::vector<ApiKeyEntry> entries;
   try {
     const YAML::Node root = YAML::Load(yaml_text);
@@ -157,7 +157,7 @@ absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_te
   return entries;
 }
 
-absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path) {
+[[nodiscard]] absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -173,7 +173,8 @@ absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path) {
   return text.str();
 }
 
-absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path, std::string* text) {
+[[nodiscard]] absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path,
+                                                                   std::string* text) {
   absl::StatusOr<std::string> bytes = ReadApiKeysFile(path);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<std::vector<ApiKeyEntry>> entries = ParseApiKeys(*bytes);
@@ -213,8 +214,7 @@ void ApiKeys::Key::Update(const ApiKeyEntry& e, absl::Time now) {
   entry = e;
 }
 
-ApiKeys::ApiKeys(const std::vector<ApiKeyEntry>& entries, Clock clock)
-    : clock_(std::move(clock)) {
+ApiKeys::ApiKeys(const std::vector<ApiKeyEntry>& entries, Clock clock) : clock_(std::move(clock)) {
   Replace(entries);
 }
 
@@ -288,10 +288,10 @@ ApiKeys::Decision ApiKeys::Admit(int id, const Reservation& r) {
   Decision d;
   if (k.bucket && tokens > k.bucket->capacity()) {
     ++k.refused;
-    d.status = absl::ResourceExhaustedError(absl::StrCat(
-        "API key '", name, "': this request may use ", tokens, " tokens (", ReservationTerms(r),
-        "), more than its tokens_per_minute of ", k.bucket->capacity(),
-        "; lower max_tokens or n, or shorten the prompt"));
+    d.status = absl::ResourceExhaustedError(
+        absl::StrCat("API key '", name, "': this request may use ", tokens, " tokens (",
+                     ReservationTerms(r), "), more than its tokens_per_minute of ",
+                     k.bucket->capacity(), "; lower max_tokens or n, or shorten the prompt"));
     return d;
   }
   const int64_t token_wait = k.bucket ? k.bucket->MsUntil(tokens, now) : 0;
@@ -315,8 +315,8 @@ ApiKeys::Decision ApiKeys::Admit(int id, const Reservation& r) {
     d.retry_after_ms = token_wait;
     d.status = absl::ResourceExhaustedError(
         absl::StrCat("API key '", name, "': ", k.bucket->Available(now),
-                     " tokens available, this request reserves ", tokens, " (",
-                     ReservationTerms(r), "; tokens_per_minute ", k.bucket->capacity(), ")"));
+                     " tokens available, this request reserves ", tokens, " (", ReservationTerms(r),
+                     "; tokens_per_minute ", k.bucket->capacity(), ")"));
     return d;
   }
   ++k.in_flight;

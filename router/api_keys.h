@@ -68,8 +68,8 @@ std::string Sha256Hex(absl::string_view data);
 // One entry of the keys file.
 struct ApiKeyEntry {
   std::string name;
-  std::string sha256_hex;             // 64 lowercase hex digits
-  int64_t tokens_per_minute = 0;      // 0 = unlimited; <= TokenBucket::kMaxTokensPerMinute
+  std::string sha256_hex;               // 64 lowercase hex digits
+  int64_t tokens_per_minute = 0;        // 0 = unlimited; <= TokenBucket::kMaxTokensPerMinute
   int32_t max_concurrent_requests = 0;  // 0 = unlimited
   // May read every key's usage (GetStatus, `tandem status`); any other key
   // sees only its own, so one tenant learns nothing of another.
@@ -81,15 +81,15 @@ struct ApiKeyEntry {
 // integer in [0, 1000000000], got 'ten'"): a YAML syntax error, an unknown
 // key, a missing or empty `keys` list, a missing or malformed name or
 // sha256, a negative or non-integer limit, a duplicate name or hash.
-absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text);
+[[nodiscard]] absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text);
 // Reads and parses `path`: NOT_FOUND if it cannot be read; parse errors
 // prefixed with the path. `text`, when not null, receives the bytes read
 // (what router/api_keys_reloader.h compares later reads with).
-absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path,
-                                                     std::string* text = nullptr);
+[[nodiscard]] absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path,
+                                                                   std::string* text = nullptr);
 // The bytes of `path` (symlinks followed). NOT_FOUND "cannot read API keys
 // file 'PATH': <errno text>"; INVALID_ARGUMENT for a directory.
-absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path);
+[[nodiscard]] absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path);
 
 class ApiKeys {
  public:
@@ -132,7 +132,7 @@ class ApiKeys {
     // requests in flight reserved and what ended ones used, plus the refill
     // (0 when unlimited).
     int64_t tokens_available = 0;
-    int64_t tokens_per_minute = 0;  // 0 = unlimited
+    int64_t tokens_per_minute = 0;        // 0 = unlimited
     int32_t max_concurrent_requests = 0;  // 0 = unlimited
   };
 
@@ -157,7 +157,7 @@ class ApiKeys {
   // object, whatever Replace does later). Errors: UNAUTHENTICATED
   // "missing API key (authorization: Bearer ...)" (absent, or no key after
   // "Bearer"), "invalid API key" (not Bearer, or no key has its hash).
-  absl::StatusOr<int> Authenticate(const std::string* value) const;
+  [[nodiscard]] absl::StatusOr<int> Authenticate(const std::string* value) const;
 
   // Admits a Generate request under key `id`, checked in this order:
   //   1. r.tokens() > tokens_per_minute: RESOURCE_EXHAUSTED, never
@@ -199,7 +199,7 @@ class ApiKeys {
   // What key `id` may see of Snapshot(): every key for an admin key, else
   // its own usage only (empty for an id no longer in the file).
   std::vector<Usage> SnapshotFor(int id) const;
-  int size() const;                     // the current keys
+  int size() const;  // the current keys
 
  private:
   struct Key {

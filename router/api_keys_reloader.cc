@@ -8,7 +8,9 @@ namespace tandem::router {
 
 ApiKeysReloader::ApiKeysReloader(ApiKeys* keys, std::string path, std::string loaded_text,
                                  LogFn log)
-    : keys_(keys), path_(std::move(path)), log_(std::move(log)),
+    : keys_(keys),
+      path_(std::move(path)),
+      log_(std::move(log)),
       loaded_text_(std::move(loaded_text)) {}
 
 ApiKeysReloader::~ApiKeysReloader() {

@@ -273,8 +273,9 @@ std::optional<ChatFormat> DetectChatFormat(absl::string_view text) {
   return std::nullopt;
 }
 
-absl::StatusOr<std::string> RenderChat(ChatFormat format, absl::Span<const ChatMessage> messages,
-                                       bool add_generation_prompt) {
+[[nodiscard]] absl::StatusOr<std::string> RenderChat(ChatFormat format,
+                                                     absl::Span<const ChatMessage> messages,
+                                                     bool add_generation_prompt) {
   if (messages.empty()) return absl::InvalidArgumentError("messages: must not be empty");
   std::vector<Turn> turns;
   turns.reserve(messages.size());
@@ -338,10 +339,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Resolve(std::optional<absl::string_vi
   const std::string hint =
       absl::StrCat("; set ", kOverrideKey, ": in the cluster config to one of ", KnownNames());
   if (!template_text.has_value() || template_text->empty()) {
-    return ChatTemplate(std::nullopt,
-                        absl::FailedPreconditionError(absl::StrCat(
-                            "messages: the model has no chat template (tokenizer.chat_template)",
-                            hint)));
+    return ChatTemplate(
+        std::nullopt,
+        absl::FailedPreconditionError(absl::StrCat(
+            "messages: the model has no chat template (tokenizer.chat_template)", hint)));
   }
   if (std::optional<ChatFormat> format = DetectChatFormat(*template_text)) {
     return ChatTemplate(format, absl::OkStatus());

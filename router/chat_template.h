@@ -112,8 +112,9 @@ struct ChatMessage {
 // INVALID_ARGUMENT "messages: must not be empty" for no messages, and
 // "messages[i].role: ..." naming the index and the role for a role other
 // than system, developer, user and assistant.
-absl::StatusOr<std::string> RenderChat(ChatFormat format, absl::Span<const ChatMessage> messages,
-                                       bool add_generation_prompt);
+[[nodiscard]] absl::StatusOr<std::string> RenderChat(ChatFormat format,
+                                                     absl::Span<const ChatMessage> messages,
+                                                     bool add_generation_prompt);
 
 // A model's chat template as the router resolved it at start-up: a format,
 // or the reason there is none.
@@ -125,13 +126,13 @@ class ChatTemplate {
   // "chat_template: unknown format 'x' (known: ...)" for an unknown
   // override. An unrecognised or absent template is not an error here: the
   // result has no format, and status()/Apply() say why.
-  static absl::StatusOr<ChatTemplate> Resolve(std::optional<absl::string_view> template_text,
-                                              absl::string_view override_name);
+  [[nodiscard]] static absl::StatusOr<ChatTemplate> Resolve(
+      std::optional<absl::string_view> template_text, absl::string_view override_name);
   // Resolve() with the GGUF metadata string `tokenizer.chat_template` of
   // `file` (absent -> none). INVALID_ARGUMENT naming the file and the key
   // when the value is not a string.
-  static absl::StatusOr<ChatTemplate> FromGguf(const gguf::GgufFile& file,
-                                               absl::string_view override_name);
+  [[nodiscard]] static absl::StatusOr<ChatTemplate> FromGguf(const gguf::GgufFile& file,
+                                                             absl::string_view override_name);
 
   const std::optional<ChatFormat>& format() const { return format_; }
   // ChatFormatName(*format()), or "" without a format.
@@ -142,8 +143,8 @@ class ChatTemplate {
   const absl::Status& status() const { return status_; }
 
   // RenderChat() with this format; status() when there is none.
-  absl::StatusOr<std::string> Apply(absl::Span<const ChatMessage> messages,
-                                    bool add_generation_prompt) const;
+  [[nodiscard]] absl::StatusOr<std::string> Apply(absl::Span<const ChatMessage> messages,
+                                                  bool add_generation_prompt) const;
 
  private:
   ChatTemplate(std::optional<ChatFormat> format, absl::Status status)

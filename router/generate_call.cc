@@ -43,8 +43,7 @@ class ActiveGuard {
 template <class Request, class Response>
 struct UnaryCall {
   explicit UnaryCall(int32_t timeout_ms) {
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(timeout_ms));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   }
   grpc::ClientContext context;
   Request request;
@@ -76,8 +75,7 @@ SampleOutputOptions SampleOptionsOf(const v1::GenerateRequest& request) {
   options.n = request.has_n() ? request.n() : 1;
   options.stop.assign(request.stop().begin(), request.stop().end());
   options.include_stop_str_in_output = request.include_stop_str_in_output();
-  options.stop_token_ids.assign(request.stop_token_ids().begin(),
-                                request.stop_token_ids().end());
+  options.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   options.ignore_eos = request.ignore_eos();
   options.min_tokens = request.min_tokens();
   return options;
@@ -145,8 +143,7 @@ GenerateCall::GenerateCall(Params params, WorkerRegistry* registry,
       tokenizer_(tokenizer),
       sink_(std::move(sink)),
       samples_(*tokenizer_, SampleOptionsOf(params_.request)),
-      timer_(params_.metrics, params_.arrival,
-             params_.request.has_n() ? params_.request.n() : 1) {}
+      timer_(params_.metrics, params_.arrival, params_.request.has_n() ? params_.request.n() : 1) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -166,8 +163,7 @@ void GenerateCall::Start(std::function<void()> on_done) {
   {
     absl::MutexLock lock(&mu_);
     on_done_ = std::move(on_done);
-    std::shared_ptr<WorkerHandle> decode =
-        cancelled_ ? nullptr : PickWorker(v1::ROLE_DECODE, {});
+    std::shared_ptr<WorkerHandle> decode = cancelled_ ? nullptr : PickWorker(v1::ROLE_DECODE, {});
     if (cancelled_) {
       decode_ended_ = true;
     } else if (decode == nullptr) {
@@ -281,8 +277,8 @@ void GenerateCall::OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerat
       Deliver(t);
     }
     if (msg.finish_reason() != v1::FINISH_NONE) {
-      std::optional<SampleOutputs<v1::TokenOutput>::Emission> last = samples_.Finish(
-          msg.sample_index(), static_cast<SampleFinish>(msg.finish_reason()));
+      std::optional<SampleOutputs<v1::TokenOutput>::Emission> last =
+          samples_.Finish(msg.sample_index(), static_cast<SampleFinish>(msg.finish_reason()));
       if (last.has_value()) Send(std::move(*last));
     }
   }
@@ -299,11 +295,10 @@ void GenerateCall::OnDecodeDone(DecodeStream* stream, const grpc::Status& status
       DecodeEnded(status);
     } else if (stream->lost) {
       const std::string reason = worker->lost_reason();
-      lost_error_ = grpc::Status(
-          grpc::StatusCode::UNAVAILABLE,
-          reason.empty()
-              ? absl::StrCat("decode worker ", worker->name, " stopped answering status polls")
-              : reason);
+      lost_error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 reason.empty() ? absl::StrCat("decode worker ", worker->name,
+                                                               " stopped answering status polls")
+                                                : reason);
       failed_decode_.push_back(worker->name);
       if (!MoveOn(stream->received, lost_error_.error_message())) DecodeEnded(lost_error_);
     } else if (IsTransportError(status) || status.error_code() == grpc::StatusCode::CANCELLED) {
@@ -348,10 +343,10 @@ void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Statu
     } else if (decode_alive) {
       if (stream_status.error_code() == grpc::StatusCode::CANCELLED) {
         // The client did not cancel: it must not read CANCELLED.
-        stream_status = grpc::Status(
-            grpc::StatusCode::UNAVAILABLE,
-            absl::StrCat("decode worker ", decode->name,
-                         " cancelled the request: ", stream_status.error_message()));
+        stream_status =
+            grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                         absl::StrCat("decode worker ", decode->name,
+                                      " cancelled the request: ", stream_status.error_message()));
       }
       DecodeEnded(stream_status);  // D's own answer
     } else {
@@ -362,13 +357,13 @@ void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Statu
       const std::string known = decode->lost_reason();
       const std::string last = decode->last_unavailable(absl::Seconds(10));
       const std::string why =
-          !known.empty() ? known
-                         : absl::StrCat("decode worker ", decode->name, " failed: ",
-                                        last.empty() ? stream_status.error_message() : last);
+          !known.empty()
+              ? known
+              : absl::StrCat("decode worker ", decode->name,
+                             " failed: ", last.empty() ? stream_status.error_message() : last);
       // New requests and migrations skip it from now on.
-      deferred_.push_back([registry = registry_, decode, why] {
-        registry->ReportUnreachable(decode, why);
-      });
+      deferred_.push_back(
+          [registry = registry_, decode, why] { registry->ReportUnreachable(decode, why); });
       if (!MoveOn(received, why)) {
         DecodeEnded(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
       }
@@ -403,9 +398,8 @@ std::shared_ptr<WorkerHandle> GenerateCall::PickWorker(v1::WorkerRole role,
   PickResult result = registry_->Pick(pick);
   if (result.worker == nullptr && why_none != nullptr) *why_none = result.explanation;
   if (result.worker != nullptr) {
-    rpc::Log(absl::StrCat(LogTag(), ": ",
-                          role == v1::ROLE_DECODE ? "decode" : "prefill", " worker ",
-                          result.worker->name, " (", result.explanation, ")"));
+    rpc::Log(absl::StrCat(LogTag(), ": ", role == v1::ROLE_DECODE ? "decode" : "prefill",
+                          " worker ", result.worker->name, " (", result.explanation, ")"));
   }
   return std::move(result.worker);
 }
@@ -421,18 +415,14 @@ bool GenerateCall::MoveOn(bool received, const std::string& why) {
   if (next == nullptr) return false;
   if (!reroute) ++migrations_;
   CancelPrefillCalls();  // whatever P still does was for the old D's receiver
-  rpc::Log(reroute
-               ? absl::StrCat(LogTag(), ": ", why, "; sending it to ",
-                              next->name)
-               : absl::StrCat(LogTag(), ": ", why, "; migrating to ",
-                              next->name,
-                              samples_.size() == 1
-                                  ? absl::StrCat(" at output index ", samples_.next_index(0))
-                                  : absl::StrCat(" (", samples_.samples_left(), " of ",
-                                                 samples_.size(),
-                                                 " samples, each at its own output index)"),
-                              " (migration ", migrations_, " of ", params_.max_migrations,
-                              ")"));
+  rpc::Log(reroute ? absl::StrCat(LogTag(), ": ", why, "; sending it to ", next->name)
+                   : absl::StrCat(
+                         LogTag(), ": ", why, "; migrating to ", next->name,
+                         samples_.size() == 1
+                             ? absl::StrCat(" at output index ", samples_.next_index(0))
+                             : absl::StrCat(" (", samples_.samples_left(), " of ", samples_.size(),
+                                            " samples, each at its own output index)"),
+                         " (migration ", migrations_, " of ", params_.max_migrations, ")"));
   StartDecode(std::move(next));
   return true;
 }
@@ -539,11 +529,11 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
           : lost_reason.empty()
               ? absl::StrCat("prefill worker ", name, " stopped answering status polls")
               : lost_reason;
-      prefill_error_ = grpc::Status(
-          call->lost ? grpc::StatusCode::UNAVAILABLE : status.error_code(), reason);
+      prefill_error_ =
+          grpc::Status(call->lost ? grpc::StatusCode::UNAVAILABLE : status.error_code(), reason);
       failed_prefill_.push_back(name);
-      rpc::Log(absl::StrCat(LogTag(), ": remote prefill attempt ",
-                            call->attempt, " failed: ", reason));
+      rpc::Log(
+          absl::StrCat(LogTag(), ": remote prefill attempt ", call->attempt, " failed: ", reason));
       // D decides (conditional.on_prefill_failure); it may have seen the
       // failure on its KV connection already.
       if (decode_stream_ != nullptr) AbortTransfer(call->attempt, reason, false);
@@ -563,8 +553,7 @@ void GenerateCall::AbortTransfer(uint32_t attempt, std::string reason, bool no_p
   abort->request.set_no_prefill_worker(no_prefill_worker);
   deferred_.push_back([abort, worker = decode_] {
     rpc::SignCall(worker->auth, &abort->context, rpc::kDecodeAbortTransferMethod, abort->request);
-    worker->decode_stub->async()->AbortTransfer(&abort->context, &abort->request,
-                                                &abort->response,
+    worker->decode_stub->async()->AbortTransfer(&abort->context, &abort->request, &abort->response,
                                                 [abort, worker](grpc::Status) {});
   });
 }
@@ -581,9 +570,8 @@ bool GenerateCall::RestartAfterLostFirstToken() {
   std::shared_ptr<WorkerHandle> next = PickWorker(v1::ROLE_DECODE, {});
   if (next == nullptr) return false;
   restarted_ = true;
-  rpc::Log(absl::StrCat(LogTag(), ": token 0 was lost with ",
-                        prefill_error_.error_message(), "; running the request again on ",
-                        next->name));
+  rpc::Log(absl::StrCat(LogTag(), ": token 0 was lost with ", prefill_error_.error_message(),
+                        "; running the request again on ", next->name));
   decode_ended_ = false;  // StartDecode forgets the samples' buffered tokens and ends
   StartDecode(std::move(next));
   return true;
@@ -616,17 +604,16 @@ void GenerateCall::MaybeFinish() {
           if (samples_.done(s)) continue;
           status = grpc::Status(
               grpc::StatusCode::INTERNAL,
-              absl::StrCat("sample ", s, ": ",
-                           samples_.reported(s) == SampleFinish::kNone
-                               ? "the decode worker reported no end"
-                               : absl::StrCat("token index ", samples_.next_index(s),
-                                              " never arrived")));
+              absl::StrCat(
+                  "sample ", s, ": ",
+                  samples_.reported(s) == SampleFinish::kNone
+                      ? "the decode worker reported no end"
+                      : absl::StrCat("token index ", samples_.next_index(s), " never arrived")));
           break;
         }
       }
       if (status.error_code() != grpc::StatusCode::CANCELLED) {
-        rpc::Log(
-            absl::StrCat(LogTag(), " failed: ", status.error_message()));
+        rpc::Log(absl::StrCat(LogTag(), " failed: ", status.error_message()));
       }
     }
     const RouterMetrics::Route route = decode_streams_ == 0 ? RouterMetrics::Route::kNone

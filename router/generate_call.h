@@ -82,8 +82,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     absl::Time arrival;
   };
 
-  GenerateCall(Params params, WorkerRegistry* registry,
-               const tokenizer::Tokenizer* tokenizer, std::shared_ptr<Sink> sink);
+  GenerateCall(Params params, WorkerRegistry* registry, const tokenizer::Tokenizer* tokenizer,
+               std::shared_ptr<Sink> sink);
   ~GenerateCall();
 
   // Starts the request without blocking. `on_done` runs exactly once, on a
@@ -111,8 +111,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // The status probe after D's stream broke: answered and ready -> the
   // error was D's own; answered but not ready (draining, device lost) or
   // failed -> D is going or gone, and the stream moves on if it can.
-  void OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status,
-                   bool received, bool decode_alive, bool decode_ready);
+  void OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Status stream_status, bool received,
+                   bool decode_alive, bool decode_ready);
   // D asked for a remote prefill (attempt need.attempt()).
   void StartPrefill(const v1::NeedRemotePrefill& need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPrefillDone(const std::shared_ptr<PrefillCall>& call, const grpc::Status& status);
@@ -171,8 +171,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // or migration). A stop string's early end asks D to drop the sample
   // (n > 1, others left); with the last sample, cancels the calls to the
   // workers.
-  void Send(SampleOutputs<v1::TokenOutput>::Emission emission)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Send(SampleOutputs<v1::TokenOutput>::Emission emission) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks D to end sample `s` now (DecodeWorker.CancelSample, fire and
   // forget): a stop string ended it, the other samples go on.
   void CancelSample(uint32_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -190,7 +189,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   std::function<void()> on_done_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the sink was finished
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;    // the sink was finished
   grpc::Status lost_error_ ABSL_GUARDED_BY(mu_);  // a worker became unhealthy
   bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::string route_ ABSL_GUARDED_BY(mu_) = "local";
@@ -198,11 +197,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // or ended) and its worker.
   DecodeStream* decode_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<WorkerHandle> decode_ ABSL_GUARDED_BY(mu_);
-  bool decode_ended_ ABSL_GUARDED_BY(mu_) = false;  // no stream will follow
+  bool decode_ended_ ABSL_GUARDED_BY(mu_) = false;   // no stream will follow
   grpc::Status decode_status_ ABSL_GUARDED_BY(mu_);  // how the last one ended
   int32_t migrations_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t decode_streams_ ABSL_GUARDED_BY(mu_) = 0;  // started so far
-  bool restarted_ ABSL_GUARDED_BY(mu_) = false;  // RestartAfterLostFirstToken ran
+  bool restarted_ ABSL_GUARDED_BY(mu_) = false;      // RestartAfterLostFirstToken ran
   // The request's id on the workers: params_.request_id for the first
   // decode stream, "<id>.<n>" for the n-th after it.
   std::string worker_request_id_ ABSL_GUARDED_BY(mu_);
@@ -211,7 +210,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // cancelled but still counted until its callback runs).
   std::vector<std::shared_ptr<PrefillCall>> prefill_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> failed_prefill_ ABSL_GUARDED_BY(mu_);  // failed this request
-  std::string prefill_name_ ABSL_GUARDED_BY(mu_);  // first prefill worker (header)
+  std::string prefill_name_ ABSL_GUARDED_BY(mu_);                 // first prefill worker (header)
   // The prefill worker whose Prefill call delivered token 0 (empty: the
   // prompt was prefilled by a decode worker): with decode_'s name, what
   // each sample's last message reports as the workers that served it.

@@ -126,11 +126,11 @@ class KvEventWatchers::Stream : public std::enable_shared_from_this<Stream> {
     absl::MutexLock lock(&mu_);
     context_.reset();
     if (!stopping_) {
-      owner_->index_->Drop(worker_, absl::StrCat("event stream ended: ",
-                                                 status.error_message().empty()
-                                                     ? "no error"
-                                                     : status.error_message(),
-                                                 "; watching again"));
+      owner_->index_->Drop(
+          worker_,
+          absl::StrCat("event stream ended: ",
+                       status.error_message().empty() ? "no error" : status.error_message(),
+                       "; watching again"));
       // A worker that keeps refusing or is away is tried less often.
       const int32_t delay = retry_ms_;
       if (!got_snapshot_) retry_ms_ = std::min(kMaxRetryMs, retry_ms_ * 2);
@@ -190,7 +190,8 @@ KvEventWatchers::~KvEventWatchers() {
   streams.clear();  // each watch goes once its call and timer have ended
   {
     absl::MutexLock lock(&live_mu_);
-    live_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live_));
+    live_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &live_));
   }
   ClearGraveyard();
 }

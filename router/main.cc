@@ -48,7 +48,7 @@ void PrintUsage() {
       "  --help                 this text\n");
 }
 
-absl::StatusOr<RouterSettings> LoadSettings(int argc, char** argv) {
+[[nodiscard]] absl::StatusOr<RouterSettings> LoadSettings(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv, RouterFlagNames());
   if (!flags.ok()) return flags.status();
   auto config = LoadClusterConfig(FlagOr(*flags, "config", "deploy/local/cluster.yaml"));
@@ -59,8 +59,8 @@ absl::StatusOr<RouterSettings> LoadSettings(int argc, char** argv) {
 // The chat template of the model. An unrecognised one is no start-up
 // error: prompt requests are served, and chat requests get
 // FAILED_PRECONDITION with the line logged here.
-absl::StatusOr<ChatTemplate> LoadChatTemplate(const ClusterConfig& config,
-                                              const ModelBundle& bundle) {
+[[nodiscard]] absl::StatusOr<ChatTemplate> LoadChatTemplate(const ClusterConfig& config,
+                                                            const ModelBundle& bundle) {
   auto chat_template = ChatTemplate::FromGguf(*bundle.file, config.chat_template);
   if (!chat_template.ok()) return chat_template.status();
   if (chat_template->status().ok()) {
@@ -100,8 +100,7 @@ RegistryOptions MakeRegistryOptions(const ClusterConfig& config, const Prologue&
   rpc::Log(options.routing.policy == RouterPolicy::kKvAware
                ? absl::StrCat("routing policy: kv_aware (prefix_weight ", w.prefix_weight,
                               ", free_blocks_weight ", w.free_blocks_weight, ", load_weight ",
-                              w.load_weight, ", prefill_queue_weight ", w.prefill_queue_weight,
-                              ")")
+                              w.load_weight, ", prefill_queue_weight ", w.prefill_queue_weight, ")")
                : absl::StrCat("routing policy: ", RouterPolicyName(options.routing.policy)));
   options.auth = prologue.auth.get();
   rpc::Log(PrefillPlacementSummary(config));
@@ -122,8 +121,8 @@ RegistryOptions MakeRegistryOptions(const ClusterConfig& config, const Prologue&
 
 // router.api_keys_file into `service`, re-read by the returned reloader
 // (null without a keys file).
-absl::StatusOr<std::unique_ptr<ApiKeysReloader>> StartApiKeys(const ClusterConfig& config,
-                                                               RouterService* service) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ApiKeysReloader>> StartApiKeys(
+    const ClusterConfig& config, RouterService* service) {
   const std::string& path = config.router.api_keys_file;
   if (path.empty()) {
     rpc::Log("API keys: none (Generation is open)");
@@ -139,8 +138,8 @@ absl::StatusOr<std::unique_ptr<ApiKeysReloader>> StartApiKeys(const ClusterConfi
                         " (limits per router replica; re-read every ",
                         absl::FormatDuration(kApiKeysReloadInterval), ")"));
   auto table = std::make_unique<ApiKeys>(*keys);
-  auto reloader = std::make_unique<ApiKeysReloader>(
-      table.get(), path, std::move(keys_text), [](absl::string_view line) { rpc::Log(line); });
+  auto reloader = std::make_unique<ApiKeysReloader>(table.get(), path, std::move(keys_text),
+                                                    [](absl::string_view line) { rpc::Log(line); });
   service->set_api_keys(std::move(table));
   reloader->Start();
   return reloader;
@@ -149,15 +148,15 @@ absl::StatusOr<std::unique_ptr<ApiKeysReloader>> StartApiKeys(const ClusterConfi
 // The metrics listener Prometheus scrapes (no key, as the workers'
 // metrics_listen); the client port's /metrics needs a key when keys are
 // configured. Null when router.metrics_listen is unset.
-absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetrics(const RouterSettings& s,
-                                                               RouterService* service) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetrics(
+    const RouterSettings& s, RouterService* service) {
   if (!s.metrics_listen.has_value()) return nullptr;
   auto server = std::make_unique<http::HttpServer>(http::HttpServer::Options{});
   metrics::ServeMetrics(server.get(), {service->metrics().registry()});
   absl::StatusOr<int> bound = server->Start(s.metrics_listen->host, s.metrics_listen->port);
   if (!bound.ok()) {
-    return absl::Status(bound.status().code(), absl::StrCat(s.metrics_listen_key, ": ",
-                                                            bound.status().message()));
+    return absl::Status(bound.status().code(),
+                        absl::StrCat(s.metrics_listen_key, ": ", bound.status().message()));
   }
   rpc::Log(absl::StrCat("metrics: serving http://",
                         HostPort{s.metrics_listen->host, *bound}.ToString(), "/metrics"));
@@ -167,7 +166,7 @@ absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetrics(const RouterSetti
 
 // The HTTP front door, calling the Generation service in-process. Null
 // when router.http_listen is unset.
-absl::StatusOr<std::unique_ptr<openai::OpenAiFrontend>> StartFrontend(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<openai::OpenAiFrontend>> StartFrontend(
     const RouterSettings& s, const Prologue& prologue, grpc::Server* server,
     RouterService* service) {
   if (!s.http_listen.has_value()) return nullptr;
@@ -200,8 +199,8 @@ absl::StatusOr<std::unique_ptr<openai::OpenAiFrontend>> StartFrontend(
                              metrics::MetricsHandler({service->metrics().registry()}));
   auto port = frontend->Start(s.http_listen->host, s.http_listen->port);
   if (!port.ok()) {
-    return absl::Status(port.status().code(), absl::StrCat(s.http_listen_key, ": ",
-                                                           port.status().message()));
+    return absl::Status(port.status().code(),
+                        absl::StrCat(s.http_listen_key, ": ", port.status().message()));
   }
   rpc::Log(absl::StrCat("HTTP (OpenAI API, /metrics) on ", s.http_listen->host, ":", *port,
                         ", model \"", options.limits.served_model_name, "\""));
@@ -214,9 +213,9 @@ absl::StatusOr<std::unique_ptr<openai::OpenAiFrontend>> StartFrontend(
 // the request threads Shutdown cancelled get up to 2 s to see it before the
 // service they use is destroyed.
 rpc::DrainPlan MakeDrainPlan(const RouterSettings& s, RouterService* service,
-                             absl::Mutex* health_mu,
-                             grpc::HealthCheckServiceInterface** health, grpc::Server* server,
-                             openai::OpenAiFrontend* frontend, http::HttpServer* metrics) {
+                             absl::Mutex* health_mu, grpc::HealthCheckServiceInterface** health,
+                             grpc::Server* server, openai::OpenAiFrontend* frontend,
+                             http::HttpServer* metrics) {
   rpc::DrainPlan plan;
   plan.grace_s = s.config.shutdown_grace_s;
   plan.stop_accepting = [=, grace = plan.grace_s](int sig) {
@@ -252,12 +251,13 @@ int Run(const RouterSettings& s, const Prologue& prologue) {
   Admission::Options admission;
   admission.max_inflight = s.config.router.max_inflight;
   admission.max_queued = s.config.router.max_queued;
-  RouterService service(prologue.bundle.get(), *std::move(chat_template), options, admission,
-                        s.name, [&](bool serving) {
-    absl::MutexLock lock(&health_mu);
-    rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
-    if (health != nullptr) health->SetServingStatus("", serving);
-  });
+  RouterService service(
+      prologue.bundle.get(), *std::move(chat_template), options, admission, s.name,
+      [&](bool serving) {
+        absl::MutexLock lock(&health_mu);
+        rpc::Log(serving ? "cluster can serve: SERVING" : "cluster cannot serve: NOT_SERVING");
+        if (health != nullptr) health->SetServingStatus("", serving);
+      });
   service.set_failover(s.config.router.max_migrations, s.config.router.rpc_timeout_ms);
   // Declared after `service`, so its thread stops before the keys go.
   auto keys_reloader = StartApiKeys(s.config, &service);

@@ -6,8 +6,7 @@
 
 namespace tandem::router {
 
-PrefixIndex::PrefixIndex(std::string model_fingerprint,
-                         std::function<void(const std::string&)> log)
+PrefixIndex::PrefixIndex(std::string model_fingerprint, std::function<void(const std::string&)> log)
     : model_fingerprint_(std::move(model_fingerprint)), log_(std::move(log)) {}
 
 void PrefixIndex::Log(const std::string& line) const {
@@ -20,8 +19,8 @@ void PrefixIndex::Log(const std::string& line) const {
 
 void PrefixIndex::DropLocked(const std::string& name, Worker& w, const std::string& why) {
   if (w.synced) {
-    Log(absl::StrCat("kv index: worker ", name, ": ", w.hashes.size(),
-                     " blocks dropped (", why, ")"));
+    Log(absl::StrCat("kv index: worker ", name, ": ", w.hashes.size(), " blocks dropped (", why,
+                     ")"));
   }
   w.synced = false;
   w.hashes.clear();
@@ -37,8 +36,8 @@ bool PrefixIndex::Apply(const std::string& worker, const v1::KvEventBatch& batch
   }
   if (batch.snapshot()) {
     if (w.instance_id != 0 && w.instance_id != batch.instance_id()) {
-      Log(absl::StrCat("kv index: worker ", worker, " is a new instance (", w.instance_id,
-                       " -> ", batch.instance_id(), "): restarted, its old entries are gone"));
+      Log(absl::StrCat("kv index: worker ", worker, " is a new instance (", w.instance_id, " -> ",
+                       batch.instance_id(), "): restarted, its old entries are gone"));
     }
     w.hashes.clear();
     w.instance_id = batch.instance_id();
@@ -61,9 +60,9 @@ bool PrefixIndex::Apply(const std::string& worker, const v1::KvEventBatch& batch
     return false;
   }
   if (batch.sequence() != w.last_sequence + 1) {
-    DropLocked(worker, w,
-               absl::StrCat("gap: expected sequence ", w.last_sequence + 1, ", got ",
-                            batch.sequence()));
+    DropLocked(
+        worker, w,
+        absl::StrCat("gap: expected sequence ", w.last_sequence + 1, ", got ", batch.sequence()));
     return false;
   }
   if (static_cast<int32_t>(batch.block_size()) != w.block_size) {

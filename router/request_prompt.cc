@@ -14,7 +14,7 @@ std::string BosTokenText(const gguf::GgufFile& file, int32_t bos_id) {
   return (*list)[bos_id];
 }
 
-absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
     const v1::GenerateRequest& request, const tokenizer::Tokenizer& tokenizer,
     const ChatTemplate& chat_template, absl::string_view bos_text) {
   const bool chat = request.messages_size() > 0;
@@ -37,9 +37,8 @@ absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
     for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
       const int32_t id = request.prompt_token_ids(i);
       if (id < 0 || id >= tokenizer.vocab_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "]: ", id,
-                                                       " is not in [0, ", tokenizer.vocab_size(),
-                                                       ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prompt_token_ids[", i, "]: ", id, " is not in [0, ", tokenizer.vocab_size(), ")"));
       }
     }
     return std::vector<int32_t>(request.prompt_token_ids().begin(),

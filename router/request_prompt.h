@@ -41,7 +41,7 @@ std::string BosTokenText(const gguf::GgufFile& file, int32_t bos_id);
 // ..." with messages (the template's own control tokens must be parsed),
 // and ChatTemplate::Apply's errors (INVALID_ARGUMENT naming
 // messages[i].role; FAILED_PRECONDITION when the model has no chat format).
-absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
     const v1::GenerateRequest& request, const tokenizer::Tokenizer& tokenizer,
     const ChatTemplate& chat_template, absl::string_view bos_text);
 

@@ -42,32 +42,32 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 }  // namespace
 
 const std::vector<double>& RouterMetrics::TimeToFirstTokenBuckets() {
-  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                        0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                        0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
                                         20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
   return b;
 }
 
 const std::vector<double>& RouterMetrics::TokenLatencyBuckets() {
-  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
-                                        0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,
-                                        1.0,   2.5,    5.0,   7.5,  10.0,  20.0, 40.0, 80.0};
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                        0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5,
+                                        5.0,   7.5,    10.0,  20.0, 40.0,  80.0};
   return b;
 }
 
 const std::vector<double>& RouterMetrics::RequestLatencyBuckets() {
-  static const std::vector<double> b = {0.01, 0.025, 0.05, 0.1,   0.3,   0.5,   0.8,   1.0,
-                                        1.5,  2.0,   2.5,  5.0,   10.0,  15.0,  20.0,  30.0,
-                                        40.0, 50.0,  60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
-                                        7680.0};
+  static const std::vector<double> b = {0.01, 0.025, 0.05,  0.1,   0.3,   0.5,    0.8,   1.0,  1.5,
+                                        2.0,  2.5,   5.0,   10.0,  15.0,  20.0,   30.0,  40.0, 50.0,
+                                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
   return b;
 }
 
 RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto& requests = prometheus::BuildCounter()
                        .Name("tandem_requests_total")
-                       .Help("Generate calls ended at the router, by route and finish reason "
-                             "(one per request; n > 1: sample 0's reason)")
+                       .Help(
+                           "Generate calls ended at the router, by route and finish reason "
+                           "(one per request; n > 1: sample 0's reason)")
                        .Register(*registry_);
   for (int r = 0; r < 3; ++r) {
     for (int f = 0; f < kReasons; ++f) {
@@ -79,10 +79,12 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                         .Name("tandem_request_errors_total")
                         .Help("Generate calls ended at the router with an error, by gRPC code")
                         .Register(*registry_);
-  auto histogram = [this](const char* name, const char* help,
-                          const std::vector<double>& buckets) {
-    return &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_).Add(
-        {}, buckets);
+  auto histogram = [this](const char* name, const char* help, const std::vector<double>& buckets) {
+    return &prometheus::BuildHistogram()
+                .Name(name)
+                .Help(help)
+                .Register(*registry_)
+                .Add({}, buckets);
   };
   ttft_ = histogram("tandem_time_to_first_token_seconds",
                     "Arrival at the router to the first token sent to the client",
@@ -102,13 +104,13 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   auto counter = [this](const char* name, const char* help) {
     return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add({});
   };
-  prompt_tokens_ = counter("tandem_prompt_tokens_total",
-                           "Prompt tokens of requests admitted at the router");
+  prompt_tokens_ =
+      counter("tandem_prompt_tokens_total", "Prompt tokens of requests admitted at the router");
   generation_tokens_ = counter("tandem_generation_tokens_total",
                                "Tokens the router sent to clients (every sample's)");
-  prompt_tokens_cached_ = counter(
-      "tandem_prompt_tokens_cached_total",
-      "Prompt tokens of finished requests found in the prefilling worker's prefix cache");
+  prompt_tokens_cached_ =
+      counter("tandem_prompt_tokens_cached_total",
+              "Prompt tokens of finished requests found in the prefilling worker's prefix cache");
   auto gauge = [this](const char* name, const char* help) {
     return &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add({});
   };
@@ -194,8 +196,7 @@ void RequestTimer::TokensSent(uint32_t sample, int64_t n, absl::Time now) {
 }
 
 void RequestTimer::Finished(absl::Time now, RouterMetrics::Route route, absl::StatusCode code,
-                            v1::FinishReason first_sample_reason,
-                            int64_t prompt_tokens_cached) {
+                            v1::FinishReason first_sample_reason, int64_t prompt_tokens_cached) {
   if (metrics_ == nullptr || finished_) return;
   finished_ = true;
   metrics_->e2e_->Observe(Seconds(now - arrival_));

@@ -35,8 +35,7 @@ v1::EngineControls ControlsOf(const v1::GenerateRequest& request) {
 
 // 128 random bits as 32 hex digits (DESIGN.md: the router mints request ids).
 std::string MintRequestId(absl::BitGen& gen) {
-  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
-                         absl::Uniform<uint64_t>(gen));
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
 }  // namespace
@@ -85,8 +84,7 @@ absl::StatusOr<std::vector<int32_t>> RouterService::Validate(
   return prompt;
 }
 
-absl::StatusOr<int> RouterService::Authenticate(
-    const grpc::CallbackServerContext* context) const {
+absl::StatusOr<int> RouterService::Authenticate(const grpc::CallbackServerContext* context) const {
   if (api_keys_ == nullptr) return -1;
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
@@ -113,8 +111,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     return rpc::FinishedStream(rpc::ToGrpc(key.status()));
   }
   bool parsed_ok = false;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = rpc::ServeStream<v1::GenerateRequest>(
-      request, [&](const v1::GenerateRequest* parsed) {
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor =
+      rpc::ServeStream<v1::GenerateRequest>(request, [&](const v1::GenerateRequest* parsed) {
         parsed_ok = true;
         return GenerateParsed(context, parsed, *key, arrival);
       });
@@ -210,8 +208,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   params.metrics = &metrics_;
   params.arrival = arrival;
   const absl::Time deadline = absl::FromChrono(params.deadline);
-  auto call = std::make_shared<GenerateCall>(std::move(params), &registry_,
-                                             model_->tokenizer.get(), sink);
+  auto call =
+      std::make_shared<GenerateCall>(std::move(params), &registry_, model_->tokenizer.get(), sink);
   {
     absl::MutexLock lock(&cancel->mu);
     cancel->call = call;
@@ -339,8 +337,8 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
         out->set_max_concurrent_requests(static_cast<uint32_t>(u.max_concurrent_requests));
       }
     }
-    response->set_cluster_auth(std::string(
-        registry_.auth() != nullptr ? registry_.auth()->mode() : "open"));
+    response->set_cluster_auth(
+        std::string(registry_.auth() != nullptr ? registry_.auth()->mode() : "open"));
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

@@ -94,16 +94,18 @@ class RouterService final : public GenerationBase {
   // max_tokens, context length, sampling values including min_p, the
   // penalties, logit_bias and logprobs; stop; n, min_tokens,
   // stop_token_ids).
-  absl::StatusOr<std::vector<int32_t>> Validate(const v1::GenerateRequest& request) const;
+  [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Validate(
+      const v1::GenerateRequest& request) const;
   // The prompt ids of `request` alone (TokenizeRequestPrompt with this
   // router's tokenizer and chat template; its errors), e.g. for the HTTP
   // front end's chat default max_tokens (context - prompt).
-  absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request) const;
+  [[nodiscard]] absl::StatusOr<std::vector<int32_t>> PromptTokens(
+      const v1::GenerateRequest& request) const;
   // API keys for callers outside gRPC (the HTTP front end's routes that
   // make no Generate call): OK when no keys are configured or
   // `authorization` ("Bearer <key>"; nullptr: absent) names a key;
   // UNAUTHENTICATED otherwise.
-  absl::Status AuthenticateHeader(const std::string* authorization) const;
+  [[nodiscard]] absl::Status AuthenticateHeader(const std::string* authorization) const;
 
   // Every method below first checks the API key when keys are configured
   // (Authenticate: UNAUTHENTICATED before the request is even parsed).
@@ -160,7 +162,7 @@ class RouterService final : public GenerationBase {
   // The caller's API key id (ApiKeys::Authenticate of the `authorization`
   // metadata), or -1 when no keys are configured. UNAUTHENTICATED when
   // keys are required and the metadata is missing or names no key.
-  absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext* context) const;
+  [[nodiscard]] absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext* context) const;
 
   // The typed bodies of Generate and Tokenize, once the request parsed.
   // `request` is valid until they return. `key`: Authenticate's id.

@@ -10,9 +10,9 @@ namespace {
 
 // --`flag` as a HOST:PORT over `*value` (from `config_key`); *key says
 // which one was used.
-absl::Status OverrideHostPort(const std::map<std::string, std::string>& flags,
-                              const std::string& flag, const std::string& config_key,
-                              std::optional<HostPort>* value, std::string* key) {
+[[nodiscard]] absl::Status OverrideHostPort(const std::map<std::string, std::string>& flags,
+                                            const std::string& flag, const std::string& config_key,
+                                            std::optional<HostPort>* value, std::string* key) {
   *key = config_key;
   auto it = flags.find(flag);
   if (it == flags.end()) return absl::OkStatus();
@@ -29,7 +29,7 @@ std::vector<std::string> RouterFlagNames() {
   return {"config", "name", "model", "listen", "advertise", "http-listen", "metrics-listen"};
 }
 
-absl::StatusOr<RouterSettings> ResolveRouterSettings(
+[[nodiscard]] absl::StatusOr<RouterSettings> ResolveRouterSettings(
     const std::map<std::string, std::string>& flags, ClusterConfig config) {
   RouterSettings s;
   s.config = std::move(config);
@@ -52,8 +52,8 @@ absl::StatusOr<RouterSettings> ResolveRouterSettings(
     return a.status();
   }
   s.http_listen = s.config.router.http_listen;
-  if (absl::Status st = OverrideHostPort(flags, "http-listen", "router.http_listen",
-                                         &s.http_listen, &s.http_listen_key);
+  if (absl::Status st = OverrideHostPort(flags, "http-listen", "router.http_listen", &s.http_listen,
+                                         &s.http_listen_key);
       !st.ok()) {
     return st;
   }

@@ -40,7 +40,7 @@ struct RouterSettings {
 // bad --listen / --advertise / --http-listen / --metrics-listen value, or a
 // wildcard listen without its advertise ("router.advertise ..." or
 // "--advertise ...").
-absl::StatusOr<RouterSettings> ResolveRouterSettings(
+[[nodiscard]] absl::StatusOr<RouterSettings> ResolveRouterSettings(
     const std::map<std::string, std::string>& flags, ClusterConfig config);
 
 }  // namespace tandem::router

@@ -11,15 +11,13 @@ namespace {
 double Fraction(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
 std::string LoadText(const Candidate& c) {
-  return absl::StrCat(c.running, " running, ", c.waiting, " waiting, ", c.in_flight,
-                      " in flight");
+  return absl::StrCat(c.running, " running, ", c.waiting, " waiting, ", c.in_flight, " in flight");
 }
 
 }  // namespace
 
 int64_t CandidateLoad(const Candidate& c) {
-  return std::max<int64_t>(0, int64_t{c.running} + c.waiting - c.in_flight_at_poll) +
-         c.in_flight;
+  return std::max<int64_t>(0, int64_t{c.running} + c.waiting - c.in_flight_at_poll) + c.in_flight;
 }
 
 double PredictedQueueWaitSeconds(const Candidate& c) {
@@ -43,10 +41,9 @@ Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
   }
   const KvAwareWeights& w = options.weights;
   const int64_t cached = std::clamp<int64_t>(c.cached_prefix_tokens, 0, prompt_tokens);
-  const std::string cached_text =
-      absl::StrCat(cached, "/", prompt_tokens, " prompt tokens cached");
-  out.score = w.prefix_weight * Fraction(static_cast<double>(cached),
-                                         static_cast<double>(prompt_tokens));
+  const std::string cached_text = absl::StrCat(cached, "/", prompt_tokens, " prompt tokens cached");
+  out.score =
+      w.prefix_weight * Fraction(static_cast<double>(cached), static_cast<double>(prompt_tokens));
   if (decode) {
     const uint32_t in_use = std::min(c.kv_blocks_in_use, c.kv_blocks_total);
     const uint32_t free_blocks = c.kv_blocks_total - in_use;
@@ -61,11 +58,10 @@ Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
     out.explanation = absl::StrFormat("kv_aware score %.2f: %s, %s, %s", out.score, cached_text,
                                       blocks_text, LoadText(c));
   } else {
-    out.score -= w.prefill_queue_weight *
-                     Fraction(static_cast<double>(c.queued_prefill_tokens),
-                              std::max(options.max_num_batched_tokens, 1)) +
-                 w.load_weight * Fraction(static_cast<double>(c.in_flight),
-                                          std::max(options.max_num_seqs, 1));
+    out.score -= w.prefill_queue_weight * Fraction(static_cast<double>(c.queued_prefill_tokens),
+                                                   std::max(options.max_num_batched_tokens, 1)) +
+                 w.load_weight *
+                     Fraction(static_cast<double>(c.in_flight), std::max(options.max_num_seqs, 1));
     out.explanation =
         absl::StrFormat("kv_aware score %.2f: %s, %d queued prefill tokens, %d in flight",
                         out.score, cached_text, c.queued_prefill_tokens, c.in_flight);

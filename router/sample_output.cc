@@ -5,8 +5,7 @@
 
 namespace tandem::router {
 
-SampleTexts::SampleTexts(const tokenizer::Tokenizer& tokenizer,
-                         const SampleOutputOptions& options)
+SampleTexts::SampleTexts(const tokenizer::Tokenizer& tokenizer, const SampleOutputOptions& options)
     : eog_ids_(tokenizer.eog_ids()), options_(options) {
   stop_criteria_.eog_token_ids = eog_ids_;
   std::sort(stop_criteria_.eog_token_ids.begin(), stop_criteria_.eog_token_ids.end());
@@ -37,10 +36,9 @@ std::optional<SampleEnd> SampleTexts::Release(uint32_t s, int32_t token_id, std:
   // text, unless include_stop_str_in_output (vLLM's detokenizer skips it).
   const core::RequestStops stops{stop_token_ids_, options_.ignore_eos, min_tokens,
                                  std::numeric_limits<int64_t>::max()};
-  const bool stop_token =
-      !options_.include_stop_str_in_output &&
-      core::CheckStop(stop_criteria_, stops, token_id, num_generated, 0) ==
-          core::FinishReason::kStop;
+  const bool stop_token = !options_.include_stop_str_in_output &&
+                          core::CheckStop(stop_criteria_, stops, token_id, num_generated, 0) ==
+                              core::FinishReason::kStop;
   StopPush pushed =
       sample.matcher.Push(stop_token ? std::string() : sample.decoder.Push(token_id), check);
   ++sample.next_index;
@@ -78,9 +76,8 @@ std::optional<SampleEnd> SampleTexts::MaybeEnd(uint32_t s, bool nothing_buffered
   text->append(pushed.text);
   text->append(sample.matcher.Flush());
   end.finish = sample.reported;
-  const bool eog_stop =
-      !options_.ignore_eos &&
-      std::find(eog_ids_.begin(), eog_ids_.end(), sample.last_token) != eog_ids_.end();
+  const bool eog_stop = !options_.ignore_eos && std::find(eog_ids_.begin(), eog_ids_.end(),
+                                                          sample.last_token) != eog_ids_.end();
   const std::vector<int32_t>& stop_ids = options_.stop_token_ids;
   if (sample.reported == SampleFinish::kStop && !eog_stop &&
       std::find(stop_ids.begin(), stop_ids.end(), sample.last_token) != stop_ids.end()) {

@@ -54,21 +54,21 @@ namespace tandem::router {
 // checks them with static_assert).
 enum class SampleFinish : int32_t {
   kNone = 0,
-  kLength = 1,     // max_tokens reached
-  kStop = 2,       // an end-of-generation token, a stop_token_ids id or a stop string
-  kContext = 3,    // context length reached
+  kLength = 1,   // max_tokens reached
+  kStop = 2,     // an end-of-generation token, a stop_token_ids id or a stop string
+  kContext = 3,  // context length reached
   kCancelled = 4,
 };
 
 // The request's fields that shape its samples' output (GenerateRequest's,
 // as validated by the router).
 struct SampleOutputOptions {
-  uint32_t n = 1;                        // samples; at least 1
-  std::vector<std::string> stop;         // stop strings (1..256 bytes each)
+  uint32_t n = 1;                 // samples; at least 1
+  std::vector<std::string> stop;  // stop strings (1..256 bytes each)
   bool include_stop_str_in_output = false;
-  std::vector<int32_t> stop_token_ids;   // any order
-  bool ignore_eos = false;               // end-of-generation ids are ordinary tokens
-  int64_t min_tokens = 0;                // no stop string or stop token before this many tokens
+  std::vector<int32_t> stop_token_ids;  // any order
+  bool ignore_eos = false;              // end-of-generation ids are ordinary tokens
+  int64_t min_tokens = 0;               // no stop string or stop token before this many tokens
 };
 
 // How a sample's last emission ends it.
@@ -88,8 +88,8 @@ struct SampleEnd {
 template <class Token>
 struct SampleEmission {
   uint32_t sample_index = 0;
-  std::vector<Token> tokens;  // released now, in index order (possibly none)
-  std::string text;           // their text, after stop-string hold-back
+  std::vector<Token> tokens;       // released now, in index order (possibly none)
+  std::string text;                // their text, after stop-string hold-back
   uint32_t completion_tokens = 0;  // tokens of the sample released so far, these included
   std::optional<SampleEnd> end;    // set on the sample's last emission
 };

@@ -13,8 +13,8 @@ namespace tandem::router {
 struct StopStringMatcher::Automaton {
   struct Node {
     std::vector<std::pair<uint8_t, int32_t>> next;  // goto edges
-    int32_t fail = 0;   // longest proper suffix that is also a node
-    int32_t depth = 0;  // length of the node's string
+    int32_t fail = 0;                               // longest proper suffix that is also a node
+    int32_t depth = 0;                              // length of the node's string
     // The stop string ending here that starts earliest: the longest stop
     // that is a suffix of the node's string (lowest index among equal
     // strings); -1 when none.
@@ -142,16 +142,15 @@ std::string StopStringMatcher::Flush() {
   return rest;
 }
 
-absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
+[[nodiscard]] absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
   if (stops.size() > kMaxStopStrings) {
     return absl::InvalidArgumentError(
         absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stops.size()));
   }
   for (size_t i = 0; i < stops.size(); ++i) {
     if (stops[i].empty() || stops[i].size() > kMaxStopStringBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must be 1 to ",
-                                                     kMaxStopStringBytes, " bytes, got ",
-                                                     stops[i].size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop[", i, "]: must be 1 to ", kMaxStopStringBytes, " bytes, got ", stops[i].size()));
     }
   }
   return absl::OkStatus();

@@ -66,7 +66,7 @@ inline constexpr size_t kMaxStopStringBytes = 256;
 // INVALID_ARGUMENT "stop: at most 16 strings, got N" or "stop[i]: must be 1
 // to 256 bytes, got N". (Their UTF-8 is checked when the request is
 // parsed.)
-absl::Status ValidateStopStrings(const std::vector<std::string>& stops);
+[[nodiscard]] absl::Status ValidateStopStrings(const std::vector<std::string>& stops);
 
 // What one StopStringMatcher::Push releases.
 struct StopPush {
@@ -113,8 +113,8 @@ class StopStringMatcher {
 
   std::shared_ptr<const Automaton> automaton_;
   bool include_;
-  int32_t state_ = 0;     // automaton node: longest suffix of checked text that prefixes a stop
-  std::string held_;      // unreleased bytes (the node's string, without include_)
+  int32_t state_ = 0;  // automaton node: longest suffix of checked text that prefixes a stop
+  std::string held_;   // unreleased bytes (the node's string, without include_)
   int stop_index_ = -1;
 };
 

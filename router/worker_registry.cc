@@ -21,8 +21,8 @@ constexpr double kRateWeight = 0.3;
 // previous one (`before`): the tokens computed since, averaged into `rate`,
 // when prefill was queued at the previous poll (idle time says nothing of
 // the rate) and some progress was made.
-double UpdatePrefillRate(double rate, const v1::WorkerStatus& before,
-                         const v1::WorkerStatus& reply, double seconds) {
+double UpdatePrefillRate(double rate, const v1::WorkerStatus& before, const v1::WorkerStatus& reply,
+                         double seconds) {
   if (before.queued_prefill_tokens() == 0 || seconds <= 0 ||
       reply.prefill_tokens_computed_total() <= before.prefill_tokens_computed_total()) {
     return rate;
@@ -84,8 +84,7 @@ WorkerRegistry::WorkerRegistry(const RegistryOptions& options,
                                std::function<void(bool)> on_health_change)
     : options_(options),
       on_health_change_(std::move(on_health_change)),
-      index_(options.model_fingerprint,
-             [this](const std::string& line) { Log(line); }),
+      index_(options.model_fingerprint, [this](const std::string& line) { Log(line); }),
       watchers_(&index_, KvEventWatcherOptions{options.kv_watch_retry_ms, options.auth}) {
   poller_ = std::thread([this] { PollLoop(); });
 }
@@ -115,8 +114,8 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
   }
   if (request.model_fingerprint() != options_.model_fingerprint) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "model_fingerprint: worker ", request.name(), " serves ",
-        request.model_fingerprint(), " but the router serves ", options_.model_fingerprint));
+        "model_fingerprint: worker ", request.name(), " serves ", request.model_fingerprint(),
+        " but the router serves ", options_.model_fingerprint));
   }
   const auto listed = options_.kv_layout_ids.find(request.name());
   const std::string& expected_layout =
@@ -133,11 +132,10 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
         held->second.handle->address != request.address()) {
       // Two processes with one name: the one that holds it keeps it until it
       // dies (misses polls or is reported unreachable); see the header.
-      std::string why = absl::StrCat("worker name '", request.name(),
-                                     "' is held by a healthy worker at ",
-                                     held->second.handle->address,
-                                     "; another process registered with the same name from ",
-                                     request.address());
+      std::string why =
+          absl::StrCat("worker name '", request.name(), "' is held by a healthy worker at ",
+                       held->second.handle->address,
+                       "; another process registered with the same name from ", request.address());
       if (duplicate_logged_.insert({request.name(), request.address()}).second) {
         Log(absl::StrCat("refused worker ", request.name(), ": ", why));
       }
@@ -286,9 +284,7 @@ bool WorkerRegistry::HasRoutableLocked(v1::WorkerRole role) const {
 
 bool WorkerRegistry::CanServeLocked() const { return HasRoutableLocked(v1::ROLE_DECODE); }
 
-bool WorkerRegistry::PrefillAvailableLocked() const {
-  return HasRoutableLocked(v1::ROLE_PREFILL);
-}
+bool WorkerRegistry::PrefillAvailableLocked() const { return HasRoutableLocked(v1::ROLE_PREFILL); }
 
 bool WorkerRegistry::CanServe() const {
   absl::MutexLock lock(&mu_);
@@ -319,8 +315,7 @@ void WorkerRegistry::ReportHealth() {
   }
 }
 
-void WorkerRegistry::StatusAllAsync(
-    std::function<void(std::vector<v1::WorkerStatus>)> done) const {
+void WorkerRegistry::StatusAllAsync(std::function<void(std::vector<v1::WorkerStatus>)> done) const {
   // Shared by the calls' callbacks; the last one to finish calls `done`.
   struct Gather {
     std::vector<std::shared_ptr<WorkerHandle>> handles;  // keep the stubs alive
@@ -371,8 +366,8 @@ void WorkerRegistry::StatusAllAsync(
                   h.decode_stub ? rpc::kDecodeGetStatusMethod : rpc::kPrefillGetStatusMethod,
                   gather->request);
     if (h.decode_stub) {
-      h.decode_stub->async()->GetStatus(&gather->contexts[i], &gather->request,
-                                        &gather->results[i], std::move(on_done));
+      h.decode_stub->async()->GetStatus(&gather->contexts[i], &gather->request, &gather->results[i],
+                                        std::move(on_done));
     } else {
       h.prefill_stub->async()->GetStatus(&gather->contexts[i], &gather->request,
                                          &gather->results[i], std::move(on_done));
@@ -439,8 +434,8 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
       e.healthy = false;
       e.unhealthy_since = absl::Now();
       lost = true;
-      Log(absl::StrCat("worker ", h->name, " missed ", e.missed_polls, " polls (last: ",
-                       call->status.error_message(), "): unhealthy"));
+      Log(absl::StrCat("worker ", h->name, " missed ", e.missed_polls,
+                       " polls (last: ", call->status.error_message(), "): unhealthy"));
     }
   }
   if (lost) h->NotifyLost(lost_why);  // its in-flight requests fail now

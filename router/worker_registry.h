@@ -108,7 +108,7 @@ struct WorkerHandle {
 };
 
 struct RegistryOptions {
-  std::string model_fingerprint;       // workers must serve the same file
+  std::string model_fingerprint;  // workers must serve the same file
   // KvLayout::LayoutId a worker must register with (ExpectedKvLayout of
   // the router's model and configuration, worker/worker_engine.h):
   // kv_layout_ids[name] for a worker the config lists (each follows its
@@ -116,10 +116,10 @@ struct RegistryOptions {
   // kv_layout_id (engine.device's).
   std::string kv_layout_id;
   std::map<std::string, std::string> kv_layout_ids;
-  int32_t poll_interval_ms = 500;      // per worker, between poll starts
+  int32_t poll_interval_ms = 500;  // per worker, between poll starts
   int32_t unhealthy_after_missed_polls = 3;
-  int32_t rpc_timeout_ms = 2000;       // deadline of each GetStatus
-  int32_t drop_after_ms = 30000;       // unhealthy this long -> removed
+  int32_t rpc_timeout_ms = 2000;  // deadline of each GetStatus
+  int32_t drop_after_ms = 30000;  // unhealthy this long -> removed
   // router.policy, its weights and its normalisers (engine.max_num_seqs,
   // engine.max_num_batched_tokens).
   RoutingOptions routing;
@@ -170,8 +170,7 @@ class WorkerRegistry {
  public:
   // on_health_change(can_serve) runs (poll/registration thread, one call at
   // a time, in order) whenever CanServe() flips.
-  WorkerRegistry(const RegistryOptions& options,
-                 std::function<void(bool)> on_health_change);
+  WorkerRegistry(const RegistryOptions& options, std::function<void(bool)> on_health_change);
   ~WorkerRegistry();  // cancels polls in flight and stops the poll thread
 
   // Adds or refreshes a worker. INVALID_ARGUMENT for a missing
@@ -183,7 +182,7 @@ class WorkerRegistry {
   // alone and the refusal logged once per (name, address). A registration
   // at the holder's address, or once the holder is unhealthy (missed polls
   // or reported unreachable: the old process died), takes the name over.
-  absl::Status Register(const v1::RegisterWorkerRequest& request);
+  [[nodiscard]] absl::Status Register(const v1::RegisterWorkerRequest& request);
 
   // A request found `handle`'s worker unreachable (a call failed at the
   // transport and a status probe failed too): it is unhealthy at once,

@@ -19,7 +19,8 @@ std::vector<std::string> ParsedArgs::GetAll(const std::string& name) const {
   return it == flags_.end() ? std::vector<std::string>() : it->second;
 }
 
-absl::StatusOr<int64_t> ParseIntValue(const std::string& name, const std::string& text) {
+[[nodiscard]] absl::StatusOr<int64_t> ParseIntValue(const std::string& name,
+                                                    const std::string& text) {
   int64_t value = 0;
   if (!absl::SimpleAtoi(text, &value)) {
     return absl::InvalidArgumentError(
@@ -28,7 +29,8 @@ absl::StatusOr<int64_t> ParseIntValue(const std::string& name, const std::string
   return value;
 }
 
-absl::StatusOr<double> ParseDoubleValue(const std::string& name, const std::string& text) {
+[[nodiscard]] absl::StatusOr<double> ParseDoubleValue(const std::string& name,
+                                                      const std::string& text) {
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
     return absl::InvalidArgumentError(
@@ -62,8 +64,8 @@ absl::StatusOr<double> ParsedArgs::GetDouble(const std::string& name, double fal
   return ParseDoubleValue(name, it->second.back());
 }
 
-absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                     const std::vector<FlagSpec>& spec) {
+[[nodiscard]] absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                                   const std::vector<FlagSpec>& spec) {
   ParsedArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -84,8 +86,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
     if (flag == nullptr) {
       std::vector<std::string> known;
       for (const FlagSpec& f : spec) known.push_back("--" + f.name);
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (known: ",
-                                                     absl::StrJoin(known, " "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " (known: ", absl::StrJoin(known, " "), ")"));
     }
     if (!flag->repeatable && out.flags_.count(name) > 0) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, ": given more than once"));

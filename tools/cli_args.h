@@ -39,9 +39,9 @@ class ParsedArgs {
   std::vector<std::string> GetAll(const std::string& name) const;
   // Typed values (of the last occurrence); INVALID_ARGUMENT "--<name>:
   // expected ..." on a bad value.
-  absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
-  absl::StatusOr<uint64_t> GetUint(const std::string& name, uint64_t fallback) const;
-  absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
+  [[nodiscard]] absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
+  [[nodiscard]] absl::StatusOr<uint64_t> GetUint(const std::string& name, uint64_t fallback) const;
+  [[nodiscard]] absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
 
   const std::vector<std::string>& positional() const { return positional_; }
 
@@ -56,14 +56,16 @@ class ParsedArgs {
 // One flag value as a number, for values the getters do not reach (each
 // value of a repeatable flag, part of a value): INVALID_ARGUMENT
 // "--<name>: expected an integer, got '<text>'" (resp. "a finite number").
-absl::StatusOr<int64_t> ParseIntValue(const std::string& name, const std::string& text);
-absl::StatusOr<double> ParseDoubleValue(const std::string& name, const std::string& text);
+[[nodiscard]] absl::StatusOr<int64_t> ParseIntValue(const std::string& name,
+                                                    const std::string& text);
+[[nodiscard]] absl::StatusOr<double> ParseDoubleValue(const std::string& name,
+                                                      const std::string& text);
 
 // Parses `args` (the arguments after the subcommand name) against `spec`.
 // Errors: unknown flag, missing value, value given to a boolean, a flag
 // that is not repeatable given twice.
-absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                     const std::vector<FlagSpec>& spec);
+[[nodiscard]] absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                                   const std::vector<FlagSpec>& spec);
 
 }  // namespace tandem::cli
 

@@ -22,7 +22,8 @@ namespace tandem::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: tandem generate [--router H:P] [--api-key KEY] [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "usage: tandem generate [--router H:P] [--api-key KEY] [--max-tokens N] [--temperature T] "
+    "[--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--seed S] [--repetition-penalty P]\n"
     "                       [--presence-penalty P] [--frequency-penalty P]\n"
     "                       [--logit-bias ID=BIAS]... [--stop STR]... [--stop-token-id ID]...\n"
@@ -37,8 +38,8 @@ double ToMs(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 // `value` of flag `name` if it lies in [lo, hi] (the proto field's type);
 // INVALID_ARGUMENT "--<name>: must be in LO..HI, got V" otherwise.
-absl::StatusOr<int64_t> CheckRange(const std::string& name, int64_t value, int64_t lo,
-                                   int64_t hi) {
+[[nodiscard]] absl::StatusOr<int64_t> CheckRange(const std::string& name, int64_t value, int64_t lo,
+                                                 int64_t hi) {
   if (value < lo || value > hi) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", name, ": must be in ", lo, "..", hi, ", got ", value));
@@ -48,8 +49,8 @@ absl::StatusOr<int64_t> CheckRange(const std::string& name, int64_t value, int64
 
 // A uint32 field's flag (any value of the field; CheckRanges has the
 // router's ranges).
-absl::StatusOr<std::optional<uint32_t>> OptionalUint32(const ParsedArgs& parsed,
-                                                       const std::string& name) {
+[[nodiscard]] absl::StatusOr<std::optional<uint32_t>> OptionalUint32(const ParsedArgs& parsed,
+                                                                     const std::string& name) {
   if (!parsed.Has(name)) return std::optional<uint32_t>();
   absl::StatusOr<int64_t> value = parsed.GetInt(name, 0);
   if (!value.ok()) return value.status();
@@ -64,7 +65,7 @@ absl::StatusOr<std::optional<uint32_t>> OptionalUint32(const ParsedArgs& parsed,
 }
 
 // An int32 field's value of flag `name`.
-absl::StatusOr<int32_t> Int32Value(const std::string& name, const std::string& text) {
+[[nodiscard]] absl::StatusOr<int32_t> Int32Value(const std::string& name, const std::string& text) {
   absl::StatusOr<int64_t> value = ParseIntValue(name, text);
   if (!value.ok()) return value.status();
   value = CheckRange(name, *value, std::numeric_limits<int32_t>::min(),
@@ -75,7 +76,7 @@ absl::StatusOr<int32_t> Int32Value(const std::string& name, const std::string& t
 
 // A float flag; `*out` is left alone when the flag is absent.
 template <typename T>
-absl::Status GetFloat(const ParsedArgs& parsed, const std::string& name, T* out) {
+[[nodiscard]] absl::Status GetFloat(const ParsedArgs& parsed, const std::string& name, T* out) {
   if (!parsed.Has(name)) return absl::OkStatus();
   absl::StatusOr<double> value = parsed.GetDouble(name, 0);
   if (!value.ok()) return value.status();
@@ -84,8 +85,8 @@ absl::Status GetFloat(const ParsedArgs& parsed, const std::string& name, T* out)
 }
 
 // "ID=BIAS" values of --logit-bias into `out`, one per id.
-absl::Status ParseLogitBias(const std::vector<std::string>& values,
-                            std::map<int32_t, float>* out) {
+[[nodiscard]] absl::Status ParseLogitBias(const std::vector<std::string>& values,
+                                          std::map<int32_t, float>* out) {
   for (const std::string& v : values) {
     const size_t eq = v.find('=');
     if (eq == std::string::npos) {
@@ -136,7 +137,7 @@ constexpr std::pair<absl::string_view, absl::string_view> kFieldFlags[] = {
 // A server check's INVALID_ARGUMENT with its field named by the flag:
 // "top_p: must be in (0, 1], got 2" -> "--top-p: must be in (0, 1], got 2";
 // "logit_bias[5]: ..." -> "--logit-bias: logit_bias[5]: ...".
-absl::Status NameTheFlag(const absl::Status& s) {
+[[nodiscard]] absl::Status NameTheFlag(const absl::Status& s) {
   const absl::string_view m = s.message();
   for (const auto& [field, flag] : kFieldFlags) {
     if (absl::StartsWith(m, absl::StrCat(field, ": "))) {
@@ -152,7 +153,7 @@ absl::Status NameTheFlag(const absl::Status& s) {
 // The router's range checks on `r` (RouterService::Validate runs the same
 // functions, in this order), minus what needs the model: the context
 // length and the vocabulary's upper bound. Token ids are checked for >= 0.
-absl::Status CheckRanges(const tandem::v1::GenerateRequest& r) {
+[[nodiscard]] absl::Status CheckRanges(const tandem::v1::GenerateRequest& r) {
   if (r.max_tokens() < 1) {
     // core::ValidateGeneration's first range check; the rest of it needs
     // the tokenized prompt.
@@ -198,31 +199,31 @@ nlohmann::ordered_json StopReasonJson(const tandem::v1::StopReason& r) {
 
 }  // namespace
 
-absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(
-      args, {{"router"},
-             {"api-key"},
-             {"max-tokens"},
-             {"temperature"},
-             {"top-k"},
-             {"top-p"},
-             {"seed"},
-             {"route"},
-             {"chat", false},
-             {"json", false},
-             {"timeout-ms"},
-             {"stop", true, true},
-             {"stop-token-id", true, true},
-             {"include-stop-str", false},
-             {"ignore-eos", false},
-             {"min-tokens"},
-             {"logprobs"},
-             {"n"},
-             {"min-p"},
-             {"repetition-penalty"},
-             {"presence-penalty"},
-             {"frequency-penalty"},
-             {"logit-bias", true, true}});
+[[nodiscard]] absl::StatusOr<GenerateOptions> ParseGenerateArgs(
+    const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {{"router"},
+                                                       {"api-key"},
+                                                       {"max-tokens"},
+                                                       {"temperature"},
+                                                       {"top-k"},
+                                                       {"top-p"},
+                                                       {"seed"},
+                                                       {"route"},
+                                                       {"chat", false},
+                                                       {"json", false},
+                                                       {"timeout-ms"},
+                                                       {"stop", true, true},
+                                                       {"stop-token-id", true, true},
+                                                       {"include-stop-str", false},
+                                                       {"ignore-eos", false},
+                                                       {"min-tokens"},
+                                                       {"logprobs"},
+                                                       {"n"},
+                                                       {"min-p"},
+                                                       {"repetition-penalty"},
+                                                       {"presence-penalty"},
+                                                       {"frequency-penalty"},
+                                                       {"logit-bias", true, true}});
   if (!parsed.ok()) return parsed.status();
   GenerateOptions o;
   o.router = parsed->GetString("router", o.router);
@@ -254,8 +255,7 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   o.n = *n;
 
   for (absl::Status s : {GetFloat(*parsed, "temperature", &o.temperature),
-                         GetFloat(*parsed, "top-p", &o.top_p),
-                         GetFloat(*parsed, "min-p", &o.min_p),
+                         GetFloat(*parsed, "top-p", &o.top_p), GetFloat(*parsed, "min-p", &o.min_p),
                          GetFloat(*parsed, "repetition-penalty", &o.repetition_penalty),
                          GetFloat(*parsed, "presence-penalty", &o.presence_penalty),
                          GetFloat(*parsed, "frequency-penalty", &o.frequency_penalty)}) {
@@ -274,7 +274,8 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
   absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);
   if (!timeout_ms.ok()) return timeout_ms.status();
   if (*timeout_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--timeout-ms: must be >= 0, got ", *timeout_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout-ms: must be >= 0, got ", *timeout_ms));
   }
   o.timeout_ms = *timeout_ms;
 
@@ -538,8 +539,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     // The router's admission control says when to come back.
     const auto& trailers = context.GetServerTrailingMetadata();
     if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
-      std::cerr << " (retry after " << std::string(it->second.data(), it->second.size())
-                << " ms)";
+      std::cerr << " (retry after " << std::string(it->second.data(), it->second.size()) << " ms)";
     }
     std::cerr << "\n";
     return 1;

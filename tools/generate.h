@@ -55,24 +55,24 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;            // absent: the router draws one
   tandem::v1::RouteOverride route = tandem::v1::ROUTE_AUTO;
   bool json = false;
-  int64_t timeout_ms = 300000;             // RPC deadline; 0 = none
-  std::string prompt;                      // positional arguments joined by ' '
-  bool chat = false;                       // --chat: send `prompt` as one user message
+  int64_t timeout_ms = 300000;  // RPC deadline; 0 = none
+  std::string prompt;           // positional arguments joined by ' '
+  bool chat = false;            // --chat: send `prompt` as one user message
 
   // Generation controls (GenerateRequest); empty / false / 0 = not sent.
-  std::vector<std::string> stop;           // --stop, in order (UTF-8)
-  std::vector<int32_t> stop_token_ids;     // --stop-token-id, in order
-  bool include_stop_str = false;           // --include-stop-str
-  bool ignore_eos = false;                 // --ignore-eos
-  uint32_t min_tokens = 0;                 // --min-tokens
-  std::optional<uint32_t> logprobs;        // --logprobs; absent: not sent, no "logprobs" in JSON
-  std::optional<uint32_t> n;               // --n; absent: unset (the router reads it as 1)
+  std::vector<std::string> stop;        // --stop, in order (UTF-8)
+  std::vector<int32_t> stop_token_ids;  // --stop-token-id, in order
+  bool include_stop_str = false;        // --include-stop-str
+  bool ignore_eos = false;              // --ignore-eos
+  uint32_t min_tokens = 0;              // --min-tokens
+  std::optional<uint32_t> logprobs;     // --logprobs; absent: not sent, no "logprobs" in JSON
+  std::optional<uint32_t> n;            // --n; absent: unset (the router reads it as 1)
   // Sampling (SamplingParams); 0 = off as the proto says.
-  float min_p = 0;                         // --min-p
-  std::optional<float> repetition_penalty; // --repetition-penalty; absent: unset (= 1)
-  float presence_penalty = 0;              // --presence-penalty
-  float frequency_penalty = 0;             // --frequency-penalty
-  std::map<int32_t, float> logit_bias;     // --logit-bias ID=BIAS, one per id
+  float min_p = 0;                          // --min-p
+  std::optional<float> repetition_penalty;  // --repetition-penalty; absent: unset (= 1)
+  float presence_penalty = 0;               // --presence-penalty
+  float frequency_penalty = 0;              // --frequency-penalty
+  std::map<int32_t, float> logit_bias;      // --logit-bias ID=BIAS, one per id
 };
 
 // Parses the arguments after "generate". INVALID_ARGUMENT naming the flag
@@ -87,7 +87,8 @@ struct GenerateOptions {
 // "--min-tokens: must be in [0, max_tokens = 4], got 5". Only what needs
 // the model is left to the router: prompt + max_tokens against the context
 // length, token ids against the vocabulary size (here: ids >= 0).
-absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args);
+[[nodiscard]] absl::StatusOr<GenerateOptions> ParseGenerateArgs(
+    const std::vector<std::string>& args);
 
 // The request `options` describe (has_seed set iff --seed was given):
 // `prompt`, or with --chat `messages` = [{role: "user", content: prompt}];

@@ -74,7 +74,7 @@ int PollTimeoutMs(absl::Time deadline) {
 
 // Our environment with `overrides` applied ("NAME=value" strings), for
 // execve. Errors: INVALID_ARGUMENT for an empty name or one with '='.
-absl::StatusOr<std::vector<std::string>> ChildEnvironment(
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ChildEnvironment(
     const std::vector<std::pair<std::string, std::string>>& overrides) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);

@@ -75,22 +75,25 @@ class ProcessGroup {
   // or fork fails or stderr_path cannot be opened; an exec failure shows up
   // as the child exiting with status 127 after printing "tandem: cannot
   // exec <path>" to stderr.
-  absl::StatusOr<int> Spawn(const std::string& name, const std::vector<std::string>& argv);
-  absl::StatusOr<int> Spawn(const std::string& name, const std::vector<std::string>& argv,
-                            const SpawnOptions& options);
+  [[nodiscard]] absl::StatusOr<int> Spawn(const std::string& name,
+                                          const std::vector<std::string>& argv);
+  [[nodiscard]] absl::StatusOr<int> Spawn(const std::string& name,
+                                          const std::vector<std::string>& argv,
+                                          const SpawnOptions& options);
 
   // Reads child `index`'s stdout until a line that starts with `prefix` and
   // returns the rest of that line (surrounding whitespace trimmed). Errors:
   // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE when the child closes its
   // stdout first (the message says how it exited, when it did within 1 s);
   // CANCELLED as soon as `interrupt_fd` (if >= 0) becomes readable.
-  absl::StatusOr<std::string> WaitForLine(int index, absl::string_view prefix,
-                                          absl::Duration timeout, int interrupt_fd = -1);
+  [[nodiscard]] absl::StatusOr<std::string> WaitForLine(int index, absl::string_view prefix,
+                                                        absl::Duration timeout,
+                                                        int interrupt_fd = -1);
   // WaitForLine for the first line that starts with any of `prefixes`:
   // returns the index of the prefix it starts with (the first that
   // matches) and the rest of the line, trimmed. The errors name every
   // prefix ("'A' or 'B'").
-  absl::StatusOr<std::pair<size_t, std::string>> WaitForAnyLine(
+  [[nodiscard]] absl::StatusOr<std::pair<size_t, std::string>> WaitForAnyLine(
       int index, const std::vector<absl::string_view>& prefixes, absl::Duration timeout,
       int interrupt_fd = -1);
 

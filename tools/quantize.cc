@@ -214,7 +214,7 @@ void QuantizeRowKAffine(int bits, const float* x, uint64_t n, uint8_t* out) {
     } else {
       QuantizeSuperBlockK(x, 15, -1.0f, 20, out, L);
     }
-    uint8_t* qh = out + 16;                // Q5_K only
+    uint8_t* qh = out + 16;  // Q5_K only
     uint8_t* qs = out + (q5 ? 48 : 16);
     if (q5) std::fill(qh, qh + 32, uint8_t{0});
     for (int c = 0; c < 4; ++c) {
@@ -264,13 +264,9 @@ void QuantizeRowQ4_0(const float* x, uint64_t n, uint8_t* out) {
   }
 }
 
-void QuantizeRowQ4_K(const float* x, uint64_t n, uint8_t* out) {
-  QuantizeRowKAffine(4, x, n, out);
-}
+void QuantizeRowQ4_K(const float* x, uint64_t n, uint8_t* out) { QuantizeRowKAffine(4, x, n, out); }
 
-void QuantizeRowQ5_K(const float* x, uint64_t n, uint8_t* out) {
-  QuantizeRowKAffine(5, x, n, out);
-}
+void QuantizeRowQ5_K(const float* x, uint64_t n, uint8_t* out) { QuantizeRowKAffine(5, x, n, out); }
 
 void QuantizeRowQ6_K(const float* x, uint64_t n, uint8_t* out) {
   for (uint64_t b = 0; b < n / kSuperBlock; ++b, x += kSuperBlock, out += 210) {
@@ -336,12 +332,18 @@ void ConvertFromF32(gguf::TensorType type, const float* x, uint64_t n, uint8_t* 
     case gguf::TensorType::kF16:
       for (uint64_t i = 0; i < n; ++i) StoreHalf(x[i], out + 2 * i);
       return;
-    case gguf::TensorType::kQ8_0: return QuantizeRowQ8_0(x, n, out);
-    case gguf::TensorType::kQ4_0: return QuantizeRowQ4_0(x, n, out);
-    case gguf::TensorType::kQ4_K: return QuantizeRowQ4_K(x, n, out);
-    case gguf::TensorType::kQ5_K: return QuantizeRowQ5_K(x, n, out);
-    case gguf::TensorType::kQ6_K: return QuantizeRowQ6_K(x, n, out);
-    default: std::memcpy(out, x, n * sizeof(float));
+    case gguf::TensorType::kQ8_0:
+      return QuantizeRowQ8_0(x, n, out);
+    case gguf::TensorType::kQ4_0:
+      return QuantizeRowQ4_0(x, n, out);
+    case gguf::TensorType::kQ4_K:
+      return QuantizeRowQ4_K(x, n, out);
+    case gguf::TensorType::kQ5_K:
+      return QuantizeRowQ5_K(x, n, out);
+    case gguf::TensorType::kQ6_K:
+      return QuantizeRowQ6_K(x, n, out);
+    default:
+      std::memcpy(out, x, n * sizeof(float));
   }
 }
 
@@ -377,14 +379,22 @@ uint32_t LlamaFileType(gguf::TensorType base, QuantMix mix) {
     return 0;
   }
   switch (base) {
-    case gguf::TensorType::kF16: return 1;    // MOSTLY_F16
-    case gguf::TensorType::kBF16: return 32;  // MOSTLY_BF16
-    case gguf::TensorType::kQ4_0: return 2;   // MOSTLY_Q4_0
-    case gguf::TensorType::kQ8_0: return 7;   // MOSTLY_Q8_0
-    case gguf::TensorType::kQ4_K: return 14;  // MOSTLY_Q4_K_S
-    case gguf::TensorType::kQ5_K: return 16;  // MOSTLY_Q5_K_S
-    case gguf::TensorType::kQ6_K: return 18;  // MOSTLY_Q6_K
-    default: return 0;                        // ALL_F32
+    case gguf::TensorType::kF16:
+      return 1;  // MOSTLY_F16
+    case gguf::TensorType::kBF16:
+      return 32;  // MOSTLY_BF16
+    case gguf::TensorType::kQ4_0:
+      return 2;  // MOSTLY_Q4_0
+    case gguf::TensorType::kQ8_0:
+      return 7;  // MOSTLY_Q8_0
+    case gguf::TensorType::kQ4_K:
+      return 14;  // MOSTLY_Q4_K_S
+    case gguf::TensorType::kQ5_K:
+      return 16;  // MOSTLY_Q5_K_S
+    case gguf::TensorType::kQ6_K:
+      return 18;  // MOSTLY_Q6_K
+    default:
+      return 0;  // ALL_F32
   }
 }
 

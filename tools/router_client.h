@@ -26,7 +26,7 @@ std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::stri
 // OK when `address` is "host:port" with a port in 1..65535; otherwise
 // INVALID_ARGUMENT naming the --router flag (gRPC would silently wrap an
 // out-of-range port or log raw errors for an empty one).
-absl::Status CheckRouterAddress(const std::string& address);
+[[nodiscard]] absl::Status CheckRouterAddress(const std::string& address);
 
 // The environment variable the CLI reads an API key from when --api-key is
 // not given (tandem generate, tandem status, tandem up's readiness polls).
@@ -38,7 +38,7 @@ inline constexpr char kApiKeyEnv[] = "TANDEM_API_KEY";
 // and RFC 6750's Bearer token require; else INVALID_ARGUMENT naming
 // --api-key or $TANDEM_API_KEY and the offending byte's position and value
 // (never the key).
-absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value);
+[[nodiscard]] absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value);
 
 // Adds `authorization: Bearer <api_key>` to `context` (nothing when
 // `api_key` is empty): what a router with router.api_keys_file requires.

@@ -39,14 +39,14 @@ constexpr char kUsage[] =
     "usage: tandem selftest [--device cuda:N] [--model PATH]... [--shared DIR]\n";
 
 constexpr int32_t kBlockSize = 16;
-constexpr double kTop5Tolerance = 1e-2;   // F32 accuracy mode vs the reference
-constexpr double kBf16Margin = 0.5;       // BF16: argmax checked where margin > this
-constexpr double kStrictMargin = 1e-2;    // CPU reference: strict prefix ends below this
+constexpr double kTop5Tolerance = 1e-2;  // F32 accuracy mode vs the reference
+constexpr double kBf16Margin = 0.5;      // BF16: argmax checked where margin > this
+constexpr double kStrictMargin = 1e-2;   // CPU reference: strict prefix ends below this
 constexpr int kMixDecodeSteps = 4;
 constexpr int kMixChunk = 7;
 constexpr int kCpuReferenceSteps = 16;
 
-absl::Status FlagError(const std::string& flag, const std::string& what) {
+[[nodiscard]] absl::Status FlagError(const std::string& flag, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
 }
 
@@ -79,10 +79,9 @@ std::vector<std::pair<int32_t, double>> Top5(std::span<const float> row) {
   std::vector<int32_t> ids(row.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   const size_t k = std::min<size_t>(5, ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
-                    [&](int32_t a, int32_t b) {
-                      return row[a] > row[b] || (row[a] == row[b] && a < b);
-                    });
+  std::partial_sort(
+      ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
   std::vector<std::pair<int32_t, double>> top;
   for (size_t i = 0; i < k; ++i) top.emplace_back(ids[i], row[ids[i]]);
   return top;
@@ -91,7 +90,7 @@ std::vector<std::pair<int32_t, double>> Top5(std::span<const float> row) {
 // Reads DIR/goldens/<stem>_greedy.json. Stories260K's file keeps its F32-KV
 // results in *_f32kv fields and its prompts with BOS in
 // prompt_token_ids_with_bos; the others use the unsuffixed fields.
-absl::StatusOr<std::vector<RefCase>> LoadGoldens(const std::string& path) {
+[[nodiscard]] absl::StatusOr<std::vector<RefCase>> LoadGoldens(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   nlohmann::json j;
@@ -145,7 +144,8 @@ struct Slice {
 class Stepper {
  public:
   virtual ~Stepper() = default;
-  virtual absl::Status Step(std::span<const Slice> batch, std::vector<float>* logits) = 0;
+  [[nodiscard]] virtual absl::Status Step(std::span<const Slice> batch,
+                                          std::vector<float>* logits) = 0;
 };
 
 // The CPU reference: LlamaModel's batch-invariant forward over an F32 KV.
@@ -153,7 +153,8 @@ class CpuStepper final : public Stepper {
  public:
   CpuStepper(const model::LlamaModel& model, int32_t num_blocks)
       : model_(model), kv_(model.kv_shape(kBlockSize), num_blocks) {}
-  absl::Status Step(std::span<const Slice> batch, std::vector<float>* logits) override {
+  [[nodiscard]] absl::Status Step(std::span<const Slice> batch,
+                                  std::vector<float>* logits) override {
     std::vector<model::SequenceBatch> seqs;
     for (const Slice& s : batch) {
       model::SequenceBatch b;
@@ -180,7 +181,8 @@ class CudaStepper final : public Stepper {
   CudaStepper(std::unique_ptr<backend::ModelBackend> owner, backend::cuda::CudaBackend* cuda,
               int32_t vocab)
       : owner_(std::move(owner)), cuda_(cuda), vocab_(vocab) {}
-  absl::Status Step(std::span<const Slice> batch, std::vector<float>* logits) override {
+  [[nodiscard]] absl::Status Step(std::span<const Slice> batch,
+                                  std::vector<float>* logits) override {
     std::vector<backend::ForwardEntry> entries;
     size_t rows = 0;
     for (const Slice& s : batch) {
@@ -231,11 +233,9 @@ std::vector<std::vector<int32_t>> Tables(const std::vector<int32_t>& token_count
 // Feeds `prompt` then, for steps 1..n-1, `next(step, logits of the step
 // before)`; returns the logits row of each of the n steps.
 template <typename NextFn>
-absl::StatusOr<std::vector<std::vector<float>>> Decode(Stepper& stepper,
-                                                       const std::vector<int32_t>& prompt,
-                                                       size_t n, size_t vocab, NextFn next) {
-  const std::vector<int32_t> table =
-      Tables({static_cast<int32_t>(prompt.size() + n + 1)})[0];
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> Decode(
+    Stepper& stepper, const std::vector<int32_t>& prompt, size_t n, size_t vocab, NextFn next) {
+  const std::vector<int32_t> table = Tables({static_cast<int32_t>(prompt.size() + n + 1)})[0];
   std::vector<std::vector<float>> rows;
   std::vector<float> logits;
   std::vector<int32_t> token(1);
@@ -259,18 +259,16 @@ absl::StatusOr<std::vector<std::vector<float>>> Decode(Stepper& stepper,
 }
 
 // Greedy: each step feeds the argmax of the one before.
-absl::StatusOr<std::vector<std::vector<float>>> Greedy(Stepper& stepper,
-                                                       const std::vector<int32_t>& prompt,
-                                                       size_t n, size_t vocab) {
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> Greedy(
+    Stepper& stepper, const std::vector<int32_t>& prompt, size_t n, size_t vocab) {
   return Decode(stepper, prompt, n, vocab,
                 [](size_t, const std::vector<float>& prev) { return Argmax(prev); });
 }
 
 // Teacher-forced: step s feeds ids[s - 1].
-absl::StatusOr<std::vector<std::vector<float>>> Forced(Stepper& stepper,
-                                                       const std::vector<int32_t>& prompt,
-                                                       const std::vector<int32_t>& ids,
-                                                       size_t n, size_t vocab) {
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> Forced(
+    Stepper& stepper, const std::vector<int32_t>& prompt, const std::vector<int32_t>& ids, size_t n,
+    size_t vocab) {
   return Decode(stepper, prompt, n, vocab,
                 [&](size_t s, const std::vector<float>&) { return ids[s - 1]; });
 }
@@ -293,7 +291,7 @@ MixSeq NewMixSeq(const std::vector<int32_t>& prompt, int32_t chunk) {
 }
 
 // Steps every sequence together until each has kMixDecodeSteps tokens.
-absl::Status RunMix(Stepper& stepper, std::vector<MixSeq>& seqs, size_t vocab) {
+[[nodiscard]] absl::Status RunMix(Stepper& stepper, std::vector<MixSeq>& seqs, size_t vocab) {
   std::vector<float> logits;
   while (true) {
     std::vector<Slice> batch;
@@ -349,8 +347,8 @@ struct Top5Result {
   double worst = 0;
   bool within = true;
 };
-Top5Result Top5Diff(const std::vector<std::vector<float>>& logits, const RefCase& ref,
-                    size_t steps, const std::function<double(int32_t)>& tolerance) {
+Top5Result Top5Diff(const std::vector<std::vector<float>>& logits, const RefCase& ref, size_t steps,
+                    const std::function<double(int32_t)>& tolerance) {
   Top5Result r;
   for (size_t s = 0; s < steps && s < logits.size() && s < ref.top5.size(); ++s) {
     for (const auto& [id, logit] : ref.top5[s]) {
@@ -383,8 +381,8 @@ std::function<double(int32_t)> Top5Tolerance(const gguf::GgufFile& file) {
     if (id < 0 || static_cast<uint64_t>(id) >= out->dims[1]) return kTop5Tolerance;
     std::vector<float> w(n), g(n);
     const uint64_t row_bytes = out->n_bytes / out->dims[1];
-    model::internal::ConvertToF32(out->type, out->data + static_cast<uint64_t>(id) * row_bytes,
-                                  n, w.data());
+    model::internal::ConvertToF32(out->type, out->data + static_cast<uint64_t>(id) * row_bytes, n,
+                                  w.data());
     model::internal::ConvertToF32(norm->type, norm->data, n, g.data());
     double sq = 0;
     for (size_t i = 0; i < n; ++i) sq += double{w[i]} * g[i] * w[i] * g[i];
@@ -410,7 +408,7 @@ std::string Num(double v) { return absl::StrFormat("%.2e", v); }
 
 // References for a model without goldens: three fixed prompts, greedily
 // decoded by the CPU.
-absl::StatusOr<std::vector<RefCase>> CpuReferences(Stepper& cpu, int32_t vocab) {
+[[nodiscard]] absl::StatusOr<std::vector<RefCase>> CpuReferences(Stepper& cpu, int32_t vocab) {
   std::vector<RefCase> cases;
   const int32_t lengths[] = {5, 19, 40};
   for (int c = 0; c < 3; ++c) {
@@ -440,10 +438,9 @@ std::string DefaultSharedDir() {
 
 #ifdef TANDEM_HAVE_CUDA
 // A CUDA stepper for `model` on `device`: F32 accuracy mode or BF16.
-absl::StatusOr<std::unique_ptr<Stepper>> MakeCudaStepper(const model::LlamaModel& model,
-                                                         const backend::DeviceSpec& device,
-                                                         bool f32, int32_t num_blocks,
-                                                         const backend::DeviceQuery& query) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Stepper>> MakeCudaStepper(
+    const model::LlamaModel& model, const backend::DeviceSpec& device, bool f32, int32_t num_blocks,
+    const backend::DeviceQuery& query) {
   backend::BackendOptions o;
   o.device = device;
   o.kv_cache_dtype = f32 ? kv::KvDtype::kF32 : kv::KvDtype::kBF16;
@@ -457,8 +454,7 @@ absl::StatusOr<std::unique_ptr<Stepper>> MakeCudaStepper(const model::LlamaModel
   if (!b.ok()) return b.status();
   auto* cuda = dynamic_cast<backend::cuda::CudaBackend*>(b->get());
   if (cuda == nullptr) return absl::InternalError("CreateBackend did not return a CudaBackend");
-  return std::unique_ptr<Stepper>(
-      new CudaStepper(std::move(*b), cuda, model.config().vocab_size));
+  return std::unique_ptr<Stepper>(new CudaStepper(std::move(*b), cuda, model.config().vocab_size));
 }
 
 #endif  // TANDEM_HAVE_CUDA
@@ -470,8 +466,8 @@ using StepperFactory = std::function<absl::StatusOr<std::unique_ptr<Stepper>>(
 
 // Every check of one model; appends rows. Errors: the model, its goldens
 // or a backend could not be loaded or started, or a forward failed.
-absl::Status CheckModel(const std::string& path, const std::string& shared_dir,
-                        const StepperFactory& make_stepper, std::vector<Row>* rows) {
+[[nodiscard]] absl::Status CheckModel(const std::string& path, const std::string& shared_dir,
+                                      const StepperFactory& make_stepper, std::vector<Row>* rows) {
   absl::StatusOr<std::unique_ptr<gguf::GgufFile>> file = gguf::GgufFile::Open(path);
   if (!file.ok()) return file.status();
   const int32_t threads =
@@ -519,18 +515,17 @@ absl::Status CheckModel(const std::string& path, const std::string& shared_dir,
     const std::string mode = f32 ? "f32" : "bf16";
     absl::StatusOr<std::unique_ptr<Stepper>> gpu = make_stepper(**model, f32, num_blocks);
     if (!gpu.ok()) {
-      return absl::Status(gpu.status().code(), absl::StrCat(stem, " (", mode, "): ",
-                                                             gpu.status().message()));
+      return absl::Status(gpu.status().code(),
+                          absl::StrCat(stem, " (", mode, "): ", gpu.status().message()));
     }
     for (const RefCase& ref : refs) {
       Row row = NewRow(model_name, ref.name, mode);
       if (f32) {
         // Greedy over the strict prefix on both backends.
-        absl::StatusOr<std::vector<std::vector<float>>> g = Greedy(**gpu, ref.prompt,
-                                                                   ref.strict, v);
+        absl::StatusOr<std::vector<std::vector<float>>> g =
+            Greedy(**gpu, ref.prompt, ref.strict, v);
         if (!g.ok()) return g.status();
-        absl::StatusOr<std::vector<std::vector<float>>> c = Greedy(cpu, ref.prompt,
-                                                                   ref.strict, v);
+        absl::StatusOr<std::vector<std::vector<float>>> c = Greedy(cpu, ref.prompt, ref.strict, v);
         if (!c.ok()) return c.status();
         size_t same = 0;
         while (same < g->size() && Argmax((*g)[same]) == ref.ids[same]) ++same;
@@ -542,11 +537,10 @@ absl::Status CheckModel(const std::string& path, const std::string& shared_dir,
       } else {
         // Teacher-forced on the reference ids.
         const size_t n = std::min(ref.ids.size(), ref.top5.size());
-        absl::StatusOr<std::vector<std::vector<float>>> g = Forced(**gpu, ref.prompt, ref.ids,
-                                                                   n, v);
+        absl::StatusOr<std::vector<std::vector<float>>> g =
+            Forced(**gpu, ref.prompt, ref.ids, n, v);
         if (!g.ok()) return g.status();
-        absl::StatusOr<std::vector<std::vector<float>>> c = Forced(cpu, ref.prompt, ref.ids,
-                                                                   n, v);
+        absl::StatusOr<std::vector<std::vector<float>>> c = Forced(cpu, ref.prompt, ref.ids, n, v);
         if (!c.ok()) return c.status();
         size_t checked = 0, agree = 0;
         for (size_t s = 0; s < n; ++s) {
@@ -575,8 +569,8 @@ absl::Status CheckModel(const std::string& path, const std::string& shared_dir,
     }
     std::vector<std::vector<int32_t>> tables = Tables(lengths);
     if (tables.back().empty() || tables.back().back() >= num_blocks) {
-      return absl::InternalError(absl::StrCat(stem, ": the mix needs more than ", num_blocks,
-                                              " KV blocks"));
+      return absl::InternalError(
+          absl::StrCat(stem, ": the mix needs more than ", num_blocks, " KV blocks"));
     }
     for (size_t i = 0; i < mix.size(); ++i) mix[i].table = tables[i];
     size_t rows_same = 0, rows_total = 0;
@@ -597,8 +591,8 @@ absl::Status CheckModel(const std::string& path, const std::string& shared_dir,
         }
       }
     }
-    Row row = NewRow(model_name,
-                     absl::StrCat("mix(", mix.size(), " seqs, chunk ", kMixChunk, ")"), mode);
+    Row row =
+        NewRow(model_name, absl::StrCat("mix(", mix.size(), " seqs, chunk ", kMixChunk, ")"), mode);
     row.ids = absl::StrCat(rows_same, "/", rows_total, " rows bit-identical");
     row.top5 = "-";
     row.vs_cpu = "-";
@@ -620,8 +614,8 @@ int CheckAndReport(const std::vector<std::string>& models, const std::string& sh
       status = 1;
     }
   }
-  std::printf("%-18s %-26s %-5s %-28s %-10s %-10s %s\n", "model", "case", "mode", "ids",
-              "top5|d|", "cuda-cpu|d|", "result");
+  std::printf("%-18s %-26s %-5s %-28s %-10s %-10s %s\n", "model", "case", "mode", "ids", "top5|d|",
+              "cuda-cpu|d|", "result");
   size_t passed = 0;
   for (const Row& r : rows) {
     std::printf("%-18s %-26s %-5s %-28s %-10s %-10s %s\n", r.model.c_str(), r.check.c_str(),
@@ -629,9 +623,10 @@ int CheckAndReport(const std::vector<std::string>& models, const std::string& sh
                 r.pass ? "ok" : "FAIL");
     passed += r.pass ? 1 : 0;
   }
-  std::printf("selftest: %zu of %zu checks passed (f32: ids = reference strict prefix and "
-              "top-5 within %g; bf16: forced argmax where margin > %g; mix: bit-identical)\n",
-              passed, rows.size(), kTop5Tolerance, kBf16Margin);
+  std::printf(
+      "selftest: %zu of %zu checks passed (f32: ids = reference strict prefix and "
+      "top-5 within %g; bf16: forced argmax where margin > %g; mix: bit-identical)\n",
+      passed, rows.size(), kTop5Tolerance, kBf16Margin);
   std::fflush(stdout);
   if (passed != rows.size() || rows.empty()) status = 1;
   return status;
@@ -647,7 +642,8 @@ std::vector<std::string> DefaultModels(const std::string& shared_dir) {
 
 }  // namespace
 
-absl::StatusOr<SelftestOptions> ParseSelftestArgs(const std::vector<std::string>& args) {
+[[nodiscard]] absl::StatusOr<SelftestOptions> ParseSelftestArgs(
+    const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed =
       ParseArgs(args, {{"device"}, {"model", true, true}, {"shared"}});
   if (!parsed.ok()) return parsed.status();
@@ -734,12 +730,11 @@ int RunSelftest(const std::vector<std::string>& args, const backend::DeviceQuery
 
 int RunSelftestOnCpuForTesting(const std::vector<std::string>& models,
                                const std::string& shared_dir) {
-  return CheckAndReport(
-      models.empty() ? DefaultModels(shared_dir) : models, shared_dir,
-      [](const model::LlamaModel& m, bool, int32_t num_blocks)
-          -> absl::StatusOr<std::unique_ptr<Stepper>> {
-        return std::unique_ptr<Stepper>(new CpuStepper(m, num_blocks));
-      });
+  return CheckAndReport(models.empty() ? DefaultModels(shared_dir) : models, shared_dir,
+                        [](const model::LlamaModel& m, bool,
+                           int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<Stepper>> {
+                          return std::unique_ptr<Stepper>(new CpuStepper(m, num_blocks));
+                        });
 }
 
 }  // namespace tandem::cli

@@ -63,7 +63,8 @@ struct SelftestOptions {
 // an unknown flag, a positional argument, a --device that is not cuda:N
 // (cpu included: the CPU backend is the reference), an empty --model or
 // --shared.
-absl::StatusOr<SelftestOptions> ParseSelftestArgs(const std::vector<std::string>& args);
+[[nodiscard]] absl::StatusOr<SelftestOptions> ParseSelftestArgs(
+    const std::vector<std::string>& args);
 
 // The subcommand with the system's devices (backend::SystemDeviceQuery()).
 // Returns the exit status (see top of file).

@@ -14,14 +14,14 @@ namespace tandem::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: tandem status [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms MS]\n";
+    "usage: tandem status [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms "
+    "MS]\n";
 
 }  // namespace
 
-absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed =
-      ParseArgs(args, {{"router"}, {"api-key"}, {"check-idle", false}, {"json", false},
-                       {"timeout-ms"}});
+[[nodiscard]] absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(
+      args, {{"router"}, {"api-key"}, {"check-idle", false}, {"json", false}, {"timeout-ms"}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -70,8 +70,7 @@ std::string KvByTransport(const tandem::v1::WorkerStatus& s) {
   if (s.kv_bytes_by_transport().empty()) return "";
   const std::map<std::string, uint64_t> sorted(s.kv_bytes_by_transport().begin(),
                                                s.kv_bytes_by_transport().end());
-  return absl::StrCat(" kv_by_transport=",
-                      absl::StrJoin(sorted, ",", absl::PairFormatter(":")));
+  return absl::StrCat(" kv_by_transport=", absl::StrJoin(sorted, ",", absl::PairFormatter(":")));
 }
 }  // namespace
 
@@ -88,48 +87,45 @@ std::string FormatStatusLine(const tandem::v1::WorkerStatus& s) {
       s.ready() ? " ready" : " not-ready", s.healthy() ? " healthy" : " unhealthy",
       " running=", s.running_requests(),
       s.role() == tandem::v1::ROLE_ROUTER ? absl::StrCat(" queued=", s.queued_requests()) : "",
-      " kv_blocks=", s.kv_blocks_in_use(), "/",
-      s.kv_blocks_total(), " cached=", s.kv_blocks_cached(),
+      " kv_blocks=", s.kv_blocks_in_use(), "/", s.kv_blocks_total(),
+      " cached=", s.kv_blocks_cached(),
       // The router's prefix index for this worker (from its KV events).
       s.role() == tandem::v1::ROLE_ROUTER ? "" : absl::StrCat(" kv_index=", s.kv_index_blocks()),
-      " transfers=",
-      s.transfers_in_flight(),
-      " prefill_tokens=", s.prefill_tokens_computed_total(),
+      " transfers=", s.transfers_in_flight(), " prefill_tokens=", s.prefill_tokens_computed_total(),
       " decode_tokens=", s.decode_tokens_total(), " kv_sent=", s.kv_bytes_sent_total(),
       " kv_received=", s.kv_bytes_received_total(), KvByTransport(s),
-      " max_batch=", s.max_decode_batch_size(),
-      " preemptions=", s.preemptions_total(),
+      " max_batch=", s.max_decode_batch_size(), " preemptions=", s.preemptions_total(),
       s.kv_layout_id().empty() ? "" : absl::StrCat(" kv_layout=", s.kv_layout_id()),
       s.bit_exact_class().empty() ? "" : absl::StrCat(" bit_exact=", s.bit_exact_class()));
 }
 
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
-  nlohmann::ordered_json j = {{"name", s.name()},
-          {"role", RoleName(s.role())},
-          {"address", s.address()},
-          {"kv_endpoint", s.kv_endpoint()},
-          {"ready", s.ready()},
-          {"healthy", s.healthy()},
-          {"unreachable", s.unreachable()},
-          {"running_requests", s.running_requests()},
-          {"queued_requests", s.queued_requests()},
-          {"kv_blocks_in_use", s.kv_blocks_in_use()},
-          {"kv_blocks_total", s.kv_blocks_total()},
-          {"kv_blocks_cached", s.kv_blocks_cached()},
-          {"kv_index_blocks", s.kv_index_blocks()},
-          {"transfers_in_flight", s.transfers_in_flight()},
-          {"prefill_tokens_computed_total", s.prefill_tokens_computed_total()},
-          {"kv_bytes_sent_total", s.kv_bytes_sent_total()},
-          {"kv_bytes_received_total", s.kv_bytes_received_total()},
-          {"kv_bytes_by_transport",
-           std::map<std::string, uint64_t>(s.kv_bytes_by_transport().begin(),
-                                           s.kv_bytes_by_transport().end())},
-          {"decode_tokens_total", s.decode_tokens_total()},
-          {"max_decode_batch_size", s.max_decode_batch_size()},
-          {"preemptions_total", s.preemptions_total()},
-          {"model_fingerprint", s.model_fingerprint()},
-          {"kv_layout_id", s.kv_layout_id()},
-          {"bit_exact_class", s.bit_exact_class()}};
+  nlohmann::ordered_json j = {
+      {"name", s.name()},
+      {"role", RoleName(s.role())},
+      {"address", s.address()},
+      {"kv_endpoint", s.kv_endpoint()},
+      {"ready", s.ready()},
+      {"healthy", s.healthy()},
+      {"unreachable", s.unreachable()},
+      {"running_requests", s.running_requests()},
+      {"queued_requests", s.queued_requests()},
+      {"kv_blocks_in_use", s.kv_blocks_in_use()},
+      {"kv_blocks_total", s.kv_blocks_total()},
+      {"kv_blocks_cached", s.kv_blocks_cached()},
+      {"kv_index_blocks", s.kv_index_blocks()},
+      {"transfers_in_flight", s.transfers_in_flight()},
+      {"prefill_tokens_computed_total", s.prefill_tokens_computed_total()},
+      {"kv_bytes_sent_total", s.kv_bytes_sent_total()},
+      {"kv_bytes_received_total", s.kv_bytes_received_total()},
+      {"kv_bytes_by_transport", std::map<std::string, uint64_t>(s.kv_bytes_by_transport().begin(),
+                                                                s.kv_bytes_by_transport().end())},
+      {"decode_tokens_total", s.decode_tokens_total()},
+      {"max_decode_batch_size", s.max_decode_batch_size()},
+      {"preemptions_total", s.preemptions_total()},
+      {"model_fingerprint", s.model_fingerprint()},
+      {"kv_layout_id", s.kv_layout_id()},
+      {"bit_exact_class", s.bit_exact_class()}};
   // The counters /metrics exports, under their WorkerStatus names.
   if (s.role() == tandem::v1::ROLE_ROUTER) {
     j["router_requests_total"] = s.router_requests_total();

@@ -40,7 +40,7 @@ struct StatusOptions {
 };
 
 // Parses the arguments after "status". INVALID_ARGUMENT naming the flag.
-absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args);
+[[nodiscard]] absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args);
 
 // "router", "prefill", "decode" or "unspecified".
 std::string RoleName(tandem::v1::WorkerRole role);

@@ -40,8 +40,10 @@ struct ArchConstants {
 
 ArchConstants ConstantsOf(SynthArch arch) {
   switch (arch) {
-    case SynthArch::kLlama: return {1e-5f, 10000.0f};
-    case SynthArch::kQwen2: return {1e-6f, 1000000.0f};
+    case SynthArch::kLlama:
+      return {1e-5f, 10000.0f};
+    case SynthArch::kQwen2:
+      return {1e-6f, 1000000.0f};
   }
   return {1e-5f, 10000.0f};
 }
@@ -53,7 +55,7 @@ uint64_t Mix(uint64_t z) {  // SplitMix64 (Steele, Lea, Flood 2014)
   return z ^ (z >> 31);
 }
 
-absl::Status FlagError(const std::string& flag, const std::string& what) {
+[[nodiscard]] absl::Status FlagError(const std::string& flag, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
 }
 
@@ -110,25 +112,26 @@ constexpr TypeFlag kTypeFlags[] = {
     {"q5_k_m", gguf::TensorType::kQ5_K, QuantMix::kKQuantM},
 };
 
-absl::Status CheckShape(const SynthShape& s, gguf::TensorType type, QuantMix mix,
-                        const std::string& preset) {
-  const std::pair<const char*, int32_t> dims[] = {
-      {"dim", s.dim}, {"layers", s.layers}, {"heads", s.heads},
-      {"kv-heads", s.kv_heads}, {"ff", s.ff}, {"context", s.context}};
+[[nodiscard]] absl::Status CheckShape(const SynthShape& s, gguf::TensorType type, QuantMix mix,
+                                      const std::string& preset) {
+  const std::pair<const char*, int32_t> dims[] = {{"dim", s.dim},     {"layers", s.layers},
+                                                  {"heads", s.heads}, {"kv-heads", s.kv_heads},
+                                                  {"ff", s.ff},       {"context", s.context}};
   for (const auto& [flag, v] : dims) {
     const int32_t max = std::string(flag) == "layers" ? 1024 : 65536;
-    if (v < 1 || v > max) return FlagError(flag, absl::StrCat("must be in [1, ", max, "], got ", v));
+    if (v < 1 || v > max)
+      return FlagError(flag, absl::StrCat("must be in [1, ", max, "], got ", v));
   }
   if (s.dim % s.heads != 0) {
     return FlagError("heads", absl::StrCat("dim ", s.dim, " is not a multiple of heads ", s.heads));
   }
   if (s.heads % s.kv_heads != 0) {
-    return FlagError("kv-heads", absl::StrCat("heads ", s.heads,
-                                              " is not a multiple of kv-heads ", s.kv_heads));
+    return FlagError(
+        "kv-heads", absl::StrCat("heads ", s.heads, " is not a multiple of kv-heads ", s.kv_heads));
   }
   if ((s.dim / s.heads) % 2 != 0) {
-    return FlagError("heads", absl::StrCat("head dim ", s.dim / s.heads,
-                                           " must be even (RoPE rotates pairs)"));
+    return FlagError(
+        "heads", absl::StrCat("head dim ", s.dim / s.heads, " must be even (RoPE rotates pairs)"));
   }
   // Blocks run along rows (dim or ff long); a mix's Q6_K has the same
   // 256-weight blocks as its base type.
@@ -188,13 +191,15 @@ std::string SynthTypeName(gguf::TensorType type, QuantMix mix) {
 
 const char* SynthArchName(SynthArch arch) {
   switch (arch) {
-    case SynthArch::kLlama: return "llama";
-    case SynthArch::kQwen2: return "qwen2";
+    case SynthArch::kLlama:
+      return "llama";
+    case SynthArch::kQwen2:
+      return "qwen2";
   }
   return "llama";
 }
 
-absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
+[[nodiscard]] absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
   if (name == "15M") return SynthShape{288, 6, 6, 6, 768, 256};
   if (name == "110M") return SynthShape{768, 12, 12, 12, 2048, 1024};
   if (name == "1B") return SynthShape{2048, 16, 32, 8, 5632, 2048};
@@ -203,11 +208,21 @@ absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
                    absl::StrCat("unknown preset '", name, "' (15M, 110M, 1B or llama3.2-1b)"));
 }
 
-absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed =
-      ParseArgs(args, {{"out"}, {"vocab-from"}, {"vocab"}, {"arch"}, {"preset"}, {"dim"},
-                       {"layers"}, {"heads"}, {"kv-heads"}, {"ff"}, {"context"}, {"type"},
-                       {"seed"}});
+[[nodiscard]] absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(
+    const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {{"out"},
+                                                       {"vocab-from"},
+                                                       {"vocab"},
+                                                       {"arch"},
+                                                       {"preset"},
+                                                       {"dim"},
+                                                       {"layers"},
+                                                       {"heads"},
+                                                       {"kv-heads"},
+                                                       {"ff"},
+                                                       {"context"},
+                                                       {"type"},
+                                                       {"seed"}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -264,8 +279,8 @@ absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::str
     if (!shape.ok()) return shape.status();
     o.shape = *shape;
   } else {
-    int32_t* fields[] = {&o.shape.dim, &o.shape.layers, &o.shape.heads,
-                         &o.shape.kv_heads, &o.shape.ff, &o.shape.context};
+    int32_t* fields[] = {&o.shape.dim,      &o.shape.layers, &o.shape.heads,
+                         &o.shape.kv_heads, &o.shape.ff,     &o.shape.context};
     for (size_t i = 0; i < 6; ++i) {
       const std::string f = kShapeFlags[i];
       if (!parsed->Has(f) && f != "kv-heads" && f != "context") {
@@ -326,8 +341,8 @@ TokenizerMetadata TokenizerMetadataOf(const gguf::GgufFile& vocab) {
   return tokenizer;
 }
 
-absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
-                                                 const gguf::GgufFile& vocab) {
+[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
+                                                               const gguf::GgufFile& vocab) {
   // The tokenizer the servers will build from the model: refuse one they
   // cannot (e.g. a WordPiece "bert" vocabulary) now, not at serving time.
   if (absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> t =
@@ -338,14 +353,14 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
   }
   absl::StatusOr<gguf::GgufWriter> w = BuildSynthModel(o, TokenizerMetadataOf(vocab));
   if (!w.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(vocab.path(), ": --vocab-from ",
-                                                   w.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(vocab.path(), ": --vocab-from ", w.status().message()));
   }
   return w;
 }
 
-absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
-                                                 const TokenizerMetadata& tokenizer) {
+[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
+                                                               const TokenizerMetadata& tokenizer) {
   const std::vector<std::string>* tokens = nullptr;
   for (const auto& [key, value] : tokenizer) {
     if (key == "tokenizer.ggml.tokens") tokens = std::get_if<std::vector<std::string>>(&value);
@@ -365,8 +380,8 @@ absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
       o.preset.empty() ? absl::StrCat(s.dim, "d", s.layers, "l") : o.preset;
   add("general.architecture", arch);
   // llama keeps the name it always had, so its files stay byte-identical.
-  add("general.name", absl::StrCat("tandem-synth-", o.arch == SynthArch::kLlama ? "" : arch + "-",
-                                   shape_name));
+  add("general.name",
+      absl::StrCat("tandem-synth-", o.arch == SynthArch::kLlama ? "" : arch + "-", shape_name));
   add("general.file_type", LlamaFileType(o.type, o.mix));
   add(arch + ".context_length", static_cast<uint32_t>(s.context));
   add(arch + ".embedding_length", static_cast<uint32_t>(s.dim));
@@ -406,8 +421,8 @@ namespace {
 
 // The writer for `options`: its vocabulary from --vocab-from or built in.
 // `vocab` keeps the opened file alive as long as the writer.
-absl::StatusOr<gguf::GgufWriter> BuildFromOptions(const SynthModelOptions& options,
-                                                  std::unique_ptr<gguf::GgufFile>* vocab) {
+[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildFromOptions(
+    const SynthModelOptions& options, std::unique_ptr<gguf::GgufFile>* vocab) {
   if (options.byte_vocab) return BuildSynthModel(options, ByteVocabMetadata());
   absl::StatusOr<std::unique_ptr<gguf::GgufFile>> file = gguf::GgufFile::Open(options.vocab_from);
   if (!file.ok()) return file.status();
@@ -418,7 +433,7 @@ absl::StatusOr<gguf::GgufWriter> BuildFromOptions(const SynthModelOptions& optio
 // Writes `w` to `out` through a temporary file beside it, renamed into
 // place once complete: a failed or interrupted write leaves no partial
 // model under `out`.
-absl::Status WriteAtomically(const gguf::GgufWriter& w, const std::string& out) {
+[[nodiscard]] absl::Status WriteAtomically(const gguf::GgufWriter& w, const std::string& out) {
   const std::string tmp = out + ".tmp";
   if (absl::Status s = w.WriteFile(tmp); !s.ok()) {
     std::error_code ignored;
@@ -429,15 +444,15 @@ absl::Status WriteAtomically(const gguf::GgufWriter& w, const std::string& out) 
   std::filesystem::rename(tmp, out, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    return absl::FailedPreconditionError(absl::StrCat(out, ": cannot rename ", tmp,
-                                                      " into place: ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(out, ": cannot rename ", tmp, " into place: ", ec.message()));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status WriteSynthModel(const SynthModelOptions& options) {
+[[nodiscard]] absl::Status WriteSynthModel(const SynthModelOptions& options) {
   std::unique_ptr<gguf::GgufFile> vocab;
   absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
   if (!w.ok()) return w.status();
@@ -454,7 +469,7 @@ SynthModelOptions OfflineModelOptions(const std::string& out) {
   return o;
 }
 
-absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options) {
+[[nodiscard]] absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options) {
   std::unique_ptr<gguf::GgufFile> vocab;
   absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
   if (!w.ok()) return w.status();
@@ -492,13 +507,13 @@ int RunSynthModel(const std::vector<std::string>& args) {
     return 1;
   }
   const SynthShape& s = options->shape;
-  std::printf("tandem: wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ff %d, "
-              "context %d, %s, seed %llu%s; random weights: its text is noise)\n",
-              options->out.c_str(), SynthArchName(options->arch), s.dim, s.layers, s.heads,
-              s.kv_heads, s.ff, s.context,
-              absl::AsciiStrToUpper(SynthTypeName(options->type, options->mix)).c_str(),
-              static_cast<unsigned long long>(options->seed),
-              options->byte_vocab ? ", byte vocabulary" : "");
+  std::printf(
+      "tandem: wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ff %d, "
+      "context %d, %s, seed %llu%s; random weights: its text is noise)\n",
+      options->out.c_str(), SynthArchName(options->arch), s.dim, s.layers, s.heads, s.kv_heads,
+      s.ff, s.context, absl::AsciiStrToUpper(SynthTypeName(options->type, options->mix)).c_str(),
+      static_cast<unsigned long long>(options->seed),
+      options->byte_vocab ? ", byte vocabulary" : "");
   return 0;
 }
 

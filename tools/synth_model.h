@@ -72,10 +72,10 @@ struct SynthShape {
 
 struct SynthModelOptions {
   std::string out;
-  std::string vocab_from;   // "" when byte_vocab
-  bool byte_vocab = false;  // --vocab byte: ByteVocabMetadata() instead
+  std::string vocab_from;              // "" when byte_vocab
+  bool byte_vocab = false;             // --vocab byte: ByteVocabMetadata() instead
   SynthArch arch = SynthArch::kLlama;  // --arch
-  std::string preset;  // "" for an explicit shape
+  std::string preset;                  // "" for an explicit shape
   SynthShape shape;
   // --type: every 2-D weight's type (mix kPure), or the base type of the
   // mix (q4_k_m: Q4_K, q5_k_m: Q5_K, mix kKQuantM).
@@ -95,7 +95,7 @@ std::string SynthTypeName(gguf::TensorType type, QuantMix mix);
 // heads, ff 8192, context 8192, rope base 500000; meant with the 32000-token
 // SPM vocabulary of ggml-vocab-llama-spm.gguf, not Llama 3's 128k BPE one;
 // untied output, no rope_freqs scaling). INVALID_ARGUMENT naming --preset for another name.
-absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
+[[nodiscard]] absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
 
 // Parses the arguments after "synth-model" and checks the shape:
 // INVALID_ARGUMENT naming the flag for a missing --out, neither or both of
@@ -109,7 +109,8 @@ absl::StatusOr<SynthShape> SynthPreset(const std::string& name);
 // ffn_up weights, ff that of ffn_down): 32 for q8_0 and q4_0, 256 for
 // q4_k, q5_k, q6_k, q4_k_m and q5_k_m (so the 15M preset, dim 288, is
 // refused for those), naming --dim or --ff.
-absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args);
+[[nodiscard]] absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(
+    const std::vector<std::string>& args);
 
 // Element i of the tensor with index `tensor` (order above): a normal
 // sample with mean 0 and standard deviation 0.02 from a counter-based
@@ -149,18 +150,18 @@ TokenizerMetadata ByteVocabMetadata();
 // the servers cannot build its tokenizer (tokenizer::Tokenizer::FromGguf,
 // e.g. a WordPiece "bert" vocabulary) or it has no tokenizer.ggml.tokens
 // string array.
-absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
-                                                 const gguf::GgufFile& vocab);
+[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
+                                                               const gguf::GgufFile& vocab);
 // The same with the tokenizer.* pairs given directly (e.g.
 // ByteVocabMetadata(), TokenizerMetadataOf(file); pairs with another
 // prefix are skipped). INVALID_ARGUMENT when they hold no non-empty
 // tokenizer.ggml.tokens string array.
-absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
-                                                 const TokenizerMetadata& tokenizer);
+[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& options,
+                                                               const TokenizerMetadata& tokenizer);
 
 // Opens --vocab-from (unless byte_vocab), builds and writes --out. Errors
 // from GgufFile::Open, BuildSynthModel and GgufWriter::WriteFile.
-absl::Status WriteSynthModel(const SynthModelOptions& options);
+[[nodiscard]] absl::Status WriteSynthModel(const SynthModelOptions& options);
 
 // The model `tandem up` serves when there is no model at all: dim 64,
 // 2 layers, 4 heads, 2 KV heads, ff 128, context 2048, F32, seed 0, byte
@@ -172,7 +173,7 @@ SynthModelOptions OfflineModelOptions(const std::string& out);
 // bytes) creates its parent directories and writes it. Returns whether it
 // wrote. Errors: FAILED_PRECONDITION naming the directory or file that
 // cannot be created or read, and those of WriteSynthModel.
-absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options);
+[[nodiscard]] absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options);
 
 // The subcommand: parses, writes, prints one line "tandem: wrote PATH
 // (N bytes, ...)". Returns the exit status (see top of file).

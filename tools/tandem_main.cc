@@ -21,7 +21,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  up        run a local cluster (router + workers) in the foreground\n"
     "            [--config deploy/local/cluster.yaml] [--model PATH] [--ready-timeout-s S]\n"
-    "            [--prefill-workers N] [--decode-workers M]   (N >= 0, M >= 1; default: the config's)\n"
+    "            [--prefill-workers N] [--decode-workers M]   (N >= 0, M >= 1; default: the "
+    "config's)\n"
     "            [--ephemeral-ports]   (every listen port of the config that is not 0 binds 0:\n"
     "            a second cluster from one config; the process lines give the bound ports)\n"
     "            [--nccl-one-gpu-test]   (NCCL test mode, P and D on one GPU: each worker gets\n"
@@ -42,7 +43,8 @@ constexpr char kUsage[] =
     "  synth-model  write a llama or qwen2 GGUF of a given shape with seeded random weights\n"
     "            --out PATH (--vocab-from GGUF | --vocab byte)\n"
     "            [--preset 15M|110M|1B|llama3.2-1b | --dim N --layers N --heads N [--kv-heads N]\n"
-    "            --ff N [--context N]] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m]\n"
+    "            --ff N [--context N]] [--type "
+    "f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m]\n"
     "            [--seed S] [--arch llama|qwen2]\n"
     "  selftest  check the CUDA backend against the CPU backend and the goldens (greedy\n"
     "            ids, top-5 logits, BF16 teacher-forced argmax, batched/chunked bit-identity)\n"
@@ -98,9 +100,8 @@ int main(int argc, char** argv) {
   }
   // `tandem <command> --help`: the command's own usage when it has one,
   // else the usage of every command; stdout, exit 0.
-  if (std::find_if(args.begin(), args.end(), [](const std::string& a) {
-        return a == "--help" || a == "-h";
-      }) != args.end()) {
+  if (std::find_if(args.begin(), args.end(),
+                   [](const std::string& a) { return a == "--help" || a == "-h"; }) != args.end()) {
     std::fputs(found->usage != nullptr ? found->usage() : kUsage, stdout);
     return 0;
   }

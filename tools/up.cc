@@ -54,7 +54,7 @@ class Supervisor {
     if (signal_fd_ >= 0) close(signal_fd_);
   }
 
-  absl::Status BlockSignals() {
+  [[nodiscard]] absl::Status BlockSignals() {
     sigset_t set;
     sigemptyset(&set);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, sig);
@@ -155,7 +155,7 @@ class Supervisor {
 };
 
 // Directory of the running executable, where the server binaries live.
-absl::StatusOr<std::filesystem::path> SelfDirectory() {
+[[nodiscard]] absl::StatusOr<std::filesystem::path> SelfDirectory() {
   std::error_code ec;
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
@@ -180,7 +180,7 @@ class TempDir {
     std::filesystem::remove_all(path_, ignored);
   }
 
-  absl::Status Create() {
+  [[nodiscard]] absl::Status Create() {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ =
         absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tandem-up-XXXXXX");
@@ -199,7 +199,8 @@ class TempDir {
 // Writes --config's text with the worker lists and ports `options` asks
 // for (--prefill-workers, --decode-workers, --ephemeral-ports) to
 // dir/cluster.yaml; returns that path. Errors name --config or the flags.
-absl::StatusOr<std::string> WriteDerivedConfig(const UpOptions& options, TempDir& dir) {
+[[nodiscard]] absl::StatusOr<std::string> WriteDerivedConfig(const UpOptions& options,
+                                                             TempDir& dir) {
   std::ifstream in(options.config, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
@@ -232,8 +233,8 @@ absl::StatusOr<std::string> WriteDerivedConfig(const UpOptions& options, TempDir
 
 // Parses one worker-count flag: nullopt when absent; INVALID_ARGUMENT
 // naming it when not an integer in [min, kMaxWorkersPerRole].
-absl::StatusOr<std::optional<int>> WorkerCount(const ParsedArgs& parsed, const std::string& flag,
-                                               int min) {
+[[nodiscard]] absl::StatusOr<std::optional<int>> WorkerCount(const ParsedArgs& parsed,
+                                                             const std::string& flag, int min) {
   if (!parsed.Has(flag)) return std::optional<int>();
   absl::StatusOr<int64_t> n = parsed.GetInt(flag, 0);
   if (!n.ok()) return n.status();
@@ -273,15 +274,15 @@ const char* RoleName(tandem::v1::WorkerRole role) {
 
 }  // namespace
 
-absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(
-      args, {{"config"},
-             {"model"},
-             {"ready-timeout-s"},
-             {"prefill-workers"},
-             {"decode-workers"},
-             {"ephemeral-ports", /*takes_value=*/false},
-             {kNcclOneGpuTestFlag, /*takes_value=*/false}});
+[[nodiscard]] absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<ParsedArgs> parsed =
+      ParseArgs(args, {{"config"},
+                       {"model"},
+                       {"ready-timeout-s"},
+                       {"prefill-workers"},
+                       {"decode-workers"},
+                       {"ephemeral-ports", /*takes_value=*/false},
+                       {kNcclOneGpuTestFlag, /*takes_value=*/false}});
   if (!parsed.ok()) return parsed.status();
   if (!parsed->positional().empty()) {
     return absl::InvalidArgumentError(
@@ -310,16 +311,15 @@ absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
 std::string FormatUpProcess(const UpProcess& p) {
   std::string line = absl::StrCat(kUpProcessPrefix, p.name, " role=", p.role, " pid=", p.pid,
                                   " address=", p.address);
-  for (const auto& [key, value] :
-       {std::pair<const char*, const std::string*>{"kv", &p.kv_endpoint},
-        {"http", &p.http_address},
-        {"metrics", &p.metrics_address}}) {
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"kv", &p.kv_endpoint},
+                                   {"http", &p.http_address},
+                                   {"metrics", &p.metrics_address}}) {
     if (!value->empty()) absl::StrAppend(&line, " ", key, "=", *value);
   }
   return line;
 }
 
-absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
+[[nodiscard]] absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat("not a tandem up process line: '", text, "'"));
   };
@@ -329,9 +329,9 @@ absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
   p.name = fields[0];
   // The keys in FormatUpProcess's order; role, pid and address always, the
   // others only when set.
-  std::string UpProcess::*const kFields[] = {&UpProcess::role, nullptr, &UpProcess::address,
-                                             &UpProcess::kv_endpoint, &UpProcess::http_address,
-                                             &UpProcess::metrics_address};
+  std::string UpProcess::*const kFields[] = {&UpProcess::role,         nullptr,
+                                             &UpProcess::address,      &UpProcess::kv_endpoint,
+                                             &UpProcess::http_address, &UpProcess::metrics_address};
   static constexpr const char* kKeys[] = {"role", "pid", "address", "kv", "http", "metrics"};
   size_t next = 0;  // the first key the next field may have
   for (size_t i = 1; i < fields.size(); ++i) {
@@ -358,8 +358,9 @@ std::string DialAddress(const std::string& listening) {
   return hp->ToString();
 }
 
-absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
-                                           const ClusterConfig& config, std::string* notice) {
+[[nodiscard]] absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
+                                                         const ClusterConfig& config,
+                                                         std::string* notice) {
   notice->clear();
   absl::StatusOr<std::string> model = ResolveModelPath(flag_value, config);
   if (model.ok() || !absl::IsNotFound(model.status())) return model;
@@ -383,7 +384,8 @@ const UpProcess* UpReady::Find(const std::string& name) const {
   return nullptr;
 }
 
-absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout) {
+[[nodiscard]] absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index,
+                                                     absl::Duration timeout) {
   // Every kind of line (process, HTTP, ready) starts with "tandem: ";
   // nothing else of tandem up goes to its stdout.
   constexpr absl::string_view kLine = "tandem: ";
@@ -510,8 +512,8 @@ int RunUp(const std::vector<std::string>& args) {
     found->assign(prefixes.size(), "");
     std::vector<bool> seen(prefixes.size(), false);
     for (size_t left = prefixes.size(); left > 0;) {
-      absl::StatusOr<std::pair<size_t, std::string>> line = sup.group().WaitForAnyLine(
-          index, prefixes, deadline - absl::Now(), sup.signal_fd());
+      absl::StatusOr<std::pair<size_t, std::string>> line =
+          sup.group().WaitForAnyLine(index, prefixes, deadline - absl::Now(), sup.signal_fd());
       if (line.ok()) {
         if (!seen[line->first]) --left;
         seen[line->first] = true;
@@ -621,20 +623,19 @@ int RunUp(const std::vector<std::string>& args) {
     if (std::optional<int> rc = OnStartupEvent(sup.Wait(absl::Milliseconds(200)))) return *rc;
   }
   // 4. The cluster: every process with its pid and address, then ready.
-  std::string table = FormatUpProcess(
-      {config->router.name, "router", sup.group().pid(*router), dial, /*kv_endpoint=*/"",
-       http_address.empty() ? "" : DialAddress(http_address),
-       router_metrics_address.empty() ? "" : DialAddress(router_metrics_address)});
+  std::string table =
+      FormatUpProcess({config->router.name, "router", sup.group().pid(*router), dial,
+                       /*kv_endpoint=*/"", http_address.empty() ? "" : DialAddress(http_address),
+                       router_metrics_address.empty() ? "" : DialAddress(router_metrics_address)});
   for (size_t i = 1; i < sup.group().size(); ++i) {
     const int index = static_cast<int>(i);
     for (const tandem::v1::WorkerStatus& w : status.workers()) {
       if (w.name() != sup.group().name(index)) continue;
       const auto metrics = metrics_address.find(index);
-      absl::StrAppend(
-          &table, "\n",
-          FormatUpProcess({w.name(), RoleName(w.role()), sup.group().pid(index), w.address(),
-                           w.kv_endpoint(), /*http_address=*/"",
-                           metrics == metrics_address.end() ? "" : metrics->second}));
+      absl::StrAppend(&table, "\n",
+                      FormatUpProcess({w.name(), RoleName(w.role()), sup.group().pid(index),
+                                       w.address(), w.kv_endpoint(), /*http_address=*/"",
+                                       metrics == metrics_address.end() ? "" : metrics->second}));
     }
   }
   if (!http_address.empty()) {

@@ -82,7 +82,7 @@ struct UpOptions {
 // Parses the arguments after "up". INVALID_ARGUMENT naming the flag:
 // "--decode-workers: must be in 1..64, got 0", "--prefill-workers: expected
 // an integer, got 'two'".
-absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args);
+[[nodiscard]] absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args);
 
 // The address to dial for a process listening on `listening` ("host:port"):
 // the wildcard hosts 0.0.0.0 and :: become 127.0.0.1 and ::1; anything else
@@ -104,8 +104,9 @@ inline constexpr char kOfflineModelPath[] = "models/tandem-synthetic-byte.gguf";
 // (one line). `*notice` is "" otherwise. Errors: ResolveModelPath's
 // NOT_FOUND for an explicit choice that does not exist; those of
 // EnsureSynthModel.
-absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
-                                           const ClusterConfig& config, std::string* notice);
+[[nodiscard]] absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
+                                                         const ClusterConfig& config,
+                                                         std::string* notice);
 
 // One process of a running `tandem up` cluster, as printed on stdout once
 // it is ready.
@@ -132,7 +133,7 @@ std::string FormatUpProcess(const UpProcess& p);
 
 // The inverse of FormatUpProcess for the text after kUpProcessPrefix.
 // INVALID_ARGUMENT quoting the text when it is not such a line.
-absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text);
+[[nodiscard]] absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text);
 
 // The prefix of the last line `tandem up` prints on stdout once ready,
 // followed by the router's dial address.
@@ -158,7 +159,8 @@ struct UpReady {
 // ProcessGroup::WaitForLine
 // (UNAVAILABLE with the exit status when `tandem up` ends first,
 // DEADLINE_EXCEEDED), ParseUpProcess's for a malformed line.
-absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout);
+[[nodiscard]] absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index,
+                                                     absl::Duration timeout);
 
 // Runs the subcommand; returns the process exit status (0, 1, 2).
 int RunUp(const std::vector<std::string>& args);

@@ -45,17 +45,14 @@ struct ListenKey {
   const char* advertise;
 };
 constexpr ListenKey kListenKeys[] = {
-    {Section::kRouter, "listen", "advertise"},
-    {Section::kRouter, "http_listen", nullptr},
-    {Section::kRouter, "metrics_listen", nullptr},
-    {Section::kWorker, "listen", "advertise"},
-    {Section::kWorker, "kv_listen", "kv_advertise"},
-    {Section::kWorker, "metrics_listen", nullptr},
+    {Section::kRouter, "listen", "advertise"},       {Section::kRouter, "http_listen", nullptr},
+    {Section::kRouter, "metrics_listen", nullptr},   {Section::kWorker, "listen", "advertise"},
+    {Section::kWorker, "kv_listen", "kv_advertise"}, {Section::kWorker, "metrics_listen", nullptr},
 };
 
 // The cluster config text as a YAML map. Errors: INVALID_ARGUMENT "cluster
 // config: YAML error: ..." or "cluster config: expected a map".
-absl::StatusOr<YAML::Node> LoadConfigMap(const std::string& yaml_text) {
+[[nodiscard]] absl::StatusOr<YAML::Node> LoadConfigMap(const std::string& yaml_text) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -67,7 +64,7 @@ absl::StatusOr<YAML::Node> LoadConfigMap(const std::string& yaml_text) {
 }
 
 // `root` as YAML text (INTERNAL if the emitter fails).
-absl::StatusOr<std::string> EmitConfig(const YAML::Node& root) {
+[[nodiscard]] absl::StatusOr<std::string> EmitConfig(const YAML::Node& root) {
   YAML::Emitter out;
   out << root;
   if (!out.good()) return absl::InternalError(absl::StrCat("YAML emitter: ", out.GetLastError()));
@@ -117,9 +114,10 @@ YAML::Node EntryFromOtherRole(const YAML::Node& other) {
 }
 
 // The resized list of one role: `count` entries named "<role>-i".
-absl::StatusOr<YAML::Node> ResizeList(const YAML::Node& listed, const YAML::Node& other,
-                                      const std::string& list_name, const std::string& role,
-                                      int count) {
+[[nodiscard]] absl::StatusOr<YAML::Node> ResizeList(const YAML::Node& listed,
+                                                    const YAML::Node& other,
+                                                    const std::string& list_name,
+                                                    const std::string& role, int count) {
   if (!listed.IsNull() && !listed.IsSequence()) {
     return absl::InvalidArgumentError(absl::StrCat(list_name, ": expected a list"));
   }
@@ -157,9 +155,9 @@ YAML::Node CloneKey(const YAML::Node& root, const char* key) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
-                                              std::optional<int> prefill,
-                                              std::optional<int> decode) {
+[[nodiscard]] absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
+                                                            std::optional<int> prefill,
+                                                            std::optional<int> decode) {
   if (prefill && (*prefill < 0 || *prefill > kMaxWorkersPerRole)) {
     return absl::InvalidArgumentError(absl::StrCat("prefill worker count must be in 0..",
                                                    kMaxWorkersPerRole, ", got ", *prefill));
@@ -189,7 +187,7 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
   return EmitConfig(root);
 }
 
-absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
+[[nodiscard]] absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
   absl::StatusOr<YAML::Node> loaded = LoadConfigMap(yaml_text);
   if (!loaded.ok()) return loaded.status();
   YAML::Node root = *std::move(loaded);
@@ -239,10 +237,11 @@ std::vector<GpuShare> SplitGpuMemory(const ClusterConfig& config) {
 }
 
 std::string FormatGpuShare(const GpuShare& share, double configured) {
-  return absl::StrFormat("GPU %s: %d workers (%s), engine.gpu_memory_fraction %s split as "
-                         "%s each",
-                         share.device, share.workers.size(), absl::StrJoin(share.workers, ", "),
-                         absl::StrCat(configured), GpuShareFlagValue(share.fraction));
+  return absl::StrFormat(
+      "GPU %s: %d workers (%s), engine.gpu_memory_fraction %s split as "
+      "%s each",
+      share.device, share.workers.size(), absl::StrJoin(share.workers, ", "),
+      absl::StrCat(configured), GpuShareFlagValue(share.fraction));
 }
 
 std::string GpuShareFlagValue(double fraction) {

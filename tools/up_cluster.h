@@ -41,9 +41,9 @@ inline constexpr int kMaxWorkersPerRole = 64;
 // lists are not lists of maps (the caller's ParseClusterConfig of the
 // original reports these better: call it first), or a count outside
 // [0, kMaxWorkersPerRole] (decode: [1, ...]).
-absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
-                                              std::optional<int> prefill,
-                                              std::optional<int> decode);
+[[nodiscard]] absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
+                                                            std::optional<int> prefill,
+                                                            std::optional<int> decode);
 
 // Returns `yaml_text` (a cluster config) for `tandem up --ephemeral-ports`:
 // every listen address whose port is not 0 binds port 0 instead
@@ -57,7 +57,7 @@ absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
 // INVALID_ARGUMENT for YAML that does not parse or whose router is not a
 // map or worker lists not lists of maps (ParseClusterConfig of the
 // original, called first, names these better).
-absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text);
+[[nodiscard]] absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text);
 
 // A GPU that several workers of a cluster resolve to (their entry's
 // `device:`, else engine.device), and the share of its memory each gets.

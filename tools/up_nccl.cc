@@ -14,27 +14,27 @@ UpNcclSettings UpNcclSettingsFor(const ClusterConfig& config, bool one_gpu_test)
   return s;
 }
 
-absl::Status CheckNcclOneGpuTest(const ClusterConfig& config, const UpNcclSettings& settings) {
+[[nodiscard]] absl::Status CheckNcclOneGpuTest(const ClusterConfig& config,
+                                               const UpNcclSettings& settings) {
   if (!settings.one_gpu_test) return absl::OkStatus();
   bool cuda = false;
   for (const auto* list : {&config.prefill_workers, &config.decode_workers}) {
     for (const WorkerConfig& w : *list) cuda = cuda || config.WorkerDevice(w).is_cuda();
   }
   if (!cuda) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--", kNcclOneGpuTestFlag,
-                     ": needs a worker on a CUDA device (every worker runs on cpu)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--", kNcclOneGpuTestFlag, ": needs a worker on a CUDA device (every worker runs on cpu)"));
   }
   if (settings.kv_transport != "nccl" && settings.kv_transport != "auto") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--", kNcclOneGpuTestFlag, ": needs kv.transport nccl or auto, got ",
-        settings.kv_transport));
+    return absl::FailedPreconditionError(absl::StrCat("--", kNcclOneGpuTestFlag,
+                                                      ": needs kv.transport nccl or auto, got ",
+                                                      settings.kv_transport));
   }
   return absl::OkStatus();
 }
 
 std::vector<std::pair<std::string, std::string>> WorkerNcclEnv(const UpNcclSettings& settings,
-                                                                const std::string& worker_name) {
+                                                               const std::string& worker_name) {
   if (settings.one_gpu_test) {
     return {{"NCCL_HOSTID", absl::StrCat("tandem-", worker_name)},
             {"NCCL_NET", "Socket"},

@@ -54,7 +54,8 @@ UpNcclSettings UpNcclSettingsFor(const ClusterConfig& config, bool one_gpu_test)
 // "--nccl-one-gpu-test: needs a worker on a CUDA device (every worker runs
 // on cpu)" or "--nccl-one-gpu-test: needs kv.transport nccl or auto, got
 // tcp".
-absl::Status CheckNcclOneGpuTest(const ClusterConfig& config, const UpNcclSettings& settings);
+[[nodiscard]] absl::Status CheckNcclOneGpuTest(const ClusterConfig& config,
+                                               const UpNcclSettings& settings);
 
 // The variables set in worker child `worker_name`'s environment, in this
 // order (the caller adds them to what the child inherits):
@@ -65,7 +66,7 @@ absl::Status CheckNcclOneGpuTest(const ClusterConfig& config, const UpNcclSettin
 //               nothing else.
 // The router gets none of them (it runs no NCCL).
 std::vector<std::pair<std::string, std::string>> WorkerNcclEnv(const UpNcclSettings& settings,
-                                                                const std::string& worker_name);
+                                                               const std::string& worker_name);
 
 }  // namespace tandem::cli
 

@@ -23,7 +23,9 @@ namespace {
 using kvtransfer::KvTransport;
 
 // A data plane's lines go to the worker's log.
-[[maybe_unused]] void LogLine(std::string_view line) { rpc::Log(absl::string_view(line.data(), line.size())); }
+[[maybe_unused]] void LogLine(std::string_view line) {
+  rpc::Log(absl::string_view(line.data(), line.size()));
+}
 
 std::string Name(KvTransport t) { return std::string(kvtransfer::KvTransportName(t)); }
 
@@ -35,8 +37,8 @@ struct BuiltPlane {
 };
 
 // Creates the data plane of `transport` (nccl or cuda_ipc) over `device`.
-absl::StatusOr<BuiltPlane> CreatePlane(KvTransport transport, const KvConfig& kv,
-                                       kv::DeviceKvAccess& device) {
+[[nodiscard]] absl::StatusOr<BuiltPlane> CreatePlane(KvTransport transport, const KvConfig& kv,
+                                                     kv::DeviceKvAccess& device) {
 #if defined(TANDEM_HAVE_NCCL_DATA_PLANE)
   if (transport == KvTransport::kNccl) {
     kvtransfer::nccl::NcclDataPlaneOptions o;
@@ -96,9 +98,9 @@ kvtransfer::TransportCapabilities KvTransportCapabilities(kv::KvStorage& storage
   return caps;
 }
 
-absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
-                                               const WorkerConfig& worker,
-                                               kv::KvStorage& storage) {
+[[nodiscard]] absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
+                                                             const WorkerConfig& worker,
+                                                             kv::KvStorage& storage) {
   const kvtransfer::KvTransportSetting& setting = config.kv.transport;
   absl::StatusOr<std::vector<KvTransport>> supported = kvtransfer::SupportedTransports(
       setting, KvTransportCapabilities(storage), config.WorkerDevice(worker).ToString());
@@ -119,12 +121,12 @@ absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
                           : absl::FailedPreconditionError("the KV cache is not on a GPU");
     if (!built.ok()) {
       if (!setting.automatic) {
-        return absl::Status(built.status().code(),
-                            absl::StrCat(worker.name, ": kv.transport ", Name(t), ": ",
-                                         built.status().message()));
+        return absl::Status(
+            built.status().code(),
+            absl::StrCat(worker.name, ": kv.transport ", Name(t), ": ", built.status().message()));
       }
-      rpc::Log(absl::StrCat("kv.transport auto: no ", Name(t), " (",
-                            built.status().message(), ")"));
+      rpc::Log(
+          absl::StrCat("kv.transport auto: no ", Name(t), " (", built.status().message(), ")"));
       continue;
     }
     planes.transports.push_back(t);
@@ -145,7 +147,7 @@ void SetTransportOffer(const kvtransfer::TransportOffer& offer, core::KvTarget* 
   target->kv_instance_id = offer.instance_id;
 }
 
-absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
+[[nodiscard]] absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
     const core::KvTarget& target, const std::vector<kvtransfer::KvTransport>& local) {
   kvtransfer::TransportOffer offer;
   offer.host_id = target.kv_host_id;

@@ -65,9 +65,9 @@ kvtransfer::TransportCapabilities KvTransportCapabilities(kv::KvStorage& storage
 // "<worker>: kv.transport nccl needs a CUDA worker built with NCCL (this
 // worker: cpu)" (SupportedTransports'), or "<worker>: kv.transport nccl:
 // <the data plane's error>".
-absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
-                                               const WorkerConfig& worker,
-                                               kv::KvStorage& storage);
+[[nodiscard]] absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
+                                                             const WorkerConfig& worker,
+                                                             kv::KvStorage& storage);
 
 // The decode worker's transport offer inside the KV target it sends, and
 // back on the prefill worker: the one place kvtransfer::TransportOffer and
@@ -80,7 +80,7 @@ void SetTransportOffer(const kvtransfer::TransportOffer& offer, core::KvTarget* 
 // may offer more); an offer of only unknown names is FAILED_PRECONDITION
 // "no common KV transport: this prefill worker supports <local>, the decode
 // worker offers <names>". No names: an empty offer (tcp).
-absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
+[[nodiscard]] absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
     const core::KvTarget& target, const std::vector<kvtransfer::KvTransport>& local);
 
 // KV payload bytes per transport (monotonic), for the per-transport

@@ -44,7 +44,7 @@ class KvEventPublisher::Service
   explicit Service(KvEventPublisher* publisher) : publisher_(publisher) {}
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* context,
-                                                     const grpc::ByteBuffer* request) override {
+                                                    const grpc::ByteBuffer* request) override {
     return rpc::AuthorizedStream<v1::WatchKvEventsRequest>(
         publisher_->options_.auth, context, rpc::kKvEventsWatchMethod, request,
         [&](const v1::WatchKvEventsRequest*) {
@@ -130,11 +130,11 @@ void KvEventPublisher::FanOutLocked(const v1::KvEventBatch& batch) {
       // Never wait for a slow watcher: its stream ends (what it has queued
       // still goes out) and it misses this batch and every later one, a gap
       // it sees as the end of the stream.
-      s->Finish(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("KV event watcher fell behind (", options_.max_queued_batches,
-                       " batches unsent): events from sequence ", batch.sequence(),
-                       " on are lost; watch again for a snapshot")));
+      s->Finish(
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat("KV event watcher fell behind (", options_.max_queued_batches,
+                                    " batches unsent): events from sequence ", batch.sequence(),
+                                    " on are lost; watch again for a snapshot")));
       continue;
     }
     if (s->Write(batch)) kept.push_back(std::move(s));

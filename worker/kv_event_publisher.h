@@ -49,8 +49,8 @@ class KvEventOutlet {
 };
 
 struct KvEventPublisherOptions {
-  int32_t block_size = 16;    // engine.block_size, sent in every batch (> 0)
-  uint64_t instance_id = 0;   // 0: a random non-zero 64-bit id
+  int32_t block_size = 16;           // engine.block_size, sent in every batch (> 0)
+  uint64_t instance_id = 0;          // 0: a random non-zero 64-bit id
   size_t max_queued_batches = 1024;  // per subscriber (>= 1)
   // Verifies every Watch call (cluster.secret_file: a call without the
   // router's credential is UNAUTHENTICATED); nullptr or open: none.

@@ -38,8 +38,8 @@ namespace tandem {
 
 // The metric label of each transport, indexed by kvtransfer::KvTransport's
 // number (the same spelling as KvTransportName).
-inline constexpr std::array<std::string_view, kvtransfer::kNumKvTransports> kKvTransportLabels =
-    {"tcp", "nccl", "cuda_ipc"};
+inline constexpr std::array<std::string_view, kvtransfer::kNumKvTransports> kKvTransportLabels = {
+    "tcp", "nccl", "cuda_ipc"};
 static_assert(static_cast<int>(kvtransfer::KvTransport::kTcp) == 0 &&
               static_cast<int>(kvtransfer::KvTransport::kNccl) == 1 &&
               static_cast<int>(kvtransfer::KvTransport::kCudaIpc) == 2);

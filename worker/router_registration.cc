@@ -17,7 +17,8 @@
 
 namespace tandem {
 
-absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(const std::string& router) {
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(
+    const std::string& router) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(router, "router");
   if (!parsed.ok()) return parsed.status();
   addrinfo hints{};
@@ -29,8 +30,8 @@ absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(const std::strin
   std::set<std::string> addresses;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char host[NI_MAXHOST];
-    if (getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), nullptr, 0,
-                    NI_NUMERICHOST) != 0) {
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) !=
+        0) {
       continue;
     }
     addresses.insert(HostPort{host, parsed->port}.ToString());
@@ -49,7 +50,9 @@ RouterRegistration::RouterRegistration(RouterRegistrationOptions options)
 
 RouterRegistration::~RouterRegistration() { Stop(); }
 
-void RouterRegistration::Start() { resolver_ = std::thread([this] { ResolveLoop(); }); }
+void RouterRegistration::Start() {
+  resolver_ = std::thread([this] { ResolveLoop(); });
+}
 
 void RouterRegistration::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
@@ -94,8 +97,8 @@ void RouterRegistration::ResolveLoop() {
       // Registered peers keep their loops: a DNS hiccup is no reason to
       // stop heartbeating routers that were there a moment ago.
       if (!unresolved) {
-        options_.log(absl::StrCat("router ", options_.router, " does not resolve: ",
-                              answer.status().message(), "; retrying"));
+        options_.log(absl::StrCat("router ", options_.router,
+                                  " does not resolve: ", answer.status().message(), "; retrying"));
       }
       unresolved = true;
       continue;
@@ -108,7 +111,7 @@ void RouterRegistration::ResolveLoop() {
         continue;
       }
       options_.log(absl::StrCat("router ", options_.router, " no longer resolves to ", it->first,
-                            "; stopped registering there"));
+                                "; stopped registering there"));
       it->second->stop.Notify();
       it->second->thread.join();
       it = peers_.erase(it);
@@ -116,8 +119,8 @@ void RouterRegistration::ResolveLoop() {
     for (const std::string& address : now) {
       if (peers_.count(address) != 0) continue;
       auto peer = std::make_unique<Peer>();
-      peer->thread = std::thread(
-          [this, address, stop = &peer->stop] { RegisterLoop(address, stop); });
+      peer->thread =
+          std::thread([this, address, stop = &peer->stop] { RegisterLoop(address, stop); });
       peers_[address] = std::move(peer);
     }
   } while (!stop_.WaitForNotificationWithTimeout(options_.resolve_interval));
@@ -171,7 +174,7 @@ void RouterRegistration::RegisterLoop(const std::string& address, absl::Notifica
     if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
       if (!held_elsewhere) {
         options_.log(absl::StrCat("router ", label, " refused registration: ", s.error_message(),
-                              " (retrying until the name frees)"));
+                                  " (retrying until the name frees)"));
       }
       held_elsewhere = true;
     } else {
@@ -181,9 +184,10 @@ void RouterRegistration::RegisterLoop(const std::string& address, absl::Notifica
     if (s.ok()) {
       failure_logged = false;
     } else if (!held_elsewhere && !failure_logged) {
-      options_.log(absl::StrCat("router ", label, ": cannot register (",
-                                absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())), ": ", s.error_message(),
-                                "); retrying"));
+      options_.log(
+          absl::StrCat("router ", label, ": cannot register (",
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                       ": ", s.error_message(), "); retrying"));
       failure_logged = true;
     }
     SetRegistered(s.ok(), &registered);

@@ -54,7 +54,8 @@ inline constexpr absl::Duration kRouterResolveInterval = absl::Seconds(5);
 // IPv4 and IPv6; an IP literal resolves to itself. Errors: INVALID_ARGUMENT
 // when `router` is no HOST:PORT; UNAVAILABLE with gai_strerror's text when
 // the host does not resolve.
-absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(const std::string& router);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(
+    const std::string& router);
 
 // Resolver seam (tests give fixed answers); ResolveRouterAddresses's contract.
 using RouterResolver =

@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
     const ClusterConfig& config, const ModelBundle& model, const WorkerConfig& worker,
     const backend::DeviceQuery& query) {
   return backend::CreateBackend(*model.model, BackendOptionsFromConfig(config, worker), query);

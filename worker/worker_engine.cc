@@ -9,8 +9,7 @@
 
 namespace tandem {
 
-core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
-                                              const ModelBundle& model,
+core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config, const ModelBundle& model,
                                               const std::string& worker_label,
                                               KvEventPublisher* kv_events) {
   core::EngineCoreOptions o;
@@ -23,7 +22,9 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
   o.model_fingerprint = model.fingerprint;
   o.worker_label = worker_label;
   switch (config.conditional.on_prefill_failure) {
-    case OnPrefillFailure::kFail: o.on_prefill_failure = core::PrefillFailurePolicy::kFail; break;
+    case OnPrefillFailure::kFail:
+      o.on_prefill_failure = core::PrefillFailurePolicy::kFail;
+      break;
     case OnPrefillFailure::kRetry:
       o.on_prefill_failure = core::PrefillFailurePolicy::kRetry;
       break;
@@ -59,8 +60,8 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
   return o;
 }
 
-absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
-                                                  const backend::DeviceSpec& device) {
+[[nodiscard]] absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
+                                                                const backend::DeviceSpec& device) {
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
     return absl::InvalidArgumentError(
@@ -77,7 +78,7 @@ absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
   return value;
 }
 
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
     const std::map<std::string, std::string>& flags,
     std::unique_ptr<backend::ModelBackend> backend) {
   auto it = flags.find("fault-backend-error");

@@ -34,8 +34,7 @@ namespace tandem {
 // `kv_events` (may be null) receives the engine's KV events
 // (kv_event_sink), only when engine.enable_prefix_caching is on: without
 // it nothing is recorded.
-core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config,
-                                              const ModelBundle& model,
+core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config, const ModelBundle& model,
                                               const std::string& worker_label,
                                               KvEventPublisher* kv_events = nullptr);
 
@@ -53,21 +52,21 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
 // FAILED_PRECONDITION "engine.device: cuda:0, but this machine has no CUDA
 // GPU (...)", INVALID_ARGUMENT "engine.batch_invariant: false on
 // engine.device cpu, but the CPU backend is always batch-invariant (...)".
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BackendFromConfig(
     const ClusterConfig& config, const ModelBundle& model, const WorkerConfig& worker,
     const backend::DeviceQuery& query = backend::SystemDeviceQuery());
 
 // Parses the worker flag --gpu-memory-fraction F (overrides
 // engine.gpu_memory_fraction): a number in (0, 1], refused on a worker
 // whose device is cpu. INVALID_ARGUMENT naming the flag otherwise.
-absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
-                                                  const backend::DeviceSpec& device);
+[[nodiscard]] absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
+                                                                const backend::DeviceSpec& device);
 
 // --fault-backend-error KIND@N in `flags` (tests only;
 // backend::ParseBackendFault): `backend` wrapped in a
 // backend::FaultInjectingBackend whose N-th Forward fails; without the
 // flag, `backend` itself. A bad value: INVALID_ARGUMENT naming the flag.
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
     const std::map<std::string, std::string>& flags,
     std::unique_ptr<backend::ModelBackend> backend);
 

@@ -36,8 +36,7 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
     std::printf("  --role prefill|decode  the role this worker serves (required)\n");
   }
   if (decode) {
-    std::printf(
-        "  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");
+    std::printf("  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");
   }
   std::printf(
       "  --metrics-listen HOST:PORT  the Prometheus /metrics listener (default: the entry's)\n"
@@ -49,8 +48,8 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
 }
 
 // Flags and config file into the worker's settings.
-absl::StatusOr<WorkerSettings> LoadWorkerSettings(int argc, char** argv,
-                                                  const WorkerRoleSpec& spec) {
+[[nodiscard]] absl::StatusOr<WorkerSettings> LoadWorkerSettings(int argc, char** argv,
+                                                                const WorkerRoleSpec& spec) {
   std::vector<std::string> allowed = WorkerFlagNames(spec.role);
   allowed.insert(allowed.end(), spec.extra_flags.begin(), spec.extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);

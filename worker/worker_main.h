@@ -46,7 +46,7 @@ class WorkerRuntime {
 
 struct WorkerContext {
   const ClusterConfig* config;
-  const WorkerConfig* worker;   // this process's entry
+  const WorkerConfig* worker;  // this process's entry
   const ModelBundle* model;
   const std::map<std::string, std::string>* flags;
   // The cluster credential checker/signer (cluster.secret_file; open when

@@ -50,9 +50,9 @@ MetricFamily TransportBytes(const KvTransportCounters& c) {
   for (const auto& [direction, bytes] :
        {std::pair{"sent", &c.bytes_sent}, std::pair{"received", &c.bytes_received}}) {
     for (size_t t = 0; t < kKvTransportLabels.size(); ++t) {
-      metrics.push_back(Value(MetricType::Counter, static_cast<double>((*bytes)[t]),
-                              {{"direction", direction},
-                               {"transport", std::string(kKvTransportLabels[t])}}));
+      metrics.push_back(
+          Value(MetricType::Counter, static_cast<double>((*bytes)[t]),
+                {{"direction", direction}, {"transport", std::string(kKvTransportLabels[t])}}));
     }
   }
   return Family("tandem_kv_transfer_bytes_total",
@@ -127,8 +127,8 @@ std::vector<MetricFamily> WorkerMetrics::Collect() const {
   const uint32_t waiting = s.waiting_requests();
   const uint32_t running = s.running_requests() > waiting ? s.running_requests() - waiting : 0;
   families.push_back(Single("tandem_num_requests_running",
-                            "Requests with a sequence scheduled or waiting for remote KV.",
-                            kGauge, d(running)));
+                            "Requests with a sequence scheduled or waiting for remote KV.", kGauge,
+                            d(running)));
   families.push_back(Single("tandem_num_requests_waiting",
                             "Requests waiting to be admitted (new or preempted).", kGauge,
                             d(waiting)));
@@ -139,8 +139,8 @@ std::vector<MetricFamily> WorkerMetrics::Collect() const {
   families.push_back(Single("tandem_kv_transfers_in_flight", "KV transfers open now.", kGauge,
                             d(s.transfers_in_flight())));
   families.push_back(Family("tandem_engine_step_duration_seconds",
-                            "Wall time of engine steps that ran the model.",
-                            MetricType::Histogram, {step_.Collect()}));
+                            "Wall time of engine steps that ran the model.", MetricType::Histogram,
+                            {step_.Collect()}));
   return families;
 }
 

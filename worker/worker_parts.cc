@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
     const WorkerContext& ctx) {
   absl::StatusOr<std::unique_ptr<backend::ModelBackend>> backend =
       BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
@@ -14,7 +14,7 @@ absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
   return WithBackendFault(*ctx.flags, *std::move(backend));
 }
 
-absl::StatusOr<WorkerBackendParts> BuildWorkerBackendParts(const WorkerContext& ctx) {
+[[nodiscard]] absl::StatusOr<WorkerBackendParts> BuildWorkerBackendParts(const WorkerContext& ctx) {
   absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created = BuildWorkerBackend(ctx);
   if (!created.ok()) return created.status();
   WorkerBackendParts parts;

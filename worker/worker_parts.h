@@ -24,7 +24,7 @@ namespace tandem {
 // dtype (worker_engine.h), wrapped by WithBackendFault when
 // --fault-backend-error is given. Errors: the factory's refusal or a bad
 // flag value, as one line (a start-up error).
-absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
     const WorkerContext& ctx);
 
 // A worker's backend with what its KV endpoint needs of it.
@@ -39,7 +39,7 @@ struct WorkerBackendParts {
 
 // BuildWorkerBackend, then the layout and BuildKvDataPlanes over its KV
 // storage. Errors: either's, as one line.
-absl::StatusOr<WorkerBackendParts> BuildWorkerBackendParts(const WorkerContext& ctx);
+[[nodiscard]] absl::StatusOr<WorkerBackendParts> BuildWorkerBackendParts(const WorkerContext& ctx);
 
 // The engine core of a runtime: CoreOptionsFromConfig (with the context's
 // KV event publisher) plus its step observer and device-lost hook.

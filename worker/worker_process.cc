@@ -15,15 +15,16 @@ namespace tandem {
 WorkerProcess::WorkerProcess(const WorkerSettings& settings, const Prologue& prologue)
     : settings_(settings),
       prologue_(prologue),
-      kv_events_(KvEventPublisherOptions{settings.config.engine.block_size, 0, 1024,
-                                         prologue.auth.get()}),
-      context_{&settings.config,   &settings.worker, prologue.bundle.get(), &settings.flags,
-               prologue.auth.get(), nullptr,          &kv_events_} {
+      kv_events_(
+          KvEventPublisherOptions{settings.config.engine.block_size, 0, 1024, prologue.auth.get()}),
+      context_{&settings.config, &settings.worker,    prologue.bundle.get(),
+               &settings.flags,  prologue.auth.get(), nullptr,
+               &kv_events_} {
   context_.status = [this] { return Status(); };
   if (settings_.worker.metrics_listen.has_value()) {
     // Scraped only once the runtime exists (the server starts after it).
-    metrics_ = std::make_shared<WorkerMetrics>(context_.status,
-                                               [this] { return runtime_->KvCounters(); });
+    metrics_ =
+        std::make_shared<WorkerMetrics>(context_.status, [this] { return runtime_->KvCounters(); });
     context_.step_observer = [metrics = metrics_](double s) { metrics->ObserveStep(s); };
   }
   // Called on the engine's loop thread before its SIGTERM to this process.
@@ -81,12 +82,12 @@ absl::Status WorkerProcess::StartMetrics() {
   const HostPort& at = *settings_.worker.metrics_listen;
   absl::StatusOr<int> bound = metrics_server_->Start(at.host, at.port);
   if (!bound.ok()) {
-    return absl::Status(bound.status().code(), absl::StrCat(settings_.key_prefix,
-                                                            "metrics_listen: ",
-                                                            bound.status().message()));
+    return absl::Status(
+        bound.status().code(),
+        absl::StrCat(settings_.key_prefix, "metrics_listen: ", bound.status().message()));
   }
-  rpc::Log(absl::StrCat("metrics: serving http://", HostPort{at.host, *bound}.ToString(),
-                        "/metrics"));
+  rpc::Log(
+      absl::StrCat("metrics: serving http://", HostPort{at.host, *bound}.ToString(), "/metrics"));
   rpc::AnnounceMetricsListening(at.host, *bound);
   return absl::OkStatus();
 }
@@ -159,8 +160,7 @@ int WorkerProcess::Drain() {
     if (!lost.empty()) {
       // Every request has already failed (UNAVAILABLE); the drain only lets
       // those replies go out.
-      rpc::Log(absl::StrCat(lost, "; exiting with status ", kExitDeviceLost,
-                            " to be restarted"));
+      rpc::Log(absl::StrCat(lost, "; exiting with status ", kExitDeviceLost, " to be restarted"));
     } else if (refusal.empty()) {
       rpc::Log(absl::StrCat("signal ", sig, ": draining", grace));
     } else {

@@ -48,10 +48,10 @@ class WorkerProcess {
  private:
   // The runtime (factory), then the /metrics server when metrics_listen is
   // set. Errors name the key.
-  absl::Status StartRuntime(const RuntimeFactory& factory);
-  absl::Status StartMetrics();
+  [[nodiscard]] absl::Status StartRuntime(const RuntimeFactory& factory);
+  [[nodiscard]] absl::Status StartMetrics();
   // The gRPC server: the role's service, KvEvents, health; TANDEM_LISTENING.
-  absl::Status StartServer();
+  [[nodiscard]] absl::Status StartServer();
   // Heartbeat registration with every router address; readiness follows it.
   void StartRegistration();
   // The drain after the signal; returns the exit code.

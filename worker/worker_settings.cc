@@ -11,7 +11,7 @@ namespace {
 
 // The entry `settings->entry_name` of the role's list, copied into
 // settings->worker. NOT_FOUND naming the flag that chose it.
-absl::Status FindEntry(WorkerSettings* s, bool by_entry) {
+[[nodiscard]] absl::Status FindEntry(WorkerSettings* s, bool by_entry) {
   const auto& entries =
       s->role == v1::ROLE_DECODE ? s->config.decode_workers : s->config.prefill_workers;
   for (const WorkerConfig& w : entries) {
@@ -20,14 +20,14 @@ absl::Status FindEntry(WorkerSettings* s, bool by_entry) {
       return absl::OkStatus();
     }
   }
-  return absl::NotFoundError(absl::StrCat(by_entry ? "--config-entry " : "--name ",
-                                          s->entry_name, ": no such entry in ",
-                                          WorkerListName(s->role), " of ", s->config_path));
+  return absl::NotFoundError(absl::StrCat(by_entry ? "--config-entry " : "--name ", s->entry_name,
+                                          ": no such entry in ", WorkerListName(s->role), " of ",
+                                          s->config_path));
 }
 
 // --router, checked only when given (the config's router.listen was
 // checked when the config loaded).
-absl::Status ResolveRouter(WorkerSettings* s) {
+[[nodiscard]] absl::Status ResolveRouter(WorkerSettings* s) {
   auto it = s->flags.find("router");
   if (it == s->flags.end()) {
     s->router = s->config.router.listen.ToString();
@@ -45,7 +45,7 @@ absl::Status ResolveRouter(WorkerSettings* s) {
 
 // --advertise, --kv-advertise, --metrics-listen and --gpu-memory-fraction
 // over the entry's (and engine's) values.
-absl::Status ApplyAddressFlags(WorkerSettings* s) {
+[[nodiscard]] absl::Status ApplyAddressFlags(WorkerSettings* s) {
   for (const auto& [flag, target] :
        {std::pair<const char*, Advertise*>{"advertise", &s->worker.advertise},
         std::pair<const char*, Advertise*>{"kv-advertise", &s->worker.kv_advertise}}) {
@@ -69,7 +69,7 @@ absl::Status ApplyAddressFlags(WorkerSettings* s) {
 }
 
 // Every address peers dial exists: a wildcard listen has its advertise.
-absl::Status CheckAdvertised(const WorkerSettings& s) {
+[[nodiscard]] absl::Status CheckAdvertised(const WorkerSettings& s) {
   const WorkerConfig& w = s.worker;
   if (auto a = AdvertisedAddress(w.listen, 0, w.advertise, s.key_prefix + "listen",
                                  s.key_prefix + "advertise");
@@ -85,11 +85,16 @@ absl::Status CheckAdvertised(const WorkerSettings& s) {
 }  // namespace
 
 std::vector<std::string> WorkerFlagNames(v1::WorkerRole role) {
-  std::vector<std::string> names = {"config",         "name",
-                                    "config-entry",   "model",
-                                    "router",         "advertise",
-                                    "metrics-listen", "fault-kv-layout-id",
-                                    "gpu-memory-fraction", "fault-backend-error"};
+  std::vector<std::string> names = {"config",
+                                    "name",
+                                    "config-entry",
+                                    "model",
+                                    "router",
+                                    "advertise",
+                                    "metrics-listen",
+                                    "fault-kv-layout-id",
+                                    "gpu-memory-fraction",
+                                    "fault-backend-error"};
   if (role == v1::ROLE_DECODE) names.push_back("kv-advertise");
   return names;
 }
@@ -98,10 +103,9 @@ const char* WorkerListName(v1::WorkerRole role) {
   return role == v1::ROLE_DECODE ? "decode_workers" : "prefill_workers";
 }
 
-absl::StatusOr<WorkerSettings> ResolveWorkerSettings(v1::WorkerRole role,
-                                                     std::map<std::string, std::string> flags,
-                                                     ClusterConfig config,
-                                                     const std::string& config_path) {
+[[nodiscard]] absl::StatusOr<WorkerSettings> ResolveWorkerSettings(
+    v1::WorkerRole role, std::map<std::string, std::string> flags, ClusterConfig config,
+    const std::string& config_path) {
   WorkerSettings s;
   s.role = role;
   s.config_path = config_path;

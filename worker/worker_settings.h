@@ -36,9 +36,9 @@ struct WorkerSettings {
   // --metrics-listen applied (a decode worker's kv_advertise takes the
   // advertise host when it has none of its own).
   WorkerConfig worker;
-  std::string key_prefix;   // "decode_workers[ENTRY]." for messages
-  std::string router;       // --router, default router.listen
-  std::string model_flag;   // --model, "" for the config's model
+  std::string key_prefix;                    // "decode_workers[ENTRY]." for messages
+  std::string router;                        // --router, default router.listen
+  std::string model_flag;                    // --model, "" for the config's model
   std::map<std::string, std::string> flags;  // every flag given
 };
 
@@ -52,10 +52,9 @@ const char* WorkerListName(v1::WorkerRole role);
 // port 0 cannot be dialled ...", a bad --advertise / --kv-advertise /
 // --metrics-listen / --gpu-memory-fraction value, and a wildcard listen
 // without its advertise ("decode_workers[d].advertise ...").
-absl::StatusOr<WorkerSettings> ResolveWorkerSettings(v1::WorkerRole role,
-                                                     std::map<std::string, std::string> flags,
-                                                     ClusterConfig config,
-                                                     const std::string& config_path);
+[[nodiscard]] absl::StatusOr<WorkerSettings> ResolveWorkerSettings(
+    v1::WorkerRole role, std::map<std::string, std::string> flags, ClusterConfig config,
+    const std::string& config_path);
 
 }  // namespace tandem
 

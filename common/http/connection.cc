@@ -17,18 +17,30 @@ namespace tandem::http {
 
 const char* ReasonPhrase(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Content Too Large";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return status < 400 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Content Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return status < 400 ? "OK" : status < 500 ? "Client Error" : "Server Error";
   }
 }
 
@@ -187,10 +199,9 @@ void Connection::Refuse(int status, const std::string& message, int64_t drop_byt
   bufferevent_set_timeouts(bev_, nullptr, &write_tv);
   bufferevent_enable(bev_, EV_READ | EV_WRITE);
   auto [content_type, body] = o.answer(status, message);
-  const std::string answer =
-      absl::StrCat("HTTP/1.1 ", status, " ", ReasonPhrase(status), "\r\nContent-Type: ",
-                   content_type, "\r\nContent-Length: ", body.size(),
-                   "\r\nConnection: close\r\n\r\n", body);
+  const std::string answer = absl::StrCat(
+      "HTTP/1.1 ", status, " ", ReasonPhrase(status), "\r\nContent-Type: ", content_type,
+      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
   bufferevent_write(bev_, answer.data(), answer.size());
   Arm(o.read_timeout_ms);
 }

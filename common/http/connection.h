@@ -129,8 +129,7 @@ struct ConnectionOptions {
   int read_timeout_ms = 0;
   int idle_timeout_s = 0;
   // The Content-Type and body of an answer the server makes itself.
-  std::function<std::pair<std::string, std::string>(int status, const std::string& message)>
-      answer;
+  std::function<std::pair<std::string, std::string>(int status, const std::string& message)> answer;
 };
 
 // Every accepted connection of one server. Loop thread only.

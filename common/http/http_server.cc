@@ -59,7 +59,7 @@ class ExchangeImpl;
 // any exchange holds it, so calls after Stop find `stopped` and do nothing.
 struct Core {
   HttpServer::Options options;
-  HttpServer::FallbackBody fallback_body;  // fixed before Start
+  HttpServer::FallbackBody fallback_body;    // fixed before Start
   HttpServer::UnroutedGuard unrouted_guard;  // fixed before Start
 
   // Loop thread only.
@@ -150,9 +150,8 @@ class ExchangeImpl : public Exchange,
       phase_ = Phase::kStreaming;
     }
     auto self = shared_from_this();
-    core_->Post([self, status, headers = std::move(headers)] {
-      self->DoStartStream(status, headers);
-    });
+    core_->Post(
+        [self, status, headers = std::move(headers)] { self->DoStartStream(status, headers); });
     return true;
   }
 
@@ -303,7 +302,7 @@ class ExchangeImpl : public Exchange,
   }
 
   const std::shared_ptr<Core> core_;
-  evhttp_request* req_;  // loop thread; null once ended or closed
+  evhttp_request* req_;           // loop thread; null once ended or closed
   Connection* const connection_;  // alive while req_ is set
   const std::string method_, path_, body_;
   const Headers headers_;
@@ -316,15 +315,24 @@ class ExchangeImpl : public Exchange,
 
 const char* MethodName(evhttp_cmd_type type) {
   switch (type) {
-    case EVHTTP_REQ_GET: return "GET";
-    case EVHTTP_REQ_POST: return "POST";
-    case EVHTTP_REQ_HEAD: return "HEAD";
-    case EVHTTP_REQ_PUT: return "PUT";
-    case EVHTTP_REQ_DELETE: return "DELETE";
-    case EVHTTP_REQ_OPTIONS: return "OPTIONS";
-    case EVHTTP_REQ_TRACE: return "TRACE";
-    case EVHTTP_REQ_CONNECT: return "CONNECT";
-    case EVHTTP_REQ_PATCH: return "PATCH";
+    case EVHTTP_REQ_GET:
+      return "GET";
+    case EVHTTP_REQ_POST:
+      return "POST";
+    case EVHTTP_REQ_HEAD:
+      return "HEAD";
+    case EVHTTP_REQ_PUT:
+      return "PUT";
+    case EVHTTP_REQ_DELETE:
+      return "DELETE";
+    case EVHTTP_REQ_OPTIONS:
+      return "OPTIONS";
+    case EVHTTP_REQ_TRACE:
+      return "TRACE";
+    case EVHTTP_REQ_CONNECT:
+      return "CONNECT";
+    case EVHTTP_REQ_PATCH:
+      return "PATCH";
   }
   return "UNKNOWN";
 }
@@ -355,9 +363,7 @@ struct HttpServer::Impl {
   bool started = false;
   std::once_flag stop_once;
 
-  static void OnRequest(evhttp_request* req, void* arg) {
-    static_cast<Impl*>(arg)->Dispatch(req);
-  }
+  static void OnRequest(evhttp_request* req, void* arg) { static_cast<Impl*>(arg)->Dispatch(req); }
   static void OnWake(evutil_socket_t, short, void* arg) {
     Core* core = static_cast<Core*>(arg);
     std::vector<std::function<void()>> tasks;
@@ -423,9 +429,9 @@ struct HttpServer::Impl {
     std::string body(evbuffer_get_length(input), '\0');
     if (!body.empty()) evbuffer_copyout(input, body.data(), body.size());
     std::string peer = PeerOf(req);
-    auto ex = std::make_shared<ExchangeImpl>(core, req, connection, std::move(method),
-                                             std::move(path), std::move(body),
-                                             std::move(headers), std::move(peer));
+    auto ex =
+        std::make_shared<ExchangeImpl>(core, req, connection, std::move(method), std::move(path),
+                                       std::move(body), std::move(headers), std::move(peer));
     core->live.emplace(ex.get(), ex);
     ex->Attach();
     handler->second(ex);
@@ -440,7 +446,7 @@ struct HttpServer::Impl {
     // Left only if libevent skipped a close callback; their requests are
     // freed with the connections.
     while (!core->live.empty()) core->live.begin()->second->Closed(/*request_alive=*/false);
-    core->connections->Clear();  // those libevent freed before they were bound
+    core->connections->Clear();                // those libevent freed before they were bound
     event_base_loopexit(core->base, nullptr);  // after the callbacks now active
   }
 };
@@ -477,9 +483,8 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
       o.idle_timeout_s <= 0 || o.read_timeout_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "HttpServer options: max_body_bytes ", o.max_body_bytes, ", max_header_bytes ",
-        o.max_header_bytes, ", max_streams ", o.max_streams, ", idle_timeout_s ",
-        o.idle_timeout_s, ", read_timeout_ms ", o.read_timeout_ms,
-        " (need >= 0, > 0, >= 0, > 0, > 0)"));
+        o.max_header_bytes, ", max_streams ", o.max_streams, ", idle_timeout_s ", o.idle_timeout_s,
+        ", read_timeout_ms ", o.read_timeout_ms, " (need >= 0, > 0, >= 0, > 0, > 0)"));
   }
   std::string address = absl::StrCat(host, ":", port);
   core.base = event_base_new();

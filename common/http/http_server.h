@@ -84,9 +84,9 @@ using Handler = std::function<void(std::shared_ptr<Exchange>)>;
 class HttpServer {
  public:
   struct Options {
-    int64_t max_body_bytes = 8 << 20;   // larger bodies: 413
+    int64_t max_body_bytes = 8 << 20;  // larger bodies: 413
     int64_t max_header_bytes = 64 << 10;
-    int max_streams = 1024;             // open chunked responses at once
+    int max_streams = 1024;  // open chunked responses at once
     // An idle keep-alive connection (no request in progress) is closed;
     // while a handler holds a request only a client that reads nothing
     // while output waits is (a quiet stream is not idle).
@@ -113,8 +113,8 @@ class HttpServer {
   // the limit of M bytes"). Set (before Start): the answer is
   // application/json with f's result (JSON error shapes); unset: plain
   // text, `message` and a newline.
-  using FallbackBody = std::function<std::string(int status, const std::string& path,
-                                                 const std::string& message)>;
+  using FallbackBody =
+      std::function<std::string(int status, const std::string& path, const std::string& message)>;
   void set_fallback_body(FallbackBody f);
   // Asked before the server answers 404 or 405 itself, with the request's
   // path and Authorization header (nullptr when absent): a {status,
@@ -131,7 +131,7 @@ class HttpServer {
   // INVALID_ARGUMENT for negative limits, idle_timeout_s <= 0 or
   // read_timeout_ms <= 0.
   // Once per process: evthread_use_pthreads() and SIGPIPE ignored.
-  absl::StatusOr<int> Start(const std::string& host, int port);
+  [[nodiscard]] absl::StatusOr<int> Start(const std::string& host, int port);
   // Closes the listener and every connection (on_close runs for open
   // exchanges), joins the loop thread. Idempotent. Not from a handler.
   void Stop();

@@ -57,9 +57,9 @@ class RequestHead {
 
  private:
   const size_t max_bytes_;
-  std::string head_;       // the head's bytes so far (<= max_bytes_)
-  bool truncated_ = false;  // bytes beyond max_bytes_ were not kept
-  size_t line_bytes_ = 0;  // bytes of the current line before a pending CR
+  std::string head_;         // the head's bytes so far (<= max_bytes_)
+  bool truncated_ = false;   // bytes beyond max_bytes_ were not kept
+  size_t line_bytes_ = 0;    // bytes of the current line before a pending CR
   bool pending_cr_ = false;  // the last byte was a CR (data unless LF follows)
   bool first_line_done_ = false;
   bool complete_ = false;

@@ -23,8 +23,8 @@ grpc::Status VerifyBytes(const auth::ClusterAuth* auth, grpc::CallbackServerCont
 
 }  // namespace
 
-void SignCall(const auth::ClusterAuth* auth, grpc::ClientContext* context,
-              absl::string_view method, const google::protobuf::Message& request) {
+void SignCall(const auth::ClusterAuth* auth, grpc::ClientContext* context, absl::string_view method,
+              const google::protobuf::Message& request) {
   if (auth == nullptr || auth->open()) return;
   const auth::Credential c = auth->Sign(method, request.SerializeAsString());
   context->AddMetadata(auth::kAuthMetadataKey, auth::FormatCredential(c));
@@ -38,8 +38,7 @@ grpc::Status VerifyCall(const auth::ClusterAuth* auth, grpc::CallbackServerConte
     return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the request bytes");
   }
   return VerifyBytes(auth, context, method,
-                     absl::string_view(reinterpret_cast<const char*>(slice.begin()),
-                                       slice.size()));
+                     absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
 }
 
 grpc::Status VerifyCall(const auth::ClusterAuth* auth, grpc::CallbackServerContext* context,

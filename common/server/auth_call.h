@@ -45,8 +45,8 @@ inline constexpr char kKvEventsWatchMethod[] = "/tandem.v1.KvEvents/Watch";
 // sends as long as `request` is not modified in between (the same message
 // instance serializes its map fields in the same order). No-op when `auth`
 // is nullptr or open.
-void SignCall(const auth::ClusterAuth* auth, grpc::ClientContext* context,
-              absl::string_view method, const google::protobuf::Message& request);
+void SignCall(const auth::ClusterAuth* auth, grpc::ClientContext* context, absl::string_view method,
+              const google::protobuf::Message& request);
 
 // Checks the call's x-tandem-auth metadata against the raw request bytes
 // received for `method`. OK when `auth` is nullptr or open. Errors: see

@@ -28,8 +28,7 @@ namespace tandem::rpc {
 // finished reactor of the same kind (unary or server streaming).
 template <class Request, class Body>
 auto Authorized(const auth::ClusterAuth* auth, grpc::CallbackServerContext* context,
-                absl::string_view method, const Request& request, Body&& body)
-    -> decltype(body()) {
+                absl::string_view method, const Request& request, Body&& body) -> decltype(body()) {
   using Reactor = decltype(body());
   static_assert(std::is_same_v<Reactor, grpc::ServerUnaryReactor*> ||
                     std::is_same_v<Reactor, grpc::ServerWriteReactor<grpc::ByteBuffer>*>,
@@ -46,10 +45,11 @@ auto Authorized(const auth::ClusterAuth* auth, grpc::CallbackServerContext* cont
 
 // A raw unary method that answers at once: Authorized, then ServeUnary.
 template <class Req, class Resp>
-grpc::ServerUnaryReactor* AuthorizedUnary(
-    const auth::ClusterAuth* auth, grpc::CallbackServerContext* context,
-    absl::string_view method, const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
-    absl::FunctionRef<grpc::Status(const Req*, Resp*)> body) {
+grpc::ServerUnaryReactor* AuthorizedUnary(const auth::ClusterAuth* auth,
+                                          grpc::CallbackServerContext* context,
+                                          absl::string_view method, const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response,
+                                          absl::FunctionRef<grpc::Status(const Req*, Resp*)> body) {
   return Authorized(auth, context, method, *request,
                     [&] { return ServeUnary<Req, Resp>(context, request, response, body); });
 }
@@ -60,8 +60,7 @@ grpc::ServerUnaryReactor* AuthorizedUnary(
 template <class Service, class Req, class Resp>
 grpc::ServerUnaryReactor* AuthorizedUnary(const auth::ClusterAuth* auth,
                                           grpc::CallbackServerContext* context,
-                                          absl::string_view method,
-                                          const grpc::ByteBuffer* request,
+                                          absl::string_view method, const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response, Service* service,
                                           grpc::Status (Service::*body)(const Req*, Resp*)) {
   return AuthorizedUnary<Req, Resp>(
@@ -72,8 +71,8 @@ grpc::ServerUnaryReactor* AuthorizedUnary(const auth::ClusterAuth* auth,
 // A raw server-streaming method: Authorized, then ServeStream.
 template <class Req>
 grpc::ServerWriteReactor<grpc::ByteBuffer>* AuthorizedStream(
-    const auth::ClusterAuth* auth, grpc::CallbackServerContext* context,
-    absl::string_view method, const grpc::ByteBuffer* request,
+    const auth::ClusterAuth* auth, grpc::CallbackServerContext* context, absl::string_view method,
+    const grpc::ByteBuffer* request,
     absl::FunctionRef<grpc::ServerWriteReactor<grpc::ByteBuffer>*(const Req*)> body) {
   return Authorized(auth, context, method, *request,
                     [&] { return ServeStream<Req>(request, body); });

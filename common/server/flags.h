@@ -13,7 +13,7 @@ namespace tandem {
 
 // Parsed command line: "--key value" or "--key=value" pairs. Keys not in
 // `allowed` are INVALID_ARGUMENT naming the flag.
-absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
+[[nodiscard]] absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     int argc, char** argv, const std::vector<std::string>& allowed);
 
 // True when an argument is --help, -help or -h: the caller then prints its

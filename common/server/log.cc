@@ -25,10 +25,9 @@ void Log(absl::string_view message) {
   std::string line;
   {
     absl::MutexLock lock(&g_mu);
-    line = absl::StrCat(
-        absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()), " ",
-        g_component != nullptr ? *g_component : std::string("tandem"), ": ",
-        message, "\n");
+    line = absl::StrCat(absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()), " ",
+                        g_component != nullptr ? *g_component : std::string("tandem"), ": ",
+                        message, "\n");
   }
   // One write per line keeps lines whole when several threads log.
   ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());

@@ -8,17 +8,15 @@ namespace {
 
 // `status` with its message prefixed by the model path, unless the message
 // already names the file (the GGUF and weight loaders do).
-absl::Status WithPath(const std::string& path, const absl::Status& status) {
+[[nodiscard]] absl::Status WithPath(const std::string& path, const absl::Status& status) {
   if (absl::StartsWith(status.message(), path)) return status;
   return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
-                                                             int32_t num_threads,
-                                                             model::Q8MatMul q8_matmul,
-                                                             bool cpu_forward) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(
+    const std::string& path, int32_t num_threads, model::Q8MatMul q8_matmul, bool cpu_forward) {
   auto bundle = std::make_unique<ModelBundle>();
   auto file = gguf::GgufFile::Open(path);
   if (!file.ok()) return file.status();

@@ -27,7 +27,7 @@ struct ModelBundle {
 // router) the F32 panel packing for the CPU forward is skipped
 // (LlamaModelOptions::f32_panels). Errors carry the path and the cause
 // (NOT_FOUND, INVALID_ARGUMENT for a non-GGUF or truncated file, ...).
-absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(
     const std::string& path, int32_t num_threads = 1,
     model::Q8MatMul q8_matmul = model::Q8MatMul::kExact, bool cpu_forward = true);
 

@@ -10,8 +10,9 @@ Prologue::~Prologue() = default;
 Prologue::Prologue(Prologue&&) = default;
 Prologue& Prologue::operator=(Prologue&&) = default;
 
-absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config, const std::string& model_flag,
-                                     const PrologueOptions& options) {
+[[nodiscard]] absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config,
+                                                   const std::string& model_flag,
+                                                   const PrologueOptions& options) {
   Prologue p;
   auto cluster_auth =
       auth::ClusterAuth::Load(config.cluster.secret_file, config.cluster.auth_max_skew_ms,
@@ -26,8 +27,8 @@ absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config, const std::str
       return absl::Status(s.code(), absl::StrCat("engine.kernel_isa: ", s.message()));
     }
   }
-  auto bundle = LoadModelBundle(p.model_path, options.num_threads, options.q8_matmul,
-                                options.cpu_forward);
+  auto bundle =
+      LoadModelBundle(p.model_path, options.num_threads, options.q8_matmul, options.cpu_forward);
   if (!bundle.ok()) return bundle.status();
   p.bundle = *std::move(bundle);
   return p;

@@ -23,7 +23,7 @@ class ClusterAuth;
 struct PrologueOptions {
   int32_t num_threads = 1;                              // engine.threads
   model::Q8MatMul q8_matmul = model::Q8MatMul::kExact;  // engine.q8_matmul
-  bool cpu_forward = true;     // false: a GPU forward, or none (the router)
+  bool cpu_forward = true;      // false: a GPU forward, or none (the router)
   bool pin_kernel_isa = false;  // true: engine.kernel_isa first (workers)
 };
 
@@ -43,8 +43,9 @@ struct Prologue {
 // for none: ResolveModelPath), pins engine.kernel_isa when asked, and loads
 // the model. Errors are one line naming the key or file: cluster.secret_file
 // unreadable or short, model not found or not GGUF, "engine.kernel_isa: ...".
-absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config, const std::string& model_flag,
-                                     const PrologueOptions& options);
+[[nodiscard]] absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config,
+                                                   const std::string& model_flag,
+                                                   const PrologueOptions& options);
 
 }  // namespace tandem
 

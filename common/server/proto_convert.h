@@ -32,7 +32,7 @@ inline v1::FinishReason FinishReasonToProto(core::FinishReason reason) {
 
 // INVALID_ARGUMENT for a value outside tandem.v1.RouteOverride (proto3
 // keeps unknown enum numbers).
-inline absl::StatusOr<core::RouteChoice> RouteFromProto(int route) {
+[[nodiscard]] inline absl::StatusOr<core::RouteChoice> RouteFromProto(int route) {
   if (route < v1::ROUTE_AUTO || route > v1::ROUTE_REMOTE) {
     return absl::InvalidArgumentError(
         absl::StrCat("route_override: unknown value ", route, " (expected 0, 1 or 2)"));
@@ -43,8 +43,7 @@ inline absl::StatusOr<core::RouteChoice> RouteFromProto(int route) {
 // Unset top_p and repetition_penalty mean 1 (off); logit_bias is sorted by
 // id; `logprobs` is the request's top-n (GenerateRequest.logprobs or
 // EngineControls.logprobs). Range checks happen in sampling::Validate.
-inline sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p,
-                                                   uint32_t logprobs) {
+inline sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p, uint32_t logprobs) {
   sampling::SamplingOptions o;
   o.temperature = p.temperature();
   o.top_k = p.top_k();
@@ -72,8 +71,8 @@ inline core::GenerationControls ControlsFromProto(const v1::EngineControls& c) {
 }
 
 // One sampled token on the wire, with its top-n alternatives.
-inline void TokenToProto(uint32_t sample_index, uint32_t index,
-                         const sampling::SampledToken& token, v1::TokenOutput* out) {
+inline void TokenToProto(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
+                         v1::TokenOutput* out) {
   out->set_sample_index(sample_index);
   out->set_index(index);
   out->set_token_id(token.token_id);

@@ -55,16 +55,15 @@ int WaitForTerminationSignal() {
   return sig;
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
-    grpc::ServerBuilder& builder, const HostPort& listen,
-    const std::string& config_key, int* bound_port) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
+    grpc::ServerBuilder& builder, const HostPort& listen, const std::string& config_key,
+    int* bound_port) {
   *bound_port = 0;
   const std::string busy = absl::StrCat(config_key, ": address ", listen.ToString(),
                                         " is already in use or cannot be bound");
   if (!CanBind(listen)) return absl::UnavailableError(busy);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(),
-                           bound_port);
+  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(), bound_port);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound_port == 0) {
     return absl::UnavailableError(busy);

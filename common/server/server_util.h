@@ -34,9 +34,9 @@ int WaitForTerminationSignal();
 // a busy port fails instead of being shared, and starts the server.
 // Errors: UNAVAILABLE "<config_key>: address H:P is already in use or
 // cannot be bound". On success *bound_port holds the real port.
-absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
-    grpc::ServerBuilder& builder, const HostPort& listen,
-    const std::string& config_key, int* bound_port);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
+    grpc::ServerBuilder& builder, const HostPort& listen, const std::string& config_key,
+    int* bound_port);
 
 // Prints "TANDEM_LISTENING host:port" on stdout and flushes: the one line
 // `tandem up` and tests wait for.

@@ -58,8 +58,8 @@ class StreamSink : public std::enable_shared_from_this<StreamSink<Msg>> {
   // cancels or the deadline passes; the producer must still call Finish.
   // `context`: the call's, needed only by Finish with trailers (it stays
   // valid until the reactor's OnDone, i.e. while the sink is unfinished).
-  static std::pair<grpc::ServerWriteReactor<grpc::ByteBuffer>*, std::shared_ptr<StreamSink>>
-  Create(std::function<void()> on_cancel, grpc::CallbackServerContext* context = nullptr) {
+  static std::pair<grpc::ServerWriteReactor<grpc::ByteBuffer>*, std::shared_ptr<StreamSink>> Create(
+      std::function<void()> on_cancel, grpc::CallbackServerContext* context = nullptr) {
     auto sink = std::shared_ptr<StreamSink>(new StreamSink());
     sink->on_cancel_ = std::move(on_cancel);
     sink->context_ = context;

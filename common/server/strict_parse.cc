@@ -196,14 +196,14 @@ Outcome CheckMessage(absl::string_view bytes, const Descriptor& type, const std:
   });
 }
 
-absl::Status NotAMessage(const Descriptor& type) {
+[[nodiscard]] absl::Status NotAMessage(const Descriptor& type) {
   return absl::InvalidArgumentError(
       absl::StrCat("request: not a valid ", type.full_name(), " message"));
 }
 
 }  // namespace
 
-absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out) {
+[[nodiscard]] absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out) {
   const Descriptor& type = *out->GetDescriptor();
   BadText bad;
   switch (CheckMessage(wire, type, "", 0, &bad)) {
@@ -221,7 +221,8 @@ absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out)
   return absl::OkStatus();
 }
 
-absl::Status ParseStrict(const grpc::ByteBuffer& buffer, google::protobuf::Message* out) {
+[[nodiscard]] absl::Status ParseStrict(const grpc::ByteBuffer& buffer,
+                                       google::protobuf::Message* out) {
   // An invalid buffer is no message at all (an empty message is a valid,
   // empty buffer); typed methods refuse that too.
   grpc::Slice slice;

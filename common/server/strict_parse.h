@@ -45,11 +45,12 @@ namespace tandem::rpc {
 // 100, or anything else protobuf refuses) gives INVALID_ARGUMENT
 //   "request: not a valid tandem.v1.GenerateRequest message"
 // (the full name of out's type). Nothing is logged.
-absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out);
+[[nodiscard]] absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out);
 
 // The same for a message received by a raw gRPC method (flattened into one
 // slice first when it arrived in several).
-absl::Status ParseStrict(const grpc::ByteBuffer& buffer, google::protobuf::Message* out);
+[[nodiscard]] absl::Status ParseStrict(const grpc::ByteBuffer& buffer,
+                                       google::protobuf::Message* out);
 
 }  // namespace tandem::rpc
 

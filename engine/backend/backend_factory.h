@@ -29,7 +29,7 @@ struct BackendOptions {
   // engine.kv_cache_dtype: f32, f16 or bf16 on either backend (the config
   // layer fills in the device's default: f32 on cpu, bf16 on cuda:N).
   kv::KvDtype kv_cache_dtype = kv::KvDtype::kF32;
-  int32_t block_size = 16;      // engine.block_size, tokens
+  int32_t block_size = 16;  // engine.block_size, tokens
   // CPU: the pool, blocks. CUDA: a cap on the planned pool when
   // num_kv_blocks_set (the key was given), else unused.
   int32_t num_kv_blocks = 2048;
@@ -64,7 +64,7 @@ struct BackendOptions {
 // for a CPU q8_matmul other than the model's q8_matmul(),
 // RESOURCE_EXHAUSTED when the model or one KV block does not fit
 // (PlanGpuMemory).
-absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
     const model::LlamaModel& model, const BackendOptions& options,
     const DeviceQuery& query = SystemDeviceQuery());
 

@@ -12,8 +12,8 @@ std::string CpuBitExactClass(const model::LlamaModel& model, kv::KvDtype kv_dtyp
                       kv::KvDtypeName(kv_dtype), "/v4");
 }
 
-CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size,
-                       int32_t num_blocks, kv::KvDtype kv_dtype)
+CpuBackend::CpuBackend(const model::LlamaModel* model, int32_t block_size, int32_t num_blocks,
+                       kv::KvDtype kv_dtype)
     : model_(model), storage_(model->kv_shape(block_size), num_blocks, kv_dtype) {}
 
 absl::Status CpuBackend::Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,

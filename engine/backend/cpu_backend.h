@@ -51,8 +51,8 @@ class CpuBackend final : public ModelBackend {
     return CpuBitExactClass(*model_, storage_.dtype());
   }
   // Never fails (returns OK).
-  absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                       std::vector<sampling::SamplingView>* views) override;
+  [[nodiscard]] absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                                     std::vector<sampling::SamplingView>* views) override;
 
  private:
   const model::LlamaModel* const model_;

@@ -20,7 +20,8 @@ std::string DeviceSpec::ToString() const {
   return is_cuda() ? absl::StrCat(kCudaPrefix, index) : std::string("cpu");
 }
 
-absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text_in, std::string_view key_in) {
+[[nodiscard]] absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text_in,
+                                                     std::string_view key_in) {
   const absl::string_view text = Absl(text_in), key = Absl(key_in);
   if (text == "cpu") return DeviceSpec{};
   if (text.substr(0, kCudaPrefix.size()) == kCudaPrefix) {
@@ -37,8 +38,8 @@ absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text_in, std::string_vie
                                                  kMaxCudaIndex, "), got '", text, "'"));
 }
 
-absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& device,
-                                  std::string_view key_in) {
+[[nodiscard]] absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& device,
+                                                std::string_view key_in) {
   if (!device.is_cuda()) return absl::OkStatus();
   const absl::string_view key = Absl(key_in);
   std::string why;
@@ -49,9 +50,10 @@ absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& de
                      why.empty() ? "" : absl::StrCat(" (", why, ")")));
   }
   if (device.index >= count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        key, ": ", device.ToString(), ", but this machine has ", count,
-        count == 1 ? " CUDA GPU (cuda:0)" : absl::StrCat(" CUDA GPUs (cuda:0..cuda:", count - 1, ")")));
+    return absl::FailedPreconditionError(
+        absl::StrCat(key, ": ", device.ToString(), ", but this machine has ", count,
+                     count == 1 ? " CUDA GPU (cuda:0)"
+                                : absl::StrCat(" CUDA GPUs (cuda:0..cuda:", count - 1, ")")));
   }
   return absl::OkStatus();
 }

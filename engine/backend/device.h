@@ -36,14 +36,14 @@ struct DeviceSpec {
 // Parses "cpu" or "cuda:N" (N a decimal integer in [0, 1023]).
 // INVALID_ARGUMENT naming `key` (e.g. "engine.device") and the value
 // otherwise.
-absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text, std::string_view key);
+[[nodiscard]] absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text, std::string_view key);
 
 // What the start-up checks and the memory plan need to know of a GPU.
 struct GpuInfo {
   int32_t index = 0;
-  std::string name;            // e.g. "NVIDIA H200"
-  uint64_t total_bytes = 0;    // device memory, bytes
-  uint64_t free_bytes = 0;     // free now (cudaMemGetInfo), bytes
+  std::string name;                // e.g. "NVIDIA H200"
+  uint64_t total_bytes = 0;        // device memory, bytes
+  uint64_t free_bytes = 0;         // free now (cudaMemGetInfo), bytes
   int32_t compute_capability = 0;  // major * 10 + minor, e.g. 90
 };
 
@@ -55,7 +55,7 @@ class DeviceQuery {
   virtual int32_t DeviceCount(std::string* why_none) const = 0;
   // Facts about device `index` (< DeviceCount()). UNAVAILABLE when the
   // runtime cannot answer.
-  virtual absl::StatusOr<GpuInfo> Info(int32_t index) const = 0;
+  [[nodiscard]] virtual absl::StatusOr<GpuInfo> Info(int32_t index) const = 0;
 };
 
 // The CUDA runtime's answers (cudaGetDeviceCount, cudaGetDeviceProperties,
@@ -68,8 +68,8 @@ const DeviceQuery& SystemDeviceQuery();
 // "engine.device: cuda:0, but this machine has no CUDA GPU (no CUDA-capable
 // device is detected)" or "engine.device: cuda:3, but this machine has 1
 // CUDA GPU (cuda:0)".
-absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& device,
-                                  std::string_view key);
+[[nodiscard]] absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& device,
+                                                std::string_view key);
 
 }  // namespace tandem::backend
 

@@ -39,7 +39,8 @@ struct BackendFault {
 // the N-th forward call fails) or slow (N >= 1 ms added to every call).
 // Errors: INVALID_ARGUMENT naming `flag` (e.g. "--fault-backend-error"),
 // the value and what is expected.
-absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec, absl::string_view flag);
+[[nodiscard]] absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec,
+                                                             absl::string_view flag);
 
 // "oom@3", as parsed.
 std::string BackendFaultToString(const BackendFault& fault);
@@ -56,8 +57,8 @@ class FaultInjectingBackend final : public ModelBackend {
   // computing anything (no hook call; *views untouched), as a device step
   // that did not complete. The message names the injected fault. kSlow:
   // sleeps fault.call ms, then calls the wrapped backend.
-  absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                       std::vector<sampling::SamplingView>* views) override;
+  [[nodiscard]] absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                                     std::vector<sampling::SamplingView>* views) override;
   // True from the failing call of a kSticky fault on.
   bool device_lost() const override { return lost_.load(); }
 

@@ -43,25 +43,25 @@ uint64_t FixedBytes(const GpuMemoryInputs& in) {
 // "weights 2.30 GiB + activations 400.00 MiB + ..." joined by `sep`.
 std::string FixedParts(const GpuMemoryInputs& in, const char* sep) {
   return absl::StrCat("weights ", Bytes(in.weight_bytes), sep, "activations ",
-                      Bytes(in.activation_peak_bytes), sep, "workspace ",
-                      Bytes(in.workspace_bytes), sep, "transfer ",
-                      Bytes(in.transfer_buffer_bytes), sep, "other ", Bytes(in.other_bytes));
+                      Bytes(in.activation_peak_bytes), sep, "workspace ", Bytes(in.workspace_bytes),
+                      sep, "transfer ", Bytes(in.transfer_buffer_bytes), sep, "other ",
+                      Bytes(in.other_bytes));
 }
 
 }  // namespace
 
 std::string GpuMemoryPlan::Describe(const GpuMemoryInputs& in) const {
-  std::string line = absl::StrFormat(
-      "GPU memory: budget %s (%.2f of %s): %s; KV %s = %d blocks of %s", Bytes(budget_bytes),
-      in.gpu_memory_fraction, Bytes(in.device_total_bytes), FixedParts(in, ", "),
-      Bytes(kv_bytes), num_blocks, Bytes(in.block_bytes));
+  std::string line =
+      absl::StrFormat("GPU memory: budget %s (%.2f of %s): %s; KV %s = %d blocks of %s",
+                      Bytes(budget_bytes), in.gpu_memory_fraction, Bytes(in.device_total_bytes),
+                      FixedParts(in, ", "), Bytes(kv_bytes), num_blocks, Bytes(in.block_bytes));
   if (in.max_blocks > 0 && num_blocks == in.max_blocks) {
     absl::StrAppend(&line, " (capped by engine.num_kv_blocks ", in.max_blocks, ")");
   }
   return line;
 }
 
-absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in) {
+[[nodiscard]] absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in) {
   const double fraction = in.gpu_memory_fraction;
   if (!(fraction > 0.0 && fraction <= 1.0)) {  // NaN fails both
     return absl::InvalidArgumentError(
@@ -76,9 +76,8 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in) {
   const uint64_t fixed = FixedBytes(in);
   if (fixed > plan.budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the model does not fit: %s = %s > %s %.2f of %s (%s)", FixedParts(in, " + "),
-        Bytes(fixed), kFractionKey, fraction, Bytes(in.device_total_bytes),
-        Bytes(plan.budget_bytes)));
+        "the model does not fit: %s = %s > %s %.2f of %s (%s)", FixedParts(in, " + "), Bytes(fixed),
+        kFractionKey, fraction, Bytes(in.device_total_bytes), Bytes(plan.budget_bytes)));
   }
   if (plan.budget_bytes > in.device_free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -89,9 +88,9 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in) {
   }
   const uint64_t rest = plan.budget_bytes - fixed;
   if (rest < in.block_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s %.2f leaves %s for the KV cache, less than one block of %s", kFractionKey, fraction,
-        Bytes(rest), Bytes(in.block_bytes)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s %.2f leaves %s for the KV cache, less than one block of %s",
+                        kFractionKey, fraction, Bytes(rest), Bytes(in.block_bytes)));
   }
   uint64_t blocks = rest / in.block_bytes;
   blocks = std::min<uint64_t>(blocks, std::numeric_limits<int32_t>::max());

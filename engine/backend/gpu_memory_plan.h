@@ -21,16 +21,16 @@ namespace tandem::backend {
 
 // All sizes in bytes.
 struct GpuMemoryInputs {
-  uint64_t device_total_bytes = 0;  // cudaMemGetInfo's total
-  uint64_t device_free_bytes = 0;   // free when the worker started, before its own allocations
-  double gpu_memory_fraction = 0.9;  // engine.gpu_memory_fraction, in (0, 1]
-  uint64_t weight_bytes = 0;        // weights as uploaded
+  uint64_t device_total_bytes = 0;     // cudaMemGetInfo's total
+  uint64_t device_free_bytes = 0;      // free when the worker started, before its own allocations
+  double gpu_memory_fraction = 0.9;    // engine.gpu_memory_fraction, in (0, 1]
+  uint64_t weight_bytes = 0;           // weights as uploaded
   uint64_t activation_peak_bytes = 0;  // measured over one forward at max_num_batched_tokens
-  uint64_t workspace_bytes = 0;     // cuBLAS(Lt) workspace
+  uint64_t workspace_bytes = 0;        // cuBLAS(Lt) workspace
   uint64_t transfer_buffer_bytes = 0;  // KV transfer staging buffers
-  uint64_t other_bytes = 0;         // CUDA context and anything else the worker holds
-  uint64_t block_bytes = 0;         // one KV block: all layers, K and V
-  int32_t max_blocks = 0;           // a cap (engine.num_kv_blocks when set); 0 = none
+  uint64_t other_bytes = 0;            // CUDA context and anything else the worker holds
+  uint64_t block_bytes = 0;            // one KV block: all layers, K and V
+  int32_t max_blocks = 0;              // a cap (engine.num_kv_blocks when set); 0 = none
 };
 
 struct GpuMemoryPlan {
@@ -55,7 +55,7 @@ struct GpuMemoryPlan {
 // budget exceeds the memory free at start (other processes hold the
 // difference). INVALID_ARGUMENT for a fraction outside (0, 1] or a zero
 // block size.
-absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in);
+[[nodiscard]] absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in);
 
 // `tandem up` with n workers on one GPU: each gets fraction / n (the
 // split it prints). n >= 1.

@@ -80,8 +80,9 @@ class ModelBackend {
   // recoverable device error): later steps may succeed. After a sticky
   // error (e.g. an illegal address: the device context is lost),
   // device_lost() is true and every later Forward fails too.
-  virtual absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                               std::vector<sampling::SamplingView>* views) = 0;
+  [[nodiscard]] virtual absl::Status Forward(std::span<const ForwardEntry> batch,
+                                             const LayerHook* hook,
+                                             std::vector<sampling::SamplingView>* views) = 0;
 
   // True once a sticky device error has happened: the backend can never
   // compute again, and the process must exit so that it is restarted

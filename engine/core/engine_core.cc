@@ -57,17 +57,16 @@ EngineCore::~EngineCore() {
 
 absl::Status EngineCore::Submit(EngineRequest request) {
   const model::LlamaConfig& config = backend_->config();
-  absl::Status valid = ValidateGeneration(request.prompt, request.max_tokens,
-                                          config.context_length, config.vocab_size,
-                                          request.sampling);
+  absl::Status valid = ValidateGeneration(request.prompt, request.max_tokens, config.context_length,
+                                          config.vocab_size, request.sampling);
   if (valid.ok()) {
     const GenerationControls& c = request.controls;
     valid = ValidateControls(c.n, c.min_tokens, request.max_tokens, c.stop_token_ids,
                              config.vocab_size);
   }
   if (valid.ok()) {
-    valid = ValidateMigratedSamples(request.migrated_samples, request.generated,
-                                    request.controls.n, request.max_tokens, config.vocab_size);
+    valid = ValidateMigratedSamples(request.migrated_samples, request.generated, request.controls.n,
+                                    request.max_tokens, config.vocab_size);
   }
   if (valid.ok()) {
     valid = ValidateGenerated(request.generated, request.controls.n, request.max_tokens,
@@ -86,9 +85,9 @@ absl::Status EngineCore::Submit(EngineRequest request) {
     request.route = RouteChoice::kLocal;
   }
   if (request.route == RouteChoice::kRemote && (loader_ == nullptr || exports)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "route_override REMOTE: the ", options_.worker_label,
-        " has no KV receiver and cannot take a remote prefill"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("route_override REMOTE: the ", options_.worker_label,
+                     " has no KV receiver and cannot take a remote prefill"));
   }
   const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
   // The most KV this request can hold here: every token but the last sampled
@@ -106,14 +105,14 @@ absl::Status EngineCore::Submit(EngineRequest request) {
   if (!exports && request.controls.n > 1) {
     const int32_t shared = prompt_len / block_size;
     blocks = shared + request.controls.n * static_cast<int64_t>(kv::BlocksForTokens(
-                                       kv_tokens - shared * block_size, block_size));
+                                               kv_tokens - shared * block_size, block_size));
   }
   if (blocks > pool_.num_blocks()) {
     const std::string samples =
         request.controls.n > 1 ? absl::StrCat(" x ", request.controls.n, " samples") : "";
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request needs up to ", blocks, " KV blocks (", kv_tokens, " tokens", samples,
-        ") but the ", options_.worker_label, "'s pool has only ", pool_.num_blocks()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request needs up to ", blocks, " KV blocks (", kv_tokens, " tokens", samples,
+                     ") but the ", options_.worker_label, "'s pool has only ", pool_.num_blocks()));
   }
   auto r = std::make_unique<Request>();
   r->cancelled = std::make_shared<CancelFlag>(false);
@@ -223,8 +222,7 @@ void EngineCore::UpdateKvStats() {
                : 0;
   };
   for (const auto& [id, r] : requests_) {
-    if (r->export_state.has_value() &&
-        r->export_state->phase == ExportPhase::kWaitingForRoom) {
+    if (r->export_state.has_value() && r->export_state->phase == ExportPhase::kWaitingForRoom) {
       ++waiting;  // a prefill-only request waiting for room
       queued_tokens += prompt_left(r->export_state->unscheduled);
       continue;
@@ -287,9 +285,9 @@ void EngineCore::Loop() {
       std::vector<std::string> ids;
       for (const auto& [id, request] : requests_) ids.push_back(id);
       const absl::Status unavailable =
-          lost.ok() ? absl::UnavailableError(
-                          absl::StrCat(options_.worker_label, " is shutting down"))
-                    : lost;
+          lost.ok()
+              ? absl::UnavailableError(absl::StrCat(options_.worker_label, " is shutting down"))
+              : lost;
       for (const std::string& id : ids) Abort(id, unavailable);
       // Requests still loading end when their load quiesces (its done).
       if (requests_.empty()) {
@@ -529,11 +527,11 @@ void EngineCore::FailStep(const scheduler::StepPlan& plan, const absl::Status& e
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
   const absl::Status status(
-      error.code(), absl::StrCat(options_.worker_label, ": device error in a forward step: ",
-                                 error.message()));
+      error.code(),
+      absl::StrCat(options_.worker_label, ": device error in a forward step: ", error.message()));
   if (options_.log) {
-    options_.log(absl::StrCat("forward step failed (", error.ToString(), "): failing ",
-                              ids.size(), " request(s): ", absl::StrJoin(ids, ", ")));
+    options_.log(absl::StrCat("forward step failed (", error.ToString(), "): failing ", ids.size(),
+                              " request(s): ", absl::StrJoin(ids, ", ")));
   }
   // A prefill-only request's export is closed (its receiver sees the
   // transfer fail), as when its send fails.
@@ -568,8 +566,8 @@ absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
       ExportCachedRows(r, chunk);
     }
     backend::ForwardEntry entry;
-    entry.tokens = std::span<const int32_t>(s.tokens.data() + chunk.start,
-                                            static_cast<size_t>(chunk.count));
+    entry.tokens =
+        std::span<const int32_t>(s.tokens.data() + chunk.start, static_cast<size_t>(chunk.count));
     entry.start_pos = chunk.start;
     entry.block_table = &kv_.BlockTable(chunk.id);
     if (chunk.samples) {
@@ -593,8 +591,7 @@ absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
   return backend_->Forward(entries_, any_export ? &hook : nullptr, &views_);
 }
 
-std::vector<SampleStart> EngineCore::DrawFirstTokens(Request& r,
-                                                     const sampling::SamplingView& view,
+std::vector<SampleStart> EngineCore::DrawFirstTokens(Request& r, const sampling::SamplingView& view,
                                                      uint32_t prompt_computed, bool stream) {
   // Every sample's token 0 comes from sample 0's view: the processed row
   // depends on the prompt only, and the draw on the sample's seed.

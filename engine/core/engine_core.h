@@ -147,12 +147,12 @@ struct CoreStats {
   uint64_t kv_bytes_received_total = 0;  // by the remote KV loader
   kv::PrefixCacheStats prefix_cache;     // lookups, queried and hit tokens
   // tandem.v1.WorkerStatus fields 30-39 document these.
-  uint64_t prompt_tokens_total = 0;         // of accepted requests (Submit OK)
-  uint64_t prompt_tokens_cached_total = 0;  // prefix-cache hit at first admission
-  uint64_t generation_tokens_total = 0;     // tokens drawn here, every sample
-  uint64_t engine_steps_total = 0;          // steps that ran the model
-  uint64_t kv_transfers_sent_total = 0;     // KV exports ended (opened ones)
-  uint64_t kv_transfers_received_total = 0;  // remote KV load attempts ended
+  uint64_t prompt_tokens_total = 0;               // of accepted requests (Submit OK)
+  uint64_t prompt_tokens_cached_total = 0;        // prefix-cache hit at first admission
+  uint64_t generation_tokens_total = 0;           // tokens drawn here, every sample
+  uint64_t engine_steps_total = 0;                // steps that ran the model
+  uint64_t kv_transfers_sent_total = 0;           // KV exports ended (opened ones)
+  uint64_t kv_transfers_received_total = 0;       // remote KV load attempts ended
   double kv_transfer_seconds_sent_total = 0;      // Open .. end, summed
   double kv_transfer_seconds_received_total = 0;  // StartLoad .. done, summed
   // Remote prefills that reached their first decode step here, and the
@@ -198,7 +198,7 @@ class EngineCore {
   // Shutdown or once the device is lost ("device lost: ..."); the error of
   // a kv_export's Open (called here, on the caller's thread, so the
   // receiver hears from this worker on receipt).
-  absl::Status Submit(EngineRequest request);
+  [[nodiscard]] absl::Status Submit(EngineRequest request);
   // Ends the request with CANCELLED and frees its blocks once nothing
   // writes into them; its KvExport is closed (the transfer cancelled).
   // Unknown ids are ignored.
@@ -291,7 +291,7 @@ class EngineCore {
   // ---- P's KV export (engine_core_export.cc) ----
   // In Submit, on the caller's thread: creates r.export_state and opens
   // the transfer (its Wake posts to the loop). Returns Open's error.
-  absl::Status OpenExport(Request& r);
+  [[nodiscard]] absl::Status OpenExport(Request& r);
   // In Arrive: the prefill-only request's sequence `s` waits outside the
   // scheduler until its export has room (PollExports).
   void ArriveExporting(Request& r, scheduler::SeqState s);
@@ -329,7 +329,7 @@ class EngineCore {
   // Runs the backend forward over the plan's chunks (exporting KV of
   // prefill-only requests as it goes); views_ holds the sampled rows.
   // Returns the backend's error (the step did not complete).
-  absl::Status Execute(const scheduler::StepPlan& plan);
+  [[nodiscard]] absl::Status Execute(const scheduler::StepPlan& plan);
   // After a failed Forward: ends every request with a chunk in `plan` with
   // `error`'s code (their blocks freed); if the device is lost, stops the
   // core instead (LoseDevice).
@@ -376,9 +376,9 @@ class EngineCore {
   int64_t next_seq_id_ = 1;
   std::map<std::string, std::unique_ptr<Request>> requests_;  // by request id
   std::map<int64_t, Sample> samples_;                         // by seq id
-  std::vector<backend::ForwardEntry> entries_;   // this step's batch
-  std::vector<Sample*> entry_samples_;           // the sample of each entry
-  std::vector<sampling::SamplingView> views_;     // one per sampled entry
+  std::vector<backend::ForwardEntry> entries_;                // this step's batch
+  std::vector<Sample*> entry_samples_;                        // the sample of each entry
+  std::vector<sampling::SamplingView> views_;                 // one per sampled entry
   std::vector<char> k_rows_, v_rows_;
 
   mutable absl::Mutex mu_;

@@ -161,8 +161,7 @@ void EngineCore::FinishExport(Request& r, const sampling::SamplingView& row,
   for (size_t k = 0; k < starts.size(); ++k) {
     r.req.output->OnToken(static_cast<uint32_t>(k), 0, starts[k].token,
                           k == 0 ? prompt_computed : 0);
-    endings->push_back({id, static_cast<uint32_t>(k), starts[k].finish_reason,
-                        absl::OkStatus()});
+    endings->push_back({id, static_cast<uint32_t>(k), starts[k].finish_reason, absl::OkStatus()});
   }
 }
 
@@ -185,8 +184,7 @@ void EngineCore::StartDraining(Request& r, const Ending* last) {
   UpdateKvStats();
 }
 
-void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from,
-                            int32_t to) {
+void EngineCore::ExportRows(Request& r, int64_t seq_id, int32_t layer, int32_t from, int32_t to) {
   absl::Status& error = r.export_state->error;
   if (!error.ok() || from >= to) return;
   if (r.cancelled->load()) {

@@ -31,7 +31,7 @@ void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens
       r.req.request_id, attempt, hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
       &backend_->kv_storage(), kv_.BlockTable(seq_id),
       [this, seq_id, started = std::chrono::steady_clock::now()](absl::Status status,
-                                                                  RemotePrefillResult result) {
+                                                                 RemotePrefillResult result) {
         const double seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
         absl::MutexLock lock(&mu_);
@@ -79,16 +79,14 @@ void EngineCore::FailOver(Request& r, int64_t seq_id, const std::string& cause,
     // Retries exhausted: a request that may be prefilled here still is
     // (the prompt is not lost for want of a prefill worker).
     policy = remote_only ? PrefillFailurePolicy::kFail : PrefillFailurePolicy::kLocal;
-    why = absl::StrCat("; kv.max_prefill_attempts (", options_.max_prefill_attempts,
-                       ") reached",
+    why = absl::StrCat("; kv.max_prefill_attempts (", options_.max_prefill_attempts, ") reached",
                        remote_only ? "; route_override REMOTE forbids a local prefill" : "");
   }
-  const std::string event = absl::StrCat("request ", id, ": remote prefill attempt ",
-                                         attempt, " failed: ", cause);
+  const std::string event =
+      absl::StrCat("request ", id, ": remote prefill attempt ", attempt, " failed: ", cause);
   switch (policy) {
     case PrefillFailurePolicy::kRetry:
-      if (options_.log) options_.log(absl::StrCat(event, "; retrying (attempt ",
-                                                  attempt + 1, ")"));
+      if (options_.log) options_.log(absl::StrCat(event, "; retrying (attempt ", attempt + 1, ")"));
       StartLoadAttempt(r, seq_id, scheduler_.Find(seq_id)->num_computed);
       return;
     case PrefillFailurePolicy::kLocal:
@@ -97,8 +95,8 @@ void EngineCore::FailOver(Request& r, int64_t seq_id, const std::string& cause,
       return;
     case PrefillFailurePolicy::kFail:
       if (options_.log) options_.log(absl::StrCat(event, "; failing the request", why));
-      EndRequest(id, absl::UnavailableError(absl::StrCat("remote prefill failed (attempt ",
-                                                         attempt, "): ", cause, why)));
+      EndRequest(id, absl::UnavailableError(absl::StrCat("remote prefill failed (attempt ", attempt,
+                                                         "): ", cause, why)));
       return;
   }
 }
@@ -128,8 +126,7 @@ void EngineCore::HandleRemoteDone(RemoteDone done) {
   std::vector<SampleStart>& starts = done.result.samples;
   if (starts.size() != r.sampling.size()) {
     EndRequest(id, absl::DataLossError(absl::StrCat("remote prefill returned ", starts.size(),
-                                                    " first tokens for n = ",
-                                                    r.sampling.size())));
+                                                    " first tokens for n = ", r.sampling.size())));
     return;
   }
   const int32_t sequence_tokens = static_cast<int32_t>(r.req.prompt.size()) + 1;
@@ -161,9 +158,9 @@ void EngineCore::NoteFirstDecode(Request& r, const scheduler::ScheduledChunk& ch
     return;
   }
   // A remote prefill's first decode step.
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                       *r.remote_load->load_done_at)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - *r.remote_load->load_done_at)
+          .count();
   r.remote_load->load_done_at.reset();
   absl::MutexLock lock(&mu_);
   ++stats_.kv_load_to_first_decode_total;

@@ -47,7 +47,7 @@ enum class ExportPhase {
 struct EngineCore::ExportState {
   ExportPhase phase = ExportPhase::kWaitingForRoom;
   std::chrono::steady_clock::time_point opened;  // when Open ran
-  absl::Status error;  // the first failure; the request ends with it
+  absl::Status error;                            // the first failure; the request ends with it
   // kWaitingForRoom: the request's sequence, handed to the scheduler on
   // leaving that phase.
   scheduler::SeqState unscheduled;
@@ -80,10 +80,10 @@ struct EngineCore::Request {
   EngineRequest req;  // controls.stop_token_ids sorted and unique
   std::shared_ptr<CancelFlag> cancelled;
   std::vector<sampling::SamplingOptions> sampling;  // per sample (its seed)
-  std::vector<int64_t> seq_ids;        // per sample: its live sequence, 0 if none
-  std::vector<bool> sample_done;       // per sample: finished
-  std::vector<bool> cancel_requested;  // per sample: CancelSample before token 0
-  int32_t samples_left = 0;            // samples not finished
+  std::vector<int64_t> seq_ids;                     // per sample: its live sequence, 0 if none
+  std::vector<bool> sample_done;                    // per sample: finished
+  std::vector<bool> cancel_requested;               // per sample: CancelSample before token 0
+  int32_t samples_left = 0;                         // samples not finished
   // An n > 1 migration (EngineRequest::migrated_samples): every sample is
   // its own sequence from arrival on; nothing is forked.
   bool independent_samples = false;

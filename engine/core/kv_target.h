@@ -16,9 +16,9 @@
 namespace tandem::core {
 
 struct KvTarget {
-  std::string endpoint;    // host:port of the decode worker's KV receiver
-  std::string request_id;  // the decode worker's request id (its receiver's key)
-  uint32_t attempt = 1;    // remote prefill attempt, 1, 2, ...
+  std::string endpoint;     // host:port of the decode worker's KV receiver
+  std::string request_id;   // the decode worker's request id (its receiver's key)
+  uint32_t attempt = 1;     // remote prefill attempt, 1, 2, ...
   uint32_t hit_tokens = 0;  // D_hit: tokens the receiver holds; P sends [hit_tokens, L)
   // The receiver's transport offer (kvtransfer/transport.h, TransportOffer):
   // transport names most preferred first ("cuda_ipc", "nccl", "tcp"; empty =

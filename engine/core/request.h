@@ -30,11 +30,11 @@ using scheduler::RouteChoice;
 
 // Why a request stopped; values equal tandem.v1.FinishReason.
 enum class FinishReason : uint32_t {
-  kNone = 0,       // still running (for a prefill-only request: the decode
-                   // worker continues)
-  kLength = 1,     // max_tokens reached
-  kStop = 2,       // EOS
-  kContext = 3,    // context length reached
+  kNone = 0,     // still running (for a prefill-only request: the decode
+                 // worker continues)
+  kLength = 1,   // max_tokens reached
+  kStop = 2,     // EOS
+  kContext = 3,  // context length reached
   kCancelled = 4,
 };
 
@@ -98,20 +98,21 @@ class KvExport {
   // hears from this worker as soon as the request arrives (the other
   // methods run on the loop thread, after Submit handed the request over).
   // An error fails Submit with it. `cancelled` outlives the export.
-  virtual absl::Status Open(std::shared_ptr<const CancelFlag> cancelled, Wake wake) = 0;
+  [[nodiscard]] virtual absl::Status Open(std::shared_ptr<const CancelFlag> cancelled,
+                                          Wake wake) = 0;
   // Asked before each step that could compute the request: true when its
   // next chunk may run; false when the receiver's send buffer is full ("not
   // now": the sequence is skipped this step, others run, and `wake`
   // follows); an error (the transfer failed: REJECT, UNAVAILABLE,
   // DEADLINE_EXCEEDED, ...) ends the request with it.
-  virtual absl::StatusOr<bool> Ready() = 0;
+  [[nodiscard]] virtual absl::StatusOr<bool> Ready() = 0;
   // K and V of tokens [token_start, token_start + count) of `layer`,
   // count * row_bytes bytes each, copied before it returns (within a step
   // that Ready() allowed it is always taken, even past the buffer's
   // budget). An error ends the request at the end of the step (no later
   // call but Close).
-  virtual absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
-                                 const char* k, const char* v) = 0;
+  [[nodiscard]] virtual absl::Status SendLayer(int32_t layer, int32_t token_start, int32_t count,
+                                               const char* k, const char* v) = 0;
   // True when this export moves rows on a device data path (NCCL, CUDA
   // IPC: kvtransfer/data_plane.h): the core then calls SendDeviceRows, with
   // the rows left in device memory, instead of reading them to the host
@@ -122,15 +123,16 @@ class KvExport {
   // KV storage). Must not wait for the device or the network: the layer's
   // event orders the copy after the layer's writes. Errors: as SendLayer.
   // Only called when sends_device_rows(); the default refuses.
-  virtual absl::Status SendDeviceRows(kv::DeviceKvAccess& kv,
-                                      std::span<const int32_t> block_table, int32_t layer,
-                                      int32_t token_start, int32_t count) {
+  [[nodiscard]] virtual absl::Status SendDeviceRows(kv::DeviceKvAccess& kv,
+                                                    std::span<const int32_t> block_table,
+                                                    int32_t layer, int32_t token_start,
+                                                    int32_t count) {
     (void)kv, (void)block_table, (void)layer, (void)token_start, (void)count;
     return absl::UnimplementedError("this KV export has no device data path");
   }
   // Token 0 of every sample, in sample order, and why each ends with it
   // (kNone: the receiver decodes on); queued after the frames.
-  virtual absl::Status Finish(const std::vector<SampleStart>& samples) = 0;
+  [[nodiscard]] virtual absl::Status Finish(const std::vector<SampleStart>& samples) = 0;
   // After Finish: nullopt while the transfer's last bytes are still going
   // out; then OK once the FINAL was written, or the error that ended the
   // transfer. The request ends with it.
@@ -166,10 +168,9 @@ class RemoteKvLoader {
   // `block_table` (which covers them). Returns where the prefill worker
   // must send it. Errors: the load did not start (`done` will not run),
   // e.g. ALREADY_EXISTS.
-  virtual absl::StatusOr<KvTarget> StartLoad(
-      const std::string& request_id, uint32_t attempt, int32_t hit_tokens,
-      int32_t prompt_tokens, kv::KvStorage* storage, std::vector<int32_t> block_table,
-      Done done) = 0;
+  [[nodiscard]] virtual absl::StatusOr<KvTarget> StartLoad(
+      const std::string& request_id, uint32_t attempt, int32_t hit_tokens, int32_t prompt_tokens,
+      kv::KvStorage* storage, std::vector<int32_t> block_table, Done done) = 0;
   // Aborts the request's load in flight; its `done` still runs (with an
   // error) once nothing writes any more. No-op for unknown ids.
   virtual void CancelLoad(const std::string& request_id) = 0;

@@ -6,37 +6,36 @@
 
 namespace tandem::core {
 
-absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
-                                int32_t context_length, int32_t vocab_size,
-                                const sampling::SamplingOptions& sampling) {
+[[nodiscard]] absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
+                                              int32_t context_length, int32_t vocab_size,
+                                              const sampling::SamplingOptions& sampling) {
   if (prompt.empty()) {
     // The router refuses an empty prompt text first; an empty token list
     // reaches here only through a worker's API.
     return absl::InvalidArgumentError("prompt_token_ids: must not be empty");
   }
   if (max_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
   }
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
   if (total > context_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", prompt.size(), " tokens) + max_tokens (", max_tokens,
-        ") = ", total, " exceeds the model's context length (", context_length,
-        " tokens)"));
+        "prompt (", prompt.size(), " tokens) + max_tokens (", max_tokens, ") = ", total,
+        " exceeds the model's context length (", context_length, " tokens)"));
   }
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_token_ids[", i, "]: token id ", prompt[i],
-                       " is outside the vocabulary [0, ", vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "]: token id ",
+                                                     prompt[i], " is outside the vocabulary [0, ",
+                                                     vocab_size, ")"));
     }
   }
   return sampling::Validate(sampling, vocab_size);
 }
 
-absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
-                              std::span<const int32_t> stop_token_ids, int32_t vocab_size) {
+[[nodiscard]] absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
+                                            std::span<const int32_t> stop_token_ids,
+                                            int32_t vocab_size) {
   if (n < 1 || n > kMaxSamples) {
     return absl::InvalidArgumentError(
         absl::StrCat("n: must be in [1, ", kMaxSamples, "], got ", n));
@@ -59,33 +58,35 @@ absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
   return absl::OkStatus();
 }
 
-absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, int64_t max_tokens,
-                               int32_t vocab_size) {
+[[nodiscard]] absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n,
+                                             int64_t max_tokens, int32_t vocab_size) {
   if (generated.empty()) return absl::OkStatus();
   const int64_t k = static_cast<int64_t>(generated.size());
   if (k >= max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("generated_token_ids: ", k,
                                                    " tokens leave nothing to generate under "
-                                                   "max_tokens ", max_tokens));
+                                                   "max_tokens ",
+                                                   max_tokens));
   }
   if (n != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("generated_token_ids: for n = 1 only (an n > 1 request migrates with "
-                     "migrated_samples), got n = ", n));
+                     "migrated_samples), got n = ",
+                     n));
   }
   for (size_t i = 0; i < generated.size(); ++i) {
     if (generated[i] < 0 || generated[i] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("generated_token_ids[", i, "]: ",
-                                                     generated[i], " is outside the vocabulary [0, ",
-                                                     vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("generated_token_ids[", i, "]: ", generated[i],
+                                                     " is outside the vocabulary [0, ", vocab_size,
+                                                     ")"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateMigratedSamples(std::span<const EngineRequest::MigratedSample> samples,
-                                     std::span<const int32_t> generated, int64_t n,
-                                     int64_t max_tokens, int32_t vocab_size) {
+[[nodiscard]] absl::Status ValidateMigratedSamples(
+    std::span<const EngineRequest::MigratedSample> samples, std::span<const int32_t> generated,
+    int64_t n, int64_t max_tokens, int32_t vocab_size) {
   if (samples.empty()) return absl::OkStatus();
   if (!generated.empty()) {
     return absl::InvalidArgumentError(
@@ -102,16 +103,16 @@ absl::Status ValidateMigratedSamples(std::span<const EngineRequest::MigratedSamp
     any_unfinished = true;
     const std::vector<int32_t>& ids = samples[s].generated;
     if (static_cast<int64_t>(ids.size()) >= max_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "migrated_samples[", s, "].generated_token_ids: ", ids.size(),
-          " tokens leave nothing to generate under max_tokens ", max_tokens,
-          " (a sample at its limit is finished)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("migrated_samples[", s, "].generated_token_ids: ", ids.size(),
+                       " tokens leave nothing to generate under max_tokens ", max_tokens,
+                       " (a sample at its limit is finished)"));
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "migrated_samples[", s, "].generated_token_ids[", i, "]: ", ids[i],
-            " is outside the vocabulary [0, ", vocab_size, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("migrated_samples[", s, "].generated_token_ids[", i, "]: ", ids[i],
+                         " is outside the vocabulary [0, ", vocab_size, ")"));
       }
     }
   }

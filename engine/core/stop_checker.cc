@@ -19,8 +19,7 @@ FinishReason CheckStop(const StopCriteria& criteria, const RequestStops& stops, 
 }
 
 std::vector<int32_t> MinTokensMaskedIds(const StopCriteria& criteria,
-                                        std::span<const int32_t> stop_token_ids,
-                                        bool ignore_eos) {
+                                        std::span<const int32_t> stop_token_ids, bool ignore_eos) {
   std::vector<int32_t> ids(stop_token_ids.begin(), stop_token_ids.end());
   if (!ignore_eos) {
     ids.insert(ids.end(), criteria.eog_token_ids.begin(), criteria.eog_token_ids.end());

@@ -46,8 +46,7 @@ FinishReason CheckStop(const StopCriteria& criteria, const RequestStops& stops, 
 // (vLLM's all_stop_token_ids): stop_token_ids plus, unless ignore_eos, the
 // end-of-generation ids; sorted, unique.
 std::vector<int32_t> MinTokensMaskedIds(const StopCriteria& criteria,
-                                        std::span<const int32_t> stop_token_ids,
-                                        bool ignore_eos);
+                                        std::span<const int32_t> stop_token_ids, bool ignore_eos);
 
 }  // namespace tandem::core
 

@@ -28,22 +28,32 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-#define GGUF_RETURN_IF_ERROR(expr)        \
-  do {                                    \
-    absl::Status gguf_status_ = (expr);   \
+#define GGUF_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    absl::Status gguf_status_ = (expr);          \
     if (!gguf_status_.ok()) return gguf_status_; \
   } while (0)
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr uint32_t kVersion = 3;
-constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
+constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
 constexpr uint32_t kDefaultAlignment = 32;
 
 // GGUF metadata value types (gguf.md, enum gguf_type).
 enum class ValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5,
-  kFloat32 = 6, kBool = 7, kString = 8, kArray = 9, kUint64 = 10,
-  kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 
 // A cursor over the mapped bytes. Every read checks the remaining length and
@@ -56,20 +66,20 @@ class Reader {
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return size_ - pos_; }
 
-  absl::Status Error(absl::string_view what) const {
+  [[nodiscard]] absl::Status Error(absl::string_view what) const {
     return absl::InvalidArgumentError(
         absl::StrCat(path_, ": ", what, " (at byte offset ", pos_, ")"));
   }
 
-  absl::Status Truncated(absl::string_view field, uint64_t need) const {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: GGUF file truncated at %s: needs %d bytes at offset %d, only %d "
-        "remain (file size %d)",
-        path_, field, need, pos_, remaining(), size_));
+  [[nodiscard]] absl::Status Truncated(absl::string_view field, uint64_t need) const {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: GGUF file truncated at %s: needs %d bytes at offset %d, only %d "
+                        "remain (file size %d)",
+                        path_, field, need, pos_, remaining(), size_));
   }
 
   template <typename T>
-  absl::Status Read(absl::string_view field, T* out) {
+  [[nodiscard]] absl::Status Read(absl::string_view field, T* out) {
     static_assert(std::is_trivially_copyable_v<T>);
     if (remaining() < sizeof(T)) return Truncated(field, sizeof(T));
     std::memcpy(out, data_ + pos_, sizeof(T));
@@ -77,7 +87,7 @@ class Reader {
     return absl::OkStatus();
   }
 
-  absl::Status ReadString(absl::string_view field, std::string* out) {
+  [[nodiscard]] absl::Status ReadString(absl::string_view field, std::string* out) {
     uint64_t len = 0;
     GGUF_RETURN_IF_ERROR(Read(absl::StrCat(field, " (string length)"), &len));
     if (len > remaining()) {
@@ -97,7 +107,7 @@ class Reader {
 
 // Reads one scalar of type T; bools are read as a byte (any bytes are valid).
 template <typename T>
-absl::Status ReadScalar(Reader& r, absl::string_view field, T* out) {
+[[nodiscard]] absl::Status ReadScalar(Reader& r, absl::string_view field, T* out) {
   if constexpr (std::is_same_v<T, bool>) {
     uint8_t b = 0;
     GGUF_RETURN_IF_ERROR(r.Read(field, &b));
@@ -114,18 +124,21 @@ absl::Status ReadScalar(Reader& r, absl::string_view field, T* out) {
 // length), used to reject array counts that cannot fit in the file.
 template <typename T>
 constexpr uint64_t MinEncodedSize() {
-  if constexpr (std::is_same_v<T, std::string>) return sizeof(uint64_t);
-  else if constexpr (std::is_same_v<T, bool>) return 1;
-  else return sizeof(T);
+  if constexpr (std::is_same_v<T, std::string>)
+    return sizeof(uint64_t);
+  else if constexpr (std::is_same_v<T, bool>)
+    return 1;
+  else
+    return sizeof(T);
 }
 
 template <typename T>
-absl::Status ReadArray(Reader& r, absl::string_view field, uint64_t count,
-                       MetadataValue* out) {
+[[nodiscard]] absl::Status ReadArray(Reader& r, absl::string_view field, uint64_t count,
+                                     MetadataValue* out) {
   if (count > r.remaining() / MinEncodedSize<T>()) {
     return r.Error(absl::StrCat(field, ": array of ", count,
-                                " elements cannot fit in the remaining ",
-                                r.remaining(), " bytes (truncated file?)"));
+                                " elements cannot fit in the remaining ", r.remaining(),
+                                " bytes (truncated file?)"));
   }
   std::vector<T> values(count);
   for (uint64_t i = 0; i < count; ++i) {
@@ -138,7 +151,7 @@ absl::Status ReadArray(Reader& r, absl::string_view field, uint64_t count,
 }
 
 template <typename T>
-absl::Status ReadOne(Reader& r, absl::string_view field, MetadataValue* out) {
+[[nodiscard]] absl::Status ReadOne(Reader& r, absl::string_view field, MetadataValue* out) {
   T v{};
   GGUF_RETURN_IF_ERROR(ReadScalar(r, field, &v));
   *out = std::move(v);
@@ -147,22 +160,35 @@ absl::Status ReadOne(Reader& r, absl::string_view field, MetadataValue* out) {
 
 // Dispatches on a GGUF value type. kArray is handled by the caller.
 template <template <typename> class Fn, typename... Args>
-absl::Status DispatchValueType(Reader& r, uint32_t type, absl::string_view field,
-                               Args&&... args) {
+[[nodiscard]] absl::Status DispatchValueType(Reader& r, uint32_t type, absl::string_view field,
+                                             Args&&... args) {
   switch (static_cast<ValueType>(type)) {
-    case ValueType::kUint8: return Fn<uint8_t>::Run(r, field, args...);
-    case ValueType::kInt8: return Fn<int8_t>::Run(r, field, args...);
-    case ValueType::kUint16: return Fn<uint16_t>::Run(r, field, args...);
-    case ValueType::kInt16: return Fn<int16_t>::Run(r, field, args...);
-    case ValueType::kUint32: return Fn<uint32_t>::Run(r, field, args...);
-    case ValueType::kInt32: return Fn<int32_t>::Run(r, field, args...);
-    case ValueType::kFloat32: return Fn<float>::Run(r, field, args...);
-    case ValueType::kBool: return Fn<bool>::Run(r, field, args...);
-    case ValueType::kString: return Fn<std::string>::Run(r, field, args...);
-    case ValueType::kUint64: return Fn<uint64_t>::Run(r, field, args...);
-    case ValueType::kInt64: return Fn<int64_t>::Run(r, field, args...);
-    case ValueType::kFloat64: return Fn<double>::Run(r, field, args...);
-    case ValueType::kArray: break;
+    case ValueType::kUint8:
+      return Fn<uint8_t>::Run(r, field, args...);
+    case ValueType::kInt8:
+      return Fn<int8_t>::Run(r, field, args...);
+    case ValueType::kUint16:
+      return Fn<uint16_t>::Run(r, field, args...);
+    case ValueType::kInt16:
+      return Fn<int16_t>::Run(r, field, args...);
+    case ValueType::kUint32:
+      return Fn<uint32_t>::Run(r, field, args...);
+    case ValueType::kInt32:
+      return Fn<int32_t>::Run(r, field, args...);
+    case ValueType::kFloat32:
+      return Fn<float>::Run(r, field, args...);
+    case ValueType::kBool:
+      return Fn<bool>::Run(r, field, args...);
+    case ValueType::kString:
+      return Fn<std::string>::Run(r, field, args...);
+    case ValueType::kUint64:
+      return Fn<uint64_t>::Run(r, field, args...);
+    case ValueType::kInt64:
+      return Fn<int64_t>::Run(r, field, args...);
+    case ValueType::kFloat64:
+      return Fn<double>::Run(r, field, args...);
+    case ValueType::kArray:
+      break;
   }
   return r.Error(absl::StrCat(field, ": unknown or unsupported value type ", type,
                               static_cast<ValueType>(type) == ValueType::kArray
@@ -172,19 +198,19 @@ absl::Status DispatchValueType(Reader& r, uint32_t type, absl::string_view field
 
 template <typename T>
 struct ScalarFn {
-  static absl::Status Run(Reader& r, absl::string_view field, MetadataValue* out) {
+  [[nodiscard]] static absl::Status Run(Reader& r, absl::string_view field, MetadataValue* out) {
     return ReadOne<T>(r, field, out);
   }
 };
 template <typename T>
 struct ArrayFn {
-  static absl::Status Run(Reader& r, absl::string_view field, uint64_t count,
-                          MetadataValue* out) {
+  [[nodiscard]] static absl::Status Run(Reader& r, absl::string_view field, uint64_t count,
+                                        MetadataValue* out) {
     return ReadArray<T>(r, field, count, out);
   }
 };
 
-absl::Status ReadValue(Reader& r, absl::string_view field, MetadataValue* out) {
+[[nodiscard]] absl::Status ReadValue(Reader& r, absl::string_view field, MetadataValue* out) {
   uint32_t type = 0;
   GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " (value type)"), &type));
   if (static_cast<ValueType>(type) != ValueType::kArray) {
@@ -194,8 +220,7 @@ absl::Status ReadValue(Reader& r, absl::string_view field, MetadataValue* out) {
   uint64_t count = 0;
   GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " (array element type)"), &elem_type));
   GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " (array length)"), &count));
-  return DispatchValueType<ArrayFn>(r, elem_type, absl::StrCat(field, " (array)"),
-                                    count, out);
+  return DispatchValueType<ArrayFn>(r, elem_type, absl::StrCat(field, " (array)"), count, out);
 }
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -213,11 +238,11 @@ struct TypeTraits {
 };
 
 constexpr TypeTraits kTypes[] = {
-    {TensorType::kF32, "F32", 1, 4},        {TensorType::kF16, "F16", 1, 2},
-    {TensorType::kQ4_0, "Q4_0", 32, 18},    {TensorType::kQ4_1, "Q4_1", 32, 20},
-    {TensorType::kQ5_0, "Q5_0", 32, 22},    {TensorType::kQ5_1, "Q5_1", 32, 24},
-    {TensorType::kQ8_0, "Q8_0", 32, 34},    {TensorType::kQ4_K, "Q4_K", 256, 144},
-    {TensorType::kQ5_K, "Q5_K", 256, 176},  {TensorType::kQ6_K, "Q6_K", 256, 210},
+    {TensorType::kF32, "F32", 1, 4},       {TensorType::kF16, "F16", 1, 2},
+    {TensorType::kQ4_0, "Q4_0", 32, 18},   {TensorType::kQ4_1, "Q4_1", 32, 20},
+    {TensorType::kQ5_0, "Q5_0", 32, 22},   {TensorType::kQ5_1, "Q5_1", 32, 24},
+    {TensorType::kQ8_0, "Q8_0", 32, 34},   {TensorType::kQ4_K, "Q4_K", 256, 144},
+    {TensorType::kQ5_K, "Q5_K", 256, 176}, {TensorType::kQ6_K, "Q6_K", 256, 210},
     {TensorType::kBF16, "BF16", 1, 2},
 };
 
@@ -245,11 +270,11 @@ std::string GgmlTypeName(uint32_t t) {
   // ggml.h's enum ggml_type; 4, 5 (Q4_2, Q4_3) and 31-33, 36-38 are removed
   // or reserved values.
   static constexpr std::string_view kNames[] = {
-      "F32",     "F16",    "Q4_0",   "Q4_1",    "",        "",        "Q5_0",  "Q5_1",
-      "Q8_0",    "Q8_1",   "Q2_K",   "Q3_K",    "Q4_K",    "Q5_K",    "Q6_K",  "Q8_K",
-      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL",  "IQ3_S",   "IQ2_S", "IQ4_XS",
-      "I8",      "I16",    "I32",    "I64",     "F64",     "IQ1_M",   "BF16",  "",
-      "",        "",       "TQ1_0",  "TQ2_0",   "",        "",        "",      "MXFP4"};
+      "F32",     "F16",    "Q4_0",    "Q4_1",  "",       "",      "Q5_0",  "Q5_1",
+      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+      "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16",  "",
+      "",        "",       "TQ1_0",   "TQ2_0", "",       "",      "",      "MXFP4"};
   if (t < std::size(kNames) && !kNames[t].empty()) return std::string(kNames[t]);
   return absl::StrCat("type ", t);
 }
@@ -322,14 +347,13 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   uint32_t magic = 0;
   GGUF_RETURN_IF_ERROR(r.Read("magic", &magic));
   if (magic != kMagic) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: not a GGUF file (bad magic 0x%08x, expected \"GGUF\")", path, magic));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: not a GGUF file (bad magic 0x%08x, expected \"GGUF\")", path, magic));
   }
   GGUF_RETURN_IF_ERROR(r.Read("version", &f->version_));
   if (f->version_ != kVersion) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: unsupported GGUF version %d (only version 3 is supported)", path,
-        f->version_));
+        "%s: unsupported GGUF version %d (only version 3 is supported)", path, f->version_));
   }
   uint64_t n_tensors = 0, n_kv = 0;
   GGUF_RETURN_IF_ERROR(r.Read("tensor count", &n_tensors));
@@ -351,12 +375,12 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   if (const MetadataValue* a = f->Find("general.alignment")) {
     const uint32_t* align = std::get_if<uint32_t>(a);
     if (align == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": general.alignment must be a uint32 (GGUF type 4)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": general.alignment must be a uint32 (GGUF type 4)"));
     }
     if (*align == 0 || (*align & (*align - 1)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": general.alignment ", *align, " is not a power of two"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": general.alignment ", *align, " is not a power of two"));
     }
     f->alignment_ = *align;
   } else {
@@ -376,8 +400,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     uint32_t n_dims = 0;
     GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " n_dims"), &n_dims));
     if (n_dims > kMaxDims) {
-      return r.Error(absl::StrCat(field, " has n_dims ", n_dims, " (at most ",
-                                  kMaxDims, " supported)"));
+      return r.Error(
+          absl::StrCat(field, " has n_dims ", n_dims, " (at most ", kMaxDims, " supported)"));
     }
     t.dims.resize(n_dims);
     uint64_t n_elements = 1;
@@ -386,9 +410,9 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
       // ggml stores ne as int64; products must fit in int64 too.
       const uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
       if (t.dims[d] > kMax || (t.dims[d] != 0 && n_elements > kMax / t.dims[d])) {
-        return r.Error(absl::StrCat(
-            field, " element count overflows int64: ne[0..", d, "] = [",
-            absl::StrJoin(t.dims.begin(), t.dims.begin() + d + 1, ", "), "]"));
+        return r.Error(absl::StrCat(field, " element count overflows int64: ne[0..", d, "] = [",
+                                    absl::StrJoin(t.dims.begin(), t.dims.begin() + d + 1, ", "),
+                                    "]"));
       }
       n_elements *= t.dims[d];
     }
@@ -396,21 +420,18 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     GGUF_RETURN_IF_ERROR(r.Read(absl::StrCat(field, " type"), &type));
     if (!IsSupportedTensorType(type)) {
       const std::string name = GgmlTypeName(type);
-      const std::string what = absl::StartsWith(name, "type ")
-                                   ? absl::StrCat(" has ggml tensor type ", type,
-                                                  ", which ggml does not define")
-                                   : absl::StrCat(" has ggml tensor type ", name, " (", type,
-                                                  "), which Tandem does not read");
-      return r.Error(
-          absl::StrCat(field, what, " (supported: ", SupportedTypeNames(), ")"));
+      const std::string what =
+          absl::StartsWith(name, "type ")
+              ? absl::StrCat(" has ggml tensor type ", type, ", which ggml does not define")
+              : absl::StrCat(" has ggml tensor type ", name, " (", type,
+                             "), which Tandem does not read");
+      return r.Error(absl::StrCat(field, what, " (supported: ", SupportedTypeNames(), ")"));
     }
     t.type = static_cast<TensorType>(type);
     const uint64_t block = TensorBlockSize(t.type);
     if (n_dims > 0 && t.dims[0] % block != 0) {
-      return r.Error(absl::StrCat(field, " ne[0] = ", t.dims[0],
-                                  " is not a multiple of the ",
-                                  std::string(TensorTypeName(t.type)),
-                                  " block size ", block));
+      return r.Error(absl::StrCat(field, " ne[0] = ", t.dims[0], " is not a multiple of the ",
+                                  std::string(TensorTypeName(t.type)), " block size ", block));
     }
     std::optional<uint64_t> bytes = TensorBytes(t.type, n_elements);
     if (!bytes) {
@@ -434,18 +455,18 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   // tensors (vocab-only) may end right after the infos, without padding.
   const uint64_t data_start = AlignUp(r.pos(), f->alignment_);
   if (n_tensors > 0 && data_start > f->size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": GGUF file truncated at tensor data section: starts at ", data_start,
-        " but file size is ", f->size_));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": GGUF file truncated at tensor data section: starts at ", data_start,
+                     " but file size is ", f->size_));
   }
   for (size_t i = 0; i < f->tensors_.size(); ++i) {
     TensorInfo& t = f->tensors_[i];
     const uint64_t avail = f->size_ - std::min(data_start, f->size_);
     if (rel_offsets[i] > avail || t.n_bytes > avail - rel_offsets[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", t.name, "' data [", rel_offsets[i], ", +", t.n_bytes,
-          ") relative to the data section at ", data_start,
-          " is out of range (file size ", f->size_, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", t.name, "' data [", rel_offsets[i], ", +", t.n_bytes,
+                       ") relative to the data section at ", data_start,
+                       " is out of range (file size ", f->size_, ")"));
     }
     t.offset = data_start + rel_offsets[i];
     t.data = f->base_ + t.offset;
@@ -459,9 +480,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const TensorInfo* prev = by_offset[i - 1];
     if (prev->offset + prev->n_bytes > by_offset[i]->offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor data of '", prev->name, "' and '", by_offset[i]->name,
-          "' overlap"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor data of '", prev->name,
+                                                     "' and '", by_offset[i]->name, "' overlap"));
     }
   }
   return f;
@@ -484,16 +504,15 @@ const TensorInfo* GgufFile::FindTensor(std::string_view name) const {
 
 namespace {
 
-absl::Status Missing(const std::string& path, std::string_view key) {
-  return absl::NotFoundError(
-      absl::StrCat(path, ": metadata key '", absl::string_view(key.data(), key.size()),
-                   "' not found"));
+[[nodiscard]] absl::Status Missing(const std::string& path, std::string_view key) {
+  return absl::NotFoundError(absl::StrCat(
+      path, ": metadata key '", absl::string_view(key.data(), key.size()), "' not found"));
 }
 
-absl::Status Mismatch(const std::string& path, std::string_view key, absl::string_view want) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": metadata key '", absl::string_view(key.data(), key.size()),
-                   "' is not ", want));
+[[nodiscard]] absl::Status Mismatch(const std::string& path, std::string_view key,
+                                    absl::string_view want) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": metadata key '", absl::string_view(key.data(), key.size()), "' is not ", want));
 }
 
 }  // namespace

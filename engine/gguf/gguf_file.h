@@ -69,14 +69,12 @@ std::string_view TensorTypeName(TensorType type);
 // One metadata value. Arrays hold their elements as a vector of the element
 // type (nested arrays are rejected as unsupported).
 using MetadataValue =
-    std::variant<uint8_t, int8_t, uint16_t, int16_t, uint32_t, int32_t, float,
-                 bool, std::string, uint64_t, int64_t, double,
-                 std::vector<std::string>, std::vector<float>,
-                 std::vector<int32_t>, std::vector<uint32_t>,
-                 std::vector<int64_t>, std::vector<uint64_t>,
-                 std::vector<uint8_t>, std::vector<int8_t>,
-                 std::vector<bool>, std::vector<double>,
-                 std::vector<int16_t>, std::vector<uint16_t>>;
+    std::variant<uint8_t, int8_t, uint16_t, int16_t, uint32_t, int32_t, float, bool, std::string,
+                 uint64_t, int64_t, double, std::vector<std::string>, std::vector<float>,
+                 std::vector<int32_t>, std::vector<uint32_t>, std::vector<int64_t>,
+                 std::vector<uint64_t>, std::vector<uint8_t>, std::vector<int8_t>,
+                 std::vector<bool>, std::vector<double>, std::vector<int16_t>,
+                 std::vector<uint16_t>>;
 
 struct TensorInfo {
   std::string name;
@@ -84,7 +82,7 @@ struct TensorInfo {
   std::vector<uint64_t> dims;  // ne0 first (innermost)
   uint64_t offset;             // absolute file offset of the data
   uint64_t n_bytes;
-  const uint8_t* data;         // points into the mapping
+  const uint8_t* data;  // points into the mapping
   uint64_t NumElements() const;
 };
 
@@ -97,7 +95,7 @@ class GgufFile {
   // count overflow, out-of-range offset, overlapping/misaligned data,
   // duplicate key/tensor, nested array, bad general.alignment), each message
   // naming the file.
-  static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -115,10 +113,10 @@ class GgufFile {
 
   // Typed getters: NOT_FOUND if absent, INVALID_ARGUMENT on a type mismatch.
   // GetUint accepts any unsigned/signed integer type holding a value >= 0.
-  absl::StatusOr<std::string> GetString(std::string_view key) const;
-  absl::StatusOr<uint64_t> GetUint(std::string_view key) const;
-  absl::StatusOr<float> GetFloat(std::string_view key) const;  // f32 or f64
-  absl::StatusOr<bool> GetBool(std::string_view key) const;
+  [[nodiscard]] absl::StatusOr<std::string> GetString(std::string_view key) const;
+  [[nodiscard]] absl::StatusOr<uint64_t> GetUint(std::string_view key) const;
+  [[nodiscard]] absl::StatusOr<float> GetFloat(std::string_view key) const;  // f32 or f64
+  [[nodiscard]] absl::StatusOr<bool> GetBool(std::string_view key) const;
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* FindTensor(std::string_view name) const;

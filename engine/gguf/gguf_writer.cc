@@ -28,19 +28,32 @@ constexpr size_t kMaxDims = 4;
 // GGUF value type (gguf.md, enum gguf_type) of a scalar C++ type.
 template <typename T>
 constexpr uint32_t ValueTypeOf() {
-  if constexpr (std::is_same_v<T, uint8_t>) return 0;
-  else if constexpr (std::is_same_v<T, int8_t>) return 1;
-  else if constexpr (std::is_same_v<T, uint16_t>) return 2;
-  else if constexpr (std::is_same_v<T, int16_t>) return 3;
-  else if constexpr (std::is_same_v<T, uint32_t>) return 4;
-  else if constexpr (std::is_same_v<T, int32_t>) return 5;
-  else if constexpr (std::is_same_v<T, float>) return 6;
-  else if constexpr (std::is_same_v<T, bool>) return 7;
-  else if constexpr (std::is_same_v<T, std::string>) return 8;
-  else if constexpr (std::is_same_v<T, uint64_t>) return 10;
-  else if constexpr (std::is_same_v<T, int64_t>) return 11;
-  else if constexpr (std::is_same_v<T, double>) return 12;
-  else static_assert(sizeof(T) == 0, "not a GGUF scalar type");
+  if constexpr (std::is_same_v<T, uint8_t>)
+    return 0;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return 1;
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return 2;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return 3;
+  else if constexpr (std::is_same_v<T, uint32_t>)
+    return 4;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return 5;
+  else if constexpr (std::is_same_v<T, float>)
+    return 6;
+  else if constexpr (std::is_same_v<T, bool>)
+    return 7;
+  else if constexpr (std::is_same_v<T, std::string>)
+    return 8;
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return 10;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return 11;
+  else if constexpr (std::is_same_v<T, double>)
+    return 12;
+  else
+    static_assert(sizeof(T) == 0, "not a GGUF scalar type");
 }
 
 template <typename T>
@@ -146,8 +159,8 @@ absl::Status GgufWriter::Add(std::string name, TensorType type, std::vector<uint
                      ": ne[0] is not a multiple of the block size ", block));
   }
   if (expected_bytes != nullptr && *expected_bytes != *bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " has ", *expected_bytes,
-                                                   " bytes of data, its shape needs ", *bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", *expected_bytes, " bytes of data, its shape needs ", *bytes));
   }
   if (names_.count(name) > 0) {
     return absl::InvalidArgumentError(absl::StrCat("GGUF writer: duplicate tensor '", name, "'"));
@@ -159,13 +172,13 @@ absl::Status GgufWriter::Add(std::string name, TensorType type, std::vector<uint
   return absl::OkStatus();
 }
 
-absl::Status GgufWriter::AddTensor(std::string name, TensorType type,
-                                   std::vector<uint64_t> dims, std::string bytes) {
+absl::Status GgufWriter::AddTensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+                                   std::string bytes) {
   const uint64_t size = bytes.size();
   auto owned = std::make_shared<const std::string>(std::move(bytes));
-  return Add(std::move(name), type, std::move(dims),
-             [owned](uint8_t* out) { std::memcpy(out, owned->data(), owned->size()); },
-             &size);
+  return Add(
+      std::move(name), type, std::move(dims),
+      [owned](uint8_t* out) { std::memcpy(out, owned->data(), owned->size()); }, &size);
 }
 
 absl::Status GgufWriter::AddTensorView(std::string name, TensorType type,
@@ -176,8 +189,9 @@ absl::Status GgufWriter::AddTensorView(std::string name, TensorType type,
     return TensorBytes(type, e);
   }();
   const uint64_t size = n.value_or(0);
-  return Add(std::move(name), type, std::move(dims),
-             [data, size](uint8_t* out) { std::memcpy(out, data, size); }, nullptr);
+  return Add(
+      std::move(name), type, std::move(dims),
+      [data, size](uint8_t* out) { std::memcpy(out, data, size); }, nullptr);
 }
 
 absl::Status GgufWriter::AddTensorFill(std::string name, TensorType type,
@@ -221,16 +235,14 @@ std::string GgufWriter::Serialize() const {
 }
 
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "wb"),
-                                                    &std::fclose);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
   if (f == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": cannot create GGUF file: ", std::strerror(errno)));
   }
   auto write = [&](const uint8_t* p, size_t n) -> absl::Status {
     if (n > 0 && std::fwrite(p, 1, n, f.get()) != n) {
-      return absl::UnavailableError(
-          absl::StrCat(path, ": write failed: ", std::strerror(errno)));
+      return absl::UnavailableError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
     }
     return absl::OkStatus();
   };

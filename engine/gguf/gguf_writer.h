@@ -42,7 +42,7 @@ class GgufWriter {
   // Appends one metadata pair. Errors: INVALID_ARGUMENT naming the key for a
   // duplicate key, or a "general.alignment" that is not a uint32 equal to
   // the writer's alignment (readers would place the data elsewhere).
-  absl::Status AddMetadata(std::string key, MetadataValue value);
+  [[nodiscard]] absl::Status AddMetadata(std::string key, MetadataValue value);
 
   // Appends one tensor; `dims` ne0 first, at most 4. Errors:
   // INVALID_ARGUMENT naming the tensor for a duplicate name, more than 4
@@ -51,19 +51,19 @@ class GgufWriter {
   // AddTensor copies `bytes`; AddTensorView keeps `data` (n bytes of the
   // tensor's size), which must outlive the writer's last use;
   // AddTensorFill calls `fill` at write time.
-  absl::Status AddTensor(std::string name, TensorType type, std::vector<uint64_t> dims,
-                         std::string bytes);
-  absl::Status AddTensorView(std::string name, TensorType type, std::vector<uint64_t> dims,
-                             const uint8_t* data);
-  absl::Status AddTensorFill(std::string name, TensorType type, std::vector<uint64_t> dims,
-                             FillFn fill);
+  [[nodiscard]] absl::Status AddTensor(std::string name, TensorType type,
+                                       std::vector<uint64_t> dims, std::string bytes);
+  [[nodiscard]] absl::Status AddTensorView(std::string name, TensorType type,
+                                           std::vector<uint64_t> dims, const uint8_t* data);
+  [[nodiscard]] absl::Status AddTensorFill(std::string name, TensorType type,
+                                           std::vector<uint64_t> dims, FillFn fill);
 
   // The whole file in memory.
   std::string Serialize() const;
   // Streams the file to `path` (created or truncated). Errors:
   // FAILED_PRECONDITION naming the path when it cannot be opened, UNAVAILABLE
   // when a write fails (e.g. disk full).
-  absl::Status WriteFile(const std::string& path) const;
+  [[nodiscard]] absl::Status WriteFile(const std::string& path) const;
 
   // Size in bytes of the file Serialize/WriteFile produce.
   uint64_t FileSize() const;
@@ -84,10 +84,10 @@ class GgufWriter {
     FillFn fill;
   };
 
-  absl::Status CheckAlignment() const;
+  [[nodiscard]] absl::Status CheckAlignment() const;
   // Validates and appends; computes n_bytes and offset.
-  absl::Status Add(std::string name, TensorType type, std::vector<uint64_t> dims,
-                   FillFn fill, const uint64_t* expected_bytes);
+  [[nodiscard]] absl::Status Add(std::string name, TensorType type, std::vector<uint64_t> dims,
+                                 FillFn fill, const uint64_t* expected_bytes);
   uint32_t alignment_;
   std::vector<std::pair<std::string, MetadataValue>> metadata_;
   std::set<std::string, std::less<>> keys_;

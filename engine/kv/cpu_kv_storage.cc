@@ -69,7 +69,8 @@ const char* CpuKvStorage::KData(int32_t block, int32_t layer) const {
   assert(block >= 0 && block < num_blocks_ && layer >= 0 && layer < shape_.n_layers);
   const size_t slab = SlabBytes(shape_, dtype_);
   return storage_.data() + (static_cast<size_t>(block) * static_cast<size_t>(shape_.n_layers) +
-                            static_cast<size_t>(layer)) * 2 * slab;
+                            static_cast<size_t>(layer)) *
+                               2 * slab;
 }
 
 const char* CpuKvStorage::VData(int32_t block, int32_t layer) const {
@@ -97,8 +98,7 @@ const float* CpuKvStorage::V(int32_t block, int32_t layer) const {
 }
 
 void CpuKvStorage::ReadTokens(std::span<const int32_t> block_table, int32_t layer,
-                              int32_t token_start, int32_t count, char* k_out,
-                              char* v_out) const {
+                              int32_t token_start, int32_t count, char* k_out, char* v_out) const {
   ForEachToken(*this, block_table, layer, token_start, count,
                [&](const char* k, const char* v, size_t row, size_t bytes) {
                  std::memcpy(k_out + row, k, bytes);
@@ -116,9 +116,8 @@ void CpuKvStorage::WriteTokens(std::span<const int32_t> block_table, int32_t lay
                });
 }
 
-void ReadKvRows(const KvStorage& storage, std::span<const int32_t> block_table,
-                int32_t layer, int32_t token_start, int32_t count, float* k_out,
-                float* v_out) {
+void ReadKvRows(const KvStorage& storage, std::span<const int32_t> block_table, int32_t layer,
+                int32_t token_start, int32_t count, float* k_out, float* v_out) {
   const KvDtype dtype = storage.dtype();
   if (dtype == KvDtype::kF32) {
     storage.ReadTokens(block_table, layer, token_start, count, reinterpret_cast<char*>(k_out),
@@ -137,8 +136,8 @@ void WriteKvRows(KvStorage& storage, std::span<const int32_t> block_table, int32
                  int32_t token_start, int32_t count, const float* k, const float* v) {
   const KvDtype dtype = storage.dtype();
   if (dtype == KvDtype::kF32) {
-    storage.WriteTokens(block_table, layer, token_start, count,
-                        reinterpret_cast<const char*>(k), reinterpret_cast<const char*>(v));
+    storage.WriteTokens(block_table, layer, token_start, count, reinterpret_cast<const char*>(k),
+                        reinterpret_cast<const char*>(v));
     return;
   }
   const size_t n = static_cast<size_t>(count) * static_cast<size_t>(storage.shape().kv_dim());

@@ -67,9 +67,8 @@ class CpuKvStorage final : public KvStorage {
 // dtype (kv_convert.h: ggml's rounding), ReadKvRows widens exactly. On an
 // F32 storage both are plain copies. This is where the model's K/V enter
 // the cache.
-void ReadKvRows(const KvStorage& storage, std::span<const int32_t> block_table,
-                int32_t layer, int32_t token_start, int32_t count, float* k_out,
-                float* v_out);
+void ReadKvRows(const KvStorage& storage, std::span<const int32_t> block_table, int32_t layer,
+                int32_t token_start, int32_t count, float* k_out, float* v_out);
 void WriteKvRows(KvStorage& storage, std::span<const int32_t> block_table, int32_t layer,
                  int32_t token_start, int32_t count, const float* k, const float* v);
 

@@ -30,9 +30,9 @@ namespace tandem::kv {
 // pool layout is cuda_kernels.h's PagedKv: element (layer, block, slot, j)
 // at ((layer * layer_blocks + block) * block_size + slot) * kv_dim + j.
 struct DevicePoolInfo {
-  void* k = nullptr;       // K pool base (device pointer of the owner)
-  void* v = nullptr;       // V pool base
-  uint64_t pool_bytes = 0; // bytes of each pool
+  void* k = nullptr;        // K pool base (device pointer of the owner)
+  void* v = nullptr;        // V pool base
+  uint64_t pool_bytes = 0;  // bytes of each pool
   int32_t n_layers = 0;
   int32_t layer_blocks = 0;  // blocks per layer (the layer stride)
   int32_t block_size = 0;
@@ -54,14 +54,14 @@ class DeviceKvAccess {
   // `block_table` into `dst` (device memory, 2 * count * row bytes).
   // Errors: INVALID_ARGUMENT for a range the table does not cover or a
   // block outside the pool; INTERNAL for a CUDA error (naming the call).
-  virtual absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                                  int32_t token_start, int32_t count, void* dst,
-                                  void* stream) = 0;
+  [[nodiscard]] virtual absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
+                                                int32_t token_start, int32_t count, void* dst,
+                                                void* stream) = 0;
   // The reverse on `stream`: scatters `src` (same layout) into the blocks.
   // Same errors.
-  virtual absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
-                                   int32_t token_start, int32_t count, const void* src,
-                                   void* stream) = 0;
+  [[nodiscard]] virtual absl::Status ScatterRows(std::span<const int32_t> block_table,
+                                                 int32_t layer, int32_t token_start, int32_t count,
+                                                 const void* src, void* stream) = 0;
   // Enqueues on `stream` one kernel that copies tokens [token_start,
   // token_start + count) of `layer` from a peer's pools (`peer`, mapped into
   // this process: its k/v are this process's pointers, e.g. from
@@ -69,10 +69,11 @@ class DeviceKvAccess {
   // blocks addressed by `block_table` (token addressing on both sides, so
   // the block sizes may differ; the shapes and dtype must match:
   // INVALID_ARGUMENT naming the field otherwise).
-  virtual absl::Status CopyFromPeer(const DevicePoolInfo& peer,
-                                    std::span<const int32_t> peer_table,
-                                    std::span<const int32_t> block_table, int32_t layer,
-                                    int32_t token_start, int32_t count, void* stream) = 0;
+  [[nodiscard]] virtual absl::Status CopyFromPeer(const DevicePoolInfo& peer,
+                                                  std::span<const int32_t> peer_table,
+                                                  std::span<const int32_t> block_table,
+                                                  int32_t layer, int32_t token_start, int32_t count,
+                                                  void* stream) = 0;
   // The event recorded after `layer`'s K/V writes of the last Forward
   // (cudaEvent_t, created with cudaEventInterprocess | cudaEventDisableTiming
   // so it can be exported with cudaIpcGetEventHandle); null before the

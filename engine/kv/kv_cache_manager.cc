@@ -67,8 +67,7 @@ PrefixHit KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt,
       std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(prompt.size()), max_hit_tokens)));
   if (!options_.enable_prefix_caching || max_hit_tokens < block_size_) return hit;
   const size_t bs = static_cast<size_t>(block_size_);
-  const size_t max_blocks =
-      std::min(prompt.size(), static_cast<size_t>(max_hit_tokens)) / bs;
+  const size_t max_blocks = std::min(prompt.size(), static_cast<size_t>(max_hit_tokens)) / bs;
   BlockHash parent;
   for (size_t i = 0; i < max_blocks; ++i) {
     parent = HashBlock(parent, prompt.subspan(i * bs, bs), options_.model_fingerprint);
@@ -116,7 +115,8 @@ bool KvCacheManager::AllocateSlots(int64_t seq_id, int32_t num_tokens) {
   assert(it != seqs_.end());
   if (it == seqs_.end()) return false;
   std::vector<int32_t>& table = it->second.table;
-  const int32_t need = BlocksForTokens(num_tokens, block_size_) - static_cast<int32_t>(table.size());
+  const int32_t need =
+      BlocksForTokens(num_tokens, block_size_) - static_cast<int32_t>(table.size());
   if (need <= 0) return true;
   if (need > num_blocks_available()) return false;
 
@@ -156,7 +156,8 @@ void KvCacheManager::CommitComputed(int64_t seq_id, std::span<const int32_t> tok
   const size_t bs = static_cast<size_t>(block_size_);
   // Never past the tokens given or the blocks held (caller bugs, asserted above).
   const size_t full = std::min({static_cast<size_t>(std::max(num_computed, 0)), tokens.size(),
-                                seq.table.size() * bs}) / bs;
+                                seq.table.size() * bs}) /
+                      bs;
   for (size_t i = seq.hashes.size(); i < full; ++i) {
     const BlockHash parent = i == 0 ? BlockHash{} : seq.hashes[i - 1];
     const BlockHash h = HashBlock(parent, tokens.subspan(i * bs, bs), options_.model_fingerprint);

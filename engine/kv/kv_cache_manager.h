@@ -158,8 +158,8 @@ class KvCacheManager {
   int32_t num_blocks_total() const;
   // Blocks an AllocateSlots could obtain now: free + evictable cached.
   int32_t num_blocks_available() const;
-  int32_t num_blocks_in_use() const;   // ref count > 0
-  int32_t num_blocks_cached() const;   // findable in the prefix cache
+  int32_t num_blocks_in_use() const;  // ref count > 0
+  int32_t num_blocks_cached() const;  // findable in the prefix cache
   int32_t RefCount(int32_t block) const;
   // Whether `block` is published in the prefix cache (any ref count).
   bool IsCached(int32_t block) const;
@@ -186,7 +186,7 @@ class KvCacheManager {
     int32_t ref = 0;
     bool cached = false;
     bool in_lru = false;
-    BlockHash hash;                     // valid when cached
+    BlockHash hash;                        // valid when cached
     std::list<int32_t>::iterator lru_pos;  // valid when in_lru
   };
   struct Sequence {
@@ -213,10 +213,10 @@ class KvCacheManager {
   std::list<int32_t> lru_;  // free cached blocks, least recently freed first
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> cache_;
   std::unordered_map<int64_t, Sequence> seqs_;
-  int32_t num_in_use_ = 0;  // blocks with ref > 0
-  mutable PrefixCacheStats stats_;  // FindCachedPrefix is a const query
-  const bool record_events_;           // options.record_events && prefix caching
-  std::vector<KvCacheEvent> events_;   // recorded, not yet taken
+  int32_t num_in_use_ = 0;            // blocks with ref > 0
+  mutable PrefixCacheStats stats_;    // FindCachedPrefix is a const query
+  const bool record_events_;          // options.record_events && prefix caching
+  std::vector<KvCacheEvent> events_;  // recorded, not yet taken
 };
 
 }  // namespace tandem::kv

@@ -35,8 +35,8 @@ void FloatsTo16(const float* src, size_t n, char* dst) {
 __attribute__((target("avx,f16c"))) void FloatsToF16C(const float* src, size_t n, char* dst) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
   }
   FloatsTo16<FloatToF16>(src + i, n - i, dst + 2 * i);

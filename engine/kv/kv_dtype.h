@@ -27,9 +27,12 @@ inline bool IsKnownKvDtype(uint32_t value) {
 // "f32", "f16", "bf16"; "unknown" for a value outside the enum.
 inline const char* KvDtypeName(KvDtype dtype) {
   switch (dtype) {
-    case KvDtype::kF32: return "f32";
-    case KvDtype::kF16: return "f16";
-    case KvDtype::kBF16: return "bf16";
+    case KvDtype::kF32:
+      return "f32";
+    case KvDtype::kF16:
+      return "f16";
+    case KvDtype::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -37,9 +40,12 @@ inline const char* KvDtypeName(KvDtype dtype) {
 // Bytes per element: 4, 2, 2; 0 for a value outside the enum.
 inline uint32_t KvDtypeBytes(KvDtype dtype) {
   switch (dtype) {
-    case KvDtype::kF32: return 4;
-    case KvDtype::kF16: return 2;
-    case KvDtype::kBF16: return 2;
+    case KvDtype::kF32:
+      return 4;
+    case KvDtype::kF16:
+      return 2;
+    case KvDtype::kBF16:
+      return 2;
   }
   return 0;
 }

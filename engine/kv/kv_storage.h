@@ -42,22 +42,18 @@ class KvStorage {
   virtual KvDtype dtype() const = 0;
   virtual int32_t num_blocks() const = 0;
   // Bytes of one token's K (or V) of one layer: kv_dim * element bytes.
-  size_t row_bytes() const {
-    return static_cast<size_t>(shape().kv_dim()) * KvDtypeBytes(dtype());
-  }
+  size_t row_bytes() const { return static_cast<size_t>(shape().kv_dim()) * KvDtypeBytes(dtype()); }
 
   // Copies K and V of tokens [token_start, token_start + count) of `layer`
   // of the sequence with `block_table` into k_out and v_out, count *
   // row_bytes() bytes each, token after token. The table must cover
   // token_start + count tokens and name blocks < num_blocks() (a caller
   // bug otherwise).
-  virtual void ReadTokens(std::span<const int32_t> block_table, int32_t layer,
-                          int32_t token_start, int32_t count, char* k_out,
-                          char* v_out) const = 0;
+  virtual void ReadTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
+                          int32_t count, char* k_out, char* v_out) const = 0;
   // The reverse: writes count * row_bytes() bytes of each of k and v.
-  virtual void WriteTokens(std::span<const int32_t> block_table, int32_t layer,
-                           int32_t token_start, int32_t count, const char* k,
-                           const char* v) = 0;
+  virtual void WriteTokens(std::span<const int32_t> block_table, int32_t layer, int32_t token_start,
+                           int32_t count, const char* k, const char* v) = 0;
 };
 
 // Number of blocks needed to hold n_tokens: ceil(n_tokens / block_size).

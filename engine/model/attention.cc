@@ -105,8 +105,7 @@ struct F16Avx2Elems : F16Elems {
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
     } else {
       const Float8 lo = Load<Float8>(p), hi = Load<Float8>(p + 8);
-      return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-                                     15);
+      return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     }
   }
 };
@@ -127,13 +126,11 @@ struct F16Avx512Elems : F16Elems {
 
 // Base of K (or V) rows of `layer` in block `block` of the pool, as E::T.
 template <typename E>
-[[gnu::always_inline]] inline const typename E::T* KRows(const AttentionSpan& kv,
-                                                         int32_t block) {
+[[gnu::always_inline]] inline const typename E::T* KRows(const AttentionSpan& kv, int32_t block) {
   return reinterpret_cast<const typename E::T*>(kv.pool->KData(block, kv.layer));
 }
 template <typename E>
-[[gnu::always_inline]] inline const typename E::T* VRows(const AttentionSpan& kv,
-                                                         int32_t block) {
+[[gnu::always_inline]] inline const typename E::T* VRows(const AttentionSpan& kv, int32_t block) {
   return reinterpret_cast<const typename E::T*>(kv.pool->VData(block, kv.layer));
 }
 
@@ -156,8 +153,8 @@ struct KvRun {
   int32_t end;
 };
 template <typename E, bool kValues>
-[[gnu::always_inline]] inline KvRun<E> KvRunAt(const AttentionSpan& kv, int32_t j,
-                                               int32_t j_end, size_t offset) {
+[[gnu::always_inline]] inline KvRun<E> KvRunAt(const AttentionSpan& kv, int32_t j, int32_t j_end,
+                                               size_t offset) {
   const kv::KvShape& s = kv.pool->shape();
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   const int32_t block = j / s.block_size;
@@ -190,8 +187,8 @@ template <typename E, size_t kChunk>
 template <typename E, size_t kChunk, int kRows>
 [[gnu::always_inline]] inline void AccumulateRange(const AttentionSpan& kv, size_t kv_off,
                                                    int32_t j_begin, int32_t j_end,
-                                                   const float* const* scores,
-                                                   const float* inv, float (*acc)[kChunk]) {
+                                                   const float* const* scores, const float* inv,
+                                                   float (*acc)[kChunk]) {
   const kv::KvShape& s = kv.pool->shape();
   const size_t kv_dim = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int32_t j = j_begin; j < j_end;) {
@@ -221,14 +218,13 @@ template <typename E, size_t kChunk, int kRows>
 template <typename E, size_t kChunk, int kRows>
 [[gnu::always_inline]] inline void AccumulateValues(const AttentionSpan& kv, size_t kv_off,
                                                     size_t d0, const int32_t* len,
-                                                    const float* const* scores,
-                                                    const float* inv, float* const* out) {
+                                                    const float* const* scores, const float* inv,
+                                                    float* const* out) {
   static_assert(kRows == 1 || kRows == 2);
   float acc[kRows][kChunk] = {};
   AccumulateRange<E, kChunk, kRows>(kv, kv_off + d0, 0, len[0], scores, inv, acc);
   if constexpr (kRows == 2) {
-    AccumulateRange<E, kChunk, 1>(kv, kv_off + d0, len[0], len[1], scores + 1, inv + 1,
-                                  acc + 1);
+    AccumulateRange<E, kChunk, 1>(kv, kv_off + d0, len[0], len[1], scores + 1, inv + 1, acc + 1);
   }
   for (int r = 0; r < kRows; ++r) {
     for (size_t d = 0; d < kChunk; ++d) out[r][d0 + d] = acc[r][d];
@@ -283,15 +279,15 @@ template <typename E>
 // a shuffle (transposed), instead of a chain of scalar extracts per key.
 [[gnu::always_inline]] inline void CombineLanes4(Float8 a0, Float8 a1, Float8 a2, Float8 a3,
                                                  float* out) {
-  const Float16 x = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                            13, 14, 15);
-  const Float16 y = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                            13, 14, 15);
+  const Float16 x =
+      __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Float16 y =
+      __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   // Level 1, per key k: lanes (a0 + a4, a1 + a5, a2 + a6, a3 + a7).
-  const Float16 lo = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                             24, 25, 26, 27);
-  const Float16 hi = __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23,
-                                             28, 29, 30, 31);
+  const Float16 lo =
+      __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const Float16 hi =
+      __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   const Float16 s1 = lo + hi;
   // Level 2: ((a0 + a4) + (a2 + a6)) and ((a1 + a5) + (a3 + a7)).
   const Float8 e = __builtin_shufflevector(s1, s1, 0, 1, 4, 5, 8, 9, 12, 13);
@@ -299,8 +295,8 @@ template <typename E>
   const Float8 s2 = e + o;
   // Level 3: the two halves of each key.
   typedef float Float4 __attribute__((vector_size(16)));
-  const Float4 s3 = __builtin_shufflevector(s2, s2, 0, 2, 4, 6) +
-                    __builtin_shufflevector(s2, s2, 1, 3, 5, 7);
+  const Float4 s3 =
+      __builtin_shufflevector(s2, s2, 0, 2, 4, 6) + __builtin_shufflevector(s2, s2, 1, 3, 5, 7);
   std::memcpy(out, &s3, sizeof s3);
 }
 
@@ -309,9 +305,8 @@ template <typename E>
 // their add chains overlap and each key's elements are widened once for
 // all rows.
 template <typename E, typename V, int kKeys, int kRows>
-[[gnu::always_inline]] inline void DotLanesOf(const float* const* a,
-                                              const typename E::T* const* b, size_t n,
-                                              float* const* out) {
+[[gnu::always_inline]] inline void DotLanesOf(const float* const* a, const typename E::T* const* b,
+                                              size_t n, float* const* out) {
   constexpr size_t kWidth = sizeof(V) / sizeof(float);
   // The fixed-count loops are unrolled so that acc stays in registers.
   V acc[kRows][kKeys];
@@ -358,8 +353,8 @@ template <typename E, int kKeys, int kRows>
 
 // One query row: out[t] = a . b[t].
 template <typename E, int kKeys>
-[[gnu::always_inline]] inline void DotLanes(const float* a, const typename E::T* const* b,
-                                            size_t n, float* out) {
+[[gnu::always_inline]] inline void DotLanes(const float* a, const typename E::T* const* b, size_t n,
+                                            float* out) {
   DotLanes<E, kKeys, 1>(&a, b, n, &out);
 }
 
@@ -375,7 +370,7 @@ typedef double Double4 __attribute__((vector_size(32)));
   const Int8 valid = x > -87.0f;
   x = valid ? x : Float8{} - 87.0f;
   const Float8 fx = x * 1.44269504088896341f + 0.5f;
-  Int8 n = __builtin_convertvector(fx, Int8);  // toward zero
+  Int8 n = __builtin_convertvector(fx, Int8);         // toward zero
   n = n + (__builtin_convertvector(n, Float8) > fx);  // -1: floor for fx < 0
   const Float8 nf = __builtin_convertvector(n, Float8);
   Float8 r = x - nf * 0.693359375f;
@@ -422,8 +417,7 @@ typedef double Double4 __attribute__((vector_size(32)));
 // ascending j). The lanes keep their own maxima and are combined after:
 // the maximum of a set is the same in any order, but for the sign of a
 // zero, and a -0 or +0 max gives the same exp(x - max) for every x.
-[[gnu::always_inline]] inline float ScaleAndMax(float* scores, int32_t n, float scale,
-                                                float max) {
+[[gnu::always_inline]] inline float ScaleAndMax(float* scores, int32_t n, float scale, float max) {
   Float8 m = Float8{} + max;
   int32_t j = 0;
   for (; j + 8 <= n; j += 8) {
@@ -475,8 +469,8 @@ template <typename E, int kRows>
 // (pos[kRows - 1] + 1) floats.
 template <typename E, int kRows>
 [[gnu::always_inline]] inline void AttendRows(const AttentionSpan& kv, const int32_t* pos,
-                                              const float* const* q, float scale,
-                                              float* const* out, float* scores) {
+                                              const float* const* q, float scale, float* const* out,
+                                              float* scores) {
   static_assert(kRows == 1 || kRows == 2);
   const kv::KvShape& s = kv.pool->shape();
   const size_t hd = static_cast<size_t>(s.head_dim);
@@ -571,8 +565,8 @@ template <typename E>
 
 // One query row: AttendRows<E, 1> at kv.pos.
 template <typename E>
-[[gnu::always_inline]] inline void Attend(const AttentionSpan& kv, const float* q,
-                                          float scale, float* out, float* scores) {
+[[gnu::always_inline]] inline void Attend(const AttentionSpan& kv, const float* q, float scale,
+                                          float* out, float* scores) {
   AttendRows<E, 1>(kv, &kv.pos, &q, scale, &out, scores);
 }
 
@@ -594,22 +588,23 @@ void AttendGeneric(const AttentionSpan& kv, const float* q, float scale, float* 
 }
 
 template <typename E>
-void AttendPairGeneric(const AttentionSpan& kv, int32_t pos0, const float* q0,
-                       const float* q1, float scale, float* out0, float* out1,
-                       float* scores) {
+void AttendPairGeneric(const AttentionSpan& kv, int32_t pos0, const float* q0, const float* q1,
+                       float scale, float* out0, float* out1, float* scores) {
   AttendPair<E>(kv, pos0, q0, q1, scale, out0, out1, scores);
 }
 
 template <typename E>
-void AttendAllHeadsGeneric(const AttentionSpan& kv, size_t n_head, const float* q,
-                           float scale, float* out, float* scores) {
+void AttendAllHeadsGeneric(const AttentionSpan& kv, size_t n_head, const float* q, float scale,
+                           float* out, float* scores) {
   AttendAllHeads<E>(kv, n_head, q, scale, out, scores);
 }
 
 #ifdef TANDEM_ATTENTION_X86
 template <typename E>
-[[gnu::flatten]] __attribute__((target("avx2,fma,f16c"))) void AttendAvx2(
-    const AttentionSpan& kv, const float* q, float scale, float* out, float* scores) {
+[[gnu::flatten]] __attribute__((target("avx2,fma,f16c"))) void AttendAvx2(const AttentionSpan& kv,
+                                                                          const float* q,
+                                                                          float scale, float* out,
+                                                                          float* scores) {
   Attend<E>(kv, q, scale, out, scores);
 }
 
@@ -652,27 +647,36 @@ template <typename E>
 // and dtype.
 struct AttendHeadFns {
   using Fn = void (*)(const AttentionSpan&, const float*, float, float*, float*);
-  template <typename E> static constexpr Fn kGeneric = AttendGeneric<E>;
+  template <typename E>
+  static constexpr Fn kGeneric = AttendGeneric<E>;
 #ifdef TANDEM_ATTENTION_X86
-  template <typename E> static constexpr Fn kAvx2 = AttendAvx2<E>;
-  template <typename E> static constexpr Fn kAvx512 = AttendAvx512<E>;
+  template <typename E>
+  static constexpr Fn kAvx2 = AttendAvx2<E>;
+  template <typename E>
+  static constexpr Fn kAvx512 = AttendAvx512<E>;
 #endif
 };
 struct AttendPairFns {
   using Fn = void (*)(const AttentionSpan&, int32_t, const float*, const float*, float, float*,
                       float*, float*);
-  template <typename E> static constexpr Fn kGeneric = AttendPairGeneric<E>;
+  template <typename E>
+  static constexpr Fn kGeneric = AttendPairGeneric<E>;
 #ifdef TANDEM_ATTENTION_X86
-  template <typename E> static constexpr Fn kAvx2 = AttendPairAvx2<E>;
-  template <typename E> static constexpr Fn kAvx512 = AttendPairAvx512<E>;
+  template <typename E>
+  static constexpr Fn kAvx2 = AttendPairAvx2<E>;
+  template <typename E>
+  static constexpr Fn kAvx512 = AttendPairAvx512<E>;
 #endif
 };
 struct AttendRowFns {
   using Fn = void (*)(const AttentionSpan&, size_t, const float*, float, float*, float*);
-  template <typename E> static constexpr Fn kGeneric = AttendAllHeadsGeneric<E>;
+  template <typename E>
+  static constexpr Fn kGeneric = AttendAllHeadsGeneric<E>;
 #ifdef TANDEM_ATTENTION_X86
-  template <typename E> static constexpr Fn kAvx2 = AttendAllHeadsAvx2<E>;
-  template <typename E> static constexpr Fn kAvx512 = AttendAllHeadsAvx512<E>;
+  template <typename E>
+  static constexpr Fn kAvx2 = AttendAllHeadsAvx2<E>;
+  template <typename E>
+  static constexpr Fn kAvx512 = AttendAllHeadsAvx512<E>;
 #endif
 };
 
@@ -685,16 +689,22 @@ typename Fns::Fn AttendFor(KernelIsaKind isa, kv::KvDtype dtype) {
 #ifdef TANDEM_ATTENTION_X86
     case KernelIsaKind::kAvx512:
       switch (dtype) {
-        case kv::KvDtype::kF32: return Fns::template kAvx512<F32Elems>;
-        case kv::KvDtype::kF16: return Fns::template kAvx512<F16Avx512Elems>;
-        case kv::KvDtype::kBF16: return Fns::template kAvx512<Bf16Elems>;
+        case kv::KvDtype::kF32:
+          return Fns::template kAvx512<F32Elems>;
+        case kv::KvDtype::kF16:
+          return Fns::template kAvx512<F16Avx512Elems>;
+        case kv::KvDtype::kBF16:
+          return Fns::template kAvx512<Bf16Elems>;
       }
       break;
     case KernelIsaKind::kAvx2:
       switch (dtype) {
-        case kv::KvDtype::kF32: return Fns::template kAvx2<F32Elems>;
-        case kv::KvDtype::kF16: return Fns::template kAvx2<F16Avx2Elems>;
-        case kv::KvDtype::kBF16: return Fns::template kAvx2<Bf16Elems>;
+        case kv::KvDtype::kF32:
+          return Fns::template kAvx2<F32Elems>;
+        case kv::KvDtype::kF16:
+          return Fns::template kAvx2<F16Avx2Elems>;
+        case kv::KvDtype::kBF16:
+          return Fns::template kAvx2<Bf16Elems>;
       }
       break;
 #endif
@@ -702,9 +712,12 @@ typename Fns::Fn AttendFor(KernelIsaKind isa, kv::KvDtype dtype) {
       break;
   }
   switch (dtype) {
-    case kv::KvDtype::kF32: return Fns::template kGeneric<F32Elems>;
-    case kv::KvDtype::kF16: return Fns::template kGeneric<F16Elems>;
-    case kv::KvDtype::kBF16: return Fns::template kGeneric<Bf16Elems>;
+    case kv::KvDtype::kF32:
+      return Fns::template kGeneric<F32Elems>;
+    case kv::KvDtype::kF16:
+      return Fns::template kGeneric<F16Elems>;
+    case kv::KvDtype::kBF16:
+      return Fns::template kGeneric<Bf16Elems>;
   }
   std::abort();  // a dtype outside KvDtype: a caller bug
 }
@@ -722,21 +735,19 @@ KernelIsaKind WidestIsa() {
 
 }  // namespace
 
-void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
-                       float scale, float* out, float* scores) {
+void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q, float scale,
+                       float* out, float* scores) {
   AttendFor<AttendHeadFns>(isa, kv.pool->dtype())(kv, q, scale, out, scores);
 }
 
-void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
-                float* scores) {
+void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out, float* scores) {
   AttendHeadWithIsa(WidestIsa(), kv, q, scale, out, scores);
 }
 
 void AttendHeadPairWithIsa(KernelIsaKind isa, const AttentionSpan& kv, int32_t pos0,
-                           const float* q0, const float* q1, float scale, float* out0,
-                           float* out1, float* scores) {
-  AttendFor<AttendPairFns>(isa, kv.pool->dtype())(kv, pos0, q0, q1, scale, out0, out1,
-                                                  scores);
+                           const float* q0, const float* q1, float scale, float* out0, float* out1,
+                           float* scores) {
+  AttendFor<AttendPairFns>(isa, kv.pool->dtype())(kv, pos0, q0, q1, scale, out0, out1, scores);
 }
 
 void AttendHeadPair(const AttentionSpan& kv, int32_t pos0, const float* q0, const float* q1,
@@ -744,13 +755,13 @@ void AttendHeadPair(const AttentionSpan& kv, int32_t pos0, const float* q0, cons
   AttendHeadPairWithIsa(WidestIsa(), kv, pos0, q0, q1, scale, out0, out1, scores);
 }
 
-void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head,
-                      const float* q, float scale, float* out, float* scores) {
+void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head, const float* q,
+                      float scale, float* out, float* scores) {
   AttendFor<AttendRowFns>(isa, kv.pool->dtype())(kv, n_head, q, scale, out, scores);
 }
 
-void AttendRow(const AttentionSpan& kv, size_t n_head, const float* q, float scale,
-               float* out, float* scores) {
+void AttendRow(const AttentionSpan& kv, size_t n_head, const float* q, float scale, float* out,
+               float* scores) {
   AttendRowWithIsa(WidestIsa(), kv, n_head, q, scale, out, scores);
 }
 

@@ -50,13 +50,12 @@ struct AttentionSpan {
 // the pool's head_dim) over `kv`, with scale = 1/sqrt(head_dim) given by
 // the caller. scores: scratch of at least pos + 1 floats.
 // Runs on the widest vector ISA this CPU has (any gives the same bits).
-void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out,
-                float* scores);
+void AttendHead(const AttentionSpan& kv, const float* q, float scale, float* out, float* scores);
 
 // AttendHead built for `isa` (kGeneric when this CPU cannot run it); for
 // tests and benchmarks.
-void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q,
-                       float scale, float* out, float* scores);
+void AttendHeadWithIsa(KernelIsaKind isa, const AttentionSpan& kv, const float* q, float scale,
+                       float* out, float* scores);
 
 // AttendHead for two query rows of one head of one sequence: q0 at
 // position pos0 and q1 at kv.pos (0 <= pos0 <= kv.pos). out0 and out1 get
@@ -70,8 +69,8 @@ void AttendHeadPair(const AttentionSpan& kv, int32_t pos0, const float* q0, cons
 // AttendHeadPair built for `isa` (kGeneric when this CPU cannot run it);
 // for tests and benchmarks.
 void AttendHeadPairWithIsa(KernelIsaKind isa, const AttentionSpan& kv, int32_t pos0,
-                           const float* q0, const float* q1, float scale, float* out0,
-                           float* out1, float* scores);
+                           const float* q0, const float* q1, float scale, float* out0, float* out1,
+                           float* scores);
 
 // Every query head of one row: out[h * head_dim, (h + 1) * head_dim) =
 // AttendHead of q + h * head_dim over KV head h / (n_head / n_kv_heads) of
@@ -80,13 +79,13 @@ void AttendHeadPairWithIsa(KernelIsaKind isa, const AttentionSpan& kv, int32_t p
 // reads each K and V row of the span once, whole, instead of once per
 // head (a decode row's attention then streams its KV blocks). scores:
 // scratch of at least n_head * (pos + 2) floats.
-void AttendRow(const AttentionSpan& kv, size_t n_head, const float* q, float scale,
-               float* out, float* scores);
+void AttendRow(const AttentionSpan& kv, size_t n_head, const float* q, float scale, float* out,
+               float* scores);
 
 // AttendRow built for `isa` (kGeneric when this CPU cannot run it); for
 // tests and benchmarks.
-void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head,
-                      const float* q, float scale, float* out, float* scores);
+void AttendRowWithIsa(KernelIsaKind isa, const AttentionSpan& kv, size_t n_head, const float* q,
+                      float scale, float* out, float* scores);
 
 }  // namespace tandem::model::internal
 

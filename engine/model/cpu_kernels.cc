@@ -61,7 +61,7 @@ struct Avx2Isa {
   static constexpr bool kFusedDequant = true;
   template <int R, int C, typename Rows>
   __attribute__((target("avx2,fma,f16c"))) static void Tile(const float* x, const Rows& w,
-                                                             size_t in, size_t out, float* y) {
+                                                            size_t in, size_t out, float* y) {
     __m256 acc[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -83,8 +83,7 @@ struct Avx2Isa {
             wl.LoadGroup8(c, e, ctx[c], wv);
             for (int k = 0; k < 4; ++k) {
               for (int r = 0; r < R; ++r) {
-                acc[r][c] =
-                    _mm256_fmadd_ps(wv[k], _mm256_loadu_ps(xr[r] + e + 8 * k), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(wv[k], _mm256_loadu_ps(xr[r] + e + 8 * k), acc[r][c]);
               }
             }
           }
@@ -147,8 +146,7 @@ struct Avx512Isa {
         w.LoadGroup16(c, i + e, ctx[c], wv);
         for (int g = 0; g < kVectors; ++g) {
           for (int r = 0; r < R; ++r) {
-            acc[r][c] =
-                _mm512_fmadd_ps(wv[g], _mm512_loadu_ps(xr[r] + i + e + 16 * g), acc[r][c]);
+            acc[r][c] = _mm512_fmadd_ps(wv[g], _mm512_loadu_ps(xr[r] + i + e + 16 * g), acc[r][c]);
           }
         }
       }
@@ -156,9 +154,9 @@ struct Avx512Isa {
   }
 
   template <int R, int C, typename Rows>
-  __attribute__((target("avx512f,avx2,fma,f16c"))) static void Tile(const float* x,
-                                                                    const Rows& w, size_t in,
-                                                                    size_t out, float* y) {
+  __attribute__((target("avx512f,avx2,fma,f16c"))) static void Tile(const float* x, const Rows& w,
+                                                                    size_t in, size_t out,
+                                                                    float* y) {
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -213,8 +211,8 @@ F32Rows F32Source(const float* w, size_t in, size_t /*ahead*/) {
 // every input row passes over it. `rows_at(o, nc)` gives the weight source
 // of rows [o, o + nc).
 template <typename Isa, typename RowsAt>
-void Columns(const float* x, size_t rows, size_t in, size_t out, size_t o_begin,
-             size_t o_end, float* y, RowsAt rows_at) {
+void Columns(const float* x, size_t rows, size_t in, size_t out, size_t o_begin, size_t o_end,
+             float* y, RowsAt rows_at) {
   for (size_t o = o_begin; o < o_end; o += Isa::kCols) {
     const int nc = static_cast<int>(std::min<size_t>(Isa::kCols, o_end - o));
     const auto w = rows_at(o, nc);
@@ -235,16 +233,15 @@ void Columns(const float* x, size_t rows, size_t in, size_t out, size_t o_begin,
 constexpr size_t kFusedDequantMaxRows = 8;
 
 template <typename Isa>
-void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_begin,
-                  size_t o_end, float* y) {
+void ColumnsTiled(const float* x, const WeightMatrix& w, size_t rows, size_t o_begin, size_t o_end,
+                  float* y) {
   const size_t in = w.in, out = w.out;
   if (w.type == gguf::TensorType::kF32) {
     const float* f = reinterpret_cast<const float*>(w.data);
     const size_t ahead = Isa::kCols * in * sizeof(float);
     if (rows <= kFusedDequantMaxRows) {
-      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y, [&](size_t o, int) {
-        return F32Source<true>(f + o * in, in, ahead);
-      });
+      return Columns<Isa>(x, rows, in, out, o_begin, o_end, y,
+                          [&](size_t o, int) { return F32Source<true>(f + o * in, in, ahead); });
     }
     return Columns<Isa>(x, rows, in, out, o_begin, o_end, y,
                         [&](size_t o, int) { return F32Source<false>(f + o * in, in, 0); });
@@ -338,8 +335,8 @@ const char* KernelIsaName(KernelIsaKind isa) {
 
 const char* KernelIsa() { return KernelIsaName(ActiveKernelIsa()); }
 
-void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix& w,
-                          size_t rows, size_t o_begin, size_t o_end, float* y) {
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix& w, size_t rows,
+                          size_t o_begin, size_t o_end, float* y) {
   switch (KernelIsaSupported(isa) ? isa : KernelIsaKind::kGeneric) {
 #ifdef TANDEM_KERNELS_X86
     case KernelIsaKind::kAvx512:
@@ -352,8 +349,8 @@ void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix&
   }
 }
 
-void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
-                          size_t in, size_t out, size_t o_begin, size_t o_end, float* y) {
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows, size_t in,
+                          size_t out, size_t o_begin, size_t o_end, float* y) {
   MatMulColumnsWithIsa(isa, x, WeightMatrix::F32(w, in, out), rows, o_begin, o_end, y);
 }
 
@@ -377,8 +374,7 @@ void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, 
   MatMul(x, WeightMatrix::F32(w, in, out), rows, y, pool, min_work);
 }
 
-void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
-             float* y) {
+void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps, float* y) {
   for (size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
@@ -390,12 +386,10 @@ void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float e
   }
 }
 
-void RopeAngles(int pos, size_t rope_dim, float freq_base, const float* freq_factors,
-                float* cs) {
+void RopeAngles(int pos, size_t rope_dim, float freq_base, const float* freq_factors, float* cs) {
   for (size_t i = 0; 2 * i + 1 < rope_dim; ++i) {
-    double theta =
-        pos * std::pow(static_cast<double>(freq_base),
-                       -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+    double theta = pos * std::pow(static_cast<double>(freq_base),
+                                  -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
     if (freq_factors != nullptr) theta /= static_cast<double>(freq_factors[i]);
     cs[2 * i] = static_cast<float>(std::cos(theta));
     cs[2 * i + 1] = static_cast<float>(std::sin(theta));
@@ -414,8 +408,7 @@ void RopeApply(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const
   }
 }
 
-void RopeApplyNeox(float* x, size_t n_heads, size_t head_dim, size_t rope_dim,
-                   const float* cs) {
+void RopeApplyNeox(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const float* cs) {
   const size_t half = rope_dim / 2;
   for (size_t h = 0; h < n_heads; ++h) {
     float* xh = x + h * head_dim;

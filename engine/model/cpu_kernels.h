@@ -85,12 +85,12 @@ bool PinKernelIsa(KernelIsaKind isa);
 // weight load across rows; every element still follows its own order
 // alone. An unsupported `isa` runs kGeneric. For tests and benchmarks; the
 // engine calls MatMul. x: [rows][w.in], y: [rows][w.out].
-void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix& w,
-                          size_t rows, size_t o_begin, size_t o_end, float* y);
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const WeightMatrix& w, size_t rows,
+                          size_t o_begin, size_t o_end, float* y);
 
 // The same over an F32 matrix w: [out][in].
-void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows,
-                          size_t in, size_t out, size_t o_begin, size_t o_end, float* y);
+void MatMulColumnsWithIsa(KernelIsaKind isa, const float* x, const float* w, size_t rows, size_t in,
+                          size_t out, size_t o_begin, size_t o_end, float* y);
 
 // MatMulColumnsWithIsa(ActiveKernelIsa(), ...) over an F32 matrix.
 void MatMulColumns(const float* x, const float* w, size_t rows, size_t in, size_t out,
@@ -116,8 +116,7 @@ void MatMul(const float* x, const float* w, size_t rows, size_t in, size_t out, 
 // llama.cpp's ggml_rms_norm followed by the weight multiply, per row:
 // y = (x * (1 / sqrt(mean(x^2) + eps))) * weight, the sum of squares in
 // double in index order. x, y: [rows][n] (may alias); weight: [n].
-void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps,
-             float* y);
+void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float eps, float* y);
 
 // RoPE (llama.cpp's ggml_rope_ext without YaRN: freq_scale 1, ext_factor
 // 0, attn_factor 1), split in two so that the angles of a position are
@@ -127,8 +126,7 @@ void RmsNorm(const float* x, const float* weight, size_t rows, size_t n, float e
 // f_i = freq_factors[i] when freq_factors is not null (rope_freqs.weight,
 // rope_dim / 2 values > 0; ggml's rope cache divides theta by them the same
 // way), else no division; in double, rounded to float. cs: [rope_dim].
-void RopeAngles(int pos, size_t rope_dim, float freq_base, const float* freq_factors,
-                float* cs);
+void RopeAngles(int pos, size_t rope_dim, float freq_base, const float* freq_factors, float* cs);
 
 // NORM mode (GGML_ROPE_TYPE_NORM): for each of n_heads heads of head_dim
 // floats in `x`, rotates the pairs (2i, 2i + 1) for 2i < rope_dim by the
@@ -141,8 +139,7 @@ void RopeApply(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const
 // theta_i, but pair i is (i, i + rope_dim / 2) for i < rope_dim / 2 (ggml's
 // rotate_pairs with stride n_dims / 2). Dimensions >= rope_dim are left as
 // they are.
-void RopeApplyNeox(float* x, size_t n_heads, size_t head_dim, size_t rope_dim,
-                   const float* cs);
+void RopeApplyNeox(float* x, size_t n_heads, size_t head_dim, size_t rope_dim, const float* cs);
 
 // x[r * n + i] += b[i] for r < rows, i < n: a bias vector added to every
 // row (ggml_add broadcasting b), one rounding per element.

@@ -57,8 +57,7 @@ struct Avx512Isa {
   static constexpr int kRows = 8;
   static constexpr int kPanels = 3;
   template <int R, int C>
-  __attribute__((target("avx512f,fma"))) static void Tile(const Args& a, size_t r0,
-                                                          size_t p0) {
+  __attribute__((target("avx512f,fma"))) static void Tile(const Args& a, size_t r0, size_t p0) {
     __m512 acc[R][C];
     __mmask16 mask[C];
     for (int c = 0; c < C; ++c) mask[c] = static_cast<__mmask16>((1u << a.Cols(p0 + c)) - 1);
@@ -193,8 +192,8 @@ void MatMulF32PanelsRangeWithIsa(KernelIsaKind isa, const float* x, const F32Pan
   }
 }
 
-void MatMulF32PanelsWithIsa(KernelIsaKind isa, const float* x, const F32PanelMatrix& w,
-                            size_t rows, float* y, ThreadPool* pool, size_t min_work) {
+void MatMulF32PanelsWithIsa(KernelIsaKind isa, const float* x, const F32PanelMatrix& w, size_t rows,
+                            float* y, ThreadPool* pool, size_t min_work) {
   MaybeParallelFor(pool, w.panels(), rows * w.in() * w.out(), min_work,
                    [&](size_t begin, size_t end) {
                      MatMulF32PanelsRangeWithIsa(isa, x, w, rows, begin, end, y);

@@ -81,8 +81,8 @@ void MatMulF32PanelsRangeWithIsa(KernelIsaKind isa, const float* x, const F32Pan
 // more than one thread splitting whole panels when rows * in * out >=
 // min_work (the reduction over `in` is never split, so y's bits depend on
 // neither).
-void MatMulF32PanelsWithIsa(KernelIsaKind isa, const float* x, const F32PanelMatrix& w,
-                            size_t rows, float* y, ThreadPool* pool, size_t min_work);
+void MatMulF32PanelsWithIsa(KernelIsaKind isa, const float* x, const F32PanelMatrix& w, size_t rows,
+                            float* y, ThreadPool* pool, size_t min_work);
 
 // MatMulF32PanelsWithIsa on ActiveKernelIsa() (which changes the speed,
 // never the bits).

@@ -65,8 +65,8 @@ std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head)
     } else {
       for (size_t h = 0; h < n_head; ++h) {
         for (size_t r = first; r < last; r += 2) {
-          order.push_back({static_cast<uint32_t>(r), static_cast<uint32_t>(h),
-                           r + 1 < last ? 2u : 1u});
+          order.push_back(
+              {static_cast<uint32_t>(r), static_cast<uint32_t>(h), r + 1 < last ? 2u : 1u});
         }
       }
     }
@@ -80,9 +80,8 @@ std::vector<HeadRow> AttentionOrder(const std::vector<Row>& rows, size_t n_head)
 // n_head times that, a pair the sum of its rows'), so causal prefill rows,
 // whose cost grows with position, still share the work evenly. Returns
 // parts + 1 boundaries.
-std::vector<size_t> BalancedBounds(const std::vector<HeadRow>& order,
-                                   const std::vector<Row>& rows, size_t n_head,
-                                   size_t parts) {
+std::vector<size_t> BalancedBounds(const std::vector<HeadRow>& order, const std::vector<Row>& rows,
+                                   size_t n_head, size_t parts) {
   auto cost = [&](const HeadRow& p) {
     size_t positions = 0;
     for (uint32_t i = 0; i < p.n_rows; ++i) {
@@ -134,8 +133,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
                                                              const LlamaModelOptions& options) {
   const int32_t num_threads = options.num_threads;
   if (num_threads < 1 || num_threads > kMaxThreads) {
-    return absl::InvalidArgumentError(absl::StrCat("num_threads is ", num_threads,
-                                                   ", expected 1 to ", kMaxThreads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_threads is ", num_threads, ", expected 1 to ", kMaxThreads));
   }
   absl::StatusOr<LlamaConfig> config = internal::ReadLlamaConfig(file);
   if (!config.ok()) return config.status();
@@ -144,8 +143,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
   if (!weights.ok()) return weights.status();
   const bool all_int8 =
       options.q8_matmul == Q8MatMul::kInt8 && internal::PackQ8Int8(weights->get());
-  const bool all_f32_panels =
-      options.f32_panels && internal::PackF32Panels(weights->get());
+  const bool all_f32_panels = options.f32_panels && internal::PackF32Panels(weights->get());
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->all_matmuls_f32_panels_ = all_f32_panels;
   model->all_matmuls_int8_ = all_int8;
@@ -167,8 +165,7 @@ kv::KvShape LlamaModel::kv_shape(int32_t block_size) const {
   return s;
 }
 
-void LlamaModel::For(size_t n, size_t work,
-                     const std::function<void(size_t, size_t)>& fn) const {
+void LlamaModel::For(size_t n, size_t work, const std::function<void(size_t, size_t)>& fn) const {
   MaybeParallelFor(pool_.get(), n, work, min_parallel_work_, fn);
 }
 
@@ -176,8 +173,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
                          std::vector<float>* logits, const LayerHook* hook) const {
   const LlamaConfig& c = config_;
   const kv::KvShape& ks = kv.shape();
-  Require(ks.n_layers == c.n_layers && ks.n_kv_heads == c.n_head_kv &&
-              ks.head_dim == c.head_dim,
+  Require(ks.n_layers == c.n_layers && ks.n_kv_heads == c.n_head_kv && ks.head_dim == c.head_dim,
           "KV pool shape differs from the model's kv_shape()");
 
   // Flatten the batch; row r of every activation buffer is rows[r].
@@ -201,8 +197,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
     }
     if (sb.want_logits && n > 0) logit_rows.push_back(rows.size() - 1);
   }
-  Require(logits != nullptr || logit_rows.empty(),
-          "logits is null but an entry wants logits");
+  Require(logits != nullptr || logit_rows.empty(), "logits is null but an entry wants logits");
 
   const size_t T = rows.size();
   const size_t embd = static_cast<size_t>(c.n_embd);
@@ -252,8 +247,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
     }
   });
   const std::vector<HeadRow> attn_order = AttentionOrder(rows, n_head);
-  const std::vector<size_t> attn_bounds =
-      BalancedBounds(attn_order, rows, n_head, attn_parts);
+  const std::vector<size_t> attn_bounds = BalancedBounds(attn_order, rows, n_head, attn_parts);
   // Scores per attention part: a pair of rows' (max_pos + 1 keys each, +1
   // spare), or every head's where a decode row is attended whole
   // (AttendRow).
@@ -266,8 +260,12 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
   // RoPE of one row's n heads in the architecture's pairing.
   auto rope_apply = [&](float* x, size_t n, const float* cs) {
     switch (c.rope_type) {
-      case RopeType::kNorm: internal::RopeApply(x, n, hd, rope_dim, cs); return;
-      case RopeType::kNeox: internal::RopeApplyNeox(x, n, hd, rope_dim, cs); return;
+      case RopeType::kNorm:
+        internal::RopeApply(x, n, hd, rope_dim, cs);
+        return;
+      case RopeType::kNeox:
+        internal::RopeApplyNeox(x, n, hd, rope_dim, cs);
+        return;
     }
   };
 
@@ -302,8 +300,8 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
     size_t first = 0;
     for (size_t e = 0; e < batch.size(); ++e) {
       const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
-      kv::WriteKvRows(kv, *batch[e].block_table, l, batch[e].start_pos, n,
-                      &k[first * kv_dim], &v[first * kv_dim]);
+      kv::WriteKvRows(kv, *batch[e].block_table, l, batch[e].start_pos, n, &k[first * kv_dim],
+                      &v[first * kv_dim]);
       first += static_cast<size_t>(n);
     }
     if (hook != nullptr && *hook) {
@@ -331,14 +329,13 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
         span.kv_head = static_cast<int32_t>(h / group);
         if (attn_order[p].n_rows == 2) {
           span.pos = rows[r + 1].pos;
-          internal::AttendHeadPair(span, row.pos, &q[r * q_dim + h * hd],
-                                   &q[(r + 1) * q_dim + h * hd], attn_scale,
-                                   &attn[r * q_dim + h * hd], &attn[(r + 1) * q_dim + h * hd],
-                                   scores.data());
+          internal::AttendHeadPair(
+              span, row.pos, &q[r * q_dim + h * hd], &q[(r + 1) * q_dim + h * hd], attn_scale,
+              &attn[r * q_dim + h * hd], &attn[(r + 1) * q_dim + h * hd], scores.data());
           continue;
         }
-        internal::AttendHead(span, &q[r * q_dim + h * hd], attn_scale,
-                             &attn[r * q_dim + h * hd], scores.data());
+        internal::AttendHead(span, &q[r * q_dim + h * hd], attn_scale, &attn[r * q_dim + h * hd],
+                             scores.data());
       }
     });
     MatMul(attn.data(), lw.wo.view, T, tmp.data(), pool, min_work);
@@ -348,9 +345,8 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
     MatMul(norm.data(), lw.w_gate.view, T, gate.data(), pool, min_work);
     MatMul(norm.data(), lw.w_up.view, T, up.data(), pool, min_work);
     // SwiGLU costs an exp and a division per element, ~8 multiply-adds.
-    For(T * ff, T * ff * 8, [&](size_t begin, size_t end) {
-      internal::SwiGlu(&gate[begin], &up[begin], end - begin);
-    });
+    For(T * ff, T * ff * 8,
+        [&](size_t begin, size_t end) { internal::SwiGlu(&gate[begin], &up[begin], end - begin); });
     MatMul(gate.data(), lw.w_down.view, T, tmp.data(), pool, min_work);
     AddInPlace(x.data(), tmp.data(), T * embd);
   }
@@ -361,14 +357,13 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
   // changes no bit.
   const size_t n_logits = logit_rows.size();
   for (size_t i = 0; i < n_logits; ++i) {
-    RmsNorm(&x[logit_rows[i] * embd], w.output_norm.data, 1, embd, c.rms_norm_eps,
-            &norm[i * embd]);
+    RmsNorm(&x[logit_rows[i] * embd], w.output_norm.data, 1, embd, c.rms_norm_eps, &norm[i * embd]);
   }
   logits->resize(n_logits * vocab);
   MatMul(norm.data(), w.output.view, n_logits, logits->data(), pool, min_work);
 }
 
-absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
+[[nodiscard]] absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
   std::ifstream in(file.path(), std::ios::binary);
   if (!in) return absl::UnavailableError(absl::StrCat(file.path(), ": cannot read model file"));
   XXH3_state_t* state = XXH3_createState();
@@ -391,8 +386,8 @@ absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
     return absl::UnavailableError(absl::StrCat(file.path(), ": error reading model file"));
   }
   if (total != file.file_size()) {
-    return absl::DataLossError(absl::StrCat(file.path(), ": file is ", total,
-                                            " bytes, the mapping ", file.file_size()));
+    return absl::DataLossError(
+        absl::StrCat(file.path(), ": file is ", total, " bytes, the mapping ", file.file_size()));
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string hex;
@@ -405,7 +400,7 @@ absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
 
 const char* KernelIsa() { return internal::KernelIsa(); }
 
-absl::Status PinKernelIsa(const std::string& name) {
+[[nodiscard]] absl::Status PinKernelIsa(const std::string& name) {
   using internal::KernelIsaKind;
   if (name == "auto") return absl::OkStatus();
   KernelIsaKind isa;
@@ -416,16 +411,16 @@ absl::Status PinKernelIsa(const std::string& name) {
   } else if (name == "generic") {
     isa = KernelIsaKind::kGeneric;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kernel ISA must be auto, avx512, avx2 or generic, got '", name, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kernel ISA must be auto, avx512, avx2 or generic, got '", name, "'"));
   }
   if (!internal::PinKernelIsa(isa)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "kernel ISA ", name, " is not available (this CPU runs up to ",
-        internal::KernelIsaSupported(KernelIsaKind::kAvx512) ? "avx512"
-        : internal::KernelIsaSupported(KernelIsaKind::kAvx2) ? "avx2"
-                                                               : "generic",
-        "; in use: ", internal::KernelIsa(), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("kernel ISA ", name, " is not available (this CPU runs up to ",
+                     internal::KernelIsaSupported(KernelIsaKind::kAvx512) ? "avx512"
+                     : internal::KernelIsaSupported(KernelIsaKind::kAvx2) ? "avx2"
+                                                                          : "generic",
+                     "; in use: ", internal::KernelIsa(), ")"));
   }
   return absl::OkStatus();
 }

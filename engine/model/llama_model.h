@@ -71,7 +71,7 @@ struct ModelWeights;
 // and which optional tensors the file has. Default-constructed: llama with
 // no optional tensors.
 struct LlamaConfig {
-  std::string architecture;  // general.architecture: "llama" or "qwen2"
+  std::string architecture;              // general.architecture: "llama" or "qwen2"
   ModelArch arch = ModelArch::kLlama;    // the table row of `architecture`
   RopeType rope_type = RopeType::kNorm;  // the row's RoPE pairing
   // blk.N.attn_{q,k,v}.bias are in the file (qwen2: always; llama: when
@@ -80,7 +80,7 @@ struct LlamaConfig {
   // rope_freqs.weight is in the file (llama only): theta_i is divided by
   // its element i.
   bool rope_freq_factors = false;
-  std::string name;          // general.name
+  std::string name;  // general.name
   int32_t context_length = 0;
   int32_t n_embd = 0;
   int32_t n_layers = 0;
@@ -107,8 +107,8 @@ struct SequenceBatch {
 
 // Called after layer `layer` has written K/V for tokens
 // [token_start, token_start + token_count) of batch entry `seq_index`.
-using LayerHook = std::function<void(size_t seq_index, int32_t layer,
-                                     int32_t token_start, int32_t token_count)>;
+using LayerHook =
+    std::function<void(size_t seq_index, int32_t layer, int32_t token_start, int32_t token_count)>;
 
 // Load options; defaults: 1 thread, exact Q8_0.
 struct LlamaModelOptions {
@@ -138,15 +138,15 @@ class LlamaModel {
   // scaling other than none, experts), a tensor the architecture does not
   // use, an unsupported type (each named in the message).
   // Same as Load(file, 1): Forward runs on the calling thread alone.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file);
   // As above, with a pool of num_threads threads for Forward (the calling
   // thread counts as one, so 1 starts no thread). Errors as above, plus
   // INVALID_ARGUMENT when num_threads is outside [1, kMaxThreads].
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
-                                                          int32_t num_threads);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
+                                                                        int32_t num_threads);
   // As above with `options` (num_threads checked as above).
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
-                                                          const LlamaModelOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const gguf::GgufFile& file, const LlamaModelOptions& options);
   static constexpr int32_t kMaxThreads = kMaxForwardThreads;
 
   ~LlamaModel();
@@ -225,14 +225,14 @@ const char* KernelIsa();
 // "auto" (the best this CPU runs: no-op), "avx512", "avx2" or "generic".
 // Errors: INVALID_ARGUMENT for another name, FAILED_PRECONDITION when this
 // CPU cannot run it or another ISA is already in use.
-absl::Status PinKernelIsa(const std::string& name);
+[[nodiscard]] absl::Status PinKernelIsa(const std::string& name);
 
 // XXH3-128 (xxHash 0.8) of the whole model file, as 32 lowercase hex digits
 // in xxHash's canonical (big-endian) form, as `xxhsum -H2` prints it:
 // identifies the exact weights. Streams the file at file.path() again.
 // Errors: UNAVAILABLE when it cannot be read, DATA_LOSS when its size no
 // longer matches the mapping.
-absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file);
+[[nodiscard]] absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file);
 
 }  // namespace tandem::model
 

@@ -25,8 +25,8 @@ constexpr uint64_t kMaxVocab = uint64_t{1} << 24;
 
 // The metadata value under `key` as an int32 in [1, max], or INVALID_ARGUMENT
 // naming the key (a missing key included).
-absl::StatusOr<int32_t> RequiredDim(const gguf::GgufFile& file, const std::string& key,
-                                    uint64_t max) {
+[[nodiscard]] absl::StatusOr<int32_t> RequiredDim(const gguf::GgufFile& file,
+                                                  const std::string& key, uint64_t max) {
   absl::StatusOr<uint64_t> v = file.GetUint(key);
   if (!v.ok()) return absl::InvalidArgumentError(v.status().message());
   if (*v == 0 || *v > max) {
@@ -37,26 +37,28 @@ absl::StatusOr<int32_t> RequiredDim(const gguf::GgufFile& file, const std::strin
 }
 
 // Like RequiredDim, but `fallback` when the key is absent.
-absl::StatusOr<int32_t> OptionalDim(const gguf::GgufFile& file, const std::string& key,
-                                    uint64_t max, int32_t fallback) {
+[[nodiscard]] absl::StatusOr<int32_t> OptionalDim(const gguf::GgufFile& file,
+                                                  const std::string& key, uint64_t max,
+                                                  int32_t fallback) {
   if (file.Find(key) == nullptr) return fallback;
   return RequiredDim(file, key, max);
 }
 
 // A finite float > 0 under `key`; `fallback` when absent unless required.
-absl::StatusOr<float> PositiveFloat(const gguf::GgufFile& file, const std::string& key,
-                                    std::optional<float> fallback) {
+[[nodiscard]] absl::StatusOr<float> PositiveFloat(const gguf::GgufFile& file,
+                                                  const std::string& key,
+                                                  std::optional<float> fallback) {
   if (file.Find(key) == nullptr && fallback.has_value()) return *fallback;
   absl::StatusOr<float> v = file.GetFloat(key);
   if (!v.ok()) return absl::InvalidArgumentError(v.status().message());
   if (!(std::isfinite(*v) && *v > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": metadata key '", key, "' must be finite and > 0, got ", *v));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": metadata key '", key, "' must be finite and > 0, got ", *v));
   }
   return *v;
 }
 
-absl::Status ConfigError(const gguf::GgufFile& file, absl::string_view what) {
+[[nodiscard]] absl::Status ConfigError(const gguf::GgufFile& file, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", what));
 }
 
@@ -67,7 +69,7 @@ constexpr char kRopeFreqs[] = "rope_freqs.weight";
 // rope.scale_linear) f scales every angle by 1/f; "none" never scales;
 // rope.scaling.attn_factor multiplies cos and sin. Only unscaled RoPE is
 // supported: anything that would scale is refused, naming the key.
-absl::Status CheckNoRopeScaling(const gguf::GgufFile& file, const ArchInfo& arch) {
+[[nodiscard]] absl::Status CheckNoRopeScaling(const gguf::GgufFile& file, const ArchInfo& arch) {
   const std::string type_key = ArchKey(arch, "rope.scaling.type");
   bool type_absent = true;
   if (file.Find(type_key) != nullptr) {
@@ -97,8 +99,8 @@ absl::Status CheckNoRopeScaling(const gguf::GgufFile& file, const ArchInfo& arch
     absl::StatusOr<float> attn = file.GetFloat(attn_key);
     if (!attn.ok()) return absl::InvalidArgumentError(attn.status().message());
     if (*attn != 1.0f) {
-      return ConfigError(file, absl::StrCat("metadata key '", attn_key, "' is ", *attn,
-                                            ": only 1 is supported"));
+      return ConfigError(
+          file, absl::StrCat("metadata key '", attn_key, "' is ", *attn, ": only 1 is supported"));
     }
   }
   return absl::OkStatus();
@@ -110,29 +112,26 @@ std::string ShapeString(const std::vector<uint64_t>& dims) {
 
 // The tensor `name` with exactly `dims` (ne0 first), checked against its
 // type's byte size; INVALID_ARGUMENT naming it otherwise.
-absl::StatusOr<const gguf::TensorInfo*> FindTensor(const gguf::GgufFile& file,
-                                                   const std::string& name,
-                                                   const std::vector<uint64_t>& dims) {
+[[nodiscard]] absl::StatusOr<const gguf::TensorInfo*> FindTensor(
+    const gguf::GgufFile& file, const std::string& name, const std::vector<uint64_t>& dims) {
   const gguf::TensorInfo* info = file.FindTensor(name);
   if (info == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.path(), ": missing tensor '", name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": missing tensor '", name, "'"));
   }
   if (info->dims != dims) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name,
-                                                   "' has shape ", ShapeString(info->dims),
-                                                   ", expected ", ShapeString(dims)));
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name, "' has shape ",
+                                                   ShapeString(info->dims), ", expected ",
+                                                   ShapeString(dims)));
   }
   // Rows must be whole blocks (ne0 a multiple of 32 for Q8_0) for a row to
   // start at a block boundary; TensorBytes checks that of ne0 alone.
   const std::optional<uint64_t> row_bytes = gguf::TensorBytes(info->type, dims[0]);
   const std::optional<uint64_t> bytes = gguf::TensorBytes(info->type, info->NumElements());
   if (!row_bytes.has_value() || !bytes.has_value() || *bytes != info->n_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.path(), ": tensor '", name, "' of type ",
-                     std::string(gguf::TensorTypeName(info->type)), " has ", info->n_bytes,
-                     " bytes and rows of ", dims[0],
-                     " elements, which do not match its type's block size"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tensor '", name, "' of type ",
+        std::string(gguf::TensorTypeName(info->type)), " has ", info->n_bytes,
+        " bytes and rows of ", dims[0], " elements, which do not match its type's block size"));
   }
   // A NaN or infinite block scale would poison every weight of its block.
   const uint64_t n_blocks = info->NumElements() / gguf::TensorBlockSize(info->type);
@@ -147,20 +146,19 @@ absl::StatusOr<const gguf::TensorInfo*> FindTensor(const gguf::GgufFile& file,
 
 // A NaN or infinity in a norm weight or bias would turn every logit into
 // NaN; refused like a non-finite block scale.
-absl::Status CheckFinite(const gguf::GgufFile& file, const std::string& name, const float* v,
-                         uint64_t n) {
+[[nodiscard]] absl::Status CheckFinite(const gguf::GgufFile& file, const std::string& name,
+                                       const float* v, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) {
     if (!std::isfinite(v[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name,
-                                                     "' element ", i, " is ", v[i],
-                                                     ", expected a finite value"));
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name, "' element ",
+                                                     i, " is ", v[i], ", expected a finite value"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> LoadVector(const gguf::GgufFile& file, const std::string& name,
-                                  uint64_t n) {
+[[nodiscard]] absl::StatusOr<Tensor> LoadVector(const gguf::GgufFile& file, const std::string& name,
+                                                uint64_t n) {
   absl::StatusOr<const gguf::TensorInfo*> info = FindTensor(file, name, {n});
   if (!info.ok()) return info.status();
   Tensor t;
@@ -177,8 +175,8 @@ absl::StatusOr<Tensor> LoadVector(const gguf::GgufFile& file, const std::string&
 }
 
 // The matrix `name` of GGUF dims [in, out], in its storage type.
-absl::StatusOr<Matrix> LoadMatrix(const gguf::GgufFile& file, const std::string& name,
-                                  uint64_t in, uint64_t out) {
+[[nodiscard]] absl::StatusOr<Matrix> LoadMatrix(const gguf::GgufFile& file, const std::string& name,
+                                                uint64_t in, uint64_t out) {
   absl::StatusOr<const gguf::TensorInfo*> info = FindTensor(file, name, {in, out});
   if (!info.ok()) return info.status();
   Matrix m;
@@ -194,15 +192,15 @@ absl::StatusOr<Matrix> LoadMatrix(const gguf::GgufFile& file, const std::string&
 
 }  // namespace
 
-absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
+[[nodiscard]] absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   LlamaConfig c;
   absl::StatusOr<std::string> arch_name = file.GetString("general.architecture");
   if (!arch_name.ok()) return absl::InvalidArgumentError(arch_name.status().message());
   const ArchInfo* arch = FindArch(*arch_name);
   if (arch == nullptr) {
-    return ConfigError(file, absl::StrCat("metadata key 'general.architecture' is '", *arch_name,
-                                          "', not a supported architecture (",
-                                          SupportedArchNames(), ")"));
+    return ConfigError(
+        file, absl::StrCat("metadata key 'general.architecture' is '", *arch_name,
+                           "', not a supported architecture (", SupportedArchNames(), ")"));
   }
   c.architecture = *arch_name;
   c.arch = arch->arch;
@@ -213,9 +211,7 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   // "<arch>.<suffix>", e.g. "qwen2.context_length".
   auto key = [&](const char* suffix) { return ArchKey(*arch, suffix); };
 
-  auto dim = [&](const char* suffix, uint64_t max) {
-    return RequiredDim(file, key(suffix), max);
-  };
+  auto dim = [&](const char* suffix, uint64_t max) { return RequiredDim(file, key(suffix), max); };
   absl::StatusOr<int32_t> v = dim("context_length", std::numeric_limits<int32_t>::max());
   if (!v.ok()) return v.status();
   c.context_length = *v;
@@ -232,14 +228,14 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   }
   c.n_head_kv = *v;
   if (c.n_embd % c.n_head != 0) {
-    return ConfigError(file, absl::StrCat(key("embedding_length"), " ", c.n_embd,
-                                          " is not a multiple of ", key("attention.head_count"),
-                                          " ", c.n_head));
+    return ConfigError(
+        file, absl::StrCat(key("embedding_length"), " ", c.n_embd, " is not a multiple of ",
+                           key("attention.head_count"), " ", c.n_head));
   }
   if (c.n_head % c.n_head_kv != 0) {
-    return ConfigError(file, absl::StrCat(key("attention.head_count"), " ", c.n_head,
-                                          " is not a multiple of ",
-                                          key("attention.head_count_kv"), " ", c.n_head_kv));
+    return ConfigError(
+        file, absl::StrCat(key("attention.head_count"), " ", c.n_head, " is not a multiple of ",
+                           key("attention.head_count_kv"), " ", c.n_head_kv));
   }
   c.head_dim = c.n_embd / c.n_head;
   // llama.cpp reads explicit head sizes (n_embd_head_k / n_embd_head_v);
@@ -250,9 +246,9 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
     absl::StatusOr<uint64_t> len = file.GetUint(key(suffix));
     if (!len.ok()) return absl::InvalidArgumentError(len.status().message());
     if (*len != static_cast<uint64_t>(c.head_dim)) {
-      return ConfigError(file, absl::StrCat("metadata key '", key(suffix), "' is ", *len,
-                                            ": only n_embd / n_head = ", c.head_dim,
-                                            " is supported"));
+      return ConfigError(file,
+                         absl::StrCat("metadata key '", key(suffix), "' is ", *len,
+                                      ": only n_embd / n_head = ", c.head_dim, " is supported"));
     }
   }
   if (!(v = OptionalDim(file, key("rope.dimension_count"), kMaxDim, c.head_dim)).ok()) {
@@ -274,9 +270,10 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
     absl::StatusOr<uint64_t> experts = file.GetUint(key("expert_count"));
     if (!experts.ok()) return absl::InvalidArgumentError(experts.status().message());
     if (*experts > 0) {
-      return ConfigError(file, absl::StrCat("metadata key '", key("expert_count"), "' is ",
-                                            *experts, ": mixture-of-experts models are not "
-                                            "supported"));
+      return ConfigError(file,
+                         absl::StrCat("metadata key '", key("expert_count"), "' is ", *experts,
+                                      ": mixture-of-experts models are not "
+                                      "supported"));
     }
   }
 
@@ -288,9 +285,9 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
       return ConfigError(file, "metadata key 'tokenizer.ggml.tokens' is not a string array");
     }
     if (list->empty() || list->size() > kMaxVocab) {
-      return ConfigError(file, absl::StrCat("metadata key 'tokenizer.ggml.tokens' has ",
-                                            list->size(), " entries, expected [1, ",
-                                            kMaxVocab, "]"));
+      return ConfigError(file,
+                         absl::StrCat("metadata key 'tokenizer.ggml.tokens' has ", list->size(),
+                                      " entries, expected [1, ", kMaxVocab, "]"));
     }
     c.vocab_size = static_cast<int32_t>(list->size());
   } else {
@@ -300,31 +297,42 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
 
   // Optional tensors of the row (LoadLlamaWeights checks their shapes).
   switch (arch->qkv_bias) {
-    case TensorRule::kAbsent: c.qkv_bias = false; break;
-    case TensorRule::kOptional: c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr; break;
-    case TensorRule::kRequired: c.qkv_bias = true; break;
+    case TensorRule::kAbsent:
+      c.qkv_bias = false;
+      break;
+    case TensorRule::kOptional:
+      c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
+      break;
+    case TensorRule::kRequired:
+      c.qkv_bias = true;
+      break;
   }
   const bool has_rope_freqs = file.FindTensor(kRopeFreqs) != nullptr;
   switch (arch->rope_freqs) {
     case TensorRule::kAbsent:
       if (has_rope_freqs) {
-        return ConfigError(file, absl::StrCat("tensor '", kRopeFreqs, "' is not used by "
-                                              "architecture '", arch->name, "'"));
+        return ConfigError(file, absl::StrCat("tensor '", kRopeFreqs,
+                                              "' is not used by "
+                                              "architecture '",
+                                              arch->name, "'"));
       }
       c.rope_freq_factors = false;
       break;
-    case TensorRule::kOptional: c.rope_freq_factors = has_rope_freqs; break;
-    case TensorRule::kRequired: c.rope_freq_factors = true; break;
+    case TensorRule::kOptional:
+      c.rope_freq_factors = has_rope_freqs;
+      break;
+    case TensorRule::kRequired:
+      c.rope_freq_factors = true;
+      break;
   }
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
-                                                               const LlamaConfig& c) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(
+    const gguf::GgufFile& file, const LlamaConfig& c) {
   const uint64_t embd = static_cast<uint64_t>(c.n_embd);
   const uint64_t q_dim = static_cast<uint64_t>(c.n_head) * static_cast<uint64_t>(c.head_dim);
-  const uint64_t kv_dim =
-      static_cast<uint64_t>(c.n_head_kv) * static_cast<uint64_t>(c.head_dim);
+  const uint64_t kv_dim = static_cast<uint64_t>(c.n_head_kv) * static_cast<uint64_t>(c.head_dim);
   const uint64_t ff = static_cast<uint64_t>(c.n_ff);
   const uint64_t vocab = static_cast<uint64_t>(c.vocab_size);
 
@@ -350,8 +358,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
   };
   mat(w->token_embd, "token_embd.weight", embd, vocab);
   vec(w->output_norm, "output_norm.weight", embd);
-  if (file.FindTensor("output.weight") != nullptr ||
-      !GetArchInfo(c.arch).output_may_be_tied) {
+  if (file.FindTensor("output.weight") != nullptr || !GetArchInfo(c.arch).output_may_be_tied) {
     mat(w->output, "output.weight", embd, vocab);
   } else {
     w->output.view = w->token_embd.view;  // tied embeddings
@@ -364,8 +371,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufF
     for (uint64_t i = 0; status.ok() && i < pairs; ++i) {
       const float x = w->rope_freqs.data[i];
       if (!(std::isfinite(x) && x > 0.0f)) {
-        status = ConfigError(file, absl::StrCat("tensor '", kRopeFreqs, "' element ", i,
-                                                " is ", x, ", expected finite and > 0"));
+        status = ConfigError(file, absl::StrCat("tensor '", kRopeFreqs, "' element ", i, " is ", x,
+                                                ", expected finite and > 0"));
       }
     }
   }

@@ -94,7 +94,7 @@ struct ModelWeights {
 // while the type is absent (llama.cpp then scales linearly),
 // "<arch>.rope.scaling.attn_factor" other than 1, "<arch>.expert_count" >
 // 0), or rope_freqs.weight in an architecture that does not use it.
-absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
+[[nodiscard]] absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
 
 // Finds and checks (presence, shape, byte size, Q8_0 rows whole blocks)
 // every tensor `config` needs, and that the file has no other tensor
@@ -102,8 +102,8 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file);
 // created, too). Q/K/V biases: all of q, k, v in every layer when
 // config.qkv_bias. rope_freqs.weight: rope_dim / 2 finite values > 0.
 // Errors: INVALID_ARGUMENT naming the tensor and the file.
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
-                                                               const LlamaConfig& config);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(
+    const gguf::GgufFile& file, const LlamaConfig& config);
 
 // engine.q8_matmul: int8: packs every Q8_0 matrix Forward multiplies (each
 // layer's seven and `output`; not token_embd, which is only looked up)

@@ -15,8 +15,7 @@ namespace {
 constexpr ArchInfo kArchitectures[] = {
     {ModelArch::kLlama, "llama", RopeType::kNorm, TensorRule::kOptional, TensorRule::kOptional,
      true},
-    {ModelArch::kQwen2, "qwen2", RopeType::kNeox, TensorRule::kRequired, TensorRule::kAbsent,
-     true},
+    {ModelArch::kQwen2, "qwen2", RopeType::kNeox, TensorRule::kRequired, TensorRule::kAbsent, true},
 };
 
 // The table is indexed by enum value.

@@ -60,9 +60,7 @@ struct Args {
   // tiles are reused from cache by the later rows, it cost 20%.
   bool prefetch = false;
   // Valid columns of group g (16 but in the last group).
-  int Cols(size_t g) const {
-    return static_cast<int>(std::min(kCols, out - g * kCols));
-  }
+  int Cols(size_t g) const { return static_cast<int>(std::min(kCols, out - g * kCols)); }
 };
 
 #ifdef TANDEM_INT8_X86
@@ -112,10 +110,8 @@ __attribute__((target("avx2"))) inline void Store8(float* p, __m256 v, int n) {
 }
 
 // One block's float step for 8 columns: acc + (float)sumi * (dw * dx).
-__attribute__((target("avx2,f16c"), always_inline)) inline __m256 Combine(__m256 acc,
-                                                                         __m256i sumi,
-                                                                         __m256 dw,
-                                                                         __m256 dx) {
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 Combine(__m256 acc, __m256i sumi,
+                                                                          __m256 dw, __m256 dx) {
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dw, dx)));
 }
 
@@ -124,8 +120,7 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m256 Combine(__m256
 // r0 + r's activation scale), for R rows and both halves of the group.
 template <int R>
 __attribute__((target("avx2,f16c"), always_inline)) inline void CombineBlock(
-    const Args& a, size_t g0, size_t r0, size_t b, const __m256i (&si)[R][2],
-    __m256 (&acc)[R][2]) {
+    const Args& a, size_t g0, size_t r0, size_t b, const __m256i (&si)[R][2], __m256 (&acc)[R][2]) {
   const uint8_t* s = a.w->Scales(g0, b);
   const __m256 dw0 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
   const __m256 dw1 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(s + 16)));
@@ -157,8 +152,7 @@ struct Avx2Isa {
   static constexpr int kRows = 3;
   static constexpr int kGroups = 1;
   template <int R, int C>
-  __attribute__((target("avx2,f16c"))) static void Tile(const Args& a, size_t r0,
-                                                         size_t g0) {
+  __attribute__((target("avx2,f16c"))) static void Tile(const Args& a, size_t r0, size_t g0) {
     static_assert(C == 1);
     const ActivationBlock* x[R];
     for (int r = 0; r < R; ++r) x[r] = a.x + (r0 + r) * a.nb;
@@ -171,8 +165,8 @@ struct Avx2Isa {
       __m256i si[R][2];
       for (int r = 0; r < R; ++r) si[r][0] = si[r][1] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        const __m256i w0 = _mm256_xor_si256(
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j)), bias);
+        const __m256i w0 =
+            _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j)), bias);
         const __m256i w1 = _mm256_xor_si256(
             _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32)), bias);
         const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
@@ -198,7 +192,7 @@ struct AvxVnniIsa {
   static constexpr int kGroups = 1;
   template <int R, int C>
   __attribute__((target("avx2,f16c,avxvnni"))) static void Tile(const Args& a, size_t r0,
-                                                                 size_t g0) {
+                                                                size_t g0) {
     static_assert(C == 1);
     const ActivationBlock* x[R];
     for (int r = 0; r < R; ++r) x[r] = a.x + (r0 + r) * a.nb;
@@ -212,8 +206,7 @@ struct AvxVnniIsa {
       }
       for (int j = 0; j < 8; ++j) {
         const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j));
-        const __m256i w1 =
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(t + 64 * j + 32));
         for (int r = 0; r < R; ++r) {
           const __m256i xq = _mm256_broadcastd_epi32(_mm_loadu_si32(x[r][b].q + 4 * j));
           si[r][0] = _mm256_dpbusd_avx_epi32(si[r][0], w0, xq);
@@ -269,16 +262,14 @@ struct Avx512VnniIsa {
           w[c] = _mm512_load_si512(reinterpret_cast<const void*>(t[c] + 64 * j));
         }
         for (int r = 0; r < R; ++r) {
-          const __m512i xq =
-              _mm512_maskz_broadcastd_epi32(kAll, _mm_loadu_si32(x[r][b].q + 4 * j));
+          const __m512i xq = _mm512_maskz_broadcastd_epi32(kAll, _mm_loadu_si32(x[r][b].q + 4 * j));
           for (int c = 0; c < C; ++c) si[r][c] = _mm512_dpbusd_epi32(si[r][c], w[c], xq);
         }
       }
       __m512 dw[C];
       for (int c = 0; c < C; ++c) {
-        dw[c] = _mm512_maskz_cvtph_ps(
-            kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(
-                      s0[c] + b * Q8Int8Matrix::kScaleBytes)));
+        dw[c] = _mm512_maskz_cvtph_ps(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                                s0[c] + b * Q8Int8Matrix::kScaleBytes)));
       }
       for (int r = 0; r < R; ++r) {
         const __m512 dx = _mm512_set1_ps(x[r][b].d);
@@ -399,9 +390,8 @@ __attribute__((target("avx512f"))) void QuantizeRowAvx512(const float* x, size_t
       __m512 t = _mm512_maskz_roundscale_ps(kAll, y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
       const __mmask16 away =
           _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, t)), half, _CMP_GE_OQ);
-      const __m512 step = _mm512_castsi512_ps(
-          _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign),
-                          _mm512_castps_si512(one)));
+      const __m512 step = _mm512_castsi512_ps(_mm512_or_si512(
+          _mm512_and_si512(_mm512_castps_si512(y), sign), _mm512_castps_si512(one)));
       t = _mm512_mask_add_ps(t, away, t, step);
       const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(t), limit, _CMP_LE_OQ);
       const __m512i i = _mm512_maskz_cvttps_epi32(ok, t);
@@ -507,8 +497,8 @@ const char* Int8IsaName(Int8IsaKind isa) {
 }
 
 void MatMulInt8GroupsWithIsa(Int8IsaKind isa, const int8_t* q, const float* d,
-                             const Q8Int8Matrix& w, size_t rows, size_t g_begin,
-                             size_t g_end, float* y) {
+                             const Q8Int8Matrix& w, size_t rows, size_t g_begin, size_t g_end,
+                             float* y) {
   if (!Int8IsaSupported(isa)) isa = Int8IsaKind::kGeneric;
   const size_t nb = w.blocks();
   std::vector<ActivationBlock> blocks(rows * nb);
@@ -541,8 +531,8 @@ void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, s
                    [&](size_t begin, size_t end) { RunGroups(isa, a, rows, begin, end); });
 }
 
-void MatMulInt8(const float* x, const Q8Int8Matrix& w, size_t rows, float* y,
-                ThreadPool* pool, size_t min_work) {
+void MatMulInt8(const float* x, const Q8Int8Matrix& w, size_t rows, float* y, ThreadPool* pool,
+                size_t min_work) {
   MatMulInt8WithIsa(BestInt8Isa(), x, w, rows, y, pool, min_work);
 }
 

@@ -82,9 +82,7 @@ class Q8Int8Matrix {
   size_t blocks() const { return in_ / 32; }
   size_t groups() const { return (out_ + kGroupCols - 1) / kGroupCols; }
   // Bytes of one group: its tiles and scales, rounded up to 64.
-  size_t GroupBytes() const {
-    return (blocks() * (kTileBytes + kScaleBytes) + 63) / 64 * 64;
-  }
+  size_t GroupBytes() const { return (blocks() * (kTileBytes + kScaleBytes) + 63) / 64 * 64; }
   // The weight tile of group g, block b (layout above); 64-byte aligned.
   const uint8_t* Tile(size_t g, size_t b) const { return data_.get() + TileOffset(g, b); }
   // The 16 F16 scales of group g, block b; 32-byte aligned.
@@ -122,8 +120,8 @@ const char* Int8IsaName(Int8IsaKind isa);
 // y: [rows][w.out()] (other columns left as they are). An unsupported `isa`
 // runs kGeneric. For tests and benchmarks; the engine calls MatMulInt8.
 void MatMulInt8GroupsWithIsa(Int8IsaKind isa, const int8_t* q, const float* d,
-                             const Q8Int8Matrix& w, size_t rows, size_t g_begin,
-                             size_t g_end, float* y);
+                             const Q8Int8Matrix& w, size_t rows, size_t g_begin, size_t g_end,
+                             float* y);
 
 // y[r][o] = the formula above of W's row o and x[r] quantized per block
 // (QuantizeActivationRow), for r < rows, o < w.out(), on `isa` (an
@@ -136,8 +134,8 @@ void MatMulInt8WithIsa(Int8IsaKind isa, const float* x, const Q8Int8Matrix& w, s
                        float* y, ThreadPool* pool, size_t min_work);
 
 // MatMulInt8WithIsa on BestInt8Isa().
-void MatMulInt8(const float* x, const Q8Int8Matrix& w, size_t rows, float* y,
-                ThreadPool* pool, size_t min_work);
+void MatMulInt8(const float* x, const Q8Int8Matrix& w, size_t rows, float* y, ThreadPool* pool,
+                size_t min_work);
 
 }  // namespace tandem::model::internal
 

@@ -1,6 +1,5 @@
 #include "engine/model/quant_blocks.h"
 
-
 namespace tandem::model::internal {
 namespace {
 
@@ -81,7 +80,8 @@ float DequantizeOne(gguf::TensorType type, const uint8_t* b, size_t e) {
     case gguf::TensorType::kQ6_K: {
       int scale_index, q;
       Q6(b, e, &scale_index, &q);
-      const float ds = LoadF16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + scale_index]));
+      const float ds =
+          LoadF16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + scale_index]));
       return ds * static_cast<float>(q - 32);
     }
     default:

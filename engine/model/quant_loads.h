@@ -244,8 +244,8 @@ struct KQuant45Kind {
     const __m128i v = _mm_setr_epi32(static_cast<int>(words[0]), static_cast<int>(words[1]),
                                      static_cast<int>(words[2]), static_cast<int>(words[3]));
     const __m512 f = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, v));
-    const __m512 dd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(F16Scale(b)),
-                                           _mm512_set1_ps(F16Scale(b + 2)));
+    const __m512 dd =
+        _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(F16Scale(b)), _mm512_set1_ps(F16Scale(b + 2)));
     Context ctx;
     _mm512_store_ps(ctx.v, _mm512_mul_ps(dd, f));
     return ctx;
@@ -308,8 +308,8 @@ struct Q6_KKind {
     const uint8_t* qh = b + 128 + 32 * h;
     const int ql_shift = static_cast<int>(4 * (g >> 1)), qh_shift = static_cast<int>(2 * g);
     for (int k = 0; k < 4; ++k) {
-      const __m256i q = _mm256_or_si256(Field8(ql + 8 * k, ql_shift, 0xF, 0),
-                                        Field8(qh + 8 * k, qh_shift, 3, 4));
+      const __m256i q =
+          _mm256_or_si256(Field8(ql + 8 * k, ql_shift, 0xF, 0), Field8(qh + 8 * k, qh_shift, 3, 4));
       const __m256 qf = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(32)));
       out[k] = _mm256_mul_ps(_mm256_set1_ps(ctx.v[8 * h + 2 * g + k / 2]), qf);
     }
@@ -331,16 +331,17 @@ struct Q6_KKind {
   TANDEM_AVX512 static void Group16(const uint8_t* b, size_t e, const Context& ds,
                                     __m512 (&out)[2]) {
     const size_t h = e / 128, g = (e % 128) / 32;
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (g & 1)));
+    const __m256i ql =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (g & 1)));
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     // 16-bit shifts, masked per byte afterwards: no bit crosses a byte.
-    const __m256i nibble =
-        _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(static_cast<int>(4 * (g >> 1)))), low4);
+    const __m256i nibble = _mm256_and_si256(
+        _mm256_srl_epi16(ql, _mm_cvtsi32_si128(static_cast<int>(4 * (g >> 1)))), low4);
     const __m256i two = _mm256_and_si256(
         _mm256_srl_epi16(qh, _mm_cvtsi32_si128(static_cast<int>(2 * g))), _mm256_set1_epi8(3));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibble, _mm256_slli_epi16(two, 4)),
-                                      _mm256_set1_epi8(32));
+    const __m256i q =
+        _mm256_sub_epi8(_mm256_or_si256(nibble, _mm256_slli_epi16(two, 4)), _mm256_set1_epi8(32));
     const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
     for (int k = 0; k < 2; ++k) {
       const __m512 qf =

@@ -59,8 +59,8 @@ void ThreadPool::ParallelFor(size_t n, const RangeFn& fn) {
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
   // At most 0xFFFF: the count has 16 bits of claim_.
-  const size_t chunks = std::min(
-      {n, kChunksPerThread * static_cast<size_t>(num_threads_), size_t{0xFFFF}});
+  const size_t chunks =
+      std::min({n, kChunksPerThread * static_cast<size_t>(num_threads_), size_t{0xFFFF}});
   fn_ = &fn;
   n_ = n;
   done_.store(0, std::memory_order_relaxed);

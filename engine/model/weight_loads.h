@@ -105,9 +105,7 @@ struct F16Loads {
   const uint8_t* w;  // row o
   size_t row_bytes;
   size_t ahead;
-  const uint8_t* P(int c, size_t i) const {
-    return w + static_cast<size_t>(c) * row_bytes + 2 * i;
-  }
+  const uint8_t* P(int c, size_t i) const { return w + static_cast<size_t>(c) * row_bytes + 2 * i; }
   float At(int c, size_t i) const { return HalfToFloat(LoadU16(P(c, i))); }
   TANDEM_AVX2 __m256 Load8(int c, size_t i) const {
     PrefetchAhead(P(c, i), ahead);
@@ -115,8 +113,8 @@ struct F16Loads {
   }
   TANDEM_AVX512 __m512 Load16(int c, size_t i) const {
     PrefetchAhead(P(c, i), ahead);
-    return _mm512_maskz_cvtph_ps(
-        0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(P(c, i))));
+    return _mm512_maskz_cvtph_ps(0xffff,
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(P(c, i))));
   }
 };
 

@@ -40,7 +40,7 @@ void ConvertGeneric(gguf::TensorType type, const uint8_t* data, size_t n, float*
 // or 16) goes through the generic loop.
 template <typename Source>
 __attribute__((target("avx2,fma,f16c"))) void StoreRow8(const Source& source, size_t n8,
-                                                         float* out) {
+                                                        float* out) {
   if constexpr (requires { Source::kGroup; }) {
     for (size_t i = 0; i < n8; i += Source::kBlock) {  // n is whole blocks
       const typename Source::Context8 ctx = source.Prepare8(0, i);
@@ -56,8 +56,8 @@ __attribute__((target("avx2,fma,f16c"))) void StoreRow8(const Source& source, si
 }
 
 template <typename Source>
-__attribute__((target("avx512f,avx2,fma,f16c"))) void StoreRow16(const Source& source,
-                                                                   size_t n16, float* out) {
+__attribute__((target("avx512f,avx2,fma,f16c"))) void StoreRow16(const Source& source, size_t n16,
+                                                                 float* out) {
   if constexpr (requires { Source::kGroup; }) {
     constexpr size_t kVectors = Source::kGroup / 16;
     for (size_t i = 0; i < n16; i += Source::kBlock) {  // n is whole blocks
@@ -74,19 +74,21 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void StoreRow16(const Source& s
 }
 
 __attribute__((target("avx2,fma,f16c"))) void ConvertAvx2(gguf::TensorType type,
-                                                           const uint8_t* data, size_t n,
-                                                           float* out) {
+                                                          const uint8_t* data, size_t n,
+                                                          float* out) {
   const size_t n8 = n - n % 8;
-  const bool vector = WithWeightLoads(type, data, 0, 0, [&](const auto& source) { StoreRow8(source, n8, out); });
+  const bool vector =
+      WithWeightLoads(type, data, 0, 0, [&](const auto& source) { StoreRow8(source, n8, out); });
   if (!vector) return ConvertGeneric(type, data, n, out);
   if (n8 < n) ConvertGeneric(type, data + 2 * n8, n - n8, out + n8);  // F16 only
 }
 
 __attribute__((target("avx512f,avx2,fma,f16c"))) void ConvertAvx512(gguf::TensorType type,
-                                                                     const uint8_t* data,
-                                                                     size_t n, float* out) {
+                                                                    const uint8_t* data, size_t n,
+                                                                    float* out) {
   const size_t n16 = n - n % 16;
-  const bool vector = WithWeightLoads(type, data, 0, 0, [&](const auto& source) { StoreRow16(source, n16, out); });
+  const bool vector =
+      WithWeightLoads(type, data, 0, 0, [&](const auto& source) { StoreRow16(source, n16, out); });
   if (!vector) return ConvertGeneric(type, data, n, out);
   if (n16 < n) ConvertAvx2(type, data + 2 * n16, n - n16, out + n16);  // F16 only
 }

@@ -90,10 +90,10 @@ SampledToken SampleFromView(const SamplingView& view, const SamplingOptions& opt
                             uint32_t output_index) {
   assert(!view.candidates.empty());
   const Candidate& chosen = view.candidates[Draw(view, options, output_index)];
-  return {chosen.id,
-          static_cast<float>(static_cast<double>(chosen.raw_logit) - view.raw_max -
-                             view.raw_log_sum),
-          view.raw_top};
+  return {
+      chosen.id,
+      static_cast<float>(static_cast<double>(chosen.raw_logit) - view.raw_max - view.raw_log_sum),
+      view.raw_top};
 }
 
 SampledToken Sample(std::span<const float> logits, const SamplingOptions& options,

@@ -8,20 +8,20 @@ namespace tandem::sampling {
 namespace {
 
 // OK when `value` is in [-kMaxAbsPenalty, kMaxAbsPenalty] (not NaN).
-absl::Status CheckPenalty(const char* field, float value) {
+[[nodiscard]] absl::Status CheckPenalty(const char* field, float value) {
   if (value >= -kMaxAbsPenalty && value <= kMaxAbsPenalty) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": must be in [-", kMaxAbsPenalty,
-                                                 ", ", kMaxAbsPenalty, "], got ", value));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be in [-", kMaxAbsPenalty, ", ",
+                                                 kMaxAbsPenalty, "], got ", value));
 }
 
 }  // namespace
 
-absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
+[[nodiscard]] absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
   if (!(options.temperature == 0.0f ||
         (std::isfinite(options.temperature) && options.temperature >= kMinTemperature))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature: must be 0 (greedy) or in [", kMinTemperature,
-                     ", inf), got ", options.temperature));
+    return absl::InvalidArgumentError(absl::StrCat("temperature: must be 0 (greedy) or in [",
+                                                   kMinTemperature, ", inf), got ",
+                                                   options.temperature));
   }
   if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
@@ -44,15 +44,15 @@ absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
     return s;
   }
   if (options.top_logprobs < 0 || options.top_logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logprobs: must be in [0, ", kMaxTopLogprobs, "], got ", options.top_logprobs));
+    return absl::InvalidArgumentError(absl::StrCat("logprobs: must be in [0, ", kMaxTopLogprobs,
+                                                   "], got ", options.top_logprobs));
   }
   for (size_t i = 0; i < options.logit_bias.size(); ++i) {
     const auto [id, bias] = options.logit_bias[i];
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("logit_bias[", id, "]: token id ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     vocab_size, ")"));
+                                                     " is outside the vocabulary [0, ", vocab_size,
+                                                     ")"));
     }
     if (!(bias >= -kMaxAbsLogitBias && bias <= kMaxAbsLogitBias)) {
       return absl::InvalidArgumentError(absl::StrCat("logit_bias[", id, "]: bias must be in [-",

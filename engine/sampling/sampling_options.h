@@ -82,7 +82,7 @@ struct SamplingOptions {
 //     (the converter from the proto map builds them so; a caller bug)
 // NaN fails every range. `vocab_size` is the model's (V > 0).
 // min_tokens and min_tokens_masked_ids are the engine core's to check.
-absl::Status Validate(const SamplingOptions& options, int32_t vocab_size);
+[[nodiscard]] absl::Status Validate(const SamplingOptions& options, int32_t vocab_size);
 
 }  // namespace tandem::sampling
 

@@ -316,8 +316,8 @@ void BuildSamplingView(std::span<const float> raw_logits, const SamplingOptions&
       static_cast<size_t>(std::clamp<int64_t>(options.top_logprobs, 0, kMaxTopLogprobs)), vocab);
   SelectRawTop(raw_logits, top_n, &view->raw_top);
   for (TokenLogprob& t : view->raw_top) {
-    t.logprob = static_cast<float>(static_cast<double>(t.logprob) - view->raw_max -
-                                   view->raw_log_sum);
+    t.logprob =
+        static_cast<float>(static_cast<double>(t.logprob) - view->raw_max - view->raw_log_sum);
   }
 }
 

@@ -21,11 +21,13 @@ enum class RouteChoice : uint32_t { kAuto = 0, kLocal = 1, kRemote = 2 };
 // threshold: L - local_hit_tokens > max_local_prefill_tokens. INT32_MAX
 // (the config's `unbounded`, colocated mode) never chooses remote under
 // kAuto: 0 <= local_hit_tokens <= L, so the difference never overflows.
-inline bool PrefillRemotely(RouteChoice route, int32_t prompt_tokens,
-                            int32_t local_hit_tokens, int32_t max_local_prefill_tokens) {
+inline bool PrefillRemotely(RouteChoice route, int32_t prompt_tokens, int32_t local_hit_tokens,
+                            int32_t max_local_prefill_tokens) {
   switch (route) {
-    case RouteChoice::kLocal: return false;
-    case RouteChoice::kRemote: return true;
+    case RouteChoice::kLocal:
+      return false;
+    case RouteChoice::kRemote:
+      return true;
     case RouteChoice::kAuto:
       return prompt_tokens - local_hit_tokens > max_local_prefill_tokens;
   }

@@ -8,10 +8,14 @@ namespace tandem::scheduler {
 
 const char* SeqStatusName(SeqStatus status) {
   switch (status) {
-    case SeqStatus::kWaiting: return "WAITING";
-    case SeqStatus::kWaitingForRemoteKv: return "WAITING_FOR_REMOTE_KV";
-    case SeqStatus::kAbortingRemoteKv: return "ABORTING_REMOTE_KV";
-    case SeqStatus::kRunning: return "RUNNING";
+    case SeqStatus::kWaiting:
+      return "WAITING";
+    case SeqStatus::kWaitingForRemoteKv:
+      return "WAITING_FOR_REMOTE_KV";
+    case SeqStatus::kAbortingRemoteKv:
+      return "ABORTING_REMOTE_KV";
+    case SeqStatus::kRunning:
+      return "RUNNING";
   }
   return "?";
 }
@@ -46,8 +50,7 @@ size_t Scheduler::num_waiting_for_remote_kv() const {
 }
 
 bool Scheduler::HasSeqSlot() const {
-  return running_.size() + num_waiting_for_remote_kv() <
-         static_cast<size_t>(options_.max_num_seqs);
+  return running_.size() + num_waiting_for_remote_kv() < static_cast<size_t>(options_.max_num_seqs);
 }
 
 bool Scheduler::HasWork() const { return !waiting_.empty() || !running_.empty(); }
@@ -56,10 +59,9 @@ void Scheduler::InsertRunning(int64_t id) {
   // Keep running_ in arrival order (a resumed or remote sequence is older
   // than those that arrived after it).
   const uint64_t arrival = seqs_.at(id).arrival;
-  auto pos = std::upper_bound(running_.begin(), running_.end(), arrival,
-                              [&](uint64_t a, int64_t other) {
-                                return a < seqs_.at(other).arrival;
-                              });
+  auto pos =
+      std::upper_bound(running_.begin(), running_.end(), arrival,
+                       [&](uint64_t a, int64_t other) { return a < seqs_.at(other).arrival; });
   running_.insert(pos, id);
   seqs_.at(id).status = SeqStatus::kRunning;
 }
@@ -160,8 +162,8 @@ bool Scheduler::AdmitForked(SeqState& seq, StepPlan* plan) {
   const int32_t budget = options_.max_num_batched_tokens;
   if (!HasSeqSlot() || plan->num_batched_tokens >= budget) return false;
   const int32_t len = static_cast<int32_t>(seq.tokens.size());
-  const int32_t count = std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
-                                  budget - plan->num_batched_tokens});
+  const int32_t count = std::min(
+      {len - seq.num_computed, options_.prefill_chunk_tokens, budget - plan->num_batched_tokens});
   // On failure the child keeps its shared blocks and waits (FCFS).
   if (!kv_->AllocateSlots(seq.id, seq.num_computed + count)) return false;
   waiting_.pop_front();
@@ -211,8 +213,8 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
     local_hit.num_tokens = local_cap;
   }
 
-  if (may_go_remote && PrefillRemotely(seq.route, len, local_hit.num_tokens,
-                                       options_.max_local_prefill_tokens)) {
+  if (may_go_remote &&
+      PrefillRemotely(seq.route, len, local_hit.num_tokens, options_.max_local_prefill_tokens)) {
     kv_->StartSequence(id, hit);
     if (!kv_->AllocateSlots(id, len + 1)) {
       kv_->FreeSequence(id);  // the head waits for blocks (FCFS)
@@ -231,8 +233,8 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
   kv_->StartSequence(id, local_hit);
   seq.num_computed = local_hit.num_tokens;
   if (seq.num_preemptions == 0) seq.num_cached_prompt_tokens = local_hit.num_tokens;
-  const int32_t count = std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
-                                  budget - plan->num_batched_tokens});
+  const int32_t count = std::min(
+      {len - seq.num_computed, options_.prefill_chunk_tokens, budget - plan->num_batched_tokens});
   // A non-preemptible sequence reserves all its known tokens now, so every
   // admitted one can finish (they can never deadlock each other).
   const int32_t reserve = seq.preemptible ? seq.num_computed + count : len;
@@ -244,7 +246,8 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
   waiting_.pop_front();
   CountCached(seq);
   InsertRunning(id);
-  plan->chunks.push_back(ScheduledChunk{id, seq.num_computed, count, seq.num_computed + count == len});
+  plan->chunks.push_back(
+      ScheduledChunk{id, seq.num_computed, count, seq.num_computed + count == len});
   plan->num_batched_tokens += count;
   return true;
 }
@@ -263,8 +266,8 @@ StepPlan Scheduler::Schedule(const std::set<int64_t>& held) {
       SeqState& seq = seqs_.at(id);
       const int32_t left = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
       if (left <= 0 || (left == 1) != decode_pass) continue;
-      const int32_t count = std::min({left, options_.prefill_chunk_tokens,
-                                      budget - plan.num_batched_tokens});
+      const int32_t count =
+          std::min({left, options_.prefill_chunk_tokens, budget - plan.num_batched_tokens});
       if (count <= 0) continue;
       if (!AllocateOrPreempt(seq, seq.num_computed + count, &plan)) continue;
       plan.chunks.push_back(ScheduledChunk{id, seq.num_computed, count, count == left});

@@ -59,8 +59,8 @@ struct SchedulerOptions {
   // Running sequences at most, those waiting for remote KV included (they
   // join the running set when it arrives).
   int32_t max_num_seqs = 64;
-  int32_t prefill_chunk_tokens = 512;     // prefill tokens per sequence per step
-  bool enable_prefix_caching = true;      // false: admission never looks up
+  int32_t prefill_chunk_tokens = 512;  // prefill tokens per sequence per step
+  bool enable_prefix_caching = true;   // false: admission never looks up
   // Whether prompts may be prefilled elsewhere (the engine has a remote KV
   // loader). false: every prompt is prefilled locally.
   bool remote_prefill_available = false;
@@ -90,12 +90,12 @@ struct SeqState {
   int64_t id = 0;
   std::vector<int32_t> tokens;  // prompt + generated so far
   int32_t num_prompt_tokens = 0;
-  int32_t num_computed = 0;     // tokens whose K/V are in the cache
-  int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
+  int32_t num_computed = 0;                 // tokens whose K/V are in the cache
+  int32_t num_cached_prompt_tokens = 0;     // prefix-cache hit at first admission
   RouteChoice route = RouteChoice::kLocal;  // where the prompt is prefilled
   bool preemptible = true;
   SeqStatus status = SeqStatus::kWaiting;
-  uint64_t arrival = 0;         // FCFS order, set by Add
+  uint64_t arrival = 0;  // FCFS order, set by Add
   int32_t num_preemptions = 0;
   // num_cached_prompt_tokens went into cached_prompt_tokens_total() (at
   // the first admission; a fallback to a local prefill does not recount).
@@ -118,9 +118,9 @@ struct RemoteKvStart {
 };
 
 struct StepPlan {
-  std::vector<ScheduledChunk> chunks;  // decodes first, then prefill chunks
+  std::vector<ScheduledChunk> chunks;           // decodes first, then prefill chunks
   std::vector<RemoteKvStart> remote_kv_starts;  // now kWaitingForRemoteKv
-  std::vector<int64_t> preempted;      // moved back to waiting this step
+  std::vector<int64_t> preempted;               // moved back to waiting this step
   int32_t num_batched_tokens = 0;
   // Whether anything changed: a step that does nothing will do nothing
   // again until a sequence is added, removed or finishes its remote load.
@@ -213,7 +213,7 @@ class Scheduler {
   // FCFS; preempted and forked sequences go to the front. A waiting
   // sequence with num_computed > 0 is a forked child holding shared blocks.
   std::deque<int64_t> waiting_;
-  std::vector<int64_t> running_;   // arrival order, oldest first
+  std::vector<int64_t> running_;  // arrival order, oldest first
 };
 
 }  // namespace tandem::scheduler

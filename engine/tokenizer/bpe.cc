@@ -41,8 +41,7 @@ absl::StatusOr<std::unique_ptr<BpeEncoder>> BpeEncoder::Create(
   return e;
 }
 
-int32_t BpeEncoder::Rank(std::string_view left, std::string_view right,
-                         std::string* key) const {
+int32_t BpeEncoder::Rank(std::string_view left, std::string_view right, std::string* key) const {
   key->assign(left);
   key->push_back(' ');
   key->append(right);

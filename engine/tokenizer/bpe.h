@@ -38,9 +38,8 @@ class BpeEncoder {
   // as the never-matching pair ("", "")). `vocab` must outlive the encoder.
   // Errors: INVALID_ARGUMENT naming the file and key when merges are
   // missing or not a string array. Source: llama_vocab::impl::load.
-  static absl::StatusOr<std::unique_ptr<BpeEncoder>> Create(
-      const gguf::GgufFile& file, const Vocab* vocab,
-      std::unique_ptr<PreTokenizer> pre_tokenizer);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<BpeEncoder>> Create(
+      const gguf::GgufFile& file, const Vocab* vocab, std::unique_ptr<PreTokenizer> pre_tokenizer);
 
   // Appends the ids of one raw text fragment (no special tokens) to `out`.
   void Encode(std::string_view text, std::vector<int32_t>* out) const;

@@ -31,17 +31,18 @@ namespace {
 // llama.cpp runs this through unicode_regex_split_custom_gpt2, whose extra
 // "\s+" fallback only re-emits the single whitespace character the regex
 // leaves unmatched, which splitting keeps as a piece anyway.
-constexpr const char kGpt2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" TANDEM_WS "\\p{L}\\p{N}]+"
-    "|[" TANDEM_WS "]+(?![^" TANDEM_WS "])";
+constexpr const char kGpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" TANDEM_WS
+                               "\\p{L}\\p{N}]+"
+                               "|[" TANDEM_WS "]+(?![^" TANDEM_WS "])";
 
 // The llama3 / qwen2 regex (tokenizer.json's, with llama.cpp's (?i:...)
 // rewrite). \s*[\r\n]+ is written (?:[\s except \r\n]*[\r\n])+, which ends
 // at the same place (the last \r or \n of the whitespace run) without
 // quadratic backtracking on long runs.
-#define TANDEM_LLAMA3_LIKE(NUMBERS)                                               \
-  "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"                    \
-  "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" NUMBERS "| ?[^" TANDEM_WS "\\p{L}\\p{N}]+[\\r\\n]*" \
+#define TANDEM_LLAMA3_LIKE(NUMBERS)                           \
+  "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])" \
+  "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" NUMBERS "| ?[^" TANDEM_WS \
+  "\\p{L}\\p{N}]+[\\r\\n]*"                                   \
   "|(?:[" TANDEM_WS_NO_NL "]*[\\r\\n])+|[" TANDEM_WS "]+(?![^" TANDEM_WS "])|[" TANDEM_WS "]+"
 constexpr const char kLlama3[] = TANDEM_LLAMA3_LIKE("\\p{N}{1,3}");
 constexpr const char kQwen2[] = TANDEM_LLAMA3_LIKE("\\p{N}");
@@ -53,7 +54,8 @@ constexpr const char kQwen2[] = TANDEM_LLAMA3_LIKE("\\p{N}");
 // the CJK class (U+0800-U+4E00, U+4E00-U+9FA5, U+AC00-U+D7FF). The letter
 // class is DeepSeek's list of cased-letter ranges.
 constexpr const char kDeepseekLetters[] =
-    "[" TANDEM_WS "]?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}"
+    "[" TANDEM_WS
+    "]?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}"
     "\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}"
     "\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}"
     "\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}"
@@ -72,13 +74,13 @@ constexpr const char kDeepseekLetters[] =
     "\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}"
     "\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+";
 constexpr const char kDeepseekPunct[] =
-    "[" TANDEM_WS "]?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}"
+    "[" TANDEM_WS
+    "]?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}"
     "\\x{3001}-\\x{3002}]+";
 // \s+$ (an ECMAScript $: end of the piece only). The lookbehind only skips
 // start positions inside a whitespace run, which cannot begin the leftmost
 // match, so a long run costs linear time.
-constexpr const char kDeepseekTrailingSpace[] =
-    "(?<![" TANDEM_WS "])[" TANDEM_WS "]++$";
+constexpr const char kDeepseekTrailingSpace[] = "(?<![" TANDEM_WS "])[" TANDEM_WS "]++$";
 constexpr const char kDeepseekCjk[] =
     "[\\x{800}-\\x{167F}\\x{1681}-\\x{1FFF}\\x{200B}-\\x{2027}\\x{202A}-\\x{202E}"
     "\\x{2030}-\\x{205E}\\x{2060}-\\x{2FFF}\\x{3001}-\\x{9FA5}\\x{AC00}-\\x{D7FF}]+";
@@ -95,16 +97,15 @@ struct Definition {
 const Definition kDefinitions[] = {
     // DEFAULT: what llama.cpp runs for a gpt2 vocab with tokenizer.ggml.pre
     // absent (after warning) or "default".
-    {{"default"},
-     {"[\\p{P}$+<=>^~|]+", kGpt2, "\\p{N}+", "[0-9][0-9][0-9]"},
-     false, false},
+    {{"default"}, {"[\\p{P}$+<=>^~|]+", kGpt2, "\\p{N}+", "[0-9][0-9][0-9]"}, false, false},
     {{"gpt-2", "phi-2"}, {kGpt2}, false, false},
     {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {kLlama3}, true, true},
     {{"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"}, {kQwen2}, false, false},
     {{"deepseek-llm"},
      {"[\\r\\n]", kDeepseekLetters, kDeepseekPunct, kDeepseekTrailingSpace, kDeepseekCjk,
       "\\p{N}+"},
-     false, false},
+     false,
+     false},
 };
 
 #undef TANDEM_LLAMA3_LIKE
@@ -136,16 +137,16 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(std::string_v
     int error = 0;
     PCRE2_SIZE error_offset = 0;
     auto regex = std::make_unique<Regex>();
-    regex->code = pcre2_compile(
-        reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY, &error,
-        &error_offset, nullptr);
+    regex->code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY,
+                      &error, &error_offset, nullptr);
     if (regex->code == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
-      return absl::InternalError(absl::StrCat("pre-tokenizer '", AbslView(name), "': regex '", pattern,
-                                              "' does not compile at offset ", error_offset,
-                                              ": ", reinterpret_cast<const char*>(message)));
+      return absl::InternalError(absl::StrCat(
+          "pre-tokenizer '", AbslView(name), "': regex '", pattern, "' does not compile at offset ",
+          error_offset, ": ", reinterpret_cast<const char*>(message)));
     }
     // Without JIT (not built in, or out of memory) PCRE2 interprets.
     pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);
@@ -182,8 +183,7 @@ std::vector<std::string_view> PreTokenizer::Split(std::string_view text) const {
         if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
           // JIT stack or other resource limit: retry on the interpreter,
           // whose limits are far higher.
-          rc = pcre2_match(regex->code, subject, piece.size(), pos, PCRE2_NO_JIT, match,
-                           nullptr);
+          rc = pcre2_match(regex->code, subject, piece.size(), pos, PCRE2_NO_JIT, match, nullptr);
         }
         if (rc < 0) break;  // no further match (or a hard limit): rest unmatched
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
@@ -197,8 +197,7 @@ std::vector<std::string_view> PreTokenizer::Split(std::string_view text) const {
         } else {
           // An empty match (none of the table's regexes has one): move on by
           // one character so the loop ends.
-          pos = begin + std::min(Utf8Len(static_cast<uint8_t>(piece[begin])),
-                                 piece.size() - begin);
+          pos = begin + std::min(Utf8Len(static_cast<uint8_t>(piece[begin])), piece.size() - begin);
           unmatched = begin;
         }
       }

@@ -38,7 +38,7 @@ class PreTokenizer {
   // default; gpt-2, phi-2; llama3, llama-v3, llama-bpe, falcon3; qwen2,
   // deepseek-r1-qwen, megrez, stablelm2; deepseek-llm. Errors: NOT_FOUND for
   // another name; INTERNAL if a regex fails to compile (a bug in the table).
-  static absl::StatusOr<std::unique_ptr<PreTokenizer>> Create(std::string_view name);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<PreTokenizer>> Create(std::string_view name);
   // The accepted names, comma-separated, for error messages.
   static std::string SupportedNames();
 

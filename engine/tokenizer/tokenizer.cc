@@ -56,10 +56,14 @@ int ParseByteToken(const std::string& piece) {
   for (size_t i = 3; i < 5; ++i) {
     const char c = piece[i];
     int digit;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    else return -1;
+    if (c >= '0' && c <= '9')
+      digit = c - '0';
+    else if (c >= 'A' && c <= 'F')
+      digit = c - 'A' + 10;
+    else if (c >= 'a' && c <= 'f')
+      digit = c - 'a' + 10;
+    else
+      return -1;
     value = value * 16 + digit;
   }
   return value;
@@ -117,10 +121,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufF
     absl::StatusOr<std::unique_ptr<internal::PreTokenizer>> p =
         internal::PreTokenizer::Create(pre_name);
     if (absl::IsNotFound(p.status())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file.path(), ": tokenizer.ggml.pre is '", pre_name,
-          "', a pre-tokenizer Tandem does not support; supported: ",
-          internal::PreTokenizer::SupportedNames()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tokenizer.ggml.pre is '", pre_name,
+                       "', a pre-tokenizer Tandem does not support; supported: ",
+                       internal::PreTokenizer::SupportedNames()));
     }
     if (!p.ok()) return p.status();
     pre = std::move(*p);
@@ -128,9 +132,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufF
     defaults = {/*bos=*/11, /*eos=*/11, /*unk=*/-1, /*add_bos=*/pre->default_add_bos(),
                 /*add_space_prefix=*/false};
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": tokenizer.ggml.model is '", *model,
-        "'; supported: 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": tokenizer.ggml.model is '", *model,
+                     "'; supported: 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)"));
   }
 
   absl::StatusOr<Vocab> vocab = internal::LoadVocab(file, defaults);
@@ -152,8 +156,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufF
   // stable sort here keeps them by id.
   for (int32_t id = 0; id < v.size(); ++id) {
     const TokenType ty = v.types[id];
-    if (ty == TokenType::kControl || ty == TokenType::kUserDefined ||
-        ty == TokenType::kUnknown) {
+    if (ty == TokenType::kControl || ty == TokenType::kUserDefined || ty == TokenType::kUnknown) {
       t->special_tokens_.push_back(id);
     }
   }

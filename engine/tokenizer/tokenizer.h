@@ -70,7 +70,8 @@ class Tokenizer {
   // values), a wrongly typed value, a per-token array whose length differs
   // from `tokens`, or a token id outside the vocabulary. `file` may be closed
   // afterwards (everything is copied).
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const gguf::GgufFile& file);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(
+      const gguf::GgufFile& file);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -130,8 +131,8 @@ class Tokenizer {
   std::unique_ptr<internal::Vocab> vocab_;
   std::unique_ptr<internal::SpmEncoder> spm_;  // kSpm only
   std::unique_ptr<internal::BpeEncoder> bpe_;  // kBpe only
-  std::vector<int32_t> special_tokens_;  // partition order: longest text first
-  std::vector<std::string> bytes_;       // id -> TokenBytes(id)
+  std::vector<int32_t> special_tokens_;        // partition order: longest text first
+  std::vector<std::string> bytes_;             // id -> TokenBytes(id)
 };
 
 // `bytes` with every ill-formed UTF-8 subsequence replaced by U+FFFD, one

@@ -19,47 +19,58 @@ namespace {
 // tokens of one list exist, the lowest id is taken (llama.cpp takes the
 // first its unordered_map yields; real vocabularies have one).
 constexpr std::array<std::string_view, 8> kEotTexts = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "_<EOT>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",  // DeepSeek
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<EOT>",
+    "_<EOT>",
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",  // DeepSeek
 };
 constexpr std::array<std::string_view, 1> kEomTexts = {"<|eom_id|>"};
-constexpr std::array<std::string_view, 4> kFimPreTexts = {
-    "<|fim_prefix|>", "<fim-prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-    "<PRE>"};
-constexpr std::array<std::string_view, 4> kFimSufTexts = {
-    "<|fim_suffix|>", "<fim-suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
-    "<SUF>"};
-constexpr std::array<std::string_view, 4> kFimMidTexts = {
-    "<|fim_middle|>", "<fim-middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
-    "<MID>"};
+constexpr std::array<std::string_view, 4> kFimPreTexts = {"<|fim_prefix|>", "<fim-prefix>",
+                                                          "<\xEF\xBD\x9C"
+                                                          "fim\xE2\x96\x81"
+                                                          "begin\xEF\xBD\x9C>",
+                                                          "<PRE>"};
+constexpr std::array<std::string_view, 4> kFimSufTexts = {"<|fim_suffix|>", "<fim-suffix>",
+                                                          "<\xEF\xBD\x9C"
+                                                          "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
+                                                          "<SUF>"};
+constexpr std::array<std::string_view, 4> kFimMidTexts = {"<|fim_middle|>", "<fim-middle>",
+                                                          "<\xEF\xBD\x9C"
+                                                          "fim\xE2\x96\x81"
+                                                          "end\xEF\xBD\x9C>",
+                                                          "<MID>"};
 constexpr std::array<std::string_view, 3> kFimPadTexts = {"<|fim_pad|>", "<fim-pad>", "<PAD>"};
 constexpr std::array<std::string_view, 4> kFimRepTexts = {"<|fim_repo|>", "<|repo_name|>",
-                                                         "<fim-repo>", "<REPO>"};
+                                                          "<fim-repo>", "<REPO>"};
 constexpr std::array<std::string_view, 1> kFimSepTexts = {"<|file_sep|>"};
 // Every token with one of these texts ends generation.
 constexpr std::array<std::string_view, 8> kEogTexts = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "_<EOT>"};
+    "<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+    "<|endoftext|>", "<|eom_id|>", "<EOT>",   "_<EOT>"};
 
 // Reads an optional token id: `fallback` when absent, INVALID_ARGUMENT when
 // it is not an integer or not an id of the vocabulary. UINT32_MAX (what
 // converters write for "none") yields -1 when `none_ok`.
-absl::StatusOr<int32_t> OptionalId(const gguf::GgufFile& file, std::string_view key,
-                                   int32_t fallback, size_t n_vocab, bool none_ok) {
+[[nodiscard]] absl::StatusOr<int32_t> OptionalId(const gguf::GgufFile& file, std::string_view key,
+                                                 int32_t fallback, size_t n_vocab, bool none_ok) {
   absl::StatusOr<uint64_t> v = file.GetUint(key);
   if (absl::IsNotFound(v.status())) return fallback;
   if (!v.ok()) return KeyError(file, key, v.status().message());
   if (none_ok && *v == std::numeric_limits<uint32_t>::max()) return -1;
   if (*v >= n_vocab) {
-    return KeyError(file, key,
-                    absl::StrCat("token id ", *v, " is out of range for a vocabulary of ",
-                                 n_vocab));
+    return KeyError(
+        file, key, absl::StrCat("token id ", *v, " is out of range for a vocabulary of ", n_vocab));
   }
   return static_cast<int32_t>(*v);
 }
 
-absl::StatusOr<bool> OptionalBool(const gguf::GgufFile& file, std::string_view key,
-                                  bool fallback) {
+[[nodiscard]] absl::StatusOr<bool> OptionalBool(const gguf::GgufFile& file, std::string_view key,
+                                                bool fallback) {
   absl::StatusOr<bool> v = file.GetBool(key);
   if (absl::IsNotFound(v.status())) return fallback;
   if (!v.ok()) return KeyError(file, key, v.status().message());
@@ -68,8 +79,8 @@ absl::StatusOr<bool> OptionalBool(const gguf::GgufFile& file, std::string_view k
 
 // Optional per-token array of `n` elements of T; nullptr when absent.
 template <typename T>
-absl::StatusOr<const std::vector<T>*> OptionalArray(const gguf::GgufFile& file,
-                                                    std::string_view key, size_t n) {
+[[nodiscard]] absl::StatusOr<const std::vector<T>*> OptionalArray(const gguf::GgufFile& file,
+                                                                  std::string_view key, size_t n) {
   const gguf::MetadataValue* v = file.Find(key);
   if (v == nullptr) return nullptr;
   const auto* arr = std::get_if<std::vector<T>>(v);
@@ -81,11 +92,10 @@ absl::StatusOr<const std::vector<T>*> OptionalArray(const gguf::GgufFile& file,
   return arr;
 }
 
-absl::Status ReadTokens(const gguf::GgufFile& file, Vocab* v) {
+[[nodiscard]] absl::Status ReadTokens(const gguf::GgufFile& file, Vocab* v) {
   const gguf::MetadataValue* tokens_value = file.Find("tokenizer.ggml.tokens");
-  const auto* tokens = tokens_value == nullptr
-                           ? nullptr
-                           : std::get_if<std::vector<std::string>>(tokens_value);
+  const auto* tokens =
+      tokens_value == nullptr ? nullptr : std::get_if<std::vector<std::string>>(tokens_value);
   if (tokens == nullptr || tokens->empty() ||
       tokens->size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -110,8 +120,8 @@ absl::Status ReadTokens(const gguf::GgufFile& file, Vocab* v) {
     for (size_t i = 0; i < n; ++i) {
       const int32_t ty = (**types)[i];
       if (ty < 0 || ty > static_cast<int32_t>(TokenType::kByte)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            file.path(), ": tokenizer.ggml.token_type[", i, "] = ", ty, " is not a token type"));
+        return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tokenizer.ggml.token_type[",
+                                                       i, "] = ", ty, " is not a token type"));
       }
       v->types[i] = static_cast<TokenType>(ty);
     }
@@ -134,8 +144,8 @@ struct EogSources {
   int32_t fim_sep = -1;
 };
 
-absl::Status ReadIds(const gguf::GgufFile& file, const VocabDefaults& d, Vocab* v,
-                     EogSources* e) {
+[[nodiscard]] absl::Status ReadIds(const gguf::GgufFile& file, const VocabDefaults& d, Vocab* v,
+                                   EogSources* e) {
   const size_t n = v->text.size();
   auto in_range = [&](int32_t id) { return id >= 0 && static_cast<size_t>(id) < n ? id : -1; };
   struct Key {
@@ -226,13 +236,14 @@ void DetectSpecialTokens(Vocab* v, EogSources* e) {
 
 }  // namespace
 
-absl::Status KeyError(const gguf::GgufFile& file, std::string_view key,
-                      absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tokenizer key '",
-                                                 AbslView(key), "': ", message));
+[[nodiscard]] absl::Status KeyError(const gguf::GgufFile& file, std::string_view key,
+                                    absl::string_view message) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(file.path(), ": tokenizer key '", AbslView(key), "': ", message));
 }
 
-absl::StatusOr<Vocab> LoadVocab(const gguf::GgufFile& file, const VocabDefaults& defaults) {
+[[nodiscard]] absl::StatusOr<Vocab> LoadVocab(const gguf::GgufFile& file,
+                                              const VocabDefaults& defaults) {
   Vocab v;
   if (absl::Status s = ReadTokens(file, &v); !s.ok()) return s;
   EogSources e;

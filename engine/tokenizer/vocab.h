@@ -30,7 +30,7 @@ struct Vocab {
   // id -> token text as stored (an empty text becomes "[EMPTY_<id>]", as
   // llama.cpp renames it).
   std::vector<std::string> text;
-  std::vector<float> scores;      // id -> tokenizer.ggml.scores (0 when absent)
+  std::vector<float> scores;  // id -> tokenizer.ggml.scores (0 when absent)
   // id -> type after llama.cpp's load-time overrides: a token found as EOT,
   // EOM, a FIM token or an end-of-generation marker by its text becomes
   // kControl.
@@ -74,10 +74,12 @@ struct VocabDefaults {
 // whose length differs from the token list, a token type outside 0..6, or an
 // id key outside the vocabulary (llama.cpp warns and keeps its default;
 // Tandem refuses the file). Source: llama.cpp llama_vocab::impl::load.
-absl::StatusOr<Vocab> LoadVocab(const gguf::GgufFile& file, const VocabDefaults& defaults);
+[[nodiscard]] absl::StatusOr<Vocab> LoadVocab(const gguf::GgufFile& file,
+                                              const VocabDefaults& defaults);
 
 // "path: tokenizer key 'key': message" as INVALID_ARGUMENT.
-absl::Status KeyError(const gguf::GgufFile& file, std::string_view key, absl::string_view message);
+[[nodiscard]] absl::Status KeyError(const gguf::GgufFile& file, std::string_view key,
+                                    absl::string_view message);
 
 }  // namespace tandem::tokenizer::internal
 

@@ -25,7 +25,7 @@ namespace {
 static_assert(sizeof(cudaIpcMemHandle_t) == 64 && sizeof(cudaIpcEventHandle_t) == 64,
               "CUDA IPC handles are 64 bytes");
 
-absl::Status CudaError(const char* call, cudaError_t err) {
+[[nodiscard]] absl::Status CudaError(const char* call, cudaError_t err) {
   return absl::InternalError(absl::StrCat("cuda_ipc: ", call, ": ", cudaGetErrorName(err), " (",
                                           cudaGetErrorString(err), ")"));
 }
@@ -44,7 +44,7 @@ class CudaIpcApi final : public IpcApi {
   std::string InstanceId() const override { return instance_id_; }
   int64_t Pid() const override { return static_cast<int64_t>(getpid()); }
 
-  absl::StatusOr<std::string> ExportMemory(void* ptr) override {
+  [[nodiscard]] absl::StatusOr<std::string> ExportMemory(void* ptr) override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     absl::StatusOr<uint64_t> offset = AllocationOffset(ptr);
     if (!offset.ok()) return offset.status();
@@ -57,7 +57,7 @@ class CudaIpcApi final : public IpcApi {
     return out;
   }
 
-  absl::StatusOr<void*> OpenMemory(std::string_view handle) override {
+  [[nodiscard]] absl::StatusOr<void*> OpenMemory(std::string_view handle) override {
     if (handle.size() != kMemHandleBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cuda_ipc: a memory handle has ", kMemHandleBytes, " bytes, not ", handle.size()));
@@ -90,7 +90,7 @@ class CudaIpcApi final : public IpcApi {
     if (SetDevice().ok()) cudaIpcCloseMemHandle(base);
   }
 
-  absl::StatusOr<std::string> ExportEvent(void* event) override {
+  [[nodiscard]] absl::StatusOr<std::string> ExportEvent(void* event) override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaIpcEventHandle_t handle;
     if (cudaError_t err = cudaIpcGetEventHandle(&handle, static_cast<cudaEvent_t>(event));
@@ -100,7 +100,7 @@ class CudaIpcApi final : public IpcApi {
     return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
   }
 
-  absl::StatusOr<void*> OpenEvent(std::string_view handle) override {
+  [[nodiscard]] absl::StatusOr<void*> OpenEvent(std::string_view handle) override {
     if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
       return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: an event handle has ",
                                                      sizeof(cudaIpcEventHandle_t), " bytes, not ",
@@ -118,7 +118,7 @@ class CudaIpcApi final : public IpcApi {
 
   void CloseEvent(void* event) override { DestroyEvent(event); }
 
-  absl::StatusOr<void*> CreateStream() override {
+  [[nodiscard]] absl::StatusOr<void*> CreateStream() override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaStream_t stream = nullptr;
     if (cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -132,7 +132,7 @@ class CudaIpcApi final : public IpcApi {
     if (SetDevice().ok()) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
   }
 
-  absl::StatusOr<void*> CreateEvent() override {
+  [[nodiscard]] absl::StatusOr<void*> CreateEvent() override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaEvent_t event = nullptr;
     if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
@@ -146,21 +146,21 @@ class CudaIpcApi final : public IpcApi {
     if (SetDevice().ok()) cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
 
-  absl::Status StreamWaitEvent(void* stream, void* event) override {
+  [[nodiscard]] absl::Status StreamWaitEvent(void* stream, void* event) override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaError_t err =
         cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
     return err == cudaSuccess ? absl::OkStatus() : CudaError("cudaStreamWaitEvent", err);
   }
 
-  absl::Status RecordEvent(void* event, void* stream) override {
+  [[nodiscard]] absl::Status RecordEvent(void* event, void* stream) override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaError_t err =
         cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
     return err == cudaSuccess ? absl::OkStatus() : CudaError("cudaEventRecord", err);
   }
 
-  absl::StatusOr<bool> QueryEvent(void* event) override {
+  [[nodiscard]] absl::StatusOr<bool> QueryEvent(void* event) override {
     if (absl::Status s = SetDevice(); !s.ok()) return s;
     cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (err == cudaSuccess) return true;
@@ -171,13 +171,13 @@ class CudaIpcApi final : public IpcApi {
  private:
   // The KV's device on the calling thread (the receiver's threads are not
   // the engine's).
-  absl::Status SetDevice() const {
+  [[nodiscard]] absl::Status SetDevice() const {
     cudaError_t err = cudaSetDevice(device_);
     return err == cudaSuccess ? absl::OkStatus() : CudaError("cudaSetDevice", err);
   }
 
   // ptr minus the start of its allocation (cuMemGetAddressRange).
-  static absl::StatusOr<uint64_t> AllocationOffset(void* ptr) {
+  [[nodiscard]] static absl::StatusOr<uint64_t> AllocationOffset(void* ptr) {
     using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;

@@ -41,12 +41,12 @@ class CudaIpcDataPlane {
   // for a null kv or a timeout < 1 ms; UNAVAILABLE when there is no CUDA
   // device; UNIMPLEMENTED "built without CUDA" in a build without
   // TANDEM_ENABLE_CUDA.
-  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlane>> Create(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CudaIpcDataPlane>> Create(
       const CudaIpcDataPlaneOptions& options);
   // The same plane over a given IpcApi (tests' host stand-in; Create passes
   // the CUDA one). Errors: INVALID_ARGUMENT for a null kv or api, or a
   // timeout < 1 ms.
-  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlane>> CreateForTesting(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CudaIpcDataPlane>> CreateForTesting(
       const CudaIpcDataPlaneOptions& options, std::shared_ptr<IpcApi> api);
 
   KvDataSender* sender();

@@ -36,40 +36,40 @@ class IpcApi {
 
   // Exports device memory at `ptr` (cudaIpcGetMemHandle). Errors: INTERNAL
   // naming the call (e.g. memory from cudaMallocAsync cannot be exported).
-  virtual absl::StatusOr<std::string> ExportMemory(void* ptr) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> ExportMemory(void* ptr) = 0;
   // Maps another process's export into this one (cudaIpcOpenMemHandle with
   // cudaIpcMemLazyEnablePeerAccess) and returns the exported pointer as
   // seen here. Errors: INVALID_ARGUMENT for a handle of the wrong size,
   // INTERNAL for a CUDA error (naming the call).
-  virtual absl::StatusOr<void*> OpenMemory(std::string_view handle) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> OpenMemory(std::string_view handle) = 0;
   // Unmaps what OpenMemory returned (cudaIpcCloseMemHandle).
   virtual void CloseMemory(void* ptr) = 0;
 
   // Exports an event created with cudaEventInterprocess
   // (cudaIpcGetEventHandle). Errors: INTERNAL naming the call.
-  virtual absl::StatusOr<std::string> ExportEvent(void* event) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> ExportEvent(void* event) = 0;
   // Opens another process's event (cudaIpcOpenEventHandle). Errors as
   // OpenMemory.
-  virtual absl::StatusOr<void*> OpenEvent(std::string_view handle) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> OpenEvent(std::string_view handle) = 0;
   // Releases what OpenEvent returned (cudaEventDestroy).
   virtual void CloseEvent(void* event) = 0;
 
   // A non-blocking stream of this process (cudaStreamCreateWithFlags).
-  virtual absl::StatusOr<void*> CreateStream() = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> CreateStream() = 0;
   virtual void DestroyStream(void* stream) = 0;
   // A local event without timing (cudaEventCreateWithFlags).
-  virtual absl::StatusOr<void*> CreateEvent() = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> CreateEvent() = 0;
   virtual void DestroyEvent(void* event) = 0;
 
   // Work enqueued on `stream` after this call starts once `event`'s latest
   // record has completed (cudaStreamWaitEvent). Errors: INTERNAL.
-  virtual absl::Status StreamWaitEvent(void* stream, void* event) = 0;
+  [[nodiscard]] virtual absl::Status StreamWaitEvent(void* stream, void* event) = 0;
   // Records `event` on `stream` (cudaEventRecord). Errors: INTERNAL.
-  virtual absl::Status RecordEvent(void* event, void* stream) = 0;
+  [[nodiscard]] virtual absl::Status RecordEvent(void* event, void* stream) = 0;
   // True once the event's latest record completed, false while pending
   // (cudaEventQuery). Errors: INTERNAL for a failed stream (naming the
   // CUDA error).
-  virtual absl::StatusOr<bool> QueryEvent(void* event) = 0;
+  [[nodiscard]] virtual absl::StatusOr<bool> QueryEvent(void* event) = 0;
 };
 
 }  // namespace tandem::kvtransfer::cuda_ipc

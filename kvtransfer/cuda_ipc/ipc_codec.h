@@ -60,7 +60,7 @@ std::string EncodeSetup(const IpcSetup& setup, bool* events_dropped = nullptr);
 // Errors: FAILED_PRECONDITION "malformed cuda_ipc transport_setup: ..."
 // naming the field (truncated, trailing bytes, version, unknown dtype,
 // n_events != n_layers, a negative or zero shape).
-absl::StatusOr<IpcSetup> DecodeSetup(std::string_view bytes);
+[[nodiscard]] absl::StatusOr<IpcSetup> DecodeSetup(std::string_view bytes);
 
 // Where one frame's rows are on P.
 struct IpcLocator {
@@ -71,7 +71,7 @@ struct IpcLocator {
 
 std::string EncodeLocator(const IpcLocator& locator);
 // Errors: DATA_LOSS "malformed cuda_ipc locator: ..." naming the field.
-absl::StatusOr<IpcLocator> DecodeLocator(std::string_view bytes);
+[[nodiscard]] absl::StatusOr<IpcLocator> DecodeLocator(std::string_view bytes);
 
 }  // namespace tandem::kvtransfer::cuda_ipc
 

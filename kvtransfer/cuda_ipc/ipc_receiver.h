@@ -61,8 +61,8 @@ class CudaIpcReceiver final : public KvDataReceiver {
   // a setup from another host ("... host X, this decode worker is on host
   // Y"), a null target.kv, a pool shape unlike the target's (naming the
   // field), a key already open; INTERNAL when a handle cannot be opened.
-  absl::Status OpenTransfer(const TransferKey& key, std::string_view transport_setup,
-                            const DeviceKvTarget& target) override;
+  [[nodiscard]] absl::Status OpenTransfer(const TransferKey& key, std::string_view transport_setup,
+                                          const DeviceKvTarget& target) override;
   // Never blocks and never runs `done` inline. `done` gets OK once the rows
   // are in the target's blocks; DATA_LOSS for a malformed locator or one
   // that does not match the frame (naming it); DEADLINE_EXCEEDED when the
@@ -83,12 +83,13 @@ class CudaIpcReceiver final : public KvDataReceiver {
   using Callback = std::function<void()>;
 
   // The cached peer for `instance_id`, opened from `setup` if needed.
-  absl::StatusOr<std::shared_ptr<Peer>> PeerLocked(const IpcSetup& setup)
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Peer>> PeerLocked(const IpcSetup& setup)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<void*> PeerEventLocked(Peer& peer, const std::string& handle)
+  [[nodiscard]] absl::StatusOr<void*> PeerEventLocked(Peer& peer, const std::string& handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enqueues the copy; an error means nothing is in flight for it.
-  absl::StatusOr<void*> EnqueueCopyLocked(Transfer& transfer, const FrameDescriptor& frame)
+  [[nodiscard]] absl::StatusOr<void*> EnqueueCopyLocked(Transfer& transfer,
+                                                        const FrameDescriptor& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a copy: counters, the transfer's quiesced, the dead peer's close.
   void FinishCopyLocked(Copy& copy, absl::Status status, std::vector<Callback>* out)

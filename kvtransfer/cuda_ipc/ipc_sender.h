@@ -45,8 +45,8 @@ class CudaIpcSender final : public KvDataSender {
   // without an event yet: its frames carry the handle). Errors:
   // INVALID_ARGUMENT for a peer on another host (peer.host_id non-empty and
   // not ours) or a key already open; INTERNAL from an export.
-  absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,
-                                           const TransportPeer& peer) override;
+  [[nodiscard]] absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,
+                                                         const TransportPeer& peer) override;
   // Records nothing on the device: the descriptor's locator names P's
   // blocks of tokens [token_start, token_start + count) (their table
   // indices token_start / block_size .. (token_start + count - 1) /
@@ -55,9 +55,11 @@ class CudaIpcSender final : public KvDataSender {
   // INVALID_ARGUMENT for `kv` other than the exported one, a layer outside
   // [0, n_layers), count < 1, token_start < 0, a range the table does not
   // cover, a block id outside [0, layer_blocks) (each naming the value).
-  absl::StatusOr<FrameDescriptor> SendRows(const TransferKey& key, kv::DeviceKvAccess& kv,
-                                           std::span<const int32_t> block_table, int32_t layer,
-                                           int32_t token_start, int32_t count) override;
+  [[nodiscard]] absl::StatusOr<FrameDescriptor> SendRows(const TransferKey& key,
+                                                         kv::DeviceKvAccess& kv,
+                                                         std::span<const int32_t> block_table,
+                                                         int32_t layer, int32_t token_start,
+                                                         int32_t count) override;
   // OK once control is OK (D acknowledged: its copies are done). After a
   // failure: nullopt until transfer_timeout_ms since this Poll first saw
   // it, then `control` (at once when no frame was announced: D has nothing
@@ -78,9 +80,9 @@ class CudaIpcSender final : public KvDataSender {
     std::string handle;
   };
 
-  absl::Status ExportPoolsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status ExportPoolsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The handle of `event` (layer `layer`'s current event), exported once.
-  absl::StatusOr<std::string> EventHandleLocked(int32_t layer, void* event)
+  [[nodiscard]] absl::StatusOr<std::string> EventHandleLocked(int32_t layer, void* event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
 

@@ -67,10 +67,10 @@ void Channel::Enqueue(FrameOp op) {
   if (phase_ == Phase::kFailed) {
     refused = error_;
   } else if (op.comm_seq < next_post_seq_ || queued_.contains(op.comm_seq)) {
-    refused = absl::DataLossError(absl::StrCat(
-        "comm_seq ", op.comm_seq, " already announced on the NCCL communicator with ",
-        options_.peer, " (generation ", options_.generation, "; next to post ",
-        next_post_seq_, ")"));
+    refused = absl::DataLossError(absl::StrCat("comm_seq ", op.comm_seq,
+                                               " already announced on the NCCL communicator with ",
+                                               options_.peer, " (generation ", options_.generation,
+                                               "; next to post ", next_post_seq_, ")"));
   }
   if (!refused.ok()) {
     Result(op, refused);
@@ -204,9 +204,8 @@ void Channel::PostNextRun(absl::Time now) {
   const int peer = 1 - options_.rank;
   if (status.ok()) status = comm_->GroupStart();
   for (size_t i = 0; status.ok() && i < posting_.size(); ++i) {
-    status = options_.rank == 0
-                 ? comm_->Send(posting_[i].buffer, posting_[i].bytes, peer, stream_)
-                 : comm_->Recv(posting_[i].buffer, posting_[i].bytes, peer, stream_);
+    status = options_.rank == 0 ? comm_->Send(posting_[i].buffer, posting_[i].bytes, peer, stream_)
+                                : comm_->Recv(posting_[i].buffer, posting_[i].bytes, peer, stream_);
   }
   if (status.ok()) status = comm_->GroupEnd();
   if (!status.ok()) {
@@ -253,8 +252,8 @@ void Channel::PollGroups(absl::Time now) {
   while (!in_flight_.empty()) {
     Group& group = in_flight_.front();
     absl::Status error;
-    EventState state = group.event == nullptr ? EventState::kError
-                                              : device_->QueryEvent(group.event, &error);
+    EventState state =
+        group.event == nullptr ? EventState::kError : device_->QueryEvent(group.event, &error);
     if (state == EventState::kPending) {
       if (phase_ == Phase::kFailed) {
         if (now < drain_deadline_) return;
@@ -267,7 +266,8 @@ void Channel::PollGroups(absl::Time now) {
         in_flight_.pop_front();
         continue;
       }
-      if (now >= group.deadline) Fail(Deadline("a send/receive group", options_.transfer_timeout), now);
+      if (now >= group.deadline)
+        Fail(Deadline("a send/receive group", options_.transfer_timeout), now);
       return;
     }
     if (state == EventState::kError && phase_ != Phase::kFailed) {

@@ -63,7 +63,7 @@ struct FrameOp {
 struct ChannelOptions {
   std::string peer;  // for messages, e.g. "decode worker 10.0.0.2:9000"
   uint64_t generation = 1;
-  int rank = 0;      // 0: P, sends to 1; 1: D, receives from 0
+  int rank = 0;  // 0: P, sends to 1; 1: D, receives from 0
   std::string unique_id;
   absl::Duration transfer_timeout = absl::Seconds(5);
   absl::Duration init_timeout = absl::Seconds(10);
@@ -123,7 +123,7 @@ class Channel {
   void PollGroups(absl::Time now);
   static void Result(FrameOp& op, const absl::Status& status);
   void Release(FrameOp& op);
-  absl::Status Deadline(std::string_view what, absl::Duration limit) const;
+  [[nodiscard]] absl::Status Deadline(std::string_view what, absl::Duration limit) const;
 
   const ChannelOptions options_;
   DeviceOps* const device_;

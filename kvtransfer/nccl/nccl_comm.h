@@ -44,12 +44,13 @@ class NcclComm {
   virtual ~NcclComm() = default;
   // Bracket sends/receives posted together (ncclGroupStart/ncclGroupEnd).
   // Errors: INTERNAL / UNAVAILABLE naming the NCCL call and its message.
-  virtual absl::Status GroupStart() = 0;
-  virtual absl::Status GroupEnd() = 0;
+  [[nodiscard]] virtual absl::Status GroupStart() = 0;
+  [[nodiscard]] virtual absl::Status GroupEnd() = 0;
   // `bytes` bytes (ncclUint8) from / into device memory `buffer` to / from
   // rank `peer`, enqueued on `stream`.
-  virtual absl::Status Send(const void* buffer, uint64_t bytes, int peer, void* stream) = 0;
-  virtual absl::Status Recv(void* buffer, uint64_t bytes, int peer, void* stream) = 0;
+  [[nodiscard]] virtual absl::Status Send(const void* buffer, uint64_t bytes, int peer,
+                                          void* stream) = 0;
+  [[nodiscard]] virtual absl::Status Recv(void* buffer, uint64_t bytes, int peer, void* stream) = 0;
   // Non-blocking poll of the communicator (init included). On kError,
   // `*error` (if not null) gets UNAVAILABLE naming the NCCL error.
   virtual CommState State(absl::Status* error) = 0;
@@ -64,14 +65,13 @@ class NcclCommFactory {
  public:
   virtual ~NcclCommFactory() = default;
   // A fresh ncclUniqueId (kNcclUniqueIdBytes bytes), made by rank 0.
-  virtual absl::StatusOr<std::string> GetUniqueId() = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> GetUniqueId() = 0;
   // Starts joining the communicator `unique_id` as `rank` of `nranks`
   // without blocking: the result's State() is kInProgress until both ranks
   // joined. `deadline` is advisory (the caller's watchdog enforces it).
   // Errors: INVALID_ARGUMENT (an id of the wrong size), UNAVAILABLE.
-  virtual absl::StatusOr<std::unique_ptr<NcclComm>> InitRank(const std::string& unique_id,
-                                                             int nranks, int rank,
-                                                             absl::Time deadline) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<NcclComm>> InitRank(
+      const std::string& unique_id, int nranks, int rank, absl::Time deadline) = 0;
 };
 
 // An event's state (cudaEventQuery: cudaSuccess, cudaErrorNotReady, else).
@@ -83,23 +83,23 @@ class DeviceOps {
   virtual ~DeviceOps() = default;
   // Binds the calling thread to the device (cudaSetDevice); the NCCL
   // thread calls it first.
-  virtual absl::Status BindThread() = 0;
+  [[nodiscard]] virtual absl::Status BindThread() = 0;
   // A non-blocking stream (cudaStreamCreateWithFlags) / its release.
-  virtual absl::StatusOr<void*> CreateStream() = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> CreateStream() = 0;
   virtual void DestroyStream(void* stream) = 0;
   // `bytes` of device memory, usable in `stream` order (cudaMallocAsync) /
   // released in `stream` order (cudaFreeAsync). Errors:
   // RESOURCE_EXHAUSTED naming the size.
-  virtual absl::StatusOr<void*> Allocate(uint64_t bytes, void* stream) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> Allocate(uint64_t bytes, void* stream) = 0;
   virtual void Free(void* buffer, void* stream) = 0;
   // A new event recorded on `stream` (cudaEventCreateWithFlags with
   // cudaEventDisableTiming, cudaEventRecord) / its state / its release.
-  virtual absl::StatusOr<void*> RecordEvent(void* stream) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> RecordEvent(void* stream) = 0;
   virtual EventState QueryEvent(void* event, absl::Status* error) = 0;
   virtual void DestroyEvent(void* event) = 0;
   // Makes `stream` wait for `event` (cudaStreamWaitEvent), e.g. for a
   // consumer of received rows on another stream.
-  virtual absl::Status StreamWaitEvent(void* stream, void* event) = 0;
+  [[nodiscard]] virtual absl::Status StreamWaitEvent(void* stream, void* event) = 0;
 };
 
 }  // namespace tandem::kvtransfer::nccl

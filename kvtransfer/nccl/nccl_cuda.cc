@@ -26,21 +26,20 @@ namespace {
 
 static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
 
-absl::Status NcclError(const char* call, ncclResult_t result, ncclComm_t comm) {
+[[nodiscard]] absl::Status NcclError(const char* call, ncclResult_t result, ncclComm_t comm) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  return absl::UnavailableError(absl::StrCat(call, ": ", ncclGetErrorString(result),
-                                             last != nullptr && *last ? " (" : "",
-                                             last != nullptr ? last : "",
-                                             last != nullptr && *last ? ")" : ""));
+  return absl::UnavailableError(
+      absl::StrCat(call, ": ", ncclGetErrorString(result), last != nullptr && *last ? " (" : "",
+                   last != nullptr ? last : "", last != nullptr && *last ? ")" : ""));
 }
 
 // ncclSuccess and (non-blocking) ncclInProgress are fine; State() follows.
-absl::Status Check(const char* call, ncclResult_t result, ncclComm_t comm) {
+[[nodiscard]] absl::Status Check(const char* call, ncclResult_t result, ncclComm_t comm) {
   if (result == ncclSuccess || result == ncclInProgress) return absl::OkStatus();
   return NcclError(call, result, comm);
 }
 
-absl::Status CudaError(const char* call, cudaError_t error) {
+[[nodiscard]] absl::Status CudaError(const char* call, cudaError_t error) {
   return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
 }
 
@@ -53,14 +52,19 @@ class RealNcclComm final : public NcclComm {
     if (comm_ != nullptr) ncclCommAbort(comm_);
   }
 
-  absl::Status GroupStart() override { return Check("ncclGroupStart", ncclGroupStart(), comm_); }
-  absl::Status GroupEnd() override { return Check("ncclGroupEnd", ncclGroupEnd(), comm_); }
-  absl::Status Send(const void* buffer, uint64_t bytes, int peer, void* stream) override {
+  [[nodiscard]] absl::Status GroupStart() override {
+    return Check("ncclGroupStart", ncclGroupStart(), comm_);
+  }
+  [[nodiscard]] absl::Status GroupEnd() override {
+    return Check("ncclGroupEnd", ncclGroupEnd(), comm_);
+  }
+  [[nodiscard]] absl::Status Send(const void* buffer, uint64_t bytes, int peer,
+                                  void* stream) override {
     return Check("ncclSend",
                  ncclSend(buffer, bytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream)),
                  comm_);
   }
-  absl::Status Recv(void* buffer, uint64_t bytes, int peer, void* stream) override {
+  [[nodiscard]] absl::Status Recv(void* buffer, uint64_t bytes, int peer, void* stream) override {
     return Check("ncclRecv",
                  ncclRecv(buffer, bytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream)),
                  comm_);
@@ -85,18 +89,18 @@ class RealNcclComm final : public NcclComm {
 
 class RealNcclCommFactory final : public NcclCommFactory {
  public:
-  absl::StatusOr<std::string> GetUniqueId() override {
+  [[nodiscard]] absl::StatusOr<std::string> GetUniqueId() override {
     ncclUniqueId id;
     ncclResult_t result = ncclGetUniqueId(&id);
     if (result != ncclSuccess) return NcclError("ncclGetUniqueId", result, nullptr);
     return std::string(id.internal, sizeof(id.internal));
   }
-  absl::StatusOr<std::unique_ptr<NcclComm>> InitRank(const std::string& unique_id, int nranks,
-                                                     int rank, absl::Time deadline) override {
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<NcclComm>> InitRank(const std::string& unique_id,
+                                                                   int nranks, int rank,
+                                                                   absl::Time deadline) override {
     if (unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
-      return absl::InvalidArgumentError(absl::StrCat("ncclUniqueId of ", unique_id.size(),
-                                                     " bytes (expected ", NCCL_UNIQUE_ID_BYTES,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ncclUniqueId of ", unique_id.size(), " bytes (expected ", NCCL_UNIQUE_ID_BYTES, ")"));
     }
     ncclUniqueId id;
     std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
@@ -116,13 +120,13 @@ class CudaDeviceOps final : public DeviceOps {
  public:
   explicit CudaDeviceOps(int device) : device_(device) {}
 
-  absl::Status BindThread() override {
+  [[nodiscard]] absl::Status BindThread() override {
     cudaError_t error = cudaSetDevice(device_);
     return error == cudaSuccess ? absl::OkStatus() : CudaError("cudaSetDevice", error);
   }
   // May run on the caller's thread (OpenTransfer): the stream is made on
   // the KV device and the thread's current device is left as it was.
-  absl::StatusOr<void*> CreateStream() override {
+  [[nodiscard]] absl::StatusOr<void*> CreateStream() override {
     int previous = 0;
     cudaGetDevice(&previous);
     cudaError_t error = cudaSetDevice(device_);
@@ -136,20 +140,20 @@ class CudaDeviceOps final : public DeviceOps {
   void DestroyStream(void* stream) override {
     cudaStreamDestroy(static_cast<cudaStream_t>(stream));
   }
-  absl::StatusOr<void*> Allocate(uint64_t bytes, void* stream) override {
+  [[nodiscard]] absl::StatusOr<void*> Allocate(uint64_t bytes, void* stream) override {
     void* buffer = nullptr;
     cudaError_t error = cudaMallocAsync(&buffer, bytes, static_cast<cudaStream_t>(stream));
     if (error != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cudaMallocAsync of ", bytes, " bytes for an NCCL staging buffer: ",
-          cudaGetErrorString(error)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMallocAsync of ", bytes,
+                       " bytes for an NCCL staging buffer: ", cudaGetErrorString(error)));
     }
     return buffer;
   }
   void Free(void* buffer, void* stream) override {
     cudaFreeAsync(buffer, static_cast<cudaStream_t>(stream));
   }
-  absl::StatusOr<void*> RecordEvent(void* stream) override {
+  [[nodiscard]] absl::StatusOr<void*> RecordEvent(void* stream) override {
     cudaEvent_t event = nullptr;
     cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
     if (error != cudaSuccess) return CudaError("cudaEventCreateWithFlags", error);
@@ -168,9 +172,9 @@ class CudaDeviceOps final : public DeviceOps {
     return EventState::kError;
   }
   void DestroyEvent(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
-  absl::Status StreamWaitEvent(void* stream, void* event) override {
-    cudaError_t error = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                            static_cast<cudaEvent_t>(event), 0);
+  [[nodiscard]] absl::Status StreamWaitEvent(void* stream, void* event) override {
+    cudaError_t error =
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
     return error == cudaSuccess ? absl::OkStatus() : CudaError("cudaStreamWaitEvent", error);
   }
 

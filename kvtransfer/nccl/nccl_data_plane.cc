@@ -13,18 +13,18 @@
 namespace tandem::kvtransfer::nccl {
 namespace {
 
-absl::Status ValidateOptions(const NcclDataPlaneOptions& options) {
+[[nodiscard]] absl::Status ValidateOptions(const NcclDataPlaneOptions& options) {
   if (options.device < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl data plane: 'device' ", options.device,
-                                                   " must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl data plane: 'device' ", options.device, " must be >= 0"));
   }
   if (options.transfer_timeout_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl data plane: 'transfer_timeout_ms' ", options.transfer_timeout_ms, " must be > 0"));
+    return absl::InvalidArgumentError(absl::StrCat("nccl data plane: 'transfer_timeout_ms' ",
+                                                   options.transfer_timeout_ms, " must be > 0"));
   }
   if (options.init_timeout_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl data plane: 'init_timeout_ms' ", options.init_timeout_ms, " must be > 0"));
+    return absl::InvalidArgumentError(absl::StrCat("nccl data plane: 'init_timeout_ms' ",
+                                                   options.init_timeout_ms, " must be > 0"));
   }
   return absl::OkStatus();
 }
@@ -34,8 +34,7 @@ absl::Status ValidateOptions(const NcclDataPlaneOptions& options) {
 // P from the old one.
 std::string PlaneInstanceId() {
   absl::BitGen gen;
-  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
-                         absl::Uniform<uint64_t>(gen));
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
 std::string EnvOrUnset(const char* name) {
@@ -45,7 +44,8 @@ std::string EnvOrUnset(const char* name) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ApplyNcclEnvironment(const NcclDataPlaneOptions& options) {
+[[nodiscard]] absl::StatusOr<std::string> ApplyNcclEnvironment(
+    const NcclDataPlaneOptions& options) {
   if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
   std::string note;
   if (!options.socket_ifname.empty()) {

@@ -58,10 +58,11 @@ class NcclDataPlane {
   // Real NCCL + CUDA. Errors: INVALID_ARGUMENT naming a bad option field;
   // UNIMPLEMENTED "built without NCCL" when built without CUDA; INTERNAL for
   // a CUDA error.
-  static absl::StatusOr<std::unique_ptr<NcclDataPlane>> Create(const NcclDataPlaneOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<NcclDataPlane>> Create(
+      const NcclDataPlaneOptions& options);
   // With injected communicators and device operations (tests: an
   // in-process fake pair over host memory). Errors: INVALID_ARGUMENT.
-  static absl::StatusOr<std::unique_ptr<NcclDataPlane>> CreateForTesting(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<NcclDataPlane>> CreateForTesting(
       const NcclDataPlaneOptions& options, std::shared_ptr<NcclCommFactory> factory,
       std::shared_ptr<DeviceOps> device);
 
@@ -87,7 +88,7 @@ bool NcclDataPlaneAvailable();
 // sets it (setenv before the first NCCL call: NCCL reads it once).
 // Returns the line describing the NCCL environment in effect
 // (NCCL_SOCKET_IFNAME, NCCL_HOSTID, NCCL_NET, NCCL_IB_DISABLE).
-absl::StatusOr<std::string> ApplyNcclEnvironment(const NcclDataPlaneOptions& options);
+[[nodiscard]] absl::StatusOr<std::string> ApplyNcclEnvironment(const NcclDataPlaneOptions& options);
 
 }  // namespace tandem::kvtransfer::nccl
 

@@ -47,8 +47,9 @@ class NcclEndpoint {
  protected:
   // A channel of this endpoint's rank with a fresh transfer stream, polled
   // from the next Tick. Errors: the stream's.
-  absl::StatusOr<std::shared_ptr<Channel>> NewChannel(std::string peer, uint64_t generation,
-                                                       std::string unique_id)
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Channel>> NewChannel(std::string peer,
+                                                                    uint64_t generation,
+                                                                    std::string unique_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the derived class's references to channels and transfers
   // (Shutdown, after every channel failed).

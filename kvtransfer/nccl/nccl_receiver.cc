@@ -39,25 +39,25 @@ absl::Status NcclReceiver::OpenTransfer(const TransferKey& key, std::string_view
   std::shared_ptr<Channel> channel;
   if (known != nullptr && known->generation() == setup->generation) {
     if (known->failed()) {
-      return absl::UnavailableError(absl::StrCat(
-          "the NCCL communicator with ", who, " (generation ", setup->generation,
-          ") failed here: ", known->error().message()));  // carries the marker
+      return absl::UnavailableError(
+          absl::StrCat("the NCCL communicator with ", who, " (generation ", setup->generation,
+                       ") failed here: ", known->error().message()));  // carries the marker
     }
     channel = known;
   } else if (known != nullptr && known->generation() > setup->generation) {
-    return CommunicatorLost(absl::UnavailableError(absl::StrCat(
-        "NCCL communicator generation ", setup->generation, " of ", who,
-        " is older than this decode worker's generation ", known->generation())));
+    return CommunicatorLost(absl::UnavailableError(
+        absl::StrCat("NCCL communicator generation ", setup->generation, " of ", who,
+                     " is older than this decode worker's generation ", known->generation())));
   } else {
     if (setup->unique_id.empty()) {
-      return CommunicatorLost(absl::UnavailableError(absl::StrCat(
-          "no NCCL communicator with ", who, " generation ", setup->generation,
-          " here, and the HELLO carried no ncclUniqueId to make one")));
+      return CommunicatorLost(absl::UnavailableError(
+          absl::StrCat("no NCCL communicator with ", who, " generation ", setup->generation,
+                       " here, and the HELLO carried no ncclUniqueId to make one")));
     }
     if (known != nullptr) {
-      known->Fail(absl::UnavailableError(absl::StrCat(
-                      "NCCL communicator generation ", known->generation(), " of ", who,
-                      " replaced by generation ", setup->generation)),
+      known->Fail(absl::UnavailableError(
+                      absl::StrCat("NCCL communicator generation ", known->generation(), " of ",
+                                   who, " replaced by generation ", setup->generation)),
                   absl::Now());
     }
     auto made = NewChannel(who, setup->generation, setup->unique_id);
@@ -92,14 +92,14 @@ void NcclReceiver::Receive(const TransferKey& key, const FrameDescriptor& frame,
     transfer = it->second;
   } else if (auto closed = closed_.find(key); closed != closed_.end()) {
     transfer = closed->second;  // announced before the cancel: discard
-    Report(*entry, absl::CancelledError(absl::StrCat(
-                       "nccl transfer for ", Describe(key),
-                       " is closed; the frame goes to a discard buffer")));
+    Report(*entry,
+           absl::CancelledError(absl::StrCat("nccl transfer for ", Describe(key),
+                                             " is closed; the frame goes to a discard buffer")));
   }
   if (transfer == nullptr || frame.token_count == 0) {
-    Report(*entry, absl::FailedPreconditionError(absl::StrCat(
-                       "nccl Receive for ", Describe(key), ": ",
-                       transfer == nullptr ? "no open transfer" : "token_count 0")));
+    Report(*entry, absl::FailedPreconditionError(
+                       absl::StrCat("nccl Receive for ", Describe(key), ": ",
+                                    transfer == nullptr ? "no open transfer" : "token_count 0")));
     thread_->Wake();
     return;
   }
@@ -112,8 +112,8 @@ void NcclReceiver::Receive(const TransferKey& key, const FrameDescriptor& frame,
     if (transfer->closed) return absl::OkStatus();  // the discard buffer
     absl::Status status = transfer->target.kv->ScatterRows(
         transfer->target.block_table, static_cast<int32_t>(frame.layer),
-        static_cast<int32_t>(frame.token_start), static_cast<int32_t>(frame.token_count),
-        buffer, stream);
+        static_cast<int32_t>(frame.token_start), static_cast<int32_t>(frame.token_count), buffer,
+        stream);
     if (status.ok()) {
       entry->scattered = true;
       ++transfer->writing;
@@ -147,9 +147,9 @@ void NcclReceiver::CloseTransfer(const TransferKey& key, std::function<void()> q
       transfers_.erase(it);
       transfer->closed = true;
       for (auto& entry : transfer->entries) {
-        Report(*entry, absl::CancelledError(absl::StrCat(
-                           "nccl transfer for ", Describe(key),
-                           " closed; its announced frames go to a discard buffer")));
+        Report(*entry, absl::CancelledError(
+                           absl::StrCat("nccl transfer for ", Describe(key),
+                                        " closed; its announced frames go to a discard buffer")));
       }
       transfer->entries.clear();
       if (transfer->writing > 0) {

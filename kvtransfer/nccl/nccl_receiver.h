@@ -35,8 +35,8 @@ class NcclReceiver final : public KvDataReceiver, public NcclEndpoint {
                std::shared_ptr<DeviceOps> device);
 
   KvTransport transport() const override { return KvTransport::kNccl; }
-  absl::Status OpenTransfer(const TransferKey& key, std::string_view transport_setup,
-                            const DeviceKvTarget& target) override;
+  [[nodiscard]] absl::Status OpenTransfer(const TransferKey& key, std::string_view transport_setup,
+                                          const DeviceKvTarget& target) override;
   void Receive(const TransferKey& key, const FrameDescriptor& frame,
                std::function<void(absl::Status)> done) override;
   void CloseTransfer(const TransferKey& key, std::function<void()> quiesced) override;

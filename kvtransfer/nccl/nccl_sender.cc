@@ -27,17 +27,19 @@ uint64_t DeviceFrameBytes(const kv::DevicePoolInfo& pool, uint32_t count) {
 }
 
 NcclSender::NcclSender(const NcclDataPlaneOptions& options,
-                       std::shared_ptr<NcclCommFactory> factory,
-                       std::shared_ptr<DeviceOps> device, std::string instance_id)
+                       std::shared_ptr<NcclCommFactory> factory, std::shared_ptr<DeviceOps> device,
+                       std::string instance_id)
     : NcclEndpoint(options, std::move(factory), std::move(device), /*rank=*/0),
       instance_id_(std::move(instance_id)) {}
 
 absl::StatusOr<std::string> NcclSender::OpenTransfer(const TransferKey& key,
                                                      const TransportPeer& peer) {
   if (peer.kv_endpoint.empty() || peer.instance_id.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl transfer for ", Describe(key), ": the peer's 'kv_endpoint' and 'instance_id' must "
-        "be set (got '", peer.kv_endpoint, "', '", peer.instance_id, "')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl transfer for ", Describe(key),
+                     ": the peer's 'kv_endpoint' and 'instance_id' must "
+                     "be set (got '",
+                     peer.kv_endpoint, "', '", peer.instance_id, "')"));
   }
   const std::string pair = absl::StrCat(peer.kv_endpoint, "#", peer.instance_id);
   absl::MutexLock create(&create_mu_);
@@ -45,8 +47,8 @@ absl::StatusOr<std::string> NcclSender::OpenTransfer(const TransferKey& key,
   {
     absl::MutexLock lock(&mu_);
     if (transfers_.contains(key)) {
-      return absl::InvalidArgumentError(absl::StrCat("nccl transfer for ", Describe(key),
-                                                     " is already open"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl transfer for ", Describe(key), " is already open"));
     }
     Peer& known = peers_[pair];
     if (known.channel != nullptr && !known.channel->failed()) {
@@ -75,24 +77,23 @@ absl::StatusOr<std::string> NcclSender::OpenTransfer(const TransferKey& key,
                                                peer.kv_endpoint, ": ", made.message()));
   }
   absl::MutexLock lock(&mu_);
-  auto channel = NewChannel(absl::StrCat("decode worker ", peer.kv_endpoint), generation,
-                            unique_id);
+  auto channel =
+      NewChannel(absl::StrCat("decode worker ", peer.kv_endpoint), generation, unique_id);
   if (!channel.ok()) return channel.status();
   peers_[pair] = Peer{*channel, generation};
   transfers_[key] = NewTransfer(*channel);
   return EncodeNcclSetup(NcclSetup{generation, instance_id_, unique_id});
 }
 
-absl::StatusOr<FrameDescriptor> NcclSender::SendRows(const TransferKey& key,
-                                                     kv::DeviceKvAccess& kv,
+absl::StatusOr<FrameDescriptor> NcclSender::SendRows(const TransferKey& key, kv::DeviceKvAccess& kv,
                                                      std::span<const int32_t> block_table,
                                                      int32_t layer, int32_t token_start,
                                                      int32_t count) {
   const kv::DevicePoolInfo pool = kv.pool_info();
   if (layer < 0 || layer >= pool.n_layers || token_start < 0 || count <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl SendRows for ", Describe(key), ": bad range layer ", layer, " (of ",
-        pool.n_layers, "), token_start ", token_start, ", count ", count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl SendRows for ", Describe(key), ": bad range layer ", layer, " (of ",
+                     pool.n_layers, "), token_start ", token_start, ", count ", count));
   }
   std::shared_ptr<Transfer> transfer;
   {
@@ -116,8 +117,13 @@ absl::StatusOr<FrameDescriptor> NcclSender::SendRows(const TransferKey& key,
     device_->Free(*buffer, channel.stream());
     return gathered;
   }
-  FrameDescriptor frame{key.request_id, key.attempt, static_cast<uint32_t>(layer),
-                        static_cast<uint32_t>(token_start), static_cast<uint32_t>(count), 0, ""};
+  FrameDescriptor frame{key.request_id,
+                        key.attempt,
+                        static_cast<uint32_t>(layer),
+                        static_cast<uint32_t>(token_start),
+                        static_cast<uint32_t>(count),
+                        0,
+                        ""};
   {
     absl::MutexLock lock(&mu_);
     if (channel.failed()) {
@@ -144,8 +150,7 @@ absl::StatusOr<FrameDescriptor> NcclSender::SendRows(const TransferKey& key,
   return frame;
 }
 
-std::optional<absl::Status> NcclSender::Poll(const TransferKey& key,
-                                             const absl::Status& control) {
+std::optional<absl::Status> NcclSender::Poll(const TransferKey& key, const absl::Status& control) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(key);
   if (it == transfers_.end()) {
@@ -156,10 +161,10 @@ std::optional<absl::Status> NcclSender::Poll(const TransferKey& key,
   if (IsCommunicatorLost(control) && !transfer.channel->failed()) {
     // D gave up on (or never had) this communicator: so does P; the next
     // OpenTransfer to the pair makes a new generation.
-    transfer.channel->Fail(absl::UnavailableError(absl::StrCat(
-                               "the decode worker lost the NCCL communicator: ",
-                               control.message())),
-                           absl::Now());
+    transfer.channel->Fail(
+        absl::UnavailableError(
+            absl::StrCat("the decode worker lost the NCCL communicator: ", control.message())),
+        absl::Now());
     thread_->Wake();
   }
   if (transfer.outstanding > 0) return std::nullopt;

@@ -33,11 +33,13 @@ class NcclSender final : public KvDataSender, public NcclEndpoint {
              std::shared_ptr<DeviceOps> device, std::string instance_id);
 
   KvTransport transport() const override { return KvTransport::kNccl; }
-  absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,
-                                           const TransportPeer& peer) override;
-  absl::StatusOr<FrameDescriptor> SendRows(const TransferKey& key, kv::DeviceKvAccess& kv,
-                                           std::span<const int32_t> block_table, int32_t layer,
-                                           int32_t token_start, int32_t count) override;
+  [[nodiscard]] absl::StatusOr<std::string> OpenTransfer(const TransferKey& key,
+                                                         const TransportPeer& peer) override;
+  [[nodiscard]] absl::StatusOr<FrameDescriptor> SendRows(const TransferKey& key,
+                                                         kv::DeviceKvAccess& kv,
+                                                         std::span<const int32_t> block_table,
+                                                         int32_t layer, int32_t token_start,
+                                                         int32_t count) override;
   std::optional<absl::Status> Poll(const TransferKey& key, const absl::Status& control) override;
   void CloseTransfer(const TransferKey& key) override;
   uint64_t bytes_total() const override { return bytes_total_.load(); }
@@ -45,8 +47,8 @@ class NcclSender final : public KvDataSender, public NcclEndpoint {
  private:
   struct Transfer {
     std::shared_ptr<Channel> channel;
-    int outstanding = 0;   // sends not yet released
-    absl::Status error;    // first data-path error
+    int outstanding = 0;  // sends not yet released
+    absl::Status error;   // first data-path error
   };
   struct Peer {
     std::shared_ptr<Channel> channel;

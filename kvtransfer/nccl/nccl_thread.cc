@@ -46,9 +46,9 @@ absl::Status NcclThread::RunSync(std::string_view what, std::function<absl::Stat
     shared->done.Notify();
   });
   if (!shared->done.WaitForNotificationWithTimeout(timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        std::string(what), ": the NCCL thread did not answer within ", absl::ToInt64Milliseconds(timeout),
-        " ms"));
+    return absl::DeadlineExceededError(absl::StrCat(std::string(what),
+                                                    ": the NCCL thread did not answer within ",
+                                                    absl::ToInt64Milliseconds(timeout), " ms"));
   }
   return shared->status;
 }

@@ -42,8 +42,8 @@ class NcclThread {
   // Runs `task` on the thread and waits for it, at most `timeout`
   // (DEADLINE_EXCEEDED naming `what` then; the task still runs later).
   // Runs inline when called on the thread itself.
-  absl::Status RunSync(std::string_view what, std::function<absl::Status()> task,
-                       absl::Duration timeout);
+  [[nodiscard]] absl::Status RunSync(std::string_view what, std::function<absl::Status()> task,
+                                     absl::Duration timeout);
   bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:

@@ -29,7 +29,7 @@ namespace tandem::kvtransfer::nccl {
 // a communicator D has given up on.
 inline constexpr char kCommunicatorLost[] = "[nccl communicator lost]";
 // `status` with kCommunicatorLost at the end of its message (once).
-absl::Status CommunicatorLost(const absl::Status& status);
+[[nodiscard]] absl::Status CommunicatorLost(const absl::Status& status);
 // Whether `status`'s message carries kCommunicatorLost.
 bool IsCommunicatorLost(const absl::Status& status);
 
@@ -43,7 +43,7 @@ std::string EncodeNcclSetup(const NcclSetup& setup);
 // Errors: FAILED_PRECONDITION "malformed nccl transport_setup: <what>"
 // (wrong magic, truncated, generation 0, empty or oversized instance id,
 // a unique id that is neither empty nor 128 bytes, trailing bytes).
-absl::StatusOr<NcclSetup> DecodeNcclSetup(std::string_view bytes);
+[[nodiscard]] absl::StatusOr<NcclSetup> DecodeNcclSetup(std::string_view bytes);
 
 }  // namespace tandem::kvtransfer::nccl
 

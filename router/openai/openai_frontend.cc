@@ -38,8 +38,7 @@ std::string MintClientId() {
 
 // Answers `error` in OpenAI's shape (Retry-After in whole seconds, rounded
 // up, when the router gave a hint).
-void RespondError(http::Exchange& exchange, const ApiError& error,
-                  const std::string& client_id) {
+void RespondError(http::Exchange& exchange, const ApiError& error, const std::string& client_id) {
   http::Headers headers = {{"Content-Type", kJson}};
   if (!client_id.empty()) headers.push_back({"X-Request-Id", client_id});
   if (error.retry_after_ms >= 0) {
@@ -79,8 +78,8 @@ class OpenAiFrontend::Call final : public grpc::ClientReadReactor<v1::GenerateRe
                                    public std::enable_shared_from_this<Call> {
  public:
   Call(ParsedRequest parsed, std::shared_ptr<http::Exchange> exchange, std::string client_id,
-       std::string model, TokenBytes token_bytes,
-       std::shared_ptr<std::atomic<int>> open_streams, std::shared_ptr<std::atomic<int>> calls)
+       std::string model, TokenBytes token_bytes, std::shared_ptr<std::atomic<int>> open_streams,
+       std::shared_ptr<std::atomic<int>> calls)
       : parsed_(std::move(parsed)),
         exchange_(std::move(exchange)),
         client_id_(std::move(client_id)),
@@ -161,8 +160,7 @@ class OpenAiFrontend::Call final : public grpc::ClientReadReactor<v1::GenerateRe
             retry_after_ms = v;
           }
         }
-        ApiError error =
-            FromRpcError(status.error_code(), status.error_message(), retry_after_ms);
+        ApiError error = FromRpcError(status.error_code(), status.error_message(), retry_after_ms);
         if (shutting_down_) {
           error = ApiError();
           error.http_status = 503;
@@ -242,35 +240,41 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
   const std::string models_prefix = "/v1/models/";
   // The HTTP server's own answers: 404, 405, 408 (read timeout), 413
   // (body over router.http_max_body_bytes).
-  server_->set_fallback_body([models_prefix](int status, const std::string& path,
-                                             const std::string& message) {
-    ApiError e;
-    e.http_status = status;
-    if (status == 404 && path.rfind(models_prefix, 0) == 0) {
-      // GET /v1/models/{id} of a model this router does not serve.
-      e.param = "model";
-      e.code = "model_not_found";
-      e.message = absl::StrCat("The model '", path.substr(models_prefix.size()),
-                               "' does not exist");
-      return ErrorBody(e);
-    }
-    if (status == 401) return ErrorBody(FromStatus(absl::UnauthenticatedError(message)));
-    e.type = status == 404 ? "not_found_error" : "invalid_request_error";
-    switch (status) {
-      case 404: e.message = absl::StrCat("no route ", path); break;
-      case 405: e.message = absl::StrCat("method not allowed for ", path); break;
-      case 408:
-        e.message = absl::StrCat(message, " (router.http_read_timeout_ms)");
-        e.code = "request_timeout";
-        break;
-      case 413:
-        e.message = absl::StrCat(message, " (router.http_max_body_bytes)");
-        e.code = "request_too_large";
-        break;
-      default: e.message = message; break;
-    }
-    return ErrorBody(e);
-  });
+  server_->set_fallback_body(
+      [models_prefix](int status, const std::string& path, const std::string& message) {
+        ApiError e;
+        e.http_status = status;
+        if (status == 404 && path.rfind(models_prefix, 0) == 0) {
+          // GET /v1/models/{id} of a model this router does not serve.
+          e.param = "model";
+          e.code = "model_not_found";
+          e.message =
+              absl::StrCat("The model '", path.substr(models_prefix.size()), "' does not exist");
+          return ErrorBody(e);
+        }
+        if (status == 401) return ErrorBody(FromStatus(absl::UnauthenticatedError(message)));
+        e.type = status == 404 ? "not_found_error" : "invalid_request_error";
+        switch (status) {
+          case 404:
+            e.message = absl::StrCat("no route ", path);
+            break;
+          case 405:
+            e.message = absl::StrCat("method not allowed for ", path);
+            break;
+          case 408:
+            e.message = absl::StrCat(message, " (router.http_read_timeout_ms)");
+            e.code = "request_timeout";
+            break;
+          case 413:
+            e.message = absl::StrCat(message, " (router.http_max_body_bytes)");
+            e.code = "request_too_large";
+            break;
+          default:
+            e.message = message;
+            break;
+        }
+        return ErrorBody(e);
+      });
   // With API keys, a request no route takes (an unknown path or model, a
   // wrong method) is refused 401 without a valid key, as OpenAI does: a
   // 404 would tell a client without a key which models exist.
@@ -299,9 +303,8 @@ OpenAiFrontend::OpenAiFrontend(Options options, Router router)
   server_->Handle("GET", "/ready", [this](std::shared_ptr<http::Exchange> e) {
     const std::string reason = router_.not_ready();
     e->Respond(reason.empty() ? 200 : 503, {{"Content-Type", kJson}},
-               reason.empty()
-                   ? std::string(R"({"status":"ready"})")
-                   : nlohmann::json{{"status", "not ready"}, {"reason", reason}}.dump());
+               reason.empty() ? std::string(R"({"status":"ready"})")
+                              : nlohmann::json{{"status", "not ready"}, {"reason", reason}}.dump());
   });
 }
 
@@ -387,8 +390,8 @@ void OpenAiFrontend::HandleGenerate(Endpoint endpoint, std::shared_ptr<http::Exc
   if (!client_id.empty() && !ValidClientId(client_id)) {
     ApiError e;
     e.param = "X-Request-Id";
-    e.message = absl::StrCat("X-Request-Id: must be 1..", kMaxClientIdBytes,
-                             " visible ASCII characters");
+    e.message =
+        absl::StrCat("X-Request-Id: must be 1..", kMaxClientIdBytes, " visible ASCII characters");
     Refuse(*exchange, e, "");
     return;
   }
@@ -479,11 +482,20 @@ void OpenAiFrontend::Refuse(http::Exchange& exchange, const ApiError& error,
   if (router_.refused) {
     absl::StatusCode code = absl::StatusCode::kInvalidArgument;
     switch (error.http_status) {
-      case 401: code = absl::StatusCode::kUnauthenticated; break;
-      case 404: code = absl::StatusCode::kNotFound; break;
-      case 429: code = absl::StatusCode::kResourceExhausted; break;
-      case 503: code = absl::StatusCode::kUnavailable; break;
-      default: break;
+      case 401:
+        code = absl::StatusCode::kUnauthenticated;
+        break;
+      case 404:
+        code = absl::StatusCode::kNotFound;
+        break;
+      case 429:
+        code = absl::StatusCode::kResourceExhausted;
+        break;
+      case 503:
+        code = absl::StatusCode::kUnavailable;
+        break;
+      default:
+        break;
     }
     router_.refused(code);
   }

@@ -59,9 +59,9 @@ namespace tandem::router::openai {
 class OpenAiFrontend {
  public:
   struct Options {
-    ModelLimits limits;                // served model name, context length, vocabulary size
-    http::HttpServer::Options http;    // max_streams: also this front end's SSE limit (503)
-    int keepalive_ms = 2000;           // SSE comment period while a stream is quiet
+    ModelLimits limits;              // served model name, context length, vocabulary size
+    http::HttpServer::Options http;  // max_streams: also this front end's SSE limit (503)
+    int keepalive_ms = 2000;         // SSE comment period while a stream is quiet
     // Threads that parse, render and tokenize generation requests (and
     // start their gRPC calls), so the HTTP loop never does: a 7 MB body
     // takes seconds. More requests wait in their queue, first come first
@@ -77,8 +77,7 @@ class OpenAiFrontend {
     // The prompt ids of a request (RouterService::PromptTokens: its
     // tokenizer and chat template), for chat requests without max_tokens;
     // its errors as the gRPC call would give them.
-    std::function<absl::StatusOr<std::vector<int32_t>>(const v1::GenerateRequest&)>
-        prompt_tokens;
+    std::function<absl::StatusOr<std::vector<int32_t>>(const v1::GenerateRequest&)> prompt_tokens;
     // Readiness: "" when the router accepts requests and the cluster can
     // serve (>= 1 healthy decode worker), else why not ("shutting down",
     // "no healthy decode worker").
@@ -100,12 +99,11 @@ class OpenAiFrontend {
   // Adds a route behind the API keys, as /v1/models (before Start): with
   // keys configured, a request without a valid `Authorization: Bearer`
   // key gets 401 in OpenAI's shape and `handler` never runs.
-  void HandleBehindKeys(const std::string& method, const std::string& path,
-                        http::Handler handler);
+  void HandleBehindKeys(const std::string& method, const std::string& path, http::Handler handler);
 
   // Binds host:port (0: any) and serves. Returns the bound port; errors
   // as http::HttpServer::Start.
-  absl::StatusOr<int> Start(const std::string& host, int port);
+  [[nodiscard]] absl::StatusOr<int> Start(const std::string& host, int port);
   // Stops serving: requests still running are cancelled and answered 503
   // "router is shutting down" (an open stream gets it as its error event),
   // then every connection is closed. Call after the router's drain.

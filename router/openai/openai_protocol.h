@@ -38,7 +38,7 @@ struct ApiError {
   // The offending field as the client wrote it ("temperature",
   // "messages[0].content").
   std::string param;
-  std::string code;   // e.g. "model_not_found", "context_length_exceeded"
+  std::string code;             // e.g. "model_not_found", "context_length_exceeded"
   int64_t retry_after_ms = -1;  // >= 0: the caller sends Retry-After (seconds, rounded up)
 };
 
@@ -99,7 +99,7 @@ struct ParsedRequest {
 // - chat: max_completion_tokens wins over max_tokens.
 // - A malformed body's error quotes no byte outside printable ASCII.
 std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, std::string_view body,
-                                                    const ModelLimits& limits);
+                                                   const ModelLimits& limits);
 
 // A failed gRPC Generate as an OpenAI error. `grpc_code`: grpc::StatusCode
 // as int. INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE -> 400 (param:

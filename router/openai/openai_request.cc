@@ -19,7 +19,7 @@
 namespace tandem::router::openai {
 namespace {
 
-using Json = nlohmann::json;          // request bodies
+using Json = nlohmann::json;  // request bodies
 
 // The engine's limits that OpenAI's API shares (the router checks them
 // again); the others (stop list size, context length) come back from the
@@ -40,15 +40,21 @@ const std::set<std::string>& CommonFields() {
   return *fields;
 }
 const std::set<std::string>& CompletionsFields() {
-  static const auto* fields =
-      new std::set<std::string>{"prompt", "echo", "suffix", "best_of"};
+  static const auto* fields = new std::set<std::string>{"prompt", "echo", "suffix", "best_of"};
   return *fields;
 }
 const std::set<std::string>& ChatFields() {
-  static const auto* fields = new std::set<std::string>{
-      "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-      "tool_choice", "functions", "function_call", "parallel_tool_calls", "store",
-      "metadata"};
+  static const auto* fields = new std::set<std::string>{"messages",
+                                                        "max_completion_tokens",
+                                                        "top_logprobs",
+                                                        "response_format",
+                                                        "tools",
+                                                        "tool_choice",
+                                                        "functions",
+                                                        "function_call",
+                                                        "parallel_tool_calls",
+                                                        "store",
+                                                        "metadata"};
   return *fields;
 }
 
@@ -180,8 +186,8 @@ class BodyReader {
     }
     const double d = v->get<double>();
     if (!std::isfinite(d) || (lo_open ? d <= lo : d < lo) || d > hi) {
-      Fail(BadRequest(param, absl::StrCat(param, ": must be in ", lo_open ? "(" : "[", lo, ", ",
-                                          hi, "], got ", Quote(*v))));
+      Fail(BadRequest(param, absl::StrCat(param, ": must be in ", lo_open ? "(" : "[", lo, ", ", hi,
+                                          "], got ", Quote(*v))));
       return std::nullopt;
     }
     return d;
@@ -258,15 +264,15 @@ void ReadPrompt(BodyReader& r, const Json* prompt, const ModelLimits& limits,
   }
   if (p == prompt && ((*p)[0].is_string() || (*p)[0].is_array())) {
     r.Fail(BadRequest("prompt", absl::StrCat("prompt: batch prompts are not supported (got ",
-                                              p->size(), " prompts); send one per request")));
+                                             p->size(), " prompts); send one per request")));
     return;
   }
   ReadIds(r, *p, param, limits.vocab_size, request->mutable_prompt_token_ids());
 }
 
 // messages[i].content: a string, or text parts concatenated.
-std::optional<std::string> ReadContent(BodyReader& r, const Json& message,
-                                       const std::string& param, bool may_be_null) {
+std::optional<std::string> ReadContent(BodyReader& r, const Json& message, const std::string& param,
+                                       bool may_be_null) {
   auto it = message.find("content");
   if (it == message.end() || it->is_null()) {
     if (may_be_null) return std::string();
@@ -293,9 +299,9 @@ std::optional<std::string> ReadContent(BodyReader& r, const Json& message,
       return std::nullopt;
     }
     if (*type_it != "text") {
-      r.Fail(BadRequest(type_param,
-                        absl::StrCat(type_param, ": only \"text\" parts are supported, got ",
-                                     Quote(*type_it))));
+      r.Fail(BadRequest(
+          type_param,
+          absl::StrCat(type_param, ": only \"text\" parts are supported, got ", Quote(*type_it))));
       return std::nullopt;
     }
     for (const auto& [key, value] : part.items()) {
@@ -355,10 +361,10 @@ void ReadMessages(BodyReader& r, const Json* messages, v1::GenerateRequest* requ
     std::optional<std::string> role = r.String(&*role_it, role_param);
     if (!role) return;
     if (*role != "system" && *role != "developer" && *role != "user" && *role != "assistant") {
-      r.Fail(BadRequest(role_param,
-                        absl::StrCat(role_param,
-                                     ": must be system, developer, user or assistant, got ",
-                                     Quote(*role_it))));
+      r.Fail(BadRequest(
+          role_param,
+          absl::StrCat(role_param, ": must be system, developer, user or assistant, got ",
+                       Quote(*role_it))));
       return;
     }
     std::optional<std::string> content =
@@ -402,9 +408,8 @@ void ReadLogitBias(BodyReader& r, const ModelLimits& limits, v1::SamplingParams*
     const bool digits = !key.empty() && key.size() <= 10 &&
                         key.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || !absl::SimpleAtoi(key, &id) || id >= limits.vocab_size) {
-      r.Fail(BadRequest(param, absl::StrCat("logit_bias: key '", key,
-                                            "' is not a token id in [0, ", limits.vocab_size,
-                                            ")")));
+      r.Fail(BadRequest(param, absl::StrCat("logit_bias: key '", key, "' is not a token id in [0, ",
+                                            limits.vocab_size, ")")));
       return;
     }
     std::optional<double> b = r.Number(&value, param, -kMaxLogitBias, kMaxLogitBias);
@@ -468,8 +473,8 @@ void ReadCommon(BodyReader& r, const ModelLimits& limits, ParsedRequest* out) {
   }
   ReadLogitBias(r, limits, sampling);
   r.String("user");  // accepted, unused (OpenAI: an end-user id for abuse monitoring)
-  if (auto seed = r.Int("seed", std::numeric_limits<int64_t>::min(),
-                        std::numeric_limits<int64_t>::max())) {
+  if (auto seed =
+          r.Int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
     // A negative seed is its 64-bit two's complement: every int64 is a seed.
     sampling->set_seed(static_cast<uint64_t>(*seed));
     sampling->set_has_seed(true);
@@ -507,9 +512,8 @@ void ReadCommon(BodyReader& r, const ModelLimits& limits, ParsedRequest* out) {
 void ReadCompletions(BodyReader& r, const ModelLimits& limits, ParsedRequest* out) {
   v1::GenerateRequest* request = &out->request;
   ReadPrompt(r, r.Get("prompt"), limits, request);
-  request->set_max_tokens(
-      static_cast<uint32_t>(r.Int("max_tokens", 1, std::numeric_limits<int32_t>::max())
-                                .value_or(16)));
+  request->set_max_tokens(static_cast<uint32_t>(
+      r.Int("max_tokens", 1, std::numeric_limits<int32_t>::max()).value_or(16)));
   if (auto logprobs = r.Int("logprobs", 0, kMaxLogprobs)) {
     out->logprobs = true;
     request->set_logprobs(static_cast<uint32_t>(*logprobs));
@@ -591,7 +595,7 @@ std::string AsciiOnly(std::string_view s) {
 }  // namespace
 
 std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, std::string_view body,
-                                                    const ModelLimits& limits) {
+                                                   const ModelLimits& limits) {
   Json json;
   try {
     json = Json::parse(body.begin(), body.end());
@@ -604,8 +608,8 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, std::strin
     return error;
   }
   if (!json.is_object()) {
-    return BadRequest("", absl::StrCat("the request body must be a JSON object, got ",
-                                       TypeName(json)));
+    return BadRequest("",
+                      absl::StrCat("the request body must be a JSON object, got ", TypeName(json)));
   }
   const auto& own = endpoint == Endpoint::kCompletions ? CompletionsFields() : ChatFields();
   for (const auto& [key, value] : json.items()) {

@@ -130,9 +130,7 @@ OJson StopReasonJson(const v1::StopReason& r) {
   }
 }
 
-std::string Dump(const OJson& j) {
-  return j.dump(-1, ' ', false, OJson::error_handler_t::replace);
-}
+std::string Dump(const OJson& j) { return j.dump(-1, ' ', false, OJson::error_handler_t::replace); }
 
 }  // namespace
 
@@ -220,10 +218,10 @@ ApiError FromRpcError(int grpc_code, std::string_view message, int64_t retry_aft
 struct ResponseBuilder::Impl {
   // One choice (sample) of the response.
   struct Sample {
-    bool seen = false;            // a chat role chunk was sent
-    std::string text;             // stream: false
+    bool seen = false;                    // a chat role chunk was sent
+    std::string text;                     // stream: false
     std::vector<v1::TokenOutput> tokens;  // stream: false, with logprobs
-    TextOffsets offsets;          // stream: true, completions logprobs
+    TextOffsets offsets;                  // stream: true, completions logprobs
     v1::FinishReason finish = v1::FINISH_NONE;
     v1::StopReason stop_reason;
     uint32_t completion_tokens = 0;
@@ -346,8 +344,8 @@ struct ResponseBuilder::Impl {
   }
 };
 
-ResponseBuilder::ResponseBuilder(const ParsedRequest& request, int64_t created_s,
-                                 std::string model, TokenBytes token_bytes)
+ResponseBuilder::ResponseBuilder(const ParsedRequest& request, int64_t created_s, std::string model,
+                                 TokenBytes token_bytes)
     : impl_(std::make_shared<Impl>()) {
   impl_->chat = request.endpoint == Endpoint::kChatCompletions;
   impl_->logprobs = request.logprobs;
@@ -402,8 +400,8 @@ std::string ResponseBuilder::UsageChunk() const {
 void ResponseBuilder::Add(const v1::GenerateResponse& message) {
   Impl::Sample& s = impl_->Note(message);
   s.text += message.text();
-  if (impl_->logprobs) s.tokens.insert(s.tokens.end(), message.tokens().begin(),
-                                       message.tokens().end());
+  if (impl_->logprobs)
+    s.tokens.insert(s.tokens.end(), message.tokens().begin(), message.tokens().end());
 }
 
 std::string ResponseBuilder::Body() const {

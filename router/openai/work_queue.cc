@@ -34,9 +34,8 @@ void WorkQueue::Run() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](WorkQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
-            return q->stopping_ || !q->tasks_.empty();
-          },
+          +[](WorkQueue* q)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->stopping_ || !q->tasks_.empty(); },
           this));
       if (tasks_.empty()) return;  // stopping, nothing left
       task = std::move(tasks_.front());

@@ -1,13 +1,13 @@
 // The KV target's one converter pair (common/server/proto_convert.h,
 // issue #33) and the transport offer it carries
-// (common/server/kv_data_planes.h): every field survives core -> proto ->
+// (worker/kv_data_planes.h): every field survives core -> proto ->
 // core, and D's target reaches P as D sent it.
 #include "common/server/proto_convert.h"
 
 #include <string>
 #include <vector>
 
-#include "common/server/kv_data_planes.h"
+#include "worker/kv_data_planes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/worker.pb.h"

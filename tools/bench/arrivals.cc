@@ -11,8 +11,8 @@
 
 namespace tandem::bench {
 
-absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate, double burstiness,
-                                                 uint64_t seed) {
+[[nodiscard]] absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate,
+                                                               double burstiness, uint64_t seed) {
   if (n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--num-prompts: expected >= 0, got ", n));
   }
@@ -30,13 +30,15 @@ absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate,
   const double scale = 1.0 / (request_rate * burstiness);
   if (scale == 0) return times;  // rate * burstiness overflowed: gaps below any clock
   if (!std::isfinite(scale)) {
-    return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate, " with --burstiness ",
-                                                   burstiness, " gives an infinite mean gap"));
+    return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate,
+                                                   " with --burstiness ", burstiness,
+                                                   " gives an infinite mean gap"));
   }
   const double total_s = static_cast<double>(n) / request_rate;
   if (!std::isfinite(total_s) || total_s > kMaxSendTimeS) {
-    return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate, " with --num-prompts ",
-                                                   n, " plans a run of ", total_s, " s (at most ", kMaxSendTimeS, " s)"));
+    return absl::InvalidArgumentError(absl::StrCat("--request-rate: ", request_rate,
+                                                   " with --num-prompts ", n, " plans a run of ",
+                                                   total_s, " s (at most ", kMaxSendTimeS, " s)"));
   }
   std::mt19937_64 rng(seed);
   std::gamma_distribution<double> gap(burstiness, scale);

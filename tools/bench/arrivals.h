@@ -26,8 +26,8 @@ namespace tandem::bench {
 // (std::mt19937_64 and libstdc++'s gamma_distribution). INVALID_ARGUMENT
 // naming --request-rate (not > 0, NaN, or n / rate not finite) or
 // --burstiness (not finite > 0); n < 0 names --num-prompts.
-absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate, double burstiness,
-                                                 uint64_t seed);
+[[nodiscard]] absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate,
+                                                               double burstiness, uint64_t seed);
 
 }  // namespace tandem::bench
 

@@ -18,7 +18,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: tandem bench [--router H:P] [--backend tandem|openai] [--base-url http://H:P]\n"
     "                    [--api-key KEY] [--model NAME]\n"
-    "                    [--dataset random|prefix-repetition|sharegpt|mooncake] [--dataset-path F]\n"
+    "                    [--dataset random|prefix-repetition|sharegpt|mooncake] [--dataset-path "
+    "F]\n"
     "                    [--num-prompts N] [--seed S]\n"
     "                    [--random-input-len N] [--random-output-len N] [--random-range-ratio R]\n"
     "                    [--random-prefix-len N]\n"
@@ -69,8 +70,8 @@ constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 // The value of integer flag `name` (absent: `fallback`) if it lies in
 // [lo, int32 max]; INVALID_ARGUMENT "--<name>: must be in LO..MAX, got V".
-absl::StatusOr<int32_t> Int32Flag(const ParsedArgs& parsed, const std::string& name,
-                                  int32_t fallback, int32_t lo) {
+[[nodiscard]] absl::StatusOr<int32_t> Int32Flag(const ParsedArgs& parsed, const std::string& name,
+                                                int32_t fallback, int32_t lo) {
   absl::StatusOr<int64_t> value = parsed.GetInt(name, fallback);
   if (!value.ok()) return value.status();
   if (*value < lo || *value > kInt32Max) {
@@ -83,7 +84,8 @@ absl::StatusOr<int32_t> Int32Flag(const ParsedArgs& parsed, const std::string& n
 // Rewrites "--goodput A B C" (vLLM's nargs="+") into "--goodput=A
 // --goodput=B --goodput=C" for ParseArgs, where --goodput is repeatable;
 // a second --goodput flag or one with no item is an error here.
-absl::StatusOr<std::vector<std::string>> ExpandGoodput(const std::vector<std::string>& args) {
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpandGoodput(
+    const std::vector<std::string>& args) {
   std::vector<std::string> out;
   bool seen = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -116,7 +118,7 @@ absl::StatusOr<std::vector<std::string>> ExpandGoodput(const std::vector<std::st
   return out;
 }
 
-absl::Status ParseDatasetFlags(const ParsedArgs& parsed, bench::DatasetOptions* d) {
+[[nodiscard]] absl::Status ParseDatasetFlags(const ParsedArgs& parsed, bench::DatasetOptions* d) {
   d->name = parsed.GetString("dataset", d->name);
   bool known = false;
   for (const char* name : bench::kDatasetNames) known = known || d->name == name;
@@ -139,19 +141,16 @@ absl::Status ParseDatasetFlags(const ParsedArgs& parsed, bench::DatasetOptions* 
     int32_t lo;
     int32_t* field;
   };
-  for (const IntFlag& f : {IntFlag{"num-prompts", 1, &d->num_prompts},
-                           IntFlag{"random-input-len", 1, &d->random_input_len},
-                           IntFlag{"random-output-len", 1, &d->random_output_len},
-                           IntFlag{"random-prefix-len", 0, &d->random_prefix_len},
-                           IntFlag{"prefix-repetition-prefix-len", 0,
-                                   &d->prefix_repetition_prefix_len},
-                           IntFlag{"prefix-repetition-suffix-len", 0,
-                                   &d->prefix_repetition_suffix_len},
-                           IntFlag{"prefix-repetition-num-prefixes", 1,
-                                   &d->prefix_repetition_num_prefixes},
-                           IntFlag{"prefix-repetition-output-len", 1,
-                                   &d->prefix_repetition_output_len},
-                           IntFlag{"mooncake-block-size", 1, &d->mooncake_block_size}}) {
+  for (const IntFlag& f :
+       {IntFlag{"num-prompts", 1, &d->num_prompts},
+        IntFlag{"random-input-len", 1, &d->random_input_len},
+        IntFlag{"random-output-len", 1, &d->random_output_len},
+        IntFlag{"random-prefix-len", 0, &d->random_prefix_len},
+        IntFlag{"prefix-repetition-prefix-len", 0, &d->prefix_repetition_prefix_len},
+        IntFlag{"prefix-repetition-suffix-len", 0, &d->prefix_repetition_suffix_len},
+        IntFlag{"prefix-repetition-num-prefixes", 1, &d->prefix_repetition_num_prefixes},
+        IntFlag{"prefix-repetition-output-len", 1, &d->prefix_repetition_output_len},
+        IntFlag{"mooncake-block-size", 1, &d->mooncake_block_size}}) {
     absl::StatusOr<int32_t> value = Int32Flag(parsed, f.name, *f.field, f.lo);
     if (!value.ok()) return value.status();
     *f.field = *value;
@@ -160,8 +159,8 @@ absl::Status ParseDatasetFlags(const ParsedArgs& parsed, bench::DatasetOptions* 
   // sent (the whole schedule is built up front): a cap keeps a typo from
   // ending in std::bad_alloc.
   if (d->num_prompts > kMaxNumPrompts) {
-    return absl::InvalidArgumentError(absl::StrCat("--num-prompts: at most ", kMaxNumPrompts,
-                                                   ", got ", d->num_prompts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num-prompts: at most ", kMaxNumPrompts, ", got ", d->num_prompts));
   }
   if (parsed.Has("sharegpt-output-len")) {
     absl::StatusOr<int32_t> value = Int32Flag(parsed, "sharegpt-output-len", 0, 1);
@@ -178,7 +177,7 @@ absl::Status ParseDatasetFlags(const ParsedArgs& parsed, bench::DatasetOptions* 
   return absl::OkStatus();
 }
 
-absl::Status ParseTrafficFlags(const ParsedArgs& parsed, BenchOptions* o) {
+[[nodiscard]] absl::Status ParseTrafficFlags(const ParsedArgs& parsed, BenchOptions* o) {
   const std::string rate = parsed.GetString("request-rate", "inf");
   if (absl::AsciiStrToLower(rate) == "inf") {
     o->request_rate = std::numeric_limits<double>::infinity();
@@ -194,8 +193,7 @@ absl::Status ParseTrafficFlags(const ParsedArgs& parsed, BenchOptions* o) {
   absl::StatusOr<double> burstiness = parsed.GetDouble("burstiness", o->burstiness);
   if (!burstiness.ok()) return burstiness.status();
   if (!(*burstiness > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--burstiness: must be > 0, got ", *burstiness));
+    return absl::InvalidArgumentError(absl::StrCat("--burstiness: must be > 0, got ", *burstiness));
   }
   o->burstiness = *burstiness;
   if (parsed.Has("max-concurrency")) {
@@ -217,7 +215,7 @@ absl::Status ParseTrafficFlags(const ParsedArgs& parsed, BenchOptions* o) {
 }
 
 // OK for "http://HOST:PORT" with a port in 1..65535 (a trailing "/" allowed).
-absl::Status CheckBaseUrl(const std::string& url) {
+[[nodiscard]] absl::Status CheckBaseUrl(const std::string& url) {
   constexpr char kScheme[] = "http://";
   std::string rest = url.rfind(kScheme, 0) == 0 ? url.substr(sizeof(kScheme) - 1) : "";
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
@@ -237,7 +235,7 @@ absl::Status CheckBaseUrl(const std::string& url) {
 
 const char* BenchUsage() { return kUsage; }
 
-absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args) {
+[[nodiscard]] absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args) {
   absl::StatusOr<std::vector<std::string>> expanded = ExpandGoodput(args);
   if (!expanded.ok()) return expanded.status();
   std::vector<FlagSpec> spec = {{"router"},
@@ -334,8 +332,7 @@ std::string FormatRunHeader(const BenchOptions& options) {
       "Burstiness factor: ", PythonFloat(options.burstiness),
       options.burstiness == 1 ? " (Poisson process)" : " (Gamma distribution)", "\n",
       "Maximum request concurrency: ",
-      options.max_concurrency.has_value() ? absl::StrCat(*options.max_concurrency) : "None",
-      "\n");
+      options.max_concurrency.has_value() ? absl::StrCat(*options.max_concurrency) : "None", "\n");
 }
 
 }  // namespace tandem::cli

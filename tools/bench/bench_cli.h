@@ -93,7 +93,7 @@ struct BenchOptions {
 // "http://HOST:PORT"; --router not HOST:PORT; an empty --api-key, --model or
 // --save-result; --goodput / --metric-percentiles items as metrics.h's
 // ParseGoodput / ParsePercentiles reject them.
-absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args);
+[[nodiscard]] absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args);
 
 // `tandem bench --help`: the usage, one line or more per flag (every flag
 // ParseBenchArgs accepts), with defaults and exit statuses.

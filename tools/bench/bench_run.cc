@@ -32,23 +32,23 @@ void SetSetupDeadline(grpc::ClientContext* context) {
 }
 
 // Generation.GetModelInfo on --router; the error names the flag and address.
-absl::StatusOr<v1::GetModelInfoResponse> GetModelInfo(v1::Generation::Stub& stub,
-                                                      const BenchOptions& o) {
+[[nodiscard]] absl::StatusOr<v1::GetModelInfoResponse> GetModelInfo(v1::Generation::Stub& stub,
+                                                                    const BenchOptions& o) {
   grpc::ClientContext context;
   SetApiKey(&context, o.api_key);
   SetSetupDeadline(&context);
   v1::GetModelInfoResponse info;
   const grpc::Status status = stub.GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("GetModelInfo on --router ", o.router,
-                                               " failed: ", GrpcStatusText(status)));
+    return absl::UnavailableError(
+        absl::StrCat("GetModelInfo on --router ", o.router, " failed: ", GrpcStatusText(status)));
   }
   return info;
 }
 
 // The served model's name from GET {base_url}/v1/models (the first entry's
 // "id"), as vLLM's bench serve does without --model.
-absl::StatusOr<std::string> FirstServedModel(const BenchOptions& o) {
+[[nodiscard]] absl::StatusOr<std::string> FirstServedModel(const BenchOptions& o) {
   httplib::Client client(o.base_url);
   client.set_connection_timeout(kSetupTimeoutS, 0);
   client.set_read_timeout(kSetupTimeoutS, 0);
@@ -57,8 +57,7 @@ absl::StatusOr<std::string> FirstServedModel(const BenchOptions& o) {
   const httplib::Result r = client.Get("/v1/models", headers);
   const std::string where = absl::StrCat("GET ", o.base_url, "/v1/models (--base-url)");
   if (!r) {
-    return absl::UnavailableError(
-        absl::StrCat(where, " failed: ", httplib::to_string(r.error())));
+    return absl::UnavailableError(absl::StrCat(where, " failed: ", httplib::to_string(r.error())));
   }
   if (r->status != 200) {
     return absl::UnavailableError(
@@ -107,8 +106,8 @@ bench::Tokenizer RouterTokenizer(v1::Generation::Stub* stub, const BenchOptions&
   };
 }
 
-absl::StatusOr<std::unique_ptr<bench::BenchBackend>> MakeBackend(const BenchOptions& o,
-                                                                 const std::string& model) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<bench::BenchBackend>> MakeBackend(
+    const BenchOptions& o, const std::string& model) {
   switch (o.backend) {
     case BenchBackendKind::kTandem: {
       absl::StatusOr<std::unique_ptr<bench::GrpcBackend>> b = bench::GrpcBackend::Create(
@@ -117,9 +116,11 @@ absl::StatusOr<std::unique_ptr<bench::BenchBackend>> MakeBackend(const BenchOpti
       return std::unique_ptr<bench::BenchBackend>(std::move(*b));
     }
     case BenchBackendKind::kOpenAi: {
-      absl::StatusOr<std::unique_ptr<bench::OpenAiBackend>> b = bench::OpenAiBackend::Create(
-          {.base_url = o.base_url, .model = model, .api_key = o.api_key,
-           .timeout_ms = o.timeout_ms});
+      absl::StatusOr<std::unique_ptr<bench::OpenAiBackend>> b =
+          bench::OpenAiBackend::Create({.base_url = o.base_url,
+                                        .model = model,
+                                        .api_key = o.api_key,
+                                        .timeout_ms = o.timeout_ms});
       if (!b.ok()) return b.status();
       return std::unique_ptr<bench::BenchBackend>(std::move(*b));
     }
@@ -164,8 +165,7 @@ int Run(const BenchOptions& options) {
     // is fewer than --prefix-repetition-num-prefixes 10") is a bad flag;
     // a file's or the model's problem is not.
     const absl::Status& s = requests.status();
-    if (s.code() == absl::StatusCode::kInvalidArgument &&
-        absl::StartsWith(s.message(), "--")) {
+    if (s.code() == absl::StatusCode::kInvalidArgument && absl::StartsWith(s.message(), "--")) {
       std::cerr << "tandem bench: " << s.message() << kUsageHint << "\n";
       return 2;
     }

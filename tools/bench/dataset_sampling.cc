@@ -47,8 +47,9 @@ absl::StatusOr<TokenSampler> TokenSampler::Make(int32_t vocab_size,
     ++n_special;
   }
   if (n_special == vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "vocab_size: all ", vocab_size, " ids are special tokens: nothing left to draw prompts from"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size: all ", vocab_size,
+                     " ids are special tokens: nothing left to draw prompts from"));
   }
   return TokenSampler(vocab_size, std::move(special));
 }
@@ -65,7 +66,7 @@ void TokenSampler::Append(std::mt19937_64& rng, int64_t n, std::vector<int32_t>&
   for (int64_t i = 0; i < n; ++i) out.push_back(Draw(rng));
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));

@@ -57,8 +57,8 @@ class TokenSampler {
  public:
   // INVALID_ARGUMENT for vocab_size < 2 or when every id is special. Special
   // ids outside [0, vocab_size) are ignored.
-  static absl::StatusOr<TokenSampler> Make(int32_t vocab_size,
-                                           const std::vector<int32_t>& special_token_ids);
+  [[nodiscard]] static absl::StatusOr<TokenSampler> Make(
+      int32_t vocab_size, const std::vector<int32_t>& special_token_ids);
 
   int32_t Draw(std::mt19937_64& rng) const;
   // Appends n ids drawn one after another.
@@ -73,7 +73,7 @@ class TokenSampler {
 
 // The whole file as bytes. NOT_FOUND "PATH: cannot read (reason)" for a
 // file that cannot be opened or read; INVALID_ARGUMENT for a directory.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 }  // namespace tandem::bench
 

@@ -16,7 +16,7 @@
 namespace tandem::bench {
 namespace {
 
-absl::Status AtLeast(const char* flag, int64_t value, int64_t min) {
+[[nodiscard]] absl::Status AtLeast(const char* flag, int64_t value, int64_t min) {
   if (value >= min) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(flag, ": must be >= ", min, ", got ", value));
 }
@@ -37,8 +37,8 @@ LengthRange RangeOf(int32_t len, double ratio) {
   return {std::max<int64_t>(lo, 1), hi};
 }
 
-absl::StatusOr<std::vector<BenchRequest>> LoadRandom(const DatasetOptions& o,
-                                                     const TokenSampler& sampler) {
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadRandom(const DatasetOptions& o,
+                                                                   const TokenSampler& sampler) {
   if (auto s = AtLeast("--random-input-len", o.random_input_len, 1); !s.ok()) return s;
   if (auto s = AtLeast("--random-output-len", o.random_output_len, 1); !s.ok()) return s;
   if (auto s = AtLeast("--random-prefix-len", o.random_prefix_len, 0); !s.ok()) return s;
@@ -54,8 +54,8 @@ absl::StatusOr<std::vector<BenchRequest>> LoadRandom(const DatasetOptions& o,
         " tokens are over the limit of ", kMaxRequestTokens));
   }
   if (out.hi > kMaxRequestTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("--random-output-len: outputs of up to ",
-                                                   out.hi, " tokens are over the limit of ",
+    return absl::InvalidArgumentError(absl::StrCat("--random-output-len: outputs of up to ", out.hi,
+                                                   " tokens are over the limit of ",
                                                    kMaxRequestTokens));
   }
   const size_t n = static_cast<size_t>(o.num_prompts);
@@ -96,8 +96,8 @@ absl::StatusOr<std::vector<BenchRequest>> LoadRandom(const DatasetOptions& o,
 // vLLM's PrefixRepetitionRandomDataset, except that it makes exactly
 // num_prompts requests (vLLM: num_prefixes * (num_prompts / num_prefixes)):
 // request i uses prefix i mod num_prefixes, then all are shuffled.
-absl::StatusOr<std::vector<BenchRequest>> LoadPrefixRepetition(const DatasetOptions& o,
-                                                               const TokenSampler& sampler) {
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadPrefixRepetition(
+    const DatasetOptions& o, const TokenSampler& sampler) {
   if (auto s = AtLeast("--prefix-repetition-prefix-len", o.prefix_repetition_prefix_len, 1);
       !s.ok()) {
     return s;
@@ -125,10 +125,10 @@ absl::StatusOr<std::vector<BenchRequest>> LoadPrefixRepetition(const DatasetOpti
       "--prefix-repetition-prefix-len, --prefix-repetition-suffix-len or "
       "--prefix-repetition-output-len";
   if (prompt_len > kMaxRequestTokens || o.prefix_repetition_output_len > kMaxRequestTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix-repetition: prompts of ", prompt_len, " and outputs of ",
-        o.prefix_repetition_output_len, " tokens: each must be at most ", kMaxRequestTokens,
-        "; lower ", hint));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix-repetition: prompts of ", prompt_len, " and outputs of ",
+                     o.prefix_repetition_output_len, " tokens: each must be at most ",
+                     kMaxRequestTokens, "; lower ", hint));
   }
   // Every request has the same lengths: request 0 stands for all.
   if (auto s = CheckContextLength("request 0", prompt_len, o.prefix_repetition_output_len,
@@ -136,7 +136,8 @@ absl::StatusOr<std::vector<BenchRequest>> LoadPrefixRepetition(const DatasetOpti
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckDatasetSize(prompt_len * o.num_prompts, absl::StrCat("--num-prompts or ", hint));
+  if (auto s =
+          CheckDatasetSize(prompt_len * o.num_prompts, absl::StrCat("--num-prompts or ", hint));
       !s.ok()) {
     return s;
   }
@@ -158,31 +159,32 @@ absl::StatusOr<std::vector<BenchRequest>> LoadPrefixRepetition(const DatasetOpti
 
 }  // namespace
 
-absl::Status CheckContextLength(const std::string& what, int64_t prompt_len, int64_t output_len,
-                                int32_t context_length, const std::string& hint) {
+[[nodiscard]] absl::Status CheckContextLength(const std::string& what, int64_t prompt_len,
+                                              int64_t output_len, int32_t context_length,
+                                              const std::string& hint) {
   if (context_length <= 0 || prompt_len + output_len <= context_length) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, ": prompt_len ", prompt_len, " + output_len ", output_len, " = ",
-      prompt_len + output_len, " tokens exceeds the model's context length ", context_length,
-      "; lower ", hint));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": prompt_len ", prompt_len, " + output_len ", output_len, " = ",
+                   prompt_len + output_len, " tokens exceeds the model's context length ",
+                   context_length, "; lower ", hint));
 }
 
-absl::Status CheckDatasetSize(int64_t total_prompt_tokens, const std::string& hint) {
+[[nodiscard]] absl::Status CheckDatasetSize(int64_t total_prompt_tokens, const std::string& hint) {
   if (total_prompt_tokens <= kMaxDatasetTokens) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("the dataset would hold ", total_prompt_tokens,
                                                  " prompt tokens, over the limit of ",
                                                  kMaxDatasetTokens, "; lower ", hint));
 }
 
-absl::StatusOr<std::vector<BenchRequest>> LoadDataset(const DatasetOptions& options,
-                                                      const Tokenizer& tokenizer) {
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadDataset(const DatasetOptions& options,
+                                                                    const Tokenizer& tokenizer) {
   const std::string& name = options.name;
   const bool known = std::find(std::begin(kDatasetNames), std::end(kDatasetNames), name) !=
                      std::end(kDatasetNames);
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dataset: unknown '", name,
-        "' (expected random, prefix-repetition, sharegpt or mooncake)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dataset: unknown '", name,
+                     "' (expected random, prefix-repetition, sharegpt or mooncake)"));
   }
   if (auto s = AtLeast("--num-prompts", options.num_prompts, 1); !s.ok()) return s;
   if (name == "sharegpt" || name == "mooncake") {

@@ -60,7 +60,7 @@ struct DatasetOptions {
   // vocab_size) minus `special_token_ids`.
   int32_t vocab_size = 0;
   std::vector<int32_t> special_token_ids;
-  int32_t context_length = 0;   // > 0: a request with prompt_len + output_len over it is an error
+  int32_t context_length = 0;  // > 0: a request with prompt_len + output_len over it is an error
 
   int32_t random_input_len = 1024;
   int32_t random_output_len = 128;
@@ -96,8 +96,8 @@ using Tokenizer = std::function<absl::StatusOr<std::vector<int32_t>>(const std::
 // output_length, hash_ids not a list of integers, timestamps going
 // backwards); a request longer than context_length (naming it). The
 // tokenizer's error is passed through.
-absl::StatusOr<std::vector<BenchRequest>> LoadDataset(const DatasetOptions& options,
-                                                      const Tokenizer& tokenizer);
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadDataset(const DatasetOptions& options,
+                                                                    const Tokenizer& tokenizer);
 
 }  // namespace tandem::bench
 

@@ -85,7 +85,7 @@ struct TraceLine {
   std::vector<uint64_t> hash_ids;
 };
 
-absl::Status TraceLengthField(const json& object, const char* field, int64_t* out) {
+[[nodiscard]] absl::Status TraceLengthField(const json& object, const char* field, int64_t* out) {
   const auto it = object.find(field);
   if (it == object.end()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": missing"));
@@ -104,7 +104,7 @@ absl::Status TraceLengthField(const json& object, const char* field, int64_t* ou
 
 // Parses one non-blank line; errors name the field, without the
 // "PATH:LINE: " prefix.
-absl::StatusOr<TraceLine> ParseTraceLine(std::string_view text, int64_t line_no) {
+[[nodiscard]] absl::StatusOr<TraceLine> ParseTraceLine(std::string_view text, int64_t line_no) {
   json object;
   try {
     object = json::parse(text);
@@ -112,8 +112,7 @@ absl::StatusOr<TraceLine> ParseTraceLine(std::string_view text, int64_t line_no)
     return absl::InvalidArgumentError(absl::StrCat("not JSON: ", ParseErrorText(e, true)));
   }
   if (!object.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a JSON object, got ", Shown(object)));
+    return absl::InvalidArgumentError(absl::StrCat("expected a JSON object, got ", Shown(object)));
   }
   TraceLine line;
   line.line = line_no;
@@ -155,8 +154,8 @@ bool IsBlank(std::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& o,
-                                                       const Tokenizer& tokenizer) {
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& o,
+                                                                     const Tokenizer& tokenizer) {
   const bool fixed_output = o.sharegpt_output_len.has_value();
   if (fixed_output && *o.sharegpt_output_len < 1) {
     return absl::InvalidArgumentError(
@@ -168,7 +167,8 @@ absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& o,
   try {
     doc = json::parse(*text);
   } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(o.path, ": not JSON: ", ParseErrorText(e, false)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.path, ": not JSON: ", ParseErrorText(e, false)));
   }
   if (!doc.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -196,9 +196,9 @@ absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& o,
       const json& turn = (*turns)[t];
       const auto value = turn.is_object() ? turn.find("value") : turn.end();
       if (!turn.is_object() || value == turn.end() || !value->is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, "conversations[", t, "]: expected an object with a string \"value\", got ",
-            Shown(turn)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "conversations[", t,
+                         "]: expected an object with a string \"value\", got ", Shown(turn)));
       }
       values[t] = value->get_ptr<const std::string*>();
     }
@@ -235,15 +235,16 @@ absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& o,
     r.output_len = static_cast<int32_t>(output_len);
   }
   if (requests.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        o.path, ": no usable conversation (vLLM's filter: two turns, a prompt of 4..1024 "
-        "tokens, a reply of >= 4, prompt + output <= 2048)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.path,
+                     ": no usable conversation (vLLM's filter: two turns, a prompt of 4..1024 "
+                     "tokens, a reply of >= 4, prompt + output <= 2048)"));
   }
   return requests;
 }
 
-absl::StatusOr<std::vector<BenchRequest>> LoadMooncake(const DatasetOptions& o,
-                                                       const TokenSampler& sampler) {
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadMooncake(const DatasetOptions& o,
+                                                                     const TokenSampler& sampler) {
   if (o.mooncake_block_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--mooncake-block-size: must be >= 1, got ", o.mooncake_block_size));
@@ -266,10 +267,10 @@ absl::StatusOr<std::vector<BenchRequest>> LoadMooncake(const DatasetOptions& o,
           absl::StrCat(o.path, ":", line_no, ": ", parsed.status().message()));
     }
     if (!lines.empty() && parsed->timestamp_ms < lines.back().timestamp_ms) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          o.path, ":", line_no, ": timestamp: ", parsed->timestamp_text,
-          " ms is before line ", lines.back().line, "'s ", lines.back().timestamp_text,
-          " ms (timestamps must not decrease)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(o.path, ":", line_no, ": timestamp: ", parsed->timestamp_text,
+                       " ms is before line ", lines.back().line, "'s ", lines.back().timestamp_text,
+                       " ms (timestamps must not decrease)"));
     }
     if (!lines.empty() &&
         (parsed->timestamp_ms - lines.front().timestamp_ms) / 1000.0 > kMaxSendTimeS) {

@@ -25,21 +25,22 @@ inline constexpr int64_t kMaxDatasetTokens = int64_t{1} << 28;
 // else INVALID_ARGUMENT "request I: prompt_len P + output_len O = T tokens
 // exceeds the model's context length C; lower HINT". `what` names the
 // request ("request 3" or "request 3 (line 4)").
-absl::Status CheckContextLength(const std::string& what, int64_t prompt_len, int64_t output_len,
-                                int32_t context_length, const std::string& hint);
+[[nodiscard]] absl::Status CheckContextLength(const std::string& what, int64_t prompt_len,
+                                              int64_t output_len, int32_t context_length,
+                                              const std::string& hint);
 
 // OK when total_prompt_tokens <= kMaxDatasetTokens, else INVALID_ARGUMENT
 // naming the total and `hint` (the flags that make it smaller).
-absl::Status CheckDatasetSize(int64_t total_prompt_tokens, const std::string& hint);
+[[nodiscard]] absl::Status CheckDatasetSize(int64_t total_prompt_tokens, const std::string& hint);
 
 // The sharegpt dataset (datasets.h): options.path is set and
 // options.num_prompts >= 1 (checked by LoadDataset).
-absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& options,
-                                                       const Tokenizer& tokenizer);
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadShareGpt(const DatasetOptions& options,
+                                                                     const Tokenizer& tokenizer);
 
 // The mooncake dataset (datasets.h), ids drawn with `sampler`.
-absl::StatusOr<std::vector<BenchRequest>> LoadMooncake(const DatasetOptions& options,
-                                                       const TokenSampler& sampler);
+[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadMooncake(const DatasetOptions& options,
+                                                                     const TokenSampler& sampler);
 
 }  // namespace tandem::bench
 

@@ -14,8 +14,7 @@ namespace tandem::bench {
 // read; deletes itself after calling `done` from OnDone.
 class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::GenerateResponse> {
  public:
-  Call(GrpcBackend* backend, const BenchRequest& request,
-       std::function<void(RequestOutput)> done)
+  Call(GrpcBackend* backend, const BenchRequest& request, std::function<void(RequestOutput)> done)
       : backend_(backend), done_(std::move(done)) {
     if (!request.prompt_token_ids.empty()) {
       request_.mutable_prompt_token_ids()->Assign(request.prompt_token_ids.begin(),
@@ -54,7 +53,8 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
       last_token_ = now;
       output_.output_tokens += message_.tokens_size();
     }
-    if (message_.prompt_tokens() > 0) output_.prompt_len = static_cast<int32_t>(message_.prompt_tokens());
+    if (message_.prompt_tokens() > 0)
+      output_.prompt_len = static_cast<int32_t>(message_.prompt_tokens());
     output_.generated_text += message_.text();
     StartRead(&message_);
   }

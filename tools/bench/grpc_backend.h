@@ -36,7 +36,8 @@ class GrpcBackend final : public BenchBackend {
   // with a port in 1..65535 (tools/router_client.h's CheckRouterAddress),
   // or --timeout-ms < 0. Connects lazily: an unreachable router shows as
   // failed requests (UNAVAILABLE), not here.
-  static absl::StatusOr<std::unique_ptr<GrpcBackend>> Create(const GrpcBackendOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GrpcBackend>> Create(
+      const GrpcBackendOptions& options);
 
   ~GrpcBackend() override;  // waits for the streams in flight to end
 

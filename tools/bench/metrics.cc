@@ -143,13 +143,13 @@ std::string PercentileWord(double p) {
   return std::string(buf, end);
 }
 
-absl::Status GoodputError(const std::string& item, absl::string_view why) {
+[[nodiscard]] absl::Status GoodputError(const std::string& item, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--goodput: '", item, "': ", why));
 }
 
 }  // namespace
 
-absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items) {
+[[nodiscard]] absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items) {
   if (items.empty()) {
     return absl::InvalidArgumentError(
         "--goodput: expected one or more NAME:MS items (NAME ttft, tpot or e2el)");
@@ -164,13 +164,13 @@ absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items) {
                                   : name == "e2el" ? &slo.e2el_ms
                                                    : nullptr;
     if (slot == nullptr) {
-      return GoodputError(item, absl::StrCat("unknown metric '", name,
-                                             "' (expected ttft, tpot or e2el)"));
+      return GoodputError(
+          item, absl::StrCat("unknown metric '", name, "' (expected ttft, tpot or e2el)"));
     }
     double ms = 0;
     if (!absl::SimpleAtod(parts[1], &ms) || !std::isfinite(ms) || !(ms > 0)) {
-      return GoodputError(item, absl::StrCat("expected a finite number of milliseconds > 0, got '",
-                                             parts[1], "'"));
+      return GoodputError(
+          item, absl::StrCat("expected a finite number of milliseconds > 0, got '", parts[1], "'"));
     }
     if (slot->has_value()) return GoodputError(item, absl::StrCat(name, " given twice"));
     *slot = ms;
@@ -178,7 +178,7 @@ absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items) {
   return slo;
 }
 
-absl::StatusOr<std::vector<double>> ParsePercentiles(const std::string& text) {
+[[nodiscard]] absl::StatusOr<std::vector<double>> ParsePercentiles(const std::string& text) {
   std::vector<double> out;
   for (absl::string_view raw : absl::StrSplit(text, ',')) {
     const absl::string_view item = absl::StripAsciiWhitespace(raw);
@@ -245,8 +245,8 @@ BenchmarkMetrics ComputeMetrics(const std::vector<RequestOutput>& outputs, doubl
   return m;
 }
 
-nlohmann::json ResultJson(const BenchmarkMetrics& metrics, const std::vector<RequestOutput>& outputs,
-                          const RunInfo& info) {
+nlohmann::json ResultJson(const BenchmarkMetrics& metrics,
+                          const std::vector<RequestOutput>& outputs, const RunInfo& info) {
   using nlohmann::json;
   json j;
   j["date"] = info.date;
@@ -287,9 +287,10 @@ nlohmann::json ResultJson(const BenchmarkMetrics& metrics, const std::vector<Req
   j["start_times"] = std::move(start_times);
   j["generated_texts"] = std::move(texts);
   j["errors"] = std::move(errors);
-  const std::pair<const char*, const LatencySummary*> summaries[] = {
-      {"ttft", &metrics.ttft}, {"tpot", &metrics.tpot}, {"itl", &metrics.itl},
-      {"e2el", &metrics.e2el}};
+  const std::pair<const char*, const LatencySummary*> summaries[] = {{"ttft", &metrics.ttft},
+                                                                     {"tpot", &metrics.tpot},
+                                                                     {"itl", &metrics.itl},
+                                                                     {"e2el", &metrics.e2el}};
   for (const auto& [name, s] : summaries) {
     j[absl::StrCat("mean_", name, "_ms")] = s->mean_ms;
     j[absl::StrCat("median_", name, "_ms")] = s->median_ms;

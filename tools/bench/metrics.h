@@ -38,11 +38,11 @@ struct SloSpec {
 // most once, value a finite number > 0). INVALID_ARGUMENT naming the item:
 // unknown name (not ttft, tpot or e2el), missing ':', bad number, repeated
 // name, or no items.
-absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items);
+[[nodiscard]] absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items);
 
 // Parses --metric-percentiles ("50,90,99": comma-separated numbers in
 // (0, 100]). INVALID_ARGUMENT naming the bad item.
-absl::StatusOr<std::vector<double>> ParsePercentiles(const std::string& text);
+[[nodiscard]] absl::StatusOr<std::vector<double>> ParsePercentiles(const std::string& text);
 
 // numpy.percentile(values, p) with linear interpolation; `values` need not
 // be sorted; 0 when empty. p in [0, 100].
@@ -59,15 +59,15 @@ struct LatencySummary {
 // Everything the table and the JSON print. Throughputs per second of
 // `duration_s` (the wall time of the measured requests, warm-ups excluded).
 struct BenchmarkMetrics {
-  int32_t completed = 0;             // successful requests
+  int32_t completed = 0;  // successful requests
   int32_t failed = 0;
-  int64_t total_input_tokens = 0;    // over completed requests
-  int64_t total_output_tokens = 0;   // over completed requests
+  int64_t total_input_tokens = 0;   // over completed requests
+  int64_t total_output_tokens = 0;  // over completed requests
   double duration_s = 0;
-  double request_throughput = 0;     // completed / s
+  double request_throughput = 0;          // completed / s
   std::optional<double> request_goodput;  // SLO-meeting completed / s; absent without --goodput
-  double output_throughput = 0;      // output tokens / s
-  double total_token_throughput = 0; // (input + output) tokens / s
+  double output_throughput = 0;           // output tokens / s
+  double total_token_throughput = 0;      // (input + output) tokens / s
   // Peak of output tokens per 1-second bucket of completion times of
   // tokens, and peak number of requests in flight (vLLM's
   // max_output_tokens_per_s / max_concurrent_requests). Exactly as
@@ -92,12 +92,12 @@ BenchmarkMetrics ComputeMetrics(const std::vector<RequestOutput>& outputs, doubl
 
 // What the run was, for the table header and the JSON.
 struct RunInfo {
-  std::string date;          // "20261202-153000" (vLLM's %Y%m%d-%H%M%S), local time
-  std::string backend;       // "tandem-grpc" | "openai"
-  std::string model_id;      // GetModelInfo.name / the served model name
-  std::string dataset;       // dataset name
+  std::string date;      // "20261202-153000" (vLLM's %Y%m%d-%H%M%S), local time
+  std::string backend;   // "tandem-grpc" | "openai"
+  std::string model_id;  // GetModelInfo.name / the served model name
+  std::string dataset;   // dataset name
   int32_t num_prompts = 0;
-  double request_rate = 0;   // requests/s; +inf = all at once ("inf" in the JSON)
+  double request_rate = 0;  // requests/s; +inf = all at once ("inf" in the JSON)
   double burstiness = 1;
   std::optional<int32_t> max_concurrency;
   std::optional<SloSpec> goodput;
@@ -116,8 +116,8 @@ struct RunInfo {
 // output_lens is 0 for a failed request (as serve.py). generated_texts may
 // hold invalid UTF-8 (a stream cut mid-character): dump with
 // nlohmann::json::error_handler_t::replace.
-nlohmann::json ResultJson(const BenchmarkMetrics& metrics, const std::vector<RequestOutput>& outputs,
-                          const RunInfo& info);
+nlohmann::json ResultJson(const BenchmarkMetrics& metrics,
+                          const std::vector<RequestOutput>& outputs, const RunInfo& info);
 
 // The human-readable table: serve.py's "Serving Benchmark Result" block,
 // its lines "{:<40} {:<10}" / "{:<40} {:<10.2f}" (label left-aligned in 40

@@ -21,19 +21,17 @@ namespace {
 
 constexpr size_t kExcerptBytes = 200;  // of an error body or a bad chunk
 
-std::string Excerpt(absl::string_view text) {
-  return std::string(text.substr(0, kExcerptBytes));
-}
+std::string Excerpt(absl::string_view text) { return std::string(text.substr(0, kExcerptBytes)); }
 
 // What one request's stream has read so far.
 struct StreamState {
   Clock::time_point start;
   Clock::time_point last_chunk;
-  int32_t chunks = 0;          // token-bearing chunks
-  int32_t usage_tokens = -1;   // usage.completion_tokens, when seen
+  int32_t chunks = 0;         // token-bearing chunks
+  int32_t usage_tokens = -1;  // usage.completion_tokens, when seen
   bool saw_done = false;
-  std::string failure;         // "" or the output's error
-  std::string pending;         // bytes after the last complete event
+  std::string failure;  // "" or the output's error
+  std::string pending;  // bytes after the last complete event
 };
 
 // Handles one complete SSE event (the lines between blank lines).
@@ -73,7 +71,7 @@ void OnEvent(absl::string_view event, RequestOutput* out, StreamState* s) {
 
 }  // namespace
 
-absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload) {
+[[nodiscard]] absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload) {
   SseChunk c;
   if (payload == "[DONE]") {
     c.done = true;
@@ -96,8 +94,8 @@ absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload) {
     if (first.is_object() && first.contains("text") && first["text"].is_string()) {
       c.text = first["text"].get<std::string>();
     }
-    c.finished = first.is_object() && first.contains("finish_reason") &&
-                 !first["finish_reason"].is_null();
+    c.finished =
+        first.is_object() && first.contains("finish_reason") && !first["finish_reason"].is_null();
   }
   if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
     if (u->contains("completion_tokens") && (*u)["completion_tokens"].is_number_integer()) {
@@ -114,9 +112,9 @@ absl::StatusOr<std::unique_ptr<OpenAiBackend>> OpenAiBackend::Create(
     const OpenAiBackendOptions& options) {
   absl::string_view rest = options.base_url;
   if (!absl::ConsumePrefix(&rest, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--base-url: expected http://HOST:PORT (https is not supported), got '",
-        options.base_url, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--base-url: expected http://HOST:PORT (https is not supported), got '",
+                     options.base_url, "'"));
   }
   absl::ConsumeSuffix(&rest, "/");
   absl::StatusOr<HostPort> hp = ParseHostPort(std::string(rest), "--base-url");
@@ -126,7 +124,8 @@ absl::StatusOr<std::unique_ptr<OpenAiBackend>> OpenAiBackend::Create(
         absl::StrCat("--base-url: port must be in 1..65535, got '", options.base_url, "'"));
   }
   if (options.model.empty()) {
-    return absl::InvalidArgumentError("--model: required with --backend openai (see GET /v1/models)");
+    return absl::InvalidArgumentError(
+        "--model: required with --backend openai (see GET /v1/models)");
   }
   if (options.timeout_ms < 0) {
     return absl::InvalidArgumentError(
@@ -139,7 +138,8 @@ absl::StatusOr<std::unique_ptr<OpenAiBackend>> OpenAiBackend::Create(
 
 OpenAiBackend::~OpenAiBackend() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int64_t* n) { return *n == 0; }, &in_flight_));
+  mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &in_flight_));
 }
 
 void OpenAiBackend::Send(const BenchRequest& request, std::function<void(RequestOutput)> done) {
@@ -168,12 +168,9 @@ void OpenAiBackend::Send(const BenchRequest& request, std::function<void(Request
 RequestOutput OpenAiBackend::Run(const BenchRequest& request) const {
   RequestOutput out;
   out.prompt_len = request.prompt_len;
-  nlohmann::json body = {{"model", options_.model},
-                         {"max_tokens", request.output_len},
-                         {"temperature", 0},
-                         {"ignore_eos", true},
-                         {"stream", true},
-                         {"stream_options", {{"include_usage", true}}}};
+  nlohmann::json body = {{"model", options_.model}, {"max_tokens", request.output_len},
+                         {"temperature", 0},        {"ignore_eos", true},
+                         {"stream", true},          {"stream_options", {{"include_usage", true}}}};
   if (!request.prompt_token_ids.empty()) {
     body["prompt"] = request.prompt_token_ids;
   } else {
@@ -212,13 +209,14 @@ RequestOutput OpenAiBackend::Run(const BenchRequest& request) const {
     }
     s.pending.append(data, n);
     size_t end;
-    while (s.failure.empty() && !s.saw_done && (end = s.pending.find("\n\n")) != std::string::npos) {
+    while (s.failure.empty() && !s.saw_done &&
+           (end = s.pending.find("\n\n")) != std::string::npos) {
       OnEvent(absl::string_view(s.pending).substr(0, end), &out, &s);
       s.pending.erase(0, end + 2);
     }
     if (s.failure.empty() && Clock::now() > deadline) {
-      s.failure = absl::StrCat("DEADLINE_EXCEEDED: no end of stream within ", options_.timeout_ms,
-                               " ms");
+      s.failure =
+          absl::StrCat("DEADLINE_EXCEEDED: no end of stream within ", options_.timeout_ms, " ms");
     }
     return s.failure.empty() && !s.saw_done;  // false: hang up now
   };

@@ -27,8 +27,8 @@ namespace tandem::bench {
 
 struct OpenAiBackendOptions {
   std::string base_url = "http://127.0.0.1:8000";  // scheme://host:port (--base-url), no path
-  std::string model;     // the request's "model" (--model): the server's served model name
-  std::string api_key;   // sent as "Authorization: Bearer KEY"; "" = none
+  std::string model;       // the request's "model" (--model): the server's served model name
+  std::string api_key;     // sent as "Authorization: Bearer KEY"; "" = none
   int64_t timeout_ms = 0;  // per-request deadline (--timeout-ms); 0 = none
 };
 
@@ -40,26 +40,26 @@ struct OpenAiBackendOptions {
 // completion_tokens / prompt_tokens; {"error": {...}} ends the stream as a
 // failure. Exposed for tests.
 struct SseChunk {
-  bool has_choice = false;   // "choices" non-empty
-  std::string text;          // choices[0].text
-  bool finished = false;     // choices[0].finish_reason is not null
+  bool has_choice = false;         // "choices" non-empty
+  std::string text;                // choices[0].text
+  bool finished = false;           // choices[0].finish_reason is not null
   int32_t completion_tokens = -1;  // usage.completion_tokens; -1 when absent
   int32_t prompt_tokens = -1;      // usage.prompt_tokens; -1 when absent
-  std::string error;         // error.message ("" = none)
-  bool done = false;         // the "[DONE]" sentinel
+  std::string error;               // error.message ("" = none)
+  bool done = false;               // the "[DONE]" sentinel
 
   bool token_bearing() const { return has_choice && !(text.empty() && finished); }
 };
 // Parses one payload; INVALID_ARGUMENT quoting (up to 200 bytes of) it when
 // it is not JSON or not an object.
-absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload);
+[[nodiscard]] absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload);
 
 class OpenAiBackend final : public BenchBackend {
  public:
   // INVALID_ARGUMENT naming --base-url (not "http://host:port" with a port
   // in 1..65535; https is not supported), --model (empty) or --timeout-ms
   // (< 0).
-  static absl::StatusOr<std::unique_ptr<OpenAiBackend>> Create(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<OpenAiBackend>> Create(
       const OpenAiBackendOptions& options);
 
   ~OpenAiBackend() override;  // waits for the requests in flight to end

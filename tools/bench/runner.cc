@@ -22,7 +22,8 @@ namespace {
 
 constexpr int kBarCells = 30;
 
-absl::Status CheckOptions(const std::vector<BenchRequest>& requests, const RunOptions& o) {
+[[nodiscard]] absl::Status CheckOptions(const std::vector<BenchRequest>& requests,
+                                        const RunOptions& o) {
   if (!o.send_times_s.empty()) {
     if (o.send_times_s.size() != requests.size()) {
       return absl::InvalidArgumentError(absl::StrCat("send_times_s: ", o.send_times_s.size(),
@@ -40,8 +41,8 @@ absl::Status CheckOptions(const std::vector<BenchRequest>& requests, const RunOp
   for (size_t i = 0; o.send_times_s.empty() && i < requests.size(); ++i) {
     const std::optional<double>& t = requests[i].timestamp_s;
     if (t.has_value() && (!std::isfinite(*t) || *t < 0 || *t > kMaxSendTimeS)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request ", i, " timestamp_s: must be in [0, ", kMaxSendTimeS, "] s, got ", *t));
+      return absl::InvalidArgumentError(absl::StrCat("request ", i, " timestamp_s: must be in [0, ",
+                                                     kMaxSendTimeS, "] s, got ", *t));
     }
   }
   if (o.max_concurrency < 0) {
@@ -144,15 +145,16 @@ std::string ProgressBar(int64_t done, int64_t total, double elapsed_s) {
                          std::string(kBarCells - filled, '.'), clock);
 }
 
-absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
-                                       const std::vector<BenchRequest>& requests,
-                                       const RunOptions& options) {
+[[nodiscard]] absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
+                                                     const std::vector<BenchRequest>& requests,
+                                                     const RunOptions& options) {
   if (absl::Status s = CheckOptions(requests, options); !s.ok()) return s;
   RunResult result;
   if (requests.empty()) return result;
   for (int32_t w = 0; w < options.num_warmups; ++w) {
     RequestOutput o = SendAndWait(backend, requests[0]);
-    if (!o.success) return absl::UnavailableError(absl::StrCat("warm-up request failed: ", o.error));
+    if (!o.success)
+      return absl::UnavailableError(absl::StrCat("warm-up request failed: ", o.error));
   }
 
   const Clock::time_point t0 = Clock::now();
@@ -160,9 +162,9 @@ absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
   std::optional<Clock::time_point> first_start;
   for (size_t i = 0; i < requests.size(); ++i) {
     const double at = !options.send_times_s.empty() ? options.send_times_s[i]
-                                                     : requests[i].timestamp_s.value_or(0.0);
-    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(at)));
+                                                    : requests[i].timestamp_s.value_or(0.0);
+    std::this_thread::sleep_until(
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)));
     state.AcquireSlot(options.max_concurrency);
     const Clock::time_point start = Clock::now();
     if (!first_start.has_value()) first_start = start;

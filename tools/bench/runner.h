@@ -56,9 +56,9 @@ struct RunResult {
 // completed (the backend's deadlines bound that). Errors: INVALID_ARGUMENT
 // naming send_times_s (wrong count, negative or not finite), max_concurrency
 // or num_warmups (< 0); UNAVAILABLE "warm-up request failed: <error>".
-absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
-                                       const std::vector<BenchRequest>& requests,
-                                       const RunOptions& options);
+[[nodiscard]] absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
+                                                     const std::vector<BenchRequest>& requests,
+                                                     const RunOptions& options);
 
 // The progress line "  37/40 [###########.....] 00:12" (no '\r' or '\n'):
 // `done` right-aligned to the width of `total`, a bar of 30 cells of which

@@ -27,10 +27,10 @@ namespace tandem::backend::cuda {
 namespace {
 
 // Returns the status of `expr` when it is not OK.
-#define TANDEM_CUDA_RETURN_IF_ERROR(expr)              \
-  do {                                                 \
-    absl::Status tandem_status_ = (expr);              \
-    if (!tandem_status_.ok()) return tandem_status_;   \
+#define TANDEM_CUDA_RETURN_IF_ERROR(expr)            \
+  do {                                               \
+    absl::Status tandem_status_ = (expr);            \
+    if (!tandem_status_.ok()) return tandem_status_; \
   } while (0)
 
 // Caller bugs (model_backend.h's preconditions) abort, as on the CPU: a bad
@@ -58,14 +58,16 @@ class PinnedBuffer {
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
-  absl::Status Allocate(size_t bytes, const char* what) {
+  [[nodiscard]] absl::Status Allocate(size_t bytes, const char* what) {
     if (bytes == 0) return absl::OkStatus();
     return CudaStatus(cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault),
                       absl::StrCat("cudaHostAlloc of ", bytes, " bytes for ", what));
   }
   void* get() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void* ptr_ = nullptr;
@@ -162,14 +164,14 @@ struct CudaBackend::Impl {
   }
 
   // CUDA status of `error`; a sticky error marks the device lost.
-  absl::Status Check(cudaError_t error, std::string_view what) {
+  [[nodiscard]] absl::Status Check(cudaError_t error, std::string_view what) {
     if (error != cudaSuccess && IsStickyCudaError(error)) MarkLost(CudaStatus(error, what));
     return CudaStatus(error, what);
   }
   // A failed status from a component (GEMM, launches): asks the stream
   // whether the context is gone, so a sticky error behind a cuBLAS status
   // still marks the device lost.
-  absl::Status Fail(absl::Status status) {
+  [[nodiscard]] absl::Status Fail(absl::Status status) {
     const cudaError_t e = cudaStreamQuery(stream);
     if (IsStickyCudaError(e)) MarkLost(status);
     return status;
@@ -179,7 +181,7 @@ struct CudaBackend::Impl {
     lost = true;
   }
   // INTERNAL "[sticky]" once the device was lost, else OK.
-  absl::Status LostError() const {
+  [[nodiscard]] absl::Status LostError() const {
     if (!lost) return absl::OkStatus();
     return absl::InternalError(
         absl::StrCat("the CUDA device was lost earlier: ", lost_message, " [sticky]"));
@@ -194,14 +196,16 @@ struct CudaBackend::Impl {
       if (graph != nullptr) cudaGraphDestroy(graph);
     }
   }
-  absl::Status Launch(cudaError_t error, const char* what) { return Check(error, what); }
-  absl::Status Gemm(const void* a, const DeviceMatrix& w, int32_t m, float* out,
-                    bool accumulate) {
+  [[nodiscard]] absl::Status Launch(cudaError_t error, const char* what) {
+    return Check(error, what);
+  }
+  [[nodiscard]] absl::Status Gemm(const void* a, const DeviceMatrix& w, int32_t m, float* out,
+                                  bool accumulate) {
     absl::Status s = gemm->Run(a, w.data, m, w.rows, w.cols, out, accumulate, stream);
     return s.ok() ? s : Fail(s);
   }
 
-  absl::Status Mark(int category) {
+  [[nodiscard]] absl::Status Mark(int category) {
     if (!profiling) return absl::OkStatus();
     if (n_marks == marks.size()) {
       cudaEvent_t e = nullptr;
@@ -216,35 +220,42 @@ struct CudaBackend::Impl {
     return absl::OkStatus();
   }
   // After the step's events completed: adds the intervals to prof.
-  absl::Status CollectProfile() {
+  [[nodiscard]] absl::Status CollectProfile() {
     if (!profiling || n_marks < 2) return absl::OkStatus();
     for (size_t i = 0; i + 1 < n_marks; ++i) {
       float ms = 0;
       TANDEM_CUDA_RETURN_IF_ERROR(
           Check(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]), "cudaEventElapsedTime"));
       switch (mark_cats[i]) {
-        case kGemm: prof.gemm_ms += ms; break;
-        case kAttention: prof.attention_ms += ms; break;
-        case kGraph: break;
-        default: prof.other_ms += ms; break;
+        case kGemm:
+          prof.gemm_ms += ms;
+          break;
+        case kAttention:
+          prof.attention_ms += ms;
+          break;
+        case kGraph:
+          break;
+        default:
+          prof.other_ms += ms;
+          break;
       }
     }
     float total = 0;
-    TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaEventElapsedTime(&total, marks[0], marks[n_marks - 1]),
-                                      "cudaEventElapsedTime"));
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        Check(cudaEventElapsedTime(&total, marks[0], marks[n_marks - 1]), "cudaEventElapsedTime"));
     prof.total_ms += total;
     ++prof.forwards;
     return absl::OkStatus();
   }
 
-  absl::Status Allocate(DeviceBuffer* buffer, size_t bytes, const char* what) {
+  [[nodiscard]] absl::Status Allocate(DeviceBuffer* buffer, size_t bytes, const char* what) {
     absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes, what);
     if (!b.ok()) return b.status();
     *buffer = *std::move(b);
     arena_bytes += bytes;
     return absl::OkStatus();
   }
-  absl::Status AllocateArena();
+  [[nodiscard]] absl::Status AllocateArena();
 
   // The step's packing into host_meta; returns the layout. `bucket` > 0:
   // a graph step padded to `bucket` rows.
@@ -262,30 +273,31 @@ struct CudaBackend::Impl {
     return b;
   }
   // Every layer, then the logits of the n_rows rows listed at m.rows.
-  absl::Status EnqueueForward(const MetaLayout& m, const BatchMeta& b, int32_t n_rows,
-                              const CudaKvStorage& storage, int32_t max_context,
-                              bool record_layer_events);
+  [[nodiscard]] absl::Status EnqueueForward(const MetaLayout& m, const BatchMeta& b, int32_t n_rows,
+                                            const CudaKvStorage& storage, int32_t max_context,
+                                            bool record_layer_events);
   // Captures and instantiates the graph of `bucket` unless it exists.
-  absl::Status CaptureGraph(int32_t bucket, const CudaKvStorage& storage);
-  absl::Status RunGraph(int32_t bucket, const MetaLayout& m, const CudaKvStorage& storage);
+  [[nodiscard]] absl::Status CaptureGraph(int32_t bucket, const CudaKvStorage& storage);
+  [[nodiscard]] absl::Status RunGraph(int32_t bucket, const MetaLayout& m,
+                                      const CudaKvStorage& storage);
 
-  absl::Status Step(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                    std::vector<sampling::SamplingView>* views, CudaKvStorage& storage);
+  [[nodiscard]] absl::Status Step(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                                  std::vector<sampling::SamplingView>* views,
+                                  CudaKvStorage& storage);
   void PlanRows(std::span<const ForwardEntry> batch);
   // The sampling reduction of the step's sampled rows (row_plans): row
   // statistics and the first fetch_k ids of each row on the device, the
   // rows sampled on the host copied whole; FinishViews builds the views
   // once the step's event has completed.
-  absl::Status EnqueueReduction(int32_t fetch_k);
-  absl::Status EnqueueTopK(int32_t k);
-  absl::Status EnqueueRowCopy(int32_t r);
-  absl::Status FinishViews(std::span<const ForwardEntry> batch, int32_t fetch_k,
-                           std::vector<sampling::SamplingView>* views);
+  [[nodiscard]] absl::Status EnqueueReduction(int32_t fetch_k);
+  [[nodiscard]] absl::Status EnqueueTopK(int32_t k);
+  [[nodiscard]] absl::Status EnqueueRowCopy(int32_t r);
+  [[nodiscard]] absl::Status FinishViews(std::span<const ForwardEntry> batch, int32_t fetch_k,
+                                         std::vector<sampling::SamplingView>* views);
   bool BuildRow(std::span<const ForwardEntry> batch, int32_t r, int32_t fetched,
                 sampling::SamplingView* view) const;
-  void BuildRowOnHost(std::span<const ForwardEntry> batch, int32_t r,
-                      sampling::SamplingView* view);
-  absl::Status WarmUp(uint64_t* growth_bytes);
+  void BuildRowOnHost(std::span<const ForwardEntry> batch, int32_t r, sampling::SamplingView* view);
+  [[nodiscard]] absl::Status WarmUp(uint64_t* growth_bytes);
 };
 
 absl::Status CudaBackend::Impl::AllocateArena() {
@@ -299,16 +311,16 @@ absl::Status CudaBackend::Impl::AllocateArena() {
       Allocate(&act, T * static_cast<size_t>(act_dim) * elem, "GEMM inputs"));
   TANDEM_CUDA_RETURN_IF_ERROR(
       Allocate(&qkv, T * static_cast<size_t>(qkv_dim) * sizeof(float), "QKV rows"));
-  TANDEM_CUDA_RETURN_IF_ERROR(Allocate(
-      &gate_up, T * 2 * static_cast<size_t>(config.n_ff) * sizeof(float), "gate/up rows"));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      Allocate(&gate_up, T * 2 * static_cast<size_t>(config.n_ff) * sizeof(float), "gate/up rows"));
   TANDEM_CUDA_RETURN_IF_ERROR(Allocate(&logits, L * vocab * sizeof(float), "logits"));
   TANDEM_CUDA_RETURN_IF_ERROR(
       Allocate(&attn_ws,
                PagedAttentionWorkspaceBytes(max_tokens, config.n_head, config.head_dim,
                                             config.context_length),
                "attention workspace"));
-  TANDEM_CUDA_RETURN_IF_ERROR(Allocate(&topk_ws, RowTopKWorkspaceBytes(max_rows, config.vocab_size),
-                                       "top-K workspace"));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      Allocate(&topk_ws, RowTopKWorkspaceBytes(max_rows, config.vocab_size), "top-K workspace"));
   TANDEM_CUDA_RETURN_IF_ERROR(Allocate(&row_stats, L * sizeof(RowStats), "row statistics"));
   const size_t topk = L * static_cast<size_t>(kMaxDeviceTopK);
   TANDEM_CUDA_RETURN_IF_ERROR(Allocate(&topk_ids, topk * sizeof(int32_t), "top-K ids"));
@@ -316,8 +328,7 @@ absl::Status CudaBackend::Impl::AllocateArena() {
   const size_t meta_ints = Layout(max_tokens, max_rows, max_seqs, max_blocks_per_seq).total;
   TANDEM_CUDA_RETURN_IF_ERROR(Allocate(&meta, meta_ints * sizeof(int32_t), "step metadata"));
 
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      host_meta.Allocate(meta_ints * sizeof(int32_t), "step metadata"));
+  TANDEM_CUDA_RETURN_IF_ERROR(host_meta.Allocate(meta_ints * sizeof(int32_t), "step metadata"));
   TANDEM_CUDA_RETURN_IF_ERROR(host_stats.Allocate(L * sizeof(RowStats), "row statistics"));
   TANDEM_CUDA_RETURN_IF_ERROR(host_ids.Allocate(topk * sizeof(int32_t), "top-K ids"));
   TANDEM_CUDA_RETURN_IF_ERROR(host_values.Allocate(topk * sizeof(float), "top-K values"));
@@ -327,8 +338,8 @@ absl::Status CudaBackend::Impl::AllocateArena() {
 }
 
 MetaLayout CudaBackend::Impl::Pack(std::span<const ForwardEntry> batch,
-                                   const CudaKvStorage& storage, int32_t n_tokens,
-                                   int32_t n_rows, int32_t bucket) {
+                                   const CudaKvStorage& storage, int32_t n_tokens, int32_t n_rows,
+                                   int32_t bucket) {
   const int32_t n_seqs = bucket > 0 ? bucket : static_cast<int32_t>(batch.size());
   const int32_t padded_tokens = bucket > 0 ? bucket : n_tokens;
   const int32_t padded_rows = bucket > 0 ? bucket : n_rows;
@@ -381,14 +392,13 @@ absl::Status CudaBackend::Impl::EnqueueForward(const MetaLayout& m, const BatchM
   float* guf = gate_up.as<float>();
 
   TANDEM_CUDA_RETURN_IF_ERROR(Mark(kOther));
-  TANDEM_CUDA_RETURN_IF_ERROR(Launch(
-      LaunchEmbedding(base + m.tokens, T, weights.token_embd.data, dt, c.n_embd, xf, stream),
-      "embedding"));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      Launch(LaunchEmbedding(base + m.tokens, T, weights.token_embd.data, dt, c.n_embd, xf, stream),
+             "embedding"));
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const DeviceLayer& w = weights.layers[static_cast<size_t>(l)];
     TANDEM_CUDA_RETURN_IF_ERROR(Launch(
-        LaunchRmsNorm(xf, nullptr, T, c.n_embd, w.attn_norm, c.rms_norm_eps, act.get(), dt,
-                      stream),
+        LaunchRmsNorm(xf, nullptr, T, c.n_embd, w.attn_norm, c.rms_norm_eps, act.get(), dt, stream),
         "attention RMSNorm"));
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kGemm));
     TANDEM_CUDA_RETURN_IF_ERROR(Gemm(act.get(), w.wqkv, T, qkvf, false));
@@ -400,20 +410,20 @@ absl::Status CudaBackend::Impl::EnqueueForward(const MetaLayout& m, const BatchM
     TANDEM_CUDA_RETURN_IF_ERROR(
         Launch(LaunchKvWrite(qkvf, q_dim, b, paged, l, stream), "KV write"));
     if (record_layer_events) {
-      TANDEM_CUDA_RETURN_IF_ERROR(Check(
-          cudaEventRecord(layer_events[static_cast<size_t>(l)], stream), "cudaEventRecord (layer)"));
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          Check(cudaEventRecord(layer_events[static_cast<size_t>(l)], stream),
+                "cudaEventRecord (layer)"));
     }
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kAttention));
-    TANDEM_CUDA_RETURN_IF_ERROR(Launch(
-        LaunchPagedAttention(qkvf, b, paged, l, c.n_head, c.n_head_kv, c.head_dim, attn_scale,
-                             max_context, attn_ws.get(), act.get(), dt, stream),
-        "paged attention"));
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        Launch(LaunchPagedAttention(qkvf, b, paged, l, c.n_head, c.n_head_kv, c.head_dim,
+                                    attn_scale, max_context, attn_ws.get(), act.get(), dt, stream),
+               "paged attention"));
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kGemm));
     TANDEM_CUDA_RETURN_IF_ERROR(Gemm(act.get(), w.wo, T, xf, true));
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kOther));
     TANDEM_CUDA_RETURN_IF_ERROR(Launch(
-        LaunchRmsNorm(xf, nullptr, T, c.n_embd, w.ffn_norm, c.rms_norm_eps, act.get(), dt,
-                      stream),
+        LaunchRmsNorm(xf, nullptr, T, c.n_embd, w.ffn_norm, c.rms_norm_eps, act.get(), dt, stream),
         "FFN RMSNorm"));
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kGemm));
     TANDEM_CUDA_RETURN_IF_ERROR(Gemm(act.get(), w.w_gate_up, T, guf, false));
@@ -425,10 +435,10 @@ absl::Status CudaBackend::Impl::EnqueueForward(const MetaLayout& m, const BatchM
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kOther));
   }
   if (n_rows == 0) return absl::OkStatus();
-  TANDEM_CUDA_RETURN_IF_ERROR(Launch(
-      LaunchRmsNorm(xf, base + m.rows, n_rows, c.n_embd, weights.output_norm, c.rms_norm_eps,
-                    act.get(), dt, stream),
-      "output RMSNorm"));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      Launch(LaunchRmsNorm(xf, base + m.rows, n_rows, c.n_embd, weights.output_norm, c.rms_norm_eps,
+                           act.get(), dt, stream),
+             "output RMSNorm"));
   TANDEM_CUDA_RETURN_IF_ERROR(Mark(kGemm));
   TANDEM_CUDA_RETURN_IF_ERROR(Gemm(act.get(), weights.output, n_rows, logits.as<float>(), false));
   return Mark(kOther);
@@ -446,8 +456,8 @@ absl::Status CudaBackend::Impl::CaptureGraph(int32_t bucket, const CudaKvStorage
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
   const bool was_profiling = profiling;
   profiling = false;  // no event marks inside a graph
-  absl::Status enqueued = EnqueueForward(m, MetaFor(m, bucket, bucket), bucket, storage,
-                                         config.context_length, false);
+  absl::Status enqueued =
+      EnqueueForward(m, MetaFor(m, bucket, bucket), bucket, storage, config.context_length, false);
   profiling = was_profiling;
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
@@ -493,15 +503,15 @@ void CudaBackend::Impl::PlanRows(std::span<const ForwardEntry> batch) {
 
 absl::Status CudaBackend::Impl::EnqueueTopK(int32_t k) {
   const int32_t n_rows = static_cast<int32_t>(row_plans.size());
-  TANDEM_CUDA_RETURN_IF_ERROR(Launch(LaunchRowTopK(logits.as<float>(), n_rows, config.vocab_size,
-                                                   k, topk_ws.get(), topk_ids.as<int32_t>(),
-                                                   topk_values.as<float>(), stream),
-                                     "top-K"));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      Launch(LaunchRowTopK(logits.as<float>(), n_rows, config.vocab_size, k, topk_ws.get(),
+                           topk_ids.as<int32_t>(), topk_values.as<float>(), stream),
+             "top-K"));
   const size_t n = static_cast<size_t>(n_rows) * static_cast<size_t>(k);
-  TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaMemcpyAsync(host_ids.get(), topk_ids.get(),
-                                                    n * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                                    stream),
-                                    "copy of top-K ids"));
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      Check(cudaMemcpyAsync(host_ids.get(), topk_ids.get(), n * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream),
+            "copy of top-K ids"));
   return Check(cudaMemcpyAsync(host_values.get(), topk_values.get(), n * sizeof(float),
                                cudaMemcpyDeviceToHost, stream),
                "copy of top-K values");
@@ -519,15 +529,13 @@ absl::Status CudaBackend::Impl::EnqueueReduction(int32_t fetch_k) {
   const int32_t n_rows = static_cast<int32_t>(row_plans.size());
   if (n_rows == 0) return absl::OkStatus();
   TANDEM_CUDA_RETURN_IF_ERROR(Mark(kOther));
-  TANDEM_CUDA_RETURN_IF_ERROR(Launch(LaunchRowStats(logits.as<float>(), n_rows,
-                                                    config.vocab_size, row_stats.as<RowStats>(),
-                                                    stream),
+  TANDEM_CUDA_RETURN_IF_ERROR(Launch(LaunchRowStats(logits.as<float>(), n_rows, config.vocab_size,
+                                                    row_stats.as<RowStats>(), stream),
                                      "row statistics"));
-  TANDEM_CUDA_RETURN_IF_ERROR(Check(
-      cudaMemcpyAsync(host_stats.get(), row_stats.get(),
-                      static_cast<size_t>(n_rows) * sizeof(RowStats), cudaMemcpyDeviceToHost,
-                      stream),
-      "copy of row statistics"));
+  TANDEM_CUDA_RETURN_IF_ERROR(Check(cudaMemcpyAsync(host_stats.get(), row_stats.get(),
+                                                    static_cast<size_t>(n_rows) * sizeof(RowStats),
+                                                    cudaMemcpyDeviceToHost, stream),
+                                    "copy of row statistics"));
   if (fetch_k > 0) TANDEM_CUDA_RETURN_IF_ERROR(EnqueueTopK(fetch_k));
   for (int32_t r = 0; r < n_rows; ++r) {
     if (row_plans[static_cast<size_t>(r)].mode == DeviceRowMode::kHost) {
@@ -537,15 +545,14 @@ absl::Status CudaBackend::Impl::EnqueueReduction(int32_t fetch_k) {
   return absl::OkStatus();
 }
 
-bool CudaBackend::Impl::BuildRow(std::span<const ForwardEntry> batch, int32_t r,
-                                 int32_t fetched, sampling::SamplingView* view) const {
+bool CudaBackend::Impl::BuildRow(std::span<const ForwardEntry> batch, int32_t r, int32_t fetched,
+                                 sampling::SamplingView* view) const {
   const ForwardEntry& e = batch[static_cast<size_t>(sampled_entries[static_cast<size_t>(r)])];
   const size_t off = static_cast<size_t>(r) * static_cast<size_t>(fetched);
-  return BuildViewFromTopK(row_plans[static_cast<size_t>(r)], *e.sampling,
-                           host_stats.as<RowStats>()[r],
-                           fetched > 0 ? host_ids.as<int32_t>() + off : nullptr,
-                           fetched > 0 ? host_values.as<float>() + off : nullptr, fetched,
-                           config.vocab_size, view);
+  return BuildViewFromTopK(
+      row_plans[static_cast<size_t>(r)], *e.sampling, host_stats.as<RowStats>()[r],
+      fetched > 0 ? host_ids.as<int32_t>() + off : nullptr,
+      fetched > 0 ? host_values.as<float>() + off : nullptr, fetched, config.vocab_size, view);
 }
 
 void CudaBackend::Impl::BuildRowOnHost(std::span<const ForwardEntry> batch, int32_t r,
@@ -558,8 +565,7 @@ void CudaBackend::Impl::BuildRowOnHost(std::span<const ForwardEntry> batch, int3
   ++host_fallbacks;
 }
 
-absl::Status CudaBackend::Impl::FinishViews(std::span<const ForwardEntry> batch,
-                                            int32_t fetch_k,
+absl::Status CudaBackend::Impl::FinishViews(std::span<const ForwardEntry> batch, int32_t fetch_k,
                                             std::vector<sampling::SamplingView>* views) {
   const int32_t n_rows = static_cast<int32_t>(row_plans.size());
   views->resize(static_cast<size_t>(n_rows));
@@ -620,12 +626,11 @@ absl::Status CudaBackend::Impl::Step(std::span<const ForwardEntry> batch, const 
     if (n > 0) max_context = std::max(max_context, e.start_pos + n);
     decode_only = decode_only && n == 1 && e.sampling != nullptr;
   }
-  if (n_tokens > max_tokens || n_rows > max_rows ||
-      static_cast<int32_t>(batch.size()) > max_seqs) {
-    return absl::InternalError(absl::StrCat(
-        "batch of ", n_tokens, " tokens, ", n_rows, " sampled rows and ", batch.size(),
-        " sequences exceeds the CUDA backend's sizes (engine.max_num_batched_tokens ",
-        max_tokens, ", engine.max_num_seqs ", max_rows, ")"));
+  if (n_tokens > max_tokens || n_rows > max_rows || static_cast<int32_t>(batch.size()) > max_seqs) {
+    return absl::InternalError(
+        absl::StrCat("batch of ", n_tokens, " tokens, ", n_rows, " sampled rows and ", batch.size(),
+                     " sequences exceeds the CUDA backend's sizes (engine.max_num_batched_tokens ",
+                     max_tokens, ", engine.max_num_seqs ", max_rows, ")"));
   }
   PlanRows(batch);
   int32_t fetch_k = 0;
@@ -639,10 +644,10 @@ absl::Status CudaBackend::Impl::Step(std::span<const ForwardEntry> batch, const 
     const int32_t bucket = graph ? GraphBucket(n_tokens, cap) : 0;
     const MetaLayout m = Pack(batch, storage, n_tokens, n_rows, bucket);
     TANDEM_CUDA_RETURN_IF_ERROR(Mark(kOther));
-    TANDEM_CUDA_RETURN_IF_ERROR(Check(
-        cudaMemcpyAsync(meta.get(), host_meta.get(), m.total * sizeof(int32_t),
-                        cudaMemcpyHostToDevice, stream),
-        "copy of the step metadata"));
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(meta.get(), host_meta.get(), m.total * sizeof(int32_t),
+                              cudaMemcpyHostToDevice, stream),
+              "copy of the step metadata"));
     if (graph) {
       TANDEM_CUDA_RETURN_IF_ERROR(RunGraph(bucket, m, storage));
     } else {
@@ -730,8 +735,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
     return absl::InvalidArgumentError(
         absl::StrCat("engine.device: the CUDA backend needs cuda:N, got ", device_name));
   }
-  if (options.max_num_batched_tokens < 1 || options.max_num_seqs < 1 ||
-      options.block_size < 1) {
+  if (options.max_num_batched_tokens < 1 || options.max_num_seqs < 1 || options.block_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the CUDA backend needs engine.max_num_batched_tokens, engine.max_num_seqs and "
         "engine.block_size >= 1, got ",
@@ -746,9 +750,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
   const model::LlamaConfig& c = s.config;
 
   if (cudaError_t e = cudaSetDevice(s.device); e != cudaSuccess) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("engine.device: ", device_name, ": ",
-                     CudaStatus(e, "cudaSetDevice").message()));
+    return absl::FailedPreconditionError(absl::StrCat("engine.device: ", device_name, ": ",
+                                                      CudaStatus(e, "cudaSetDevice").message()));
   }
   size_t free_start = 0, total = 0;
   TANDEM_CUDA_RETURN_IF_ERROR(s.Check(cudaMemGetInfo(&free_start, &total), "cudaMemGetInfo"));
@@ -781,8 +784,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
         std::pair{c.vocab_size, c.n_embd}}) {
     if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
   }
-  absl::StatusOr<std::unique_ptr<GemmRunner>> gemm = GemmRunner::Create(
-      s.weights.dtype, shapes, s.max_tokens, options.batch_invariant, s.stream);
+  absl::StatusOr<std::unique_ptr<GemmRunner>> gemm =
+      GemmRunner::Create(s.weights.dtype, shapes, s.max_tokens, options.batch_invariant, s.stream);
   if (!gemm.ok()) return gemm.status();
   s.gemm = *std::move(gemm);
   if (options.batch_invariant) {
@@ -793,25 +796,25 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
         for (size_t i = 0; i < r.invariant.size() && i < kInvarianceMs.size(); ++i) {
           absl::StrAppend(&bits, i == 0 ? "" : " ", kInvarianceMs[i], r.invariant[i] ? ":=" : ":x");
         }
-        options.log(absl::StrCat("GEMM ", r.n, "x", r.k, ": ", r.engine, " (row 0 vs M=1: ",
-                                 bits, ")"));
+        options.log(
+            absl::StrCat("GEMM ", r.n, "x", r.k, ": ", r.engine, " (row 0 vs M=1: ", bits, ")"));
       }
     }
   }
 
   if (absl::Status arena = s.AllocateArena(); !arena.ok()) {
-    return absl::Status(arena.code(),
-                        absl::StrCat("the activations for engine.max_num_batched_tokens ",
-                                     s.max_tokens, " and engine.max_num_seqs ",
-                                     options.max_num_seqs, " do not fit: ", arena.message()));
+    return absl::Status(
+        arena.code(), absl::StrCat("the activations for engine.max_num_batched_tokens ",
+                                   s.max_tokens, " and engine.max_num_seqs ", options.max_num_seqs,
+                                   " do not fit: ", arena.message()));
   }
   s.layer_events.assign(static_cast<size_t>(c.n_layers), nullptr);
   // Interprocess: a CUDA IPC receiver waits on them (cudaIpcGetEventHandle,
   // kv::DeviceKvAccess::layer_event); that needs timing disabled too.
   for (cudaEvent_t& e : s.layer_events) {
-    TANDEM_CUDA_RETURN_IF_ERROR(s.Check(
-        cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
-        "cudaEventCreate (layer)"));
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        s.Check(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
+                "cudaEventCreate (layer)"));
   }
   TANDEM_CUDA_RETURN_IF_ERROR(
       s.Check(cudaEventCreateWithFlags(&s.done_event, cudaEventDisableTiming), "cudaEventCreate"));
@@ -851,15 +854,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Ll
   for (int32_t l = 0; l < c.n_layers; ++l) {
     s.kv->SetLayerEvent(l, s.layer_events[static_cast<size_t>(l)]);
   }
-  s.bit_exact_class =
-      absl::StrCat("tandem-cuda/sm_", s.compute_capability, "/",
-                   options.batch_invariant ? "bi" : "nbi", "/",
-                   kv::KvDtypeName(s.weights.dtype), "/v1");
+  s.bit_exact_class = absl::StrCat("tandem-cuda/sm_", s.compute_capability, "/",
+                                   options.batch_invariant ? "bi" : "nbi", "/",
+                                   kv::KvDtypeName(s.weights.dtype), "/v1");
   if (options.log) {
     options.log(absl::StrCat(device_name, " (", prop.name, ", sm_", s.compute_capability,
                              "): weights ", kv::KvDtypeName(s.weights.dtype), ", KV cache ",
-                             kv::KvDtypeName(options.kv_cache_dtype), ", ",
-                             s.bit_exact_class));
+                             kv::KvDtypeName(options.kv_cache_dtype), ", ", s.bit_exact_class));
     options.log(s.plan.Describe(in));
   }
   auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
@@ -923,10 +924,9 @@ absl::StatusOr<std::vector<float>> CudaBackend::LastLogitsForTesting() {
   std::vector<float> out(static_cast<size_t>(s.last_rows) *
                          static_cast<size_t>(s.config.vocab_size));
   if (!out.empty()) {
-    TANDEM_CUDA_RETURN_IF_ERROR(s.Check(cudaMemcpy(out.data(), s.logits.get(),
-                                                   out.size() * sizeof(float),
-                                                   cudaMemcpyDeviceToHost),
-                                        "copy of the last logits"));
+    TANDEM_CUDA_RETURN_IF_ERROR(s.Check(
+        cudaMemcpy(out.data(), s.logits.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+        "copy of the last logits"));
   }
   return out;
 }

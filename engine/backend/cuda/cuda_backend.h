@@ -58,16 +58,16 @@ class CudaBackend final : public ModelBackend {
   // the peak, plans the memory (gpu_memory_plan.h), allocates the KV
   // pool and captures every decode graph (CaptureGraphs). Errors as
   // CreateBackend's.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::LlamaModel& model,
-                                                             const BackendOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      const model::LlamaModel& model, const BackendOptions& options);
   ~CudaBackend() override;
 
   const model::LlamaConfig& config() const override;
   kv::KvStorage& kv_storage() override;
   // "tandem-cuda/sm_<cc>/<bi|nbi>/<weight dtype>/v1".
   std::string bit_exact_class() const override;
-  absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
-                       std::vector<sampling::SamplingView>* views) override;
+  [[nodiscard]] absl::Status Forward(std::span<const ForwardEntry> batch, const LayerHook* hook,
+                                     std::vector<sampling::SamplingView>* views) override;
   bool device_lost() const override;
 
   // The plan the KV pool was sized by (for the start-up log and tests).
@@ -90,7 +90,7 @@ class CudaBackend final : public ModelBackend {
   // captures nothing. Nothing runs on the device (a capture records work,
   // it does not execute it).
   // Errors: INTERNAL for a CUDA error (naming the call) or a lost device.
-  absl::Status CaptureGraphs();
+  [[nodiscard]] absl::Status CaptureGraphs();
   // Graphs captured so far (tests).
   size_t captured_graphs() const;
 
@@ -108,7 +108,7 @@ class CudaBackend final : public ModelBackend {
 
   // The full logits of the last Forward's sampled rows, copied to the host
   // ([rows][vocab]; a synchronous copy, for tandem selftest only).
-  absl::StatusOr<std::vector<float>> LastLogitsForTesting();
+  [[nodiscard]] absl::StatusOr<std::vector<float>> LastLogitsForTesting();
 
  private:
   struct Impl;

@@ -9,7 +9,7 @@ namespace tandem::backend::cuda {
 
 namespace {
 
-absl::Status Unavailable(int32_t index, const char* call, cudaError_t error) {
+[[nodiscard]] absl::Status Unavailable(int32_t index, const char* call, cudaError_t error) {
   return absl::UnavailableError(absl::StrCat("cuda:", index, ": ", call, ": ",
                                              cudaGetErrorName(error), " (",
                                              cudaGetErrorString(error), ")"));

@@ -25,7 +25,7 @@ class CudaDeviceQuery final : public DeviceQuery {
   // and cudaMemGetInfo (free and total bytes; creates the CUDA context on
   // that device). UNAVAILABLE "cuda:N: <call>: <error name> (<error text>)"
   // when any of them fails.
-  absl::StatusOr<GpuInfo> Info(int32_t index) const override;
+  [[nodiscard]] absl::StatusOr<GpuInfo> Info(int32_t index) const override;
 };
 
 }  // namespace tandem::backend::cuda

@@ -77,9 +77,9 @@ cudaError_t LaunchRmsNorm(const float* x, const int32_t* rows, int32_t n_rows, i
 // by pos * freq_base^(-2i/rope_dim) / freq_factors[i], freq_factors may be
 // null; NORM pairs (2i, 2i+1), NEOX pairs (i, i + rope_dim/2)).
 cudaError_t LaunchBiasRope(float* qkv, int32_t n_tokens, const int32_t* positions,
-                           const float* bias, int32_t n_head, int32_t n_head_kv,
-                           int32_t head_dim, int32_t rope_dim, model::RopeType rope_type,
-                           float freq_base, const float* freq_factors, cudaStream_t stream);
+                           const float* bias, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                           int32_t rope_dim, model::RopeType rope_type, float freq_base,
+                           const float* freq_factors, cudaStream_t stream);
 
 // Writes each token's K (qkv[t][q_dim ..]) and V (qkv[t][q_dim + kv_dim ..])
 // into layer `layer` of the paged cache at its position, as kv.dtype.
@@ -111,10 +111,9 @@ size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_head, int32_t 
 // n_head_kv * head_dim, ceil(max_context / kAttentionChunk) <= 65535;
 // `workspace` (PagedAttentionWorkspaceBytes) may be null when that is 0.
 cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const PagedKv& kv,
-                                 int32_t layer, int32_t n_head, int32_t n_head_kv,
-                                 int32_t head_dim, float scale, int32_t max_context,
-                                 void* workspace, void* out, Dtype out_dtype,
-                                 cudaStream_t stream);
+                                 int32_t layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                 float scale, int32_t max_context, void* workspace, void* out,
+                                 Dtype out_dtype, cudaStream_t stream);
 
 // out[t][i] = silu(gate_up[t][i]) * gate_up[t][n_ff + i], as `out_dtype`;
 // silu(g) = g / (1 + exp(-g)).
@@ -133,9 +132,8 @@ cudaError_t LaunchConvertF32(const float* in, size_t n, void* out, Dtype out_dty
 // [m][k] and w [n][k] both `dtype`, F32 accumulation in a fixed k order
 // that depends on neither m nor the tile a row falls in: the
 // batch-invariant GEMM used where cuBLASLt's bits vary with m.
-cudaError_t LaunchFixedTileGemm(const void* a, const void* w, Dtype dtype, int32_t m,
-                                int32_t n, int32_t k, float* d, bool accumulate,
-                                cudaStream_t stream);
+cudaError_t LaunchFixedTileGemm(const void* a, const void* w, Dtype dtype, int32_t m, int32_t n,
+                                int32_t k, float* d, bool accumulate, cudaStream_t stream);
 
 // Per-row statistics of logits [rows][vocab] (F32) for the sampling view
 // (sampling_view.h): the first id of the candidate order (max logit, NaN

@@ -12,9 +12,9 @@
 #include "engine/backend/cuda/kv_copy_runs.h"
 #include "engine/backend/cuda/kv_staging.h"
 
-#define KV_RETURN_IF_ERROR(expr)           \
-  do {                                     \
-    absl::Status kv_status_ = (expr);      \
+#define KV_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    absl::Status kv_status_ = (expr);        \
     if (!kv_status_.ok()) return kv_status_; \
   } while (false)
 
@@ -44,7 +44,7 @@ struct CudaKvStorage::Impl {
   cudaStream_t copy_stream = nullptr;
   char* staging = nullptr;  // pinned: [0, half) K, [half, 2 * half) V
   size_t staging_half = 0;
-  std::mutex mu;  // the staging buffer, the copy stream's work
+  std::mutex mu;                 // the staging buffer, the copy stream's work
   mutable std::mutex events_mu;  // layer_events (taken inside mu, never around a copy)
   std::vector<cudaEvent_t> layer_events;
   int device = 0;  // the CUDA device of the pools
@@ -71,10 +71,9 @@ absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(const kv::K
                                                                      int32_t num_blocks) {
   if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV shape needs positive fields: n_layers ", shape.n_layers,
-                     ", n_kv_heads ", shape.n_kv_heads, ", head_dim ", shape.head_dim,
-                     ", block_size ", shape.block_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV shape needs positive fields: n_layers ", shape.n_layers, ", n_kv_heads ",
+        shape.n_kv_heads, ", head_dim ", shape.head_dim, ", block_size ", shape.block_size));
   }
   if (!kv::IsKnownKvDtype(static_cast<uint32_t>(dtype))) {
     return absl::InvalidArgumentError(
@@ -88,32 +87,32 @@ absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(const kv::K
   if (absl::Status s = CudaStatus(cudaGetDevice(&impl->device), "cudaGetDevice"); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CudaStatus(
-          cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags (KV copy stream)");
+  if (absl::Status s =
+          CudaStatus(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking),
+                     "cudaStreamCreateWithFlags (KV copy stream)");
       !s.ok()) {
     impl->copy_stream = nullptr;
     return s;
   }
   // Blocks per layer, the scratch block included.
   const int32_t layer_blocks = num_blocks + 1;
-  const size_t pool_bytes = static_cast<size_t>(BlockBytes(shape, dtype) / 2) *
-                            static_cast<size_t>(layer_blocks);
+  const size_t pool_bytes =
+      static_cast<size_t>(BlockBytes(shape, dtype) / 2) * static_cast<size_t>(layer_blocks);
   absl::StatusOr<DeviceBuffer> k = DeviceBuffer::Allocate(pool_bytes, "the KV cache's K pool");
   if (!k.ok()) return k.status();
   impl->k_pool = *std::move(k);
   absl::StatusOr<DeviceBuffer> v = DeviceBuffer::Allocate(pool_bytes, "the KV cache's V pool");
   if (!v.ok()) return v.status();
   impl->v_pool = *std::move(v);
-  if (absl::Status s = CudaStatus(
-          cudaMemsetAsync(impl->k_pool.get(), 0, pool_bytes, impl->copy_stream),
-          "cudaMemsetAsync (K pool)");
+  if (absl::Status s =
+          CudaStatus(cudaMemsetAsync(impl->k_pool.get(), 0, pool_bytes, impl->copy_stream),
+                     "cudaMemsetAsync (K pool)");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CudaStatus(
-          cudaMemsetAsync(impl->v_pool.get(), 0, pool_bytes, impl->copy_stream),
-          "cudaMemsetAsync (V pool)");
+  if (absl::Status s =
+          CudaStatus(cudaMemsetAsync(impl->v_pool.get(), 0, pool_bytes, impl->copy_stream),
+                     "cudaMemsetAsync (V pool)");
       !s.ok()) {
     return s;
   }
@@ -166,21 +165,19 @@ cudaEvent_t CudaKvStorage::LayerEventOrNull(int32_t layer) const {
 // holds; each chunk is split into contiguous runs (kv_copy_runs.h), one
 // cudaMemcpyAsync per run and pool, then the copy stream (only) is awaited.
 void CudaKvStorage::ReadTokens(std::span<const int32_t> block_table, int32_t layer,
-                               int32_t token_start, int32_t count, char* k_out,
-                               char* v_out) const {
+                               int32_t token_start, int32_t count, char* k_out, char* v_out) const {
   CopyTokens(/*to_device=*/false, block_table, layer, token_start, count, k_out, v_out);
 }
 
 void CudaKvStorage::WriteTokens(std::span<const int32_t> block_table, int32_t layer,
-                                int32_t token_start, int32_t count, const char* k,
-                                const char* v) {
+                                int32_t token_start, int32_t count, const char* k, const char* v) {
   // The host rows are only read on this path.
   CopyTokens(/*to_device=*/true, block_table, layer, token_start, count, const_cast<char*>(k),
              const_cast<char*>(v));
 }
 
-void CudaKvStorage::CopyTokens(bool to_device, std::span<const int32_t> block_table,
-                               int32_t layer, int32_t token_start, int32_t count, char* host_k,
+void CudaKvStorage::CopyTokens(bool to_device, std::span<const int32_t> block_table, int32_t layer,
+                               int32_t token_start, int32_t count, char* host_k,
                                char* host_v) const {
   const char* what = to_device ? "WriteTokens" : "ReadTokens";
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -239,9 +236,9 @@ KvBlockSpan SpanOf(std::span<const int32_t> table, int32_t block_size, int32_t t
 // at most for an unaligned piece of n tokens).
 int32_t PieceTokens(int32_t block_size) { return (kKvSpanBlocks - 1) * block_size; }
 
-absl::Status CheckRange(std::span<const int32_t> table, int32_t layer, int32_t layer_blocks,
-                        int32_t max_block, int32_t block_size, int32_t token_start,
-                        int32_t count, const char* side) {
+[[nodiscard]] absl::Status CheckRange(std::span<const int32_t> table, int32_t layer,
+                                      int32_t layer_blocks, int32_t max_block, int32_t block_size,
+                                      int32_t token_start, int32_t count, const char* side) {
   std::string error;
   (void)SplitKvCopyRuns(table, layer, layer_blocks, max_block, block_size, token_start, count,
                         &error);
@@ -269,8 +266,8 @@ kv::DevicePoolInfo CudaKvStorage::pool_info() const {
 void* CudaKvStorage::layer_event(int32_t layer) const { return LayerEventOrNull(layer); }
 
 absl::Status CudaKvStorage::MoveRows(bool gather, std::span<const int32_t> block_table,
-                                     int32_t layer, int32_t token_start, int32_t count,
-                                     void* frame, void* stream) {
+                                     int32_t layer, int32_t token_start, int32_t count, void* frame,
+                                     void* stream) {
   const char* what = gather ? "GatherRows" : "ScatterRows";
   if (layer < 0 || layer >= shape_.n_layers) {
     return absl::InvalidArgumentError(
@@ -319,8 +316,8 @@ absl::Status CudaKvStorage::ScatterRows(std::span<const int32_t> block_table, in
                                         int32_t token_start, int32_t count, const void* src,
                                         void* stream) {
   // The frame is only read on this path.
-  return MoveRows(/*gather=*/false, block_table, layer, token_start, count,
-                  const_cast<void*>(src), stream);
+  return MoveRows(/*gather=*/false, block_table, layer, token_start, count, const_cast<void*>(src),
+                  stream);
 }
 
 absl::Status CudaKvStorage::CopyFromPeer(const kv::DevicePoolInfo& peer,
@@ -335,15 +332,15 @@ absl::Status CudaKvStorage::CopyFromPeer(const kv::DevicePoolInfo& peer,
   if (peer.n_layers != shape_.n_layers) return mismatch("n_layers", peer.n_layers, shape_.n_layers);
   if (peer.kv_dim != paged_.kv_dim) return mismatch("kv_dim", peer.kv_dim, paged_.kv_dim);
   if (peer.dtype != paged_.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyFromPeer: the peer's dtype ", kv::KvDtypeName(peer.dtype),
-        " differs from this KV cache's ", kv::KvDtypeName(paged_.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyFromPeer: the peer's dtype ", kv::KvDtypeName(peer.dtype),
+                     " differs from this KV cache's ", kv::KvDtypeName(paged_.dtype)));
   }
   if (peer.block_size <= 0 || peer.layer_blocks <= 0 || peer.k == nullptr || peer.v == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyFromPeer: the peer's pools are not set (block_size ", peer.block_size,
-        ", layer_blocks ", peer.layer_blocks, ", k/v null: ", peer.k == nullptr, "/",
-        peer.v == nullptr, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyFromPeer: the peer's pools are not set (block_size ", peer.block_size,
+                     ", layer_blocks ", peer.layer_blocks, ", k/v null: ", peer.k == nullptr, "/",
+                     peer.v == nullptr, ")"));
   }
   if (layer < 0 || layer >= shape_.n_layers) {
     return absl::InvalidArgumentError(
@@ -352,8 +349,7 @@ absl::Status CudaKvStorage::CopyFromPeer(const kv::DevicePoolInfo& peer,
   KV_RETURN_IF_ERROR(CheckRange(peer_table, layer, peer.layer_blocks, peer.layer_blocks,
                                 peer.block_size, token_start, count, "CopyFromPeer (peer table)"));
   KV_RETURN_IF_ERROR(CheckRange(block_table, layer, paged_.num_blocks, num_blocks(),
-                                shape_.block_size, token_start, count,
-                                "CopyFromPeer (own table)"));
+                                shape_.block_size, token_start, count, "CopyFromPeer (own table)"));
   if (count == 0) return absl::OkStatus();
   KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(impl_->device), "cudaSetDevice"));
   PagedKv src;
@@ -371,8 +367,8 @@ absl::Status CudaKvStorage::CopyFromPeer(const kv::DevicePoolInfo& peer,
     const int32_t start = token_start + done;
     const KvBlockSpan src_span = SpanOf(peer_table, peer.block_size, start, n);
     const KvBlockSpan dst_span = SpanOf(block_table, shape_.block_size, start, n);
-    KV_RETURN_IF_ERROR(CudaStatus(LaunchKvCopyPeer(src, src_span, paged_, dst_span, layer, start,
-                                                   n, static_cast<cudaStream_t>(stream)),
+    KV_RETURN_IF_ERROR(CudaStatus(LaunchKvCopyPeer(src, src_span, paged_, dst_span, layer, start, n,
+                                                   static_cast<cudaStream_t>(stream)),
                                   "LaunchKvCopyPeer"));
   }
   return absl::OkStatus();

@@ -46,9 +46,8 @@ class CudaKvStorage final : public kv::KvStorage, public kv::DeviceKvAccess {
   // larger; a longer range is copied in chunks of what fits). Errors:
   // INVALID_ARGUMENT for a shape with a non-positive field or num_blocks <
   // 1, RESOURCE_EXHAUSTED (naming the bytes) / INTERNAL from CUDA.
-  static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(const kv::KvShape& shape,
-                                                               kv::KvDtype dtype,
-                                                               int32_t num_blocks);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(
+      const kv::KvShape& shape, kv::KvDtype dtype, int32_t num_blocks);
   ~CudaKvStorage() override;
 
   const kv::KvShape& shape() const override { return shape_; }
@@ -84,15 +83,17 @@ class CudaKvStorage final : public kv::KvStorage, public kv::DeviceKvAccess {
   // first. pool_info's layer_blocks counts the scratch block.
   int device_ordinal() const override;
   kv::DevicePoolInfo pool_info() const override;
-  absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
-                          int32_t token_start, int32_t count, void* dst,
-                          void* stream) override;
-  absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
-                           int32_t token_start, int32_t count, const void* src,
-                           void* stream) override;
-  absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer, std::span<const int32_t> peer_table,
-                            std::span<const int32_t> block_table, int32_t layer,
-                            int32_t token_start, int32_t count, void* stream) override;
+  [[nodiscard]] absl::Status GatherRows(std::span<const int32_t> block_table, int32_t layer,
+                                        int32_t token_start, int32_t count, void* dst,
+                                        void* stream) override;
+  [[nodiscard]] absl::Status ScatterRows(std::span<const int32_t> block_table, int32_t layer,
+                                         int32_t token_start, int32_t count, const void* src,
+                                         void* stream) override;
+  [[nodiscard]] absl::Status CopyFromPeer(const kv::DevicePoolInfo& peer,
+                                          std::span<const int32_t> peer_table,
+                                          std::span<const int32_t> block_table, int32_t layer,
+                                          int32_t token_start, int32_t count,
+                                          void* stream) override;
   void* layer_event(int32_t layer) const override;
 
  private:
@@ -103,8 +104,9 @@ class CudaKvStorage final : public kv::KvStorage, public kv::DeviceKvAccess {
   void CopyTokens(bool to_device, std::span<const int32_t> block_table, int32_t layer,
                   int32_t token_start, int32_t count, char* host_k, char* host_v) const;
   // GatherRows / ScatterRows: one side paged (this storage), one flat.
-  absl::Status MoveRows(bool gather, std::span<const int32_t> block_table, int32_t layer,
-                        int32_t token_start, int32_t count, void* frame, void* stream);
+  [[nodiscard]] absl::Status MoveRows(bool gather, std::span<const int32_t> block_table,
+                                      int32_t layer, int32_t token_start, int32_t count,
+                                      void* frame, void* stream);
   cudaEvent_t LayerEventOrNull(int32_t layer) const;
   CudaKvStorage(const kv::KvShape& shape, std::unique_ptr<Impl> impl);
   kv::KvShape shape_;

@@ -27,11 +27,11 @@ bool IsStickyCudaError(cudaError_t error);
 // OK for cudaSuccess; RESOURCE_EXHAUSTED for cudaErrorMemoryAllocation;
 // INTERNAL otherwise. The message is "<what>: <cudaGetErrorName>
 // (<cudaGetErrorString>)", with " [sticky]" appended for sticky errors.
-absl::Status CudaStatus(cudaError_t error, std::string_view what);
+[[nodiscard]] absl::Status CudaStatus(cudaError_t error, std::string_view what);
 
 // The same for cuBLAS(Lt): CUBLAS_STATUS_ALLOC_FAILED is
 // RESOURCE_EXHAUSTED, everything else INTERNAL.
-absl::Status CublasStatus(cublasStatus_t status, std::string_view what);
+[[nodiscard]] absl::Status CublasStatus(cublasStatus_t status, std::string_view what);
 
 }  // namespace tandem::backend::cuda
 

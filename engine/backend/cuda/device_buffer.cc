@@ -14,9 +14,9 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes, const char* wh
     // A failed cudaMalloc also sets the thread's last error, which the next
     // launcher's cudaGetLastError would report as its own: clear it.
     (void)cudaGetLastError();
-    return CudaStatus(error, absl::StrCat("cudaMalloc of ", bytes, " bytes (",
-                                          static_cast<double>(bytes) / (1 << 20),
-                                          " MiB) for ", what));
+    return CudaStatus(error,
+                      absl::StrCat("cudaMalloc of ", bytes, " bytes (",
+                                   static_cast<double>(bytes) / (1 << 20), " MiB) for ", what));
   }
   buffer.bytes_ = bytes;
   return buffer;

@@ -19,17 +19,19 @@ class DeviceBuffer {
   // cudaMalloc of `bytes` (0 allocates nothing). RESOURCE_EXHAUSTED naming
   // `what` and the size when the device is out of memory, INTERNAL for
   // another error (CudaStatus).
-  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, const char* what);
+  [[nodiscard]] static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, const char* what);
   ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)),
-                                            bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void* get() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

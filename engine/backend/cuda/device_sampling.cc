@@ -28,8 +28,8 @@ bool TemperatureOnly(const sampling::SamplingOptions& options,
 DeviceRowPlan PlanDeviceRow(const sampling::SamplingOptions& o,
                             const sampling::TokenHistory& history, int32_t vocab) {
   DeviceRowPlan p;
-  p.top_n = static_cast<int32_t>(std::min<int64_t>(
-      std::clamp<int64_t>(o.top_logprobs, 0, sampling::kMaxTopLogprobs), vocab));
+  p.top_n = static_cast<int32_t>(
+      std::min<int64_t>(std::clamp<int64_t>(o.top_logprobs, 0, sampling::kMaxTopLogprobs), vocab));
   p.identity = sampling::LogitsProcessorsAreIdentity(o, history);
   const int32_t min_view = static_cast<int32_t>(sampling::kMinViewCandidates);
   if (o.temperature == 0.0f) {
@@ -45,8 +45,12 @@ DeviceRowPlan PlanDeviceRow(const sampling::SamplingOptions& o,
     }
   }
   switch (p.mode) {
-    case DeviceRowMode::kHost: p.fetch = 0; break;
-    case DeviceRowMode::kGreedy: p.fetch = p.top_n; break;
+    case DeviceRowMode::kHost:
+      p.fetch = 0;
+      break;
+    case DeviceRowMode::kGreedy:
+      p.fetch = p.top_n;
+      break;
     case DeviceRowMode::kTopK:
       p.fetch = std::max(p.identity ? p.k : std::min(2 * p.k, kMaxDeviceTopK), p.top_n);
       break;
@@ -86,8 +90,7 @@ bool BuildViewFromTopK(const DeviceRowPlan& p, const sampling::SamplingOptions& 
       const double l0 = cand[0].logit;
       const double min_p = o.min_p;
       while (k < vocab &&
-             std::exp(static_cast<double>(cand[static_cast<size_t>(k - 1)].logit) - l0) >=
-                 min_p) {
+             std::exp(static_cast<double>(cand[static_cast<size_t>(k - 1)].logit) - l0) >= min_p) {
         k = std::min(4 * k, vocab);
         if (k > fetched) return false;
       }
@@ -110,9 +113,8 @@ bool BuildViewFromTopK(const DeviceRowPlan& p, const sampling::SamplingOptions& 
   view->normaliser = 0.0;
   view->raw_top.clear();
   for (int32_t j = 0; j < p.top_n; ++j) {
-    view->raw_top.push_back(
-        {ids[j], static_cast<float>(static_cast<double>(values[j]) - view->raw_max -
-                                    view->raw_log_sum)});
+    view->raw_top.push_back({ids[j], static_cast<float>(static_cast<double>(values[j]) -
+                                                        view->raw_max - view->raw_log_sum)});
   }
   return true;
 }

@@ -60,8 +60,8 @@ class Uploader {
 
   // The matrices `parts` ([out][in] each, one `in`) stacked row-wise into
   // one [sum out][in] DeviceMatrix of dtype_.
-  absl::Status Matrix(std::initializer_list<const WeightMatrix*> parts, const char* name,
-                      DeviceMatrix* out) {
+  [[nodiscard]] absl::Status Matrix(std::initializer_list<const WeightMatrix*> parts,
+                                    const char* name, DeviceMatrix* out) {
     const size_t cols = (*parts.begin())->in;
     size_t rows = 0;
     for (const WeightMatrix* p : parts) {
@@ -81,9 +81,7 @@ class Uploader {
       char* dst = base_ + offset + row_base * cols * KvDtypeBytes(dtype_);
       if (absl::Status s = Upload(
               p->out, cols,
-              [p](size_t r0, size_t n, float* f) {
-                model::internal::DequantizeRows(*p, r0, n, f);
-              },
+              [p](size_t r0, size_t n, float* f) { model::internal::DequantizeRows(*p, r0, n, f); },
               dst, dtype_, name);
           !s.ok()) {
         return s;
@@ -94,8 +92,8 @@ class Uploader {
   }
 
   // The F32 vectors `parts` ({data, size}) concatenated, kept F32.
-  absl::Status Vector(std::initializer_list<std::pair<const float*, size_t>> parts,
-                      const char* name, const float** out) {
+  [[nodiscard]] absl::Status Vector(std::initializer_list<std::pair<const float*, size_t>> parts,
+                                    const char* name, const float** out) {
     size_t n = 0;
     for (const auto& [data, size] : parts) {
       if (data == nullptr) return absl::InternalError(absl::StrCat("weight ", name, " missing"));
@@ -109,9 +107,7 @@ class Uploader {
       const float* src = data;
       if (absl::Status s = Upload(
               size, 1,
-              [src](size_t r0, size_t k, float* f) {
-                std::memcpy(f, src + r0, k * sizeof(float));
-              },
+              [src](size_t r0, size_t k, float* f) { std::memcpy(f, src + r0, k * sizeof(float)); },
               dst, Dtype::kF32, name);
           !s.ok()) {
         return s;
@@ -134,8 +130,8 @@ class Uploader {
   // `dst` as `dtype` (F32: copied straight there; else through the device
   // scratch and LaunchConvertF32).
   template <typename Fill>
-  absl::Status Upload(size_t rows, size_t cols, Fill fill, char* dst, Dtype dtype,
-                      const char* name) {
+  [[nodiscard]] absl::Status Upload(size_t rows, size_t cols, Fill fill, char* dst, Dtype dtype,
+                                    const char* name) {
     Staging& st = *staging_;
     const size_t chunk_rows = std::max<size_t>(1, st.half_floats / cols);
     const size_t elem = KvDtypeBytes(dtype);
@@ -154,8 +150,8 @@ class Uploader {
       char* out = dst + r0 * cols * elem;
       cudaError_t error;
       if (dtype == Dtype::kF32) {
-        error = cudaMemcpyAsync(out, st.halves[h], count * sizeof(float),
-                                cudaMemcpyHostToDevice, stream_);
+        error = cudaMemcpyAsync(out, st.halves[h], count * sizeof(float), cudaMemcpyHostToDevice,
+                                stream_);
       } else {
         error = cudaMemcpyAsync(st.scratch.get(), st.halves[h], count * sizeof(float),
                                 cudaMemcpyHostToDevice, stream_);
@@ -181,8 +177,8 @@ class Uploader {
 
 // Every piece of DeviceWeights, in arena order (the one walk both passes
 // share).
-absl::Status Build(const model::internal::ModelWeights& w, const model::LlamaConfig& c,
-                   Uploader& u, DeviceWeights& out) {
+[[nodiscard]] absl::Status Build(const model::internal::ModelWeights& w,
+                                 const model::LlamaConfig& c, Uploader& u, DeviceWeights& out) {
   const size_t n_embd = static_cast<size_t>(c.n_embd);
   const size_t q_dim = static_cast<size_t>(c.n_head) * static_cast<size_t>(c.head_dim);
   const size_t kv_dim = static_cast<size_t>(c.n_head_kv) * static_cast<size_t>(c.head_dim);
@@ -243,8 +239,9 @@ Dtype ChooseDtype(const model::internal::ModelWeights& w, bool keep_f32_weights)
 
 }  // namespace
 
-absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model,
-                                            bool keep_f32_weights, cudaStream_t stream) {
+[[nodiscard]] absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model,
+                                                          bool keep_f32_weights,
+                                                          cudaStream_t stream) {
   const model::internal::ModelWeights& w = model.weights_for_device_upload();
   DeviceWeights out;
   out.dtype = ChooseDtype(w, keep_f32_weights);
@@ -273,24 +270,24 @@ absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model,
   staging.half_floats = half_floats;
   for (int i = 0; i < 2; ++i) {
     void* p = nullptr;
-    if (absl::Status s = CudaStatus(cudaHostAlloc(&p, half_floats * sizeof(float),
-                                                  cudaHostAllocDefault),
-                                    "cudaHostAlloc (weight upload staging)");
+    if (absl::Status s =
+            CudaStatus(cudaHostAlloc(&p, half_floats * sizeof(float), cudaHostAllocDefault),
+                       "cudaHostAlloc (weight upload staging)");
         !s.ok()) {
       (void)cudaGetLastError();
       return s;
     }
     staging.halves[i] = static_cast<float*>(p);
-    if (absl::Status s = CudaStatus(
-            cudaEventCreateWithFlags(&staging.done[i], cudaEventDisableTiming),
-            "cudaEventCreateWithFlags (weight upload)");
+    if (absl::Status s =
+            CudaStatus(cudaEventCreateWithFlags(&staging.done[i], cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags (weight upload)");
         !s.ok()) {
       staging.done[i] = nullptr;
       return s;
     }
     // Recorded once so that the first cudaEventSynchronize returns at once.
-    if (absl::Status s = CudaStatus(cudaEventRecord(staging.done[i], stream),
-                                    "cudaEventRecord (weight upload)");
+    if (absl::Status s =
+            CudaStatus(cudaEventRecord(staging.done[i], stream), "cudaEventRecord (weight upload)");
         !s.ok()) {
       return s;
     }

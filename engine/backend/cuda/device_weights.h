@@ -45,9 +45,9 @@ struct DeviceLayer {
 };
 
 struct DeviceWeights {
-  Dtype dtype = Dtype::kBF16;   // every DeviceMatrix's element type
-  DeviceMatrix token_embd;      // [vocab][n_embd]
-  DeviceMatrix output;          // [vocab][n_embd] (token_embd's when tied)
+  Dtype dtype = Dtype::kBF16;          // every DeviceMatrix's element type
+  DeviceMatrix token_embd;             // [vocab][n_embd]
+  DeviceMatrix output;                 // [vocab][n_embd] (token_embd's when tied)
   const float* output_norm = nullptr;  // [n_embd]
   const float* rope_freqs = nullptr;   // [rope_dim/2] or null
   std::vector<DeviceLayer> layers;
@@ -59,8 +59,9 @@ struct DeviceWeights {
 // start-up only). Errors: RESOURCE_EXHAUSTED "the model does not fit:
 // weights need N GiB, the device has M GiB free" (naming the numbers),
 // INTERNAL for another CUDA error.
-absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model,
-                                            bool keep_f32_weights, cudaStream_t stream);
+[[nodiscard]] absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model,
+                                                          bool keep_f32_weights,
+                                                          cudaStream_t stream);
 
 }  // namespace tandem::backend::cuda
 

@@ -59,8 +59,8 @@ cudaError_t LaunchConvertF32(const float* in, size_t n, void* out, Dtype out_dty
   if (n == 0) return cudaSuccess;
   return DispatchDtype(out_dtype, [&](auto tag) {
     using T = decltype(tag);
-    ConvertKernel<T><<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(
-        in, n, static_cast<T*>(out));
+    ConvertKernel<T>
+        <<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(in, n, static_cast<T*>(out));
     return cudaGetLastError();
   });
 }
@@ -73,8 +73,7 @@ cudaError_t LaunchSwiGlu(const float* gate_up, int32_t n_tokens, int32_t n_ff, v
   return DispatchDtype(out_dtype, [&](auto tag) {
     using T = decltype(tag);
     SwiGluKernel<T><<<GridStrideBlocks(n, kThreads), kThreads, 0, stream>>>(
-        gate_up, static_cast<size_t>(n_tokens), static_cast<size_t>(n_ff),
-        static_cast<T*>(out));
+        gate_up, static_cast<size_t>(n_tokens), static_cast<size_t>(n_ff), static_cast<T*>(out));
     return cudaGetLastError();
   });
 }

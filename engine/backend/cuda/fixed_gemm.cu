@@ -29,17 +29,17 @@ namespace {
 
 using internal::FromF32;
 
-constexpr int32_t kTile = 64;        // rows and columns of an output tile
-constexpr int32_t kTileK = 16;       // k per shared-memory panel
-constexpr int32_t kSide = 16;        // threads per tile side
+constexpr int32_t kTile = 64;                  // rows and columns of an output tile
+constexpr int32_t kTileK = 16;                 // k per shared-memory panel
+constexpr int32_t kSide = 16;                  // threads per tile side
 constexpr int32_t kPerThread = kTile / kSide;  // outputs per thread per side
 constexpr unsigned kThreads = kSide * kSide;
 constexpr int32_t kLoads = kTile * kTileK / kThreads;  // panel elements per thread
 
 // The CUDA-core path (F32).
 __global__ void __launch_bounds__(kThreads)
-    FixedTileGemmKernel(const float* a, const float* w, int32_t m, int32_t n, int32_t k,
-                        float* d, bool accumulate) {
+    FixedTileGemmKernel(const float* a, const float* w, int32_t m, int32_t n, int32_t k, float* d,
+                        bool accumulate) {
   // [k][row]; the +1 keeps the transposed stores off one bank.
   __shared__ float a_panel[kTileK][kTile + 1];
   __shared__ float w_panel[kTileK][kTile + 1];
@@ -83,10 +83,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The tensor-core path (F16/BF16).
-constexpr int32_t kTensorK = 32;             // k per staged panel
-constexpr int32_t kPanelLd = kTensorK + 8;   // panel row stride (elements)
-constexpr int32_t kOutLd = kTile + 4;        // output tile row stride (floats)
-constexpr unsigned kTensorThreads = 128;     // 4 warps, 2 x 2 over the tile
+constexpr int32_t kTensorK = 32;            // k per staged panel
+constexpr int32_t kPanelLd = kTensorK + 8;  // panel row stride (elements)
+constexpr int32_t kOutLd = kTile + 4;       // output tile row stride (floats)
+constexpr unsigned kTensorThreads = 128;    // 4 warps, 2 x 2 over the tile
 
 // Rows [r0, r0 + kTile) x k [k0, k0 + kTensorK) of src [rows][k] into
 // panel [kTile][kPanelLd], zeros outside src. 16-byte copies when the
@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(kTensorThreads)
   }
   for (int32_t i = 0; i < 2; ++i) {
     for (int32_t j = 0; j < 2; ++j) {
-      wmma::store_matrix_sync(out_tile + (wy * 32 + i * 16) * kOutLd + wx * 32 + j * 16,
-                              acc[i][j], kOutLd, wmma::mem_row_major);
+      wmma::store_matrix_sync(out_tile + (wy * 32 + i * 16) * kOutLd + wx * 32 + j * 16, acc[i][j],
+                              kOutLd, wmma::mem_row_major);
     }
   }
   __syncthreads();
@@ -172,9 +172,8 @@ __global__ void __launch_bounds__(kTensorThreads)
 
 }  // namespace
 
-cudaError_t LaunchFixedTileGemm(const void* a, const void* w, Dtype dtype, int32_t m,
-                                int32_t n, int32_t k, float* d, bool accumulate,
-                                cudaStream_t stream) {
+cudaError_t LaunchFixedTileGemm(const void* a, const void* w, Dtype dtype, int32_t m, int32_t n,
+                                int32_t k, float* d, bool accumulate, cudaStream_t stream) {
   if (m < 0 || n < 0 || k < 0) return cudaErrorInvalidValue;
   if (m == 0 || n == 0) return cudaSuccess;
   const unsigned tiles_m = static_cast<unsigned>((m + kTile - 1) / kTile);
@@ -183,9 +182,8 @@ cudaError_t LaunchFixedTileGemm(const void* a, const void* w, Dtype dtype, int32
   const dim3 grid(tiles_n, tiles_m);
   switch (dtype) {
     case Dtype::kF32:
-      FixedTileGemmKernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(a),
-                                                         static_cast<const float*>(w), m, n, k,
-                                                         d, accumulate);
+      FixedTileGemmKernel<<<grid, kThreads, 0, stream>>>(
+          static_cast<const float*>(a), static_cast<const float*>(w), m, n, k, d, accumulate);
       return cudaGetLastError();
     case Dtype::kF16:
       TensorTileGemmKernel<<<grid, kTensorThreads, 0, stream>>>(
@@ -193,8 +191,8 @@ cudaError_t LaunchFixedTileGemm(const void* a, const void* w, Dtype dtype, int32
       return cudaGetLastError();
     case Dtype::kBF16:
       TensorTileGemmKernel<<<grid, kTensorThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(w), m, n, k,
-          d, accumulate);
+          static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(w), m, n, k, d,
+          accumulate);
       return cudaGetLastError();
   }
   return cudaErrorInvalidValue;

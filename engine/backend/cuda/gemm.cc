@@ -21,9 +21,12 @@ constexpr int kInvariantCandidates = 16;
 
 cudaDataType_t CudaType(Dtype dtype) {
   switch (dtype) {
-    case Dtype::kF32: return CUDA_R_32F;
-    case Dtype::kF16: return CUDA_R_16F;
-    case Dtype::kBF16: return CUDA_R_16BF;
+    case Dtype::kF32:
+      return CUDA_R_32F;
+    case Dtype::kF16:
+      return CUDA_R_16F;
+    case Dtype::kBF16:
+      return CUDA_R_16BF;
   }
   return CUDA_R_32F;
 }
@@ -49,7 +52,7 @@ struct Layouts {
     if (c != nullptr) (void)cublasLtMatrixLayoutDestroy(c);
   }
 
-  absl::Status Init(Dtype dtype, int32_t m, int32_t n, int32_t k) {
+  [[nodiscard]] absl::Status Init(Dtype dtype, int32_t m, int32_t n, int32_t k) {
     const std::string what = absl::StrCat("cublasLtMatrixLayoutCreate (", ShapeName(m, n, k), ")");
     absl::Status s = CublasStatus(cublasLtMatrixLayoutCreate(&a, CudaType(dtype), k, n, k), what);
     if (s.ok()) s = CublasStatus(cublasLtMatrixLayoutCreate(&b, CudaType(dtype), k, m, k), what);
@@ -71,7 +74,7 @@ struct ShapePlan {
   bool fixed_tile = false;  // every call of the shape runs LaunchFixedTileGemm
   bool has_algo = false;    // batch-invariant mode: `algo` for every m
   cublasLtMatmulAlgo_t algo{};
-  size_t report = 0;        // index into reports
+  size_t report = 0;  // index into reports
 };
 
 // Pseudo-random values in [-1, 1) (a 64-bit LCG, Knuth's MMIX constants),
@@ -106,16 +109,17 @@ struct GemmRunner::Impl {
     if (handle != nullptr) (void)cublasLtDestroy(handle);
   }
 
-  absl::Status Init();
+  [[nodiscard]] absl::Status Init();
   // The call plan of (m, n, k), made on first use.
-  absl::StatusOr<CallPlan*> Plan(int32_t m, int32_t n, int32_t k);
+  [[nodiscard]] absl::StatusOr<CallPlan*> Plan(int32_t m, int32_t n, int32_t k);
   // Batch-invariant mode: the shape's one algorithm (split-K 1), checked
   // at every m of the invariance check and at max_m; none found: fixed
   // tile.
-  absl::Status ChooseInvariantAlgo(int32_t n, int32_t k, ShapePlan& shape);
+  [[nodiscard]] absl::Status ChooseInvariantAlgo(int32_t n, int32_t k, ShapePlan& shape);
   // out = a . w^T (+ out): the shape's cuBLASLt algorithm (or fixed tile).
-  absl::Status Launch(const void* a, const void* w, int32_t m, int32_t n, int32_t k, float* out,
-                      bool accumulate, const ShapePlan& shape, cudaStream_t s);
+  [[nodiscard]] absl::Status Launch(const void* a, const void* w, int32_t m, int32_t n, int32_t k,
+                                    float* out, bool accumulate, const ShapePlan& shape,
+                                    cudaStream_t s);
 };
 
 absl::Status GemmRunner::Impl::Init() {
@@ -132,13 +136,13 @@ absl::Status GemmRunner::Impl::Init() {
   }
   const int32_t trans_a = CUBLAS_OP_T;
   const int32_t trans_b = CUBLAS_OP_N;
-  s = CublasStatus(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                  sizeof(trans_a)),
-                   "cublasLtMatmulDescSetAttribute (TRANSA)");
+  s = CublasStatus(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)),
+      "cublasLtMatmulDescSetAttribute (TRANSA)");
   if (!s.ok()) return s;
-  s = CublasStatus(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                  sizeof(trans_b)),
-                   "cublasLtMatmulDescSetAttribute (TRANSB)");
+  s = CublasStatus(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)),
+      "cublasLtMatmulDescSetAttribute (TRANSB)");
   if (!s.ok()) return s;
   s = CublasStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   if (!s.ok()) {
@@ -158,8 +162,8 @@ absl::Status GemmRunner::Impl::Init() {
         "cublasLtMatmulPreferenceSetAttribute (MIN_ALIGNMENT)");
   }
   if (!s.ok()) return s;
-  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(kWorkspaceBytes,
-                                                              "the cuBLASLt workspace");
+  absl::StatusOr<DeviceBuffer> buffer =
+      DeviceBuffer::Allocate(kWorkspaceBytes, "the cuBLASLt workspace");
   if (!buffer.ok()) return buffer.status();
   workspace = *std::move(buffer);
   return absl::OkStatus();
@@ -184,8 +188,8 @@ absl::StatusOr<CallPlan*> GemmRunner::Impl::Plan(int32_t m, int32_t n, int32_t k
       plan->algo = result.algo;
     } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
       calls.erase({m, n, k});
-      return CublasStatus(status, absl::StrCat("cublasLtMatmulAlgoGetHeuristic (",
-                                               ShapeName(m, n, k), ")"));
+      return CublasStatus(
+          status, absl::StrCat("cublasLtMatmulAlgoGetHeuristic (", ShapeName(m, n, k), ")"));
     }
   }
   slot = std::move(plan);
@@ -204,11 +208,11 @@ absl::Status GemmRunner::Impl::ChooseInvariantAlgo(int32_t n, int32_t k, ShapePl
   cublasLtMatmulHeuristicResult_t results[kInvariantCandidates] = {};
   int returned = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, op, (*top)->layouts.a, (*top)->layouts.b, (*top)->layouts.c, (*top)->layouts.c,
-      pref, kInvariantCandidates, results, &returned);
+      handle, op, (*top)->layouts.a, (*top)->layouts.b, (*top)->layouts.c, (*top)->layouts.c, pref,
+      kInvariantCandidates, results, &returned);
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
-    return CublasStatus(status, absl::StrCat("cublasLtMatmulAlgoGetHeuristic (",
-                                             ShapeName(max_m, n, k), ")"));
+    return CublasStatus(
+        status, absl::StrCat("cublasLtMatmulAlgoGetHeuristic (", ShapeName(max_m, n, k), ")"));
   }
   if (status != CUBLAS_STATUS_SUCCESS) returned = 0;
   const int32_t split_k = 1;
@@ -246,9 +250,9 @@ absl::Status GemmRunner::Impl::ChooseInvariantAlgo(int32_t n, int32_t k, ShapePl
   return absl::OkStatus();
 }
 
-absl::Status GemmRunner::Impl::Launch(const void* a, const void* w, int32_t m, int32_t n,
-                                      int32_t k, float* out, bool accumulate,
-                                      const ShapePlan& shape, cudaStream_t s) {
+absl::Status GemmRunner::Impl::Launch(const void* a, const void* w, int32_t m, int32_t n, int32_t k,
+                                      float* out, bool accumulate, const ShapePlan& shape,
+                                      cudaStream_t s) {
   const cublasLtMatmulAlgo_t* algo = nullptr;
   const CallPlan* plan = nullptr;
   if (!shape.fixed_tile) {
@@ -268,8 +272,8 @@ absl::Status GemmRunner::Impl::Launch(const void* a, const void* w, int32_t m, i
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   const Layouts& l = plan->layouts;
-  return CublasStatus(cublasLtMatmul(handle, op, &alpha, w, l.a, a, l.b, &beta, out, l.c, out,
-                                     l.c, algo, workspace.get(), kWorkspaceBytes, s),
+  return CublasStatus(cublasLtMatmul(handle, op, &alpha, w, l.a, a, l.b, &beta, out, l.c, out, l.c,
+                                     algo, workspace.get(), kWorkspaceBytes, s),
                       absl::StrCat("cublasLtMatmul (", ShapeName(m, n, k), ")"));
 }
 
@@ -329,9 +333,9 @@ absl::Status GemmRunner::Run(const void* a, const void* w, int32_t m, int32_t n,
   const uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w) |
                          reinterpret_cast<uintptr_t>(out);
   if (a == nullptr || w == nullptr || out == nullptr || bits % kMinAlignBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ShapeName(m, n, k), ": a, w and out must be non-null and ", kMinAlignBytes,
-        "-byte aligned"));
+    return absl::InvalidArgumentError(absl::StrCat(ShapeName(m, n, k),
+                                                   ": a, w and out must be non-null and ",
+                                                   kMinAlignBytes, "-byte aligned"));
   }
   return s.Launch(a, w, m, n, k, out, accumulate, it->second, stream);
 }
@@ -356,16 +360,16 @@ absl::Status GemmRunner::CheckInvariance() {
     if (!a.ok()) return a.status();
     absl::StatusOr<DeviceBuffer> w = DeviceBuffer::Allocate(w_count * elem, "the GEMM check's w");
     if (!w.ok()) return w.status();
-    absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Allocate(
-        static_cast<size_t>(m_top) * static_cast<size_t>(n) * sizeof(float),
-        "the GEMM check's out");
+    absl::StatusOr<DeviceBuffer> out =
+        DeviceBuffer::Allocate(static_cast<size_t>(m_top) * static_cast<size_t>(n) * sizeof(float),
+                               "the GEMM check's out");
     if (!out.ok()) return out.status();
     absl::StatusOr<DeviceBuffer> f32 = DeviceBuffer::Allocate(
         std::max(a_count, w_count) * sizeof(float), "the GEMM check's F32 inputs");
     if (!f32.ok()) return f32.status();
     // Inputs: random F32 on the host, copied and converted to the dtype.
-    for (auto [dst, count, seed] : {std::tuple{a->get(), a_count, uint64_t{1}},
-                                    std::tuple{w->get(), w_count, uint64_t{2}}}) {
+    for (auto [dst, count, seed] :
+         {std::tuple{a->get(), a_count, uint64_t{1}}, std::tuple{w->get(), w_count, uint64_t{2}}}) {
       std::vector<float> host(count);
       FillRandom(host, seed);
       cudaError_t error = cudaMemcpyAsync(f32->get(), host.data(), count * sizeof(float),
@@ -382,25 +386,23 @@ absl::Status GemmRunner::CheckInvariance() {
     std::vector<float> first(static_cast<size_t>(n));
     std::vector<float> row(static_cast<size_t>(n));
     for (int32_t m : ms) {
-      if (absl::Status st = s.Launch(a->get(), w->get(), m, n, k, out->as<float>(), false,
-                                     shape, s.stream);
+      if (absl::Status st =
+              s.Launch(a->get(), w->get(), m, n, k, out->as<float>(), false, shape, s.stream);
           !st.ok()) {
         return st;
       }
       cudaError_t error = cudaMemcpyAsync(row.data(), out->get(), row.size() * sizeof(float),
                                           cudaMemcpyDeviceToHost, s.stream);
       if (error == cudaSuccess) error = cudaStreamSynchronize(s.stream);
-      if (absl::Status st = CudaStatus(error, absl::StrCat(name, ": check at m=", m));
-          !st.ok()) {
+      if (absl::Status st = CudaStatus(error, absl::StrCat(name, ": check at m=", m)); !st.ok()) {
         return st;
       }
       if (m == 1) first = row;
-      report.invariant.push_back(std::memcmp(first.data(), row.data(),
-                                             row.size() * sizeof(float)) == 0);
+      report.invariant.push_back(
+          std::memcmp(first.data(), row.data(), row.size() * sizeof(float)) == 0);
     }
-    const bool varies =
-        std::find(report.invariant.begin(), report.invariant.end(), false) !=
-        report.invariant.end();
+    const bool varies = std::find(report.invariant.begin(), report.invariant.end(), false) !=
+                        report.invariant.end();
     if (s.batch_invariant && varies) {
       shape.fixed_tile = true;
       report.engine = "fixed-tile";

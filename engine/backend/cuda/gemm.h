@@ -38,8 +38,7 @@
 namespace tandem::backend::cuda {
 
 // The m values the batch-invariance check (and the device report) uses.
-inline constexpr std::array<int32_t, 10> kInvarianceMs = {1,  2,   3,   8,    17,
-                                                          64, 128, 257, 1024, 2048};
+inline constexpr std::array<int32_t, 10> kInvarianceMs = {1, 2, 3, 8, 17, 64, 128, 257, 1024, 2048};
 
 // Per weight shape, the result of the start-up check.
 struct GemmShapeReport {
@@ -60,7 +59,7 @@ class GemmRunner {
   // one call has (max_num_batched_tokens). Allocates the workspace
   // (kWorkspaceBytes). Errors: INTERNAL/RESOURCE_EXHAUSTED from cuBLASLt or
   // CUDA (CublasStatus / CudaStatus), naming the shape.
-  static absl::StatusOr<std::unique_ptr<GemmRunner>> Create(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GemmRunner>> Create(
       Dtype dtype, const std::vector<std::pair<int32_t, int32_t>>& shapes, int32_t max_m,
       bool batch_invariant, cudaStream_t stream);
   ~GemmRunner();
@@ -73,7 +72,7 @@ class GemmRunner {
   // fixed-tile GEMM. Default mode: only reports what the heuristic's
   // per-m choices do (for the device report); nothing switches. Start-up
   // only (synchronizes the stream given to Create; frees memory).
-  absl::Status CheckInvariance();
+  [[nodiscard]] absl::Status CheckInvariance();
   const std::vector<GemmShapeReport>& reports() const;
 
   // Launches out = a . w^T (+ out when accumulate) on `stream`; records
@@ -84,8 +83,8 @@ class GemmRunner {
   // cudaMalloc gives 256). Errors: INVALID_ARGUMENT naming the violated
   // condition, INTERNAL (or RESOURCE_EXHAUSTED) from cuBLASLt or the
   // launch.
-  absl::Status Run(const void* a, const void* w, int32_t m, int32_t n, int32_t k, float* out,
-                   bool accumulate, cudaStream_t stream);
+  [[nodiscard]] absl::Status Run(const void* a, const void* w, int32_t m, int32_t n, int32_t k,
+                                 float* out, bool accumulate, cudaStream_t stream);
 
   size_t workspace_bytes() const { return kWorkspaceBytes; }
 

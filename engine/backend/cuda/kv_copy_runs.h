@@ -35,9 +35,8 @@ struct KvCopyRun {
 // max_block)) returns the empty vector and sets *error to a message
 // naming it (error may not be null).
 std::vector<KvCopyRun> SplitKvCopyRuns(std::span<const int32_t> block_table, int32_t layer,
-                                       int32_t layer_blocks, int32_t max_block,
-                                       int32_t block_size, int32_t token_start, int32_t count,
-                                       std::string* error);
+                                       int32_t layer_blocks, int32_t max_block, int32_t block_size,
+                                       int32_t token_start, int32_t count, std::string* error);
 
 }  // namespace tandem::backend::cuda
 

@@ -34,8 +34,8 @@ struct KvStagingRange {
   int32_t max_block = 0;     // block ids must lie in [0, max_block)
   int32_t block_size = 0;    // tokens per block
   int32_t token_start = 0;
-  int32_t count = 0;         // tokens
-  size_t row_bytes = 0;      // one token's K (or V) row
+  int32_t count = 0;     // tokens
+  size_t row_bytes = 0;  // one token's K (or V) row
 };
 
 // One device copy of `bytes` between pool `kv` (0: K, 1: V) at byte
@@ -54,9 +54,10 @@ using KvStagedWait = std::function<void()>;
 // copied): INVALID_ARGUMENT for a range the table does not cover, a block
 // id outside [0, max_block), a negative start or count, or a staging
 // smaller than one row (naming it). count 0 copies nothing.
-absl::Status CopyKvThroughStaging(const KvStagingRange& r, bool to_device, char* const stage[2],
-                                  size_t staging_bytes, char* const host[2],
-                                  const KvStagedCopy& copy, const KvStagedWait& wait);
+[[nodiscard]] absl::Status CopyKvThroughStaging(const KvStagingRange& r, bool to_device,
+                                                char* const stage[2], size_t staging_bytes,
+                                                char* const host[2], const KvStagedCopy& copy,
+                                                const KvStagedWait& wait);
 
 }  // namespace tandem::backend::cuda
 

@@ -30,8 +30,8 @@ struct KvSide {
 };
 
 template <typename W>
-__device__ __forceinline__ W* RowWords(const KvSide& s, const KvBlockSpan& span, int kv,
-                                       int32_t t, int64_t i, int64_t count, int64_t row_words) {
+__device__ __forceinline__ W* RowWords(const KvSide& s, const KvBlockSpan& span, int kv, int32_t t,
+                                       int64_t i, int64_t count, int64_t row_words) {
   if (!s.paged) return reinterpret_cast<W*>(kv == 0 ? s.k : s.v) + i * row_words;
   const int32_t block = span.ids[(t - span.first_token) / s.block_size];
   const int64_t row =
@@ -100,8 +100,8 @@ cudaError_t LaunchKvRows(const KvSide& src, const KvBlockSpan& src_span, const K
            Aligned(dst.v, a);
   };
   auto launch = [&](auto word) {
-    return LaunchWords<decltype(word)>(src, src_span, dst, dst_span, token_start, count,
-                                       row_bytes, stream);
+    return LaunchWords<decltype(word)>(src, src_span, dst, dst_span, token_start, count, row_bytes,
+                                       stream);
   };
   if (fits(16)) return launch(uint4{});
   if (fits(8)) return launch(uint2{});
@@ -142,16 +142,16 @@ cudaError_t LaunchKvGather(const PagedKv& kv, int32_t layer, const KvBlockSpan& 
                            int32_t token_start, int32_t count, void* k_dst, void* v_dst,
                            cudaStream_t stream) {
   if (!LayerOk(kv, layer)) return cudaErrorInvalidValue;
-  return LaunchKvRows(Paged(kv, layer), span, Flat(k_dst, v_dst), KvBlockSpan{}, token_start,
-                      count, RowBytes(kv), stream);
+  return LaunchKvRows(Paged(kv, layer), span, Flat(k_dst, v_dst), KvBlockSpan{}, token_start, count,
+                      RowBytes(kv), stream);
 }
 
 cudaError_t LaunchKvScatter(const PagedKv& kv, int32_t layer, const KvBlockSpan& span,
                             int32_t token_start, int32_t count, const void* k_src,
                             const void* v_src, cudaStream_t stream) {
   if (!LayerOk(kv, layer)) return cudaErrorInvalidValue;
-  return LaunchKvRows(Flat(k_src, v_src), KvBlockSpan{}, Paged(kv, layer), span, token_start,
-                      count, RowBytes(kv), stream);
+  return LaunchKvRows(Flat(k_src, v_src), KvBlockSpan{}, Paged(kv, layer), span, token_start, count,
+                      RowBytes(kv), stream);
 }
 
 cudaError_t LaunchKvCopyPeer(const PagedKv& src, const KvBlockSpan& src_span, const PagedKv& dst,
@@ -161,8 +161,8 @@ cudaError_t LaunchKvCopyPeer(const PagedKv& src, const KvBlockSpan& src_span, co
       src.kv_dim != dst.kv_dim) {
     return cudaErrorInvalidValue;
   }
-  return LaunchKvRows(Paged(src, layer), src_span, Paged(dst, layer), dst_span, token_start,
-                      count, RowBytes(dst), stream);
+  return LaunchKvRows(Paged(src, layer), src_span, Paged(dst, layer), dst_span, token_start, count,
+                      RowBytes(dst), stream);
 }
 
 }  // namespace tandem::backend::cuda

@@ -33,8 +33,8 @@ __global__ void EmbeddingKernel(const int32_t* ids, const T* table, int32_t n_em
 // 1). The order depends only on n.
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    RmsNormKernel(const float* x, const int32_t* rows, int32_t n, const float* weight,
-                  float eps, T* out) {
+    RmsNormKernel(const float* x, const int32_t* rows, int32_t n, const float* weight, float eps,
+                  T* out) {
   __shared__ double partial[kRowThreads];
   const size_t i_out = blockIdx.x;
   const size_t r = rows != nullptr ? static_cast<size_t>(rows[i_out]) : i_out;
@@ -142,9 +142,9 @@ cudaError_t LaunchRmsNorm(const float* x, const int32_t* rows, int32_t n_rows, i
 }
 
 cudaError_t LaunchBiasRope(float* qkv, int32_t n_tokens, const int32_t* positions,
-                           const float* bias, int32_t n_head, int32_t n_head_kv,
-                           int32_t head_dim, int32_t rope_dim, model::RopeType rope_type,
-                           float freq_base, const float* freq_factors, cudaStream_t stream) {
+                           const float* bias, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                           int32_t rope_dim, model::RopeType rope_type, float freq_base,
+                           const float* freq_factors, cudaStream_t stream) {
   if (n_tokens < 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || rope_dim < 0 ||
       rope_dim > head_dim || !(freq_base > 0.0f)) {
     return cudaErrorInvalidValue;

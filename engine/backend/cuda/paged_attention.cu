@@ -48,9 +48,9 @@ constexpr unsigned kKvWriteThreads = 256;
 template <typename T>
 __global__ void KvWriteKernel(const float* qkv, int32_t width, int32_t q_dim,
                               const int32_t* token_seq, const int32_t* token_pos,
-                              const int32_t* block_tables, int32_t max_blocks_per_seq,
-                              T* k_pool, T* v_pool, int32_t layer, int32_t num_blocks,
-                              int32_t block_size, int32_t kv_dim) {
+                              const int32_t* block_tables, int32_t max_blocks_per_seq, T* k_pool,
+                              T* v_pool, int32_t layer, int32_t num_blocks, int32_t block_size,
+                              int32_t kv_dim) {
   const size_t t = blockIdx.x;
   const int32_t pos = token_pos[t];
   const int32_t block =
@@ -82,7 +82,7 @@ struct AttentionArgs {
   int32_t max_blocks_per_seq;
   int32_t layer, num_blocks, block_size, kv_dim;
   int32_t n_head, group, head_dim;  // group = n_head / n_head_kv
-  int32_t n_slices;                  // blocks per KV head: ceil(group / kMaxGroup)
+  int32_t n_slices;                 // blocks per KV head: ceil(group / kMaxGroup)
   float scale;
   int32_t n_chunks;  // gridDim.z of ChunkKernel
   float* ws_acc;     // [n_tokens][n_head][n_chunks][head_dim]
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kThreads)
     ChunkKernel(AttentionArgs a, const T* k_pool, const T* v_pool, O* out) {
   __shared__ __align__(16) float q[kMaxGroup][kMaxHeadDim];
   __shared__ __align__(16) float scores[kAttentionChunk][kMaxGroup];  // s_j, then e_j
-  __shared__ size_t row[kAttentionChunk];  // element offset of key j's head in the pools
-  __shared__ float stats[2][kMaxGroup];    // m_c and l_c per head
+  __shared__ size_t row[kAttentionChunk];            // element offset of key j's head in the pools
+  __shared__ float stats[2][kMaxGroup];              // m_c and l_c per head
   __shared__ float partial[kMaxGroup][kMaxHeadDim];  // [g][split * hd + d]
   const size_t t = blockIdx.x;
   const int32_t kv_head = blockIdx.y / a.n_slices;
@@ -125,10 +125,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int32_t j = threadIdx.x; j < n_keys; j += kThreads) {
     const int32_t p = first + j;
     const size_t block = static_cast<size_t>(table[p / a.block_size]);
-    row[j] = ((static_cast<size_t>(a.layer) * a.num_blocks + block) * a.block_size +
-              p % a.block_size) *
-                 static_cast<size_t>(a.kv_dim) +
-             head_offset;
+    row[j] =
+        ((static_cast<size_t>(a.layer) * a.num_blocks + block) * a.block_size + p % a.block_size) *
+            static_cast<size_t>(a.kv_dim) +
+        head_offset;
   }
   __syncthreads();
 
@@ -310,17 +310,17 @@ int32_t ChunksFor(int32_t max_context) {
 
 cudaError_t LaunchKvWrite(const float* qkv, int32_t q_dim, const BatchMeta& batch,
                           const PagedKv& kv, int32_t layer, cudaStream_t stream) {
-  if (batch.n_tokens < 0 || q_dim < 0 || kv.kv_dim <= 0 || kv.block_size <= 0 ||
-      layer < 0 || layer >= kv.n_layers) {
+  if (batch.n_tokens < 0 || q_dim < 0 || kv.kv_dim <= 0 || kv.block_size <= 0 || layer < 0 ||
+      layer >= kv.n_layers) {
     return cudaErrorInvalidValue;
   }
   if (batch.n_tokens == 0) return cudaSuccess;
   return DispatchDtype(kv.dtype, [&](auto tag) {
     using T = decltype(tag);
     KvWriteKernel<T><<<static_cast<unsigned>(batch.n_tokens), kKvWriteThreads, 0, stream>>>(
-        qkv, q_dim + 2 * kv.kv_dim, q_dim, batch.token_seq, batch.token_pos,
-        batch.block_tables, batch.max_blocks_per_seq, static_cast<T*>(kv.k),
-        static_cast<T*>(kv.v), layer, kv.num_blocks, kv.block_size, kv.kv_dim);
+        qkv, q_dim + 2 * kv.kv_dim, q_dim, batch.token_seq, batch.token_pos, batch.block_tables,
+        batch.max_blocks_per_seq, static_cast<T*>(kv.k), static_cast<T*>(kv.v), layer,
+        kv.num_blocks, kv.block_size, kv.kv_dim);
     return cudaGetLastError();
   });
 }
@@ -335,10 +335,9 @@ size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_head, int32_t 
 }
 
 cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const PagedKv& kv,
-                                 int32_t layer, int32_t n_head, int32_t n_head_kv,
-                                 int32_t head_dim, float scale, int32_t max_context,
-                                 void* workspace, void* out, Dtype out_dtype,
-                                 cudaStream_t stream) {
+                                 int32_t layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                 float scale, int32_t max_context, void* workspace, void* out,
+                                 Dtype out_dtype, cudaStream_t stream) {
   if (batch.n_tokens < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 ||
       head_dim <= 0 || head_dim > kMaxHeadDim || kv.kv_dim != n_head_kv * head_dim ||
       kv.block_size <= 0 || layer < 0 || layer >= kv.n_layers || max_context <= 0) {
@@ -368,10 +367,9 @@ cudaError_t LaunchPagedAttention(const float* qkv, const BatchMeta& batch, const
   args.n_chunks = n_chunks;
   // One chunk needs no workspace (and must not write one sized 0).
   args.ws_acc = n_chunks > 1 ? static_cast<float*>(workspace) : nullptr;
-  args.ws_ml = args.ws_acc == nullptr
-                   ? nullptr
-                   : args.ws_acc + static_cast<size_t>(batch.n_tokens) * n_head * n_chunks *
-                                       static_cast<size_t>(head_dim);
+  args.ws_ml = args.ws_acc == nullptr ? nullptr
+                                      : args.ws_acc + static_cast<size_t>(batch.n_tokens) * n_head *
+                                                          n_chunks * static_cast<size_t>(head_dim);
   const dim3 chunk_grid(static_cast<unsigned>(batch.n_tokens),
                         static_cast<unsigned>(n_head_kv * args.n_slices),
                         static_cast<unsigned>(n_chunks));

@@ -26,7 +26,7 @@ class NoCudaQuery final : public DeviceQuery {
     if (why_none != nullptr) *why_none = kNoCudaBuild;
     return 0;
   }
-  absl::StatusOr<GpuInfo> Info(int32_t index) const override {
+  [[nodiscard]] absl::StatusOr<GpuInfo> Info(int32_t index) const override {
     return absl::UnavailableError(absl::StrCat("cuda:", index, ": ", kNoCudaBuild));
   }
 };
@@ -34,22 +34,24 @@ class NoCudaQuery final : public DeviceQuery {
 
 // The CPU backend's refusals: options it does not have are refused rather
 // than ignored. (Every KvDtype is held: F32, F16, BF16.)
-absl::Status CheckCpuOptions(const model::LlamaModel& model, const BackendOptions& options) {
+[[nodiscard]] absl::Status CheckCpuOptions(const model::LlamaModel& model,
+                                           const BackendOptions& options) {
   if (options.q8_matmul != model.q8_matmul()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "engine.q8_matmul: ", model::Q8MatMulName(options.q8_matmul), " on ",
-        options.device_key, " cpu, but the model was loaded with ", model.q8_matmul_name(),
-        " (LlamaModelOptions::q8_matmul)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.q8_matmul: ", model::Q8MatMulName(options.q8_matmul), " on ",
+                     options.device_key, " cpu, but the model was loaded with ",
+                     model.q8_matmul_name(), " (LlamaModelOptions::q8_matmul)"));
   }
   if (!model.f32_panels()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options.device_key, " cpu: the model was loaded without its F32 panel packing "
-        "(LlamaModelOptions::f32_panels false, a load for another device)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.device_key,
+                     " cpu: the model was loaded without its F32 panel packing "
+                     "(LlamaModelOptions::f32_panels false, a load for another device)"));
   }
   if (!kv::IsKnownKvDtype(static_cast<uint32_t>(options.kv_cache_dtype))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "engine.kv_cache_dtype: ", static_cast<uint32_t>(options.kv_cache_dtype),
-        " is not f32, f16 or bf16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine.kv_cache_dtype: ", static_cast<uint32_t>(options.kv_cache_dtype),
+                     " is not f32, f16 or bf16"));
   }
   if (!options.batch_invariant) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -79,20 +81,18 @@ const DeviceQuery& SystemDeviceQuery() {
   return query;
 }
 
-absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaModel& model,
-                                                            const BackendOptions& options,
-                                                            const DeviceQuery& query) {
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
+    const model::LlamaModel& model, const BackendOptions& options, const DeviceQuery& query) {
   if (options.device.is_cuda()) {
     if (options.q8_matmul != model::Q8MatMul::kExact) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "engine.q8_matmul: ", model::Q8MatMulName(options.q8_matmul), " on ",
-          options.device_key, " ", options.device.ToString(),
-          ", but the CUDA backend multiplies Q8_0 weights only as exact (set "
-          "engine.q8_matmul: exact, or run this worker on cpu)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine.q8_matmul: ", model::Q8MatMulName(options.q8_matmul), " on ",
+                       options.device_key, " ", options.device.ToString(),
+                       ", but the CUDA backend multiplies Q8_0 weights only as exact (set "
+                       "engine.q8_matmul: exact, or run this worker on cpu)"));
     }
 #ifdef TANDEM_HAVE_CUDA
-    if (absl::Status s = CheckDeviceAvailable(query, options.device, options.device_key);
-        !s.ok()) {
+    if (absl::Status s = CheckDeviceAvailable(query, options.device, options.device_key); !s.ok()) {
       return s;
     }
     absl::StatusOr<GpuInfo> gpu = query.Info(options.device.index);
@@ -103,8 +103,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaMo
     if (options.log) {
       options.log(absl::StrFormat("device %s: %s, %.2f GiB (%.2f GiB free), sm_%d",
                                   options.device.ToString(), gpu->name,
-                                  gpu->total_bytes / 1073741824.0,
-                                  gpu->free_bytes / 1073741824.0, gpu->compute_capability));
+                                  gpu->total_bytes / 1073741824.0, gpu->free_bytes / 1073741824.0,
+                                  gpu->compute_capability));
     }
     absl::StatusOr<std::unique_ptr<cuda::CudaBackend>> backend =
         cuda::CudaBackend::Create(model, options);
@@ -112,14 +112,13 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const model::LlamaMo
     return std::unique_ptr<ModelBackend>(std::move(*backend));
 #else
     (void)query;
-    return absl::FailedPreconditionError(absl::StrCat(
-        options.device_key, ": ", options.device.ToString(), ", but ", kNoCudaBuild));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.device_key, ": ", options.device.ToString(), ", but ", kNoCudaBuild));
 #endif
   }
   if (absl::Status s = CheckCpuOptions(model, options); !s.ok()) return s;
-  return std::unique_ptr<ModelBackend>(
-      std::make_unique<CpuBackend>(&model, options.block_size, options.num_kv_blocks,
-                                   options.kv_cache_dtype));
+  return std::unique_ptr<ModelBackend>(std::make_unique<CpuBackend>(
+      &model, options.block_size, options.num_kv_blocks, options.kv_cache_dtype));
 }
 
 }  // namespace tandem::backend
