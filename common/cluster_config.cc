@@ -538,6 +538,177 @@ template <typename T>
   return absl::OkStatus();
 }
 
+// engine: the engine settings every worker runs with.
+[[nodiscard]] absl::Status ParseEngine(const YAML::Node& n, EngineConfig* engine) {
+  absl::Status s;
+  if (s = CheckKeys(
+          n, "engine",
+          {"block_size", "num_kv_blocks", "max_num_seqs", "threads", "max_num_batched_tokens",
+           "prefill_chunk_tokens", "enable_prefix_caching", "kernel_isa", "q8_matmul", "device",
+           "kv_cache_dtype", "gpu_memory_fraction", "batch_invariant"});
+      !s.ok()) {
+    return s;
+  }
+  EngineConfig& e = *engine;
+  s = ReadInts(n, "engine",
+               {{"block_size", &e.block_size, 1},
+                {"num_kv_blocks", &e.num_kv_blocks, 1},
+                {"max_num_seqs", &e.max_num_seqs, 1},
+                {"threads", &e.threads, 1, model::kMaxForwardThreads},
+                {"max_num_batched_tokens", &e.max_num_batched_tokens, 1},
+                {"prefill_chunk_tokens", &e.prefill_chunk_tokens, 1}});
+  if (!s.ok()) return s;
+  e.num_kv_blocks_set = n["num_kv_blocks"].IsDefined();
+  if (s = ReadBool(n, "enable_prefix_caching", "engine", &e.enable_prefix_caching); !s.ok()) {
+    return s;
+  }
+  if (s = ReadBool(n, "batch_invariant", "engine", &e.batch_invariant); !s.ok()) return s;
+  std::optional<backend::DeviceSpec> device;
+  if (s = ReadDevice(n, "device", "engine", &device); !s.ok()) return s;
+  e.device = device.value_or(backend::DeviceSpec{});
+  if (n["kv_cache_dtype"].IsDefined()) {
+    std::string dtype;
+    if (s = ReadString(n, "kv_cache_dtype", "engine", &dtype); !s.ok()) return s;
+    for (kv::KvDtype d : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+      if (dtype == kv::KvDtypeName(d)) e.kv_cache_dtype = d;
+    }
+    if (!e.kv_cache_dtype.has_value()) {
+      return Invalid("engine.kv_cache_dtype",
+                     absl::StrCat("expected f32, f16 or bf16, got '", dtype, "'"),
+                     n["kv_cache_dtype"]);
+    }
+  }
+  if (const YAML::Node f = n["gpu_memory_fraction"]; f.IsDefined()) {
+    if (f.IsNull()) return Invalid("engine.gpu_memory_fraction", kNoValue, f);
+    double value = 0;
+    if (!f.IsScalar() || !absl::SimpleAtod(f.Scalar(), &value) || !std::isfinite(value)) {
+      return Invalid(
+          "engine.gpu_memory_fraction",
+          absl::StrCat("expected a number, got '", f.IsScalar() ? f.Scalar() : "<non-scalar>", "'"),
+          f);
+    }
+    if (!(value > 0 && value <= 1)) {
+      return Invalid("engine.gpu_memory_fraction",
+                     absl::StrCat("must be in (0, 1], got ", f.Scalar()), f);
+    }
+    e.gpu_memory_fraction = value;
+  }
+  if (s = ReadString(n, "kernel_isa", "engine", &e.kernel_isa); !s.ok()) return s;
+  if (e.kernel_isa != "auto" && e.kernel_isa != "avx512" && e.kernel_isa != "avx2" &&
+      e.kernel_isa != "generic") {
+    return Invalid("engine.kernel_isa", "expected auto, avx512, avx2 or generic", n["kernel_isa"]);
+  }
+  if (n["q8_matmul"].IsDefined()) {
+    std::string mode;
+    if (s = ReadString(n, "q8_matmul", "engine", &mode); !s.ok()) return s;
+    if (mode == "exact") {
+      e.q8_matmul = model::Q8MatMul::kExact;
+    } else if (mode == "int8") {
+      e.q8_matmul = model::Q8MatMul::kInt8;
+    } else {
+      return Invalid("engine.q8_matmul", absl::StrCat("expected exact or int8, got '", mode, "'"),
+                     n["q8_matmul"]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// conditional: where prompts are prefilled and what a failed remote prefill does.
+[[nodiscard]] absl::Status ParseConditional(const YAML::Node& n, ConditionalConfig* cond) {
+  absl::Status s;
+  if (s = CheckKeys(n, "conditional", {"max_local_prefill_tokens", "on_prefill_failure"});
+      !s.ok()) {
+    return s;
+  }
+  s = ReadLocalPrefillTokens(n, &cond->max_local_prefill_tokens);
+  if (!s.ok()) return s;
+  std::string policy = "fail";
+  if (s = ReadString(n, "on_prefill_failure", "conditional", &policy); !s.ok()) return s;
+  if (policy == "fail") {
+    cond->on_prefill_failure = OnPrefillFailure::kFail;
+  } else if (policy == "retry") {
+    cond->on_prefill_failure = OnPrefillFailure::kRetry;
+  } else if (policy == "local") {
+    cond->on_prefill_failure = OnPrefillFailure::kLocal;
+  } else {
+    return Invalid("conditional.on_prefill_failure",
+                   absl::StrCat("must be one of fail, retry, local; got '", policy, "'"),
+                   n["on_prefill_failure"]);
+  }
+  return absl::OkStatus();
+}
+
+// kv: KV transfer timeouts, attempts, buffer and transport.
+[[nodiscard]] absl::Status ParseKv(const YAML::Node& n, KvConfig* kv) {
+  absl::Status s;
+  if (s = CheckKeys(
+          n, "kv",
+          {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts",
+           "send_buffer_bytes", "transport", "nccl_socket_ifname", "nccl_init_timeout_ms"});
+      !s.ok()) {
+    return s;
+  }
+  s = ReadInts(n, "kv",
+               {{"transfer_timeout_ms", &kv->transfer_timeout_ms, 1},
+                {"handshake_timeout_ms", &kv->handshake_timeout_ms, 1},
+                {"max_prefill_attempts", &kv->max_prefill_attempts, 1},
+                {"nccl_init_timeout_ms", &kv->nccl_init_timeout_ms, 1}});
+  if (!s.ok()) return s;
+  s = ReadInt(n, "kv", "send_buffer_bytes", &kv->send_buffer_bytes, KvConfig::kMinSendBufferBytes,
+              KvConfig::kMaxSendBufferBytes);
+  if (!s.ok()) return s;
+  if (n["transport"].IsDefined()) {
+    std::string text;
+    if (s = ReadString(n, "transport", "kv", &text); !s.ok()) return s;
+    absl::StatusOr<kvtransfer::KvTransportSetting> setting =
+        kvtransfer::ParseKvTransportSetting(text);
+    if (!setting.ok()) {
+      // Its message names kv.transport and the value; the position is ours.
+      return absl::InvalidArgumentError(
+          absl::StrCat(setting.status().message(), Where(n["transport"])));
+    }
+    kv->transport = *setting;
+  }
+  s = ReadString(n, "nccl_socket_ifname", "kv", &kv->nccl_socket_ifname);
+  if (!s.ok()) return s;
+  // NCCL's NCCL_SOCKET_IFNAME syntax: interface names or prefixes,
+  // comma-separated, optionally led by ^ (exclude) or = (exact).
+  for (const char ch : kv->nccl_socket_ifname) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) &&
+        std::string_view("._-:,^=@").find(ch) == std::string_view::npos) {
+      return Invalid("kv.nccl_socket_ifname",
+                     absl::StrCat("'", absl::CHexEscape(kv->nccl_socket_ifname),
+                                  "' is not an NCCL interface list (names or prefixes, "
+                                  "comma-separated, optionally led by ^ or =)"),
+                     n["nccl_socket_ifname"]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// cluster: the cluster secret (auth/), its rotation and clock skew.
+[[nodiscard]] absl::Status ParseCluster(const YAML::Node& n, ClusterAuthConfig* cluster) {
+  absl::Status s;
+  if (s = CheckKeys(n, "cluster", {"secret_file", "accepted_secret_files", "auth_max_skew_ms"});
+      !s.ok()) {
+    return s;
+  }
+  if (s = ReadString(n, "secret_file", "cluster", &cluster->secret_file); !s.ok()) return s;
+  if (n["secret_file"].IsDefined() && cluster->secret_file.empty()) {
+    return Invalid("cluster.secret_file", "must not be empty (remove the key to run open)",
+                   n["secret_file"]);
+  }
+  if (s = ReadAcceptedSecretFiles(n, cluster); !s.ok()) return s;
+  s = ReadInts(n, "cluster", {{"auth_max_skew_ms", &cluster->auth_max_skew_ms, 1000, 600000}});
+  if (!s.ok()) return s;
+  if (n["auth_max_skew_ms"].IsDefined() && cluster->secret_file.empty()) {
+    return Invalid("cluster.auth_max_skew_ms",
+                   "has no effect without cluster.secret_file (the cluster runs open)",
+                   n["auth_max_skew_ms"]);
+  }
+  return absl::OkStatus();
+}
+
 [[nodiscard]] absl::Status ParseTop(const YAML::Node& root, ClusterConfig* c) {
   if (root.IsNull()) return Invalid("", "the file is empty", root);
   absl::Status s =
@@ -566,161 +737,20 @@ template <typename T>
       n.IsDefined() && !(s = ParseWorkers(n, "decode_workers", true, &c->decode_workers)).ok()) {
     return s;
   }
-  if (const YAML::Node n = root["engine"]; n.IsDefined()) {
-    if (s = CheckKeys(
-            n, "engine",
-            {"block_size", "num_kv_blocks", "max_num_seqs", "threads", "max_num_batched_tokens",
-             "prefill_chunk_tokens", "enable_prefix_caching", "kernel_isa", "q8_matmul", "device",
-             "kv_cache_dtype", "gpu_memory_fraction", "batch_invariant"});
-        !s.ok()) {
-      return s;
-    }
-    EngineConfig& e = c->engine;
-    s = ReadInts(n, "engine",
-                 {{"block_size", &e.block_size, 1},
-                  {"num_kv_blocks", &e.num_kv_blocks, 1},
-                  {"max_num_seqs", &e.max_num_seqs, 1},
-                  {"threads", &e.threads, 1, model::kMaxForwardThreads},
-                  {"max_num_batched_tokens", &e.max_num_batched_tokens, 1},
-                  {"prefill_chunk_tokens", &e.prefill_chunk_tokens, 1}});
-    if (!s.ok()) return s;
-    e.num_kv_blocks_set = n["num_kv_blocks"].IsDefined();
-    if (s = ReadBool(n, "enable_prefix_caching", "engine", &e.enable_prefix_caching); !s.ok()) {
-      return s;
-    }
-    if (s = ReadBool(n, "batch_invariant", "engine", &e.batch_invariant); !s.ok()) return s;
-    std::optional<backend::DeviceSpec> device;
-    if (s = ReadDevice(n, "device", "engine", &device); !s.ok()) return s;
-    e.device = device.value_or(backend::DeviceSpec{});
-    if (n["kv_cache_dtype"].IsDefined()) {
-      std::string dtype;
-      if (s = ReadString(n, "kv_cache_dtype", "engine", &dtype); !s.ok()) return s;
-      for (kv::KvDtype d : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
-        if (dtype == kv::KvDtypeName(d)) e.kv_cache_dtype = d;
-      }
-      if (!e.kv_cache_dtype.has_value()) {
-        return Invalid("engine.kv_cache_dtype",
-                       absl::StrCat("expected f32, f16 or bf16, got '", dtype, "'"),
-                       n["kv_cache_dtype"]);
-      }
-    }
-    if (const YAML::Node f = n["gpu_memory_fraction"]; f.IsDefined()) {
-      if (f.IsNull()) return Invalid("engine.gpu_memory_fraction", kNoValue, f);
-      double value = 0;
-      if (!f.IsScalar() || !absl::SimpleAtod(f.Scalar(), &value) || !std::isfinite(value)) {
-        return Invalid("engine.gpu_memory_fraction",
-                       absl::StrCat("expected a number, got '",
-                                    f.IsScalar() ? f.Scalar() : "<non-scalar>", "'"),
-                       f);
-      }
-      if (!(value > 0 && value <= 1)) {
-        return Invalid("engine.gpu_memory_fraction",
-                       absl::StrCat("must be in (0, 1], got ", f.Scalar()), f);
-      }
-      e.gpu_memory_fraction = value;
-    }
-    if (s = ReadString(n, "kernel_isa", "engine", &e.kernel_isa); !s.ok()) return s;
-    if (e.kernel_isa != "auto" && e.kernel_isa != "avx512" && e.kernel_isa != "avx2" &&
-        e.kernel_isa != "generic") {
-      return Invalid("engine.kernel_isa", "expected auto, avx512, avx2 or generic",
-                     n["kernel_isa"]);
-    }
-    if (n["q8_matmul"].IsDefined()) {
-      std::string mode;
-      if (s = ReadString(n, "q8_matmul", "engine", &mode); !s.ok()) return s;
-      if (mode == "exact") {
-        e.q8_matmul = model::Q8MatMul::kExact;
-      } else if (mode == "int8") {
-        e.q8_matmul = model::Q8MatMul::kInt8;
-      } else {
-        return Invalid("engine.q8_matmul", absl::StrCat("expected exact or int8, got '", mode, "'"),
-                       n["q8_matmul"]);
-      }
-    }
+  if (const YAML::Node n = root["engine"];
+      n.IsDefined() && !(s = ParseEngine(n, &c->engine)).ok()) {
+    return s;
   }
-  if (const YAML::Node n = root["conditional"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "conditional", {"max_local_prefill_tokens", "on_prefill_failure"});
-        !s.ok()) {
-      return s;
-    }
-    s = ReadLocalPrefillTokens(n, &c->conditional.max_local_prefill_tokens);
-    if (!s.ok()) return s;
-    std::string policy = "fail";
-    if (s = ReadString(n, "on_prefill_failure", "conditional", &policy); !s.ok()) return s;
-    if (policy == "fail") {
-      c->conditional.on_prefill_failure = OnPrefillFailure::kFail;
-    } else if (policy == "retry") {
-      c->conditional.on_prefill_failure = OnPrefillFailure::kRetry;
-    } else if (policy == "local") {
-      c->conditional.on_prefill_failure = OnPrefillFailure::kLocal;
-    } else {
-      return Invalid("conditional.on_prefill_failure",
-                     absl::StrCat("must be one of fail, retry, local; got '", policy, "'"),
-                     n["on_prefill_failure"]);
-    }
+  if (const YAML::Node n = root["conditional"];
+      n.IsDefined() && !(s = ParseConditional(n, &c->conditional)).ok()) {
+    return s;
   }
-  if (const YAML::Node n = root["kv"]; n.IsDefined()) {
-    if (s = CheckKeys(
-            n, "kv",
-            {"transfer_timeout_ms", "handshake_timeout_ms", "max_prefill_attempts",
-             "send_buffer_bytes", "transport", "nccl_socket_ifname", "nccl_init_timeout_ms"});
-        !s.ok()) {
-      return s;
-    }
-    s = ReadInts(n, "kv",
-                 {{"transfer_timeout_ms", &c->kv.transfer_timeout_ms, 1},
-                  {"handshake_timeout_ms", &c->kv.handshake_timeout_ms, 1},
-                  {"max_prefill_attempts", &c->kv.max_prefill_attempts, 1},
-                  {"nccl_init_timeout_ms", &c->kv.nccl_init_timeout_ms, 1}});
-    if (!s.ok()) return s;
-    s = ReadInt(n, "kv", "send_buffer_bytes", &c->kv.send_buffer_bytes,
-                KvConfig::kMinSendBufferBytes, KvConfig::kMaxSendBufferBytes);
-    if (!s.ok()) return s;
-    if (n["transport"].IsDefined()) {
-      std::string text;
-      if (s = ReadString(n, "transport", "kv", &text); !s.ok()) return s;
-      absl::StatusOr<kvtransfer::KvTransportSetting> setting =
-          kvtransfer::ParseKvTransportSetting(text);
-      if (!setting.ok()) {
-        // Its message names kv.transport and the value; the position is ours.
-        return absl::InvalidArgumentError(
-            absl::StrCat(setting.status().message(), Where(n["transport"])));
-      }
-      c->kv.transport = *setting;
-    }
-    s = ReadString(n, "nccl_socket_ifname", "kv", &c->kv.nccl_socket_ifname);
-    if (!s.ok()) return s;
-    // NCCL's NCCL_SOCKET_IFNAME syntax: interface names or prefixes,
-    // comma-separated, optionally led by ^ (exclude) or = (exact).
-    for (const char ch : c->kv.nccl_socket_ifname) {
-      if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) &&
-          std::string_view("._-:,^=@").find(ch) == std::string_view::npos) {
-        return Invalid("kv.nccl_socket_ifname",
-                       absl::StrCat("'", absl::CHexEscape(c->kv.nccl_socket_ifname),
-                                    "' is not an NCCL interface list (names or prefixes, "
-                                    "comma-separated, optionally led by ^ or =)"),
-                       n["nccl_socket_ifname"]);
-      }
-    }
+  if (const YAML::Node n = root["kv"]; n.IsDefined() && !(s = ParseKv(n, &c->kv)).ok()) {
+    return s;
   }
-  if (const YAML::Node n = root["cluster"]; n.IsDefined()) {
-    if (s = CheckKeys(n, "cluster", {"secret_file", "accepted_secret_files", "auth_max_skew_ms"});
-        !s.ok()) {
-      return s;
-    }
-    if (s = ReadString(n, "secret_file", "cluster", &c->cluster.secret_file); !s.ok()) return s;
-    if (n["secret_file"].IsDefined() && c->cluster.secret_file.empty()) {
-      return Invalid("cluster.secret_file", "must not be empty (remove the key to run open)",
-                     n["secret_file"]);
-    }
-    if (s = ReadAcceptedSecretFiles(n, &c->cluster); !s.ok()) return s;
-    s = ReadInts(n, "cluster", {{"auth_max_skew_ms", &c->cluster.auth_max_skew_ms, 1000, 600000}});
-    if (!s.ok()) return s;
-    if (n["auth_max_skew_ms"].IsDefined() && c->cluster.secret_file.empty()) {
-      return Invalid("cluster.auth_max_skew_ms",
-                     "has no effect without cluster.secret_file (the cluster runs open)",
-                     n["auth_max_skew_ms"]);
-    }
+  if (const YAML::Node n = root["cluster"];
+      n.IsDefined() && !(s = ParseCluster(n, &c->cluster)).ok()) {
+    return s;
   }
   return ReadInts(root, "", {{"shutdown_grace_s", &c->shutdown_grace_s, 0}});
 }
