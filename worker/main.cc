@@ -12,24 +12,31 @@
 
 namespace {
 
-// Removes --role's value from `args` (argv[0] first) into *role; false
-// when it has no value.
-bool TakeRole(std::vector<char*>* args, std::string* role) {
-  for (size_t i = 1; i < args->size(); ++i) {
+// Removes --role's value from `args` (argv[0] first) into *role. Returns
+// an error line when --role has no value or is given more than once, ""
+// otherwise (no --role leaves *role empty).
+std::string TakeRole(std::vector<char*>* args, std::string* role) {
+  bool found = false;
+  for (size_t i = 1; i < args->size();) {
     const std::string arg = (*args)[i];
+    size_t taken = 0;
     if (arg.rfind("--role=", 0) == 0) {
       *role = arg.substr(7);
-      args->erase(args->begin() + i);
-      return true;
-    }
-    if (arg == "--role") {
-      if (i + 1 >= args->size()) return false;
+      taken = 1;
+    } else if (arg == "--role") {
+      if (i + 1 >= args->size()) return "flag --role needs a value";
       *role = (*args)[i + 1];
-      args->erase(args->begin() + i, args->begin() + i + 2);
-      return true;
+      taken = 2;
     }
+    if (taken == 0) {
+      ++i;
+      continue;
+    }
+    if (found) return "flag --role given more than once";
+    found = true;
+    args->erase(args->begin() + i, args->begin() + i + taken);
   }
-  return true;
+  return "";
 }
 
 }  // namespace
@@ -37,8 +44,8 @@ bool TakeRole(std::vector<char*>* args, std::string* role) {
 int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   std::string role;
-  if (!TakeRole(&args, &role)) {
-    std::fprintf(stderr, "flag --role needs a value\n");
+  if (const std::string error = TakeRole(&args, &role); !error.empty()) {
+    std::fprintf(stderr, "%s\n", error.c_str());
     return 1;
   }
   const int n = static_cast<int>(args.size());

@@ -192,6 +192,12 @@ TEST_F(StartupErrorTest, WorkerBinaryTakesItsRole) {
   EXPECT_EQ(ExpectOneLineFailure(RunProcess(
                 {BinaryPath("tandem-worker"), "--role=router", "--config", config}, kExitTimeout)),
             "--role: expected prefill or decode, got 'router'");
+  // Two roles on one line (a fresh user's slip): refused, not "unknown flag".
+  EXPECT_EQ(ExpectOneLineFailure(
+                RunProcess({BinaryPath("tandem-worker"), "--role", "decode", "--role=prefill",
+                            "--config", config, "--name", "decode-0"},
+                           kExitTimeout)),
+            "flag --role given more than once");
 }
 
 // ---- Wildcard listen address without advertise ----------------------------------------
