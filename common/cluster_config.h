@@ -353,6 +353,10 @@ struct ClusterConfig {
 //     workers get only requests with route_override REMOTE".
 std::string PrefillPlacementSummary(const ClusterConfig& config);
 
+// The config every binary reads without --config (relative to the working
+// directory: the repository root for scripts/up and the tests).
+inline constexpr char kDefaultConfigPath[] = "deploy/local/cluster.yaml";
+
 // Reads and parses a file. NOT_FOUND with the OS's reason if it cannot be
 // read: "cannot read cluster config 'x.yaml': No such file or directory".
 [[nodiscard]] absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);

@@ -51,7 +51,7 @@ void PrintUsage() {
 [[nodiscard]] absl::StatusOr<RouterSettings> LoadSettings(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv, RouterFlagNames());
   if (!flags.ok()) return flags.status();
-  auto config = LoadClusterConfig(FlagOr(*flags, "config", "deploy/local/cluster.yaml"));
+  auto config = LoadClusterConfig(FlagOr(*flags, "config", kDefaultConfigPath));
   if (!config.ok()) return config.status();
   return ResolveRouterSettings(*flags, *std::move(config));
 }

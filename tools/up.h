@@ -65,7 +65,7 @@
 namespace tandem::cli {
 
 struct UpOptions {
-  std::string config = "deploy/local/cluster.yaml";
+  std::string config = kDefaultConfigPath;
   std::string model;                                  // --model; "" = resolution order
   absl::Duration listen_timeout = absl::Seconds(30);  // router's TANDEM_LISTENING line
   absl::Duration ready_timeout = absl::Seconds(60);   // until GetStatus.can_serve

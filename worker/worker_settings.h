@@ -17,9 +17,6 @@
 
 namespace tandem {
 
-// The default of --config.
-inline constexpr char kDefaultConfigPath[] = "deploy/local/cluster.yaml";
-
 // The flags every worker accepts (role-specific ones are added by the
 // role: decode's kv-advertise, WorkerRoleSpec::extra_flags).
 std::vector<std::string> WorkerFlagNames(v1::WorkerRole role);
