@@ -48,8 +48,7 @@ std::string AnswerText(absl::string_view purpose, absl::string_view peer_nonce) 
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<std::string> LoadSecretFile(const std::string& path,
-                                                         absl::string_view key) {
+absl::StatusOr<std::string> LoadSecretFile(const std::string& path, absl::string_view key) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -76,7 +75,7 @@ std::string FormatCredential(const Credential& c) {
   return absl::StrCat("v1 ts=", c.ts_ms, " nonce=", c.nonce, " sig=", c.sig);
 }
 
-[[nodiscard]] absl::StatusOr<Credential> ParseCredential(absl::string_view text) {
+absl::StatusOr<Credential> ParseCredential(absl::string_view text) {
   const std::vector<absl::string_view> parts = absl::StrSplit(text, ' ');
   if (parts.size() != 4) return Malformed("expected 'v1 ts=<ms> nonce=<hex> sig=<hex>'");
   if (parts[0] != "v1") return Malformed("unknown version (expected v1)");

@@ -27,7 +27,7 @@ std::string ModelPath() {
   return std::string(TANDEM_BENCH_SHARED_DIR) + "/models/stories260K.gguf";
 }
 
-[[nodiscard]] absl::StatusOr<model::Q8MatMul> BenchQ8MatMul() {
+absl::StatusOr<model::Q8MatMul> BenchQ8MatMul() {
   const char* env = std::getenv("TANDEM_BENCH_Q8_MATMUL");
   const std::string value = env == nullptr ? "" : env;
   if (value.empty() || value == "exact") return model::Q8MatMul::kExact;
@@ -36,7 +36,7 @@ std::string ModelPath() {
       absl::StrCat("TANDEM_BENCH_Q8_MATMUL: expected exact or int8, got '", value, "'"));
 }
 
-[[nodiscard]] absl::StatusOr<kv::KvDtype> BenchKvDtype() {
+absl::StatusOr<kv::KvDtype> BenchKvDtype() {
   const char* env = std::getenv("TANDEM_BENCH_KV_DTYPE");
   const std::string value = env == nullptr ? "" : env;
   if (value.empty()) return kv::KvDtype::kF32;
@@ -47,7 +47,7 @@ std::string ModelPath() {
       absl::StrCat("TANDEM_BENCH_KV_DTYPE: expected f32, f16 or bf16, got '", value, "'"));
 }
 
-[[nodiscard]] absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads) {
+absl::StatusOr<const model::LlamaModel*> GetModel(int32_t num_threads) {
   static auto* cache = new std::map<int32_t, LoadedModel>();
   auto it = cache->find(num_threads);
   if (it != cache->end()) return it->second.model.get();
@@ -68,7 +68,7 @@ std::string ModelPath() {
   return result;
 }
 
-[[nodiscard]] absl::StatusOr<MatMulWeights> GetMatMulWeights(const model::LlamaConfig& config) {
+absl::StatusOr<MatMulWeights> GetMatMulWeights(const model::LlamaConfig& config) {
   static auto* cache = new std::optional<MatMulWeights>();
   if (cache->has_value()) return **cache;
   auto file = gguf::GgufFile::Open(ModelPath());

@@ -43,8 +43,7 @@ std::string HostPort::ToString() const {
   return absl::StrCat(host, ":", port);
 }
 
-[[nodiscard]] absl::StatusOr<HostPort> ParseHostPort(const std::string& text,
-                                                     const std::string& field) {
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text, const std::string& field) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": expected host:port, got '", text, "' (", why, ")"));
@@ -93,8 +92,7 @@ bool IsWildcardHost(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::";
 }
 
-[[nodiscard]] absl::StatusOr<Advertise> ParseAdvertise(const std::string& text,
-                                                       const std::string& field) {
+absl::StatusOr<Advertise> ParseAdvertise(const std::string& text, const std::string& field) {
   Advertise out;
   // A bare host (no port, or an IPv6 literal without brackets is refused by
   // ParseHostPort below) gets ":0" so one parser reads both forms.
@@ -118,10 +116,10 @@ bool IsWildcardHost(const std::string& host) {
   return out;
 }
 
-[[nodiscard]] absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
-                                                         const Advertise& advertise,
-                                                         const std::string& listen_key,
-                                                         const std::string& advertise_key) {
+absl::StatusOr<HostPort> AdvertisedAddress(const HostPort& listen, int bound_port,
+                                           const Advertise& advertise,
+                                           const std::string& listen_key,
+                                           const std::string& advertise_key) {
   if (advertise.empty()) {
     if (IsWildcardHost(listen.host)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -832,7 +830,7 @@ template <typename T>
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
+absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
   ClusterConfig config;
   bool gpu_memory_fraction_set = false;
   try {
@@ -903,7 +901,7 @@ std::string UnreadableFileReason(const std::string& path) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
   if (const std::string reason = UnreadableFileReason(path); !reason.empty()) {
     return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "': ", reason));
   }
@@ -922,8 +920,8 @@ std::string UnreadableFileReason(const std::string& path) {
   return config;
 }
 
-[[nodiscard]] absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
-                                                           const ClusterConfig& config) {
+absl::StatusOr<std::string> ResolveModelPath(const std::string& flag_value,
+                                             const ClusterConfig& config) {
   // An explicit choice (flag, environment, config) must exist: falling
   // through to another model would serve something the user did not ask for.
   const char* env = std::getenv("TANDEM_MODEL");

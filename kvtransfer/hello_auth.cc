@@ -8,7 +8,7 @@ void SignHello(const auth::ClusterAuth* auth, wire::Hello* hello) {
   hello->auth = wire::HelloAuth{static_cast<uint64_t>(c.ts_ms), c.nonce, c.sig};
 }
 
-[[nodiscard]] absl::Status VerifyHello(const auth::ClusterAuth* auth, const wire::Hello& hello) {
+absl::Status VerifyHello(const auth::ClusterAuth* auth, const wire::Hello& hello) {
   if (auth == nullptr || auth->open()) return absl::OkStatus();
   if (!hello.auth.has_value()) {
     return absl::UnauthenticatedError(
@@ -26,8 +26,8 @@ std::string AcceptAnswer(const auth::ClusterAuth* auth, const wire::Hello& hello
   return auth->Answer(kAcceptPurpose, hello.auth->nonce);
 }
 
-[[nodiscard]] absl::Status CheckAcceptAnswer(const auth::ClusterAuth* auth,
-                                             const wire::Hello& hello, const std::string& answer) {
+absl::Status CheckAcceptAnswer(const auth::ClusterAuth* auth, const wire::Hello& hello,
+                               const std::string& answer) {
   if (auth == nullptr || auth->open()) return absl::OkStatus();
   if (hello.auth.has_value() && auth->CheckAnswer(kAcceptPurpose, hello.auth->nonce, answer)) {
     return absl::OkStatus();

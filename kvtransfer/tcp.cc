@@ -106,7 +106,7 @@ void ScopedFd::Reset() {
   fd_ = -1;
 }
 
-[[nodiscard]] absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint) {
+absl::StatusOr<HostPort> ParseEndpoint(const std::string& endpoint) {
   auto bad = [&](const char* why) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad KV endpoint '", endpoint, "' (want host:port): ", why));
@@ -125,7 +125,7 @@ void ScopedFd::Reset() {
   return hp;
 }
 
-[[nodiscard]] absl::StatusOr<ScopedFd> Listen(const std::string& host, int port, int* bound_port) {
+absl::StatusOr<ScopedFd> Listen(const std::string& host, int port, int* bound_port) {
   absl::StatusOr<struct addrinfo*> res = Resolve(host, port, true);
   if (!res.ok()) return res.status();
   absl::Status last =
@@ -164,7 +164,7 @@ void ScopedFd::Reset() {
   return last;
 }
 
-[[nodiscard]] absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline) {
+absl::StatusOr<ScopedFd> Accept(int listen_fd, Deadline deadline) {
   for (;;) {
     absl::Status ready = WaitFor(listen_fd, POLLIN, deadline, "accepting");
     if (absl::IsDeadlineExceeded(ready)) return ScopedFd();
@@ -185,7 +185,7 @@ void ScopedFd::Reset() {
   }
 }
 
-[[nodiscard]] absl::StatusOr<ScopedFd> AcceptNow(int listen_fd) {
+absl::StatusOr<ScopedFd> AcceptNow(int listen_fd) {
   for (;;) {
     ScopedFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (fd.valid()) {
@@ -265,7 +265,7 @@ namespace {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<ScopedFd> Connect(const std::string& endpoint, Deadline deadline) {
+absl::StatusOr<ScopedFd> Connect(const std::string& endpoint, Deadline deadline) {
   return ConnectFirst(endpoint, [&](int fd, bool in_progress, bool* stop) {
     if (in_progress) {
       absl::Status ready = WaitFor(fd, POLLOUT, deadline,
@@ -287,11 +287,11 @@ namespace {
   });
 }
 
-[[nodiscard]] absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint) {
+absl::StatusOr<ScopedFd> StartConnect(const std::string& endpoint) {
   return ConnectFirst(endpoint, [](int, bool, bool*) { return absl::OkStatus(); });
 }
 
-[[nodiscard]] absl::Status FinishConnect(int fd, const std::string& endpoint) {
+absl::Status FinishConnect(int fd, const std::string& endpoint) {
   int err = 0;
   socklen_t len = sizeof(err);
   if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
@@ -303,8 +303,7 @@ namespace {
   return absl::OkStatus();
 }
 
-[[nodiscard]] absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline,
-                                   int idle_ms) {
+absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, Deadline deadline, int idle_ms) {
   while (iovcnt > 0) {
     if (iov->iov_len == 0) {
       ++iov;
@@ -338,12 +337,12 @@ namespace {
   return absl::OkStatus();
 }
 
-[[nodiscard]] absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline) {
+absl::Status SendAll(int fd, const std::string& bytes, Deadline deadline) {
   struct iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
   return SendAll(fd, &iov, 1, deadline);
 }
 
-[[nodiscard]] absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline, int idle_ms) {
+absl::Status RecvAll(int fd, void* buf, size_t n, Deadline* deadline, int idle_ms) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   while (got < n) {
@@ -365,8 +364,8 @@ namespace {
   return absl::OkStatus();
 }
 
-[[nodiscard]] absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload,
-                                       uint32_t* type, std::string* payload, int idle_ms) {
+absl::Status ReadMessage(int fd, Deadline deadline, uint64_t max_payload, uint32_t* type,
+                         std::string* payload, int idle_ms) {
   char header[wire::kHeaderBytes];
   absl::Status s = RecvAll(fd, header, sizeof(header), &deadline, idle_ms);
   if (!s.ok()) return s;

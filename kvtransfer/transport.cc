@@ -37,7 +37,7 @@ std::string_view KvTransportName(KvTransport transport) {
   return "unknown";
 }
 
-[[nodiscard]] absl::StatusOr<KvTransport> ParseKvTransport(std::string_view name) {
+absl::StatusOr<KvTransport> ParseKvTransport(std::string_view name) {
   for (KvTransport t : {KvTransport::kTcp, KvTransport::kNccl, KvTransport::kCudaIpc}) {
     if (name == KvTransportName(t)) return t;
   }
@@ -50,7 +50,7 @@ std::string KvTransportListName(const std::vector<KvTransport>& transports) {
                        [](std::string* out, KvTransport t) { out->append(KvTransportName(t)); });
 }
 
-[[nodiscard]] absl::StatusOr<KvTransportSetting> ParseKvTransportSetting(std::string_view value) {
+absl::StatusOr<KvTransportSetting> ParseKvTransportSetting(std::string_view value) {
   KvTransportSetting setting;
   if (value == "auto") return setting;
   absl::StatusOr<KvTransport> t = ParseKvTransport(value);
@@ -63,7 +63,7 @@ std::string KvTransportListName(const std::vector<KvTransport>& transports) {
   return setting;
 }
 
-[[nodiscard]] absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
+absl::StatusOr<std::vector<KvTransport>> SupportedTransports(
     const KvTransportSetting& setting, const TransportCapabilities& capabilities,
     std::string_view what) {
   if (setting.automatic) {
@@ -94,9 +94,9 @@ std::string KvTransportListName(const std::vector<KvTransport>& transports) {
   return std::vector<KvTransport>{setting.fixed};
 }
 
-[[nodiscard]] absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& local,
-                                                          const TransportOffer& offer,
-                                                          std::string_view local_host_id) {
+absl::StatusOr<KvTransport> ChooseTransport(const std::vector<KvTransport>& local,
+                                            const TransportOffer& offer,
+                                            std::string_view local_host_id) {
   const std::vector<KvTransport> offered =
       offer.transports.empty() ? std::vector<KvTransport>{KvTransport::kTcp} : offer.transports;
   const bool same_host =
@@ -121,8 +121,7 @@ std::string KvTransportListName(const std::vector<KvTransport>& transports) {
   return absl::FailedPreconditionError(msg);
 }
 
-[[nodiscard]] absl::Status CheckTransportAccepted(KvTransport chosen,
-                                                  const std::vector<KvTransport>& offered) {
+absl::Status CheckTransportAccepted(KvTransport chosen, const std::vector<KvTransport>& offered) {
   if (Contains(offered, chosen)) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("KV transport mismatch: the prefill worker chose ", Sv(KvTransportName(chosen)),

@@ -227,8 +227,7 @@ std::string EncodeFinal(const TransferResult& r) {
   });
 }
 
-[[nodiscard]] absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h,
-                                                            uint64_t kv_bytes) {
+absl::StatusOr<std::string> EncodeFramePrefix(const FrameHeader& h, uint64_t kv_bytes) {
   const uint64_t payload = FrameFieldsBytes(h.request_id.size()) + kv_bytes;
   if (payload > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
@@ -245,8 +244,8 @@ std::string EncodeFinal(const TransferResult& r) {
   return out;
 }
 
-[[nodiscard]] absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header, const void* k,
-                                                      const void* v, size_t bytes_each) {
+absl::StatusOr<std::string> EncodeFrame(const FrameHeader& header, const void* k, const void* v,
+                                        size_t bytes_each) {
   absl::StatusOr<std::string> out = EncodeFramePrefix(header, 2 * uint64_t{bytes_each});
   if (!out.ok()) return out;
   out->append(static_cast<const char*>(k), bytes_each);
@@ -266,7 +265,7 @@ bool ReadHelloAuth(Reader& r, Hello* h) {
 }
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload, Hello* fields) {
   Reader r(payload, "HELLO");
   Hello local;
   Hello& h = fields != nullptr ? *fields : local;
@@ -299,7 +298,7 @@ bool ReadHelloAuth(Reader& r, Hello* h) {
   return h;
 }
 
-[[nodiscard]] absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {
+absl::StatusOr<Reject> DecodeReject(absl::string_view payload) {
   Reader r(payload, "REJECT");
   uint32_t code = 0;
   Reject out;
@@ -313,7 +312,7 @@ bool ReadHelloAuth(Reader& r, Hello* h) {
   return out;
 }
 
-[[nodiscard]] absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
+absl::StatusOr<FrameView> DecodeFrame(absl::string_view payload) {
   Reader r(payload, "FRAME");
   FrameView f;
   FrameHeader& h = f.header;
@@ -326,7 +325,7 @@ bool ReadHelloAuth(Reader& r, Hello* h) {
   return f;
 }
 
-[[nodiscard]] absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
+absl::StatusOr<FrameDescriptor> DecodeFrameDesc(absl::string_view payload) {
   Reader r(payload, "FRAME_DESC");
   FrameDescriptor f;
   if (r.Str("request_id", &f.request_id) && r.U32("attempt", &f.attempt) &&
@@ -347,15 +346,13 @@ namespace {
 }
 }  // namespace
 
-[[nodiscard]] absl::Status DecodeAck(absl::string_view payload) {
-  return DecodeEmpty(payload, "ACK");
-}
+absl::Status DecodeAck(absl::string_view payload) { return DecodeEmpty(payload, "ACK"); }
 
-[[nodiscard]] absl::Status DecodeKeepalive(absl::string_view payload) {
+absl::Status DecodeKeepalive(absl::string_view payload) {
   return DecodeEmpty(payload, "KEEPALIVE");
 }
 
-[[nodiscard]] absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
+absl::StatusOr<TransferResult> DecodeFinal(absl::string_view payload) {
   Reader r(payload, "FINAL");
   TransferResult t;
   uint32_t n_samples = 0;
@@ -386,7 +383,7 @@ namespace {
   return r.status();
 }
 
-[[nodiscard]] absl::Status DecodeAccept(absl::string_view payload, std::string* answer) {
+absl::Status DecodeAccept(absl::string_view payload, std::string* answer) {
   Reader r(payload, "ACCEPT");
   std::string local;
   std::string& a = answer != nullptr ? *answer : local;

@@ -11,7 +11,7 @@ std::vector<kvtransfer::KvTransport> KvSendOptions::transports() const {
   return planes->transports;
 }
 
-[[nodiscard]] absl::Status StartKvSendQueue(KvSendOptions* options) {
+absl::Status StartKvSendQueue(KvSendOptions* options) {
   if (options->host_id.empty()) options->host_id = kvtransfer::LocalHostId();
   if (options->bytes_by_transport == nullptr) {
     options->bytes_by_transport = std::make_shared<KvTransportBytes>();

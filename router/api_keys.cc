@@ -116,7 +116,7 @@ template <typename T>
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text) {
+absl::StatusOr<std::vector<ApiKeyEntry>> ParseApiKeys(const std::string& yaml_text) {
   std::vector<ApiKeyEntry> entries;
   try {
     const YAML::Node root = YAML::Load(yaml_text);
@@ -157,7 +157,7 @@ template <typename T>
   return entries;
 }
 
-[[nodiscard]] absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path) {
+absl::StatusOr<std::string> ReadApiKeysFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -173,8 +173,7 @@ template <typename T>
   return text.str();
 }
 
-[[nodiscard]] absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path,
-                                                                   std::string* text) {
+absl::StatusOr<std::vector<ApiKeyEntry>> LoadApiKeys(const std::string& path, std::string* text) {
   absl::StatusOr<std::string> bytes = ReadApiKeysFile(path);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<std::vector<ApiKeyEntry>> entries = ParseApiKeys(*bytes);

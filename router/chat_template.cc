@@ -273,9 +273,8 @@ std::optional<ChatFormat> DetectChatFormat(absl::string_view text) {
   return std::nullopt;
 }
 
-[[nodiscard]] absl::StatusOr<std::string> RenderChat(ChatFormat format,
-                                                     absl::Span<const ChatMessage> messages,
-                                                     bool add_generation_prompt) {
+absl::StatusOr<std::string> RenderChat(ChatFormat format, absl::Span<const ChatMessage> messages,
+                                       bool add_generation_prompt) {
   if (messages.empty()) return absl::InvalidArgumentError("messages: must not be empty");
   std::vector<Turn> turns;
   turns.reserve(messages.size());

@@ -14,9 +14,10 @@ std::string BosTokenText(const gguf::GgufFile& file, int32_t bos_id) {
   return (*list)[bos_id];
 }
 
-[[nodiscard]] absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(
-    const v1::GenerateRequest& request, const tokenizer::Tokenizer& tokenizer,
-    const ChatTemplate& chat_template, absl::string_view bos_text) {
+absl::StatusOr<std::vector<int32_t>> TokenizeRequestPrompt(const v1::GenerateRequest& request,
+                                                           const tokenizer::Tokenizer& tokenizer,
+                                                           const ChatTemplate& chat_template,
+                                                           absl::string_view bos_text) {
   const bool chat = request.messages_size() > 0;
   const bool ids = request.prompt_token_ids_size() > 0;
   const bool has_text = !request.prompt().empty();

@@ -29,7 +29,7 @@ std::vector<std::string> RouterFlagNames() {
   return {"config", "name", "model", "listen", "advertise", "http-listen", "metrics-listen"};
 }
 
-[[nodiscard]] absl::StatusOr<RouterSettings> ResolveRouterSettings(
+absl::StatusOr<RouterSettings> ResolveRouterSettings(
     const std::map<std::string, std::string>& flags, ClusterConfig config) {
   RouterSettings s;
   s.config = std::move(config);

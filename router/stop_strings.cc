@@ -142,7 +142,7 @@ std::string StopStringMatcher::Flush() {
   return rest;
 }
 
-[[nodiscard]] absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
+absl::Status ValidateStopStrings(const std::vector<std::string>& stops) {
   if (stops.size() > kMaxStopStrings) {
     return absl::InvalidArgumentError(
         absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stops.size()));

@@ -19,8 +19,7 @@ std::vector<std::string> ParsedArgs::GetAll(const std::string& name) const {
   return it == flags_.end() ? std::vector<std::string>() : it->second;
 }
 
-[[nodiscard]] absl::StatusOr<int64_t> ParseIntValue(const std::string& name,
-                                                    const std::string& text) {
+absl::StatusOr<int64_t> ParseIntValue(const std::string& name, const std::string& text) {
   int64_t value = 0;
   if (!absl::SimpleAtoi(text, &value)) {
     return absl::InvalidArgumentError(
@@ -29,8 +28,7 @@ std::vector<std::string> ParsedArgs::GetAll(const std::string& name) const {
   return value;
 }
 
-[[nodiscard]] absl::StatusOr<double> ParseDoubleValue(const std::string& name,
-                                                      const std::string& text) {
+absl::StatusOr<double> ParseDoubleValue(const std::string& name, const std::string& text) {
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
     return absl::InvalidArgumentError(
@@ -64,8 +62,8 @@ absl::StatusOr<double> ParsedArgs::GetDouble(const std::string& name, double fal
   return ParseDoubleValue(name, it->second.back());
 }
 
-[[nodiscard]] absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                                   const std::vector<FlagSpec>& spec) {
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                     const std::vector<FlagSpec>& spec) {
   ParsedArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];

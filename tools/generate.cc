@@ -199,8 +199,7 @@ nlohmann::ordered_json StopReasonJson(const tandem::v1::StopReason& r) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<GenerateOptions> ParseGenerateArgs(
-    const std::vector<std::string>& args) {
+absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {{"router"},
                                                        {"api-key"},
                                                        {"max-tokens"},

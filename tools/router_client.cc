@@ -22,7 +22,7 @@ std::unique_ptr<tandem::v1::Generation::Stub> MakeGenerationStub(const std::stri
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
-[[nodiscard]] absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value) {
+absl::StatusOr<std::string> ResolveApiKey(const std::string& flag_value) {
   const bool from_flag = !flag_value.empty();
   const char* env = std::getenv(kApiKeyEnv);
   std::string key = from_flag ? flag_value : (env != nullptr ? env : "");
@@ -52,7 +52,7 @@ std::string GrpcErrorLine(const grpc::Status& status) {
   return absl::StrCat("tandem: ", GrpcStatusText(status));
 }
 
-[[nodiscard]] absl::Status CheckRouterAddress(const std::string& address) {
+absl::Status CheckRouterAddress(const std::string& address) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(address, "--router");
   if (!parsed.ok()) return parsed.status();
   if (parsed->port == 0) {

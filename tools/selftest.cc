@@ -642,8 +642,7 @@ std::vector<std::string> DefaultModels(const std::string& shared_dir) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<SelftestOptions> ParseSelftestArgs(
-    const std::vector<std::string>& args) {
+absl::StatusOr<SelftestOptions> ParseSelftestArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed =
       ParseArgs(args, {{"device"}, {"model", true, true}, {"shared"}});
   if (!parsed.ok()) return parsed.status();

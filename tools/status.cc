@@ -19,7 +19,7 @@ constexpr char kUsage[] =
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args) {
+absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(
       args, {{"router"}, {"api-key"}, {"check-idle", false}, {"json", false}, {"timeout-ms"}});
   if (!parsed.ok()) return parsed.status();

@@ -199,7 +199,7 @@ const char* SynthArchName(SynthArch arch) {
   return "llama";
 }
 
-[[nodiscard]] absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
+absl::StatusOr<SynthShape> SynthPreset(const std::string& name) {
   if (name == "15M") return SynthShape{288, 6, 6, 6, 768, 256};
   if (name == "110M") return SynthShape{768, 12, 12, 12, 2048, 1024};
   if (name == "1B") return SynthShape{2048, 16, 32, 8, 5632, 2048};
@@ -208,8 +208,7 @@ const char* SynthArchName(SynthArch arch) {
                    absl::StrCat("unknown preset '", name, "' (15M, 110M, 1B or llama3.2-1b)"));
 }
 
-[[nodiscard]] absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(
-    const std::vector<std::string>& args) {
+absl::StatusOr<SynthModelOptions> ParseSynthModelArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {{"out"},
                                                        {"vocab-from"},
                                                        {"vocab"},
@@ -341,8 +340,8 @@ TokenizerMetadata TokenizerMetadataOf(const gguf::GgufFile& vocab) {
   return tokenizer;
 }
 
-[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
-                                                               const gguf::GgufFile& vocab) {
+absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
+                                                 const gguf::GgufFile& vocab) {
   // The tokenizer the servers will build from the model: refuse one they
   // cannot (e.g. a WordPiece "bert" vocabulary) now, not at serving time.
   if (absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> t =
@@ -359,8 +358,8 @@ TokenizerMetadata TokenizerMetadataOf(const gguf::GgufFile& vocab) {
   return w;
 }
 
-[[nodiscard]] absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
-                                                               const TokenizerMetadata& tokenizer) {
+absl::StatusOr<gguf::GgufWriter> BuildSynthModel(const SynthModelOptions& o,
+                                                 const TokenizerMetadata& tokenizer) {
   const std::vector<std::string>* tokens = nullptr;
   for (const auto& [key, value] : tokenizer) {
     if (key == "tokenizer.ggml.tokens") tokens = std::get_if<std::vector<std::string>>(&value);
@@ -452,7 +451,7 @@ namespace {
 
 }  // namespace
 
-[[nodiscard]] absl::Status WriteSynthModel(const SynthModelOptions& options) {
+absl::Status WriteSynthModel(const SynthModelOptions& options) {
   std::unique_ptr<gguf::GgufFile> vocab;
   absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
   if (!w.ok()) return w.status();
@@ -469,7 +468,7 @@ SynthModelOptions OfflineModelOptions(const std::string& out) {
   return o;
 }
 
-[[nodiscard]] absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options) {
+absl::StatusOr<bool> EnsureSynthModel(const SynthModelOptions& options) {
   std::unique_ptr<gguf::GgufFile> vocab;
   absl::StatusOr<gguf::GgufWriter> w = BuildFromOptions(options, &vocab);
   if (!w.ok()) return w.status();

@@ -37,7 +37,7 @@ namespace {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
+absl::StatusOr<UpOptions> ParseUpArgs(const std::vector<std::string>& args) {
   absl::StatusOr<ParsedArgs> parsed =
       ParseArgs(args, {{"config"},
                        {"model"},
@@ -82,7 +82,7 @@ std::string FormatUpProcess(const UpProcess& p) {
   return line;
 }
 
-[[nodiscard]] absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
+absl::StatusOr<UpProcess> ParseUpProcess(const std::string& text) {
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat("not a tandem up process line: '", text, "'"));
   };
@@ -121,9 +121,8 @@ std::string DialAddress(const std::string& listening) {
   return hp->ToString();
 }
 
-[[nodiscard]] absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
-                                                         const ClusterConfig& config,
-                                                         std::string* notice) {
+absl::StatusOr<std::string> ResolveUpModel(const std::string& flag_value,
+                                           const ClusterConfig& config, std::string* notice) {
   notice->clear();
   absl::StatusOr<std::string> model = ResolveModelPath(flag_value, config);
   if (model.ok() || !absl::IsNotFound(model.status())) return model;
@@ -147,8 +146,7 @@ const UpProcess* UpReady::Find(const std::string& name) const {
   return nullptr;
 }
 
-[[nodiscard]] absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index,
-                                                     absl::Duration timeout) {
+absl::StatusOr<UpReady> WaitForUpReady(ProcessGroup& group, int index, absl::Duration timeout) {
   // Every kind of line (process, HTTP, ready) starts with "tandem: ";
   // nothing else of tandem up goes to its stdout.
   constexpr absl::string_view kLine = "tandem: ";

@@ -155,9 +155,9 @@ YAML::Node CloneKey(const YAML::Node& root, const char* key) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
-                                                            std::optional<int> prefill,
-                                                            std::optional<int> decode) {
+absl::StatusOr<std::string> ResizeWorkerLists(const std::string& yaml_text,
+                                              std::optional<int> prefill,
+                                              std::optional<int> decode) {
   if (prefill && (*prefill < 0 || *prefill > kMaxWorkersPerRole)) {
     return absl::InvalidArgumentError(absl::StrCat("prefill worker count must be in 0..",
                                                    kMaxWorkersPerRole, ", got ", *prefill));
@@ -187,7 +187,7 @@ YAML::Node CloneKey(const YAML::Node& root, const char* key) {
   return EmitConfig(root);
 }
 
-[[nodiscard]] absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
+absl::StatusOr<std::string> EphemeralPorts(const std::string& yaml_text) {
   absl::StatusOr<YAML::Node> loaded = LoadConfigMap(yaml_text);
   if (!loaded.ok()) return loaded.status();
   YAML::Node root = *std::move(loaded);

@@ -14,8 +14,7 @@ UpNcclSettings UpNcclSettingsFor(const ClusterConfig& config, bool one_gpu_test)
   return s;
 }
 
-[[nodiscard]] absl::Status CheckNcclOneGpuTest(const ClusterConfig& config,
-                                               const UpNcclSettings& settings) {
+absl::Status CheckNcclOneGpuTest(const ClusterConfig& config, const UpNcclSettings& settings) {
   if (!settings.one_gpu_test) return absl::OkStatus();
   bool cuda = false;
   for (const auto* list : {&config.prefill_workers, &config.decode_workers}) {

@@ -98,9 +98,8 @@ kvtransfer::TransportCapabilities KvTransportCapabilities(kv::KvStorage& storage
   return caps;
 }
 
-[[nodiscard]] absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
-                                                             const WorkerConfig& worker,
-                                                             kv::KvStorage& storage) {
+absl::StatusOr<KvDataPlanes> BuildKvDataPlanes(const ClusterConfig& config,
+                                               const WorkerConfig& worker, kv::KvStorage& storage) {
   const kvtransfer::KvTransportSetting& setting = config.kv.transport;
   absl::StatusOr<std::vector<KvTransport>> supported = kvtransfer::SupportedTransports(
       setting, KvTransportCapabilities(storage), config.WorkerDevice(worker).ToString());
@@ -147,7 +146,7 @@ void SetTransportOffer(const kvtransfer::TransportOffer& offer, core::KvTarget* 
   target->kv_instance_id = offer.instance_id;
 }
 
-[[nodiscard]] absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
+absl::StatusOr<kvtransfer::TransportOffer> TransportOfferFromTarget(
     const core::KvTarget& target, const std::vector<kvtransfer::KvTransport>& local) {
   kvtransfer::TransportOffer offer;
   offer.host_id = target.kv_host_id;

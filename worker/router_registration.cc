@@ -17,8 +17,7 @@
 
 namespace tandem {
 
-[[nodiscard]] absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(
-    const std::string& router) {
+absl::StatusOr<std::vector<std::string>> ResolveRouterAddresses(const std::string& router) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(router, "router");
   if (!parsed.ok()) return parsed.status();
   addrinfo hints{};

@@ -60,8 +60,8 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
   return o;
 }
 
-[[nodiscard]] absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
-                                                                const backend::DeviceSpec& device) {
+absl::StatusOr<double> ParseGpuMemoryFractionFlag(const std::string& text,
+                                                  const backend::DeviceSpec& device) {
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
     return absl::InvalidArgumentError(
@@ -78,7 +78,7 @@ backend::BackendOptions BackendOptionsFromConfig(const ClusterConfig& config,
   return value;
 }
 
-[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> WithBackendFault(
     const std::map<std::string, std::string>& flags,
     std::unique_ptr<backend::ModelBackend> backend) {
   auto it = flags.find("fault-backend-error");

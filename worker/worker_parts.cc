@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-[[nodiscard]] absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
+absl::StatusOr<std::unique_ptr<backend::ModelBackend>> BuildWorkerBackend(
     const WorkerContext& ctx) {
   absl::StatusOr<std::unique_ptr<backend::ModelBackend>> backend =
       BackendFromConfig(*ctx.config, *ctx.model, *ctx.worker);
@@ -14,7 +14,7 @@ namespace tandem {
   return WithBackendFault(*ctx.flags, *std::move(backend));
 }
 
-[[nodiscard]] absl::StatusOr<WorkerBackendParts> BuildWorkerBackendParts(const WorkerContext& ctx) {
+absl::StatusOr<WorkerBackendParts> BuildWorkerBackendParts(const WorkerContext& ctx) {
   absl::StatusOr<std::unique_ptr<backend::ModelBackend>> created = BuildWorkerBackend(ctx);
   if (!created.ok()) return created.status();
   WorkerBackendParts parts;

@@ -103,9 +103,10 @@ const char* WorkerListName(v1::WorkerRole role) {
   return role == v1::ROLE_DECODE ? "decode_workers" : "prefill_workers";
 }
 
-[[nodiscard]] absl::StatusOr<WorkerSettings> ResolveWorkerSettings(
-    v1::WorkerRole role, std::map<std::string, std::string> flags, ClusterConfig config,
-    const std::string& config_path) {
+absl::StatusOr<WorkerSettings> ResolveWorkerSettings(v1::WorkerRole role,
+                                                     std::map<std::string, std::string> flags,
+                                                     ClusterConfig config,
+                                                     const std::string& config_path) {
   WorkerSettings s;
   s.role = role;
   s.config_path = config_path;

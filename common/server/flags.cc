@@ -5,7 +5,7 @@
 
 namespace tandem {
 
-[[nodiscard]] absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     int argc, char** argv, const std::vector<std::string>& allowed) {
   std::map<std::string, std::string> flags;
   for (int i = 1; i < argc; ++i) {

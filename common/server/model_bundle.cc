@@ -15,8 +15,10 @@ namespace {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(
-    const std::string& path, int32_t num_threads, model::Q8MatMul q8_matmul, bool cpu_forward) {
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadModelBundle(const std::string& path,
+                                                             int32_t num_threads,
+                                                             model::Q8MatMul q8_matmul,
+                                                             bool cpu_forward) {
   auto bundle = std::make_unique<ModelBundle>();
   auto file = gguf::GgufFile::Open(path);
   if (!file.ok()) return file.status();

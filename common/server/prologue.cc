@@ -10,9 +10,8 @@ Prologue::~Prologue() = default;
 Prologue::Prologue(Prologue&&) = default;
 Prologue& Prologue::operator=(Prologue&&) = default;
 
-[[nodiscard]] absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config,
-                                                   const std::string& model_flag,
-                                                   const PrologueOptions& options) {
+absl::StatusOr<Prologue> RunPrologue(const ClusterConfig& config, const std::string& model_flag,
+                                     const PrologueOptions& options) {
   Prologue p;
   auto cluster_auth =
       auth::ClusterAuth::Load(config.cluster.secret_file, config.cluster.auth_max_skew_ms,

@@ -55,9 +55,10 @@ int WaitForTerminationSignal() {
   return sig;
 }
 
-[[nodiscard]] absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(
-    grpc::ServerBuilder& builder, const HostPort& listen, const std::string& config_key,
-    int* bound_port) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> BuildAndStart(grpc::ServerBuilder& builder,
+                                                            const HostPort& listen,
+                                                            const std::string& config_key,
+                                                            int* bound_port) {
   *bound_port = 0;
   const std::string busy = absl::StrCat(config_key, ": address ", listen.ToString(),
                                         " is already in use or cannot be bound");

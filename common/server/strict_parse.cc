@@ -203,7 +203,7 @@ Outcome CheckMessage(absl::string_view bytes, const Descriptor& type, const std:
 
 }  // namespace
 
-[[nodiscard]] absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out) {
+absl::Status ParseStrict(absl::string_view wire, google::protobuf::Message* out) {
   const Descriptor& type = *out->GetDescriptor();
   BadText bad;
   switch (CheckMessage(wire, type, "", 0, &bad)) {
@@ -221,8 +221,7 @@ Outcome CheckMessage(absl::string_view bytes, const Descriptor& type, const std:
   return absl::OkStatus();
 }
 
-[[nodiscard]] absl::Status ParseStrict(const grpc::ByteBuffer& buffer,
-                                       google::protobuf::Message* out) {
+absl::Status ParseStrict(const grpc::ByteBuffer& buffer, google::protobuf::Message* out) {
   // An invalid buffer is no message at all (an empty message is a valid,
   // empty buffer); typed methods refuse that too.
   grpc::Slice slice;

@@ -20,8 +20,7 @@ std::string DeviceSpec::ToString() const {
   return is_cuda() ? absl::StrCat(kCudaPrefix, index) : std::string("cpu");
 }
 
-[[nodiscard]] absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text_in,
-                                                     std::string_view key_in) {
+absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text_in, std::string_view key_in) {
   const absl::string_view text = Absl(text_in), key = Absl(key_in);
   if (text == "cpu") return DeviceSpec{};
   if (text.substr(0, kCudaPrefix.size()) == kCudaPrefix) {
@@ -38,8 +37,8 @@ std::string DeviceSpec::ToString() const {
                                                  kMaxCudaIndex, "), got '", text, "'"));
 }
 
-[[nodiscard]] absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& device,
-                                                std::string_view key_in) {
+absl::Status CheckDeviceAvailable(const DeviceQuery& query, const DeviceSpec& device,
+                                  std::string_view key_in) {
   if (!device.is_cuda()) return absl::OkStatus();
   const absl::string_view key = Absl(key_in);
   std::string why;

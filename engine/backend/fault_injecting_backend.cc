@@ -21,8 +21,7 @@ constexpr KindName kKinds[] = {{BackendFault::Kind::kOom, "oom"},
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec,
-                                                             absl::string_view flag) {
+absl::StatusOr<BackendFault> ParseBackendFault(absl::string_view spec, absl::string_view flag) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": '", spec, "': ", why,

@@ -61,7 +61,7 @@ std::string GpuMemoryPlan::Describe(const GpuMemoryInputs& in) const {
   return line;
 }
 
-[[nodiscard]] absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in) {
+absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const GpuMemoryInputs& in) {
   const double fraction = in.gpu_memory_fraction;
   if (!(fraction > 0.0 && fraction <= 1.0)) {  // NaN fails both
     return absl::InvalidArgumentError(

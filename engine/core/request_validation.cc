@@ -6,9 +6,9 @@
 
 namespace tandem::core {
 
-[[nodiscard]] absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
-                                              int32_t context_length, int32_t vocab_size,
-                                              const sampling::SamplingOptions& sampling) {
+absl::Status ValidateGeneration(std::span<const int32_t> prompt, int64_t max_tokens,
+                                int32_t context_length, int32_t vocab_size,
+                                const sampling::SamplingOptions& sampling) {
   if (prompt.empty()) {
     // The router refuses an empty prompt text first; an empty token list
     // reaches here only through a worker's API.
@@ -33,9 +33,8 @@ namespace tandem::core {
   return sampling::Validate(sampling, vocab_size);
 }
 
-[[nodiscard]] absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
-                                            std::span<const int32_t> stop_token_ids,
-                                            int32_t vocab_size) {
+absl::Status ValidateControls(int64_t n, int64_t min_tokens, int64_t max_tokens,
+                              std::span<const int32_t> stop_token_ids, int32_t vocab_size) {
   if (n < 1 || n > kMaxSamples) {
     return absl::InvalidArgumentError(
         absl::StrCat("n: must be in [1, ", kMaxSamples, "], got ", n));
@@ -58,8 +57,8 @@ namespace tandem::core {
   return absl::OkStatus();
 }
 
-[[nodiscard]] absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n,
-                                             int64_t max_tokens, int32_t vocab_size) {
+absl::Status ValidateGenerated(std::span<const int32_t> generated, int64_t n, int64_t max_tokens,
+                               int32_t vocab_size) {
   if (generated.empty()) return absl::OkStatus();
   const int64_t k = static_cast<int64_t>(generated.size());
   if (k >= max_tokens) {
@@ -84,9 +83,9 @@ namespace tandem::core {
   return absl::OkStatus();
 }
 
-[[nodiscard]] absl::Status ValidateMigratedSamples(
-    std::span<const EngineRequest::MigratedSample> samples, std::span<const int32_t> generated,
-    int64_t n, int64_t max_tokens, int32_t vocab_size) {
+absl::Status ValidateMigratedSamples(std::span<const EngineRequest::MigratedSample> samples,
+                                     std::span<const int32_t> generated, int64_t n,
+                                     int64_t max_tokens, int32_t vocab_size) {
   if (samples.empty()) return absl::OkStatus();
   if (!generated.empty()) {
     return absl::InvalidArgumentError(

@@ -363,7 +363,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
   MatMul(norm.data(), w.output.view, n_logits, logits->data(), pool, min_work);
 }
 
-[[nodiscard]] absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
+absl::StatusOr<std::string> ModelFingerprint(const gguf::GgufFile& file) {
   std::ifstream in(file.path(), std::ios::binary);
   if (!in) return absl::UnavailableError(absl::StrCat(file.path(), ": cannot read model file"));
   XXH3_state_t* state = XXH3_createState();
@@ -400,7 +400,7 @@ void LlamaModel::Forward(std::span<const SequenceBatch> batch, kv::CpuKvStorage&
 
 const char* KernelIsa() { return internal::KernelIsa(); }
 
-[[nodiscard]] absl::Status PinKernelIsa(const std::string& name) {
+absl::Status PinKernelIsa(const std::string& name) {
   using internal::KernelIsaKind;
   if (name == "auto") return absl::OkStatus();
   KernelIsaKind isa;

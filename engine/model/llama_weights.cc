@@ -192,7 +192,7 @@ std::string ShapeString(const std::vector<uint64_t>& dims) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
+absl::StatusOr<LlamaConfig> ReadLlamaConfig(const gguf::GgufFile& file) {
   LlamaConfig c;
   absl::StatusOr<std::string> arch_name = file.GetString("general.architecture");
   if (!arch_name.ok()) return absl::InvalidArgumentError(arch_name.status().message());
@@ -328,8 +328,8 @@ std::string ShapeString(const std::vector<uint64_t>& dims) {
   return c;
 }
 
-[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(
-    const gguf::GgufFile& file, const LlamaConfig& c) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlamaWeights(const gguf::GgufFile& file,
+                                                               const LlamaConfig& c) {
   const uint64_t embd = static_cast<uint64_t>(c.n_embd);
   const uint64_t q_dim = static_cast<uint64_t>(c.n_head) * static_cast<uint64_t>(c.head_dim);
   const uint64_t kv_dim = static_cast<uint64_t>(c.n_head_kv) * static_cast<uint64_t>(c.head_dim);

@@ -16,7 +16,7 @@ namespace {
 
 }  // namespace
 
-[[nodiscard]] absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
+absl::Status Validate(const SamplingOptions& options, int32_t vocab_size) {
   if (!(options.temperature == 0.0f ||
         (std::isfinite(options.temperature) && options.temperature >= kMinTemperature))) {
     return absl::InvalidArgumentError(absl::StrCat("temperature: must be 0 (greedy) or in [",

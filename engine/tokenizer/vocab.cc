@@ -236,14 +236,12 @@ void DetectSpecialTokens(Vocab* v, EogSources* e) {
 
 }  // namespace
 
-[[nodiscard]] absl::Status KeyError(const gguf::GgufFile& file, std::string_view key,
-                                    absl::string_view message) {
+absl::Status KeyError(const gguf::GgufFile& file, std::string_view key, absl::string_view message) {
   return absl::InvalidArgumentError(
       absl::StrCat(file.path(), ": tokenizer key '", AbslView(key), "': ", message));
 }
 
-[[nodiscard]] absl::StatusOr<Vocab> LoadVocab(const gguf::GgufFile& file,
-                                              const VocabDefaults& defaults) {
+absl::StatusOr<Vocab> LoadVocab(const gguf::GgufFile& file, const VocabDefaults& defaults) {
   Vocab v;
   if (absl::Status s = ReadTokens(file, &v); !s.ok()) return s;
   EogSources e;

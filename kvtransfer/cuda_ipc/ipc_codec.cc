@@ -84,7 +84,7 @@ std::string EncodeSetup(const IpcSetup& setup, bool* events_dropped) {
   return out;
 }
 
-[[nodiscard]] absl::StatusOr<IpcSetup> DecodeSetup(std::string_view bytes) {
+absl::StatusOr<IpcSetup> DecodeSetup(std::string_view bytes) {
   auto bad = [](absl::string_view what) {
     return absl::FailedPreconditionError(
         absl::StrCat("malformed cuda_ipc transport_setup: ", what));
@@ -150,7 +150,7 @@ std::string EncodeLocator(const IpcLocator& locator) {
   return out;
 }
 
-[[nodiscard]] absl::StatusOr<IpcLocator> DecodeLocator(std::string_view bytes) {
+absl::StatusOr<IpcLocator> DecodeLocator(std::string_view bytes) {
   auto bad = [](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("malformed cuda_ipc locator: ", what));
   };

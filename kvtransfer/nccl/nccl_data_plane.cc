@@ -44,8 +44,7 @@ std::string EnvOrUnset(const char* name) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<std::string> ApplyNcclEnvironment(
-    const NcclDataPlaneOptions& options) {
+absl::StatusOr<std::string> ApplyNcclEnvironment(const NcclDataPlaneOptions& options) {
   if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
   std::string note;
   if (!options.socket_ifname.empty()) {

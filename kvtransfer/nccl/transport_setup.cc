@@ -42,7 +42,7 @@ bool GetStr(std::string_view* in, size_t max, std::string* out) {
 
 }  // namespace
 
-[[nodiscard]] absl::Status CommunicatorLost(const absl::Status& status) {
+absl::Status CommunicatorLost(const absl::Status& status) {
   if (status.ok() || IsCommunicatorLost(status)) return status;
   return absl::Status(status.code(), absl::StrCat(status.message(), " ", kCommunicatorLost));
 }
@@ -61,7 +61,7 @@ std::string EncodeNcclSetup(const NcclSetup& setup) {
   return out;
 }
 
-[[nodiscard]] absl::StatusOr<NcclSetup> DecodeNcclSetup(std::string_view in) {
+absl::StatusOr<NcclSetup> DecodeNcclSetup(std::string_view in) {
   if (in.substr(0, kMagic.size()) != kMagic) return Malformed("bad magic");
   in.remove_prefix(kMagic.size());
   NcclSetup setup;

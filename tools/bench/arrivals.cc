@@ -11,8 +11,8 @@
 
 namespace tandem::bench {
 
-[[nodiscard]] absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate,
-                                                               double burstiness, uint64_t seed) {
+absl::StatusOr<std::vector<double>> ArrivalTimes(int32_t n, double request_rate, double burstiness,
+                                                 uint64_t seed) {
   if (n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--num-prompts: expected >= 0, got ", n));
   }

@@ -235,7 +235,7 @@ constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 const char* BenchUsage() { return kUsage; }
 
-[[nodiscard]] absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args) {
+absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args) {
   absl::StatusOr<std::vector<std::string>> expanded = ExpandGoodput(args);
   if (!expanded.ok()) return expanded.status();
   std::vector<FlagSpec> spec = {{"router"},

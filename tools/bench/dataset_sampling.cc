@@ -66,7 +66,7 @@ void TokenSampler::Append(std::mt19937_64& rng, int64_t n, std::vector<int32_t>&
   for (int64_t i = 0; i < n; ++i) out.push_back(Draw(rng));
 }
 
-[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));

@@ -176,8 +176,8 @@ LengthRange RangeOf(int32_t len, double ratio) {
                                                  kMaxDatasetTokens, "; lower ", hint));
 }
 
-[[nodiscard]] absl::StatusOr<std::vector<BenchRequest>> LoadDataset(const DatasetOptions& options,
-                                                                    const Tokenizer& tokenizer) {
+absl::StatusOr<std::vector<BenchRequest>> LoadDataset(const DatasetOptions& options,
+                                                      const Tokenizer& tokenizer) {
   const std::string& name = options.name;
   const bool known = std::find(std::begin(kDatasetNames), std::end(kDatasetNames), name) !=
                      std::end(kDatasetNames);

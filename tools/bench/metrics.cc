@@ -149,7 +149,7 @@ std::string PercentileWord(double p) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items) {
+absl::StatusOr<SloSpec> ParseGoodput(const std::vector<std::string>& items) {
   if (items.empty()) {
     return absl::InvalidArgumentError(
         "--goodput: expected one or more NAME:MS items (NAME ttft, tpot or e2el)");
@@ -178,7 +178,7 @@ std::string PercentileWord(double p) {
   return slo;
 }
 
-[[nodiscard]] absl::StatusOr<std::vector<double>> ParsePercentiles(const std::string& text) {
+absl::StatusOr<std::vector<double>> ParsePercentiles(const std::string& text) {
   std::vector<double> out;
   for (absl::string_view raw : absl::StrSplit(text, ',')) {
     const absl::string_view item = absl::StripAsciiWhitespace(raw);

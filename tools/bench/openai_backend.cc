@@ -71,7 +71,7 @@ void OnEvent(absl::string_view event, RequestOutput* out, StreamState* s) {
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload) {
+absl::StatusOr<SseChunk> ParseSseChunk(const std::string& payload) {
   SseChunk c;
   if (payload == "[DONE]") {
     c.done = true;

@@ -145,9 +145,9 @@ std::string ProgressBar(int64_t done, int64_t total, double elapsed_s) {
                          std::string(kBarCells - filled, '.'), clock);
 }
 
-[[nodiscard]] absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
-                                                     const std::vector<BenchRequest>& requests,
-                                                     const RunOptions& options) {
+absl::StatusOr<RunResult> RunBenchmark(BenchBackend& backend,
+                                       const std::vector<BenchRequest>& requests,
+                                       const RunOptions& options) {
   if (absl::Status s = CheckOptions(requests, options); !s.ok()) return s;
   RunResult result;
   if (requests.empty()) return result;

@@ -23,7 +23,7 @@ bool IsStickyCudaError(cudaError_t error) {
   }
 }
 
-[[nodiscard]] absl::Status CudaStatus(cudaError_t error, std::string_view what) {
+absl::Status CudaStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
   std::string message = absl::StrCat(std::string(what), ": ", cudaGetErrorName(error), " (",
                                      cudaGetErrorString(error), ")");
@@ -32,7 +32,7 @@ bool IsStickyCudaError(cudaError_t error) {
   return absl::InternalError(message);
 }
 
-[[nodiscard]] absl::Status CublasStatus(cublasStatus_t status, std::string_view what) {
+absl::Status CublasStatus(cublasStatus_t status, std::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   std::string message = absl::StrCat(std::string(what), ": ", cublasLtGetStatusName(status), " (",
                                      cublasLtGetStatusString(status), ")");

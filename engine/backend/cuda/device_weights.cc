@@ -239,9 +239,8 @@ Dtype ChooseDtype(const model::internal::ModelWeights& w, bool keep_f32_weights)
 
 }  // namespace
 
-[[nodiscard]] absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model,
-                                                          bool keep_f32_weights,
-                                                          cudaStream_t stream) {
+absl::StatusOr<DeviceWeights> UploadWeights(const model::LlamaModel& model, bool keep_f32_weights,
+                                            cudaStream_t stream) {
   const model::internal::ModelWeights& w = model.weights_for_device_upload();
   DeviceWeights out;
   out.dtype = ChooseDtype(w, keep_f32_weights);

@@ -10,10 +10,9 @@
 
 namespace tandem::backend::cuda {
 
-[[nodiscard]] absl::Status CopyKvThroughStaging(const KvStagingRange& r, bool to_device,
-                                                char* const stage[2], size_t staging_bytes,
-                                                char* const host[2], const KvStagedCopy& copy,
-                                                const KvStagedWait& wait) {
+absl::Status CopyKvThroughStaging(const KvStagingRange& r, bool to_device, char* const stage[2],
+                                  size_t staging_bytes, char* const host[2],
+                                  const KvStagedCopy& copy, const KvStagedWait& wait) {
   if (r.row_bytes == 0 || staging_bytes < r.row_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV staging of ", staging_bytes, " bytes holds no row of ", r.row_bytes, " bytes"));
