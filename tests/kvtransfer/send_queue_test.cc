@@ -355,6 +355,10 @@ TEST_F(KvSendQueueTest, RejectCarriesCodeAndReason) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->code(), absl::StatusCode::kFailedPrecondition) << *r;
   EXPECT_NE(r->message().find("head_dim"), std::string::npos) << *r;
+  // "q-layout" is still expected: the receiver ends it (CANCELLED, through
+  // done's callback) while `writer` and `done` live, not after this body
+  // returned (ASan: a stack-use-after-return in the fixture's teardown).
+  receiver_.reset();
 }
 
 TEST_F(KvSendQueueTest, CancelMidTransferEndsItOnBothSides) {
