@@ -234,11 +234,30 @@ enum class OnPrefillFailure { kFail, kRetry, kLocal };
 // ROUTE_AUTO prompt is prefilled by its decode worker (colocated mode).
 inline constexpr int32_t kUnboundedLocalPrefillTokens = INT32_MAX;
 
+// conditional.placement: how a ROUTE_AUTO prompt with more than
+// max_local_prefill_tokens to compute is placed
+// (engine/scheduler/prefill_placement.h).
+enum class PlacementMode {
+  kThreshold,  // always a prefill worker (the rule before issue #34)
+  kSlo,        // the placement with the lower predicted SLO miss
+};
+
+// slo: the cluster's latency objectives (Prometheus/bench naming: TTFT,
+// TPOT), ms; unset = none. Each, when given, is a number > 0.
+struct SloConfig {
+  std::optional<double> ttft_ms;
+  std::optional<double> tpot_ms;
+  bool any() const { return ttft_ms.has_value() || tpot_ms.has_value(); }
+};
+
 struct ConditionalConfig {
   // L - hit <= this -> local prefill; an integer >= 0, or `unbounded`
   // (kUnboundedLocalPrefillTokens): every prompt local unless a request
-  // sets route_override REMOTE.
+  // sets route_override REMOTE. Above it, `placement` decides.
   int32_t max_local_prefill_tokens = 32;
+  // threshold | slo; unset: slo when the config has an `slo`, else
+  // threshold (ParseClusterConfig resolves it). slo without `slo` is refused.
+  PlacementMode placement = PlacementMode::kThreshold;
   // retry: another prefill worker, then (retries exhausted) the decode
   // worker prefills; the default of the code and of every example config.
   OnPrefillFailure on_prefill_failure = OnPrefillFailure::kRetry;
@@ -310,6 +329,7 @@ struct ClusterConfig {
   std::vector<WorkerConfig> decode_workers;
   EngineConfig engine;
   ConditionalConfig conditional;
+  SloConfig slo;
   KvConfig kv;
   int32_t shutdown_grace_s = 5;
   ClusterAuthConfig cluster;

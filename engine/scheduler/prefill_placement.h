@@ -15,6 +15,10 @@ namespace tandem::scheduler {
 // Where the prompt is prefilled; values equal tandem.v1.RouteOverride.
 enum class RouteChoice : uint32_t { kAuto = 0, kLocal = 1, kRemote = 2 };
 
+// How a kAuto prompt above the local threshold is placed (the config's
+// conditional.placement).
+enum class PlacementPolicy { kThreshold, kSlo };
+
 // Whether a prompt of `prompt_tokens` tokens (L, BOS included) goes to a
 // prefill worker: always for kRemote, never for kLocal, and for kAuto when
 // the tokens left to compute after the local prefix hit exceed the

@@ -67,6 +67,14 @@ struct SchedulerOptions {
   // kAuto prompts with more than this many tokens to compute after the
   // local prefix hit are prefilled remotely (conditional disaggregation).
   int32_t max_local_prefill_tokens = 32;
+  // How kAuto prompts above max_local_prefill_tokens are placed
+  // (prefill_placement.h): kThreshold sends them all remote; kSlo picks
+  // the placement with the lower predicted SLO miss.
+  PlacementPolicy placement = PlacementPolicy::kThreshold;
+  // Latency objectives, ms; 0 = not set. slo_tpot_ms > 0 also bounds each
+  // step's prefill chunk while decodes run (TpotChunkTokens).
+  double slo_ttft_ms = 0;
+  double slo_tpot_ms = 0;
 };
 
 // A sequence's lifecycle; transitions happen only in this class.
