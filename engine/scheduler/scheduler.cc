@@ -20,8 +20,9 @@ const char* SeqStatusName(SeqStatus status) {
   return "?";
 }
 
-Scheduler::Scheduler(const SchedulerOptions& options, kv::KvCacheManager* kv)
-    : options_(options), kv_(kv) {}
+Scheduler::Scheduler(const SchedulerOptions& options, kv::KvCacheManager* kv,
+                     const StepModel* step_model)
+    : options_(options), kv_(kv), step_model_(step_model) {}
 
 void Scheduler::Add(SeqState seq) {
   const int64_t id = seq.id;
@@ -29,8 +30,68 @@ void Scheduler::Add(SeqState seq) {
   seq.arrival = next_arrival_++;
   seq.num_computed = 0;
   seq.status = SeqStatus::kWaiting;
+  PlaceBySloAtArrival(seq);
   seqs_.emplace(id, std::move(seq));
   waiting_.push_back(id);
+}
+
+int32_t Scheduler::LocalHitTokens(const SeqState& seq) const {
+  if (!options_.enable_prefix_caching) return 0;
+  const int32_t len = static_cast<int32_t>(seq.tokens.size());
+  const int32_t bs = kv_->block_size();
+  return kv_->FindCachedPrefix(seq.tokens, (len - 1) / bs * bs).num_tokens;
+}
+
+void Scheduler::PlaceBySloAtArrival(SeqState& seq) {
+  if (options_.placement != PlacementPolicy::kSlo || seq.route != RouteChoice::kAuto ||
+      !options_.remote_prefill_available || !seq.remote_estimate.has_value() ||
+      step_model_ == nullptr || !step_model_->ready()) {
+    return;
+  }
+  const int32_t len = static_cast<int32_t>(seq.tokens.size());
+  const int32_t hit = LocalHitTokens(seq);
+  // At or under the threshold a prompt is local in either mode.
+  if (!PrefillRemotely(RouteChoice::kAuto, len, hit, options_.max_local_prefill_tokens)) return;
+  PlacementInputs in;
+  in.slo_ttft_ms = options_.slo_ttft_ms;
+  in.slo_tpot_ms = options_.slo_tpot_ms;
+  for (int64_t id : running_) {
+    const SeqState& r = seqs_.at(id);
+    const int32_t left = static_cast<int32_t>(r.tokens.size()) - r.num_computed;
+    if (left <= 1) {
+      ++in.decode_seqs;
+      in.decode_context += static_cast<int64_t>(r.tokens.size());
+    } else {
+      in.queued_prefill_tokens += left;
+    }
+  }
+  for (int64_t id : waiting_) {
+    const SeqState& w = seqs_.at(id);
+    if (w.route == RouteChoice::kRemote) continue;  // placed remotely: not D's prefill
+    in.queued_prefill_tokens += static_cast<int64_t>(w.tokens.size()) - w.num_computed;
+  }
+  in.step_prefill_tokens =
+      std::max(1, std::min(options_.prefill_chunk_tokens,
+                           options_.max_num_batched_tokens - in.decode_seqs));
+  in.prompt_tokens = len;
+  in.local_hit_tokens = hit;
+  in.remote_queue_ms = seq.remote_estimate->queue_ms;
+  in.remote_prefill_ms = seq.remote_estimate->prefill_ms;
+  const std::optional<double> link =
+      step_model_->LinkBytesPerSecond(seq.remote_estimate->prefill_worker);
+  if (link.has_value() && *link > 0 && options_.kv_bytes_per_token > 0) {
+    in.kv_transfer_ms =
+        static_cast<double>(len - hit) * options_.kv_bytes_per_token / *link * 1000.0;
+  }
+  seq.placement = PlaceBySlo(*step_model_, in);
+  seq.route = seq.placement->remote ? RouteChoice::kRemote : RouteChoice::kLocal;
+}
+
+int32_t Scheduler::BoundChunk(int32_t start, int32_t count, const StepPlan& plan) const {
+  if (!(options_.slo_tpot_ms > 0) || step_model_ == nullptr || count <= 1) return count;
+  const StepShape planned = ShapeOf(plan);
+  if (planned.decode_seqs == 0) return count;
+  return TpotChunkTokens(*step_model_, planned, start, count, options_.slo_tpot_ms);
 }
 
 void Scheduler::Remove(int64_t id) {
@@ -162,8 +223,12 @@ bool Scheduler::AdmitForked(SeqState& seq, StepPlan* plan) {
   const int32_t budget = options_.max_num_batched_tokens;
   if (!HasSeqSlot() || plan->num_batched_tokens >= budget) return false;
   const int32_t len = static_cast<int32_t>(seq.tokens.size());
-  const int32_t count = std::min(
-      {len - seq.num_computed, options_.prefill_chunk_tokens, budget - plan->num_batched_tokens});
+  const int32_t count = BoundChunk(
+      seq.num_computed,
+      std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
+                budget - plan->num_batched_tokens}),
+      *plan);
+  if (count <= 0) return false;
   // On failure the child keeps its shared blocks and waits (FCFS).
   if (!kv_->AllocateSlots(seq.id, seq.num_computed + count)) return false;
   waiting_.pop_front();
@@ -230,11 +295,15 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
   }
   if (!has_slot) return false;
 
+  const int32_t count = BoundChunk(
+      local_hit.num_tokens,
+      std::min({len - local_hit.num_tokens, options_.prefill_chunk_tokens,
+                budget - plan->num_batched_tokens}),
+      *plan);
+  if (count <= 0) return false;  // the TPOT bound leaves no room this step
   kv_->StartSequence(id, local_hit);
   seq.num_computed = local_hit.num_tokens;
   if (seq.num_preemptions == 0) seq.num_cached_prompt_tokens = local_hit.num_tokens;
-  const int32_t count = std::min(
-      {len - seq.num_computed, options_.prefill_chunk_tokens, budget - plan->num_batched_tokens});
   // A non-preemptible sequence reserves all its known tokens now, so every
   // admitted one can finish (they can never deadlock each other).
   const int32_t reserve = seq.preemptible ? seq.num_computed + count : len;
@@ -266,8 +335,9 @@ StepPlan Scheduler::Schedule(const std::set<int64_t>& held) {
       SeqState& seq = seqs_.at(id);
       const int32_t left = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
       if (left <= 0 || (left == 1) != decode_pass) continue;
-      const int32_t count =
+      int32_t count =
           std::min({left, options_.prefill_chunk_tokens, budget - plan.num_batched_tokens});
+      if (!decode_pass) count = BoundChunk(seq.num_computed, count, plan);
       if (count <= 0) continue;
       if (!AllocateOrPreempt(seq, seq.num_computed + count, &plan)) continue;
       plan.chunks.push_back(ScheduledChunk{id, seq.num_computed, count, count == left});

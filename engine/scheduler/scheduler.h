@@ -46,11 +46,15 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "engine/kv/kv_cache_manager.h"
 #include "engine/scheduler/prefill_placement.h"
+#include "engine/scheduler/slo_placement.h"
+#include "engine/scheduler/step_model.h"
 
 namespace tandem::scheduler {
 
@@ -75,6 +79,17 @@ struct SchedulerOptions {
   // step's prefill chunk while decodes run (TpotChunkTokens).
   double slo_ttft_ms = 0;
   double slo_tpot_ms = 0;
+  // K+V bytes of one token over all layers (the transfer a remote prefill
+  // costs per prompt token); 0: transfers are not predicted.
+  int64_t kv_bytes_per_token = 0;
+};
+
+// The router's prediction of a remote prefill of one prompt
+// (tandem.v1.PrefillEstimate), ms.
+struct RemotePrefillEstimate {
+  std::string prefill_worker;
+  double queue_ms = 0;
+  double prefill_ms = 0;
 };
 
 // A sequence's lifecycle; transitions happen only in this class.
@@ -108,6 +123,12 @@ struct SeqState {
   // num_cached_prompt_tokens went into cached_prompt_tokens_total() (at
   // the first admission; a fallback to a local prefill does not recount).
   bool cached_counted = false;
+  // kAuto under placement kSlo: the router's estimate of a remote prefill
+  // (without one, the threshold rule places the prompt).
+  std::optional<RemotePrefillEstimate> remote_estimate;
+  // Set by Add when placement kSlo decided the route (then kLocal or
+  // kRemote): the decision and its predictions.
+  std::optional<PlacementPrediction> placement;
 };
 
 // One entry of a step: compute tokens [start, start + count) of `id`.
@@ -139,10 +160,17 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  // `kv` must outlive the scheduler.
-  Scheduler(const SchedulerOptions& options, kv::KvCacheManager* kv);
+  // `kv` and `step_model` (may be null: no SLO placement, no TPOT bound)
+  // must outlive the scheduler; the owner updates the model between steps.
+  Scheduler(const SchedulerOptions& options, kv::KvCacheManager* kv,
+            const StepModel* step_model = nullptr);
 
-  // Queues a sequence (FCFS) in kWaiting. Its id must be new.
+  // Queues a sequence (FCFS) in kWaiting. Its id must be new. Under
+  // placement kSlo a kAuto prompt with remote_estimate, remote prefill
+  // available, a step model with samples and more than
+  // max_local_prefill_tokens to compute after its local prefix hit is
+  // placed now, by PlaceBySlo over this worker's queue and decodes: its
+  // route becomes kLocal or kRemote and `placement` holds why.
   void Add(SeqState seq);
   // Removes a sequence in any state and frees its blocks. No-op if unknown.
   void Remove(int64_t id);
@@ -200,6 +228,15 @@ class Scheduler {
 
  private:
   bool AllocateOrPreempt(SeqState& seq, int32_t num_tokens, StepPlan* plan);
+  // Add's SLO placement of `seq` (see Add).
+  void PlaceBySloAtArrival(SeqState& seq);
+  // The prefill chunk at token `start` this step: at most `count` tokens,
+  // bounded by slo_tpot_ms while the plan has decodes (TpotChunkTokens);
+  // 0: none.
+  int32_t BoundChunk(int32_t start, int32_t count, const StepPlan& plan) const;
+  // Tokens of the local prefix hit of `seq` (every full block before its
+  // last token that the prefix cache holds).
+  int32_t LocalHitTokens(const SeqState& seq) const;
   void Preempt(int64_t id, StepPlan* plan);
   // Admits the waiting head if it can be; false when it must wait (the
   // queue stops there).
@@ -215,6 +252,7 @@ class Scheduler {
 
   const SchedulerOptions options_;
   kv::KvCacheManager* const kv_;
+  const StepModel* const step_model_;
   uint64_t next_arrival_ = 0;
   uint64_t cached_prompt_tokens_total_ = 0;
   std::map<int64_t, SeqState> seqs_;
