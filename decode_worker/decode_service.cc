@@ -1,5 +1,6 @@
 #include "decode_worker/decode_service.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,11 +25,22 @@ class GrpcDecodeOutput : public core::RequestOutput {
     KvTargetToProto(target, msg.mutable_need_remote_prefill()->mutable_kv_target());
     sink_->Write(std::move(msg));
   }
+  // Loop thread, right before sample 0's first token: it carries them.
+  void OnPhases(const core::RequestPhases& phases,
+                const core::PlacementReport& placement) override {
+    phases_ = phases;
+    placement_ = placement;
+  }
   void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override {
     v1::DecodeGenerateResponse msg;
     TokenToProto(sample_index, index, token, msg.add_tokens());
     msg.set_prompt_tokens_computed(prompt_tokens_computed);
+    if (sample_index == 0 && phases_.has_value()) {
+      PhasesToProto(*phases_, msg.mutable_phases());
+      PlacementToProto(*placement_, msg.mutable_placement());
+      phases_.reset();
+    }
     sink_->Write(std::move(msg));
   }
   void OnSampleFinish(uint32_t sample_index, core::FinishReason reason) override {
@@ -41,6 +53,9 @@ class GrpcDecodeOutput : public core::RequestOutput {
 
  private:
   std::shared_ptr<Sink> sink_;
+  // OnPhases' report until the token it rides with (loop thread only).
+  std::optional<core::RequestPhases> phases_;
+  std::optional<core::PlacementReport> placement_;
 };
 
 }  // namespace
@@ -78,6 +93,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
   req.sampling = SamplingFromProto(request->sampling(), request->controls().logprobs());
   req.controls = ControlsFromProto(request->controls());
   req.route = *route;
+  req.remote_estimate = EstimateFromProto(*request);
   req.generated.assign(request->generated_token_ids().begin(),
                        request->generated_token_ids().end());
   if (request->first_output_index() != req.generated.size()) {

@@ -18,6 +18,9 @@ class PrefillOutput : public core::RequestOutput {
         done_(std::move(done)),
         fault_fail_reply_(fault_fail_reply) {}
   void OnRemotePrefill(const core::KvTarget&) override {}  // never: P prefills
+  void OnPhases(const core::RequestPhases& phases, const core::PlacementReport&) override {
+    result_.phases = phases;
+  }
   void OnToken(uint32_t sample_index, uint32_t, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override {
     Slot(sample_index).token = token;

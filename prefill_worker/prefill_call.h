@@ -37,6 +37,8 @@ struct PrefillResult {
   std::vector<core::SampleStart> samples;
   uint32_t prompt_tokens_computed = 0;
   uint64_t kv_bytes_sent = 0;
+  // This worker's queue and prefill time (RequestOutput::OnPhases).
+  core::RequestPhases phases;
 };
 
 using PrefillDone = std::function<void(absl::StatusOr<PrefillResult>)>;

@@ -62,6 +62,7 @@ void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillReques
                   }
                   response->set_prompt_tokens_computed(r->prompt_tokens_computed);
                   response->set_kv_bytes_sent(r->kv_bytes_sent);
+                  PhasesToProto(r->phases, response->mutable_phases());
                   reactor->Finish(grpc::Status::OK);
                 });
 }

@@ -234,6 +234,11 @@ void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
     // No healthy prefill worker: D prefills every prompt itself.
     dreq.set_route_override(v1::ROUTE_LOCAL);
   }
+  if (dreq.route_override() != v1::ROUTE_LOCAL) {
+    // What a remote prefill would cost now (D's placement weighs it).
+    std::optional<v1::PrefillEstimate> estimate = registry_->EstimatePrefill(params_.prompt);
+    if (estimate.has_value()) *dreq.mutable_prefill_estimate() = *std::move(estimate);
+  }
   const bool progressed = samples_.progressed();
   if (progressed && samples_.size() == 1) {
     // Migration: D prefills prompt + the tokens already streamed and

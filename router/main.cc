@@ -96,6 +96,7 @@ RegistryOptions MakeRegistryOptions(const ClusterConfig& config, const Prologue&
   options.routing.weights = config.router.kv_aware;
   options.routing.max_num_seqs = config.engine.max_num_seqs;
   options.routing.max_num_batched_tokens = config.engine.max_num_batched_tokens;
+  options.routing.prefill_by_finish_time = config.conditional.placement == PlacementMode::kSlo;
   const KvAwareWeights& w = options.routing.weights;
   rpc::Log(options.routing.policy == RouterPolicy::kKvAware
                ? absl::StrCat("routing policy: kv_aware (prefix_weight ", w.prefix_weight,

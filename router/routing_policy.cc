@@ -25,9 +25,27 @@ double PredictedQueueWaitSeconds(const Candidate& c) {
   return static_cast<double>(c.queued_prefill_tokens) / c.prefill_tokens_per_s;
 }
 
+double PredictedFinishSeconds(const Candidate& c, int64_t prompt_tokens) {
+  if (c.prefill_tokens_per_s <= 0) return 0;
+  const int64_t cached = std::clamp<int64_t>(c.cached_prefix_tokens, 0, prompt_tokens);
+  return PredictedQueueWaitSeconds(c) +
+         static_cast<double>(prompt_tokens - cached) / c.prefill_tokens_per_s;
+}
+
 Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
                       const RoutingOptions& options) {
   Scored out;
+  if (!decode && options.prefill_by_finish_time) {
+    const double finish_s = PredictedFinishSeconds(c, prompt_tokens);
+    out.score = -finish_s;
+    out.explanation = absl::StrFormat(
+        "predicted finish %.1f ms: %d queued prefill tokens + %d of %d prompt tokens uncached at "
+        "%.0f tokens/s",
+        finish_s * 1000, c.queued_prefill_tokens,
+        prompt_tokens - std::clamp<int64_t>(c.cached_prefix_tokens, 0, prompt_tokens),
+        prompt_tokens, c.prefill_tokens_per_s);
+    return out;
+  }
   switch (options.policy) {
     case RouterPolicy::kRoundRobin:
       out.explanation = "round_robin";

@@ -18,6 +18,9 @@
 //   prefill = prefix_weight        x cached_prefix_tokens / prompt_tokens
 //           - prefill_queue_weight x queued_prefill_tokens / max_num_batched_tokens
 //           - load_weight          x in_flight / max_num_seqs
+// With RoutingOptions::prefill_by_finish_time (conditional.placement slo)
+// a prefill pick under any policy scores -PredictedFinishSeconds: the
+// prefill worker that would finish this prompt first.
 // least_loaded: score = -load.
 // round_robin: every candidate scores 0.
 // Candidates whose scores are equal (within kScoreEpsilon) are taken in
@@ -47,8 +50,9 @@ struct Candidate {
   uint32_t running = 0;  // scheduled: running_requests - waiting_requests
   uint32_t waiting = 0;  // waiting_requests
   uint64_t queued_prefill_tokens = 0;
-  // The worker's measured prefill rate, tokens/s (WorkerRegistry: from
-  // polls while it had prefill queued); 0: not measured yet.
+  // The worker's prefill rate, tokens/s (WorkerRegistry: its step model's,
+  // WorkerStatus.step_model, else measured from polls while it had prefill
+  // queued); 0: not known yet.
   double prefill_tokens_per_s = 0;
   // Requests this router sent it that have not finished (fresh, not polled).
   int64_t in_flight = 0;
@@ -66,12 +70,19 @@ int64_t CandidateLoad(const Candidate& candidate);
 // measured: a new or never busy worker is taken to start at once).
 double PredictedQueueWaitSeconds(const Candidate& candidate);
 
+// Seconds until a prefill worker would finish a prompt of `prompt_tokens`
+// sent now: its queue wait plus (prompt_tokens - cached_prefix_tokens) /
+// prefill_tokens_per_s (0 while the rate is not known).
+double PredictedFinishSeconds(const Candidate& candidate, int64_t prompt_tokens);
+
 // The policy and the normalisers of its terms.
 struct RoutingOptions {
   RouterPolicy policy = RouterPolicy::kKvAware;
   KvAwareWeights weights;
   int32_t max_num_seqs = 64;              // engine.max_num_seqs, >= 1
   int32_t max_num_batched_tokens = 2048;  // engine.max_num_batched_tokens, >= 1
+  // Prefill picks by least PredictedFinishSeconds (conditional.placement slo).
+  bool prefill_by_finish_time = false;
 };
 
 // Scores closer than this are equal (taken in turn).

@@ -199,10 +199,10 @@ void WorkerRegistry::ReportUnreachable(const std::shared_ptr<WorkerHandle>& hand
   ReportHealth();
 }
 
-PickResult WorkerRegistry::Pick(const PickRequest& request) {
-  std::vector<std::shared_ptr<WorkerHandle>> handles;
-  std::vector<Candidate> candidates;
-  std::vector<std::string> too_busy;  // prefill workers whose queue outlasts the request
+void WorkerRegistry::GatherCandidates(const PickRequest& request, bool with_prefix,
+                                      std::vector<std::shared_ptr<WorkerHandle>>* handles,
+                                      std::vector<Candidate>* candidates,
+                                      std::vector<std::string>* too_busy) const {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, entry] : workers_) {
@@ -222,20 +222,66 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
       // running_requests includes the waiting ones.
       c.running = st.running_requests() - std::min(st.waiting_requests(), st.running_requests());
       c.queued_prefill_tokens = st.queued_prefill_tokens();
-      c.prefill_tokens_per_s = entry.prefill_tokens_per_s;
+      // The worker's own step model (warm-up and every step) when it
+      // reports one, else the rate measured from polls.
+      c.prefill_tokens_per_s = st.step_model().prefill_tokens_per_s() > 0
+                                   ? st.step_model().prefill_tokens_per_s()
+                                   : entry.prefill_tokens_per_s;
       c.in_flight = entry.handle->active_requests.load();
       c.in_flight_at_poll = entry.in_flight_at_poll;
       const double wait_s = PredictedQueueWaitSeconds(c);
       if (wait_s > request.max_queue_wait_s) {
-        too_busy.push_back(absl::StrFormat("%s ~%.1f s (%d queued prefill tokens at %.0f tokens/s)",
-                                           name, wait_s, c.queued_prefill_tokens,
-                                           c.prefill_tokens_per_s));
+        too_busy->push_back(absl::StrFormat(
+            "%s ~%.1f s (%d queued prefill tokens at %.0f tokens/s)", name, wait_s,
+            c.queued_prefill_tokens, c.prefill_tokens_per_s));
         continue;
       }
-      handles.push_back(entry.handle);
-      candidates.push_back(std::move(c));
+      handles->push_back(entry.handle);
+      candidates->push_back(std::move(c));
     }
   }
+  // The prefix index has its own lock: asked outside mu_.
+  if (with_prefix || options_.routing.policy == RouterPolicy::kKvAware) {
+    for (Candidate& c : *candidates) {
+      c.cached_prefix_tokens = CachedPrefixTokens(c.name, request.prompt);
+    }
+  }
+}
+
+std::optional<v1::PrefillEstimate> WorkerRegistry::EstimatePrefill(
+    std::span<const int32_t> prompt) {
+  PickRequest request;
+  request.role = v1::ROLE_PREFILL;
+  request.prompt = prompt;
+  std::vector<std::shared_ptr<WorkerHandle>> handles;
+  std::vector<Candidate> candidates;
+  std::vector<std::string> too_busy;
+  GatherCandidates(request, /*with_prefix=*/true, &handles, &candidates, &too_busy);
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates) {
+    if (c.prefill_tokens_per_s <= 0) continue;
+    if (best == nullptr ||
+        PredictedFinishSeconds(c, prompt_tokens) < PredictedFinishSeconds(*best, prompt_tokens)) {
+      best = &c;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  v1::PrefillEstimate estimate;
+  estimate.set_prefill_worker(best->name);
+  const double queue_s = PredictedQueueWaitSeconds(*best);
+  estimate.set_queue_ms(queue_s * 1000);
+  estimate.set_prefill_ms((PredictedFinishSeconds(*best, prompt_tokens) - queue_s) * 1000);
+  return estimate;
+}
+
+PickResult WorkerRegistry::Pick(const PickRequest& request) {
+  std::vector<std::shared_ptr<WorkerHandle>> handles;
+  std::vector<Candidate> candidates;
+  std::vector<std::string> too_busy;  // prefill workers whose queue outlasts the request
+  GatherCandidates(
+      request, request.role == v1::ROLE_PREFILL && options_.routing.prefill_by_finish_time,
+      &handles, &candidates, &too_busy);
   if (candidates.empty()) {
     PickResult none;
     if (!too_busy.empty()) {
@@ -244,12 +290,6 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
           request.max_queue_wait_s, absl::StrJoin(too_busy, ", "));
     }
     return none;
-  }
-  // The prefix index has its own lock: asked outside mu_.
-  if (options_.routing.policy == RouterPolicy::kKvAware) {
-    for (Candidate& c : candidates) {
-      c.cached_prefix_tokens = CachedPrefixTokens(c.name, request.prompt);
-    }
   }
   const bool decode = request.role == v1::ROLE_DECODE;
   std::optional<Choice> choice;

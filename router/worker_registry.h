@@ -40,6 +40,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <span>
@@ -200,6 +201,14 @@ class WorkerRegistry {
   // count as idle and empty.
   PickResult Pick(const PickRequest& request);
 
+  // The router's prediction of a remote prefill of `prompt` (BOS
+  // included) on the routable prefill worker that would finish it first
+  // (routing_policy.h PredictedFinishSeconds; its cached prefix from the
+  // prefix index), for the decode worker's placement
+  // (DecodeGenerateRequest.prefill_estimate). nullopt when no routable
+  // prefill worker has a known prefill rate.
+  std::optional<v1::PrefillEstimate> EstimatePrefill(std::span<const int32_t> prompt);
+
   // Whether a routable worker of `role` exists (cheap; no score).
   bool HasRoutable(v1::WorkerRole role) const;
 
@@ -229,6 +238,16 @@ class WorkerRegistry {
   void StatusAllAsync(std::function<void(std::vector<v1::WorkerStatus>)> done) const;
 
  private:
+  struct Entry;
+  // The routable workers `request` may go to (role, avoid, layout), as
+  // candidates with their handles, their cached prefix of request.prompt
+  // filled under kv_aware or `with_prefix`; prefill workers whose queue
+  // outlasts max_queue_wait_s are left out and described in *too_busy.
+  void GatherCandidates(const PickRequest& request, bool with_prefix,
+                        std::vector<std::shared_ptr<WorkerHandle>>* handles,
+                        std::vector<Candidate>* candidates,
+                        std::vector<std::string>* too_busy) const;
+
   struct Entry {
     std::shared_ptr<WorkerHandle> handle;
     bool healthy = true;

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/server/log.h"
+#include "common/server/proto_convert.h"
 #include "engine/backend/fault_injecting_backend.h"
 
 namespace tandem {
@@ -146,6 +147,7 @@ v1::WorkerStatus StatusFromCore(const core::CoreStats& stats, const std::string&
   status.set_kv_transfer_seconds_received_total(stats.kv_transfer_seconds_received_total);
   status.set_kv_layout_id(kv_layout_id);
   status.set_bit_exact_class(bit_exact_class);
+  StepModelToProto(stats.step_model, status.mutable_step_model());
   return status;
 }
 

@@ -20,6 +20,7 @@
 #include "common/cluster_config.h"
 #include "common/server/exit_codes.h"
 #include "common/server/flags.h"
+#include "engine/core/request.h"
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
@@ -62,6 +63,9 @@ struct WorkerContext {
   // the worker's /metrics step-time histogram when metrics_listen is set;
   // empty otherwise. The factory copies it into its core options.
   std::function<void(double seconds)> step_observer;
+  // EngineCoreOptions::phase_observer: the /metrics phase histograms, as
+  // step_observer.
+  std::function<void(const core::RequestPhases& phases)> phase_observer;
   // EngineCoreOptions::on_device_lost: makes the worker go NOT_SERVING,
   // finish the failed replies, and exit with kExitDeviceLost. The factory
   // copies it into its core options.

@@ -67,6 +67,35 @@ MetricFamily Directions(std::string name, std::string help, double sent, double 
                  Value(MetricType::Counter, received, {{"direction", "received"}})});
 }
 
+// The step model's gauges (see Collect's docstring).
+void AddStepModel(const v1::StepModel& m, std::vector<MetricFamily>* families) {
+  constexpr MetricType kGauge = MetricType::Gauge;
+  families->push_back(
+      Family("tandem_step_model_coefficient", "The fitted step-time model's terms, ms.", kGauge,
+             {Value(kGauge, m.base_ms(), {{"term", "base_ms"}}),
+              Value(kGauge, m.prefill_ms_per_token(), {{"term", "prefill_ms_per_token"}}),
+              Value(kGauge, m.prefill_ms_per_kilo_pair(), {{"term", "prefill_ms_per_kilo_pair"}}),
+              Value(kGauge, m.decode_ms_per_seq(), {{"term", "decode_ms_per_seq"}}),
+              Value(kGauge, m.decode_ms_per_kilo_context(),
+                    {{"term", "decode_ms_per_kilo_context"}})}));
+  families->push_back(Single("tandem_step_model_prefill_tokens_per_second",
+                             "Predicted prefill rate of one reference chunk, no decodes.", kGauge,
+                             m.prefill_tokens_per_s()));
+  families->push_back(Single("tandem_step_model_decode_step_seconds",
+                             "Predicted decode step of 1 sequence at 512 tokens of context.",
+                             kGauge, m.decode_step_ms() / 1000.0));
+  families->push_back(Single("tandem_step_model_error_seconds",
+                             "Mean absolute error of the step-time prediction, recent steps.",
+                             kGauge, m.mean_abs_error_ms() / 1000.0));
+  std::vector<ClientMetric> links;
+  for (const auto& [peer, rate] : m.kv_link_bytes_per_s()) {
+    links.push_back(Value(kGauge, rate, {{"peer", peer}}));
+  }
+  families->push_back(Family("tandem_kv_link_bytes_per_second",
+                             "Measured KV transfer rate per prefill worker (EWMA).", kGauge,
+                             std::move(links)));
+}
+
 }  // namespace
 
 const std::vector<double>& WorkerMetrics::StepBuckets() {
@@ -77,9 +106,19 @@ const std::vector<double>& WorkerMetrics::StepBuckets() {
 
 WorkerMetrics::WorkerMetrics(std::function<v1::WorkerStatus()> status,
                              std::function<KvTransportCounters()> kv_counters)
-    : status_(std::move(status)), kv_counters_(std::move(kv_counters)), step_(StepBuckets()) {}
+    : status_(std::move(status)), kv_counters_(std::move(kv_counters)), step_(StepBuckets()) {
+  for (auto& h : phases_) h = std::make_unique<prometheus::Histogram>(StepBuckets());
+}
 
 void WorkerMetrics::ObserveStep(double seconds) { step_.Observe(seconds); }
+
+void WorkerMetrics::ObservePhases(const core::RequestPhases& p) {
+  const double ms[kPhases.size()] = {p.placement_ms,   p.prefill_queue_ms,    p.prefill_ms,
+                                     p.kv_transfer_ms, p.decode_admission_ms, p.first_decode_ms};
+  for (size_t i = 0; i < kPhases.size(); ++i) {
+    if (ms[i] > 0) phases_[i]->Observe(ms[i] / 1000.0);
+  }
+}
 
 std::vector<MetricFamily> WorkerMetrics::Collect() const {
   const v1::WorkerStatus s = status_();
@@ -141,6 +180,15 @@ std::vector<MetricFamily> WorkerMetrics::Collect() const {
   families.push_back(Family("tandem_engine_step_duration_seconds",
                             "Wall time of engine steps that ran the model.", MetricType::Histogram,
                             {step_.Collect()}));
+  std::vector<ClientMetric> phase_metrics;
+  for (size_t i = 0; i < kPhases.size(); ++i) {
+    phase_metrics.push_back(phases_[i]->Collect());
+    phase_metrics.back().label = {{"phase", kPhases[i]}};
+  }
+  families.push_back(Family("tandem_worker_request_phase_seconds",
+                            "Where each request's time went on this worker, by phase.",
+                            MetricType::Histogram, std::move(phase_metrics)));
+  AddStepModel(s.step_model(), &families);
   return families;
 }
 

@@ -13,9 +13,12 @@
 #ifndef TANDEM_WORKER_WORKER_METRICS_H_
 #define TANDEM_WORKER_WORKER_METRICS_H_
 
+#include <array>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "engine/core/request.h"
 #include "worker/kv_transport_counters.h"
 #include "prometheus/collectable.h"
 #include "prometheus/histogram.h"
@@ -39,6 +42,14 @@ class WorkerMetrics : public prometheus::Collectable {
 
   // One engine step that ran the model took `seconds`.
   void ObserveStep(double seconds);
+  // One request's phases on this worker (EngineCoreOptions::phase_observer):
+  // each phase it went through (> 0 ms) is observed in seconds.
+  void ObservePhases(const core::RequestPhases& phases);
+
+  // The phase label values of tandem_worker_request_phase_seconds, in
+  // core::RequestPhases' field order.
+  static constexpr std::array<const char*, 6> kPhases = {
+      "placement", "prefill_queue", "prefill", "kv_transfer", "decode_admission", "first_decode"};
 
   // Families (names by Prometheus conventions, prefix tandem_, no request
   // ids in labels):
@@ -62,13 +73,24 @@ class WorkerMetrics : public prometheus::Collectable {
   //            waiting_requests), tandem_num_requests_waiting,
   //            tandem_kv_cache_blocks{state="used"|"cached"|"total"},
   //            tandem_kv_transfers_in_flight;
-  //  histogram tandem_engine_step_duration_seconds (StepBuckets()).
+  //  gauges    the step model (WorkerStatus.step_model):
+  //            tandem_step_model_coefficient{term="base_ms" |
+  //            "prefill_ms_per_token" | "prefill_ms_per_kilo_pair" |
+  //            "decode_ms_per_seq" | "decode_ms_per_kilo_context"},
+  //            tandem_step_model_prefill_tokens_per_second,
+  //            tandem_step_model_decode_step_seconds,
+  //            tandem_step_model_error_seconds (mean absolute),
+  //            tandem_kv_link_bytes_per_second{peer} (per prefill worker);
+  //  histogram tandem_engine_step_duration_seconds (StepBuckets()),
+  //            tandem_worker_request_phase_seconds{phase} (kPhases,
+  //            StepBuckets()).
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const std::function<v1::WorkerStatus()> status_;
   const std::function<KvTransportCounters()> kv_counters_;  // may be null
   prometheus::Histogram step_;
+  std::array<std::unique_ptr<prometheus::Histogram>, kPhases.size()> phases_;
 };
 
 }  // namespace tandem

@@ -35,6 +35,11 @@ std::unique_ptr<core::EngineCore> MakeWorkerCore(const WorkerContext& ctx,
   core::EngineCoreOptions options =
       CoreOptionsFromConfig(*ctx.config, *ctx.model, worker_label, ctx.kv_events);
   options.step_observer = ctx.step_observer;
+  options.phase_observer = ctx.phase_observer;
+  // The step model's warm-up runs forwards; a fault-injected worker
+  // (--fault-backend-error KIND@N, tests) skips it so that N counts
+  // serving steps only.
+  options.warmup = ctx.flags->count("fault-backend-error") == 0;
   options.on_device_lost = ctx.on_device_lost;
   return std::make_unique<core::EngineCore>(options, std::move(backend), std::move(loader));
 }

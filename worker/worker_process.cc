@@ -26,6 +26,9 @@ WorkerProcess::WorkerProcess(const WorkerSettings& settings, const Prologue& pro
     metrics_ =
         std::make_shared<WorkerMetrics>(context_.status, [this] { return runtime_->KvCounters(); });
     context_.step_observer = [metrics = metrics_](double s) { metrics->ObserveStep(s); };
+    context_.phase_observer = [metrics = metrics_](const core::RequestPhases& phases) {
+      metrics->ObservePhases(phases);
+    };
   }
   // Called on the engine's loop thread before its SIGTERM to this process.
   context_.on_device_lost = [this](const absl::Status& status) {

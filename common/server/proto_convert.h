@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/kv_target.h"
 #include "engine/core/request.h"
 #include "engine/sampling/sampler.h"
+#include "engine/scheduler/step_model.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -107,6 +109,48 @@ inline core::KvTarget KvTargetFromProto(const v1::KvTarget& target) {
   out.kv_host_id = target.kv_host_id();
   out.kv_instance_id = target.kv_instance_id();
   return out;
+}
+
+// The step model's snapshot as tandem.v1.StepModel.
+inline void StepModelToProto(const scheduler::StepModelSnapshot& s, v1::StepModel* out) {
+  out->set_samples(s.samples);
+  out->set_base_ms(s.coefficients.base_ms);
+  out->set_prefill_ms_per_token(s.coefficients.prefill_ms_per_token);
+  out->set_prefill_ms_per_kilo_pair(s.coefficients.prefill_ms_per_kilo_pair);
+  out->set_decode_ms_per_seq(s.coefficients.decode_ms_per_seq);
+  out->set_decode_ms_per_kilo_context(s.coefficients.decode_ms_per_kilo_context);
+  out->set_prefill_tokens_per_s(s.prefill_tokens_per_s);
+  out->set_decode_step_ms(s.decode_step_ms);
+  out->set_mean_abs_error_ms(s.mean_abs_error_ms);
+  for (const auto& [peer, rate] : s.kv_link_bytes_per_s) {
+    (*out->mutable_kv_link_bytes_per_s())[peer] = rate;
+  }
+}
+
+// A worker's phases of one request as tandem.v1.WorkerPhases.
+inline void PhasesToProto(const core::RequestPhases& p, v1::WorkerPhases* out) {
+  out->set_placement_ms(p.placement_ms);
+  out->set_prefill_queue_ms(p.prefill_queue_ms);
+  out->set_prefill_ms(p.prefill_ms);
+  out->set_kv_transfer_ms(p.kv_transfer_ms);
+  out->set_decode_admission_ms(p.decode_admission_ms);
+  out->set_first_decode_ms(p.first_decode_ms);
+}
+
+// A placement as tandem.v1.Placement ("local" | "remote").
+inline void PlacementToProto(const core::PlacementReport& p, v1::Placement* out) {
+  out->set_decision(p.remote ? "remote" : "local");
+  out->set_ttft_local_ms(p.ttft_local_ms);
+  out->set_ttft_remote_ms(p.ttft_remote_ms);
+}
+
+// DecodeGenerateRequest.prefill_estimate, when set (a prefill worker named).
+inline std::optional<scheduler::RemotePrefillEstimate> EstimateFromProto(
+    const v1::DecodeGenerateRequest& request) {
+  if (!request.has_prefill_estimate()) return std::nullopt;
+  const v1::PrefillEstimate& e = request.prefill_estimate();
+  return scheduler::RemotePrefillEstimate{e.prefill_worker(), std::max(0.0, e.queue_ms()),
+                                          std::max(0.0, e.prefill_ms())};
 }
 
 // max_tokens from the wire, kept whole so an error names the value sent

@@ -23,8 +23,13 @@ std::vector<int32_t> SortedUnique(std::vector<int32_t> ids) {
   return ids;
 }
 
-scheduler::SchedulerOptions WithLoader(scheduler::SchedulerOptions options, bool loader) {
+// The scheduler's options as the core runs them: remote prefill iff a
+// loader was given, and the K+V bytes per token of `storage`.
+scheduler::SchedulerOptions WithLoader(scheduler::SchedulerOptions options, bool loader,
+                                       const kv::KvStorage& storage) {
   options.remote_prefill_available = loader;
+  options.kv_bytes_per_token =
+      2 * static_cast<int64_t>(storage.row_bytes()) * storage.shape().n_layers;
   return options;
 }
 
@@ -42,7 +47,8 @@ EngineCore::EngineCore(const EngineCoreOptions& options,
                                             options.model_fingerprint,
                                             backend_->kv_storage().shape().block_size,
                                             /*record_events=*/options.kv_event_sink != nullptr}),
-      scheduler_(WithLoader(options.scheduler, loader_ != nullptr), &kv_) {
+      scheduler_(WithLoader(options.scheduler, loader_ != nullptr, backend_->kv_storage()), &kv_,
+                 &step_model_) {
   stats_.kv_blocks_total = static_cast<uint32_t>(pool_.num_blocks());
   loop_ = std::thread([this] { Loop(); });
 }
@@ -115,6 +121,7 @@ absl::Status EngineCore::Submit(EngineRequest request) {
                      ") but the ", options_.worker_label, "'s pool has only ", pool_.num_blocks()));
   }
   auto r = std::make_unique<Request>();
+  r->clock.submitted = std::chrono::steady_clock::now();
   r->cancelled = std::make_shared<CancelFlag>(false);
   r->req = std::move(request);
   r->req.controls.stop_token_ids = SortedUnique(std::move(r->req.controls.stop_token_ids));
@@ -244,6 +251,7 @@ void EngineCore::UpdateKvStats() {
 }
 
 void EngineCore::Loop() {
+  if (options_.warmup) WarmUp();
   bool pending = false;  // the last step changed something and work remains
   for (;;) {
     std::vector<std::unique_ptr<Request>> arrivals;
@@ -361,10 +369,13 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
   s.route = exports ? RouteChoice::kLocal : r.req.route;
   // A prefill-only request's KV is already on the wire: never recompute it.
   s.preemptible = !exports;
+  s.remote_estimate = r.req.remote_estimate;
   const std::string id = r.req.request_id;
   requests_.emplace(id, std::move(request));
+  r.clock.placed = std::chrono::steady_clock::now();
   if (!exports) {
     scheduler_.Add(std::move(s));
+    r.placement = scheduler_.Find(seq_id)->placement;
     return;
   }
   ArriveExporting(r, std::move(s));
@@ -493,6 +504,7 @@ void EngineCore::EndRequest(const std::string& request_id, const absl::Status& s
 
 bool EngineCore::Step() {
   const std::chrono::steady_clock::time_point step_start = std::chrono::steady_clock::now();
+  step_start_ = step_start;
   const std::set<int64_t> held = PollExports();
   const scheduler::StepPlan plan = scheduler_.Schedule(held);
   {
@@ -561,6 +573,7 @@ absl::Status EngineCore::Execute(const scheduler::StepPlan& plan) {
     Request& r = *sample.request;
     const scheduler::SeqState& s = *scheduler_.Find(chunk.id);
     NoteFirstDecode(r, chunk, s);
+    NoteFirstChunk(r, chunk, s);
     if (r.req.kv_export != nullptr) {
       any_export = true;
       ExportCachedRows(r, chunk);
@@ -636,6 +649,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan,
     } else {
       prefill_tokens += static_cast<uint64_t>(chunk.count);
     }
+    if (chunk.samples && sample.index == 0) ReportPhases(r);
     if (!chunk.samples) {
       if (r.export_failed()) {
         endings.push_back({id, 0, FinishReason::kNone, r.export_state->error});
@@ -685,10 +699,7 @@ void EngineCore::UpdateFromOutput(const scheduler::StepPlan& plan,
   }
   // The step is counted before any of its requests ends: whoever sees a
   // request finish sees its steps in GetStats() (and the histogram).
-  if (options_.step_observer) {
-    options_.step_observer(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-  }
+  ObserveStep(plan, step_start);
   for (const Fork& f : forks) {
     auto it = requests_.find(f.request_id);
     if (it != requests_.end()) StartSamples(*it->second, f.parent, f.starts, &endings);

@@ -61,6 +61,7 @@
 #include "engine/kv/block_pool.h"
 #include "engine/kv/kv_cache_manager.h"
 #include "engine/scheduler/scheduler.h"
+#include "engine/scheduler/step_model.h"
 
 namespace tandem::core {
 
@@ -119,6 +120,16 @@ struct EngineCoreOptions {
   // new requests with it and its loop ends. The worker exits so that it is
   // restarted. Must not block. Empty (default): not called.
   std::function<void(const absl::Status& status)> on_device_lost;
+  // Before serving, the loop times a few forward steps of synthetic
+  // shapes (prefill chunks, decode batches; garbage K/V in blocks that are
+  // freed unpublished) to seed the step model, so the first placement and
+  // chunk decisions are not blind. Off by default (tests count forwards);
+  // the workers turn it on.
+  bool warmup = false;
+  // Called on the loop thread with each request's phases, when its output
+  // gets them (RequestOutput::OnPhases). Must not block (a metrics
+  // histogram's Observe). Empty (default): not called.
+  std::function<void(const RequestPhases& phases)> phase_observer;
 };
 
 struct CoreStats {
@@ -166,6 +177,8 @@ struct CoreStats {
   // The backend lost its device: every request failed, new ones are
   // refused (EngineCoreOptions::on_device_lost).
   bool device_lost = false;
+  // The step model (engine/scheduler/step_model.h) after the last step.
+  scheduler::StepModelSnapshot step_model;
 };
 
 class EngineCore {
@@ -363,6 +376,24 @@ class EngineCore {
   // Hands the KV cache manager's recorded events to options_.kv_event_sink.
   void PublishKvEvents();
 
+  // ---- The step model and phases (engine_core_timing.cc) ----
+  // EngineCoreOptions::warmup: times synthetic steps as anchors of the
+  // step model. Before the loop serves anything.
+  void WarmUp();
+  // Feeds a step that ran (`plan`, begun at `step_start`) to the step model
+  // and copies its snapshot into stats_.
+  void ObserveStep(const scheduler::StepPlan& plan,
+                   std::chrono::steady_clock::time_point step_start);
+  // Calls r's OnPhases once, before the first token of sample 0 this worker
+  // streams.
+  void ReportPhases(Request& r);
+  // In Execute: the chunk's step is its request's first prefill chunk.
+  void NoteFirstChunk(Request& r, const scheduler::ScheduledChunk& chunk,
+                      const scheduler::SeqState& s);
+  // A remote load of `r` (`hit_tokens` held already) ended OK: its rate
+  // goes to the step model's link rates.
+  void ObserveTransfer(const Request& r, int32_t hit_tokens);
+
   // Const after construction.
   const EngineCoreOptions options_;
   const StopCriteria stop_;
@@ -372,7 +403,9 @@ class EngineCore {
   // Loop thread only.
   kv::BlockPool pool_;
   kv::KvCacheManager kv_;
+  scheduler::StepModel step_model_;  // read by the scheduler
   scheduler::Scheduler scheduler_;
+  std::chrono::steady_clock::time_point step_start_;  // of the step running
   int64_t next_seq_id_ = 1;
   std::map<std::string, std::unique_ptr<Request>> requests_;  // by request id
   std::map<int64_t, Sample> samples_;                         // by seq id

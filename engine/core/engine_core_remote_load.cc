@@ -27,6 +27,7 @@ void EngineCore::StartRemoteLoad(const scheduler::RemoteKvStart& start) {
 
 void EngineCore::StartLoadAttempt(Request& r, int64_t seq_id, int32_t hit_tokens) {
   const uint32_t attempt = ++r.remote_load->attempt;
+  r.clock.load_started = std::chrono::steady_clock::now();
   absl::StatusOr<KvTarget> target = loader_->StartLoad(
       r.req.request_id, attempt, hit_tokens, static_cast<int32_t>(r.req.prompt.size()),
       &backend_->kv_storage(), kv_.BlockTable(seq_id),
@@ -145,6 +146,8 @@ void EngineCore::HandleRemoteDone(RemoteDone done) {
   // worker's reply.
   sample.num_generated = 1;
   load.load_done_at = done.done_at;
+  r.clock.load_done = done.done_at;
+  ObserveTransfer(r, s->num_computed);
   scheduler_.FinishRemoteKv(done.seq_id, starts[0].token.token_id);
   std::vector<Ending> endings;
   StartSamples(r, done.seq_id, starts, &endings);
@@ -162,6 +165,7 @@ void EngineCore::NoteFirstDecode(Request& r, const scheduler::ScheduledChunk& ch
       std::chrono::duration<double>(std::chrono::steady_clock::now() - *r.remote_load->load_done_at)
           .count();
   r.remote_load->load_done_at.reset();
+  r.clock.first_decode = step_start_;
   absl::MutexLock lock(&mu_);
   ++stats_.kv_load_to_first_decode_total;
   stats_.kv_load_to_first_decode_seconds_total += seconds;

@@ -76,8 +76,24 @@ struct EngineCore::RemoteLoadState {
   std::optional<std::chrono::steady_clock::time_point> load_done_at;
 };
 
+// When a request passed each point of its path on this worker
+// (RequestPhases is computed from them).
+struct RequestClock {
+  using TimePoint = std::chrono::steady_clock::time_point;
+  TimePoint submitted;                     // Submit accepted it
+  std::optional<TimePoint> placed;         // handed to the scheduler
+  std::optional<TimePoint> first_chunk;    // the step of its first prefill chunk began
+  std::optional<TimePoint> load_started;   // the awaited remote load attempt started
+  std::optional<TimePoint> load_done;      // its done ran (every K/V row in)
+  std::optional<TimePoint> first_decode;   // the step of its first decode after the load began
+  bool reported = false;                   // OnPhases was called
+};
+
 struct EngineCore::Request {
   EngineRequest req;  // controls.stop_token_ids sorted and unique
+  RequestClock clock;
+  // Placement kSlo's decision for sample 0's sequence (set in Arrive).
+  std::optional<scheduler::PlacementPrediction> placement;
   std::shared_ptr<CancelFlag> cancelled;
   std::vector<sampling::SamplingOptions> sampling;  // per sample (its seed)
   std::vector<int64_t> seq_ids;                     // per sample: its live sequence, 0 if none

@@ -47,12 +47,38 @@ struct SampleStart {
   FinishReason finish_reason = FinishReason::kNone;
 };
 
+// Where one request's time went on this worker, ms of its steady clock
+// (tandem.v1.WorkerPhases documents each; 0 = not on this path).
+struct RequestPhases {
+  double placement_ms = 0;         // Submit -> handed to the scheduler (placed)
+  double prefill_queue_ms = 0;     // placed (P: Submit) -> its first prefill chunk's step
+  double prefill_ms = 0;           // that step's start -> token 0 drawn
+  double kv_transfer_ms = 0;       // remote: the awaited load's start -> its done
+  double decode_admission_ms = 0;  // remote: done -> its first decode step's start
+  double first_decode_ms = 0;      // remote: that step's start -> its token
+};
+
+// Where a request's prompt was prefilled (tandem.v1.Placement): the
+// predictions are those of placement kSlo (0 when it did not decide).
+struct PlacementReport {
+  bool remote = false;
+  double ttft_local_ms = 0;
+  double ttft_remote_ms = 0;
+};
+
 // Results of one request, in this order: [OnRemotePrefill], then for each
 // sample (interleaved across samples) OnToken* and at most one
-// OnSampleFinish, then OnFinish (exactly once).
+// OnSampleFinish, then OnFinish (exactly once). OnPhases comes once,
+// right before the first OnToken of sample 0 this worker streams (token 0
+// after a local prefill or on a prefill worker; token 1 after a remote
+// prefill; never for a request that ends before).
 class RequestOutput {
  public:
   virtual ~RequestOutput() = default;
+  // This worker's phases of the request and its placement.
+  virtual void OnPhases(const RequestPhases& phases, const PlacementReport& placement) {
+    (void)phases, (void)placement;
+  }
   // The prompt waits for a remote prefill (never called for requests whose
   // prompt is prefilled here).
   virtual void OnRemotePrefill(const KvTarget& target) = 0;
@@ -208,6 +234,10 @@ struct EngineRequest {
   GenerationControls controls;
   // Where the prompt is prefilled: kRemote needs a RemoteKvLoader.
   RouteChoice route = RouteChoice::kAuto;
+  // The router's prediction of a remote prefill (tandem.v1.PrefillEstimate):
+  // the input of placement kSlo, and the prefill worker a remote load's
+  // measured link rate is credited to. Unset: none.
+  std::optional<scheduler::RemotePrefillEstimate> remote_estimate;
   // Migration (tandem.v1.DecodeGenerateRequest.generated_token_ids): output
   // tokens 0..k-1 another decode worker already streamed before it died.
   // The core prefills prompt + generated here (route kLocal), streams from

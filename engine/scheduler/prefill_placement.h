@@ -9,6 +9,7 @@
 #define TANDEM_ENGINE_SCHEDULER_PREFILL_PLACEMENT_H_
 
 #include <cstdint>
+#include <string>
 
 namespace tandem::scheduler {
 
@@ -18,6 +19,14 @@ enum class RouteChoice : uint32_t { kAuto = 0, kLocal = 1, kRemote = 2 };
 // How a kAuto prompt above the local threshold is placed (the config's
 // conditional.placement).
 enum class PlacementPolicy { kThreshold, kSlo };
+
+// The router's prediction of a remote prefill of one prompt
+// (tandem.v1.PrefillEstimate), ms.
+struct RemotePrefillEstimate {
+  std::string prefill_worker;
+  double queue_ms = 0;
+  double prefill_ms = 0;
+};
 
 // Whether a prompt of `prompt_tokens` tokens (L, BOS included) goes to a
 // prefill worker: always for kRemote, never for kLocal, and for kAuto when

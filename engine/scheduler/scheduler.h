@@ -84,13 +84,6 @@ struct SchedulerOptions {
   int64_t kv_bytes_per_token = 0;
 };
 
-// The router's prediction of a remote prefill of one prompt
-// (tandem.v1.PrefillEstimate), ms.
-struct RemotePrefillEstimate {
-  std::string prefill_worker;
-  double queue_ms = 0;
-  double prefill_ms = 0;
-};
 
 // A sequence's lifecycle; transitions happen only in this class.
 //   kWaiting --admit local--> kRunning --preempt--> kWaiting
