@@ -32,6 +32,18 @@ void RecordingSink::OnRemotePrefill(const KvTarget& target) {
   Record(std::move(e));
 }
 
+void RecordingSink::OnPhases(const RequestPhases& phases, const PlacementReport& placement) {
+  absl::MutexLock lock(&mu_);
+  size_t tokens = 0;
+  for (const SinkEvent& e : events_) tokens += e.kind == SinkEvent::Kind::kToken;
+  phases_calls_.push_back(PhasesCall{phases, placement, tokens});
+}
+
+std::vector<PhasesCall> RecordingSink::phases_calls() const {
+  absl::MutexLock lock(&mu_);
+  return phases_calls_;
+}
+
 void RecordingSink::OnToken(uint32_t sample_index, uint32_t index,
                             const sampling::SampledToken& token,
                             uint32_t prompt_tokens_computed) {

@@ -41,8 +41,16 @@ struct SinkEvent {
   FinishReason reason = FinishReason::kNone;
 };
 
+// One OnPhases call and how many tokens had been streamed before it.
+struct PhasesCall {
+  RequestPhases phases;
+  PlacementReport placement;
+  size_t tokens_before = 0;
+};
+
 class RecordingSink : public RequestOutput {
  public:
+  void OnPhases(const RequestPhases& phases, const PlacementReport& placement) override;
   void OnRemotePrefill(const KvTarget& target) override;
   void OnToken(uint32_t sample_index, uint32_t index, const sampling::SampledToken& token,
                uint32_t prompt_tokens_computed) override;
@@ -74,12 +82,14 @@ class RecordingSink : public RequestOutput {
   std::optional<SinkEvent> finish() const;
   std::optional<SinkEvent> need_remote_prefill() const;
   int finish_calls() const;
+  std::vector<PhasesCall> phases_calls() const;
 
  private:
   void Record(SinkEvent event);
 
   mutable absl::Mutex mu_;
   std::vector<SinkEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<PhasesCall> phases_calls_ ABSL_GUARDED_BY(mu_);
   std::optional<uint32_t> gate_index_ ABSL_GUARDED_BY(mu_);
   bool gated_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;

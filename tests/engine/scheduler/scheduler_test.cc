@@ -9,6 +9,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "tests/engine/scheduler/known_step_model.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -37,10 +38,10 @@ SeqState MakeSeq(int64_t id, std::vector<int32_t> prompt) {
 }
 
 struct Harness {
-  Harness(int32_t num_blocks, SchedulerOptions options)
+  Harness(int32_t num_blocks, SchedulerOptions options, const StepModel* model = nullptr)
       : pool(num_blocks),
         kv(&pool, kv::KvCacheManagerOptions{true, "test-model", kBlockSize}),
-        scheduler(options, &kv) {}
+        scheduler(options, &kv, model) {}
 
   // One step: plan, "run", feed back; returns the plan. Finished sequences
   // (max_new tokens generated) are removed and their outputs recorded.
@@ -570,6 +571,106 @@ TEST(SchedulerTest, RemoteWaitersCountAgainstMaxNumSeqs) {
   plan = scheduler.Schedule();
   EXPECT_EQ(plan.remote_kv_starts.size(), 1u);
   EXPECT_EQ(scheduler.num_waiting(), 0u);
+}
+
+// slo.tpot_ms bounds each step's prefill while decodes run: with one
+// decode (1.5 ms by the known model) and a 1.7 ms TPOT, a step takes at
+// most 20 prefill tokens (1.5 + 0.01 x 20); the tokens out are unchanged.
+TEST(SchedulerSloTest, TpotBoundKeepsStepsWithinTheSloWithSameTokens) {
+  const StepModel model = KnownStepModel();
+  SchedulerOptions options{64, 8, 64, true};
+  options.slo_tpot_ms = 1.7;
+  Harness h(256, options, &model);
+  h.scheduler.Add(MakeSeq(1, Prompt(6, 1)));
+  h.max_new[1] = 30;
+  h.Step();  // seq 1 prefilled: it decodes from now on
+  h.scheduler.Add(MakeSeq(2, Prompt(100, 2)));
+  h.max_new[2] = 3;
+  int bounded_steps = 0;
+  for (int i = 0; i < 1000 && h.scheduler.HasWork(); ++i) {
+    const StepPlan plan = h.Step();
+    const StepShape shape = ShapeOf(plan);
+    if (shape.decode_seqs > 0 && shape.prefill_tokens > 0) {
+      EXPECT_LE(shape.prefill_tokens, 20);
+      EXPECT_LE(model.PredictMs(shape), 1.7 + 1e-6);
+      ++bounded_steps;
+    }
+  }
+  EXPECT_GE(bounded_steps, 5);  // 99 prompt tokens in chunks of <= 20
+  EXPECT_EQ(h.outputs[1], Alone(Prompt(6, 1), 30));
+  EXPECT_EQ(h.outputs[2], Alone(Prompt(100, 2), 3));
+  // Without the SLO the first chunk beside the decode takes the budget.
+  options.slo_tpot_ms = 0;
+  Harness free(256, options, &model);
+  free.scheduler.Add(MakeSeq(1, Prompt(6, 1)));
+  free.max_new[1] = 30;
+  free.Step();
+  free.scheduler.Add(MakeSeq(2, Prompt(100, 2)));
+  EXPECT_EQ(ShapeOf(free.Step()).prefill_tokens, 63);
+}
+
+// Below the TPOT of the decodes alone, prefill still advances by the floor.
+TEST(SchedulerSloTest, TpotFloorKeepsPrefillMoving) {
+  const StepModel model = KnownStepModel();
+  SchedulerOptions options{64, 8, 64, true};
+  options.slo_tpot_ms = 1.0;  // one decode alone takes 1.5 ms
+  Harness h(256, options, &model);
+  h.scheduler.Add(MakeSeq(1, Prompt(6, 1)));
+  h.max_new[1] = 30;
+  h.Step();
+  h.scheduler.Add(MakeSeq(2, Prompt(100, 2)));
+  h.max_new[2] = 1;
+  EXPECT_EQ(ShapeOf(h.Step()).prefill_tokens, kMinTpotChunkTokens);
+  h.RunToCompletion();
+  EXPECT_EQ(h.outputs[2], Alone(Prompt(100, 2), 1));
+}
+
+SeqState WithEstimate(SeqState s, double queue_ms, double prefill_ms) {
+  s.remote_estimate = RemotePrefillEstimate{"prefill-0", queue_ms, prefill_ms};
+  return s;
+}
+
+// placement slo decides at arrival from the known model: a 30-token prompt
+// costs 1 + 0.3 = 1.3 ms here.
+TEST(SchedulerSloTest, PlacementBySloAtArrival) {
+  const StepModel model = KnownStepModel();
+  SchedulerOptions options = RemoteOptions();
+  options.placement = PlacementPolicy::kSlo;
+  options.slo_ttft_ms = 2000;
+  Harness h(256, options, &model);
+  // P needs 1 s: local.
+  h.scheduler.Add(WithEstimate(MakeRouted(1, Prompt(30, 1), RouteChoice::kAuto), 0, 1000));
+  // P needs 0.5 ms: remote.
+  h.scheduler.Add(WithEstimate(MakeRouted(2, Prompt(30, 2), RouteChoice::kAuto), 0, 0.5));
+  // No estimate: the threshold rule (30 > 8: remote at admission).
+  h.scheduler.Add(MakeRouted(3, Prompt(30, 3), RouteChoice::kAuto));
+  // At or under the threshold: local without a prediction.
+  h.scheduler.Add(WithEstimate(MakeRouted(4, Prompt(6, 4), RouteChoice::kAuto), 0, 0.5));
+  const SeqState* s1 = h.scheduler.Find(1);
+  ASSERT_TRUE(s1->placement.has_value());
+  EXPECT_FALSE(s1->placement->remote);
+  EXPECT_EQ(s1->route, RouteChoice::kLocal);
+  EXPECT_NEAR(s1->placement->ttft_local_ms, 1.3, 1e-3);
+  EXPECT_NEAR(s1->placement->ttft_remote_ms, 1000, 1e-9);
+  const SeqState* s2 = h.scheduler.Find(2);
+  ASSERT_TRUE(s2->placement.has_value());
+  EXPECT_TRUE(s2->placement->remote);
+  EXPECT_EQ(s2->route, RouteChoice::kRemote);
+  EXPECT_FALSE(h.scheduler.Find(3)->placement.has_value());
+  EXPECT_FALSE(h.scheduler.Find(4)->placement.has_value());
+  const StepPlan plan = h.scheduler.Schedule();
+  std::vector<int64_t> remote;
+  for (const RemoteKvStart& r : plan.remote_kv_starts) remote.push_back(r.id);
+  EXPECT_EQ(remote, (std::vector<int64_t>{2, 3}));
+}
+
+// placement threshold ignores estimates and models: today's rule exactly.
+TEST(SchedulerSloTest, ThresholdPlacementIgnoresEstimates) {
+  const StepModel model = KnownStepModel();
+  Harness h(256, RemoteOptions(), &model);
+  h.scheduler.Add(WithEstimate(MakeRouted(1, Prompt(30, 1), RouteChoice::kAuto), 0, 1000));
+  EXPECT_FALSE(h.scheduler.Find(1)->placement.has_value());
+  EXPECT_EQ(h.scheduler.Schedule().remote_kv_starts.size(), 1u);
 }
 
 }  // namespace

@@ -8,28 +8,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/engine/scheduler/known_step_model.h"
 
 namespace tandem::scheduler {
 namespace {
 
-StepModel KnownModel() {
-  StepModel model;
-  for (int32_t tokens : {0, 16, 64, 256, 512}) {
-    for (int32_t decodes : {0, 1, 4, 16}) {
-      if (tokens == 0 && decodes == 0) continue;
-      for (int32_t start : {0, 300}) {
-        StepShape shape;
-        if (tokens > 0) shape.AddChunk(start, tokens);
-        for (int d = 0; d < decodes; ++d) shape.AddChunk(start + 40 * d, 1);
-        model.Observe(shape, 1.0 + 0.01 * tokens + 0.5 * decodes, /*anchor=*/true);
-      }
-    }
-  }
-  return model;
-}
-
 TEST(SloPlacementTest, KnownModelFitsExactly) {
-  const StepModel model = KnownModel();
+  const StepModel model = KnownStepModel();
   StepShape shape;
   shape.AddChunk(0, 100);
   shape.AddChunk(500, 1);
@@ -63,7 +48,7 @@ PlacementInputs Inputs(double ttft, double tpot, int32_t decodes, int64_t queued
 }
 
 TEST(SloPlacementTest, Table) {
-  const StepModel model = KnownModel();
+  const StepModel model = KnownStepModel();
   const std::vector<PlacementCase> cases = {
       // D idle: 1000 tokens in chunks 512 + 488 = (1 + 5.12) + (1 + 4.88)
       // = 12 ms; P needs 20 ms: local is faster.
@@ -105,7 +90,7 @@ TEST(SloPlacementTest, Table) {
 }
 
 TEST(SloPlacementTest, CachedPrefixShortensTheLocalPrefill) {
-  const StepModel model = KnownModel();
+  const StepModel model = KnownStepModel();
   PlacementInputs in = Inputs(2000, 0, 0, 0, 1000, 0, 5);
   in.local_hit_tokens = 992;  // 8 tokens left: 1 + 0.08 ms against P's 5 ms
   const PlacementPrediction p = PlaceBySlo(model, in);
@@ -114,7 +99,7 @@ TEST(SloPlacementTest, CachedPrefixShortensTheLocalPrefill) {
 }
 
 TEST(TpotChunkTokensTest, BoundsTheChunk) {
-  const StepModel model = KnownModel();
+  const StepModel model = KnownStepModel();
   StepShape decodes;
   for (int d = 0; d < 8; ++d) decodes.AddChunk(100, 1);  // 5 ms
   // 5 + 0.01 c <= 8.001 -> c = 300.
