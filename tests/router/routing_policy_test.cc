@@ -236,6 +236,36 @@ TEST(RoutingPolicyTest, PredictedQueueWaitIsQueuedTokensOverTheMeasuredRate) {
   EXPECT_EQ(PredictedQueueWaitSeconds(c), 0.0);
 }
 
+// placement slo: a prefill worker is picked by when it would finish this
+// prompt: (queued + uncached prompt tokens) / its rate.
+TEST(RoutingPolicyTest, PrefillByFinishTimePicksTheEarliestFinish) {
+  RoutingOptions options = KvAware();
+  options.prefill_by_finish_time = true;
+  Candidate busy = Idle("busy");  // 1000 queued at 1000 tokens/s: 1 s + 0.2 s
+  busy.queued_prefill_tokens = 1000;
+  busy.prefill_tokens_per_s = 1000;
+  Candidate slow = Idle("slow");  // nothing queued, 250 tokens/s: 0.8 s
+  slow.prefill_tokens_per_s = 250;
+  Candidate cached = Idle("cached");  // 600 queued at 1000/s, 150 of 200 cached: 0.65 s
+  cached.queued_prefill_tokens = 600;
+  cached.prefill_tokens_per_s = 1000;
+  cached.cached_prefix_tokens = 150;
+  EXPECT_DOUBLE_EQ(PredictedFinishSeconds(busy, 200), 1.2);
+  EXPECT_DOUBLE_EQ(PredictedFinishSeconds(slow, 200), 0.8);
+  EXPECT_DOUBLE_EQ(PredictedFinishSeconds(cached, 200), 0.65);
+  uint64_t cursor = 0;
+  EXPECT_EQ(Choose({busy, slow, cached}, /*decode=*/false, options, 1, &cursor),
+            std::vector<std::string>{"cached"});
+  const Scored scored = ScoreCandidate(cached, false, 200, options);
+  EXPECT_DOUBLE_EQ(scored.score, -0.65);
+  EXPECT_THAT(scored.explanation, ::testing::HasSubstr("predicted finish 650.0 ms"));
+  // Decode picks are unchanged by it.
+  EXPECT_EQ(ScoreCandidate(busy, true, 200, options).score,
+            ScoreCandidate(busy, true, 200, KvAware()).score);
+  // An unknown rate predicts 0 (taken to start and finish at once).
+  EXPECT_EQ(PredictedFinishSeconds(Idle("new"), 200), 0.0);
+}
+
 TEST(RoutingPolicyTest, NoCandidateIsNoChoice) {
   uint64_t cursor = 7;
   EXPECT_FALSE(ChooseCandidate({}, true, 200, KvAware(), &cursor).has_value());
