@@ -25,6 +25,7 @@
 #include <initializer_list>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -140,6 +141,16 @@ const char* RouterPolicyName(RouterPolicy policy) {
       return "least_loaded";
     case RouterPolicy::kRoundRobin:
       return "round_robin";
+  }
+  return "unknown";
+}
+
+const char* PlacementModeName(PlacementMode mode) {
+  switch (mode) {
+    case PlacementMode::kThreshold:
+      return "threshold";
+    case PlacementMode::kSlo:
+      return "slo";
   }
   return "unknown";
 }
@@ -363,9 +374,12 @@ template <typename T>
   return absl::OkStatus();
 }
 
-// Reads map[key], when present, into *out: a finite number >= 0.
-[[nodiscard]] absl::Status ReadWeight(const YAML::Node& map, const std::string& path,
-                                      absl::string_view key, double* out) {
+// Reads map[key], when present, into *out: a finite number (integer or
+// decimal; nan and inf are refused). Absent: *out untouched. Not a number:
+// "<path.key>: expected <expected>, got '<text>'".
+[[nodiscard]] absl::Status ReadFiniteNumber(const YAML::Node& map, const std::string& path,
+                                            absl::string_view key, absl::string_view expected,
+                                            std::optional<double>* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   const std::string field = KeyPath(path, key);
@@ -373,12 +387,25 @@ template <typename T>
   double value = 0;
   if (!node.IsScalar() || !absl::SimpleAtod(node.Scalar(), &value) || !std::isfinite(value)) {
     return Invalid(field,
-                   absl::StrCat("expected a number, got '",
+                   absl::StrCat("expected ", expected, ", got '",
                                 node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
                    node);
   }
-  if (value < 0) return Invalid(field, absl::StrCat("must be >= 0, got ", node.Scalar()), node);
   *out = value;
+  return absl::OkStatus();
+}
+
+// Reads map[key], when present, into *out: a finite number >= 0.
+[[nodiscard]] absl::Status ReadWeight(const YAML::Node& map, const std::string& path,
+                                      absl::string_view key, double* out) {
+  std::optional<double> value;
+  if (absl::Status s = ReadFiniteNumber(map, path, key, "a number", &value); !s.ok()) return s;
+  if (!value.has_value()) return absl::OkStatus();
+  if (*value < 0) {
+    const YAML::Node node = map[std::string(key)];
+    return Invalid(KeyPath(path, key), absl::StrCat("must be >= 0, got ", node.Scalar()), node);
+  }
+  *out = *value;
   return absl::OkStatus();
 }
 
@@ -576,20 +603,17 @@ template <typename T>
                      n["kv_cache_dtype"]);
     }
   }
-  if (const YAML::Node f = n["gpu_memory_fraction"]; f.IsDefined()) {
-    if (f.IsNull()) return Invalid("engine.gpu_memory_fraction", kNoValue, f);
-    double value = 0;
-    if (!f.IsScalar() || !absl::SimpleAtod(f.Scalar(), &value) || !std::isfinite(value)) {
-      return Invalid(
-          "engine.gpu_memory_fraction",
-          absl::StrCat("expected a number, got '", f.IsScalar() ? f.Scalar() : "<non-scalar>", "'"),
-          f);
-    }
-    if (!(value > 0 && value <= 1)) {
+  std::optional<double> fraction;
+  if (s = ReadFiniteNumber(n, "engine", "gpu_memory_fraction", "a number", &fraction); !s.ok()) {
+    return s;
+  }
+  if (fraction.has_value()) {
+    if (!(*fraction > 0 && *fraction <= 1)) {
       return Invalid("engine.gpu_memory_fraction",
-                     absl::StrCat("must be in (0, 1], got ", f.Scalar()), f);
+                     absl::StrCat("must be in (0, 1], got ", n["gpu_memory_fraction"].Scalar()),
+                     n["gpu_memory_fraction"]);
     }
-    e.gpu_memory_fraction = value;
+    e.gpu_memory_fraction = *fraction;
   }
   if (s = ReadString(n, "kernel_isa", "engine", &e.kernel_isa); !s.ok()) return s;
   if (e.kernel_isa != "auto" && e.kernel_isa != "avx512" && e.kernel_isa != "avx2" &&
@@ -611,16 +635,44 @@ template <typename T>
   return absl::OkStatus();
 }
 
-// conditional: where prompts are prefilled and what a failed remote prefill does.
-[[nodiscard]] absl::Status ParseConditional(const YAML::Node& n, ConditionalConfig* cond) {
+// conditional: where prompts are prefilled and what a failed remote
+// prefill does. conditional.placement, when given, goes to *placement:
+// its default depends on `slo`, which ParseTop resolves once both are read.
+[[nodiscard]] absl::Status ParseConditional(const YAML::Node& n, ConditionalConfig* cond,
+                                            std::optional<PlacementMode>* placement) {
   absl::Status s;
-  if (s = CheckKeys(n, "conditional", {"max_local_prefill_tokens", "on_prefill_failure"});
+  if (s = CheckKeys(n, "conditional",
+                    {"max_local_prefill_tokens", "placement", "on_prefill_failure"});
       !s.ok()) {
     return s;
   }
   s = ReadLocalPrefillTokens(n, &cond->max_local_prefill_tokens);
   if (!s.ok()) return s;
-  std::string policy = "fail";
+  if (n["placement"].IsDefined()) {
+    std::string mode;
+    if (s = ReadString(n, "placement", "conditional", &mode); !s.ok()) return s;
+    for (PlacementMode m : {PlacementMode::kThreshold, PlacementMode::kSlo}) {
+      if (mode == PlacementModeName(m)) *placement = m;
+    }
+    if (!placement->has_value()) {
+      return Invalid("conditional.placement",
+                     absl::StrCat("must be one of threshold, slo; got '", mode, "'"),
+                     n["placement"]);
+    }
+  }
+  // Absent: the documented default (ConditionalConfig), not `fail`.
+  std::string policy;
+  switch (cond->on_prefill_failure) {
+    case OnPrefillFailure::kFail:
+      policy = "fail";
+      break;
+    case OnPrefillFailure::kRetry:
+      policy = "retry";
+      break;
+    case OnPrefillFailure::kLocal:
+      policy = "local";
+      break;
+  }
   if (s = ReadString(n, "on_prefill_failure", "conditional", &policy); !s.ok()) return s;
   if (policy == "fail") {
     cond->on_prefill_failure = OnPrefillFailure::kFail;
@@ -633,6 +685,40 @@ template <typename T>
                    absl::StrCat("must be one of fail, retry, local; got '", policy, "'"),
                    n["on_prefill_failure"]);
   }
+  return absl::OkStatus();
+}
+
+// slo: {ttft_ms, tpot_ms}, each optional, a finite number > 0.
+[[nodiscard]] absl::Status ParseSlo(const YAML::Node& n, SloConfig* slo) {
+  if (absl::Status s = CheckKeys(n, "slo", {"ttft_ms", "tpot_ms"}); !s.ok()) return s;
+  for (const auto& [key, out] : {std::pair<absl::string_view, std::optional<double>*>{
+                                     "ttft_ms", &slo->ttft_ms},
+                                 {"tpot_ms", &slo->tpot_ms}}) {
+    constexpr char kExpected[] = "a number > 0";
+    if (absl::Status s = ReadFiniteNumber(n, "slo", key, kExpected, out); !s.ok()) return s;
+    if (out->has_value() && !(**out > 0)) {
+      const YAML::Node node = n[std::string(key)];
+      return Invalid(KeyPath("slo", key), absl::StrCat("expected ", kExpected, ", got ",
+                                                       node.Scalar()),
+                     node);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// conditional.placement once `slo` is known: as given (slo only with an
+// objective to predict against), else slo when one is set, else threshold.
+[[nodiscard]] absl::Status ResolvePlacement(const YAML::Node& root,
+                                            std::optional<PlacementMode> given, ClusterConfig* c) {
+  if (!given.has_value()) {
+    c->conditional.placement = c->slo.any() ? PlacementMode::kSlo : PlacementMode::kThreshold;
+    return absl::OkStatus();
+  }
+  if (*given == PlacementMode::kSlo && !c->slo.any()) {
+    return Invalid("conditional.placement", "slo needs slo.ttft_ms or slo.tpot_ms",
+                   root["conditional"]["placement"]);
+  }
+  c->conditional.placement = *given;
   return absl::OkStatus();
 }
 
@@ -712,7 +798,7 @@ template <typename T>
   absl::Status s =
       CheckKeys(root, "",
                 {"model", "chat_template", "router", "prefill_workers", "decode_workers", "engine",
-                 "conditional", "kv", "shutdown_grace_s", "cluster"});
+                 "conditional", "slo", "kv", "shutdown_grace_s", "cluster"});
   if (!s.ok()) return s;
   if (s = ReadString(root, "model", "", &c->model); !s.ok()) return s;
   if (s = ReadString(root, "chat_template", "", &c->chat_template); !s.ok()) return s;
@@ -739,10 +825,15 @@ template <typename T>
       n.IsDefined() && !(s = ParseEngine(n, &c->engine)).ok()) {
     return s;
   }
+  std::optional<PlacementMode> placement;
   if (const YAML::Node n = root["conditional"];
-      n.IsDefined() && !(s = ParseConditional(n, &c->conditional)).ok()) {
+      n.IsDefined() && !(s = ParseConditional(n, &c->conditional, &placement)).ok()) {
     return s;
   }
+  if (const YAML::Node n = root["slo"]; n.IsDefined() && !(s = ParseSlo(n, &c->slo)).ok()) {
+    return s;
+  }
+  if (s = ResolvePlacement(root, placement, c); !s.ok()) return s;
   if (const YAML::Node n = root["kv"]; n.IsDefined() && !(s = ParseKv(n, &c->kv)).ok()) {
     return s;
   }
@@ -852,9 +943,22 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(const std::string& yaml_text) {
   return config;
 }
 
+namespace {
+
+// "ttft 2000 ms, tpot 50 ms": the objectives set.
+std::string SloValuesText(const SloConfig& slo) {
+  std::vector<std::string> parts;
+  if (slo.ttft_ms.has_value()) parts.push_back(absl::StrCat("ttft ", *slo.ttft_ms, " ms"));
+  if (slo.tpot_ms.has_value()) parts.push_back(absl::StrCat("tpot ", *slo.tpot_ms, " ms"));
+  return absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
 std::string PrefillPlacementSummary(const ClusterConfig& config) {
   const int32_t threshold = config.conditional.max_local_prefill_tokens;
   const bool unbounded = threshold == kUnboundedLocalPrefillTokens;
+  const bool slo = config.conditional.placement == PlacementMode::kSlo;
   if (config.prefill_workers.empty()) {
     return unbounded ? std::string(
                            "prefill placement: colocated (no prefill workers, "
@@ -864,7 +968,11 @@ std::string PrefillPlacementSummary(const ClusterConfig& config) {
                            "prefill placement: colocated while no prefill worker "
                            "registers (none in the config; "
                            "conditional.max_local_prefill_tokens ",
-                           threshold, " applies to any that does)");
+                           threshold,
+                           slo ? absl::StrCat(" and placement by predicted SLO miss (",
+                                              SloValuesText(config.slo), ") apply")
+                               : std::string(" applies"),
+                           " to any that does)");
   }
   if (unbounded) {
     return absl::StrCat("warning: conditional.max_local_prefill_tokens is unbounded, so the ",
@@ -874,7 +982,11 @@ std::string PrefillPlacementSummary(const ClusterConfig& config) {
   return absl::StrCat(
       "prefill placement: conditional (local when prompt tokens - cached prefix "
       "<= ",
-      threshold, ", else a prefill worker)");
+      threshold, ", else ",
+      slo ? absl::StrCat("local or a prefill worker by predicted SLO miss: ",
+                         SloValuesText(config.slo))
+          : std::string("a prefill worker"),
+      ")");
 }
 
 namespace {

@@ -26,7 +26,9 @@
 //            device: cpu, kv_cache_dtype: <by device>,
 //            gpu_memory_fraction: 0.9, batch_invariant: true}
 //   conditional: {max_local_prefill_tokens: 32,   # integer >= 0 | unbounded
+//                 placement: <by slo>,         # threshold | slo
 //                 on_prefill_failure: retry}   # fail | retry | local
+//   slo: {ttft_ms: 2000, tpot_ms: 50}   # each optional, a number > 0 (ms)
 //   # Colocated mode (deploy/local/colocated.yaml): prefill_workers: [] and
 //   # max_local_prefill_tokens: unbounded; decode workers prefill everything.
 //   kv: {transfer_timeout_ms: 5000, handshake_timeout_ms: 5000,
@@ -236,14 +238,25 @@ inline constexpr int32_t kUnboundedLocalPrefillTokens = INT32_MAX;
 
 // conditional.placement: how a ROUTE_AUTO prompt with more than
 // max_local_prefill_tokens to compute is placed
-// (engine/scheduler/prefill_placement.h).
+// (engine/scheduler/prefill_placement.h). Under both, a prompt with
+// <= max_local_prefill_tokens tokens to compute (after the local prefix
+// hit) is always prefilled by its decode worker, and `unbounded` still
+// means colocated: the threshold is a floor below which nothing is
+// predicted.
 enum class PlacementMode {
   kThreshold,  // always a prefill worker (the rule before issue #34)
   kSlo,        // the placement with the lower predicted SLO miss
 };
 
+// "threshold" or "slo" (as conditional.placement spells it).
+const char* PlacementModeName(PlacementMode mode);
+
 // slo: the cluster's latency objectives (Prometheus/bench naming: TTFT,
-// TPOT), ms; unset = none. Each, when given, is a number > 0.
+// TPOT), ms; unset = none. Each, when given, is a finite number > 0
+// (integers and decimals alike); `slo` must be a mapping with no other
+// keys. They steer conditional.placement slo (its default when either is
+// set) and, with tpot_ms, the prefill chunk budget of a worker running
+// decodes; the router reports them (GetModelInfo, GetStatus).
 struct SloConfig {
   std::optional<double> ttft_ms;
   std::optional<double> tpot_ms;
@@ -253,10 +266,14 @@ struct SloConfig {
 struct ConditionalConfig {
   // L - hit <= this -> local prefill; an integer >= 0, or `unbounded`
   // (kUnboundedLocalPrefillTokens): every prompt local unless a request
-  // sets route_override REMOTE. Above it, `placement` decides.
+  // sets route_override REMOTE. Above it, `placement` decides. Under
+  // placement slo it stays a floor: at or below it a prompt is local
+  // whatever the predictions say.
   int32_t max_local_prefill_tokens = 32;
-  // threshold | slo; unset: slo when the config has an `slo`, else
-  // threshold (ParseClusterConfig resolves it). slo without `slo` is refused.
+  // threshold | slo; unset: slo when the config's `slo` has ttft_ms or
+  // tpot_ms, else threshold (ParseClusterConfig resolves it). slo with
+  // neither is refused ("conditional.placement: slo needs slo.ttft_ms or
+  // slo.tpot_ms").
   PlacementMode placement = PlacementMode::kThreshold;
   // retry: another prefill worker, then (retries exhausted) the decode
   // worker prefills; the default of the code and of every example config.
@@ -367,6 +384,11 @@ struct ClusterConfig {
 //     conditional.max_local_prefill_tokens N applies to any that does)";
 //   prefill workers, finite N: "prefill placement: conditional (local when
 //     prompt tokens - cached prefix <= N, else a prefill worker)";
+//     under conditional.placement slo the end is "else local or a prefill
+//     worker by predicted SLO miss: ttft 2000 ms, tpot 50 ms)" (the
+//     objectives set), and the no-prefill-workers, finite N line ends
+//     "conditional.max_local_prefill_tokens N and placement by predicted
+//     SLO miss (ttft 2000 ms) apply to any that does)";
 //   prefill workers, unbounded (allowed, not refused: a request may still
 //     ask for route_override REMOTE): "warning:
 //     conditional.max_local_prefill_tokens is unbounded, so the K prefill

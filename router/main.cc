@@ -260,6 +260,7 @@ int Run(const RouterSettings& s, const Prologue& prologue) {
         if (health != nullptr) health->SetServingStatus("", serving);
       });
   service.set_failover(s.config.router.max_migrations, s.config.router.rpc_timeout_ms);
+  service.set_objectives(s.config.slo, s.config.conditional.placement);
   // Declared after `service`, so its thread stops before the keys go.
   auto keys_reloader = StartApiKeys(s.config, &service);
   if (!keys_reloader.ok()) return Fail(std::string(keys_reloader.status().message()));

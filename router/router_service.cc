@@ -40,6 +40,13 @@ std::string MintRequestId(absl::BitGen& gen) {
 
 }  // namespace
 
+v1::Slo SloToProto(const SloConfig& slo) {
+  v1::Slo out;
+  out.set_ttft_ms(slo.ttft_ms.value_or(0));
+  out.set_tpot_ms(slo.tpot_ms.value_or(0));
+  return out;
+}
+
 RouterService::RouterService(const ModelBundle* model, ChatTemplate chat_template,
                              const RegistryOptions& registry_options,
                              const Admission::Options& admission_options, std::string name,
@@ -291,6 +298,8 @@ grpc::ServerUnaryReactor* RouterService::GetModelInfo(grpc::CallbackServerContex
   response->set_eos_token_id(model_->tokenizer->eos_id());
   for (int32_t id : model_->tokenizer->eog_ids()) response->add_eog_token_ids(id);
   response->set_chat_format(std::string(chat_template_.format_name()));
+  *response->mutable_slo() = slo_;
+  response->set_placement(placement_);
   return rpc::FinishUnary(context, grpc::Status::OK);
 }
 
@@ -322,6 +331,8 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     self->set_router_generation_tokens_total(totals.generation_tokens);
     self->set_router_prompt_tokens_cached_total(totals.prompt_tokens_cached);
     response->set_can_serve(can_serve);
+    *response->mutable_slo() = slo_;
+    response->set_placement(placement_);
     response->set_api_keys_required(api_keys_ != nullptr);
     if (api_keys_ != nullptr) {
       for (const ApiKeys::Usage& u : api_keys_->SnapshotFor(key)) {

@@ -36,6 +36,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/cluster_config.h"
 #include "common/server/model_bundle.h"
 #include "router/admission.h"
 #include "router/api_keys.h"
@@ -47,6 +48,10 @@
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
+
+// The config's objectives as the proto reports them: each in ms, 0 for one
+// not set.
+v1::Slo SloToProto(const SloConfig& slo);
 
 // Generation with Generate and Tokenize raw (their requests carry text and
 // are parsed with rpc::ParseStrict, common/server/raw_call.h); GetModelInfo
@@ -75,6 +80,13 @@ class RouterService final : public GenerationBase {
   // Client API keys (router.api_keys_file): from now on every Generation
   // call needs one (call before serving). Without: open, as before.
   void set_api_keys(std::unique_ptr<ApiKeys> keys) { api_keys_ = std::move(keys); }
+  // The cluster config's slo and conditional.placement, which GetModelInfo
+  // and GetStatus report (call before serving). Without: no objectives,
+  // placement "threshold".
+  void set_objectives(const SloConfig& slo, PlacementMode placement) {
+    slo_ = SloToProto(slo);
+    placement_ = PlacementModeName(placement);
+  }
   // SIGTERM: new Generate calls get UNAVAILABLE; running and queued ones
   // continue.
   void StopAccepting() { accepting_ = false; }
@@ -124,6 +136,8 @@ class RouterService final : public GenerationBase {
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  // The model's metadata, its chat format, and the objectives and
+  // placement of set_objectives.
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::GetModelInfoResponse* response) override;
@@ -131,7 +145,8 @@ class RouterService final : public GenerationBase {
   // (WorkerRegistry::StatusAllAsync: asynchronous, rpc_timeout_ms each; the
   // call finishes on the last answer, no thread waits). can_serve and
   // router.ready: >= 1 healthy decode worker. api_keys_required, and with
-  // keys each key's usage on this replica (ApiKeys::Snapshot).
+  // keys each key's usage on this replica (ApiKeys::Snapshot). slo and
+  // placement as set_objectives gave them.
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::ClusterStatus* response) override;
@@ -192,6 +207,9 @@ class RouterService final : public GenerationBase {
   // service is destroyed.
   Admission admission_;
   std::unique_ptr<ApiKeys> api_keys_;  // null: no key required; set before serving
+  // set_objectives; before serving.
+  v1::Slo slo_;
+  std::string placement_ = PlacementModeName(PlacementMode::kThreshold);
   std::atomic<bool> accepting_{true};
 };
 

@@ -4,8 +4,11 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tools/cli_args.h"
 #include "tools/router_client.h"
@@ -144,8 +147,86 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
     j["kv_transfers_received_total"] = s.kv_transfers_received_total();
     j["kv_transfer_seconds_sent_total"] = s.kv_transfer_seconds_sent_total();
     j["kv_transfer_seconds_received_total"] = s.kv_transfer_seconds_received_total();
+    j["step_model"] = s.has_step_model() ? StepModelToJson(s.step_model())
+                                         : nlohmann::ordered_json(nullptr);
   }
   return j;
+}
+
+nlohmann::ordered_json StepModelToJson(const tandem::v1::StepModel& m) {
+  return {{"samples", m.samples()},
+          {"base_ms", m.base_ms()},
+          {"prefill_ms_per_token", m.prefill_ms_per_token()},
+          {"prefill_ms_per_kilo_pair", m.prefill_ms_per_kilo_pair()},
+          {"decode_ms_per_seq", m.decode_ms_per_seq()},
+          {"decode_ms_per_kilo_context", m.decode_ms_per_kilo_context()},
+          {"prefill_tokens_per_s", m.prefill_tokens_per_s()},
+          {"decode_step_ms", m.decode_step_ms()},
+          {"mean_abs_error_ms", m.mean_abs_error_ms()},
+          {"kv_link_bytes_per_s", std::map<std::string, double>(m.kv_link_bytes_per_s().begin(),
+                                                                m.kv_link_bytes_per_s().end())}};
+}
+
+namespace {
+
+// A number to 3 significant digits ("1.2", "0.05", "1.23e+03").
+std::string Sig3(double value) { return absl::StrFormat("%.3g", value); }
+
+// Bytes/s in the largest unit that keeps it >= 1: "1.2 GB/s", "850 MB/s".
+std::string ByteRate(double bytes_per_s) {
+  constexpr std::pair<double, const char*> kUnits[] = {
+      {1e9, "GB/s"}, {1e6, "MB/s"}, {1e3, "kB/s"}};
+  for (const auto& [scale, unit] : kUnits) {
+    if (bytes_per_s >= scale) return absl::StrCat(Sig3(bytes_per_s / scale), " ", unit);
+  }
+  return absl::StrCat(Sig3(bytes_per_s), " B/s");
+}
+
+}  // namespace
+
+std::string FormatStepModelLine(const tandem::v1::StepModel& m) {
+  std::string line = absl::StrCat(
+      "  step model: ", Sig3(m.base_ms()), " ms + ", Sig3(m.prefill_ms_per_token()),
+      " ms/prefill token + ", Sig3(m.prefill_ms_per_kilo_pair()), " ms/1k prefill pairs + ",
+      Sig3(m.decode_ms_per_seq()), " ms/decode seq + ", Sig3(m.decode_ms_per_kilo_context()),
+      " ms/1k decode context; prefill ", absl::StrFormat("%.0f", m.prefill_tokens_per_s()),
+      " tok/s, decode step ", Sig3(m.decode_step_ms()), " ms, error ",
+      Sig3(m.mean_abs_error_ms()), " ms, n=", m.samples());
+  if (m.kv_link_bytes_per_s().empty()) return line;
+  const std::map<std::string, double> links(m.kv_link_bytes_per_s().begin(),
+                                            m.kv_link_bytes_per_s().end());
+  std::vector<std::string> parts;
+  for (const auto& [peer, rate] : links) parts.push_back(absl::StrCat(peer, " ", ByteRate(rate)));
+  absl::StrAppend(&line, "; kv link ", absl::StrJoin(parts, ", "));
+  return line;
+}
+
+std::string FormatSloLine(const tandem::v1::ClusterStatus& status) {
+  std::vector<std::string> objectives;
+  if (status.slo().ttft_ms() > 0) {
+    objectives.push_back(absl::StrCat("ttft ", status.slo().ttft_ms(), " ms"));
+  }
+  if (status.slo().tpot_ms() > 0) {
+    objectives.push_back(absl::StrCat("tpot ", status.slo().tpot_ms(), " ms"));
+  }
+  return absl::StrCat("slo: ", objectives.empty() ? "none" : absl::StrJoin(objectives, ", "),
+                      "; placement: ",
+                      status.placement().empty()
+                          ? std::string("unknown (the router does not report it)")
+                          : status.placement());
+}
+
+std::string FormatClusterStatus(const tandem::v1::ClusterStatus& status) {
+  std::string out = absl::StrCat(FormatStatusLine(status.router()), "\n");
+  for (const tandem::v1::WorkerStatus& w : status.workers()) {
+    absl::StrAppend(&out, FormatStatusLine(w), "\n");
+    if (w.has_step_model()) absl::StrAppend(&out, FormatStepModelLine(w.step_model()), "\n");
+  }
+  absl::StrAppend(&out, FormatSloLine(status), "\n", FormatClusterAuthLine(status), "\n");
+  for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
+    absl::StrAppend(&out, FormatApiKeyLine(u), "\n");
+  }
+  return out;
 }
 
 std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& u) {
@@ -174,6 +255,11 @@ nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& stat
   nlohmann::ordered_json j;
   j["can_serve"] = status.can_serve();
   j["cluster_auth"] = status.cluster_auth();
+  // 0 is "not set" in the proto; null says so in JSON.
+  auto objective = [](double ms) { return ms > 0 ? nlohmann::ordered_json(ms) : nullptr; };
+  j["slo"] = {{"ttft_ms", objective(status.slo().ttft_ms())},
+              {"tpot_ms", objective(status.slo().tpot_ms())}};
+  j["placement"] = status.placement();
   j["router"] = WorkerStatusToJson(status.router());
   j["workers"] = nlohmann::ordered_json::array();
   for (const tandem::v1::WorkerStatus& w : status.workers()) {
@@ -246,14 +332,7 @@ int RunStatus(const std::vector<std::string>& args) {
                             .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
                             .c_str());
   } else {
-    std::printf("%s\n", FormatStatusLine(status.router()).c_str());
-    for (const tandem::v1::WorkerStatus& w : status.workers()) {
-      std::printf("%s\n", FormatStatusLine(w).c_str());
-    }
-    std::printf("%s\n", FormatClusterAuthLine(status).c_str());
-    for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
-      std::printf("%s\n", FormatApiKeyLine(u).c_str());
-    }
+    std::fputs(FormatClusterStatus(status).c_str(), stdout);
   }
   std::fflush(stdout);
   const int code = StatusExitCode(status, options->check_idle);

@@ -69,11 +69,42 @@ std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& usage);
 //   "cluster: authentication unknown (the router does not report it)" else.
 std::string FormatClusterAuthLine(const tandem::v1::ClusterStatus& status);
 
+// The cluster's latency objectives and placement (ClusterStatus.slo and
+// .placement: the config's `slo` and conditional.placement), one line:
+//   "slo: ttft 2000 ms, tpot 50 ms; placement: slo" (only the objectives
+//   set, i.e. > 0), "slo: none; placement: threshold" with neither, and
+//   "placement: unknown (the router does not report it)" when the router
+//   sends no placement.
+std::string FormatSloLine(const tandem::v1::ClusterStatus& status);
+
+// One worker's step-time model (WorkerStatus.step_model), one line indented
+// under that worker's line (numbers to 3 significant digits):
+//   "  step model: 1.2 ms + 0.05 ms/prefill token + 0.01 ms/1k prefill
+//    pairs + 0.3 ms/decode seq + 0.02 ms/1k decode context; prefill 1234
+//    tok/s, decode step 3.4 ms, error 0.21 ms, n=57"
+// followed, when it has measured KV links, by "; kv link prefill-0 1.2
+// GB/s, prefill-1 850 MB/s" (by name).
+std::string FormatStepModelLine(const tandem::v1::StepModel& model);
+
+// What `tandem status` prints without --json, each line ending in "\n":
+// the router's FormatStatusLine, each worker's (with its
+// FormatStepModelLine under it when it reports a step model), the
+// FormatSloLine, the FormatClusterAuthLine, then one FormatApiKeyLine per
+// key.
+std::string FormatClusterStatus(const tandem::v1::ClusterStatus& status);
+
+// Every StepModel field under its proto name; kv_link_bytes_per_s as an
+// object {"<prefill worker>": bytes/s} (names sorted).
+nlohmann::ordered_json StepModelToJson(const tandem::v1::StepModel& model);
+
 // Every WorkerStatus field under its proto name, numbers as JSON numbers
 // (not the strings of proto3's JSON mapping for 64-bit values), role as
-// RoleName.
+// RoleName; a worker's (not the router's) "step_model" is StepModelToJson,
+// or null when it reports none.
 nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& status);
 // {"can_serve": bool, "cluster_auth": "hmac-sha256"|"open"|"",
+//  "slo": {"ttft_ms": number|null, "tpot_ms": number|null} (null: not set),
+//  "placement": "threshold"|"slo" ("" when the router does not report it),
 //  "router": {...}, "workers": [{...}, ...],
 //  "api_keys_required": bool, "api_keys": [{every ApiKeyUsage field}, ...]}.
 nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& status);

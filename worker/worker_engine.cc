@@ -7,6 +7,7 @@
 #include "common/server/log.h"
 #include "common/server/proto_convert.h"
 #include "engine/backend/fault_injecting_backend.h"
+#include "engine/scheduler/prefill_placement.h"
 
 namespace tandem {
 
@@ -19,6 +20,16 @@ core::EngineCoreOptions CoreOptionsFromConfig(const ClusterConfig& config, const
   o.scheduler.prefill_chunk_tokens = config.engine.prefill_chunk_tokens;
   o.scheduler.enable_prefix_caching = config.engine.enable_prefix_caching;
   o.scheduler.max_local_prefill_tokens = config.conditional.max_local_prefill_tokens;
+  switch (config.conditional.placement) {
+    case PlacementMode::kThreshold:
+      o.scheduler.placement = scheduler::PlacementPolicy::kThreshold;
+      break;
+    case PlacementMode::kSlo:
+      o.scheduler.placement = scheduler::PlacementPolicy::kSlo;
+      break;
+  }
+  o.scheduler.slo_ttft_ms = config.slo.ttft_ms.value_or(0);
+  o.scheduler.slo_tpot_ms = config.slo.tpot_ms.value_or(0);
   o.eog_token_ids = model.tokenizer->eog_ids();
   o.model_fingerprint = model.fingerprint;
   o.worker_label = worker_label;

@@ -28,7 +28,9 @@ namespace tandem {
 
 // engine.{max_num_batched_tokens, max_num_seqs, prefill_chunk_tokens,
 // enable_prefix_caching}, conditional.{max_local_prefill_tokens,
-// on_prefill_failure}, kv.max_prefill_attempts, the tokenizer's
+// placement (scheduler.placement), on_prefill_failure},
+// slo.{ttft_ms, tpot_ms} (scheduler.slo_ttft_ms / slo_tpot_ms, 0 when
+// unset), kv.max_prefill_attempts, the tokenizer's
 // end-of-generation ids and the model fingerprint; failover lines go to
 // rpc::Log. `worker_label` names the worker in errors ("decode worker").
 // `kv_events` (may be null) receives the engine's KV events

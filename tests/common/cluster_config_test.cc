@@ -121,6 +121,125 @@ TEST(ColocatedConfigTest, PlacementSummaryOfEachCombination) {
             "workers get only requests with route_override REMOTE");
 }
 
+// ---- SLOs and conditional.placement (issue #34) ------------------------------
+
+// Good values of `slo`: each key optional, integers and decimals, and the
+// placement each resolves to when conditional.placement is not given.
+TEST(SloConfigTest, GoodValuesAndTheDefaultPlacement) {
+  struct Case {
+    const char* yaml;  // appended to kMinimal
+    std::optional<double> ttft_ms;
+    std::optional<double> tpot_ms;
+    PlacementMode placement;
+  };
+  const Case cases[] = {
+      {"", std::nullopt, std::nullopt, PlacementMode::kThreshold},
+      {"slo: {}\n", std::nullopt, std::nullopt, PlacementMode::kThreshold},
+      {"slo: {ttft_ms: 2000, tpot_ms: 50}\n", 2000.0, 50.0, PlacementMode::kSlo},
+      {"slo: {ttft_ms: 1500.5}\n", 1500.5, std::nullopt, PlacementMode::kSlo},
+      {"slo:\n  tpot_ms: 0.25\n", std::nullopt, 0.25, PlacementMode::kSlo},
+      {"slo: {tpot_ms: \"40\"}\n", std::nullopt, 40.0, PlacementMode::kSlo},
+      {"slo: {ttft_ms: 1e3}\n", 1000.0, std::nullopt, PlacementMode::kSlo},
+      // Given explicitly, either way.
+      {"slo: {ttft_ms: 2000}\nconditional: {placement: threshold}\n", 2000.0, std::nullopt,
+       PlacementMode::kThreshold},
+      {"conditional: {placement: slo}\nslo: {tpot_ms: 50}\n", std::nullopt, 50.0,
+       PlacementMode::kSlo},
+      {"conditional: {placement: threshold}\n", std::nullopt, std::nullopt,
+       PlacementMode::kThreshold},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ClusterConfig> config = ParseClusterConfig(std::string(kMinimal) + c.yaml);
+    ASSERT_TRUE(config.ok()) << c.yaml << ": " << config.status();
+    EXPECT_EQ(config->slo.ttft_ms, c.ttft_ms) << c.yaml;
+    EXPECT_EQ(config->slo.tpot_ms, c.tpot_ms) << c.yaml;
+    EXPECT_EQ(config->conditional.placement, c.placement) << c.yaml;
+  }
+  EXPECT_STREQ(PlacementModeName(PlacementMode::kThreshold), "threshold");
+  EXPECT_STREQ(PlacementModeName(PlacementMode::kSlo), "slo");
+}
+
+// Each bad `slo` / `conditional.placement` value is refused naming its key.
+TEST(SloConfigTest, BadValuesAreRefusedNamingTheKey) {
+  struct Case {
+    const char* yaml;      // appended to kMinimal
+    const char* expected;  // a substring of the message
+  };
+  const Case cases[] = {
+      {"slo: {tpot_ms: -5}\n", "slo.tpot_ms: expected a number > 0, got -5 (line 3, column 16)"},
+      {"slo: {ttft_ms: 0}\n", "slo.ttft_ms: expected a number > 0, got 0"},
+      {"slo: {ttft_ms: 0.0}\n", "slo.ttft_ms: expected a number > 0, got 0.0"},
+      {"slo: {ttft_ms: -0.5}\n", "slo.ttft_ms: expected a number > 0, got -0.5"},
+      {"slo: {ttft_ms: fast}\n", "slo.ttft_ms: expected a number > 0, got 'fast'"},
+      {"slo: {tpot_ms: inf}\n", "slo.tpot_ms: expected a number > 0, got 'inf'"},
+      {"slo: {tpot_ms: .inf}\n", "slo.tpot_ms: expected a number > 0, got '.inf'"},
+      {"slo: {tpot_ms: nan}\n", "slo.tpot_ms: expected a number > 0, got 'nan'"},
+      {"slo: {tpot_ms: [50]}\n", "slo.tpot_ms: expected a number > 0, got '<non-scalar>'"},
+      {"slo:\n  ttft_ms:\n", "slo.ttft_ms: has no value (remove the key to use the default)"},
+      {"slo: {ttft: 2000}\n", "unknown key 'slo.ttft' (line 3, column 7); known keys: ttft_ms, "
+                              "tpot_ms"},
+      {"slo: 2000\n", "slo: expected a mapping"},
+      {"slo: [2000, 50]\n", "slo: expected a mapping"},
+      {"slo:\n", "slo: expected a mapping"},
+      {"conditional: {placement: auto}\n",
+       "conditional.placement: must be one of threshold, slo; got 'auto' (line 3, column 26)"},
+      {"conditional: {placement: SLO}\n",
+       "conditional.placement: must be one of threshold, slo; got 'SLO'"},
+      {"conditional:\n  placement:\n", "conditional.placement: has no value"},
+      {"conditional: {placement: slo}\n",
+       "conditional.placement: slo needs slo.ttft_ms or slo.tpot_ms (line 3, column 26)"},
+      {"conditional: {placement: slo}\nslo: {}\n",
+       "conditional.placement: slo needs slo.ttft_ms or slo.tpot_ms"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(ErrorOf(std::string(kMinimal) + c.yaml), HasSubstr(c.expected)) << c.yaml;
+  }
+}
+
+// The router's start-up line under placement slo names the objectives
+// set; under threshold it is the line before issue #34.
+TEST(SloConfigTest, PlacementSummaryUnderSlo) {
+  const std::string prefill = "prefill_workers:\n  - name: p0\n    listen: 127.0.0.1:0\n";
+  struct Case {
+    std::string yaml;  // appended to kMinimal
+    const char* summary;
+  };
+  const Case cases[] = {
+      {prefill + "slo: {ttft_ms: 2000, tpot_ms: 50}\n",
+       "prefill placement: conditional (local when prompt tokens - cached prefix <= 32, else "
+       "local or a prefill worker by predicted SLO miss: ttft 2000 ms, tpot 50 ms)"},
+      {prefill + "slo: {tpot_ms: 12.5}\nconditional: {max_local_prefill_tokens: 0}\n",
+       "prefill placement: conditional (local when prompt tokens - cached prefix <= 0, else "
+       "local or a prefill worker by predicted SLO miss: tpot 12.5 ms)"},
+      {prefill + "slo: {ttft_ms: 2000}\nconditional: {placement: threshold}\n",
+       "prefill placement: conditional (local when prompt tokens - cached prefix <= 32, else a "
+       "prefill worker)"},
+      {"slo: {ttft_ms: 800}\n",
+       "prefill placement: colocated while no prefill worker registers (none in the config; "
+       "conditional.max_local_prefill_tokens 32 and placement by predicted SLO miss (ttft 800 "
+       "ms) apply to any that does)"},
+      // Unbounded: colocated whatever the placement (the threshold is a floor).
+      {"prefill_workers: []\nslo: {ttft_ms: 2000}\n"
+       "conditional: {max_local_prefill_tokens: unbounded}\n",
+       "prefill placement: colocated (no prefill workers, conditional.max_local_prefill_tokens "
+       "unbounded: every prompt is prefilled by its decode worker)"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ClusterConfig> config = ParseClusterConfig(std::string(kMinimal) + c.yaml);
+    ASSERT_TRUE(config.ok()) << c.yaml << ": " << config.status();
+    EXPECT_EQ(PrefillPlacementSummary(*config), c.summary) << c.yaml;
+  }
+}
+
+// A `conditional:` section without on_prefill_failure takes the documented
+// default (retry), as a file without the section does; it read as `fail`.
+TEST(ClusterConfigTest, ConditionalSectionWithoutOnPrefillFailureKeepsRetry) {
+  absl::StatusOr<ClusterConfig> c =
+      ParseClusterConfig(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 8}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->conditional.on_prefill_failure, OnPrefillFailure::kRetry);
+}
+
 TEST(ClusterConfigTest, ParsesLocalConfig) {
   absl::StatusOr<ClusterConfig> c =
       LoadClusterConfig(std::string(TANDEM_SOURCE_DIR) + "/deploy/local/cluster.yaml");

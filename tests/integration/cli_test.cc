@@ -74,6 +74,58 @@ TEST(CliStatusTest, CheckIdleCallsAStoppedWorkerUnknownUntilItIsDropped) {
   kill(decode1, SIGCONT);
 }
 
+// Issue #34: the router reports the config's slo (0: not set) and
+// conditional.placement in GetModelInfo and GetStatus; `tandem status`
+// prints them in one line, and --json as "slo" (null: not set) and
+// "placement".
+void ExpectObjectives(LocalCluster& cluster, double ttft_ms, double tpot_ms,
+                      const std::string& placement, const std::string& line,
+                      const std::string& json_slo) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(cluster.stub().GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.slo().ttft_ms(), ttft_ms);
+  EXPECT_EQ(info.slo().tpot_ms(), tpot_ms);
+  EXPECT_EQ(info.placement(), placement);
+  absl::StatusOr<v1::ClusterStatus> status = cluster.ClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->slo().ttft_ms(), ttft_ms);
+  EXPECT_EQ(status->slo().tpot_ms(), tpot_ms);
+  EXPECT_EQ(status->placement(), placement);
+
+  ProcessResult text = RunProcess(
+      {BinaryPath("tandem"), "status", "--router", cluster.router_address()}, absl::Seconds(20));
+  ASSERT_TRUE(text.exited && text.exit_code == 0) << text.Describe();
+  EXPECT_THAT(text.out, ::testing::HasSubstr("\n" + line + "\ncluster: ")) << text.out;
+  ProcessResult json = RunProcess(
+      {BinaryPath("tandem"), "status", "--json", "--router", cluster.router_address()},
+      absl::Seconds(20));
+  ASSERT_TRUE(json.exited && json.exit_code == 0) << json.Describe();
+  try {
+    const nlohmann::json j = nlohmann::json::parse(json.out);
+    EXPECT_EQ(j.at("slo").dump(), json_slo);
+    EXPECT_EQ(j.at("placement").get<std::string>(), placement);
+  } catch (const nlohmann::json::exception& e) {
+    FAIL() << e.what() << " in: " << json.out;
+  }
+}
+
+TEST_F(CliTest, NoSloMeansThresholdPlacement) {
+  ExpectObjectives(cluster(), 0, 0, "threshold", "slo: none; placement: threshold",
+                   R"({"tpot_ms":null,"ttft_ms":null})");
+}
+
+TEST(CliStatusTest, SloAndItsPlacementAreReported) {
+  ClusterOptions o;
+  o.slo_ttft_ms = 2000;
+  o.slo_tpot_ms = 50;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ExpectObjectives(**started, 2000, 50, "slo", "slo: ttft 2000 ms, tpot 50 ms; placement: slo",
+                   R"({"tpot_ms":50.0,"ttft_ms":2000.0})");
+}
+
 TEST_F(CliTest, GenerateJsonPrintsOneLineWithGoldenIds) {
   const GoldenCase& g = Golden("once_upon_a_time");
   ProcessResult run = RunProcess({BinaryPath("tandem"), "generate", "--json", "--max-tokens", "32",

@@ -192,6 +192,10 @@ std::string ClusterYaml(const ClusterOptions& o) {
           : absl::StrCat(o.max_local_prefill_tokens),
       "\n",
       "  on_prefill_failure: ", o.on_prefill_failure, "\n",
+      o.placement.empty() ? "" : absl::StrCat("  placement: ", o.placement, "\n"),
+      o.slo_ttft_ms > 0 || o.slo_tpot_ms > 0 ? "slo:\n" : "",
+      o.slo_ttft_ms > 0 ? absl::StrCat("  ttft_ms: ", o.slo_ttft_ms, "\n") : "",
+      o.slo_tpot_ms > 0 ? absl::StrCat("  tpot_ms: ", o.slo_tpot_ms, "\n") : "",
       "kv:\n"
       "  max_prefill_attempts: ", o.max_prefill_attempts, "\n",
       "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",

@@ -95,6 +95,12 @@ struct ClusterOptions {
   // conditional.max_local_prefill_tokens; kUnboundedLocalPrefillTokens
   // (common/cluster_config.h) is written as `unbounded`.
   int32_t max_local_prefill_tokens = 32;
+  // conditional.placement (threshold, slo); empty: not written (slo when
+  // an objective below is set, else threshold).
+  std::string placement;
+  // slo.ttft_ms and slo.tpot_ms; 0: not written.
+  double slo_ttft_ms = 0;
+  double slo_tpot_ms = 0;
   int32_t transfer_timeout_ms = 5000;      // kv.transfer_timeout_ms
   int32_t handshake_timeout_ms = 5000;     // kv.handshake_timeout_ms
   int32_t poll_interval_ms = 200;          // router.poll_interval_ms

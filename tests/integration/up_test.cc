@@ -66,8 +66,14 @@ TEST(UpTest, TwoPrefillTwoDecodeWorkersSurviveADecodeWorkersDeath) {
   ProcessResult status = RunProcess(
       {BinaryPath("tandem"), "status", "--router", cluster.router_address()}, absl::Seconds(20));
   ASSERT_TRUE(status.exited && status.exit_code == 0) << status.Describe();
-  const std::vector<std::string> lines = Lines(status.out);
-  ASSERT_EQ(lines.size(), names.size() + 1) << status.out;  // + the "cluster: ..." line
+  // A worker's step model line ("  step model: ...") sits indented under it.
+  std::vector<std::string> lines;
+  for (const std::string& line : Lines(status.out)) {
+    if (!absl::StartsWith(line, "  step model: ")) lines.push_back(line);
+  }
+  // + the "slo: ..." and "cluster: ..." lines.
+  ASSERT_EQ(lines.size(), names.size() + 2) << status.out;
+  EXPECT_EQ(lines[lines.size() - 2], "slo: none; placement: threshold");
   EXPECT_EQ(lines.back(),
             "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
             "register or call it)");

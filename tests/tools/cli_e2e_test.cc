@@ -240,6 +240,7 @@ TEST_F(CliTest, UpStartsRouterThenWorkersAndStopsOnSigterm) {
           "decode-0 decode 127.0.0.1:1 ready healthy running=0 kv_blocks=0/2048 cached=0 "
           "kv_index=0 transfers=0 "
           "prefill_tokens=0 decode_tokens=0 kv_sent=0 kv_received=0 max_batch=0 preemptions=0\n"
+          "slo: none; placement: threshold\n"
           "cluster: open (no cluster.secret_file: any host that reaches a worker port can "
           "register or call it)\n");
 

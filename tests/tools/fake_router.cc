@@ -8,7 +8,8 @@
 // pid to <name>.pid.
 // GetStatus lists every worker of its --config as registered and healthy
 // (address 127.0.0.1:1; decode workers kv_blocks_total 2048), prefill
-// workers first; without --config, decode-0 alone.
+// workers first; without --config, decode-0 alone; no slo, placement
+// threshold (a config without `slo`).
 // Environment knobs: FAKE_ROUTER_NOT_READY=1 -> can_serve false;
 // FAKE_ROUTER_BUSY=1 -> decode-0 reports kv_blocks_in_use 3;
 // FAKE_ROUTER_BAD_MODEL=1 -> as the router with a model it cannot load:
@@ -124,6 +125,7 @@ class FakeGeneration final : public tandem::v1::Generation::Service {
     }
     status->set_can_serve(!Env("FAKE_ROUTER_NOT_READY"));
     status->set_cluster_auth("open");
+    status->set_placement("threshold");
     return grpc::Status::OK;
   }
 

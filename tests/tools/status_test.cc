@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -106,7 +107,7 @@ TEST(StatusFormatTest, JsonKeepsNumbersAsNumbers) {
             R"("prefix_cache_queried_tokens_total":0,"prefix_cache_hit_tokens_total":0,)"
             R"("engine_steps_total":0,"kv_transfers_sent_total":0,)"
             R"("kv_transfers_received_total":0,"kv_transfer_seconds_sent_total":0.0,)"
-            R"("kv_transfer_seconds_received_total":0.0})");
+            R"("kv_transfer_seconds_received_total":0.0,"step_model":null})");
   // The router's counters under their own names.
   EXPECT_EQ(j["router"]["router_requests_total"], 0);
   EXPECT_FALSE(j["router"].contains("prompt_tokens_total"));
@@ -160,6 +161,112 @@ TEST(StatusFormatTest, ClusterAuthLine) {
   s.clear_cluster_auth();
   EXPECT_EQ(FormatClusterAuthLine(s),
             "cluster: authentication unknown (the router does not report it)");
+}
+
+// A step model as a worker reports it (values exact in binary, so the
+// JSON below is exact too).
+tandem::v1::StepModel StepModel() {
+  tandem::v1::StepModel m;
+  m.set_samples(57);
+  m.set_base_ms(1.25);
+  m.set_prefill_ms_per_token(0.0625);
+  m.set_prefill_ms_per_kilo_pair(0.015625);
+  m.set_decode_ms_per_seq(0.375);
+  m.set_decode_ms_per_kilo_context(0.03125);
+  m.set_prefill_tokens_per_s(1234.5);
+  m.set_decode_step_ms(3.5);
+  m.set_mean_abs_error_ms(0.25);
+  return m;
+}
+
+// Issue #34: the objectives and placement the router reports, in one line
+// before the cluster line, and in JSON (null for an objective not set).
+TEST(StatusFormatTest, SloLineAndJson) {
+  struct Case {
+    double ttft_ms, tpot_ms;
+    const char* placement;
+    const char* line;
+    const char* json;  // "slo" and "placement"
+  };
+  const Case cases[] = {
+      {2000, 50, "slo", "slo: ttft 2000 ms, tpot 50 ms; placement: slo",
+       R"({"ttft_ms":2000.0,"tpot_ms":50.0}|"slo")"},
+      {0, 12.5, "slo", "slo: tpot 12.5 ms; placement: slo",
+       R"({"ttft_ms":null,"tpot_ms":12.5}|"slo")"},
+      {800, 0, "threshold", "slo: ttft 800 ms; placement: threshold",
+       R"({"ttft_ms":800.0,"tpot_ms":null}|"threshold")"},
+      {0, 0, "threshold", "slo: none; placement: threshold",
+       R"({"ttft_ms":null,"tpot_ms":null}|"threshold")"},
+      // A router that does not report them (before issue #34).
+      {0, 0, "", "slo: none; placement: unknown (the router does not report it)",
+       R"({"ttft_ms":null,"tpot_ms":null}|"")"},
+  };
+  for (const Case& c : cases) {
+    tandem::v1::ClusterStatus s;
+    s.mutable_slo()->set_ttft_ms(c.ttft_ms);
+    s.mutable_slo()->set_tpot_ms(c.tpot_ms);
+    s.set_placement(c.placement);
+    EXPECT_EQ(FormatSloLine(s), c.line);
+    const nlohmann::ordered_json j = ClusterStatusToJson(s);
+    EXPECT_EQ(j["slo"].dump() + "|" + j["placement"].dump(), c.json) << c.line;
+  }
+}
+
+TEST(StatusFormatTest, StepModelLineAndJson) {
+  tandem::v1::StepModel m = StepModel();
+  EXPECT_EQ(FormatStepModelLine(m),
+            "  step model: 1.25 ms + 0.0625 ms/prefill token + 0.0156 ms/1k prefill pairs + "
+            "0.375 ms/decode seq + 0.0312 ms/1k decode context; prefill 1234 tok/s, decode step "
+            "3.5 ms, error 0.25 ms, n=57");
+  // Measured KV links, by name, each in the unit that keeps it >= 1.
+  (*m.mutable_kv_link_bytes_per_s())["prefill-1"] = 850e6;
+  (*m.mutable_kv_link_bytes_per_s())["prefill-0"] = 1.25e9;
+  (*m.mutable_kv_link_bytes_per_s())["prefill-2"] = 512;
+  EXPECT_THAT(FormatStepModelLine(m),
+              ::testing::EndsWith(
+                  " n=57; kv link prefill-0 1.25 GB/s, prefill-1 850 MB/s, prefill-2 512 B/s"));
+  EXPECT_EQ(StepModelToJson(m).dump(),
+            R"({"samples":57,"base_ms":1.25,"prefill_ms_per_token":0.0625,)"
+            R"("prefill_ms_per_kilo_pair":0.015625,"decode_ms_per_seq":0.375,)"
+            R"("decode_ms_per_kilo_context":0.03125,"prefill_tokens_per_s":1234.5,)"
+            R"("decode_step_ms":3.5,"mean_abs_error_ms":0.25,)"
+            R"("kv_link_bytes_per_s":{"prefill-0":1250000000.0,"prefill-1":850000000.0,)"
+            R"("prefill-2":512.0}})");
+  // Per worker: the object, or null for one that reports none; the router has none.
+  tandem::v1::ClusterStatus s;
+  s.mutable_router()->set_role(tandem::v1::ROLE_ROUTER);
+  *s.add_workers() = Decode();
+  *s.mutable_workers(0)->mutable_step_model() = m;
+  s.add_workers()->set_role(tandem::v1::ROLE_PREFILL);
+  const nlohmann::ordered_json j = ClusterStatusToJson(s);
+  EXPECT_EQ(j["workers"][0]["step_model"], StepModelToJson(m));
+  EXPECT_TRUE(j["workers"][1]["step_model"].is_null());
+  EXPECT_FALSE(j["router"].contains("step_model"));
+}
+
+// The whole text output: the process lines (a step model under the worker
+// that reports one), the SLO line, the cluster line, then the API keys.
+TEST(StatusFormatTest, TextOutputOrder) {
+  tandem::v1::ClusterStatus s;
+  s.mutable_router()->set_name("router");
+  s.mutable_router()->set_role(tandem::v1::ROLE_ROUTER);
+  *s.add_workers() = Decode();
+  *s.mutable_workers(0)->mutable_step_model() = StepModel();
+  tandem::v1::WorkerStatus* p = s.add_workers();
+  p->set_name("prefill-0");
+  p->set_role(tandem::v1::ROLE_PREFILL);
+  s.mutable_slo()->set_ttft_ms(2000);
+  s.set_placement("slo");
+  s.set_cluster_auth("open");
+  s.add_api_keys()->set_name("alice");
+  const std::string text = FormatClusterStatus(s);
+  EXPECT_EQ(text, absl::StrCat(FormatStatusLine(s.router()), "\n",                  //
+                               FormatStatusLine(s.workers(0)), "\n",                //
+                               FormatStepModelLine(s.workers(0).step_model()), "\n",  //
+                               FormatStatusLine(s.workers(1)), "\n",                //
+                               "slo: ttft 2000 ms; placement: slo\n",               //
+                               FormatClusterAuthLine(s), "\n",                      //
+                               FormatApiKeyLine(s.api_keys(0)), "\n"));
 }
 
 TEST(StatusExitCodeTest, Rules) {

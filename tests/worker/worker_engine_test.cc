@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/fault_injecting_backend.h"
+#include "engine/scheduler/prefill_placement.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/backend/fake_device_query.h"
@@ -264,6 +265,36 @@ TEST(CoreOptionsFromConfigTest, FingerprintIsTheModelFilesAndEventsNeedPrefixCac
   config.engine.enable_prefix_caching = false;
   EXPECT_EQ(CoreOptionsFromConfig(config, **model, "decode worker", &publisher).kv_event_sink,
             nullptr);
+}
+
+// conditional.placement and slo reach the scheduler (issue #34): the
+// parsed config's placement as the scheduler's policy, each objective in
+// ms, 0 for one not set.
+TEST(CoreOptionsFromConfigTest, PlacementAndSloReachTheScheduler) {
+  auto model = LoadModelBundle(testing::SharedPath("models/stories260K.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  struct Case {
+    const char* yaml;
+    scheduler::PlacementPolicy placement;
+    double ttft_ms;
+    double tpot_ms;
+  };
+  const Case cases[] = {
+      {"", scheduler::PlacementPolicy::kThreshold, 0, 0},
+      {"slo: {ttft_ms: 2000, tpot_ms: 50}\n", scheduler::PlacementPolicy::kSlo, 2000, 50},
+      {"slo: {tpot_ms: 12.5}\n", scheduler::PlacementPolicy::kSlo, 0, 12.5},
+      {"slo: {ttft_ms: 800}\nconditional: {placement: threshold}\n",
+       scheduler::PlacementPolicy::kThreshold, 800, 0},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ClusterConfig> config =
+        ParseClusterConfig(std::string("decode_workers: [{name: d}]\n") + c.yaml);
+    ASSERT_TRUE(config.ok()) << c.yaml << ": " << config.status();
+    const core::EngineCoreOptions o = CoreOptionsFromConfig(*config, **model, "decode worker");
+    EXPECT_EQ(o.scheduler.placement, c.placement) << c.yaml;
+    EXPECT_EQ(o.scheduler.slo_ttft_ms, c.ttft_ms) << c.yaml;
+    EXPECT_EQ(o.scheduler.slo_tpot_ms, c.tpot_ms) << c.yaml;
+  }
 }
 
 // The CPU backend a worker of `config` builds (engine.device cpu).
