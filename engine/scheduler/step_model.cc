@@ -37,7 +37,7 @@ double StepModel::PredictMs(const StepShape& shape) const {
 
 void StepModel::Observe(const StepShape& shape, double ms, bool anchor) {
   if (!std::isfinite(ms) || ms < 0) return;
-  if (samples_ > 0) {
+  if (!anchor && samples_ > 0) {
     const double error = std::abs(PredictMs(shape) - ms);
     mean_abs_error_ms_ = samples_ == 1 ? error
                                        : (1 - kErrorSmoothing) * mean_abs_error_ms_ +

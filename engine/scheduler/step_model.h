@@ -69,7 +69,7 @@ struct StepModelSnapshot {
   // sample.
   double prefill_tokens_per_s = 0;
   double decode_step_ms = 0;  // one decode of 1 sequence at 512 tokens of context
-  double mean_abs_error_ms = 0;
+  double mean_abs_error_ms = 0;  // of recent non-anchor steps' predictions
   std::map<std::string, double> kv_link_bytes_per_s;  // per prefill worker
 };
 
