@@ -231,9 +231,9 @@ void WorkerRegistry::GatherCandidates(const PickRequest& request, bool with_pref
       c.in_flight_at_poll = entry.in_flight_at_poll;
       const double wait_s = PredictedQueueWaitSeconds(c);
       if (wait_s > request.max_queue_wait_s) {
-        too_busy->push_back(absl::StrFormat(
-            "%s ~%.1f s (%d queued prefill tokens at %.0f tokens/s)", name, wait_s,
-            c.queued_prefill_tokens, c.prefill_tokens_per_s));
+        too_busy->push_back(
+            absl::StrFormat("%s ~%.1f s (%d queued prefill tokens at %.0f tokens/s)", name, wait_s,
+                            c.queued_prefill_tokens, c.prefill_tokens_per_s));
         continue;
       }
       handles->push_back(entry.handle);
@@ -279,9 +279,9 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
   std::vector<std::shared_ptr<WorkerHandle>> handles;
   std::vector<Candidate> candidates;
   std::vector<std::string> too_busy;  // prefill workers whose queue outlasts the request
-  GatherCandidates(
-      request, request.role == v1::ROLE_PREFILL && options_.routing.prefill_by_finish_time,
-      &handles, &candidates, &too_busy);
+  GatherCandidates(request,
+                   request.role == v1::ROLE_PREFILL && options_.routing.prefill_by_finish_time,
+                   &handles, &candidates, &too_busy);
   if (candidates.empty()) {
     PickResult none;
     if (!too_busy.empty()) {

@@ -147,8 +147,8 @@ nlohmann::ordered_json WorkerStatusToJson(const tandem::v1::WorkerStatus& s) {
     j["kv_transfers_received_total"] = s.kv_transfers_received_total();
     j["kv_transfer_seconds_sent_total"] = s.kv_transfer_seconds_sent_total();
     j["kv_transfer_seconds_received_total"] = s.kv_transfer_seconds_received_total();
-    j["step_model"] = s.has_step_model() ? StepModelToJson(s.step_model())
-                                         : nlohmann::ordered_json(nullptr);
+    j["step_model"] =
+        s.has_step_model() ? StepModelToJson(s.step_model()) : nlohmann::ordered_json(nullptr);
   }
   return j;
 }
@@ -174,8 +174,7 @@ std::string Sig3(double value) { return absl::StrFormat("%.3g", value); }
 
 // Bytes/s in the largest unit that keeps it >= 1: "1.2 GB/s", "850 MB/s".
 std::string ByteRate(double bytes_per_s) {
-  constexpr std::pair<double, const char*> kUnits[] = {
-      {1e9, "GB/s"}, {1e6, "MB/s"}, {1e3, "kB/s"}};
+  constexpr std::pair<double, const char*> kUnits[] = {{1e9, "GB/s"}, {1e6, "MB/s"}, {1e3, "kB/s"}};
   for (const auto& [scale, unit] : kUnits) {
     if (bytes_per_s >= scale) return absl::StrCat(Sig3(bytes_per_s / scale), " ", unit);
   }
@@ -190,8 +189,8 @@ std::string FormatStepModelLine(const tandem::v1::StepModel& m) {
       " ms/prefill token + ", Sig3(m.prefill_ms_per_kilo_pair()), " ms/1k prefill pairs + ",
       Sig3(m.decode_ms_per_seq()), " ms/decode seq + ", Sig3(m.decode_ms_per_kilo_context()),
       " ms/1k decode context; prefill ", absl::StrFormat("%.0f", m.prefill_tokens_per_s()),
-      " tok/s, decode step ", Sig3(m.decode_step_ms()), " ms, error ",
-      Sig3(m.mean_abs_error_ms()), " ms, n=", m.samples());
+      " tok/s, decode step ", Sig3(m.decode_step_ms()), " ms, error ", Sig3(m.mean_abs_error_ms()),
+      " ms, n=", m.samples());
   if (m.kv_link_bytes_per_s().empty()) return line;
   const std::map<std::string, double> links(m.kv_link_bytes_per_s().begin(),
                                             m.kv_link_bytes_per_s().end());
@@ -209,11 +208,10 @@ std::string FormatSloLine(const tandem::v1::ClusterStatus& status) {
   if (status.slo().tpot_ms() > 0) {
     objectives.push_back(absl::StrCat("tpot ", status.slo().tpot_ms(), " ms"));
   }
-  return absl::StrCat("slo: ", objectives.empty() ? "none" : absl::StrJoin(objectives, ", "),
-                      "; placement: ",
-                      status.placement().empty()
-                          ? std::string("unknown (the router does not report it)")
-                          : status.placement());
+  return absl::StrCat(
+      "slo: ", objectives.empty() ? "none" : absl::StrJoin(objectives, ", "), "; placement: ",
+      status.placement().empty() ? std::string("unknown (the router does not report it)")
+                                 : status.placement());
 }
 
 std::string FormatClusterStatus(const tandem::v1::ClusterStatus& status) {

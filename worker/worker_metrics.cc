@@ -70,14 +70,13 @@ MetricFamily Directions(std::string name, std::string help, double sent, double 
 // The step model's gauges (see Collect's docstring).
 void AddStepModel(const v1::StepModel& m, std::vector<MetricFamily>* families) {
   constexpr MetricType kGauge = MetricType::Gauge;
-  families->push_back(
-      Family("tandem_step_model_coefficient", "The fitted step-time model's terms, ms.", kGauge,
-             {Value(kGauge, m.base_ms(), {{"term", "base_ms"}}),
-              Value(kGauge, m.prefill_ms_per_token(), {{"term", "prefill_ms_per_token"}}),
-              Value(kGauge, m.prefill_ms_per_kilo_pair(), {{"term", "prefill_ms_per_kilo_pair"}}),
-              Value(kGauge, m.decode_ms_per_seq(), {{"term", "decode_ms_per_seq"}}),
-              Value(kGauge, m.decode_ms_per_kilo_context(),
-                    {{"term", "decode_ms_per_kilo_context"}})}));
+  families->push_back(Family(
+      "tandem_step_model_coefficient", "The fitted step-time model's terms, ms.", kGauge,
+      {Value(kGauge, m.base_ms(), {{"term", "base_ms"}}),
+       Value(kGauge, m.prefill_ms_per_token(), {{"term", "prefill_ms_per_token"}}),
+       Value(kGauge, m.prefill_ms_per_kilo_pair(), {{"term", "prefill_ms_per_kilo_pair"}}),
+       Value(kGauge, m.decode_ms_per_seq(), {{"term", "decode_ms_per_seq"}}),
+       Value(kGauge, m.decode_ms_per_kilo_context(), {{"term", "decode_ms_per_kilo_context"}})}));
   families->push_back(Single("tandem_step_model_prefill_tokens_per_second",
                              "Predicted prefill rate of one reference chunk, no decodes.", kGauge,
                              m.prefill_tokens_per_s()));

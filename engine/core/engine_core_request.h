@@ -80,13 +80,13 @@ struct EngineCore::RemoteLoadState {
 // (RequestPhases is computed from them).
 struct RequestClock {
   using TimePoint = std::chrono::steady_clock::time_point;
-  TimePoint submitted;                     // Submit accepted it
-  std::optional<TimePoint> placed;         // handed to the scheduler
-  std::optional<TimePoint> first_chunk;    // the step of its first prefill chunk began
-  std::optional<TimePoint> load_started;   // the awaited remote load attempt started
-  std::optional<TimePoint> load_done;      // its done ran (every K/V row in)
-  std::optional<TimePoint> first_decode;   // the step of its first decode after the load began
-  bool reported = false;                   // OnPhases was called
+  TimePoint submitted;                    // Submit accepted it
+  std::optional<TimePoint> placed;        // handed to the scheduler
+  std::optional<TimePoint> first_chunk;   // the step of its first prefill chunk began
+  std::optional<TimePoint> load_started;  // the awaited remote load attempt started
+  std::optional<TimePoint> load_done;     // its done ran (every K/V row in)
+  std::optional<TimePoint> first_decode;  // the step of its first decode after the load began
+  bool reported = false;                  // OnPhases was called
 };
 
 struct EngineCore::Request {

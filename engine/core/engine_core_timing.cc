@@ -28,7 +28,8 @@ int32_t ReferenceChunk(const scheduler::SchedulerOptions& o) {
 
 void EngineCore::WarmUp() {
   const scheduler::SchedulerOptions& o = options_.scheduler;
-  const int32_t big = std::max(2, std::min({256, o.prefill_chunk_tokens, o.max_num_batched_tokens}));
+  const int32_t big =
+      std::max(2, std::min({256, o.prefill_chunk_tokens, o.max_num_batched_tokens}));
   const int32_t small = std::max(2, std::min(32, big / 2));
   const int32_t batch = std::max(1, std::min({8, o.max_num_seqs, o.max_num_batched_tokens}));
   const int32_t context_limit = backend_->config().context_length - 1;
@@ -39,10 +40,9 @@ void EngineCore::WarmUp() {
   struct Shape {
     int32_t start, count, decodes, context;
   };
-  const std::vector<Shape> shapes = {{0, small, 0, 0},     {0, big, 0, 0},
-                                     {big, small, 0, 0},   {0, 0, 1, small},
-                                     {0, 0, batch, small}, {0, 0, batch, big},
-                                     {0, small, batch, small}};
+  const std::vector<Shape> shapes = {
+      {0, small, 0, 0},     {0, big, 0, 0},     {big, small, 0, 0},      {0, 0, 1, small},
+      {0, 0, batch, small}, {0, 0, batch, big}, {0, small, batch, small}};
   const std::vector<int32_t> tokens(static_cast<size_t>(big), 0);
   int64_t next_id = -1;  // warm-up sequences: negative ids, never the loop's
   for (const Shape& shape : shapes) {
@@ -120,7 +120,8 @@ void EngineCore::ReportPhases(Request& r) {
   if (c.load_done.has_value()) {
     // Remote: token 0 came from the prefill worker; this is token 1.
     placement.remote = true;
-    if (c.load_started.has_value()) phases.kv_transfer_ms = MsBetween(*c.load_started, *c.load_done);
+    if (c.load_started.has_value())
+      phases.kv_transfer_ms = MsBetween(*c.load_started, *c.load_done);
     const Clock::time_point first_decode = c.first_decode.value_or(step_start_);
     phases.decode_admission_ms = MsBetween(*c.load_done, first_decode);
     phases.first_decode_ms = MsBetween(first_decode, now);
@@ -136,8 +137,8 @@ void EngineCore::ReportPhases(Request& r) {
 void EngineCore::ObserveTransfer(const Request& r, int32_t hit_tokens) {
   if (!r.clock.load_started.has_value() || !r.clock.load_done.has_value()) return;
   const int64_t tokens = static_cast<int64_t>(r.req.prompt.size()) - hit_tokens;
-  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(0, tokens)) *
-                         2 * backend_->kv_storage().row_bytes() *
+  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(0, tokens)) * 2 *
+                         backend_->kv_storage().row_bytes() *
                          static_cast<uint64_t>(backend_->kv_storage().shape().n_layers);
   const double seconds =
       std::chrono::duration<double>(*r.clock.load_done - *r.clock.load_started).count();

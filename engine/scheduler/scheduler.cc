@@ -70,9 +70,8 @@ void Scheduler::PlaceBySloAtArrival(SeqState& seq) {
     if (w.route == RouteChoice::kRemote) continue;  // placed remotely: not D's prefill
     in.queued_prefill_tokens += static_cast<int64_t>(w.tokens.size()) - w.num_computed;
   }
-  in.step_prefill_tokens =
-      std::max(1, std::min(options_.prefill_chunk_tokens,
-                           options_.max_num_batched_tokens - in.decode_seqs));
+  in.step_prefill_tokens = std::max(
+      1, std::min(options_.prefill_chunk_tokens, options_.max_num_batched_tokens - in.decode_seqs));
   in.prompt_tokens = len;
   in.local_hit_tokens = hit;
   in.remote_queue_ms = seq.remote_estimate->queue_ms;
@@ -223,11 +222,10 @@ bool Scheduler::AdmitForked(SeqState& seq, StepPlan* plan) {
   const int32_t budget = options_.max_num_batched_tokens;
   if (!HasSeqSlot() || plan->num_batched_tokens >= budget) return false;
   const int32_t len = static_cast<int32_t>(seq.tokens.size());
-  const int32_t count = BoundChunk(
-      seq.num_computed,
-      std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
-                budget - plan->num_batched_tokens}),
-      *plan);
+  const int32_t count = BoundChunk(seq.num_computed,
+                                   std::min({len - seq.num_computed, options_.prefill_chunk_tokens,
+                                             budget - plan->num_batched_tokens}),
+                                   *plan);
   if (count <= 0) return false;
   // On failure the child keeps its shared blocks and waits (FCFS).
   if (!kv_->AllocateSlots(seq.id, seq.num_computed + count)) return false;
@@ -295,11 +293,11 @@ bool Scheduler::AdmitHead(StepPlan* plan) {
   }
   if (!has_slot) return false;
 
-  const int32_t count = BoundChunk(
-      local_hit.num_tokens,
-      std::min({len - local_hit.num_tokens, options_.prefill_chunk_tokens,
-                budget - plan->num_batched_tokens}),
-      *plan);
+  const int32_t count =
+      BoundChunk(local_hit.num_tokens,
+                 std::min({len - local_hit.num_tokens, options_.prefill_chunk_tokens,
+                           budget - plan->num_batched_tokens}),
+                 *plan);
   if (count <= 0) return false;  // the TPOT bound leaves no room this step
   kv_->StartSequence(id, local_hit);
   seq.num_computed = local_hit.num_tokens;

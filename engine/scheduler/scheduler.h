@@ -84,7 +84,6 @@ struct SchedulerOptions {
   int64_t kv_bytes_per_token = 0;
 };
 
-
 // A sequence's lifecycle; transitions happen only in this class.
 //   kWaiting --admit local--> kRunning --preempt--> kWaiting
 //   kWaiting --admit remote--> kWaitingForRemoteKv --FinishRemoteKv--> kRunning

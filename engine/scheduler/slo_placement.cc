@@ -18,7 +18,7 @@ int32_t TpotChunkTokens(const StepModel& model, const StepShape& planned, int32_
   if (fits(max_count)) return max_count;
   // The predicted time grows with the chunk: binary search the largest
   // count in [floor, max_count) that fits.
-  int32_t lo = floor;  // fits, or the floor
+  int32_t lo = floor;      // fits, or the floor
   int32_t hi = max_count;  // does not fit
   while (hi - lo > 1) {
     const int32_t mid = lo + (hi - lo) / 2;
@@ -59,14 +59,14 @@ PlacementPrediction PlaceBySlo(const StepModel& model, const PlacementInputs& in
       std::max(TpotChunkTokens(model, decodes, 0, step_tokens, in.slo_tpot_ms), 1);
   StepShape ahead_step = decodes;
   ahead_step.AddChunk(0, ahead_chunk);
-  p.ttft_local_ms = static_cast<double>(in.queued_prefill_tokens) / ahead_chunk *
-                    model.PredictMs(ahead_step);
+  p.ttft_local_ms =
+      static_cast<double>(in.queued_prefill_tokens) / ahead_chunk * model.PredictMs(ahead_step);
   double worst_step_ms = 0;
   for (int32_t start = hit; start < in.prompt_tokens;) {
-    const int32_t count = std::max(
-        TpotChunkTokens(model, decodes, start, std::min(step_tokens, in.prompt_tokens - start),
-                        in.slo_tpot_ms),
-        1);
+    const int32_t count =
+        std::max(TpotChunkTokens(model, decodes, start,
+                                 std::min(step_tokens, in.prompt_tokens - start), in.slo_tpot_ms),
+                 1);
     StepShape step = decodes;
     step.AddChunk(start, count);
     const double ms = model.PredictMs(step);

@@ -27,7 +27,8 @@ StepShape ShapeOf(const StepPlan& plan) {
 
 StepModel::Vector StepModel::Features(const StepShape& shape) {
   return {1.0, static_cast<double>(shape.prefill_tokens), shape.prefill_pairs / 1000.0,
-          static_cast<double>(shape.decode_seqs), static_cast<double>(shape.decode_context) / 1000.0};
+          static_cast<double>(shape.decode_seqs),
+          static_cast<double>(shape.decode_context) / 1000.0};
 }
 
 double StepModel::PredictMs(const StepShape& shape) const {
@@ -39,9 +40,9 @@ void StepModel::Observe(const StepShape& shape, double ms, bool anchor) {
   if (!std::isfinite(ms) || ms < 0) return;
   if (!anchor && samples_ > 0) {
     const double error = std::abs(PredictMs(shape) - ms);
-    mean_abs_error_ms_ = samples_ == 1 ? error
-                                       : (1 - kErrorSmoothing) * mean_abs_error_ms_ +
-                                             kErrorSmoothing * error;
+    mean_abs_error_ms_ = samples_ == 1
+                             ? error
+                             : (1 - kErrorSmoothing) * mean_abs_error_ms_ + kErrorSmoothing * error;
   }
   const Vector x = Features(shape);
   Matrix& a = anchor ? anchor_xtx_ : xtx_;

@@ -68,7 +68,7 @@ struct StepModelSnapshot {
   // (Snapshot's argument) from position 0 with no decodes; 0 before any
   // sample.
   double prefill_tokens_per_s = 0;
-  double decode_step_ms = 0;  // one decode of 1 sequence at 512 tokens of context
+  double decode_step_ms = 0;     // one decode of 1 sequence at 512 tokens of context
   double mean_abs_error_ms = 0;  // of recent non-anchor steps' predictions
   std::map<std::string, double> kv_link_bytes_per_s;  // per prefill worker
 };
@@ -76,7 +76,7 @@ struct StepModelSnapshot {
 class StepModel {
  public:
   static constexpr int kFeatures = 5;
-  static constexpr double kForgetting = 0.99;   // per observed step
+  static constexpr double kForgetting = 0.99;      // per observed step
   static constexpr double kErrorSmoothing = 0.05;  // EWMA weight of the newest error
   static constexpr double kLinkSmoothing = 0.3;    // EWMA weight of the newest transfer
 

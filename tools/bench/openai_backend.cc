@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/cluster_config.h"
+#include "common/host_port.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench/clock.h"
 
