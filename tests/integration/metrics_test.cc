@@ -118,6 +118,13 @@ void ExpectEqualsStatus(const Samples& m, const v1::WorkerStatus& st) {
             d(st.engine_steps_total()));
   EXPECT_EQ(Value(m, "tandem_engine_step_duration_seconds_bucket{le=\"+Inf\"}"),
             d(st.engine_steps_total()));
+  // Gauges print with 6 significant digits or so: equal to that.
+  EXPECT_NEAR(Value(m, "tandem_step_model_coefficient{term=\"base_ms\"}"),
+              st.step_model().base_ms(), 1e-5 * (1 + st.step_model().base_ms()));
+  EXPECT_NEAR(Value(m, "tandem_step_model_prefill_tokens_per_second{}"),
+              st.step_model().prefill_tokens_per_s(),
+              1e-5 * st.step_model().prefill_tokens_per_s());
+  EXPECT_GT(st.step_model().samples(), 0u);  // the warm-up at least
   for (const auto& [key, sample] : m) {
     const size_t open = key.find('{');
     ASSERT_NE(open, std::string::npos) << key;
@@ -125,7 +132,8 @@ void ExpectEqualsStatus(const Samples& m, const v1::WorkerStatus& st) {
     const std::string labels = key.substr(open + 1, key.size() - open - 2);
     if (labels.empty()) continue;
     EXPECT_TRUE(absl::StartsWith(labels, "direction=") || absl::StartsWith(labels, "state=") ||
-                absl::StartsWith(labels, "le="))
+                absl::StartsWith(labels, "le=") || absl::StartsWith(labels, "term=") ||
+                absl::StartsWith(labels, "phase=") || absl::StartsWith(labels, "peer="))
         << key;
   }
 }
@@ -182,6 +190,12 @@ TEST_F(WorkerMetricsClusterTest, EveryWorkersMetricsEqualItsGetStatus) {
     SCOPED_TRACE("decode-0");
     ExpectEqualsStatus(dm, *d);
   }
+
+  // Phases: P prefilled the remote request, D the two local ones and
+  // received the remote one's KV.
+  EXPECT_EQ(Value(pm, "tandem_worker_request_phase_seconds_count{phase=\"prefill\"}"), 1);
+  EXPECT_EQ(Value(dm, "tandem_worker_request_phase_seconds_count{phase=\"prefill\"}"), 2);
+  EXPECT_EQ(Value(dm, "tandem_worker_request_phase_seconds_count{phase=\"kv_transfer\"}"), 1);
 
   // The totals against what the streams returned.
   const uint64_t short_len = short_case.prompt_ids.size();

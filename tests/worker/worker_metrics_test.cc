@@ -44,6 +44,17 @@ v1::WorkerStatus DistinctStatus() {
   s.set_kv_transfers_received_total(19);
   s.set_kv_transfer_seconds_sent_total(1.25);
   s.set_kv_transfer_seconds_received_total(2.5);
+  v1::StepModel* m = s.mutable_step_model();
+  m->set_samples(57);
+  m->set_base_ms(1.5);
+  m->set_prefill_ms_per_token(0.25);
+  m->set_prefill_ms_per_kilo_pair(0.125);
+  m->set_decode_ms_per_seq(0.75);
+  m->set_decode_ms_per_kilo_context(0.0625);
+  m->set_prefill_tokens_per_s(3000);
+  m->set_decode_step_ms(2.5);
+  m->set_mean_abs_error_ms(0.5);
+  (*m->mutable_kv_link_bytes_per_s())["prefill-0"] = 1e9;
   return s;
 }
 
@@ -105,10 +116,65 @@ TEST(WorkerMetricsTest, EveryFamilyReadsTheStatusSnapshot) {
   ExpectSample(s, "tandem_kv_cache_blocks{state=\"total\"}", "gauge", 512);
   ExpectSample(s, "tandem_kv_transfers_in_flight{}", "gauge", 2);
   ExpectSample(s, "tandem_engine_step_duration_seconds_count{}", "histogram", 0);
+  ExpectSample(s, "tandem_step_model_coefficient{term=\"base_ms\"}", "gauge", 1.5);
+  ExpectSample(s, "tandem_step_model_coefficient{term=\"prefill_ms_per_token\"}", "gauge", 0.25);
+  ExpectSample(s, "tandem_step_model_coefficient{term=\"prefill_ms_per_kilo_pair\"}", "gauge",
+               0.125);
+  ExpectSample(s, "tandem_step_model_coefficient{term=\"decode_ms_per_seq\"}", "gauge", 0.75);
+  ExpectSample(s, "tandem_step_model_coefficient{term=\"decode_ms_per_kilo_context\"}", "gauge",
+               0.0625);
+  ExpectSample(s, "tandem_step_model_prefill_tokens_per_second{}", "gauge", 3000);
+  ExpectSample(s, "tandem_step_model_decode_step_seconds{}", "gauge", 0.0025);
+  ExpectSample(s, "tandem_step_model_error_seconds{}", "gauge", 0.0005);
+  ExpectSample(s, "tandem_kv_link_bytes_per_second{peer=\"prefill-0\"}", "gauge", 1e9);
+  for (const char* phase : WorkerMetrics::kPhases) {
+    ExpectSample(s, std::string("tandem_worker_request_phase_seconds_count{phase=\"") + phase +
+                        "\"}",
+                 "histogram", 0);
+  }
   // Nothing else: 10 single samples, 2 x 2 directions, 2 x 3 transports,
-  // 3 states, 2 summaries' _sum + _count, and the histogram's 14 buckets +
-  // _count + _sum.
-  EXPECT_EQ(s.size(), 10u + 4u + 6u + 3u + 4u + 14u + 2u);
+  // 3 states, 2 summaries' _sum + _count, the step histogram's 14 buckets +
+  // _count + _sum, the step model's 5 terms + 3 single gauges + 1 link,
+  // and 6 phase histograms of 16 samples each.
+  EXPECT_EQ(s.size(), 10u + 4u + 6u + 3u + 4u + 14u + 2u + 9u + 6u * 16u);
+}
+
+// Each phase a request went through is observed once, in seconds; phases
+// it did not go through (0 ms) are not.
+TEST(WorkerMetricsTest, PhasesAreObservedInSeconds) {
+  auto m = std::make_shared<WorkerMetrics>([] { return v1::WorkerStatus(); });
+  core::RequestPhases local;
+  local.placement_ms = 0.5;
+  local.prefill_queue_ms = 2;
+  local.prefill_ms = 30;
+  m->ObservePhases(local);
+  core::RequestPhases remote;
+  remote.placement_ms = 0.25;
+  remote.kv_transfer_ms = 40;
+  remote.decode_admission_ms = 1;
+  remote.first_decode_ms = 3;
+  m->ObservePhases(remote);
+  const std::map<std::string, PromSample> s = ScrapeAndParse(m);
+  const auto count = [&](const std::string& phase) {
+    return s.at("tandem_worker_request_phase_seconds_count{phase=\"" + phase + "\"}").value;
+  };
+  const auto sum = [&](const std::string& phase) {
+    return s.at("tandem_worker_request_phase_seconds_sum{phase=\"" + phase + "\"}").value;
+  };
+  EXPECT_EQ(count("placement"), 2);
+  EXPECT_DOUBLE_EQ(sum("placement"), 0.00075);
+  EXPECT_EQ(count("prefill"), 1);
+  EXPECT_DOUBLE_EQ(sum("prefill"), 0.03);
+  EXPECT_EQ(count("kv_transfer"), 1);
+  EXPECT_DOUBLE_EQ(sum("kv_transfer"), 0.04);
+  EXPECT_EQ(count("first_decode"), 1);
+  // 30 ms lands in the le="0.05" bucket, not in le="0.025".
+  EXPECT_EQ(s.at("tandem_worker_request_phase_seconds_bucket{le=\"0.025\",phase=\"prefill\"}")
+                .value,
+            0);
+  EXPECT_EQ(s.at("tandem_worker_request_phase_seconds_bucket{le=\"0.05\",phase=\"prefill\"}")
+                .value,
+            1);
 }
 
 // With a KvTransportCounters source: the bytes by direction and transport,
@@ -231,7 +297,7 @@ TEST(MetricsServerTest, ServesTheCollectablesOverHttp) {
     EXPECT_EQ(r->get_header_value("Content-Type"), metrics::kContentType);
     absl::StatusOr<std::map<std::string, PromSample>> parsed = ParsePrometheusText(r->body);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
-    EXPECT_EQ(parsed->size(), 43u);
+    EXPECT_EQ(parsed->size(), 43u + 8u + 6u * 16u);  // no link rate measured
     EXPECT_EQ(steps, static_cast<uint32_t>(scrape));
   }
   httplib::Result post = client.Post("/metrics", "x", "text/plain");
