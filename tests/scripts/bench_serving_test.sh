@@ -6,8 +6,9 @@
 # otherwise), each result has per-request placements and predicted TTFTs,
 # and the generated block has both workloads' tables, the SLO table, a
 # verdict per rate and the three targets. A second, one-round run of two
-# configurations (--configs) keeps the text around the markers. No timing
-# is asserted.
+# configurations (--configs) keeps the text around the markers; a bad
+# --configs and a cluster that cannot start (no model file) fail the
+# script, naming why. No timing is asserted.
 # Usage: bench_serving_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -56,4 +57,9 @@ grep -q '^\*\*(a)\*\* n/a: not run: conditional, conditional-slo\.$' "$tmp/keep.
 python3 "$src/scripts/bench-serving" --quick --configs colocated,bogus --build "$build" 2> "$tmp/stderr3" \
   && fail "--configs bogus accepted"
 grep -q -- '--configs: expected some of' "$tmp/stderr3" || fail "--configs error: $(cat "$tmp/stderr3")"
+# A cluster that does not start fails the script, saying which and why.
+TMPDIR=$tmp python3 "$src/scripts/bench-serving" --quick --configs colocated --model "$tmp/missing.gguf" \
+  --build "$build" --results "$tmp/results4" 2> "$tmp/stderr4" && fail "a cluster without its model started"
+grep -q 'FAILED: colocated: router did not start' "$tmp/stderr4" || fail "no start failure: $(cat "$tmp/stderr4")"
+grep -q 'missing.gguf' "$tmp/stderr4" || fail "start failure without the log's reason"
 echo "PASS: bench-serving --quick"
