@@ -255,7 +255,16 @@ class CannedGeneration final : public v1::Generation::Service {
       v1::GenerateResponse m;
       for (int k = 0; k < n; ++k) m.add_tokens()->set_token_id(next++);
       m.set_text(absl::StrCat(" t", n));
-      if (next == 14) m.set_prompt_tokens(7);
+      if (next == 14) {  // the last message: the placement behind the prompt
+        m.set_prompt_tokens(7);
+        if (request->prompt() == "local") {  // no prediction made (threshold)
+          m.mutable_placement()->set_decision("local");
+        } else {
+          m.mutable_placement()->set_decision("remote");
+          m.mutable_placement()->set_ttft_local_ms(80);
+          m.mutable_placement()->set_ttft_remote_ms(250);
+        }
+      }
       writer->Write(m);
       if (request->prompt() == "fail") {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no blocks");
@@ -310,6 +319,9 @@ TEST(BenchClientTest, GrpcBackendTimesTokenBearingMessages) {
   EXPECT_EQ(o.itl_s.size(), 2u);  // 3 token-bearing chunks
   EXPECT_EQ(o.generated_text, " t1 t2 t1");
   EXPECT_LE(o.ttft_s, o.latency_s);
+  EXPECT_EQ(o.placement, "remote");
+  ASSERT_TRUE(o.predicted_ttft_s.has_value());
+  EXPECT_DOUBLE_EQ(*o.predicted_ttft_s, 0.25);  // the remote prediction, 250 ms
   const v1::GenerateRequest sent = service.last();
   EXPECT_EQ(std::vector<int32_t>(sent.prompt_token_ids().begin(), sent.prompt_token_ids().end()),
             (std::vector<int32_t>{5, 6, 7}));
@@ -320,6 +332,12 @@ TEST(BenchClientTest, GrpcBackendTimesTokenBearingMessages) {
   EXPECT_EQ(service.auth(), "Bearer k3y");
 
   request.prompt_token_ids.clear();
+  request.prompt = "local";  // both predictions 0: placement without a prediction
+  o = RunOne(**backend, request);
+  ASSERT_TRUE(o.success) << o.error;
+  EXPECT_EQ(o.placement, "local");
+  EXPECT_FALSE(o.predicted_ttft_s.has_value());
+
   request.prompt = "fail";
   o = RunOne(**backend, request);
   EXPECT_FALSE(o.success);

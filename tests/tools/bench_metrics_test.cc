@@ -314,6 +314,34 @@ TEST(BenchMetricsTest, ResultJsonUsesVllmFieldNames) {
   }
 }
 
+TEST(BenchMetricsTest, ResultJsonHasPlacementsAndPredictedTtfts) {
+  // Per request, in order: a remote placement predicted at 300 ms, a local
+  // one predicted at 125 ms, a local one without a prediction (placement
+  // threshold), and the rest (no placement reported, the failure) null.
+  std::vector<RequestOutput> run = RecordedRun();
+  run[0].placement = "remote";
+  run[0].predicted_ttft_s = 0.3;
+  run[1].placement = "local";
+  run[1].predicted_ttft_s = 0.125;
+  run[2].placement = "local";
+  nlohmann::json j = ResultJson(ComputeMetrics(run, kDuration, std::nullopt, {99}), run, Info());
+  EXPECT_EQ(j["placements"], nlohmann::json({"remote", "local", "local", nullptr, nullptr, nullptr}));
+  EXPECT_EQ(j["predicted_ttfts"], nlohmann::json({0.3, 0.125, nullptr, nullptr, nullptr, nullptr}));
+  // Beside the measured ones, one entry per request.
+  EXPECT_EQ(j["ttfts"].size(), j["predicted_ttfts"].size());
+}
+
+TEST(BenchMetricsTest, ResultJsonPlacementsAreNullWhenNoneReported) {
+  const std::vector<RequestOutput> run = RecordedRun();
+  nlohmann::json j = ResultJson(ComputeMetrics(run, kDuration, std::nullopt, {99}), run, Info());
+  ASSERT_EQ(j["placements"].size(), 6u);
+  ASSERT_EQ(j["predicted_ttfts"].size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(j["placements"][i].is_null()) << i;
+    EXPECT_TRUE(j["predicted_ttfts"][i].is_null()) << i;
+  }
+}
+
 TEST(BenchMetricsTest, ResultJsonWritesInfAndNulls) {
   RunInfo info = Info();
   info.request_rate = std::numeric_limits<double>::infinity();

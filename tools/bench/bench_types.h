@@ -44,6 +44,14 @@ struct RequestOutput {
   // chunk of k > 1 tokens gives one gap, as in vLLM.
   std::vector<double> itl_s;
   std::string generated_text;
+  // The server's placement of the prompt (gRPC: the last message's
+  // Placement): "local" | "remote", "" when it reported none.
+  std::string placement;
+  // The TTFT the server predicted for the placement it chose (Placement's
+  // ttft_remote_ms when remote, else ttft_local_ms), in seconds; absent when
+  // it made no prediction (both predictions 0: placement threshold, a route
+  // override, no prefill worker) or reported no placement.
+  std::optional<double> predicted_ttft_s;
 };
 
 // Sends requests to a server. Implementations: GrpcBackend (the router's

@@ -56,6 +56,9 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
     if (message_.prompt_tokens() > 0)
       output_.prompt_len = static_cast<int32_t>(message_.prompt_tokens());
     output_.generated_text += message_.text();
+    if (message_.has_placement() && !message_.placement().decision().empty()) {
+      RecordPlacement(message_.placement());
+    }
     StartRead(&message_);
   }
 
@@ -72,6 +75,17 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
   }
 
  private:
+  // Keeps the latest placement (the sample's last message carries it) and
+  // the prediction of the placement chosen.
+  void RecordPlacement(const tandem::v1::Placement& placement) {
+    output_.placement = placement.decision();
+    output_.predicted_ttft_s.reset();
+    if (placement.ttft_local_ms() == 0 && placement.ttft_remote_ms() == 0) return;
+    const double chosen_ms = placement.decision() == "remote" ? placement.ttft_remote_ms()
+                                                              : placement.ttft_local_ms();
+    output_.predicted_ttft_s = chosen_ms / 1000.0;
+  }
+
   GrpcBackend* const backend_;
   std::function<void(RequestOutput)> done_;
   grpc::ClientContext context_;

@@ -270,11 +270,13 @@ nlohmann::json ResultJson(const BenchmarkMetrics& metrics,
   j["max_concurrent_requests"] = metrics.max_concurrent_requests;
   json input_lens = json::array(), output_lens = json::array(), ttfts = json::array(),
        itls = json::array(), start_times = json::array(), texts = json::array(),
-       errors = json::array();
+       errors = json::array(), predicted_ttfts = json::array(), placements = json::array();
   for (const RequestOutput& o : outputs) {
     input_lens.push_back(o.prompt_len);
     output_lens.push_back(o.success ? o.output_tokens : 0);  // serve.py: 0 for a failure
     ttfts.push_back(o.ttft_s);
+    predicted_ttfts.push_back(o.predicted_ttft_s ? json(*o.predicted_ttft_s) : json(nullptr));
+    placements.push_back(o.placement.empty() ? json(nullptr) : json(o.placement));
     itls.push_back(o.itl_s);
     start_times.push_back(o.start_s);
     texts.push_back(o.generated_text);
@@ -283,6 +285,8 @@ nlohmann::json ResultJson(const BenchmarkMetrics& metrics,
   j["input_lens"] = std::move(input_lens);
   j["output_lens"] = std::move(output_lens);
   j["ttfts"] = std::move(ttfts);
+  j["predicted_ttfts"] = std::move(predicted_ttfts);
+  j["placements"] = std::move(placements);
   j["itls"] = std::move(itls);
   j["start_times"] = std::move(start_times);
   j["generated_texts"] = std::move(texts);

@@ -109,8 +109,11 @@ struct RunInfo {
 // completed, failed, total_input_tokens, total_output_tokens,
 // request_throughput, request_goodput (null without --goodput),
 // output_throughput, total_token_throughput, max_output_tokens_per_s,
-// max_concurrent_requests, input_lens, output_lens, ttfts (s), itls (s,
-// one list per request), start_times (s), generated_texts, errors, and per
+// max_concurrent_requests, input_lens, output_lens, ttfts (s),
+// predicted_ttfts (s: the server's prediction for the placement it chose,
+// null when it made none) and placements ("local" | "remote", null when
+// the server reported none) (Tandem's additions), itls (s, one list per
+// request), start_times (s), generated_texts, errors, and per
 // metric m in ttft, tpot, itl, e2el: mean_m_ms, median_m_ms, std_m_ms,
 // p<P>_m_ms (P printed as "99", "99.9"). `outputs` in request order;
 // output_lens is 0 for a failed request (as serve.py). generated_texts may
