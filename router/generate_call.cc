@@ -89,8 +89,11 @@ class GenerateCall::DecodeStream final
     : public grpc::ClientReadReactor<v1::DecodeGenerateResponse> {
  public:
   DecodeStream(std::shared_ptr<GenerateCall> call, std::shared_ptr<WorkerHandle> worker,
-               v1::DecodeGenerateRequest request)
-      : call_(std::move(call)), worker_(std::move(worker)), request_(std::move(request)) {
+               v1::DecodeGenerateRequest request, int number)
+      : number(number),
+        call_(std::move(call)),
+        worker_(std::move(worker)),
+        request_(std::move(request)) {
     context_.set_deadline(call_->params_.deadline);
   }
   // Outside the request's mutex.
@@ -112,6 +115,7 @@ class GenerateCall::DecodeStream final
   }
   void TryCancel() { context_.TryCancel(); }
   const std::shared_ptr<WorkerHandle>& worker() const { return worker_; }
+  const int number;       // the request's 1st, 2nd, ... decode stream
   bool lost = false;      // the registry marked the worker unhealthy (under mu_)
   bool received = false;  // a message arrived (under mu_)
 
@@ -128,6 +132,7 @@ class GenerateCall::DecodeStream final
 struct GenerateCall::PrefillCall {
   uint32_t attempt = 0;
   std::shared_ptr<WorkerHandle> worker;
+  std::chrono::steady_clock::time_point started;  // the call was made (timing)
   grpc::ClientContext context;
   v1::PrefillRequest request;
   v1::PrefillResponse response;
@@ -143,7 +148,8 @@ GenerateCall::GenerateCall(Params params, WorkerRegistry* registry,
       tokenizer_(tokenizer),
       sink_(std::move(sink)),
       samples_(*tokenizer_, SampleOptionsOf(params_.request)),
-      timer_(params_.metrics, params_.arrival, params_.request.has_n() ? params_.request.n() : 1) {}
+      timer_(params_.metrics, params_.arrival, params_.request.has_n() ? params_.request.n() : 1),
+      timing_(params_.steady_arrival) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -261,7 +267,8 @@ void GenerateCall::StartDecode(std::shared_ptr<WorkerHandle> decode) {
   // The new stream sends the buffered tokens again and says again how the
   // unfinished samples end.
   samples_.Restart();
-  auto* stream = new DecodeStream(shared_from_this(), decode, std::move(dreq));
+  auto* stream = new DecodeStream(shared_from_this(), decode, std::move(dreq), decode_streams_);
+  timing_.DecodeStarted(decode_streams_, std::chrono::steady_clock::now());
   decode_stream_ = stream;
   decode_ = std::move(decode);
   ++outstanding_;
@@ -273,6 +280,10 @@ void GenerateCall::OnDecodeMessage(DecodeStream* stream, const v1::DecodeGenerat
     absl::MutexLock lock(&mu_);
     if (stream != decode_stream_ || finished_) return;
     stream->received = true;
+    if (msg.has_phases() || msg.has_placement()) {
+      timing_.DecodeReported(stream->number, msg.has_phases() ? &msg.phases() : nullptr,
+                             msg.has_placement() ? &msg.placement() : nullptr);
+    }
     if (msg.has_need_remote_prefill()) StartPrefill(msg.need_remote_prefill());
     for (const v1::TokenOutput& t : msg.tokens()) {
       if (t.index() == 0 && t.sample_index() == 0 && route_ == "local") {
@@ -494,6 +505,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
   auto call = std::make_shared<PrefillCall>();
   call->attempt = attempt;
   call->worker = prefill;
+  call->started = std::chrono::steady_clock::now();
   call->context.set_deadline(call_deadline);
   v1::PrefillRequest& req = call->request;
   req.set_request_id(worker_request_id_);
@@ -522,6 +534,7 @@ void GenerateCall::OnPrefillDone(const std::shared_ptr<PrefillCall>& call,
     if (status.ok()) {
       if (!call->superseded && !finished_) {
         served_prefill_ = call->worker->name;
+        timing_.PrefillDelivered(call->started, call->response.phases());
         cached_prompt_tokens_ =
             static_cast<uint32_t>(params_.prompt.size()) - call->response.prompt_tokens_computed();
         for (const v1::TokenOutput& t : call->response.first_tokens()) Deliver(t);
@@ -652,6 +665,7 @@ void GenerateCall::EmitHeader() {
 void GenerateCall::TokensEmitted(uint32_t s, int64_t n) {
   if (params_.on_tokens_emitted) params_.on_tokens_emitted(n);
   timer_.TokensSent(s, n, absl::Now());
+  if (n > 0) timing_.TokenSent(std::chrono::steady_clock::now());
 }
 
 void GenerateCall::Deliver(const v1::TokenOutput& token) {
@@ -683,7 +697,11 @@ void GenerateCall::Send(SampleOutputs<v1::TokenOutput>::Emission emission) {
   }
   if (n > 0) TokensEmitted(s, n);
   // Who served, as it turned out (the header named the first picks).
-  msg.set_route(served_prefill_.empty() ? "local" : "remote");
+  const bool remote = !served_prefill_.empty();
+  msg.set_route(remote ? "remote" : "local");
+  *msg.mutable_placement() = timing_.Placement(remote);
+  *msg.mutable_timing() = timing_.Timing(std::chrono::steady_clock::now());
+  if (s == 0) timer_.PhasesKnown(msg.timing(), remote);
   msg.set_prefill_worker(served_prefill_);
   msg.set_decode_worker(decode_ == nullptr ? "" : decode_->name);
   msg.set_finish_reason(ToProto(end.finish));

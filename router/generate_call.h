@@ -49,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/server/stream_sink.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "router/request_timing.h"
 #include "router/router_metrics.h"
 #include "router/sample_output.h"
 #include "router/worker_registry.h"
@@ -80,6 +81,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     // call reached the router (the start of TTFT and end-to-end latency).
     RouterMetrics* metrics = nullptr;
     absl::Time arrival;
+    // The same instant on the steady clock: the start of each sample's
+    // RequestTiming (router/request_timing.h).
+    std::chrono::steady_clock::time_point steady_arrival;
   };
 
   GenerateCall(Params params, WorkerRegistry* registry, const tokenizer::Tokenizer* tokenizer,
@@ -168,7 +172,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // Sends one emission of the samples' output: a message with its tokens
   // and text, or the sample's last message (route, prefill_worker and
   // decode_worker: the workers that served the request, after any retry
-  // or migration). A stop string's early end asks D to drop the sample
+  // or migration), with the request's placement and timing
+  // (router/request_timing.h; sample 0's phases go to the metrics). A
+  // stop string's early end asks D to drop the sample
   // (n > 1, others left); with the last sample, cancels the calls to the
   // workers.
   void Send(SampleOutputs<v1::TokenOutput>::Emission emission) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -222,6 +228,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // Prompt tokens the prefilling worker did not compute (prefix-cache hit).
   uint32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   RequestTimer timer_ ABSL_GUARDED_BY(mu_);  // params_.metrics' view of this request
+  // Where the first token's time went (each sample's last message).
+  RequestTimingRecorder timing_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::router

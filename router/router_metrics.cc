@@ -62,6 +62,16 @@ const std::vector<double>& RouterMetrics::RequestLatencyBuckets() {
   return b;
 }
 
+const std::vector<double>& RouterMetrics::PhaseBuckets() {
+  static const std::vector<double> b = [] {
+    std::vector<double> v = {0.0001, 0.00025, 0.0005};
+    const std::vector<double>& ttft = TimeToFirstTokenBuckets();
+    v.insert(v.end(), ttft.begin(), ttft.end());
+    return v;
+  }();
+  return b;
+}
+
 RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto& requests = prometheus::BuildCounter()
                        .Name("tandem_requests_total")
@@ -101,6 +111,16 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   queue_ = histogram("tandem_request_queue_time_seconds",
                      "Time in the router's admission queue (0 when admitted at once)",
                      RequestLatencyBuckets());
+  auto& phases = prometheus::BuildHistogram()
+                     .Name("tandem_request_phase_seconds")
+                     .Help(
+                         "Where a request's time to first token went, per phase (sample 0's "
+                         "RequestTiming; kv_transfer, decode_admission, first_decode: remote "
+                         "route only)")
+                     .Register(*registry_);
+  for (int p = 0; p < kPhases; ++p) {
+    phases_[p] = &phases.Add({{"phase", kPhaseLabels[p]}}, PhaseBuckets());
+  }
   auto counter = [this](const char* name, const char* help) {
     return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add({});
   };
@@ -193,6 +213,17 @@ void RequestTimer::TokensSent(uint32_t sample, int64_t n, absl::Time now) {
   }
   s.last = now;
   s.tokens += n;
+}
+
+void RequestTimer::PhasesKnown(const v1::RequestTiming& timing, bool remote) {
+  if (metrics_ == nullptr || phases_observed_) return;
+  phases_observed_ = true;
+  const double ms[RouterMetrics::kPhases] = {
+      timing.router_queue_ms(), timing.placement_ms(),   timing.prefill_queue_ms(),
+      timing.prefill_ms(),      timing.kv_transfer_ms(), timing.decode_admission_ms(),
+      timing.first_decode_ms()};
+  const int observed = remote ? RouterMetrics::kPhases : RouterMetrics::kLocalPhases;
+  for (int p = 0; p < observed; ++p) metrics_->phases_[p]->Observe(ms[p] / 1000.0);
 }
 
 void RequestTimer::Finished(absl::Time now, RouterMetrics::Route route, absl::StatusCode code,

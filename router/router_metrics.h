@@ -29,6 +29,13 @@
 //   tandem_request_queue_time_seconds              histogram: time in the
 //       admission queue, 0 when admitted at once; also for a request
 //       dropped from the queue (deadline, cancel); not for a refusal.
+//   tandem_request_phase_seconds{phase}            histogram: where a request's
+//       TTFT went (RequestTiming, router/request_timing.h), one observation
+//       per phase and request, from sample 0's last message. phase:
+//       "router_queue" | "placement" | "prefill_queue" | "prefill" (both
+//       routes; their sum is the request's TTFT) | "kv_transfer" |
+//       "decode_admission" | "first_decode" (remote route only: they are
+//       0 on the local route and not observed there).
 //   tandem_prompt_tokens_total                     counter: prompt tokens of
 //       requests that got an admission slot.
 //   tandem_generation_tokens_total                 counter: tokens written
@@ -63,6 +70,7 @@
 #include "absl/time/time.h"
 #include "router/admission.h"
 #include "tandem/v1/common.pb.h"
+#include "tandem/v1/generation.pb.h"
 
 namespace tandem::router {
 
@@ -81,6 +89,18 @@ class RouterMetrics {
   // tandem_e2e_request_latency_seconds and _request_queue_time_seconds:
   // 0.01, 0.025, 0.05, 0.1, then vLLM's request latency list 0.3 .. 7680.
   static const std::vector<double>& RequestLatencyBuckets();
+  // tandem_request_phase_seconds: 0.0001, 0.00025, 0.0005, then the TTFT
+  // list (a phase may take microseconds).
+  static const std::vector<double>& PhaseBuckets();
+
+  // The phase label values of tandem_request_phase_seconds, in
+  // RequestTiming's field order; the first kLocalPhases are observed on
+  // both routes, the rest on the remote route only.
+  static constexpr int kPhases = 7;
+  static constexpr int kLocalPhases = 4;
+  static constexpr const char* kPhaseLabels[kPhases] = {
+      "router_queue", "placement",        "prefill_queue", "prefill",
+      "kv_transfer",  "decode_admission", "first_decode"};
 
   // What the router's GetStatus reports (WorkerStatus.router_*_total), read
   // from the same counters /metrics serves.
@@ -140,6 +160,7 @@ class RouterMetrics {
   prometheus::Histogram* tpot_;
   prometheus::Histogram* e2e_;
   prometheus::Histogram* queue_;
+  std::array<prometheus::Histogram*, kPhases> phases_{};  // by kPhaseLabels
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Counter* prompt_tokens_cached_;
@@ -173,6 +194,11 @@ class RequestTimer {
   void Finished(absl::Time now, RouterMetrics::Route route, absl::StatusCode code,
                 v1::FinishReason first_sample_reason, int64_t prompt_tokens_cached);
 
+  // Sample 0's last message carried `timing`, on the remote route if
+  // `remote`: observes its phases in tandem_request_phase_seconds (the
+  // first call only; the remote-only phases only if `remote`).
+  void PhasesKnown(const v1::RequestTiming& timing, bool remote);
+
  private:
   struct Sample {
     int64_t tokens = 0;
@@ -183,6 +209,7 @@ class RequestTimer {
   const absl::Time arrival_;
   std::vector<Sample> samples_;
   bool first_token_sent_ = false;
+  bool phases_observed_ = false;
   bool finished_ = false;
 };
 

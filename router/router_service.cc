@@ -112,6 +112,7 @@ absl::StatusOr<int> RouterService::Authenticate(const grpc::CallbackServerContex
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   const absl::Time arrival = absl::Now();
+  const auto steady_arrival = std::chrono::steady_clock::now();
   absl::StatusOr<int> key = Authenticate(context);
   if (!key.ok()) {
     metrics_.RequestRefused(key.status().code());
@@ -121,7 +122,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
   grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor =
       rpc::ServeStream<v1::GenerateRequest>(request, [&](const v1::GenerateRequest* parsed) {
         parsed_ok = true;
-        return GenerateParsed(context, parsed, *key, arrival);
+        return GenerateParsed(context, parsed, *key, arrival, steady_arrival);
       });
   // ParseStrict's only error.
   if (!parsed_ok) metrics_.RequestRefused(absl::StatusCode::kInvalidArgument);
@@ -136,7 +137,7 @@ void RouterService::Refuse(GenerateCall::Sink& sink, const absl::Status& status,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request, int key,
-    absl::Time arrival) {
+    absl::Time arrival, std::chrono::steady_clock::time_point steady_arrival) {
   // What OnCancel reaches: the call (once created) and its admission id
   // (once submitted; a queued request leaves the queue at once).
   struct CancelState {
@@ -214,6 +215,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::GenerateParsed(
   params.deadline = std::min(context->deadline(), max_deadline);
   params.metrics = &metrics_;
   params.arrival = arrival;
+  params.steady_arrival = steady_arrival;
   const absl::Time deadline = absl::FromChrono(params.deadline);
   auto call =
       std::make_shared<GenerateCall>(std::move(params), &registry_, model_->tokenizer.get(), sink);

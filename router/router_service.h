@@ -31,6 +31,7 @@
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -181,10 +182,11 @@ class RouterService final : public GenerationBase {
 
   // The typed bodies of Generate and Tokenize, once the request parsed.
   // `request` is valid until they return. `key`: Authenticate's id.
-  // `arrival`: when Generate was called (metrics).
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateParsed(grpc::CallbackServerContext* context,
-                                                             const v1::GenerateRequest* request,
-                                                             int key, absl::Time arrival);
+  // `arrival`, `steady_arrival`: when Generate was called (metrics; each
+  // sample's RequestTiming).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateParsed(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request, int key,
+      absl::Time arrival, std::chrono::steady_clock::time_point steady_arrival);
   // Ends a Generate call that never got an admission slot: counted in the
   // metrics (RouterMetrics::RequestRefused), then `sink` finished.
   void Refuse(GenerateCall::Sink& sink, const absl::Status& status,

@@ -77,6 +77,13 @@ TEST(RouterMetricsTest, FreshRegistryShowsEverySeriesAtZero) {
                         "tandem_num_requests_waiting"}) {
     EXPECT_EQ(s.at(c), 0) << c;
   }
+  for (const char* phase : {"router_queue", "placement", "prefill_queue", "prefill", "kv_transfer",
+                            "decode_admission", "first_decode"}) {
+    const std::string h =
+        std::string("tandem_request_phase_seconds_count{phase=\"") + phase + "\"}";
+    ASSERT_EQ(s.count(h), 1u) << h;
+    EXPECT_EQ(s.at(h), 0) << h;
+  }
   // Error series appear with their first error; no label is a request id.
   for (const auto& [series, value] : s) {
     EXPECT_EQ(series.find("tandem_request_errors_total"), std::string::npos) << series;
@@ -97,6 +104,82 @@ TEST(RouterMetricsTest, BucketListsAreTheDocumentedOnes) {
               testing::ElementsAre(0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5,
                                    5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                                    480.0, 960.0, 1920.0, 7680.0));
+  EXPECT_THAT(RouterMetrics::PhaseBuckets(),
+              testing::ElementsAre(0.0001, 0.00025, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                   0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                                   80.0, 160.0, 640.0, 2560.0));
+}
+
+// Phase `phase`'s cumulative bucket counts at each `le`, then its _count.
+std::vector<double> PhaseBuckets(const std::map<std::string, double>& s, const std::string& phase,
+                                 const std::vector<std::string>& les) {
+  std::vector<double> out;
+  for (const std::string& le : les) {
+    auto it =
+        s.find("tandem_request_phase_seconds_bucket{phase=\"" + phase + "\",le=\"" + le + "\"}");
+    out.push_back(it == s.end() ? -1 : it->second);
+  }
+  out.push_back(s.at("tandem_request_phase_seconds_count{phase=\"" + phase + "\"}"));
+  return out;
+}
+
+double PhaseSum(const std::map<std::string, double>& s, const std::string& phase) {
+  return s.at("tandem_request_phase_seconds_sum{phase=\"" + phase + "\"}");
+}
+
+TEST(RouterMetricsTest, RemoteRequestObservesEveryPhaseOnce) {
+  RouterMetrics metrics;
+  RequestTimer timer(&metrics, kT0, 1);
+  v1::RequestTiming t;
+  t.set_ttft_ms(20);
+  t.set_router_queue_ms(0.2);    // (0.0001, 0.00025] s
+  t.set_placement_ms(3);         // (0.001, 0.005]
+  t.set_prefill_queue_ms(4);     // (0.001, 0.005]
+  t.set_prefill_ms(12.8);        // (0.01, 0.02]
+  t.set_kv_transfer_ms(0.3);     // (0.00025, 0.0005]
+  t.set_decode_admission_ms(0);  // (0, 0.0001]
+  t.set_first_decode_ms(2);      // (0.001, 0.005]
+  timer.PhasesKnown(t, /*remote=*/true);
+  timer.PhasesKnown(t, /*remote=*/true);  // another sample's: not observed again
+  const auto s = Scrape(metrics);
+  const std::vector<std::string> les = {"0.0001", "0.00025", "0.0005", "0.001",
+                                        "0.005",  "0.01",    "0.02",   "+Inf"};
+  EXPECT_THAT(PhaseBuckets(s, "router_queue", les),
+              testing::ElementsAre(0, 1, 1, 1, 1, 1, 1, 1, 1));
+  EXPECT_THAT(PhaseBuckets(s, "placement", les), testing::ElementsAre(0, 0, 0, 0, 1, 1, 1, 1, 1));
+  EXPECT_THAT(PhaseBuckets(s, "prefill_queue", les),
+              testing::ElementsAre(0, 0, 0, 0, 1, 1, 1, 1, 1));
+  EXPECT_THAT(PhaseBuckets(s, "prefill", les), testing::ElementsAre(0, 0, 0, 0, 0, 0, 1, 1, 1));
+  EXPECT_THAT(PhaseBuckets(s, "kv_transfer", les), testing::ElementsAre(0, 0, 1, 1, 1, 1, 1, 1, 1));
+  EXPECT_THAT(PhaseBuckets(s, "decode_admission", les),
+              testing::ElementsAre(1, 1, 1, 1, 1, 1, 1, 1, 1));
+  EXPECT_THAT(PhaseBuckets(s, "first_decode", les),
+              testing::ElementsAre(0, 0, 0, 0, 1, 1, 1, 1, 1));
+  EXPECT_DOUBLE_EQ(PhaseSum(s, "prefill"), 0.0128);
+  EXPECT_DOUBLE_EQ(PhaseSum(s, "kv_transfer"), 0.0003);
+}
+
+TEST(RouterMetricsTest, LocalRequestObservesOnlyThePhasesOfItsRoute) {
+  RouterMetrics metrics;
+  RequestTimer timer(&metrics, kT0, 1);
+  v1::RequestTiming t;
+  t.set_ttft_ms(10);
+  t.set_router_queue_ms(1);
+  t.set_placement_ms(0.5);
+  t.set_prefill_queue_ms(0.5);
+  t.set_prefill_ms(8);
+  timer.PhasesKnown(t, /*remote=*/false);
+  const auto s = Scrape(metrics);
+  for (const char* phase : {"router_queue", "placement", "prefill_queue", "prefill"}) {
+    EXPECT_EQ(s.at(std::string("tandem_request_phase_seconds_count{phase=\"") + phase + "\"}"), 1)
+        << phase;
+  }
+  for (const char* phase : {"kv_transfer", "decode_admission", "first_decode"}) {
+    EXPECT_EQ(s.at(std::string("tandem_request_phase_seconds_count{phase=\"") + phase + "\"}"), 0)
+        << phase;
+  }
+  EXPECT_DOUBLE_EQ(PhaseSum(s, "router_queue"), 0.001);
+  EXPECT_DOUBLE_EQ(PhaseSum(s, "prefill"), 0.008);
 }
 
 TEST(RouterMetricsTest, OneRequestsTimingsLandInTheirBuckets) {
@@ -275,6 +358,7 @@ TEST(RouterMetricsTest, NullMetricsRecordNothing) {
   RequestTimer timer(nullptr, kT0, 1);
   timer.TokensSent(0, 1, At(1));
   timer.Finished(At(2), Route::kLocal, absl::StatusCode::kOk, v1::FINISH_STOP, 0);
+  timer.PhasesKnown(v1::RequestTiming(), true);
 }
 
 }  // namespace
