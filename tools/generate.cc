@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -400,6 +401,10 @@ void GenerateResult::Add(const tandem::v1::GenerateResponse& r, absl::Duration s
   s.tokens.insert(s.tokens.end(), r.tokens().begin(), r.tokens().end());
   s.text += r.text();
   if (r.finish_reason() != tandem::v1::FINISH_NONE) s.finish_reason = r.finish_reason();
+  if (r.finish_reason() != tandem::v1::FINISH_NONE && r.sample_index() == 0) {
+    if (r.has_placement()) placement_ = r.placement();
+    if (r.has_timing()) server_timing_ = r.timing();
+  }
   if (r.has_stop_reason()) s.stop_reason = r.stop_reason();
   if (r.completion_tokens() != 0) s.completion_tokens = r.completion_tokens();
 }
@@ -461,7 +466,30 @@ nlohmann::ordered_json GenerateResult::ToJson() const {
   auto ms = [](const std::optional<absl::Duration>& d) {
     return d.has_value() ? nlohmann::ordered_json(ToMs(*d)) : nlohmann::ordered_json(nullptr);
   };
-  j["timing"] = {{"ttft_ms", ms(ttft_)}, {"e2e_ms", ms(e2e_)}};
+  if (placement_.has_value()) {
+    j["placement"] = {{"decision", placement_->decision()},
+                      {"ttft_local_ms", placement_->ttft_local_ms()},
+                      {"ttft_remote_ms", placement_->ttft_remote_ms()}};
+  } else {
+    j["placement"] = nullptr;
+  }
+  nlohmann::ordered_json timing = {{"ttft_ms", ms(ttft_)}, {"e2e_ms", ms(e2e_)}};
+  // The server's phases, by RequestTiming field.
+  using Field = double (tandem::v1::RequestTiming::*)() const;
+  const std::pair<const char*, Field> server_fields[] = {
+      {"server_ttft_ms", &tandem::v1::RequestTiming::ttft_ms},
+      {"router_queue_ms", &tandem::v1::RequestTiming::router_queue_ms},
+      {"placement_ms", &tandem::v1::RequestTiming::placement_ms},
+      {"prefill_queue_ms", &tandem::v1::RequestTiming::prefill_queue_ms},
+      {"prefill_ms", &tandem::v1::RequestTiming::prefill_ms},
+      {"kv_transfer_ms", &tandem::v1::RequestTiming::kv_transfer_ms},
+      {"decode_admission_ms", &tandem::v1::RequestTiming::decode_admission_ms},
+      {"first_decode_ms", &tandem::v1::RequestTiming::first_decode_ms}};
+  for (const auto& [name, field] : server_fields) {
+    timing[name] = server_timing_.has_value() ? nlohmann::ordered_json(((*server_timing_).*field)())
+                                              : nlohmann::ordered_json(nullptr);
+  }
+  j["timing"] = std::move(timing);
   j["seed"] = meta_.seed();
   if (n_ > 1) {
     nlohmann::ordered_json samples = nlohmann::ordered_json::array();

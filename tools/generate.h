@@ -129,8 +129,15 @@ class GenerateResult {
   // stop_reason (the stop string, the stop token id, or null), logprobs
   // (only with_logprobs: one {token_id, logprob, top_logprobs: [{token_id,
   // logprob}]} per token), usage {prompt_tokens, completion_tokens (of
-  // sample 0), cached_prompt_tokens}, timing {ttft_ms, e2e_ms} (null when
-  // unknown), seed, and when n > 1 samples: one {sample_index, token_ids,
+  // sample 0), cached_prompt_tokens}, placement {decision, ttft_local_ms,
+  // ttft_remote_ms} (where the server prefilled the prompt and its
+  // predictions; null when the server sent none), timing {ttft_ms, e2e_ms
+  // (measured here, from the call start; null when unknown), then the
+  // server's view of the same request (RequestTiming of sample 0's last
+  // message, null each when the server sent none): server_ttft_ms,
+  // router_queue_ms, placement_ms, prefill_queue_ms, prefill_ms (these
+  // four add up to server_ttft_ms), kv_transfer_ms, decode_admission_ms,
+  // first_decode_ms}, seed, and when n > 1 samples: one {sample_index, token_ids,
   // text, finish_reason, stop_reason, completion_tokens[, logprobs]} per
   // sample 0..n-1 (and any higher index the stream carried). Metadata comes
   // from the first message that sets it; counts from the server's last
@@ -167,6 +174,9 @@ class GenerateResult {
   uint32_t cached_prompt_tokens_ = 0;
   std::optional<absl::Duration> ttft_;
   std::optional<absl::Duration> e2e_;
+  // From sample 0's last message, when the server sent them.
+  std::optional<tandem::v1::Placement> placement_;
+  std::optional<tandem::v1::RequestTiming> server_timing_;
 };
 
 // Runs the subcommand; returns the process exit status (0, 1, 2).

@@ -141,7 +141,12 @@ using TokenBytes = std::function<std::string(int32_t token_id)>;
 // sample's token bytes before each token, continuing across chunks; a stop
 // token's bytes count though its text is not in `text`. usage:
 // prompt_tokens, completion_tokens summed over the samples, total_tokens,
-// prompt_tokens_details.cached_tokens; no system_fingerprint. Output is
+// prompt_tokens_details.cached_tokens, then Tandem's placement {decision,
+// ttft_local_ms, ttft_remote_ms} and timing {ttft_ms, e2e_ms,
+// router_queue_ms, placement_ms, prefill_queue_ms, prefill_ms,
+// kv_transfer_ms, decode_admission_ms, first_decode_ms} from sample 0's
+// last message (GenerateResponse.placement / timing; each left out when
+// that message has none); no system_fingerprint. Output is
 // dumped with invalid UTF-8 replaced by U+FFFD (never throws).
 class ResponseBuilder {
  public:

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -238,6 +239,9 @@ struct ResponseBuilder::Impl {
   uint32_t prompt_tokens = 0;
   uint32_t cached_prompt_tokens = 0;
   std::map<uint32_t, Sample> samples;
+  // From sample 0's last message, when the router sent them.
+  std::optional<v1::Placement> placement;
+  std::optional<v1::RequestTiming> timing;
 
   // Records what every message says about the request and its sample.
   Sample& Note(const v1::GenerateResponse& m) {
@@ -251,6 +255,8 @@ struct ResponseBuilder::Impl {
     if (m.finish_reason() != v1::FINISH_NONE) {
       s.finish = m.finish_reason();
       s.stop_reason = m.stop_reason();
+      if (m.sample_index() == 0 && m.has_placement()) placement = m.placement();
+      if (m.sample_index() == 0 && m.has_timing()) timing = m.timing();
     }
     return s;
   }
@@ -263,6 +269,23 @@ struct ResponseBuilder::Impl {
     usage["completion_tokens"] = completion;
     usage["total_tokens"] = prompt_tokens + completion;
     usage["prompt_tokens_details"] = {{"cached_tokens", cached_prompt_tokens}};
+    if (placement.has_value()) {
+      usage["placement"] = {{"decision", placement->decision()},
+                            {"ttft_local_ms", placement->ttft_local_ms()},
+                            {"ttft_remote_ms", placement->ttft_remote_ms()}};
+    }
+    if (timing.has_value()) {
+      const v1::RequestTiming& t = *timing;
+      usage["timing"] = {{"ttft_ms", t.ttft_ms()},
+                         {"e2e_ms", t.e2e_ms()},
+                         {"router_queue_ms", t.router_queue_ms()},
+                         {"placement_ms", t.placement_ms()},
+                         {"prefill_queue_ms", t.prefill_queue_ms()},
+                         {"prefill_ms", t.prefill_ms()},
+                         {"kv_transfer_ms", t.kv_transfer_ms()},
+                         {"decode_admission_ms", t.decode_admission_ms()},
+                         {"first_decode_ms", t.first_decode_ms()}};
+    }
     return usage;
   }
 

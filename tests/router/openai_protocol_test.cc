@@ -737,6 +737,68 @@ TEST(OpenAiResponseTest, ChatStreamChunks) {
   EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
 }
 
+// Script() with the router's placement and timing on each sample's last
+// message; sample 1's differ, and sample 0's are the request's.
+std::vector<v1::GenerateResponse> ScriptWithTiming() {
+  std::vector<v1::GenerateResponse> s = Script();
+  for (v1::GenerateResponse& m : s) {
+    if (m.finish_reason() == v1::FINISH_NONE) continue;
+    const bool first = m.sample_index() == 0;
+    m.mutable_placement()->set_decision(first ? "remote" : "local");
+    m.mutable_placement()->set_ttft_local_ms(first ? 120.5 : 1);
+    m.mutable_placement()->set_ttft_remote_ms(first ? 80.25 : 1);
+    v1::RequestTiming* t = m.mutable_timing();
+    t->set_ttft_ms(first ? 20 : 99);
+    t->set_e2e_ms(first ? 50 : 99);
+    t->set_router_queue_ms(first ? 2 : 99);
+    t->set_placement_ms(first ? 3 : 99);
+    t->set_prefill_queue_ms(first ? 4 : 99);
+    t->set_prefill_ms(first ? 11 : 99);
+    t->set_kv_transfer_ms(first ? 3.5 : 99);
+    t->set_decode_admission_ms(first ? 1 : 99);
+    t->set_first_decode_ms(first ? 2.25 : 99);
+  }
+  return s;
+}
+
+constexpr char kSampleZeroPlacement[] =
+    R"({"decision":"remote","ttft_local_ms":120.5,"ttft_remote_ms":80.25})";
+constexpr char kSampleZeroTiming[] =
+    R"({"ttft_ms":20.0,"e2e_ms":50.0,"router_queue_ms":2.0,"placement_ms":3.0,)"
+    R"("prefill_queue_ms":4.0,"prefill_ms":11.0,"kv_transfer_ms":3.5,)"
+    R"("decode_admission_ms":1.0,"first_decode_ms":2.25})";
+
+TEST(OpenAiResponseTest, BodyUsageCarriesSampleZerosPlacementAndTiming) {
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    ResponseBuilder b(Request(endpoint, false, false, false, 0), 42, "m", FakeTokenBytes);
+    for (const auto& m : ScriptWithTiming()) b.Add(m);
+    const json usage = json::parse(b.Body())["usage"];
+    EXPECT_EQ(usage["placement"], json::parse(kSampleZeroPlacement));
+    EXPECT_EQ(usage["timing"], json::parse(kSampleZeroTiming));
+    EXPECT_EQ(usage["completion_tokens"], 5);
+  }
+}
+
+TEST(OpenAiResponseTest, StreamUsageChunkCarriesSampleZerosPlacementAndTiming) {
+  ResponseBuilder b(Request(Endpoint::kChatCompletions, true, true, false, 0), 42, "m",
+                    FakeTokenBytes);
+  for (const auto& m : ScriptWithTiming()) {
+    for (const std::string& c : b.Chunks(m)) EXPECT_TRUE(json::parse(c)["usage"].is_null());
+  }
+  const json usage = json::parse(b.UsageChunk())["usage"];
+  EXPECT_EQ(usage["placement"], json::parse(kSampleZeroPlacement));
+  EXPECT_EQ(usage["timing"], json::parse(kSampleZeroTiming));
+}
+
+TEST(OpenAiResponseTest, UsageWithoutTheRoutersTimingHasNeither) {
+  ResponseBuilder b(Request(Endpoint::kCompletions, false, false, false, 0), 42, "m",
+                    FakeTokenBytes);
+  for (const auto& m : Script()) b.Add(m);
+  const json usage = json::parse(b.Body())["usage"];
+  EXPECT_FALSE(usage.contains("placement"));
+  EXPECT_FALSE(usage.contains("timing"));
+}
+
 TEST(OpenAiResponseTest, CompletionsStreamChunksWithLogprobs) {
   ResponseBuilder b(Request(Endpoint::kCompletions, true, false, true, 2), 42, "stories260K",
                     FakeTokenBytes);

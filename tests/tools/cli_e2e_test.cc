@@ -608,12 +608,18 @@ TEST_F(CliTest, GenerateJsonAndText) {
   const double ttft = j["timing"]["ttft_ms"], e2e = j["timing"]["e2e_ms"];
   EXPECT_LE(0, ttft);
   EXPECT_LE(ttft, e2e);
+  // The fake router sends no RequestTiming: the server's fields are null.
+  for (const char* f : {"server_ttft_ms", "router_queue_ms", "placement_ms", "prefill_queue_ms",
+                        "prefill_ms", "kv_transfer_ms", "decode_admission_ms", "first_decode_ms"}) {
+    EXPECT_TRUE(j["timing"][f].is_null()) << f;
+  }
   j.erase("timing");
   EXPECT_EQ(j.dump(), nlohmann::json::parse(R"({
       "request_id": "fake-1", "route": "remote", "prefill_worker": "prefill-0",
       "decode_worker": "decode-0", "prompt_token_ids": [1, 2], "token_ids": [100, 101, 102],
       "text": " t0 t1 t2", "finish_reason": "length", "stop_reason": null,
-      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0}, "seed": 9})")
+      "usage": {"prompt_tokens": 2, "completion_tokens": 3, "cached_prompt_tokens": 0},
+      "placement": null, "seed": 9})")
                           .dump());
 
   r = RunCommand({tandem_, "generate", "--router", address, "--max-tokens", "2", "--route", "local",
@@ -646,7 +652,7 @@ TEST_F(CliTest, GenerateSeveralSamples) {
                     "top_logprobs": [{"token_id": 100, "logprob": -0.5},
                                      {"token_id": 101, "logprob": -1.5}]}],
       "usage": {"prompt_tokens": 2, "completion_tokens": 1, "cached_prompt_tokens": 0},
-      "seed": 1,
+      "placement": null, "seed": 1,
       "samples": [
         {"sample_index": 0, "token_ids": [100], "text": " t0", "finish_reason": "stop",
          "stop_reason": "\n", "completion_tokens": 1,

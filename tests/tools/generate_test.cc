@@ -296,6 +296,12 @@ tandem::v1::GenerateResponse Message(std::vector<std::pair<uint32_t, int32_t>> t
   return r;
 }
 
+// The server's timing fields of a stream that carried no RequestTiming.
+const std::string kNoServerTiming =
+    R"("server_ttft_ms":null,"router_queue_ms":null,"placement_ms":null,)"
+    R"("prefill_queue_ms":null,"prefill_ms":null,"kv_transfer_ms":null,)"
+    R"("decode_admission_ms":null,"first_decode_ms":null)";
+
 TEST(GenerateResultTest, RemoteStreamToJsonLine) {
   tandem::v1::GenerateResponse first = Message({{0, 42}}, "Once");
   first.set_request_id("0123456789abcdef0123456789abcdef");
@@ -320,7 +326,8 @@ TEST(GenerateResultTest, RemoteStreamToJsonLine) {
             R"("prompt_token_ids":[1,500,600],"token_ids":[42,43,44],"text":"Once upon a",)"
             R"("finish_reason":"length","stop_reason":null,)"
             R"("usage":{"prompt_tokens":3,"completion_tokens":3,"cached_prompt_tokens":0},)"
-            R"("timing":{"ttft_ms":5.0,"e2e_ms":10.25},"seed":7})");
+            R"("placement":null,"timing":{"ttft_ms":5.0,"e2e_ms":10.25,)" +
+                kNoServerTiming + R"(},"seed":7})");
 }
 
 TEST(GenerateResultTest, TtftIsTheFirstMessageWithATokenAndCountsFallBack) {
@@ -345,7 +352,49 @@ TEST(GenerateResultTest, TtftIsTheFirstMessageWithATokenAndCountsFallBack) {
             R"("prompt_token_ids":[1,9],"token_ids":[5,6],"text":"ab","finish_reason":null,)"
             R"("stop_reason":null,)"
             R"("usage":{"prompt_tokens":2,"completion_tokens":2,"cached_prompt_tokens":0},)"
-            R"("timing":{"ttft_ms":4.0,"e2e_ms":6.0},"seed":0})");
+            R"("placement":null,"timing":{"ttft_ms":4.0,"e2e_ms":6.0,)" +
+                kNoServerTiming + R"(},"seed":0})");
+}
+
+TEST(GenerateResultTest, ServerPlacementAndPhasesComeFromSampleZerosLastMessage) {
+  tandem::v1::GenerateResponse meta;
+  meta.set_request_id("r3");
+  meta.set_route("remote");
+  meta.add_prompt_token_ids(1);
+  // n = 2: sample 1 ends first with other values; sample 0's are printed.
+  tandem::v1::GenerateResponse s1_last = Message({{0, 8}}, "b");
+  s1_last.set_sample_index(1);
+  s1_last.set_finish_reason(tandem::v1::FINISH_LENGTH);
+  s1_last.mutable_placement()->set_decision("local");
+  s1_last.mutable_timing()->set_ttft_ms(99);
+  tandem::v1::GenerateResponse s0_last = Message({{0, 7}}, "a");
+  s0_last.set_finish_reason(tandem::v1::FINISH_LENGTH);
+  tandem::v1::Placement* p = s0_last.mutable_placement();
+  p->set_decision("remote");
+  p->set_ttft_local_ms(120.5);
+  p->set_ttft_remote_ms(80.25);
+  tandem::v1::RequestTiming* t = s0_last.mutable_timing();
+  t->set_ttft_ms(20);
+  t->set_e2e_ms(50);
+  t->set_router_queue_ms(2);
+  t->set_placement_ms(3);
+  t->set_prefill_queue_ms(4);
+  t->set_prefill_ms(11);
+  t->set_kv_transfer_ms(3.5);
+  t->set_decode_admission_ms(1);
+  t->set_first_decode_ms(2.25);
+  GenerateResult result(/*n=*/2);
+  result.Add(meta, absl::Milliseconds(1));
+  result.Add(s1_last, absl::Milliseconds(22));
+  result.Add(s0_last, absl::Milliseconds(23));
+  result.Finish(absl::Milliseconds(60));
+  const nlohmann::ordered_json j = result.ToJson();
+  EXPECT_EQ(j["placement"].dump(),
+            R"({"decision":"remote","ttft_local_ms":120.5,"ttft_remote_ms":80.25})");
+  EXPECT_EQ(j["timing"].dump(),
+            R"({"ttft_ms":22.0,"e2e_ms":60.0,"server_ttft_ms":20.0,"router_queue_ms":2.0,)"
+            R"("placement_ms":3.0,"prefill_queue_ms":4.0,"prefill_ms":11.0,)"
+            R"("kv_transfer_ms":3.5,"decode_admission_ms":1.0,"first_decode_ms":2.25})");
 }
 
 // One token with its logprob and top alternatives ({id, logprob} pairs).
@@ -426,7 +475,8 @@ TEST(GenerateResultTest, TwoSamplesWithStopReasonsAndTopLogprobs) {
             R"("prompt_token_ids":[1,9],"token_ids":[11,13],"text":"Hey","finish_reason":"stop",)"
             R"("stop_reason":"!","logprobs":)" + lp0 +
             R"(,"usage":{"prompt_tokens":2,"completion_tokens":2,"cached_prompt_tokens":1},)"
-            R"("timing":{"ttft_ms":4.0,"e2e_ms":20.0},"seed":3,"samples":[)"
+            R"("placement":null,"timing":{"ttft_ms":4.0,"e2e_ms":20.0,)" + kNoServerTiming +
+            R"(},"seed":3,"samples":[)"
             R"({"sample_index":0,"token_ids":[11,13],"text":"Hey","finish_reason":"stop",)"
             R"("stop_reason":"!","completion_tokens":2,"logprobs":)" + lp0 + "},"
             R"({"sample_index":1,"token_ids":[12,14,2],"text":"Hi!","finish_reason":"stop",)"
@@ -458,7 +508,8 @@ TEST(GenerateResultTest, NoTokensGivesNullTtftAndInvalidUtf8IsReplaced) {
   const std::string line = result.ToJsonLine();
   EXPECT_THAT(line, HasSubstr("\"text\":\"x\xef\xbf\xbd\""));
   EXPECT_THAT(line, HasSubstr(R"("finish_reason":"cancelled")"));
-  EXPECT_THAT(line, HasSubstr(R"("timing":{"ttft_ms":null,"e2e_ms":null})"));
+  EXPECT_THAT(line, HasSubstr(R"("placement":null,"timing":{"ttft_ms":null,"e2e_ms":null,)" +
+                              kNoServerTiming + R"(})"));
 }
 
 }  // namespace
