@@ -173,6 +173,8 @@ void StreamResult::Add(const v1::GenerateResponse& r) {
     if (m.has_finish) {
       s.finish_reason = r.finish_reason();
       ++s.finish_messages;
+      if (r.has_placement()) s.placement = r.placement();
+      if (r.has_timing()) s.timing = r.timing();
     }
     if (r.has_stop_reason()) {
       s.stop_reason = r.stop_reason();

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -99,6 +100,10 @@ struct SampleResult {
   std::string text;                 // the concatenation of its messages' text
   v1::FinishReason finish_reason = v1::FINISH_NONE;  // the last one seen
   int finish_messages = 0;          // messages carrying a finish_reason
+  // GenerateResponse.placement / timing of the last message with a
+  // finish_reason that had them (absent: none did).
+  std::optional<v1::Placement> placement;
+  std::optional<v1::RequestTiming> timing;
   bool tokens_after_finish = false;  // a message with tokens came after the finish
   v1::StopReason stop_reason;       // of the message that carried one
   int stop_reason_messages = 0;     // messages carrying a stop_reason

@@ -66,6 +66,32 @@ StreamText JoinStream(const std::vector<std::string>& events, bool chat) {
   return out;
 }
 
+// A usage object's Tandem fields (router/openai/openai_protocol.h): the
+// placement names `route`, the phases are >= 0 and add up to ttft_ms
+// within a millisecond.
+void ExpectUsagePlacementAndTiming(const json& usage, const std::string& route) {
+  ASSERT_TRUE(usage.contains("placement")) << usage.dump();
+  EXPECT_EQ(usage["placement"]["decision"], route);
+  EXPECT_TRUE(usage["placement"]["ttft_local_ms"].is_number());
+  EXPECT_TRUE(usage["placement"]["ttft_remote_ms"].is_number());
+  ASSERT_TRUE(usage.contains("timing")) << usage.dump();
+  const json& t = usage["timing"];
+  double sum = 0;
+  for (const char* f : {"router_queue_ms", "placement_ms", "prefill_queue_ms", "prefill_ms"}) {
+    ASSERT_TRUE(t[f].is_number()) << f << " in " << t.dump();
+    EXPECT_GE(t[f].get<double>(), 0) << f;
+    sum += t[f].get<double>();
+  }
+  for (const char* f : {"kv_transfer_ms", "decode_admission_ms", "first_decode_ms"}) {
+    ASSERT_TRUE(t[f].is_number()) << f << " in " << t.dump();
+    EXPECT_GE(t[f].get<double>(), 0) << f;
+  }
+  ASSERT_TRUE(t["ttft_ms"].is_number() && t["e2e_ms"].is_number()) << t.dump();
+  EXPECT_GT(t["ttft_ms"].get<double>(), 0);
+  EXPECT_GE(t["e2e_ms"].get<double>(), t["ttft_ms"].get<double>());
+  EXPECT_NEAR(sum, t["ttft_ms"].get<double>(), 1.0) << t.dump();
+}
+
 // The default cluster with the HTTP front door on an ephemeral port.
 class HttpTest : public ClusterSuite {
  protected:
@@ -101,6 +127,7 @@ TEST_F(HttpTest, CompletionsEqualTheGrpcResultAndTheGolden) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 16);
   EXPECT_EQ(j["usage"]["total_tokens"], grpc.prompt_tokens + 16);
   EXPECT_TRUE(j["usage"]["prompt_tokens_details"]["cached_tokens"].is_number());
+  ExpectUsagePlacementAndTiming(j["usage"], grpc.served_route);
 
   // The same request streamed: the same text, chunk by chunk, then [DONE].
   const std::string stream_body =
@@ -118,6 +145,7 @@ TEST_F(HttpTest, CompletionsEqualTheGrpcResultAndTheGolden) {
   EXPECT_GE(st.chunks, 2);
   ASSERT_TRUE(st.usage.is_object()) << "no usage chunk with include_usage";
   EXPECT_EQ(st.usage["completion_tokens"], 16);
+  ExpectUsagePlacementAndTiming(st.usage, grpc.served_route);
 }
 
 TEST_F(HttpTest, PromptAsTokenIdsEqualsThePromptText) {
@@ -255,6 +283,13 @@ TEST_F(HttpTest, MetricsAgreeWithGetStatusAndTheClients) {
   EXPECT_EQ(grew("tandem_e2e_request_latency_seconds_count{}"), 2);
   EXPECT_EQ(grew("tandem_request_queue_time_seconds_count{}"), 2);
   EXPECT_EQ(grew("tandem_time_per_output_token_seconds_count{}"), 2);
+  // Where their TTFT went: once per request, on its route (local: the
+  // prompt is shorter than max_local_prefill_tokens).
+  for (const char* phase : {"router_queue", "placement", "prefill_queue", "prefill"}) {
+    EXPECT_EQ(grew(absl::StrCat("tandem_request_phase_seconds_count{phase=\"", phase, "\"}")), 2)
+        << phase;
+  }
+  EXPECT_EQ(grew("tandem_request_phase_seconds_count{phase=\"kv_transfer\"}"), 0);
 }
 
 TEST_F(HttpTest, ChatWithoutATemplateIs400NamingIt) {

@@ -59,7 +59,7 @@ assert streamed == text, (streamed, text)
 metrics = open(f"{tmp}/metrics.txt").read()
 for name in ["tandem_time_to_first_token_seconds_bucket", "tandem_e2e_request_latency_seconds_count",
              "tandem_inter_token_latency_seconds_bucket", "tandem_time_per_output_token_seconds_bucket",
-             "tandem_request_queue_time_seconds_bucket"]:
+             "tandem_request_queue_time_seconds_bucket", "tandem_request_phase_seconds_bucket"]:
     assert name in metrics, name
 print("ok: completion, SSE stream and /metrics agree:", repr(text))
 PY
