@@ -81,8 +81,8 @@ class GrpcBackend::Call final : public grpc::ClientReadReactor<tandem::v1::Gener
     output_.placement = placement.decision();
     output_.predicted_ttft_s.reset();
     if (placement.ttft_local_ms() == 0 && placement.ttft_remote_ms() == 0) return;
-    const double chosen_ms = placement.decision() == "remote" ? placement.ttft_remote_ms()
-                                                              : placement.ttft_local_ms();
+    const double chosen_ms =
+        placement.decision() == "remote" ? placement.ttft_remote_ms() : placement.ttft_local_ms();
     output_.predicted_ttft_s = chosen_ms / 1000.0;
   }
 
