@@ -14,11 +14,10 @@ int32_t TpotChunkTokens(const StepModel& model, const StepShape& planned, int32_
     shape.AddChunk(start, count);
     return model.PredictMs(shape) <= tpot_ms;
   };
-  const int32_t floor = planned.prefill_tokens == 0 ? std::min(kMinTpotChunkTokens, max_count) : 0;
   if (fits(max_count)) return max_count;
   // The predicted time grows with the chunk: binary search the largest
-  // count in [floor, max_count) that fits.
-  int32_t lo = floor;      // fits, or the floor
+  // count in [1, max_count) that fits.
+  int32_t lo = 0;          // fits (no chunk)
   int32_t hi = max_count;  // does not fit
   while (hi - lo > 1) {
     const int32_t mid = lo + (hi - lo) / 2;
@@ -28,7 +27,10 @@ int32_t TpotChunkTokens(const StepModel& model, const StepShape& planned, int32_
       hi = mid;
     }
   }
-  return lo;
+  if (lo > 0) return lo;
+  // Not even one token fits (the decodes alone exceed tpot_ms): the
+  // step's first prefill chunk still takes the floor.
+  return planned.prefill_tokens == 0 ? std::min(kMinTpotChunkTokens, max_count) : 0;
 }
 
 namespace {

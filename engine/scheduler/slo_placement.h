@@ -32,15 +32,16 @@
 
 namespace tandem::scheduler {
 
-// Prefill tokens of a step never go below this while decodes run (the
-// floor that keeps prefill advancing however tight slo.tpot_ms is).
+// The floor that keeps prefill advancing however tight slo.tpot_ms is: the
+// first prefill chunk of a step whose decodes alone exceed tpot_ms.
 inline constexpr int32_t kMinTpotChunkTokens = 16;
 
 // The largest prefill chunk of at most `max_count` tokens at [start, ...)
 // that keeps a step of `planned` plus that chunk within `tpot_ms` by the
-// model's prediction. When `planned` has no prefill tokens yet, at least
-// min(kMinTpotChunkTokens, max_count) (the floor); otherwise possibly 0.
-// Returns max_count when tpot_ms <= 0 or the model has no samples.
+// model's prediction. When not even one token fits: the floor,
+// min(kMinTpotChunkTokens, max_count), if `planned` has no prefill tokens
+// yet, else 0. Returns max_count when tpot_ms <= 0 or the model has no
+// samples.
 int32_t TpotChunkTokens(const StepModel& model, const StepShape& planned, int32_t start,
                         int32_t max_count, double tpot_ms);
 

@@ -108,6 +108,8 @@ TEST(TpotChunkTokensTest, BoundsTheChunk) {
   EXPECT_EQ(TpotChunkTokens(model, decodes, 0, 512, 100), 512);
   // No SLO: unbounded.
   EXPECT_EQ(TpotChunkTokens(model, decodes, 0, 512, 0), 512);
+  // 6 tokens fit (5.06 ms): 6, not the floor (which is for no fit at all).
+  EXPECT_EQ(TpotChunkTokens(model, decodes, 0, 512, 5.061), 6);
   // The SLO is below the decode-only step: the floor keeps prefill going.
   EXPECT_EQ(TpotChunkTokens(model, decodes, 0, 512, 4), kMinTpotChunkTokens);
   EXPECT_EQ(TpotChunkTokens(model, decodes, 0, 5, 4), 5);
