@@ -13,29 +13,35 @@
 namespace tandem::router {
 namespace {
 
-// While a request uses a worker: counts it as active there, and tells the
+// While a request uses a worker: counts it as active there (and, for a
+// prefill call, its prompt tokens as in flight there), and tells the
 // request if the registry marks the worker unhealthy. Created and
 // destroyed outside the request's mutex (WorkerHandle::NotifyLost runs the
 // callback under the handle's own lock, and the callback takes the
 // request's).
 class ActiveGuard {
  public:
-  ActiveGuard(std::shared_ptr<WorkerHandle> worker, std::weak_ptr<GenerateCall> call)
+  ActiveGuard(std::shared_ptr<WorkerHandle> worker, std::weak_ptr<GenerateCall> call,
+              int64_t prefill_tokens = 0)
       : w_(std::move(worker)),
+        prefill_tokens_(prefill_tokens),
         lost_token_(w_->AddLostCallback([call = std::move(call), name = w_->name] {
           if (auto c = call.lock()) c->WorkerLost(name);
         })) {
     ++w_->active_requests;
+    w_->prefill_tokens_in_flight += prefill_tokens_;
   }
   ~ActiveGuard() {
     w_->RemoveLostCallback(lost_token_);
     --w_->active_requests;
+    w_->prefill_tokens_in_flight -= prefill_tokens_;
   }
   ActiveGuard(const ActiveGuard&) = delete;
   ActiveGuard& operator=(const ActiveGuard&) = delete;
 
  private:
   std::shared_ptr<WorkerHandle> w_;
+  const int64_t prefill_tokens_;
   uint64_t lost_token_;
 };
 
@@ -517,7 +523,7 @@ void GenerateCall::StartPrefill(const v1::NeedRemotePrefill& need) {
   prefill_calls_.push_back(call);
   ++outstanding_;
   deferred_.push_back([self = shared_from_this(), call] {
-    call->guard.emplace(call->worker, self);
+    call->guard.emplace(call->worker, self, call->request.prompt_token_ids_size());
     rpc::SignCall(call->worker->auth, &call->context, rpc::kPrefillPrefillMethod, call->request);
     call->worker->prefill_stub->async()->Prefill(
         &call->context, &call->request, &call->response,

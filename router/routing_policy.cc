@@ -25,11 +25,17 @@ double PredictedQueueWaitSeconds(const Candidate& c) {
   return static_cast<double>(c.queued_prefill_tokens) / c.prefill_tokens_per_s;
 }
 
+int64_t QueuedPrefillTokensNow(const Candidate& c) {
+  return std::max<int64_t>(0, static_cast<int64_t>(c.queued_prefill_tokens) -
+                                  c.prefill_tokens_in_flight_at_poll) +
+         c.prefill_tokens_in_flight;
+}
+
 double PredictedFinishSeconds(const Candidate& c, int64_t prompt_tokens) {
   if (c.prefill_tokens_per_s <= 0) return 0;
   const int64_t cached = std::clamp<int64_t>(c.cached_prefix_tokens, 0, prompt_tokens);
-  return PredictedQueueWaitSeconds(c) +
-         static_cast<double>(prompt_tokens - cached) / c.prefill_tokens_per_s;
+  return static_cast<double>(QueuedPrefillTokensNow(c) + prompt_tokens - cached) /
+         c.prefill_tokens_per_s;
 }
 
 Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
@@ -41,7 +47,7 @@ Scored ScoreCandidate(const Candidate& c, bool decode, int64_t prompt_tokens,
     out.explanation = absl::StrFormat(
         "predicted finish %.1f ms: %d queued prefill tokens + %d of %d prompt tokens uncached at "
         "%.0f tokens/s",
-        finish_s * 1000, c.queued_prefill_tokens,
+        finish_s * 1000, QueuedPrefillTokensNow(c),
         prompt_tokens - std::clamp<int64_t>(c.cached_prefix_tokens, 0, prompt_tokens),
         prompt_tokens, c.prefill_tokens_per_s);
     return out;

@@ -59,6 +59,11 @@ struct Candidate {
   // in_flight when the last poll's reply arrived: the part of running +
   // waiting that is this router's own requests.
   int64_t in_flight_at_poll = 0;
+  // Prompt tokens of this router's prefill calls to the worker not yet
+  // finished, now and when the last poll's reply arrived (fresh between
+  // polls, as in_flight).
+  int64_t prefill_tokens_in_flight = 0;
+  int64_t prefill_tokens_in_flight_at_poll = 0;
 };
 
 // The candidate's load in sequences: max(0, running + waiting -
@@ -70,9 +75,16 @@ int64_t CandidateLoad(const Candidate& candidate);
 // measured: a new or never busy worker is taken to start at once).
 double PredictedQueueWaitSeconds(const Candidate& candidate);
 
+// A prefill worker's queued prefill tokens now: max(0,
+// queued_prefill_tokens - prefill_tokens_in_flight_at_poll) +
+// prefill_tokens_in_flight (the polled queue less this router's calls it
+// included, plus this router's calls now: a burst sent between two polls
+// counts at once).
+int64_t QueuedPrefillTokensNow(const Candidate& candidate);
+
 // Seconds until a prefill worker would finish a prompt of `prompt_tokens`
-// sent now: its queue wait plus (prompt_tokens - cached_prefix_tokens) /
-// prefill_tokens_per_s (0 while the rate is not known).
+// sent now: (QueuedPrefillTokensNow + prompt_tokens - cached_prefix_tokens)
+// / prefill_tokens_per_s (0 while the rate is not known).
 double PredictedFinishSeconds(const Candidate& candidate, int64_t prompt_tokens);
 
 // The policy and the normalisers of its terms.

@@ -174,6 +174,7 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       entry.missed_polls = 0;
       entry.status.Clear();  // another process: its old load says nothing
       entry.in_flight_at_poll = 0;
+      entry.prefill_tokens_in_flight_at_poll = 0;
     }
     // A heartbeat of a known worker at the same address changes nothing:
     // only a poll that reaches it makes an unhealthy worker healthy again
@@ -229,6 +230,8 @@ void WorkerRegistry::GatherCandidates(const PickRequest& request, bool with_pref
                                    : entry.prefill_tokens_per_s;
       c.in_flight = entry.handle->active_requests.load();
       c.in_flight_at_poll = entry.in_flight_at_poll;
+      c.prefill_tokens_in_flight = entry.handle->prefill_tokens_in_flight.load();
+      c.prefill_tokens_in_flight_at_poll = entry.prefill_tokens_in_flight_at_poll;
       const double wait_s = PredictedQueueWaitSeconds(c);
       if (wait_s > request.max_queue_wait_s) {
         too_busy->push_back(
@@ -269,7 +272,8 @@ std::optional<v1::PrefillEstimate> WorkerRegistry::EstimatePrefill(
   if (best == nullptr) return std::nullopt;
   v1::PrefillEstimate estimate;
   estimate.set_prefill_worker(best->name);
-  const double queue_s = PredictedQueueWaitSeconds(*best);
+  const double queue_s =
+      static_cast<double>(QueuedPrefillTokensNow(*best)) / best->prefill_tokens_per_s;
   estimate.set_queue_ms(queue_s * 1000);
   estimate.set_prefill_ms((PredictedFinishSeconds(*best, prompt_tokens) - queue_s) * 1000);
   return estimate;
@@ -470,6 +474,7 @@ void WorkerRegistry::OnPollDone(PollCall* call) {
       e.status_at = now;
       e.status = call->reply;  // Pick's load and KV inputs
       e.in_flight_at_poll = h->active_requests.load();
+      e.prefill_tokens_in_flight_at_poll = h->prefill_tokens_in_flight.load();
     } else if (++e.missed_polls >= options_.unhealthy_after_missed_polls && e.healthy) {
       e.healthy = false;
       e.unhealthy_since = absl::Now();

@@ -77,6 +77,8 @@ struct WorkerHandle {
   // RegistryOptions::auth (nullptr or open: calls carry no credential).
   const auth::ClusterAuth* auth = nullptr;
   std::atomic<int> active_requests{0};  // routed by this router, not finished
+  // Prompt tokens of this router's Prefill calls to it not yet finished.
+  std::atomic<int64_t> prefill_tokens_in_flight{0};
 
   // Requests using this worker register a callback that runs when the
   // registry marks the worker unhealthy: a frozen worker would otherwise
@@ -260,6 +262,7 @@ class WorkerRegistry {
     // The handle's active_requests when that reply arrived (this router's
     // requests the status counts).
     int in_flight_at_poll = 0;
+    int64_t prefill_tokens_in_flight_at_poll = 0;  // likewise, prefill tokens
     absl::Time status_at = absl::InfinitePast();  // when `status` arrived
     // Prefill tokens/s over the polls after which prefill was still queued
     // (an exponential moving average, weight kRateWeight per new poll);

@@ -262,6 +262,12 @@ TEST(RoutingPolicyTest, PrefillByFinishTimePicksTheEarliestFinish) {
   // Decode picks are unchanged by it.
   EXPECT_EQ(ScoreCandidate(busy, true, 200, options).score,
             ScoreCandidate(busy, true, 200, KvAware()).score);
+  // This router's calls since the poll count at once: 600 polled of which
+  // 200 were ours then; 500 of ours now -> 400 + 500 queued.
+  cached.prefill_tokens_in_flight_at_poll = 200;
+  cached.prefill_tokens_in_flight = 500;
+  EXPECT_EQ(QueuedPrefillTokensNow(cached), 900);
+  EXPECT_DOUBLE_EQ(PredictedFinishSeconds(cached, 200), 0.95);
   // An unknown rate predicts 0 (taken to start and finish at once).
   EXPECT_EQ(PredictedFinishSeconds(Idle("new"), 200), 0.0);
 }
