@@ -116,6 +116,8 @@ absl::StatusOr<core::KvTarget> ReceiverKvLoader::StartLoad(
         }
         core::RemotePrefillResult result;
         result.peer_bit_exact_class = r.peer_bit_exact_class;
+        result.kv_bytes = r.kv_bytes;
+        result.stream_seconds = r.stream_seconds;
         for (size_t i = 0; status.ok() && i < r.samples.size(); ++i) {
           if (r.samples[i].finish_reason > static_cast<uint32_t>(core::FinishReason::kContext)) {
             status =

@@ -167,6 +167,10 @@ struct TransferResult {
   // accepted attempt (empty if none was accepted). Differs from D's own
   // class -> the KV is equivalent, not bit-identical, to a local prefill.
   std::string peer_bit_exact_class;
+  // Not on the wire: seconds from the first FRAME to the FINAL on the
+  // receiver's clock (0 without frames). The sender streams each layer as
+  // it is computed, so this spans the sender's prefill plus the tail.
+  double stream_seconds = 0;
 };
 
 // Decode-worker side. Listens on a TCP port; each expected transfer is

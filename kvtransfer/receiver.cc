@@ -152,7 +152,9 @@ void KvReceiver::Impl::CompleteLocked(std::shared_ptr<Transfer> t) {
   if (t->status.ok()) {
     ++transfers_completed_;
     if (t->any_frame) {
-      transfer_seconds_ += std::chrono::duration<double>(t->final_at - t->first_frame_at).count();
+      t->result.stream_seconds =
+          std::chrono::duration<double>(t->final_at - t->first_frame_at).count();
+      transfer_seconds_ += t->result.stream_seconds;
     }
   }
   auto it = transfers_.find(t->request_id);

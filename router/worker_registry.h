@@ -263,7 +263,7 @@ class WorkerRegistry {
     // requests the status counts).
     int in_flight_at_poll = 0;
     int64_t prefill_tokens_in_flight_at_poll = 0;  // likewise, prefill tokens
-    absl::Time status_at = absl::InfinitePast();  // when `status` arrived
+    absl::Time status_at = absl::InfinitePast();   // when `status` arrived
     // Prefill tokens/s over the polls after which prefill was still queued
     // (an exponential moving average, weight kRateWeight per new poll);
     // 0 until measured.

@@ -390,9 +390,9 @@ class EngineCore {
   // In Execute: the chunk's step is its request's first prefill chunk.
   void NoteFirstChunk(Request& r, const scheduler::ScheduledChunk& chunk,
                       const scheduler::SeqState& s);
-  // A remote load of `r` (`hit_tokens` held already) ended OK: its rate
-  // goes to the step model's link rates.
-  void ObserveTransfer(const Request& r, int32_t hit_tokens);
+  // A remote load of `r` ended OK with `result`: its streaming rate (bytes
+  // over first frame .. FINAL) goes to the step model's link rates.
+  void ObserveTransfer(const Request& r, const RemotePrefillResult& result);
 
   // Const after construction.
   const EngineCoreOptions options_;

@@ -147,7 +147,7 @@ void EngineCore::HandleRemoteDone(RemoteDone done) {
   sample.num_generated = 1;
   load.load_done_at = done.done_at;
   r.clock.load_done = done.done_at;
-  ObserveTransfer(r, s->num_computed);
+  ObserveTransfer(r, done.result);
   scheduler_.FinishRemoteKv(done.seq_id, starts[0].token.token_id);
   std::vector<Ending> endings;
   StartSamples(r, done.seq_id, starts, &endings);

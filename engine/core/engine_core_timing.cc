@@ -134,17 +134,14 @@ void EngineCore::ReportPhases(Request& r) {
   r.req.output->OnPhases(phases, placement);
 }
 
-void EngineCore::ObserveTransfer(const Request& r, int32_t hit_tokens) {
-  if (!r.clock.load_started.has_value() || !r.clock.load_done.has_value()) return;
-  const int64_t tokens = static_cast<int64_t>(r.req.prompt.size()) - hit_tokens;
-  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(0, tokens)) * 2 *
-                         backend_->kv_storage().row_bytes() *
-                         static_cast<uint64_t>(backend_->kv_storage().shape().n_layers);
-  const double seconds =
-      std::chrono::duration<double>(*r.clock.load_done - *r.clock.load_started).count();
+void EngineCore::ObserveTransfer(const Request& r, const RemotePrefillResult& result) {
+  // The stream spans P's prefill and the tail: at this rate a prompt's
+  // bytes "take" its prefill plus tail, which PlaceBySlo turns back into
+  // the tail (transfer - prefill). A load's start -> done would also count
+  // P's queue.
   step_model_.ObserveTransfer(
-      r.req.remote_estimate.has_value() ? r.req.remote_estimate->prefill_worker : "", bytes,
-      seconds);
+      r.req.remote_estimate.has_value() ? r.req.remote_estimate->prefill_worker : "",
+      result.kv_bytes, result.stream_seconds);
 }
 
 }  // namespace tandem::core

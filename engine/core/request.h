@@ -176,6 +176,11 @@ class KvExport {
 struct RemotePrefillResult {
   std::vector<SampleStart> samples;
   std::string peer_bit_exact_class;
+  // K+V payload bytes received and the seconds from their first frame to
+  // the FINAL (the prefill worker streams layers as it computes them, so
+  // this is its prefill plus the transfer's tail); 0 when unknown.
+  uint64_t kv_bytes = 0;
+  double stream_seconds = 0;
 };
 
 // Brings a prompt's KV in from a prefill worker (the decode worker's KV

@@ -35,13 +35,17 @@ int32_t TpotChunkTokens(const StepModel& model, const StepShape& planned, int32_
 
 namespace {
 
-// Miss ratio of one option over the SLOs that are set (0 when none is).
+// Miss ratio of one option over the SLOs that are set (0 when none is):
+// <= 1 meets them all.
 double Miss(double ttft_ms, double tpot_ms, const PlacementInputs& in) {
   double miss = 0;
   if (in.slo_ttft_ms > 0) miss = std::max(miss, ttft_ms / in.slo_ttft_ms);
   if (in.slo_tpot_ms > 0) miss = std::max(miss, tpot_ms / in.slo_tpot_ms);
   return miss;
 }
+
+// a < b beyond rounding (a tie is not less).
+bool Less(double a, double b) { return a < b * (1 - 1e-9); }
 
 }  // namespace
 
@@ -87,9 +91,17 @@ PlacementPrediction PlaceBySlo(const StepModel& model, const PlacementInputs& in
   p.tpot_remote_ms =
       std::max(0.0, in.kv_transfer_ms - in.remote_prefill_ms) + model.PredictMs(with_new);
 
-  // Remote only when strictly better beyond rounding: a tie stays local.
-  p.remote = Miss(p.ttft_remote_ms, p.tpot_remote_ms, in) <
-             Miss(p.ttft_local_ms, p.tpot_local_ms, in) * (1 - 1e-9);
+  const double local_miss = Miss(p.ttft_local_ms, p.tpot_local_ms, in);
+  const double remote_miss = Miss(p.ttft_remote_ms, p.tpot_remote_ms, in);
+  const bool local_meets = local_miss <= 1;
+  const bool remote_meets = remote_miss <= 1;
+  if (local_meets && remote_meets) {
+    p.remote = Less(p.ttft_remote_ms, p.ttft_local_ms);  // the earlier first token
+  } else if (local_meets != remote_meets) {
+    p.remote = remote_meets;
+  } else {
+    p.remote = Less(remote_miss, local_miss);
+  }
   return p;
 }
 

@@ -18,8 +18,10 @@
 //                 P's prefill (bytes / measured link rate - prefill time,
 //                 >= 0) + D's first decode step with it.
 // Each option's miss is max(TTFT / slo.ttft_ms, TPOT / slo.tpot_ms) over
-// the SLOs set (<= 1: meets them). The lower miss wins: the option that
-// meets both SLOs, else the one that misses by less; a tie stays local.
+// the SLOs set (<= 1: meets them). The option that meets the SLOs wins;
+// when both do, the one with the earlier predicted first token (so prefill
+// load splits between D and P by predicted TTFT); when neither does, the
+// one that misses by less. A tie stays local.
 //
 // Owns: these two decisions. Does not touch: queues, KV memory. Threads:
 // pure functions.

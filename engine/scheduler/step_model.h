@@ -91,7 +91,7 @@ class StepModel {
   const StepCoefficients& coefficients() const { return coefficients_; }
 
   // A finished KV load from prefill worker `peer`: `bytes` of payload in
-  // `seconds` (load start to last byte). Ignored when either is <= 0.
+  // `seconds` (its first frame to its FINAL). Ignored when either is <= 0.
   void ObserveTransfer(const std::string& peer, uint64_t bytes, double seconds);
   // The link rate to `peer`, bytes/s: its own when measured, else the
   // mean over measured peers, else nullopt.

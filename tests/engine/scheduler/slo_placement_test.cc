@@ -62,17 +62,20 @@ TEST(SloPlacementTest, Table) {
       // 10240 tokens queued (134.4 ms).
       {"busy prefill worker: local", Inputs(1000, 0, 0, 10240, 1000, 5000, 20), false, 134.4, 5020,
        0, 1.5},
-      // 8 decodes run on D, TPOT SLO 8.001 ms: decode-only steps take 5 ms, so
-      // chunks are bounded to 300 tokens (5 + 3 = 8 ms): 300 x 3 + 100 ->
-      // 3 x 8 + 6 = 30 ms, every step at the SLO (miss 1.0). Remote: 20 ms,
-      // its first decode step 1 + 9 x 0.5 = 5.5 ms (miss 0.6875).
-      {"local prefill would push running decodes to the TPOT limit",
+      // 8 decodes run on D, TPOT SLO 8.001 ms: decode-only steps take 5 ms,
+      // so chunks are bounded to 300 tokens (5 + 3 = 8 ms): 300 x 3 + 100 ->
+      // 3 x 8 + 6 = 30 ms, within both SLOs. Remote meets them too (20 ms,
+      // its first decode step 1 + 9 x 0.5 = 5.5 ms) and its first token
+      // comes earlier.
+      {"both meet the SLOs: the earlier first token",
        Inputs(2000, 8.001, 8, 0, 1000, 0, 20), true, 30, 20, 8, 5.5},
       // Same, but the KV transfer runs 100 ms against P's 20 ms prefill:
-      // the new sequence's first gap is 80 + 5.5 = 85.5 ms (miss 10.7).
+      // the new sequence's first gap is 80 + 5.5 = 85.5 ms: only local
+      // meets the SLOs.
       {"slow link: the transfer's tail breaks TPOT, local wins",
        Inputs(2000, 8.001, 8, 0, 1000, 0, 20, 100), false, 30, 20, 8, 85.5},
-      // Both miss the 10 ms TTFT: local 12 ms (1.2), remote 5000 + 20 ms.
+      // Both miss the 10 ms TTFT: local 12 ms (1.2), remote 5000 + 20 ms:
+      // the smaller miss.
       {"both miss: the smaller miss", Inputs(10, 0, 0, 0, 1000, 5000, 20), false, 12, 5020, 0,
        1.5},
       // A tie (12 ms each way) stays local.
