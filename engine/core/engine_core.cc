@@ -372,8 +372,10 @@ void EngineCore::Arrive(std::unique_ptr<Request> request) {
   s.remote_estimate = r.req.remote_estimate;
   const std::string id = r.req.request_id;
   requests_.emplace(id, std::move(request));
-  r.clock.placed = std::chrono::steady_clock::now();
   if (!exports) {
+    // Placement happens in Add; a prefill-only request's queue counts
+    // from Submit (RequestPhases::prefill_queue_ms).
+    r.clock.placed = std::chrono::steady_clock::now();
     scheduler_.Add(std::move(s));
     r.placement = scheduler_.Find(seq_id)->placement;
     return;
