@@ -35,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/config_yaml.h"
 
 namespace tandem {
 
@@ -87,126 +88,7 @@ kv::KvDtype ClusterConfig::WorkerKvDtype(const WorkerConfig& worker) const {
 
 namespace {
 
-std::string KeyPath(const std::string& path, absl::string_view key) {
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
-}
-
-// 1-based position of a node, for messages.
-std::string Where(const YAML::Node& node) {
-  const YAML::Mark mark = node.Mark();
-  if (mark.is_null()) return "";
-  return absl::StrCat(" (line ", mark.line + 1, ", column ", mark.column + 1, ")");
-}
-
-[[nodiscard]] absl::Status Invalid(const std::string& path, absl::string_view what,
-                                   const YAML::Node& node) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(path.empty() ? "cluster config" : path, ": ", what, Where(node)));
-}
-
-// Checks that `node` is a mapping whose keys are unique and all in `known`.
-[[nodiscard]] absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
-                                     std::initializer_list<absl::string_view> known) {
-  if (!node.IsMap()) return Invalid(path, "expected a mapping", node);
-  std::set<std::string> seen;
-  for (const auto& entry : node) {
-    if (!entry.first.IsScalar()) return Invalid(path, "keys must be plain strings", entry.first);
-    const std::string& key = entry.first.Scalar();
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown key '", KeyPath(path, key), "'",
-                                                     Where(entry.first),
-                                                     "; known keys: ", absl::StrJoin(known, ", ")));
-    }
-    if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("duplicate key '", KeyPath(path, key), "'", Where(entry.first)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Reads map[key] as a string into *out when present; null leaves *out as is.
-// A key written with nothing after it ("key:"): refused rather than
-// silently taking the default.
-constexpr char kNoValue[] = "has no value (remove the key to use the default)";
-
-[[nodiscard]] absl::Status ReadString(const YAML::Node& map, absl::string_view key,
-                                      const std::string& path, std::string* out) {
-  const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined()) return absl::OkStatus();
-  if (node.IsNull()) return Invalid(KeyPath(path, key), kNoValue, node);
-  if (!node.IsScalar()) return Invalid(KeyPath(path, key), "expected a string", node);
-  *out = node.Scalar();
-  return absl::OkStatus();
-}
-
-// Reads map[key], when present, into *out: true or false.
-[[nodiscard]] absl::Status ReadBool(const YAML::Node& map, absl::string_view key,
-                                    const std::string& path, bool* out) {
-  std::string text = *out ? "true" : "false";
-  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
-  if (text != "true" && text != "false") {
-    return Invalid(KeyPath(path, key), "expected true or false", map[std::string(key)]);
-  }
-  *out = text == "true";
-  return absl::OkStatus();
-}
-
-// Reads map[key] ("cpu" or "cuda:N"), when present, into *out.
-[[nodiscard]] absl::Status ReadDevice(const YAML::Node& map, absl::string_view key,
-                                      const std::string& path,
-                                      std::optional<backend::DeviceSpec>* out) {
-  const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined()) return absl::OkStatus();
-  std::string text;
-  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
-  const std::string field = KeyPath(path, key);
-  absl::StatusOr<backend::DeviceSpec> device = backend::ParseDevice(text, field);
-  if (!device.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(device.status().message(), Where(node)));
-  }
-  *out = *device;
-  return absl::OkStatus();
-}
-
-// An int32 field with its inclusive bounds.
-struct IntField {
-  absl::string_view key;
-  int32_t* out;
-  int32_t min;
-  int32_t max = INT32_MAX;
-};
-
-// Reads map[key], when present, into *out: an integer in [min, max].
-template <typename T>
-[[nodiscard]] absl::Status ReadInt(const YAML::Node& map, const std::string& path,
-                                   absl::string_view key, T* out, int64_t min, int64_t max) {
-  const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined()) return absl::OkStatus();
-  const std::string field = KeyPath(path, key);
-  if (node.IsNull()) return Invalid(field, kNoValue, node);
-  int64_t value = 0;
-  if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &value)) {
-    return Invalid(field,
-                   absl::StrCat("expected an integer, got '",
-                                node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
-                   node);
-  }
-  if (value < min || value > max) {
-    return Invalid(field, absl::StrCat("must be in [", min, ", ", max, "], got ", value), node);
-  }
-  *out = static_cast<T>(value);
-  return absl::OkStatus();
-}
-
-// Reads each present field of `fields` from map, checking type and range.
-[[nodiscard]] absl::Status ReadInts(const YAML::Node& map, const std::string& path,
-                                    std::initializer_list<IntField> fields) {
-  for (const IntField& f : fields) {
-    if (absl::Status s = ReadInt(map, path, f.key, f.out, f.min, f.max); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
+using namespace config_yaml;  // NOLINT(build/namespaces): the parsers' own helpers
 
 // Reads conditional.max_local_prefill_tokens, when present, into *out: an
 // integer in [0, INT32_MAX] or the word `unbounded`
@@ -234,83 +116,6 @@ template <typename T>
                    node);
   }
   *out = static_cast<int32_t>(value);
-  return absl::OkStatus();
-}
-
-// Reads map[key] ("host" or "host:port") into *out when present.
-[[nodiscard]] absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key,
-                                         const std::string& path, Advertise* out) {
-  std::string text;
-  const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined()) return absl::OkStatus();
-  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
-  absl::StatusOr<Advertise> parsed = ParseAdvertise(text, KeyPath(path, key));
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(parsed.status().message(), Where(node)));
-  }
-  *out = *parsed;
-  return absl::OkStatus();
-}
-
-// Reads map[key] ("host:port") into *out when present.
-[[nodiscard]] absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key,
-                                        const std::string& path, HostPort* out) {
-  std::string text;
-  const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined()) return absl::OkStatus();
-  if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
-  absl::StatusOr<HostPort> parsed = ParseHostPort(text, KeyPath(path, key));
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(parsed.status().message(), Where(node)));
-  }
-  *out = *parsed;
-  return absl::OkStatus();
-}
-
-// Reads map[key] ("host:port") into *out when present; absent: *out
-// untouched (nullopt for a listener that is off by default).
-[[nodiscard]] absl::Status ReadOptionalHostPort(const YAML::Node& map, absl::string_view key,
-                                                const std::string& path,
-                                                std::optional<HostPort>* out) {
-  if (!map[std::string(key)].IsDefined()) return absl::OkStatus();
-  HostPort value;
-  if (absl::Status s = ReadHostPort(map, key, path, &value); !s.ok()) return s;
-  *out = value;
-  return absl::OkStatus();
-}
-
-// Reads map[key], when present, into *out: a finite number (integer or
-// decimal; nan and inf are refused). Absent: *out untouched. Not a number:
-// "<path.key>: expected <expected>, got '<text>'".
-[[nodiscard]] absl::Status ReadFiniteNumber(const YAML::Node& map, const std::string& path,
-                                            absl::string_view key, absl::string_view expected,
-                                            std::optional<double>* out) {
-  const YAML::Node node = map[std::string(key)];
-  if (!node.IsDefined()) return absl::OkStatus();
-  const std::string field = KeyPath(path, key);
-  if (node.IsNull()) return Invalid(field, kNoValue, node);
-  double value = 0;
-  if (!node.IsScalar() || !absl::SimpleAtod(node.Scalar(), &value) || !std::isfinite(value)) {
-    return Invalid(field,
-                   absl::StrCat("expected ", expected, ", got '",
-                                node.IsScalar() ? node.Scalar() : "<non-scalar>", "'"),
-                   node);
-  }
-  *out = value;
-  return absl::OkStatus();
-}
-
-// Reads map[key], when present, into *out: a finite number >= 0.
-[[nodiscard]] absl::Status ReadWeight(const YAML::Node& map, const std::string& path,
-                                      absl::string_view key, double* out) {
-  std::optional<double> value;
-  if (absl::Status s = ReadFiniteNumber(map, path, key, "a number", &value); !s.ok()) return s;
-  if (!value.has_value()) return absl::OkStatus();
-  if (*value < 0) {
-    const YAML::Node node = map[std::string(key)];
-    return Invalid(KeyPath(path, key), absl::StrCat("must be >= 0, got ", node.Scalar()), node);
-  }
-  *out = *value;
   return absl::OkStatus();
 }
 
@@ -366,7 +171,8 @@ template <typename T>
           {"name", "listen", "advertise", "poll_interval_ms", "unhealthy_after_missed_polls",
            "rpc_timeout_ms", "max_inflight", "max_queued", "max_migrations", "drop_after_ms",
            "api_keys_file", "policy", "kv_aware", "http_listen", "served_model_name",
-           "http_max_streams", "http_max_body_bytes", "http_read_timeout_ms", "metrics_listen"});
+           "http_max_streams", "http_max_body_bytes", "http_read_timeout_ms", "metrics_listen",
+           "role_drain_timeout_ms"});
       !s.ok()) {
     return s;
   }
@@ -405,6 +211,7 @@ template <typename T>
                    {"max_inflight", &r->max_inflight, 1},
                    {"max_queued", &r->max_queued, 0},
                    {"max_migrations", &r->max_migrations, 0},
+                   {"role_drain_timeout_ms", &r->role_drain_timeout_ms, 0, 600000},
                    {"drop_after_ms", &r->drop_after_ms, 1},
                    {"http_max_streams", &r->http_max_streams, 1},
                    {"http_max_body_bytes", &r->http_max_body_bytes, 1024},
@@ -436,19 +243,18 @@ template <typename T>
 }
 
 // prefill_workers / decode_workers: a sequence of {name, listen, advertise,
-// metrics_listen[, kv_listen, kv_advertise]}.
+// metrics_listen, kv_listen, kv_advertise, device} (every worker has a KV
+// receiver: it may become a decode worker, issue #35).
 [[nodiscard]] absl::Status ParseWorkers(const YAML::Node& node, const std::string& list_name,
-                                        bool has_kv, std::vector<WorkerConfig>* out) {
+                                        std::vector<WorkerConfig>* out) {
   if (node.IsNull()) return absl::OkStatus();  // "prefill_workers:" with no entries
   if (!node.IsSequence()) return Invalid(list_name, "expected a list", node);
   for (size_t i = 0; i < node.size(); ++i) {
     const YAML::Node item = node[i];
     const std::string path = absl::StrCat(list_name, "[", i, "]");
-    absl::Status s =
-        has_kv ? CheckKeys(item, path,
-                           {"name", "listen", "advertise", "kv_listen", "kv_advertise",
-                            "metrics_listen", "device"})
-               : CheckKeys(item, path, {"name", "listen", "advertise", "metrics_listen", "device"});
+    absl::Status s = CheckKeys(item, path,
+                               {"name", "listen", "advertise", "kv_listen", "kv_advertise",
+                                "metrics_listen", "device"});
     if (!s.ok()) return s;
     WorkerConfig w;
     if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;
@@ -459,10 +265,8 @@ template <typename T>
       return s;
     }
     if (s = ReadDevice(item, "device", path, &w.device); !s.ok()) return s;
-    if (has_kv && !(s = ReadHostPort(item, "kv_listen", path, &w.kv_listen)).ok()) return s;
-    if (has_kv && !(s = ReadAdvertise(item, "kv_advertise", path, &w.kv_advertise)).ok()) {
-      return s;
-    }
+    if (s = ReadHostPort(item, "kv_listen", path, &w.kv_listen); !s.ok()) return s;
+    if (s = ReadAdvertise(item, "kv_advertise", path, &w.kv_advertise); !s.ok()) return s;
     out->push_back(std::move(w));
   }
   return absl::OkStatus();
@@ -702,7 +506,7 @@ template <typename T>
   absl::Status s =
       CheckKeys(root, "",
                 {"model", "chat_template", "router", "prefill_workers", "decode_workers", "engine",
-                 "conditional", "slo", "kv", "shutdown_grace_s", "cluster"});
+                 "conditional", "slo", "kv", "shutdown_grace_s", "cluster", "planner"});
   if (!s.ok()) return s;
   if (s = ReadString(root, "model", "", &c->model); !s.ok()) return s;
   if (s = ReadString(root, "chat_template", "", &c->chat_template); !s.ok()) return s;
@@ -718,11 +522,11 @@ template <typename T>
     return s;
   }
   if (const YAML::Node n = root["prefill_workers"];
-      n.IsDefined() && !(s = ParseWorkers(n, "prefill_workers", false, &c->prefill_workers)).ok()) {
+      n.IsDefined() && !(s = ParseWorkers(n, "prefill_workers", &c->prefill_workers)).ok()) {
     return s;
   }
   if (const YAML::Node n = root["decode_workers"];
-      n.IsDefined() && !(s = ParseWorkers(n, "decode_workers", true, &c->decode_workers)).ok()) {
+      n.IsDefined() && !(s = ParseWorkers(n, "decode_workers", &c->decode_workers)).ok()) {
     return s;
   }
   if (const YAML::Node n = root["engine"];
@@ -738,6 +542,13 @@ template <typename T>
     return s;
   }
   if (s = ResolvePlacement(root, placement, c); !s.ok()) return s;
+  if (const YAML::Node n = root["planner"];
+      n.IsDefined() && !(s = ParsePlanner(n, &c->planner)).ok()) {
+    return s;
+  }
+  if (c->planner.mode == PlannerMode::kSlo && !c->slo.any()) {
+    return Invalid("planner.mode", "slo needs slo.ttft_ms or slo.tpot_ms", root["planner"]["mode"]);
+  }
   if (const YAML::Node n = root["kv"]; n.IsDefined() && !(s = ParseKv(n, &c->kv)).ok()) {
     return s;
   }

@@ -10,15 +10,19 @@
 //            poll_interval_ms: 500, unhealthy_after_missed_polls: 3,
 //            rpc_timeout_ms: 2000, max_inflight: 512, max_queued: 512,
 //            max_migrations: 1, drop_after_ms: 30000, api_keys_file: PATH,
+//            role_drain_timeout_ms: 1000,
 //            policy: kv_aware,   # kv_aware | least_loaded | round_robin
 //            kv_aware: {prefix_weight: 1.0, free_blocks_weight: 0.25,
 //                       load_weight: 1.0, prefill_queue_weight: 1.0},
 //            http_listen: "host:port", served_model_name: NAME,
 //            http_max_streams: 1024, http_max_body_bytes: 8388608,
 //            http_read_timeout_ms: 30000, metrics_listen: "host:port"}
-//   prefill_workers: [{name, listen, advertise, metrics_listen, device}]
+//   prefill_workers: [{name, listen, advertise, kv_listen, kv_advertise,
+//                      metrics_listen, device}]
 //   decode_workers:  [{name, listen, advertise, kv_listen, kv_advertise,
 //                      metrics_listen, device}]
+//   # every worker has a KV receiver (kv_listen default 127.0.0.1:0): a
+//   # prefill worker may become a decode worker at run time (`tandem role`)
 //   engine: {block_size: 16, num_kv_blocks: 2048, max_num_seqs: 64,
 //            threads: 1, max_num_batched_tokens: 2048,
 //            prefill_chunk_tokens: 512, enable_prefix_caching: true,
@@ -35,6 +39,8 @@
 //        max_prefill_attempts: 2, send_buffer_bytes: 268435456,
 //        transport: auto,   # auto | tcp | nccl | cuda_ipc
 //        nccl_socket_ifname: "", nccl_init_timeout_ms: 10000}
+//   planner: {mode: off, interval_s: 5, cooldown_s: 30,   # common/planner_config.h
+//             min_prefill_workers: 1, min_decode_workers: 1, flip_roles: true}
 //   shutdown_grace_s: 5
 //   cluster: {secret_file: PATH, auth_max_skew_ms: 30000,
 //             accepted_secret_files: [PATH, ...]}   # rotation, see below
@@ -51,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/host_port.h"
+#include "common/planner_config.h"
 #include "engine/backend/device.h"
 #include "engine/kv/kv_dtype.h"
 #include "engine/forward_options.h"
@@ -95,6 +102,12 @@ struct RouterConfig {
   // Times one stream may move to another decode worker when its decode
   // worker dies mid-stream (0: the stream fails with UNAVAILABLE).
   int32_t max_migrations = 1;
+  // A role change (`tandem role`, the planner): how long the router waits
+  // for its requests on the worker to end (in-flight prefills finish and
+  // ship, running decodes finish) before it migrates the decode streams
+  // still there (identical tokens, like a dead decode worker's) and fails
+  // the prefills over; ms in [0, 600000].
+  int32_t role_drain_timeout_ms = 1000;
   // A worker unhealthy (missed polls, no re-registration) this long is
   // dropped from the registry; it must register again to get requests.
   int32_t drop_after_ms = 30000;
@@ -137,9 +150,11 @@ struct WorkerConfig {
   std::string name;
   HostPort listen;      // gRPC
   Advertise advertise;  // the gRPC address registered with the router
-  HostPort kv_listen;   // decode workers only: KV receiver
-  // Decode workers only: the KV endpoint prefill workers dial; unset: the
-  // host of `advertise` (if set) with the bound KV port.
+  // The KV receiver. Every worker has one (a prefill worker may become a
+  // decode worker at run time); default 127.0.0.1:0.
+  HostPort kv_listen;
+  // The KV endpoint prefill workers dial; unset: the host of `advertise`
+  // (if set) with the bound KV port.
   Advertise kv_advertise;
   // Where the worker serves GET /metrics (Prometheus text format) over
   // HTTP; flag --metrics-listen wins. Unset: no metrics server. A wildcard
@@ -309,6 +324,7 @@ struct ClusterConfig {
   EngineConfig engine;
   ConditionalConfig conditional;
   SloConfig slo;
+  PlannerConfig planner;  // the router's role planner (router/planner.h)
   KvConfig kv;
   int32_t shutdown_grace_s = 5;
   ClusterAuthConfig cluster;

@@ -10,7 +10,8 @@ namespace tandem::decode {
 
 // ROLE_DECODE, no extra flags, and the factory that builds the decode
 // runtime. Its errors name the key: "decode_workers[NAME].kv_listen: ...",
-// "decode_workers[NAME].kv_advertise: ...", or the backend's refusal.
+// "decode_workers[NAME].kv_advertise: ..." (prefill_workers[NAME] for a
+// worker that starts as a prefill worker).
 WorkerRoleSpec DecodeRole();
 
 }  // namespace tandem::decode

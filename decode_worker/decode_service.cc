@@ -60,14 +60,15 @@ class GrpcDecodeOutput : public core::RequestOutput {
 
 }  // namespace
 
-DecodeService::DecodeService(std::unique_ptr<core::EngineCore> core,
+DecodeService::DecodeService(std::shared_ptr<core::EngineCore> core,
                              const ReceiverKvLoader* receiver, std::string bit_exact_class,
                              std::function<v1::WorkerStatus()> status,
-                             const auth::ClusterAuth* auth)
+                             const auth::ClusterAuth* auth, const RoleGate* gate)
     : WorkerService(std::move(status), auth),
       core_(std::move(core)),
       receiver_(receiver),
-      bit_exact_class_(std::move(bit_exact_class)) {}
+      bit_exact_class_(std::move(bit_exact_class)),
+      gate_(gate) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
@@ -81,6 +82,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* DecodeService::GenerateParsed(
   core::EngineCore* core = core_.get();
   const std::string id = request->request_id();
   auto [reactor, sink] = Sink::Create([core, id] { core->Cancel(id); });
+  if (gate_ != nullptr) {
+    if (absl::Status admitted = gate_->Admit(v1::ROLE_DECODE); !admitted.ok()) {
+      sink->Finish(rpc::ToGrpc(admitted));
+      return reactor;
+    }
+  }
   absl::StatusOr<core::RouteChoice> route = RouteFromProto(request->route_override());
   if (!route.ok()) {
     sink->Finish(rpc::ToGrpc(route.status()));

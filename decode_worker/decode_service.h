@@ -33,9 +33,13 @@ class DecodeService final : public WorkerService<DecodeWorkerBase, rpc::kDecodeG
   // name/role/address for GetStatus (from RunWorkerMain). `auth`: every
   // method first checks the caller's cluster credential (rpc::Authorized;
   // nullptr or open: none required); it outlives the service.
-  DecodeService(std::unique_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
+  // `core` is the worker's (shared with its prefill half). `gate`: a
+  // Generate while the worker serves the prefill role gets UNAVAILABLE
+  // before any message (the router sends it elsewhere; nullptr: always
+  // served); outlives the service.
+  DecodeService(std::shared_ptr<core::EngineCore> core, const ReceiverKvLoader* receiver,
                 std::string bit_exact_class, std::function<v1::WorkerStatus()> status,
-                const auth::ClusterAuth* auth = nullptr);
+                const auth::ClusterAuth* auth = nullptr, const RoleGate* gate = nullptr);
 
   // Generate, CancelSample and AbortTransfer: a request whose text is not UTF-8 gets
   // INVALID_ARGUMENT naming the field (rpc::ParseStrict); then the typed
@@ -74,9 +78,10 @@ class DecodeService final : public WorkerService<DecodeWorkerBase, rpc::kDecodeG
   grpc::Status AbortTransferParsed(const v1::AbortTransferRequest* request,
                                    v1::AbortTransferResponse* response);
 
-  std::unique_ptr<core::EngineCore> core_;
+  std::shared_ptr<core::EngineCore> core_;
   const ReceiverKvLoader* const receiver_;
   const std::string bit_exact_class_;
+  const RoleGate* const gate_;
 };
 
 }  // namespace tandem::decode

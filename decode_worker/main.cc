@@ -1,7 +1,7 @@
 // tandem-decode-worker: an alias of `tandem-worker --role decode`
 // (worker/main.cc), kept for existing scripts.
-#include "decode_worker/decode_role.h"
+#include "worker/all_roles.h"
 
 int main(int argc, char** argv) {
-  return tandem::RunWorkerMain(argc, argv, tandem::decode::DecodeRole(), "tandem-decode-worker");
+  return tandem::RunWorkerBinary(argc, argv, tandem::v1::ROLE_DECODE, "tandem-decode-worker");
 }

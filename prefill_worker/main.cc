@@ -1,7 +1,7 @@
 // tandem-prefill-worker: an alias of `tandem-worker --role prefill`
 // (worker/main.cc), kept for existing scripts.
-#include "prefill_worker/prefill_role.h"
+#include "worker/all_roles.h"
 
 int main(int argc, char** argv) {
-  return tandem::RunWorkerMain(argc, argv, tandem::prefill::PrefillRole(), "tandem-prefill-worker");
+  return tandem::RunWorkerBinary(argc, argv, tandem::v1::ROLE_PREFILL, "tandem-prefill-worker");
 }

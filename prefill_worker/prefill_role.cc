@@ -5,7 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "prefill_worker/prefill_service.h"
-#include "worker/worker_parts.h"
+#include "worker/worker_main.h"
 
 namespace tandem::prefill {
 namespace {
@@ -28,26 +28,27 @@ namespace {
 }
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<WorkerRuntime>> MakePrefillRuntime(
-    const WorkerContext& ctx) {
-  absl::StatusOr<WorkerBackendParts> parts = BuildWorkerBackendParts(ctx);
-  if (!parts.ok()) return parts.status();
+    const WorkerContext& ctx, const SharedCoreParts& shared) {
   KvSendOptions send;
-  send.layout = parts->layout;
-  send.bit_exact_class = parts->bit_exact_class;
+  send.layout = shared.layout;
+  send.bit_exact_class = shared.bit_exact_class;
   send.transfer_timeout_ms = ctx.config->kv.transfer_timeout_ms;
   send.send_buffer_bytes = ctx.config->kv.send_buffer_bytes;
   send.auth = ctx.auth;
-  send.planes = parts->planes;
+  send.planes = shared.planes;
   if (absl::Status s = ApplyFaultFlags(*ctx.flags, &send); !s.ok()) return s;
   if (absl::Status started = StartKvSendQueue(&send); !started.ok()) return started;
-  auto core = MakeWorkerCore(ctx, "prefill worker", std::move(parts->backend), nullptr);
-  return std::make_unique<PrefillService>(std::move(core), std::move(send), ctx.status, ctx.auth);
+  return std::make_unique<PrefillService>(shared.core, std::move(send), ctx.status, ctx.auth,
+                                          ctx.gate);
 }
 
 }  // namespace
 
 WorkerRoleSpec PrefillRole() {
-  return {v1::ROLE_PREFILL, {"fault-stall-after-frames", "fault-fail-reply"}, MakePrefillRuntime};
+  return {v1::ROLE_PREFILL,
+          {"fault-stall-after-frames", "fault-fail-reply"},
+          nullptr,
+          MakePrefillRuntime};
 }
 
 }  // namespace tandem::prefill

@@ -25,10 +25,13 @@ class PrefillReactor : public rpc::UnaryCall<v1::PrefillRequest, v1::PrefillResp
 
 }  // namespace
 
-PrefillService::PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
+PrefillService::PrefillService(std::shared_ptr<core::EngineCore> core, KvSendOptions send,
                                std::function<v1::WorkerStatus()> status,
-                               const auth::ClusterAuth* auth)
-    : WorkerService(std::move(status), auth), send_(std::move(send)), core_(std::move(core)) {}
+                               const auth::ClusterAuth* auth, const RoleGate* gate)
+    : WorkerService(std::move(status), auth),
+      send_(std::move(send)),
+      core_(std::move(core)),
+      gate_(gate) {}
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
@@ -42,6 +45,12 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
 
 void PrefillService::PrefillParsed(PrefillCall* reactor, const v1::PrefillRequest* request,
                                    v1::PrefillResponse* response) {
+  if (gate_ != nullptr) {
+    if (absl::Status admitted = gate_->Admit(v1::ROLE_PREFILL); !admitted.ok()) {
+      reactor->Finish(rpc::ToGrpc(admitted));
+      return;
+    }
+  }
   PrefillRequest req;
   req.request_id = request->request_id();
   req.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());

@@ -25,11 +25,15 @@ using PrefillWorkerBase = v1::PrefillWorker::WithRawCallbackMethod_Prefill<
 class PrefillService final : public WorkerService<PrefillWorkerBase, rpc::kPrefillGetStatusMethod>,
                              public WorkerRuntime {
  public:
+  // `core`: the worker's engine core (shared with its decode half).
   // `send`: the KV layout, bit-exact class and timeouts of every transfer.
   // `auth`: every method first checks the caller's cluster credential
   // (rpc::Authorized; nullptr or open: none required); outlives the service.
-  PrefillService(std::unique_ptr<core::EngineCore> core, KvSendOptions send,
-                 std::function<v1::WorkerStatus()> status, const auth::ClusterAuth* auth = nullptr);
+  // `gate`: a Prefill while the worker serves the decode role gets
+  // UNAVAILABLE (nullptr: always served); outlives the service.
+  PrefillService(std::shared_ptr<core::EngineCore> core, KvSendOptions send,
+                 std::function<v1::WorkerStatus()> status, const auth::ClusterAuth* auth = nullptr,
+                 const RoleGate* gate = nullptr);
 
   // A request whose text is not UTF-8 gets INVALID_ARGUMENT naming the
   // field (rpc::ParseStrict); then PrefillParsed.
@@ -53,7 +57,8 @@ class PrefillService final : public WorkerService<PrefillWorkerBase, rpc::kPrefi
                      v1::PrefillResponse* response);
 
   const KvSendOptions send_;
-  std::unique_ptr<core::EngineCore> core_;
+  std::shared_ptr<core::EngineCore> core_;
+  const RoleGate* const gate_;
 };
 
 }  // namespace tandem::prefill

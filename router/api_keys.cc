@@ -355,6 +355,16 @@ void ApiKeys::Ended(int id, const Reservation& r, int64_t generated) {
   }
 }
 
+bool ApiKeys::IsAdmin(int id) const {
+  absl::ReaderMutexLock table_lock(&table_mu_);
+  if (id < 0 || id >= static_cast<int>(keys_.size()) ||
+      std::find(current_.begin(), current_.end(), id) == current_.end()) {
+    return false;
+  }
+  absl::MutexLock lock(&keys_[id]->mu);
+  return keys_[id]->entry.admin;
+}
+
 std::vector<ApiKeys::Usage> ApiKeys::SnapshotFor(int id) const {
   std::string name;
   {

@@ -200,6 +200,9 @@ class ApiKeys {
   // its own usage only (empty for an id no longer in the file).
   std::vector<Usage> SnapshotFor(int id) const;
   int size() const;  // the current keys
+  // Whether key `id` is a current key with `admin: true` (may change the
+  // cluster: Generation.SetWorkerRole).
+  bool IsAdmin(int id) const;
 
  private:
   struct Key {

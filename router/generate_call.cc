@@ -154,7 +154,8 @@ GenerateCall::GenerateCall(Params params, WorkerRegistry* registry,
       tokenizer_(tokenizer),
       sink_(std::move(sink)),
       samples_(*tokenizer_, SampleOptionsOf(params_.request)),
-      timer_(params_.metrics, params_.arrival, params_.request.has_n() ? params_.request.n() : 1),
+      timer_(params_.metrics, params_.arrival, params_.request.has_n() ? params_.request.n() : 1,
+             static_cast<int64_t>(params_.prompt.size())),
       timing_(params_.steady_arrival) {}
 
 GenerateCall::~GenerateCall() = default;

@@ -227,6 +227,7 @@ rpc::DrainPlan MakeDrainPlan(const RouterSettings& s, RouterService* service,
       *health = nullptr;
     }
     service->StopAccepting();
+    service->StopPlanner();  // no role change while the router drains
   };
   plan.running = [service] { return static_cast<int64_t>(service->running_requests()); };
   plan.shut_down = [=] {
@@ -261,6 +262,7 @@ int Run(const RouterSettings& s, const Prologue& prologue) {
       });
   service.set_failover(s.config.router.max_migrations, s.config.router.rpc_timeout_ms);
   service.set_objectives(s.config.slo, s.config.conditional.placement);
+  service.StartRoleControl(s.config);
   // Declared after `service`, so its thread stops before the keys go.
   auto keys_reloader = StartApiKeys(s.config, &service);
   if (!keys_reloader.ok()) return Fail(std::string(keys_reloader.status().message()));

@@ -195,8 +195,9 @@ RouterMetrics::Totals RouterMetrics::totals() const {
   return t;
 }
 
-RequestTimer::RequestTimer(RouterMetrics* metrics, absl::Time arrival, uint32_t samples)
-    : metrics_(metrics), arrival_(arrival), samples_(samples) {}
+RequestTimer::RequestTimer(RouterMetrics* metrics, absl::Time arrival, uint32_t samples,
+                           int64_t prompt_tokens)
+    : metrics_(metrics), arrival_(arrival), prompt_tokens_(prompt_tokens), samples_(samples) {}
 
 void RequestTimer::TokensSent(uint32_t sample, int64_t n, absl::Time now) {
   if (metrics_ == nullptr || finished_ || sample >= samples_.size() || n <= 0) return;
@@ -236,6 +237,18 @@ void RequestTimer::Finished(absl::Time now, RouterMetrics::Route route, absl::St
   }
   metrics_->prompt_tokens_cached_->Increment(static_cast<double>(prompt_tokens_cached));
   metrics_->CountRequest(route, code, first_sample_reason);
+  FinishedRequest recent;
+  recent.arrival = arrival_;
+  recent.finished = now;
+  recent.prompt_tokens = prompt_tokens_;
+  recent.cached_tokens = prompt_tokens_cached;
+  if (!samples_.empty() && samples_[0].tokens > 0) {
+    const Sample& s0 = samples_[0];
+    recent.output_tokens = s0.tokens;
+    recent.ttft_s = Seconds(s0.first - arrival_);
+    if (s0.tokens >= 2) recent.tpot_s = Seconds(s0.last - s0.first) / (s0.tokens - 1);
+  }
+  metrics_->recent_.Add(recent);
 }
 
 }  // namespace tandem::router

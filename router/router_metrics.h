@@ -69,6 +69,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/admission.h"
+#include "router/recent_requests.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/generation.pb.h"
 
@@ -138,6 +139,9 @@ class RouterMetrics {
 
   Totals totals() const;
 
+  // The recent finished requests (the role planner's load, recent_requests.h).
+  const RecentRequests& recent() const { return recent_; }
+
  private:
   friend class RequestTimer;
   // finish_reason label values, in label order.
@@ -166,6 +170,7 @@ class RouterMetrics {
   prometheus::Counter* prompt_tokens_cached_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
+  RecentRequests recent_;
 };
 
 // One admitted request's timings as its client sees them, from its arrival
@@ -176,8 +181,10 @@ class RouterMetrics {
 class RequestTimer {
  public:
   // `metrics` may be null (nothing is recorded). `arrival`: when the call
-  // reached the router. `samples`: the request's n (>= 1).
-  RequestTimer(RouterMetrics* metrics, absl::Time arrival, uint32_t samples);
+  // reached the router. `samples`: the request's n (>= 1). `prompt_tokens`:
+  // its prompt's (for RouterMetrics::recent()).
+  RequestTimer(RouterMetrics* metrics, absl::Time arrival, uint32_t samples,
+               int64_t prompt_tokens = 0);
 
   // `n` >= 1 tokens of sample `sample` were queued for the client in one
   // message at `now`: counts them in tandem_generation_tokens_total and
@@ -207,6 +214,7 @@ class RequestTimer {
   };
   RouterMetrics* const metrics_;
   const absl::Time arrival_;
+  const int64_t prompt_tokens_;
   std::vector<Sample> samples_;
   bool first_token_sent_ = false;
   bool phases_observed_ = false;

@@ -352,8 +352,52 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
     }
     response->set_cluster_auth(
         std::string(registry_.auth() != nullptr ? registry_.auth()->mode() : "open"));
+    if (planner_ != nullptr) *response->mutable_planner() = planner_->Status();
     reactor->Finish(grpc::Status::OK);
   });
+  return reactor;
+}
+
+void RouterService::StartRoleControl(const ClusterConfig& config) {
+  RoleChangerOptions options;
+  options.drain_timeout_ms = config.router.role_drain_timeout_ms;
+  options.rpc_timeout_ms = config.router.rpc_timeout_ms;
+  role_changer_ = std::make_unique<RoleChanger>(&registry_, options);
+  planner_ = std::make_unique<Planner>(PlannerOptionsFromConfig(config), &registry_,
+                                       role_changer_.get(), &metrics_);
+  planner_->Start();
+}
+
+void RouterService::StopPlanner() {
+  if (planner_ != nullptr) planner_->Stop();
+}
+
+grpc::ServerUnaryReactor* RouterService::SetWorkerRole(grpc::CallbackServerContext* context,
+                                                       const v1::SetWorkerRoleRequest* request,
+                                                       v1::SetWorkerRoleResponse* response) {
+  absl::StatusOr<int> caller = Authenticate(context);
+  if (!caller.ok()) return rpc::FinishUnary(context, rpc::ToGrpc(caller.status()));
+  if (api_keys_ != nullptr && !api_keys_->IsAdmin(*caller)) {
+    return rpc::FinishUnary(
+        context, grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                              "changing a worker's role needs an API key with admin: true"));
+  }
+  if (role_changer_ == nullptr) {
+    return rpc::FinishUnary(context, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                  "the router is not ready for role changes"));
+  }
+  auto* reactor = context->DefaultReactor();
+  role_changer_->ChangeAsync(
+      request->name(), request->role(), "tandem role",
+      [this, reactor, response](absl::StatusOr<v1::SetWorkerRoleResponse> result) {
+        if (!result.ok()) {
+          reactor->Finish(rpc::ToGrpc(result.status()));
+          return;
+        }
+        if (result->changed() && planner_ != nullptr) planner_->NoteManualChange();
+        *response = *std::move(result);
+        reactor->Finish(grpc::Status::OK);
+      });
   return reactor;
 }
 

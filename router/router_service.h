@@ -44,6 +44,8 @@
 #include "router/chat_template.h"
 #include "router/generate_call.h"
 #include "router/router_metrics.h"
+#include "router/planner.h"
+#include "router/role_changer.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -59,7 +61,8 @@ v1::Slo SloToProto(const SloConfig& slo);
 // and GetStatus typed.
 using GenerationBase = v1::Generation::WithRawCallbackMethod_Generate<
     v1::Generation::WithRawCallbackMethod_Tokenize<v1::Generation::WithCallbackMethod_GetModelInfo<
-        v1::Generation::WithCallbackMethod_GetStatus<v1::Generation::Service>>>>;
+        v1::Generation::WithCallbackMethod_GetStatus<
+            v1::Generation::WithCallbackMethod_SetWorkerRole<v1::Generation::Service>>>>>;
 
 class RouterService final : public GenerationBase {
  public:
@@ -88,6 +91,13 @@ class RouterService final : public GenerationBase {
     slo_ = SloToProto(slo);
     placement_ = PlacementModeName(placement);
   }
+  // Role changes (issue #35): router.role_drain_timeout_ms and the SetRole
+  // deadline (router.rpc_timeout_ms), then `planner` (off: none runs; its
+  // status still says so) with the config's slo and engine limits. Call
+  // once, before serving.
+  void StartRoleControl(const ClusterConfig& config);
+  // The planner's decisions stop (before the registry goes).
+  void StopPlanner();
   // SIGTERM: new Generate calls get UNAVAILABLE; running and queued ones
   // continue.
   void StopAccepting() { accepting_ = false; }
@@ -151,6 +161,13 @@ class RouterService final : public GenerationBase {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::ClusterStatus* response) override;
+  // `tandem role` (generation.proto SetWorkerRoleRequest): with API keys
+  // only an admin key may (PERMISSION_DENIED otherwise); then
+  // RoleChanger::Change on a thread of its own (the call finishes when the
+  // worker serves its new role or the change failed).
+  grpc::ServerUnaryReactor* SetWorkerRole(grpc::CallbackServerContext* context,
+                                          const v1::SetWorkerRoleRequest* request,
+                                          v1::SetWorkerRoleResponse* response) override;
 
   // tandem.v1.Registry, registered alongside; RegisterWorker is raw (its
   // request carries text).
@@ -209,6 +226,10 @@ class RouterService final : public GenerationBase {
   // service is destroyed.
   Admission admission_;
   std::unique_ptr<ApiKeys> api_keys_;  // null: no key required; set before serving
+  // StartRoleControl; before serving. The planner flips through the
+  // changer, so it is declared after it (stopped first).
+  std::unique_ptr<RoleChanger> role_changer_;
+  std::unique_ptr<Planner> planner_;
   // set_objectives; before serving.
   v1::Slo slo_;
   std::string placement_ = PlacementModeName(PlacementMode::kThreshold);

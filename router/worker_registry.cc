@@ -142,6 +142,13 @@ absl::Status WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) 
       return absl::AlreadyExistsError(why);
     }
     Entry& entry = workers_[request.name()];
+    if (entry.handle != nullptr && entry.handle->address == request.address() &&
+        entry.handle->role != request.role() &&
+        (entry.changing_role || absl::Now() - entry.role_changed_at < kRoleSettle)) {
+      // A heartbeat sent before the worker's role change (or while it runs):
+      // EndRoleChange decides the role.
+      return absl::OkStatus();
+    }
     const bool same = entry.handle != nullptr && entry.handle->address == request.address() &&
                       entry.handle->kv_endpoint == request.kv_endpoint() &&
                       entry.handle->kv_layout_id == request.kv_layout_id() &&
@@ -312,6 +319,104 @@ PickResult WorkerRegistry::Pick(const PickRequest& request) {
 int32_t WorkerRegistry::CachedPrefixTokens(const std::string& worker,
                                            std::span<const int32_t> prompt) const {
   return index_.CachedPrefixTokens(worker, prompt);
+}
+
+absl::StatusOr<WorkerRegistry::RoleChangeStart> WorkerRegistry::BeginRoleChange(
+    const std::string& name, v1::WorkerRole role) {
+  RoleChangeStart start;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(name);
+    if (it == workers_.end() || it->second.handle == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no worker named '", name, "'"));
+    }
+    Entry& e = it->second;
+    start.handle = e.handle;
+    start.previous_role = e.handle->role;
+    if (e.handle->role == role) {
+      start.no_op = true;
+      return start;
+    }
+    if (e.changing_role) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", name, " is already changing role"));
+    }
+    if (!e.healthy || e.draining) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", name, " is ", e.healthy ? "draining" : "unhealthy", "; its role stays"));
+    }
+    if (e.handle->role == v1::ROLE_DECODE) {
+      bool other_decode = false;
+      for (const auto& [other, entry] : workers_) {
+        if (other != name && entry.Routable() && entry.handle->role == v1::ROLE_DECODE) {
+          other_decode = true;
+        }
+      }
+      if (!other_decode) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", name,
+                         " is the only healthy decode worker: the cluster needs one to serve"));
+      }
+    }
+    e.changing_role = true;
+  }
+  ReportHealth();
+  return start;
+}
+
+void WorkerRegistry::EndRoleChange(const std::string& name, v1::WorkerRole role, bool changed) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(name);
+    if (it == workers_.end() || it->second.handle == nullptr) return;
+    Entry& e = it->second;
+    e.changing_role = false;
+    if (changed) {
+      e.role_changed_at = absl::Now();
+      if (e.handle->role != role) {
+        const WorkerHandle& old = *e.handle;
+        auto handle = std::make_shared<WorkerHandle>();
+        handle->name = old.name;
+        handle->role = role;
+        handle->address = old.address;
+        handle->kv_endpoint = old.kv_endpoint;
+        handle->kv_layout_id = old.kv_layout_id;
+        handle->auth = old.auth;
+        auto channel = rpc::MakeChannel(old.address);
+        if (role == v1::ROLE_DECODE) {
+          handle->decode_stub = v1::DecodeWorker::NewStub(channel);
+        } else {
+          handle->prefill_stub = v1::PrefillWorker::NewStub(channel);
+        }
+        e.handle = std::move(handle);
+        // Its queue and rate were of the other role's work.
+        e.status.Clear();
+        e.status_at = absl::InfinitePast();
+        e.prefill_tokens_per_s = 0;
+        e.in_flight_at_poll = 0;
+        e.prefill_tokens_in_flight_at_poll = 0;
+      }
+      Log(absl::StrCat("worker ", name, " serves the ", v1::WorkerRole_Name(role), " role now"));
+    }
+  }
+  ReportHealth();
+}
+
+std::vector<WorkerRegistry::WorkerView> WorkerRegistry::Workers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerView> out;
+  for (const auto& [name, e] : workers_) {
+    if (e.handle == nullptr) continue;
+    WorkerView v;
+    v.name = name;
+    v.role = e.handle->role;
+    v.routable = e.Routable();
+    v.changing_role = e.changing_role;
+    v.status = e.status;
+    v.prefill_tokens_per_s = e.prefill_tokens_per_s;
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 bool WorkerRegistry::HasRoutable(v1::WorkerRole role) const {

@@ -214,6 +214,40 @@ class WorkerRegistry {
   // Whether a routable worker of `role` exists (cheap; no score).
   bool HasRoutable(v1::WorkerRole role) const;
 
+  // ---- Role changes (issue #35; router/role_changer.h runs them) ----
+  struct RoleChangeStart {
+    std::shared_ptr<WorkerHandle> handle;  // the worker as its requests hold it
+    v1::WorkerRole previous_role = v1::ROLE_UNSPECIFIED;
+    bool no_op = false;  // it already has the role: nothing was changed
+  };
+  // Takes worker `name` out of routing for a change to `role` (its
+  // requests go on; new ones go elsewhere). Errors: NOT_FOUND "no worker
+  // named X"; FAILED_PRECONDITION when it is unhealthy, draining or
+  // already changing role, or when it is the last routable decode worker
+  // and `role` is prefill (the router needs a decode worker to serve).
+  [[nodiscard]] absl::StatusOr<RoleChangeStart> BeginRoleChange(const std::string& name,
+                                                                v1::WorkerRole role);
+  // Ends BeginRoleChange's change. `changed`: the worker serves `role` now
+  // (a new handle with that role, routable at once; a heartbeat still
+  // carrying the old role within kRoleSettle is ignored); else it is
+  // routable again in its old role. No-op for a worker dropped meanwhile.
+  void EndRoleChange(const std::string& name, v1::WorkerRole role, bool changed);
+  // How long after a role change a registration with the old role counts
+  // as a heartbeat sent before the change (not a change back).
+  static constexpr absl::Duration kRoleSettle = absl::Seconds(3);
+
+  // One worker as the planner sees it (router/planner.h).
+  struct WorkerView {
+    std::string name;
+    v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
+    bool routable = false;        // healthy, not draining, not changing role
+    bool changing_role = false;
+    v1::WorkerStatus status;      // the last successful poll (empty before one)
+    double prefill_tokens_per_s = 0;  // measured (0: not yet)
+  };
+  // Every registered worker, in name order.
+  std::vector<WorkerView> Workers() const;
+
   // >= 1 healthy, not draining decode worker (prefill workers are optional).
   bool CanServe() const;
 
@@ -268,8 +302,12 @@ class WorkerRegistry {
     // (an exponential moving average, weight kRateWeight per new poll);
     // 0 until measured.
     double prefill_tokens_per_s = 0;
+    // Out of routing for a role change (BeginRoleChange .. EndRoleChange).
+    bool changing_role = false;
+    // When the last role change ended (kRoleSettle).
+    absl::Time role_changed_at = absl::InfinitePast();
     // Takes new requests.
-    bool Routable() const { return healthy && !draining; }
+    bool Routable() const { return healthy && !draining && !changing_role; }
   };
   struct PollCall;  // one GetStatus in flight on cq_
 

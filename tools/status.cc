@@ -221,6 +221,7 @@ std::string FormatClusterStatus(const tandem::v1::ClusterStatus& status) {
     if (w.has_step_model()) absl::StrAppend(&out, FormatStepModelLine(w.step_model()), "\n");
   }
   absl::StrAppend(&out, FormatSloLine(status), "\n", FormatClusterAuthLine(status), "\n");
+  if (status.has_planner()) absl::StrAppend(&out, FormatPlannerLine(status.planner()), "\n");
   for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
     absl::StrAppend(&out, FormatApiKeyLine(u), "\n");
   }
@@ -238,6 +239,20 @@ std::string FormatApiKeyLine(const tandem::v1::ApiKeyUsage& u) {
       tokens_limited ? absl::StrCat(u.tokens_available()) : std::string("unlimited"),
       " tokens_per_minute=", limit(u.tokens_per_minute()),
       " max_concurrent_requests=", limit(u.max_concurrent_requests()));
+}
+
+std::string FormatPlannerLine(const tandem::v1::PlannerStatus& p) {
+  if (p.mode() == "off" || p.mode().empty()) return "planner: off";
+  std::string line = absl::StrCat(
+      "planner: ", p.mode(), " every ", p.interval_s(), " s, cooldown ", p.cooldown_s(),
+      " s; wants ", p.desired_prefill_workers(), " prefill + ", p.desired_decode_workers(),
+      " decode", p.flip_roles() ? "" : " (export only)", "; flips=", p.role_changes_total());
+  if (p.seconds_since_last_flip() >= 0) {
+    absl::StrAppend(&line, absl::StrFormat("; last role change %.1f s ago",
+                                           p.seconds_since_last_flip()));
+  }
+  if (!p.last_decision().empty()) absl::StrAppend(&line, "; last: ", p.last_decision());
+  return line;
 }
 
 std::string FormatClusterAuthLine(const tandem::v1::ClusterStatus& status) {
@@ -258,6 +273,20 @@ nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& stat
   j["slo"] = {{"ttft_ms", objective(status.slo().ttft_ms())},
               {"tpot_ms", objective(status.slo().tpot_ms())}};
   j["placement"] = status.placement();
+  if (status.has_planner()) {
+    const tandem::v1::PlannerStatus& p = status.planner();
+    j["planner"] = {{"mode", p.mode()},
+                    {"flip_roles", p.flip_roles()},
+                    {"interval_s", p.interval_s()},
+                    {"cooldown_s", p.cooldown_s()},
+                    {"desired_prefill_workers", p.desired_prefill_workers()},
+                    {"desired_decode_workers", p.desired_decode_workers()},
+                    {"role_changes_total", p.role_changes_total()},
+                    {"seconds_since_last_flip", p.seconds_since_last_flip()},
+                    {"last_decision", p.last_decision()}};
+  } else {
+    j["planner"] = nullptr;
+  }
   j["router"] = WorkerStatusToJson(status.router());
   j["workers"] = nlohmann::ordered_json::array();
   for (const tandem::v1::WorkerStatus& w : status.workers()) {

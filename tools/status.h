@@ -55,6 +55,12 @@ std::string RoleName(tandem::v1::WorkerRole role);
 //    router's GetStatus: its load is unknown)".
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 
+// The role planner's line (ClusterStatus.planner, router/planner.h):
+//   "planner: off", or "planner: slo every 5 s, cooldown 30 s; wants 1
+//    prefill + 1 decode; flips=N[; last role change 3.2 s ago][; last:
+//    <its last decision with inputs>]".
+std::string FormatPlannerLine(const tandem::v1::PlannerStatus& planner);
+
 // One line for one API key's usage (ClusterStatus.api_keys):
 //   "api_key <name> requests=N refused=N prompt_tokens=N generated_tokens=N
 //    in_flight=N tokens_available=N tokens_per_minute=N

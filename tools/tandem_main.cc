@@ -8,6 +8,7 @@
 
 #include "tools/bench/bench_cli.h"
 #include "tools/generate.h"
+#include "tools/role.h"
 #include "tools/selftest.h"
 #include "tools/status.h"
 #include "tools/synth_model.h"
@@ -40,6 +41,8 @@ constexpr char kUsage[] =
     "  status    one line per process; exit 0 when the cluster can serve\n"
     "            [--router H:P] [--api-key KEY] [--check-idle] [--json] [--timeout-ms MS]\n"
     "            (--check-idle: exit 3 while a worker holds work, 4 when one did not answer)\n"
+    "  role      change a worker's role at run time (no reload; KV pool and prefix cache kept)\n"
+    "            [--router H:P] [--api-key KEY] [--timeout-ms MS] NAME prefill|decode\n"
     "  synth-model  write a llama or qwen2 GGUF of a given shape with seeded random weights\n"
     "            --out PATH (--vocab-from GGUF | --vocab byte)\n"
     "            [--preset 15M|110M|1B|llama3.2-1b | --dim N --layers N --heads N [--kv-heads N]\n"
@@ -69,6 +72,7 @@ constexpr Command kCommands[] = {
     {"up", tandem::cli::RunUp, nullptr},
     {"generate", tandem::cli::RunGenerate, nullptr},
     {"status", tandem::cli::RunStatus, nullptr},
+    {"role", tandem::cli::RunRole, nullptr},
     {"synth-model", tandem::cli::RunSynthModel, nullptr},
     {"selftest", tandem::cli::RunSelftest, nullptr},
     {"bench", tandem::cli::RunBench, tandem::cli::BenchUsage},

@@ -1,14 +1,13 @@
-// tandem-worker --role prefill|decode: one worker binary; the role picks
-// the service it hosts (prefill_worker/, decode_worker/) on the shared
-// runtime (worker_main.h). --role may stand anywhere on the line, as
+// tandem-worker --role prefill|decode: one worker binary; it hosts both
+// roles (prefill_worker/, decode_worker/) on one engine core and --role is
+// the one it serves first (worker_main.h; `tandem role` changes it). --role may stand anywhere on the line, as
 // "--role R" or "--role=R"; every other flag is the runtime's.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "decode_worker/decode_role.h"
-#include "prefill_worker/prefill_role.h"
+#include "worker/all_roles.h"
 
 namespace {
 
@@ -50,12 +49,12 @@ int main(int argc, char** argv) {
   }
   const int n = static_cast<int>(args.size());
   if (role == "prefill") {
-    return tandem::RunWorkerMain(n, args.data(), tandem::prefill::PrefillRole(),
-                                 "tandem-worker --role prefill");
+    return tandem::RunWorkerBinary(n, args.data(), tandem::v1::ROLE_PREFILL,
+                                   "tandem-worker --role prefill");
   }
   if (role == "decode") {
-    return tandem::RunWorkerMain(n, args.data(), tandem::decode::DecodeRole(),
-                                 "tandem-worker --role decode");
+    return tandem::RunWorkerBinary(n, args.data(), tandem::v1::ROLE_DECODE,
+                                   "tandem-worker --role decode");
   }
   if (role.empty() && tandem::HelpRequested(n, args.data())) {
     std::printf(

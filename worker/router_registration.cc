@@ -65,6 +65,11 @@ void RouterRegistration::Stop() {
   peers_.clear();
 }
 
+void RouterRegistration::SetRole(v1::WorkerRole role) {
+  absl::MutexLock lock(&mu_);
+  role_ = role;
+}
+
 std::string RouterRegistration::refusal() const {
   absl::MutexLock lock(&mu_);
   return refusal_;
@@ -133,7 +138,6 @@ void RouterRegistration::ResolveLoop() {
 void RouterRegistration::RegisterLoop(const std::string& address, absl::Notification* stop) {
   const std::string label = Label(address);
   auto stub = v1::Registry::NewStub(rpc::MakeChannel(address));
-  const v1::RegisterWorkerRequest& request = options_.request;
   const auth::ClusterAuth* auth = options_.auth;
   bool registered = false;
   bool held_elsewhere = false;  // the last answer was ALREADY_EXISTS
@@ -148,6 +152,12 @@ void RouterRegistration::RegisterLoop(const std::string& address, absl::Notifica
     if (options_.on_refusal) options_.on_refusal(reason);
   };
   do {
+    v1::RegisterWorkerRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      request = options_.request;
+      request.set_role(role_);
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(rpc::DeadlineFromNow(1000));
     rpc::SignCall(auth, &ctx, rpc::kRegisterWorkerMethod, request);

@@ -105,6 +105,9 @@ class RouterRegistration {
   // and joins the threads. Idempotent.
   void Stop();
 
+  // The role every later attempt registers (a role change at run time,
+  // issue #35); the heartbeat carries it within a second.
+  void SetRole(v1::WorkerRole role);
   // The first refusal's reason ("" when none).
   std::string refusal() const;
   // How many routers this worker is registered with now.
@@ -132,6 +135,8 @@ class RouterRegistration {
   mutable absl::Mutex mu_;
   std::string refusal_ ABSL_GUARDED_BY(mu_);
   int registered_ ABSL_GUARDED_BY(mu_) = 0;  // loops whose last attempt succeeded
+  // options_.request.role() until SetRole.
+  v1::WorkerRole role_ ABSL_GUARDED_BY(mu_) = options_.request.role();
 };
 
 }  // namespace tandem

@@ -22,8 +22,9 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
   const bool decode = spec.role == v1::ROLE_DECODE;
   std::printf(
       "usage: %s --name NAME [flags]\n"
-      "Serves one %s worker of a Tandem cluster and registers it with the router\n"
-      "(docs/operations.md).\n\n"
+      "Serves one worker of a Tandem cluster, first as a %s worker (it hosts both\n"
+      "roles; `tandem role` changes the one it serves), and registers it with the\n"
+      "router (docs/operations.md).\n\n"
       "  --config PATH         cluster YAML (default %s)\n"
       "  --name NAME           the name registered with the router and logged (required)\n"
       "  --config-entry ENTRY  the %s entry whose settings to use (default: --name)\n"
@@ -33,11 +34,9 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
       program.c_str(), decode ? "decode" : "prefill", kDefaultConfigPath,
       WorkerListName(spec.role));
   if (program.find("--role") != std::string::npos) {
-    std::printf("  --role prefill|decode  the role this worker serves (required)\n");
+    std::printf("  --role prefill|decode  the role this worker serves first (required)\n");
   }
-  if (decode) {
-    std::printf("  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");
-  }
+  std::printf("  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");
   std::printf(
       "  --metrics-listen HOST:PORT  the Prometheus /metrics listener (default: the entry's)\n"
       "  --gpu-memory-fraction F    share of the GPU's memory for weights and KV (cuda only)\n"
@@ -50,7 +49,7 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
 // Flags and config file into the worker's settings.
 [[nodiscard]] absl::StatusOr<WorkerSettings> LoadWorkerSettings(int argc, char** argv,
                                                                 const WorkerRoleSpec& spec) {
-  std::vector<std::string> allowed = WorkerFlagNames(spec.role);
+  std::vector<std::string> allowed = WorkerFlagNames();
   allowed.insert(allowed.end(), spec.extra_flags.begin(), spec.extra_flags.end());
   auto flags = ParseFlags(argc, argv, allowed);
   if (!flags.ok()) return flags.status();
@@ -62,7 +61,14 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
 
 }  // namespace
 
-int RunWorkerMain(int argc, char** argv, const WorkerRoleSpec& role, const std::string& program) {
+int RunWorkerMain(int argc, char** argv, const std::vector<WorkerRoleSpec>& roles,
+                  v1::WorkerRole start_role, const std::string& program) {
+  const WorkerRoleSpec* found = nullptr;
+  for (const WorkerRoleSpec& spec : roles) {
+    if (spec.role == start_role) found = &spec;
+  }
+  if (found == nullptr) return Fail(absl::InvalidArgumentError("--role: no such role here"));
+  const WorkerRoleSpec& role = *found;
   if (HelpRequested(argc, argv)) {
     PrintWorkerUsage(program, role);
     return 0;
@@ -81,7 +87,7 @@ int RunWorkerMain(int argc, char** argv, const WorkerRoleSpec& role, const std::
   rpc::Log(absl::StrCat("loaded ", prologue->model_path, " (",
                         prologue->bundle->model->config().name, ")"));
   WorkerProcess process(*settings, *prologue);
-  return process.Run(role.factory);
+  return process.Run(roles);
 }
 
 }  // namespace tandem

@@ -24,18 +24,26 @@
 #include "common/server/model_bundle.h"
 #include "engine/backend/model_backend.h"
 #include "tandem/v1/common.pb.h"
+#include "engine/core/engine_core.h"
+#include "kvtransfer/kv_transfer.h"
+#include "worker/kv_data_planes.h"
 #include "worker/kv_event_publisher.h"
 #include "worker/kv_transport_counters.h"
+#include "worker/role_gate.h"
 
 namespace tandem {
 
-// What a worker plugs into RunWorkerMain.
+// One role's half of a worker (prefill_worker/'s PrefillService,
+// decode_worker/'s DecodeService) over the engine core both halves share
+// (worker/worker_roles.h runs them together).
 class WorkerRuntime {
  public:
   virtual ~WorkerRuntime() = default;
   // The gRPC service to register (lives as long as the runtime).
   virtual grpc::Service* service() = 0;
   // Live counters; name/role/address/ready are filled by the caller.
+  // kv_bytes_by_transport holds this half's bytes (sent by P, received by
+  // D); kv_endpoint is the decode half's.
   virtual v1::WorkerStatus Status() = 0;
   // Ends every request with UNAVAILABLE and refuses new ones.
   virtual void Shutdown() = 0;
@@ -54,6 +62,12 @@ struct WorkerContext {
   // unset): services verify every peer call with it (rpc::VerifyCall), the
   // KV transfer its HELLO. Outlives the runtime.
   const auth::ClusterAuth* auth;
+  // "prefill_workers[ENTRY]." or "decode_workers[ENTRY].": how errors name
+  // the entry's keys (WorkerSettings::key_prefix).
+  std::string key_prefix;
+  // The role the worker serves now: each half admits new requests only
+  // through it. Outlives the runtime.
+  const RoleGate* gate = nullptr;
   // The worker's own status, filled by RunWorkerMain (for GetStatus).
   std::function<v1::WorkerStatus()> status;
   // The KV event publisher RunWorkerMain serves (KvEvents.Watch); outlives
@@ -72,21 +86,41 @@ struct WorkerContext {
   std::function<void(const absl::Status& status)> on_device_lost;
 };
 
-using RuntimeFactory =
-    std::function<absl::StatusOr<std::unique_ptr<WorkerRuntime>>(const WorkerContext&)>;
+// What both halves of a worker share: the backend's KV layout, bit-exact
+// class and KV data planes, and the one engine core (null while the roles'
+// make_loader hooks run, before it exists).
+struct SharedCoreParts {
+  kvtransfer::KvLayout layout;
+  std::string bit_exact_class;
+  std::shared_ptr<const KvDataPlanes> planes;
+  std::shared_ptr<core::EngineCore> core;
+};
+
+using RuntimeFactory = std::function<absl::StatusOr<std::unique_ptr<WorkerRuntime>>(
+    const WorkerContext&, const SharedCoreParts&)>;
+using LoaderFactory = std::function<absl::StatusOr<std::unique_ptr<core::RemoteKvLoader>>(
+    const WorkerContext&, const SharedCoreParts&)>;
 
 // One role a worker can serve: prefill_worker/ and decode_worker/ each
-// provide theirs (PrefillRole(), DecodeRole()).
+// provide theirs (PrefillRole(), DecodeRole()). Every worker runs both
+// (worker/all_roles.h) and serves one at a time (RoleGate).
 struct WorkerRoleSpec {
   v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
-  // Role-only flags beside WorkerFlagNames(role) (tests only today); the
-  // factory reads them from WorkerContext::flags.
+  // Role-only flags beside WorkerFlagNames() (tests only today), accepted
+  // when the worker starts in this role; the factory reads them from
+  // WorkerContext::flags.
   std::vector<std::string> extra_flags;
-  // Builds the role's runtime (its service, engine core and KV endpoint).
+  // What the role gives the engine core before it is built: the decode
+  // role's KV receiver, the core's remote KV loader. Empty: nothing.
+  LoaderFactory make_loader;
+  // Builds the role's half (its service and KV endpoint) over the core.
   RuntimeFactory factory;
 };
 
-// Runs the worker process of `role`; returns the exit code. `program` is
+// Runs the worker process starting in `role` (one of `roles`, which every
+// worker hosts together on one engine core, worker/worker_roles.h; it
+// serves one at a time and changes role at run time through
+// WorkerAdmin.SetRole, issue #35); returns the exit code. `program` is
 // how --help names the binary ("tandem-worker --role decode"). Flags:
 // --config FILE (default deploy/local/cluster.yaml), --name NAME (required: the name
 // registered with the router and printed in every log line),
@@ -101,9 +135,9 @@ struct WorkerRoleSpec {
 // registered with each: RouterRegistration, router_registration.h),
 // --advertise
 // HOST[:PORT] (the gRPC address registered with the router; default the
-// entry's `advertise`), decode workers --kv-advertise HOST[:PORT] (the KV
-// endpoint prefill workers dial; default the entry's `kv_advertise`, else
-// the advertise host), --metrics-listen HOST:PORT (default: the entry's
+// entry's `advertise`), --kv-advertise HOST[:PORT] (the KV endpoint
+// prefill workers dial while this worker decodes; default the entry's
+// `kv_advertise`, else the advertise host), --metrics-listen HOST:PORT (default: the entry's
 // `metrics_listen`; set: GET /metrics on an HTTP server there, serving
 // WorkerMetrics over the same status GetStatus answers with; the bound
 // address is logged as "metrics: serving http://HOST:PORT/metrics" and
@@ -135,7 +169,8 @@ struct WorkerRoleSpec {
 // service "" is SERVING while the worker is ready and NOT_SERVING from its
 // termination signal on (the drain); rpc::kLivenessHealthService
 // ("liveness") is SERVING until the process exits.
-int RunWorkerMain(int argc, char** argv, const WorkerRoleSpec& role, const std::string& program);
+int RunWorkerMain(int argc, char** argv, const std::vector<WorkerRoleSpec>& roles,
+                  v1::WorkerRole role, const std::string& program);
 
 }  // namespace tandem
 

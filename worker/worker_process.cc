@@ -17,9 +17,12 @@ WorkerProcess::WorkerProcess(const WorkerSettings& settings, const Prologue& pro
       prologue_(prologue),
       kv_events_(
           KvEventPublisherOptions{settings.config.engine.block_size, 0, 1024, prologue.auth.get()}),
-      context_{&settings.config, &settings.worker,    prologue.bundle.get(),
-               &settings.flags,  prologue.auth.get(), nullptr,
-               &kv_events_} {
+      gate_(settings.role),
+      context_{&settings.config, &settings.worker, prologue.bundle.get(), &settings.flags,
+               prologue.auth.get()} {
+  context_.key_prefix = settings.key_prefix;
+  context_.gate = &gate_;
+  context_.kv_events = &kv_events_;
   context_.status = [this] { return Status(); };
   if (settings_.worker.metrics_listen.has_value()) {
     // Scraped only once the runtime exists (the server starts after it).
@@ -43,7 +46,7 @@ WorkerProcess::WorkerProcess(const WorkerSettings& settings, const Prologue& pro
 v1::WorkerStatus WorkerProcess::Status() {
   v1::WorkerStatus status = runtime_->Status();
   status.set_name(settings_.name);
-  status.set_role(settings_.role);
+  status.set_role(gate_.role());
   status.set_address(address_);
   status.set_ready(ready_.load());
   status.set_model_fingerprint(prologue_.bundle->fingerprint);
@@ -55,8 +58,24 @@ std::string WorkerProcess::TakeDeviceLost() {
   return device_lost_;
 }
 
-int WorkerProcess::Run(const RuntimeFactory& factory) {
-  absl::Status started = StartRuntime(factory);
+v1::SetRoleResponse WorkerProcess::SetRole(v1::WorkerRole role) {
+  v1::SetRoleResponse response;
+  const v1::WorkerRole previous = gate_.set_role(role);
+  response.set_previous_role(previous);
+  response.set_role(role);
+  response.set_changed(previous != role);
+  if (previous == role) return response;
+  {
+    absl::MutexLock lock(&registration_mu_);
+    if (registration_ != nullptr) registration_->SetRole(role);
+  }
+  rpc::Log(absl::StrCat("role: ", WorkerRoleName(previous), " -> ", WorkerRoleName(role),
+                        " (engine, KV pool and prefix cache kept)"));
+  return response;
+}
+
+int WorkerProcess::Run(const std::vector<WorkerRoleSpec>& roles) {
+  absl::Status started = StartRuntime(roles);
   if (started.ok()) started = StartServer();
   if (!started.ok()) {
     std::fprintf(stderr, "%s\n", std::string(started.message()).c_str());
@@ -66,8 +85,8 @@ int WorkerProcess::Run(const RuntimeFactory& factory) {
   return Drain();
 }
 
-absl::Status WorkerProcess::StartRuntime(const RuntimeFactory& factory) {
-  auto created = factory(context_);
+absl::Status WorkerProcess::StartRuntime(const std::vector<WorkerRoleSpec>& roles) {
+  auto created = BuildWorkerRoles(context_, roles);
   if (!created.ok()) return created.status();
   runtime_ = *std::move(created);
   if (absl::Status s = StartMetrics(); !s.ok()) {
@@ -98,8 +117,11 @@ absl::Status WorkerProcess::StartMetrics() {
 absl::Status WorkerProcess::StartServer() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.RegisterService(runtime_->service());
+  for (grpc::Service* service : runtime_->services()) builder.RegisterService(service);
   builder.RegisterService(kv_events_.service());
+  admin_ = std::make_unique<WorkerAdminService>(
+      [this](v1::WorkerRole role) { return SetRole(role); }, prologue_.auth.get());
+  builder.RegisterService(admin_.get());
   int port = 0;
   const WorkerConfig& w = settings_.worker;
   const std::string key = settings_.key_prefix + "listen";
@@ -125,7 +147,7 @@ absl::Status WorkerProcess::StartServer() {
 void WorkerProcess::StartRegistration() {
   v1::RegisterWorkerRequest reg;
   reg.set_name(settings_.name);
-  reg.set_role(settings_.role);
+  reg.set_role(gate_.role());
   reg.set_address(address_);
   const v1::WorkerStatus initial = Status();
   reg.set_kv_endpoint(initial.kv_endpoint());
@@ -141,7 +163,10 @@ void WorkerProcess::StartRegistration() {
     absl::MutexLock lock(&readiness_mu_);
     if (!draining_) health_->SetServingStatus("", registered);
   };
+  absl::MutexLock lock(&registration_mu_);
   registration_ = std::make_unique<RouterRegistration>(std::move(options));
+  // A SetRole before this point flipped the gate, which reg carries.
+  registration_->SetRole(gate_.role());
   registration_->Start();
 }
 

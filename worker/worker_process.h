@@ -25,9 +25,12 @@
 #include "common/http/http_server.h"
 #include "common/server/prologue.h"
 #include "worker/kv_event_publisher.h"
+#include "worker/role_gate.h"
 #include "worker/router_registration.h"
+#include "worker/worker_admin_service.h"
 #include "worker/worker_main.h"
 #include "worker/worker_metrics.h"
+#include "worker/worker_roles.h"
 #include "worker/worker_settings.h"
 
 namespace tandem {
@@ -39,16 +42,16 @@ class WorkerProcess {
   WorkerProcess(const WorkerProcess&) = delete;
   WorkerProcess& operator=(const WorkerProcess&) = delete;
 
-  // Builds the runtime with `factory`, serves, registers, waits for the
-  // termination signal and drains. Returns the exit code: 0, 1 (a start-up
-  // error, printed as one stderr line, or a refused registration) or
-  // kExitDeviceLost.
-  int Run(const RuntimeFactory& factory);
+  // Builds both roles' runtime (BuildWorkerRoles), serves the role it
+  // starts in, registers, waits for the termination signal and drains.
+  // Returns the exit code: 0, 1 (a start-up error, printed as one stderr
+  // line, or a refused registration) or kExitDeviceLost.
+  int Run(const std::vector<WorkerRoleSpec>& roles);
 
  private:
-  // The runtime (factory), then the /metrics server when metrics_listen is
-  // set. Errors name the key.
-  [[nodiscard]] absl::Status StartRuntime(const RuntimeFactory& factory);
+  // The runtime, then the /metrics server when metrics_listen is set.
+  // Errors name the key.
+  [[nodiscard]] absl::Status StartRuntime(const std::vector<WorkerRoleSpec>& roles);
   [[nodiscard]] absl::Status StartMetrics();
   // The gRPC server: the role's service, KvEvents, health; TANDEM_LISTENING.
   [[nodiscard]] absl::Status StartServer();
@@ -59,6 +62,9 @@ class WorkerProcess {
   // The status GetStatus answers with: the runtime's plus who we are.
   v1::WorkerStatus Status();
   std::string TakeDeviceLost();
+  // WorkerAdmin.SetRole: flips the gate, registers with the new role, logs
+  // "role: prefill -> decode".
+  v1::SetRoleResponse SetRole(v1::WorkerRole role);
 
   // Const after construction.
   const WorkerSettings& settings_;
@@ -69,8 +75,9 @@ class WorkerProcess {
   // Declared before the runtime and the server: the engine publishes into
   // it and the server serves it until both are gone.
   KvEventPublisher kv_events_;
+  RoleGate gate_;
   WorkerContext context_;
-  std::unique_ptr<WorkerRuntime> runtime_;
+  std::unique_ptr<WorkerRoles> runtime_;
   // Reads Status() (so the runtime): the metrics server, declared after the
   // runtime, stops before it goes. The engine's step observer holds it.
   std::shared_ptr<WorkerMetrics> metrics_;
@@ -78,9 +85,12 @@ class WorkerProcess {
   std::string device_lost_ ABSL_GUARDED_BY(device_lost_mu_);
   std::unique_ptr<http::HttpServer> metrics_server_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<WorkerAdminService> admin_;
   grpc::HealthCheckServiceInterface* health_ = nullptr;
   absl::Mutex readiness_mu_;
   bool draining_ ABSL_GUARDED_BY(readiness_mu_) = false;
+  // Guards registration_ against SetRole racing StartRegistration.
+  absl::Mutex registration_mu_;
   std::unique_ptr<RouterRegistration> registration_;
 };
 

@@ -76,7 +76,6 @@ namespace {
       !a.ok()) {
     return a.status();
   }
-  if (s.role != v1::ROLE_DECODE) return absl::OkStatus();
   return AdvertisedAddress(w.kv_listen, 0, w.kv_advertise, s.key_prefix + "kv_listen",
                            s.key_prefix + "kv_advertise")
       .status();
@@ -84,7 +83,7 @@ namespace {
 
 }  // namespace
 
-std::vector<std::string> WorkerFlagNames(v1::WorkerRole role) {
+std::vector<std::string> WorkerFlagNames() {
   std::vector<std::string> names = {"config",
                                     "name",
                                     "config-entry",
@@ -94,8 +93,8 @@ std::vector<std::string> WorkerFlagNames(v1::WorkerRole role) {
                                     "metrics-listen",
                                     "fault-kv-layout-id",
                                     "gpu-memory-fraction",
-                                    "fault-backend-error"};
-  if (role == v1::ROLE_DECODE) names.push_back("kv-advertise");
+                                    "fault-backend-error",
+                                    "kv-advertise"};
   return names;
 }
 
@@ -122,9 +121,8 @@ absl::StatusOr<WorkerSettings> ResolveWorkerSettings(v1::WorkerRole role,
   if (absl::Status router = ResolveRouter(&s); !router.ok()) return router;
   s.key_prefix = absl::StrCat(WorkerListName(role), "[", s.entry_name, "].");
   if (absl::Status applied = ApplyAddressFlags(&s); !applied.ok()) return applied;
-  // A decode worker's KV endpoint takes the gRPC advertise host unless it
-  // has its own.
-  if (role == v1::ROLE_DECODE && s.worker.kv_advertise.empty() && !s.worker.advertise.empty()) {
+  // The KV endpoint takes the gRPC advertise host unless it has its own.
+  if (s.worker.kv_advertise.empty() && !s.worker.advertise.empty()) {
     s.worker.kv_advertise.host = s.worker.advertise.host;
   }
   if (absl::Status checked = CheckAdvertised(s); !checked.ok()) return checked;

@@ -17,9 +17,9 @@
 
 namespace tandem {
 
-// The flags every worker accepts (role-specific ones are added by the
-// role: decode's kv-advertise, WorkerRoleSpec::extra_flags).
-std::vector<std::string> WorkerFlagNames(v1::WorkerRole role);
+// The flags every worker accepts, whatever its role (each role's tests-only
+// flags are added by it: WorkerRoleSpec::extra_flags).
+std::vector<std::string> WorkerFlagNames();
 
 // What RunWorkerMain runs with.
 struct WorkerSettings {

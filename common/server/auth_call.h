@@ -39,6 +39,7 @@ inline constexpr char kPrefillPrefillMethod[] = "/tandem.v1.PrefillWorker/Prefil
 inline constexpr char kPrefillGetStatusMethod[] = "/tandem.v1.PrefillWorker/GetStatus";
 inline constexpr char kRegisterWorkerMethod[] = "/tandem.v1.Registry/RegisterWorker";
 inline constexpr char kKvEventsWatchMethod[] = "/tandem.v1.KvEvents/Watch";
+inline constexpr char kWorkerSetRoleMethod[] = "/tandem.v1.WorkerAdmin/SetRole";
 
 // Adds the x-tandem-auth metadata for `request` sent to `method`: the HMAC
 // covers request.SerializeAsString(), which is the bytes the generated stub

@@ -109,12 +109,30 @@ TEST(WorkerSettingsTest, BadFlagValuesNameTheFlag) {
   EXPECT_THAT(s.status().message(), HasSubstr("--gpu-memory-fraction"));
 }
 
-TEST(WorkerSettingsTest, FlagNamesPerRole) {
-  const std::vector<std::string> decode = WorkerFlagNames(v1::ROLE_DECODE);
-  const std::vector<std::string> prefill = WorkerFlagNames(v1::ROLE_PREFILL);
-  EXPECT_THAT(decode, ::testing::Contains("kv-advertise"));
-  EXPECT_THAT(prefill, ::testing::Not(::testing::Contains("kv-advertise")));
-  EXPECT_THAT(prefill, ::testing::Contains("name"));
+TEST(WorkerSettingsTest, EveryRoleTakesTheKvFlags) {
+  // Every worker has a KV receiver: a prefill worker may become a decode
+  // worker at run time (issue #35).
+  const std::vector<std::string> names = WorkerFlagNames();
+  EXPECT_THAT(names, ::testing::Contains("kv-advertise"));
+  EXPECT_THAT(names, ::testing::Contains("name"));
+}
+
+TEST(WorkerSettingsTest, PrefillWorkerKvAdvertiseTakesTheAdvertiseHost) {
+  ClusterConfig config;
+  WorkerConfig p;
+  p.name = "pw";
+  p.listen = HostPort{"0.0.0.0", 0};
+  p.kv_listen = HostPort{"0.0.0.0", 0};
+  config.prefill_workers.push_back(p);
+  auto s = ResolveWorkerSettings(v1::ROLE_PREFILL, {{"name", "pw"}, {"advertise", "10.0.0.9"}},
+                                 config, "c.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->worker.kv_advertise.host, "10.0.0.9");
+  s = ResolveWorkerSettings(v1::ROLE_PREFILL,
+                            {{"name", "pw"}, {"advertise", "10.0.0.9"}, {"kv-advertise", "10.0.0.7"}},
+                            config, "c.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->worker.kv_advertise.host, "10.0.0.7");
 }
 
 }  // namespace
