@@ -166,13 +166,27 @@ using namespace config_yaml;  // NOLINT(build/namespaces): the parsers' own help
 
 [[nodiscard]] absl::Status ParseRouter(const YAML::Node& node, RouterConfig* r) {
   const std::string path = "router";
-  if (absl::Status s = CheckKeys(
-          node, path,
-          {"name", "listen", "advertise", "poll_interval_ms", "unhealthy_after_missed_polls",
-           "rpc_timeout_ms", "max_inflight", "max_queued", "max_migrations", "drop_after_ms",
-           "api_keys_file", "policy", "kv_aware", "http_listen", "served_model_name",
-           "http_max_streams", "http_max_body_bytes", "http_read_timeout_ms", "metrics_listen",
-           "role_drain_timeout_ms"});
+  if (absl::Status s = CheckKeys(node, path,
+                                 {"name",
+                                  "listen",
+                                  "advertise",
+                                  "poll_interval_ms",
+                                  "unhealthy_after_missed_polls",
+                                  "rpc_timeout_ms",
+                                  "max_inflight",
+                                  "max_queued",
+                                  "max_migrations",
+                                  "drop_after_ms",
+                                  "api_keys_file",
+                                  "policy",
+                                  "kv_aware",
+                                  "http_listen",
+                                  "served_model_name",
+                                  "http_max_streams",
+                                  "http_max_body_bytes",
+                                  "http_read_timeout_ms",
+                                  "metrics_listen",
+                                  "role_drain_timeout_ms"});
       !s.ok()) {
     return s;
   }
@@ -252,9 +266,9 @@ using namespace config_yaml;  // NOLINT(build/namespaces): the parsers' own help
   for (size_t i = 0; i < node.size(); ++i) {
     const YAML::Node item = node[i];
     const std::string path = absl::StrCat(list_name, "[", i, "]");
-    absl::Status s = CheckKeys(item, path,
-                               {"name", "listen", "advertise", "kv_listen", "kv_advertise",
-                                "metrics_listen", "device"});
+    absl::Status s = CheckKeys(
+        item, path,
+        {"name", "listen", "advertise", "kv_listen", "kv_advertise", "metrics_listen", "device"});
     if (!s.ok()) return s;
     WorkerConfig w;
     if (s = ReadString(item, "name", path, &w.name); !s.ok()) return s;

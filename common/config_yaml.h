@@ -44,14 +44,14 @@ inline std::string Where(const YAML::Node& node) {
 }
 
 [[nodiscard]] inline absl::Status Invalid(const std::string& path, absl::string_view what,
-                                   const YAML::Node& node) {
+                                          const YAML::Node& node) {
   return absl::InvalidArgumentError(
       absl::StrCat(path.empty() ? "cluster config" : path, ": ", what, Where(node)));
 }
 
 // Checks that `node` is a mapping whose keys are unique and all in `known`.
 [[nodiscard]] inline absl::Status CheckKeys(const YAML::Node& node, const std::string& path,
-                                     std::initializer_list<absl::string_view> known) {
+                                            std::initializer_list<absl::string_view> known) {
   if (!node.IsMap()) return Invalid(path, "expected a mapping", node);
   std::set<std::string> seen;
   for (const auto& entry : node) {
@@ -76,7 +76,7 @@ inline std::string Where(const YAML::Node& node) {
 constexpr char kNoValue[] = "has no value (remove the key to use the default)";
 
 [[nodiscard]] inline absl::Status ReadString(const YAML::Node& map, absl::string_view key,
-                                      const std::string& path, std::string* out) {
+                                             const std::string& path, std::string* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   if (node.IsNull()) return Invalid(KeyPath(path, key), kNoValue, node);
@@ -87,7 +87,7 @@ constexpr char kNoValue[] = "has no value (remove the key to use the default)";
 
 // Reads map[key], when present, into *out: true or false.
 [[nodiscard]] inline absl::Status ReadBool(const YAML::Node& map, absl::string_view key,
-                                    const std::string& path, bool* out) {
+                                           const std::string& path, bool* out) {
   std::string text = *out ? "true" : "false";
   if (absl::Status s = ReadString(map, key, path, &text); !s.ok()) return s;
   if (text != "true" && text != "false") {
@@ -99,8 +99,8 @@ constexpr char kNoValue[] = "has no value (remove the key to use the default)";
 
 // Reads map[key] ("cpu" or "cuda:N"), when present, into *out.
 [[nodiscard]] inline absl::Status ReadDevice(const YAML::Node& map, absl::string_view key,
-                                      const std::string& path,
-                                      std::optional<backend::DeviceSpec>* out) {
+                                             const std::string& path,
+                                             std::optional<backend::DeviceSpec>* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   std::string text;
@@ -146,7 +146,7 @@ template <typename T>
 
 // Reads each present field of `fields` from map, checking type and range.
 [[nodiscard]] inline absl::Status ReadInts(const YAML::Node& map, const std::string& path,
-                                    std::initializer_list<IntField> fields) {
+                                           std::initializer_list<IntField> fields) {
   for (const IntField& f : fields) {
     if (absl::Status s = ReadInt(map, path, f.key, f.out, f.min, f.max); !s.ok()) return s;
   }
@@ -155,7 +155,7 @@ template <typename T>
 
 // Reads map[key] ("host" or "host:port") into *out when present.
 [[nodiscard]] inline absl::Status ReadAdvertise(const YAML::Node& map, absl::string_view key,
-                                         const std::string& path, Advertise* out) {
+                                                const std::string& path, Advertise* out) {
   std::string text;
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
@@ -170,7 +170,7 @@ template <typename T>
 
 // Reads map[key] ("host:port") into *out when present.
 [[nodiscard]] inline absl::Status ReadHostPort(const YAML::Node& map, absl::string_view key,
-                                        const std::string& path, HostPort* out) {
+                                               const std::string& path, HostPort* out) {
   std::string text;
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
@@ -186,8 +186,8 @@ template <typename T>
 // Reads map[key] ("host:port") into *out when present; absent: *out
 // untouched (nullopt for a listener that is off by default).
 [[nodiscard]] inline absl::Status ReadOptionalHostPort(const YAML::Node& map, absl::string_view key,
-                                                const std::string& path,
-                                                std::optional<HostPort>* out) {
+                                                       const std::string& path,
+                                                       std::optional<HostPort>* out) {
   if (!map[std::string(key)].IsDefined()) return absl::OkStatus();
   HostPort value;
   if (absl::Status s = ReadHostPort(map, key, path, &value); !s.ok()) return s;
@@ -199,8 +199,9 @@ template <typename T>
 // decimal; nan and inf are refused). Absent: *out untouched. Not a number:
 // "<path.key>: expected <expected>, got '<text>'".
 [[nodiscard]] inline absl::Status ReadFiniteNumber(const YAML::Node& map, const std::string& path,
-                                            absl::string_view key, absl::string_view expected,
-                                            std::optional<double>* out) {
+                                                   absl::string_view key,
+                                                   absl::string_view expected,
+                                                   std::optional<double>* out) {
   const YAML::Node node = map[std::string(key)];
   if (!node.IsDefined()) return absl::OkStatus();
   const std::string field = KeyPath(path, key);
@@ -218,7 +219,7 @@ template <typename T>
 
 // Reads map[key], when present, into *out: a finite number >= 0.
 [[nodiscard]] inline absl::Status ReadWeight(const YAML::Node& map, const std::string& path,
-                                      absl::string_view key, double* out) {
+                                             absl::string_view key, double* out) {
   std::optional<double> value;
   if (absl::Status s = ReadFiniteNumber(map, path, key, "a number", &value); !s.ok()) return s;
   if (!value.has_value()) return absl::OkStatus();

@@ -23,10 +23,10 @@ const char* PlannerModeName(PlannerMode mode) {
 absl::Status ParsePlanner(const YAML::Node& n, PlannerConfig* out) {
   using config_yaml::Invalid;
   constexpr char kPath[] = "planner";
-  absl::Status s = config_yaml::CheckKeys(n, kPath,
-                                          {"mode", "interval_s", "cooldown_s",
-                                           "min_prefill_workers", "min_decode_workers",
-                                           "flip_roles"});
+  absl::Status s =
+      config_yaml::CheckKeys(n, kPath,
+                             {"mode", "interval_s", "cooldown_s", "min_prefill_workers",
+                              "min_decode_workers", "flip_roles"});
   if (!s.ok()) return s;
   if (n["mode"].IsDefined()) {
     std::string mode;
@@ -43,8 +43,9 @@ absl::Status ParsePlanner(const YAML::Node& n, PlannerConfig* out) {
                      n["mode"]);
     }
   }
-  for (const auto& [key, field] : {std::pair<const char*, double*>{"interval_s", &out->interval_s},
-                                   std::pair<const char*, double*>{"cooldown_s", &out->cooldown_s}}) {
+  for (const auto& [key, field] :
+       {std::pair<const char*, double*>{"interval_s", &out->interval_s},
+        std::pair<const char*, double*>{"cooldown_s", &out->cooldown_s}}) {
     std::optional<double> value;
     if (s = config_yaml::ReadFiniteNumber(n, kPath, key, "a number > 0 (seconds)", &value);
         !s.ok()) {

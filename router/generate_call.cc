@@ -363,6 +363,14 @@ void GenerateCall::OnProbeDone(std::shared_ptr<WorkerHandle> decode, grpc::Statu
       const std::string why = absl::StrCat("decode worker ", decode->name,
                                            " is going away: ", stream_status.error_message());
       if (!MoveOn(received, why)) DecodeEnded(stream_status);
+    } else if (decode_alive && unavailable && !received) {
+      // A live, ready D refused the stream before any message: it did not
+      // start the request (e.g. it serves the prefill role now, changed by
+      // another router replica). Another decode worker may take it.
+      failed_decode_.push_back(decode->name);
+      const std::string why = absl::StrCat("decode worker ", decode->name,
+                                           " refused the request: ", stream_status.error_message());
+      if (!MoveOn(received, why)) DecodeEnded(stream_status);
     } else if (decode_alive) {
       if (stream_status.error_code() == grpc::StatusCode::CANCELLED) {
         // The client did not cancel: it must not read CANCELLED.

@@ -24,8 +24,8 @@ Planner::Planner(PlannerOptions options, WorkerRegistry* registry, RoleChanger* 
                  RouterMetrics* metrics)
     : Planner(
           options,
-          [registry, metrics, window = std::max(kPlannerMinWindow,
-                                                absl::Seconds(4 * options.config.interval_s))](
+          [registry, metrics,
+           window = std::max(kPlannerMinWindow, absl::Seconds(4 * options.config.interval_s))](
               absl::Time now) {
             PlannerInputs in;
             in.workers = registry->Workers();
@@ -39,18 +39,22 @@ Planner::Planner(PlannerOptions options, WorkerRegistry* registry, RoleChanger* 
 
 Planner::Planner(PlannerOptions options, Observe observe, Flip flip,
                  std::shared_ptr<prometheus::Registry> metrics_registry)
-    : options_(std::move(options)), observe_(std::move(observe)), flip_(std::move(flip)) {
+    : options_(std::move(options)),
+      observe_(std::move(observe)),
+      flip_(std::move(flip)),
+      metrics_registry_(std::move(metrics_registry)) {
   auto& desired = prometheus::BuildGauge()
                       .Name("tandem_planner_desired_workers")
-                      .Help("The role planner's wanted number of workers per role (planner.mode; "
-                            "0 with mode off)")
-                      .Register(*metrics_registry);
+                      .Help(
+                          "The role planner's wanted number of workers per role (planner.mode; "
+                          "0 with mode off)")
+                      .Register(*metrics_registry_);
   desired_prefill_ = &desired.Add({{"role", "prefill"}});
   desired_decode_ = &desired.Add({{"role", "decode"}});
   auto& changes = prometheus::BuildCounter()
                       .Name("tandem_planner_role_changes_total")
                       .Help("Workers the role planner moved to a role, by the role")
-                      .Register(*metrics_registry);
+                      .Register(*metrics_registry_);
   to_prefill_ = &changes.Add({{"to", "prefill"}});
   to_decode_ = &changes.Add({{"to", "decode"}});
 }
@@ -99,7 +103,7 @@ void Planner::Tick(absl::Time now) {
   if (options_.config.mode == PlannerMode::kOff) return;
   const PlannerInputs inputs = observe_(now);
   PlannerDecision d = options_.config.mode == PlannerMode::kLoad ? DecideByLoad(options_, inputs)
-                                                                   : DecideBySlo(options_, inputs);
+                                                                 : DecideBySlo(options_, inputs);
   desired_prefill_->Set(d.desired_prefill);
   desired_decode_->Set(d.desired_decode);
   const absl::Duration cooldown = absl::Seconds(options_.config.cooldown_s);
@@ -123,10 +127,9 @@ void Planner::Tick(absl::Time now) {
       }
     }
     // Logged when the wanted split or the action changes (not every tick).
-    const std::string action =
-        d.flip_worker.empty() ? ""
-        : flip                ? absl::StrCat("; flipping ", d.flip_worker)
-                              : absl::StrCat("; no flip (", held, ")");
+    const std::string action = d.flip_worker.empty() ? ""
+                               : flip                ? absl::StrCat("; flipping ", d.flip_worker)
+                                                     : absl::StrCat("; no flip (", held, ")");
     const std::string key = absl::StrCat(d.desired_prefill, "+", d.desired_decode, action);
     if (key != last_logged_) {
       last_logged_ = key;

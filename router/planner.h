@@ -10,9 +10,12 @@
 //   prefill worker in steps of engine.max_num_batched_tokens (the decode
 //   workers' own queue when there is no prefill worker) and D's pressure
 //   u = the largest of KV blocks in use / total and running / max_num_seqs
-//   over decode workers. q > kLoadPrefillHigh with u < kLoadDecodeHigh: a
+//   over decode workers. Each role wants one worker more above its high
+//   threshold and one fewer below its low one (down to its minimum): the
+//   exported split, which an autoscaler follows. In a fixed pool the
+//   planner flips: q > kLoadPrefillHigh with u <= kLoadDecodeHigh, a
 //   decode worker becomes a prefill worker; u > kLoadDecodeHigh with
-//   q < kLoadPrefillLow: the reverse. The gaps between the high and low
+//   q < kLoadPrefillLow, the reverse. The gaps between the high and low
 //   thresholds are the hysteresis.
 // - slo: for every split of the routable workers (within the minimums) the
 //   workers' step models (mean coefficients) predict TTFT and TPOT at the
@@ -27,7 +30,10 @@
 //   [0.5, 4]). Predicted goodput = λ x min(1, ttft_slo / TTFT) x min(1,
 //   tpot_slo / TPOT) (DistServe's goodput with a smooth miss). The best
 //   split is wanted; a flip needs it to beat the current one by
-//   kSloMargin (hysteresis).
+//   kSloMargin (hysteresis). When even the wanted split is predicted to
+//   serve under 90% of the requests within the SLOs, the exported split
+//   asks for one worker more, of the role whose addition predicts the
+//   higher goodput (an autoscaler's signal; the pool itself cannot grow).
 // No flapping in either mode: at most one flip per cooldown_s, none in
 // the first cooldown_s after start nor within cooldown_s of any role
 // change (a manual `tandem role` included); min_prefill_workers /
@@ -150,6 +156,8 @@ class Planner {
   const PlannerOptions options_;
   Observe observe_;
   Flip flip_;
+  // Owns the series below (kept alive with them).
+  std::shared_ptr<prometheus::Registry> metrics_registry_;
   prometheus::Gauge* desired_prefill_ = nullptr;
   prometheus::Gauge* desired_decode_ = nullptr;
   prometheus::Counter* to_prefill_ = nullptr;

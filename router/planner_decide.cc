@@ -116,7 +116,11 @@ double Goodput(const SloConfig& slo, const Prediction& pred, double lambda) {
   return lambda * f;
 }
 
-std::string Ms(double s) { return std::isfinite(s) ? absl::StrFormat("%.0f", s * 1e3) : "inf"; }
+// Seconds as whole ms for the log: "inf" when unbounded, "n/a" when unknown (< 0).
+std::string Ms(double s) {
+  if (s < 0) return "n/a";
+  return std::isfinite(s) ? absl::StrFormat("%.0f", s * 1e3) : "inf";
+}
 
 }  // namespace
 
@@ -129,39 +133,50 @@ PlannerDecision DecideByLoad(const PlannerOptions& options, const PlannerInputs&
   // there is none), in engine steps.
   double queued = 0;
   for (const auto* w : p > 0 ? prefill : decode) queued += w->status.queued_prefill_tokens();
-  const double q = queued / std::max(1, p > 0 ? p : d) /
-                   std::max(1, options.max_num_batched_tokens);
+  const double q =
+      queued / std::max(1, p > 0 ? p : d) / std::max(1, options.max_num_batched_tokens);
   double u = 0;
   for (const auto* w : decode) {
     const v1::WorkerStatus& s = w->status;
     if (s.kv_blocks_total() > 0) {
       u = std::max(u, static_cast<double>(s.kv_blocks_in_use()) / s.kv_blocks_total());
     }
-    u = std::max(u, static_cast<double>(s.running_requests()) /
-                        std::max(1, options.max_num_seqs));
+    u = std::max(u, static_cast<double>(s.running_requests()) / std::max(1, options.max_num_seqs));
   }
   const PlannerConfig& cfg = options.config;
+  // Each role's own demand (what an autoscaler adds or removes)...
+  const bool prefill_high = q > kLoadPrefillHigh, prefill_low = q < kLoadPrefillLow;
+  const bool decode_high = u > kLoadDecodeHigh, decode_low = u < kLoadDecodeLow;
+  out.desired_prefill = std::max(cfg.min_prefill_workers, prefill_high           ? p + 1
+                                                          : prefill_low && p > 0 ? p - 1
+                                                                                 : p);
+  out.desired_decode = std::max(cfg.min_decode_workers, decode_high           ? d + 1
+                                                        : decode_low && d > 1 ? d - 1
+                                                                              : d);
+  // ...and, in a fixed pool, the one flip toward the pressure.
   std::string rule = "steady";
+  auto flip = [&](const std::vector<const WorkerRegistry::WorkerView*>& from, v1::WorkerRole to,
+                  std::string why) {
+    out.flip_worker = LeastBusy(from);
+    out.flip_to = to;
+    rule = std::move(why);
+  };
   if (p < cfg.min_prefill_workers && d > cfg.min_decode_workers) {
-    out.desired_prefill = p + 1;
-    rule = "below min_prefill_workers";
+    flip(decode, v1::ROLE_PREFILL, "below min_prefill_workers");
   } else if (d < cfg.min_decode_workers && p > 0) {
-    out.desired_prefill = p - 1;
-    rule = "below min_decode_workers";
-  } else if (q > kLoadPrefillHigh && u < kLoadDecodeHigh && d > cfg.min_decode_workers) {
-    out.desired_prefill = p + 1;
-    rule = absl::StrFormat("prefill backlog > %.1f steps, decode pressure < %.2f",
-                           kLoadPrefillHigh, kLoadDecodeHigh);
-  } else if (u > kLoadDecodeHigh && q < kLoadPrefillLow && p > cfg.min_prefill_workers) {
-    out.desired_prefill = p - 1;
-    rule = absl::StrFormat("decode pressure > %.2f, prefill backlog < %.1f steps",
-                           kLoadDecodeHigh, kLoadPrefillLow);
+    flip(prefill, v1::ROLE_DECODE, "below min_decode_workers");
+  } else if (prefill_high && !decode_high && d > cfg.min_decode_workers) {
+    flip(decode, v1::ROLE_PREFILL,
+         absl::StrFormat("prefill backlog > %.1f steps, decode pressure <= %.2f: flip to prefill",
+                         kLoadPrefillHigh, kLoadDecodeHigh));
+  } else if (decode_high && prefill_low && p > cfg.min_prefill_workers) {
+    flip(prefill, v1::ROLE_DECODE,
+         absl::StrFormat("decode pressure > %.2f, prefill backlog < %.1f steps: flip to decode",
+                         kLoadDecodeHigh, kLoadPrefillLow));
   }
-  out.desired_decode = p + d - out.desired_prefill;
-  FlipToward(prefill, decode, &out);
   out.reason = absl::StrFormat(
       "load: %d prefill + %d decode workers; prefill backlog %.2f steps/worker, decode "
-      "pressure %.2f; %s -> want %d + %d",
+      "pressure %.2f; %s; wants %d prefill + %d decode",
       p, d, q, u, rule, out.desired_prefill, out.desired_decode);
   return out;
 }
@@ -210,9 +225,27 @@ PlannerDecision DecideBySlo(const PlannerOptions& options, const PlannerInputs& 
   if (outside || best > current * (1 + kSloMargin) + 0.01) out.desired_prefill = best_p;
   out.desired_decode = n - out.desired_prefill;
   FlipToward(prefill, decode, &out);
+  // Beyond the pool (an autoscaler's signal): when even the wanted split
+  // is predicted to miss the SLOs for more than a tenth of the requests,
+  // one more worker of the role that helps more.
+  const int wp = out.desired_prefill, wd = out.desired_decode;
+  auto goodput_of = [&](int sp, int sd) {
+    Prediction pred = Predict(c, load, sp, sd);
+    pred.ttft_s *= k_ttft;
+    pred.tpot_s *= k_tpot;
+    return Goodput(options.slo, pred, load.request_rate);
+  };
+  if (goodput_of(wp, wd) < 0.9 * load.request_rate) {
+    if (goodput_of(wp + 1, wd) > goodput_of(wp, wd + 1)) {
+      ++out.desired_prefill;
+    } else {
+      ++out.desired_decode;
+    }
+  }
   out.reason = absl::StrFormat(
       "slo: %d prefill + %d decode workers; %.2f req/s, %.0f uncached prompt / %.0f output "
-      "tokens, p90 ttft %s ms tpot %s ms (calibration x%.2f, x%.2f); %s -> want %d + %d",
+      "tokens, p90 ttft %s ms tpot %s ms (calibration x%.2f, x%.2f); %s; wants %d prefill + %d "
+      "decode",
       p, d, load.request_rate, load.mean_uncached_prompt_tokens, load.mean_output_tokens,
       Ms(load.ttft_p90_s), Ms(load.tpot_p90_s), k_ttft, k_tpot, table, out.desired_prefill,
       out.desired_decode);

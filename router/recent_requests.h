@@ -30,12 +30,12 @@ struct FinishedRequest {
 
 // What the planner reads of a window (all 0 when it holds no request).
 struct RecentLoad {
-  int count = 0;                 // requests that ended in the window
-  double request_rate = 0;       // arrivals in the window / its length, req/s
+  int count = 0;            // requests that ended in the window
+  double request_rate = 0;  // arrivals in the window / its length, req/s
   double mean_prompt_tokens = 0;
   double mean_uncached_prompt_tokens = 0;  // prompt - cached
   double mean_output_tokens = 0;
-  double ttft_p90_s = -1;        // -1: no sample
+  double ttft_p90_s = -1;  // -1: no sample
   double tpot_p90_s = -1;
   // Fraction of the window's requests meeting both `ttft_slo_s` and
   // `tpot_slo_s` given to Window (1 with none given).

@@ -125,9 +125,8 @@ void RoleChanger::ChangeAsync(const std::string& name, v1::WorkerRole role,
     done(absl::UnavailableError("the router is shutting down"));
     return;
   }
-  threads_.emplace_back([this, name, role, source, done = std::move(done)] {
-    done(Change(name, role, source));
-  });
+  threads_.emplace_back(
+      [this, name, role, source, done = std::move(done)] { done(Change(name, role, source)); });
 }
 
 }  // namespace tandem::router

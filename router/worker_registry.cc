@@ -353,9 +353,8 @@ absl::StatusOr<WorkerRegistry::RoleChangeStart> WorkerRegistry::BeginRoleChange(
         }
       }
       if (!other_decode) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("worker ", name,
-                         " is the only healthy decode worker: the cluster needs one to serve"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker ", name, " is the only healthy decode worker: the cluster needs one to serve"));
       }
     }
     e.changing_role = true;

@@ -240,9 +240,9 @@ class WorkerRegistry {
   struct WorkerView {
     std::string name;
     v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
-    bool routable = false;        // healthy, not draining, not changing role
+    bool routable = false;  // healthy, not draining, not changing role
     bool changing_role = false;
-    v1::WorkerStatus status;      // the last successful poll (empty before one)
+    v1::WorkerStatus status;          // the last successful poll (empty before one)
     double prefill_tokens_per_s = 0;  // measured (0: not yet)
   };
   // Every registered worker, in name order.

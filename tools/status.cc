@@ -248,8 +248,8 @@ std::string FormatPlannerLine(const tandem::v1::PlannerStatus& p) {
       " s; wants ", p.desired_prefill_workers(), " prefill + ", p.desired_decode_workers(),
       " decode", p.flip_roles() ? "" : " (export only)", "; flips=", p.role_changes_total());
   if (p.seconds_since_last_flip() >= 0) {
-    absl::StrAppend(&line, absl::StrFormat("; last role change %.1f s ago",
-                                           p.seconds_since_last_flip()));
+    absl::StrAppend(&line,
+                    absl::StrFormat("; last role change %.1f s ago", p.seconds_since_last_flip()));
   }
   if (!p.last_decision().empty()) absl::StrAppend(&line, "; last: ", p.last_decision());
   return line;

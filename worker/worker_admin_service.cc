@@ -14,9 +14,8 @@ grpc::ServerUnaryReactor* WorkerAdminService::SetRole(grpc::CallbackServerContex
                                                       v1::SetRoleResponse* response) {
   return rpc::Authorized(auth_, context, rpc::kWorkerSetRoleMethod, *request, [&] {
     if (request->role() != v1::ROLE_PREFILL && request->role() != v1::ROLE_DECODE) {
-      return rpc::FinishUnary(context,
-                              grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           "role: expected ROLE_PREFILL or ROLE_DECODE"));
+      return rpc::FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                    "role: expected ROLE_PREFILL or ROLE_DECODE"));
     }
     *response = set_role_(request->role());
     return rpc::FinishUnary(context, grpc::Status::OK);

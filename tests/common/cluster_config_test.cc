@@ -454,10 +454,8 @@ TEST(ClusterConfigTest, UnknownNestedKeyIsNamedWithPath) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv:\n  foo: 1\n"), HasSubstr("unknown key 'kv.foo'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 16, blocksize: 8}\n"),
               HasSubstr("unknown key 'engine.blocksize'"));
-  // kv_listen belongs to decode workers only.
-  EXPECT_THAT(ErrorOf(std::string(kMinimal) +
-                      "prefill_workers: [{name: p, kv_listen: '127.0.0.1:0'}]\n"),
-              HasSubstr("unknown key 'prefill_workers[0].kv_listen'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "prefill_workers: [{name: p, kv_port: 3}]\n"),
+              HasSubstr("unknown key 'prefill_workers[0].kv_port'"));
   EXPECT_THAT(ErrorOf("decode_workers: [{name: a}, {name: b, port: 3}]\n"),
               HasSubstr("unknown key 'decode_workers[1].port'"));
 }
@@ -1182,6 +1180,70 @@ TEST_F(ResolveModelPathTest, NothingFoundIsOneLineNamingTheFlag) {
   EXPECT_THAT(path.status().message(), HasSubstr("--model"));
   EXPECT_THAT(path.status().message(), HasSubstr("missing.gguf"));
   EXPECT_EQ(path.status().message().find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// planner (issue #35): every key read, bad values refused naming the key.
+TEST(PlannerConfigTest, ParsesEveryKeyAndDefaultsToOff) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig("decode_workers:\n  - name: decode-0\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->planner.mode, PlannerMode::kOff);
+  EXPECT_EQ(c->router.role_drain_timeout_ms, 1000);
+  c = ParseClusterConfig(
+      "decode_workers:\n  - name: decode-0\n"
+      "router: {role_drain_timeout_ms: 250}\n"
+      "slo: {ttft_ms: 800}\n"
+      "planner: {mode: slo, interval_s: 0.5, cooldown_s: 12, min_prefill_workers: 0,\n"
+      "          min_decode_workers: 2, flip_roles: false}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->router.role_drain_timeout_ms, 250);
+  EXPECT_EQ(c->planner.mode, PlannerMode::kSlo);
+  EXPECT_DOUBLE_EQ(c->planner.interval_s, 0.5);
+  EXPECT_DOUBLE_EQ(c->planner.cooldown_s, 12);
+  EXPECT_EQ(c->planner.min_prefill_workers, 0);
+  EXPECT_EQ(c->planner.min_decode_workers, 2);
+  EXPECT_FALSE(c->planner.flip_roles);
+  c = ParseClusterConfig("decode_workers:\n  - name: decode-0\nplanner: {mode: load}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->planner.mode, PlannerMode::kLoad);
+}
+
+TEST(PlannerConfigTest, BadKeysAreRefusedNamingTheKey) {
+  const std::string base = "decode_workers:\n  - name: decode-0\n";
+  auto error = [&](const std::string& yaml) {
+    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(base + yaml);
+    return c.ok() ? std::string("(accepted)") : std::string(c.status().message());
+  };
+  EXPECT_THAT(error("planner: {mode: fast}\n"),
+              HasSubstr("planner.mode: expected off, load or slo, got 'fast'"));
+  EXPECT_THAT(error("planner: {mode: slo}\n"),
+              HasSubstr("planner.mode: slo needs slo.ttft_ms or slo.tpot_ms"));
+  EXPECT_THAT(error("planner: {interval_s: 0}\n"), HasSubstr("planner.interval_s: expected a number > 0"));
+  EXPECT_THAT(error("planner: {cooldown_s: soon}\n"), HasSubstr("planner.cooldown_s: expected a number > 0"));
+  EXPECT_THAT(error("planner: {min_decode_workers: 0}\n"), HasSubstr("planner.min_decode_workers"));
+  EXPECT_THAT(error("planner: {min_prefill_workers: -1}\n"), HasSubstr("planner.min_prefill_workers"));
+  EXPECT_THAT(error("planner: {flip_roles: maybe}\n"), HasSubstr("planner.flip_roles: expected true or false"));
+  EXPECT_THAT(error("planner: {modes: load}\n"), HasSubstr("unknown key 'planner.modes'"));
+  EXPECT_THAT(error("planner: load\n"), HasSubstr("planner: expected a mapping"));
+  EXPECT_THAT(error("router: {role_drain_timeout_ms: -5}\n"), HasSubstr("router.role_drain_timeout_ms"));
+}
+
+// Every worker entry takes kv_listen / kv_advertise (a prefill worker may
+// become a decode worker at run time); a prefill entry defaults to 127.0.0.1:0.
+TEST(PlannerConfigTest, PrefillEntriesTakeKvListen) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      "decode_workers:\n  - name: decode-0\n"
+      "prefill_workers:\n  - name: p0\n    kv_listen: 0.0.0.0:7009\n    kv_advertise: 10.0.0.5\n"
+      "  - name: p1\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_workers[0].kv_listen.ToString(), "0.0.0.0:7009");
+  EXPECT_EQ(c->prefill_workers[0].kv_advertise.host, "10.0.0.5");
+  EXPECT_EQ(c->prefill_workers[1].kv_listen.ToString(), "127.0.0.1:0");
 }
 
 }  // namespace

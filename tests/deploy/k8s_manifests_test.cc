@@ -12,7 +12,10 @@
 // component (deploy/k8s/components/model-download) is rendered on the gpu
 // overlay as docs/operations.md says to use it: /models an emptyDir that
 // fetch-model fills where TANDEM_MODEL points, and its script is run here
-// (a file:// URL; the checksum checked; a finished file kept).
+// (a file:// URL; the checksum checked; a finished file kept). The
+// autoscaling overlay's KEDA ScaledObjects scale the worker Deployments to
+// the series the router's planner exports (checked against the planner
+// itself), with the planner in export-only mode.
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -22,6 +25,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <prometheus/registry.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -36,6 +41,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/api_keys.h"
+#include "router/planner.h"
 #include "tests/process_util.h"
 #include "tests/test_util.h"
 #include "yaml-cpp/yaml.h"
@@ -202,7 +208,7 @@ void CheckObjectShapes(const Rendered& r) {
   const std::set<std::pair<std::string, std::string>> known = {
       {"apps/v1", "Deployment"}, {"v1", "Service"}, {"v1", "ConfigMap"},
       {"v1", "Secret"}, {"policy/v1", "PodDisruptionBudget"},
-      {"v1", "PersistentVolumeClaim"}};
+      {"v1", "PersistentVolumeClaim"}, {"keda.sh/v1alpha1", "ScaledObject"}};
   for (const YAML::Node& o : r.objects) {
     const std::string kind = Str(o["kind"]);
     SCOPED_TRACE(absl::StrCat(kind, " ", Str(o["metadata"]["name"])));
@@ -217,8 +223,15 @@ void CheckObjectShapes(const Rendered& r) {
       EXPECT_EQ(o["spec"]["template"]["spec"]["containers"].size(), 1u);
       EXPECT_FALSE(Str(Container(o)["image"]).empty());
     }
-    if (kind == "Service") EXPECT_TRUE(o["spec"]["ports"].IsSequence());
-    if (kind == "Secret" || kind == "ConfigMap") EXPECT_TRUE(o["data"].IsMap());
+    if (kind == "Service") {
+      EXPECT_TRUE(o["spec"]["ports"].IsSequence());
+    }
+    if (kind == "ScaledObject") {
+      EXPECT_FALSE(Str(o["spec"]["scaleTargetRef"]["name"]).empty());
+    }
+    if (kind == "Secret" || kind == "ConfigMap") {
+      EXPECT_TRUE(o["data"].IsMap());
+    }
   }
 }
 
@@ -384,9 +397,10 @@ void CheckCommon(const Rendered& r, ClusterConfig* out_config) {
     ASSERT_NE(entry, nullptr) << "--config-entry " << entry_name << " is not in the config";
     CheckProbes(c, entry->listen.port);
     EXPECT_EQ(entry->listen.host, "0.0.0.0");
-    if (decode) {
-      EXPECT_EQ(ContainerPort(c, "kv"), entry->kv_listen.port);
-    }
+    // Every worker has a KV receiver (a prefill worker may turn decode:
+    // `tandem role`), reachable at the pod IP.
+    EXPECT_EQ(ContainerPort(c, "kv"), entry->kv_listen.port);
+    EXPECT_EQ(entry->kv_listen.host, "0.0.0.0");
     ASSERT_TRUE(entry->metrics_listen.has_value());
     EXPECT_EQ(ContainerPort(c, "metrics"), entry->metrics_listen->port);
     CheckMetricsAnnotations(d, entry->metrics_listen->port);
@@ -494,6 +508,109 @@ TEST(DeployK8sTest, GpuOverlayRendersAndMatchesTheCode) {
   const YAML::Node rc = Container(r.Get("Deployment", "tandem-router"));
   const YAML::Node limits = rc["resources"]["limits"];
   EXPECT_FALSE(limits.IsDefined() && limits["nvidia.com/gpu"].IsDefined());
+}
+
+// The role label values of the planner's tandem_planner_desired_workers,
+// as the router's Planner registers them (the series KEDA's query reads).
+std::set<std::string> PlannerDesiredWorkersRoles() {
+  auto registry = std::make_shared<prometheus::Registry>();
+  router::PlannerOptions options;
+  options.config.mode = PlannerMode::kLoad;
+  options.log = [](const std::string&) {};
+  router::Planner planner(
+      options, [](absl::Time) { return router::PlannerInputs{}; },
+      [](const std::string&, v1::WorkerRole) { return absl::OkStatus(); }, registry);
+  std::set<std::string> roles;
+  for (const prometheus::MetricFamily& f : registry->Collect()) {
+    if (f.name != "tandem_planner_desired_workers") continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == "role") roles.insert(l.value);
+      }
+    }
+  }
+  return roles;
+}
+
+// deploy/k8s/overlays/autoscaling: the CPU demo with two routers whose
+// planners only export the split they want (planner.flip_roles false; the
+// rest of the config the demo's), and one KEDA ScaledObject per worker
+// Deployment setting its replicas to max over routers of
+// tandem_planner_desired_workers{role=<its --role>} (AverageValue,
+// threshold 1), polled every planner.interval_s and paced by cooldown_s.
+TEST(DeployK8sTest, AutoscalingOverlayScalesWorkersFromThePlanner) {
+  RENDER_OR_SKIP(r, "autoscaling");
+  ClusterConfig config;
+  ASSERT_NO_FATAL_FAILURE(CheckCommon(r, &config));
+  EXPECT_NE(config.planner.mode, PlannerMode::kOff);
+  EXPECT_FALSE(config.planner.flip_roles) << "the autoscaler moves workers, not the planner";
+  // The config is the parent's (cpu-demo) plus `planner`.
+  Rendered parent;
+  ASSERT_NO_FATAL_FAILURE(Render(kubectl_r, "cpu-demo", &parent));
+  YAML::Node mine = YAML::Load(Str(r.Get("ConfigMap", "tandem-config")["data"]["cluster.yaml"]));
+  const YAML::Node theirs =
+      YAML::Load(Str(parent.Get("ConfigMap", "tandem-config")["data"]["cluster.yaml"]));
+  EXPECT_FALSE(theirs["planner"].IsDefined());
+  mine.remove("planner");
+  EXPECT_EQ(YAML::Dump(mine), YAML::Dump(theirs));
+  // Two routers, each running a planner; the replicas of the workers are
+  // the autoscaler's alone.
+  EXPECT_EQ(r.Get("Deployment", "tandem-router")["spec"]["replicas"].as<int>(), 2);
+
+  const std::set<std::string> exported = PlannerDesiredWorkersRoles();
+  EXPECT_EQ(exported, (std::set<std::string>{"prefill", "decode"}));
+  std::map<std::string, int> scaled;  // Deployment -> ScaledObjects targeting it
+  for (const YAML::Node& o : r.objects) {
+    if (Str(o["kind"]) != "ScaledObject") continue;
+    const std::string target = Str(o["spec"]["scaleTargetRef"]["name"]);
+    SCOPED_TRACE(absl::StrCat("ScaledObject ", Str(o["metadata"]["name"]), " -> ", target));
+    ++scaled[target];
+    const YAML::Node d = r.Get("Deployment", target);
+    ASSERT_TRUE(d.IsDefined()) << "no Deployment " << target;
+    EXPECT_EQ(Str(d["metadata"]["name"]), target);
+    const YAML::Node ref = o["spec"]["scaleTargetRef"];
+    EXPECT_TRUE(Str(ref["kind"]).empty() || Str(ref["kind"]) == "Deployment");
+    const std::string role = Arg(Container(d), "--role");
+    ASSERT_TRUE(role == "prefill" || role == "decode") << "--role " << role;
+    EXPECT_FALSE(d["spec"]["replicas"].IsDefined()) << "a replica count kubectl apply would reset";
+    const int min = o["spec"]["minReplicaCount"].as<int>();
+    const int max = o["spec"]["maxReplicaCount"].as<int>();
+    EXPECT_GE(min, 1);
+    EXPECT_LE(min, max);
+    EXPECT_GE(min, role == "prefill" ? config.planner.min_prefill_workers
+                                     : config.planner.min_decode_workers);
+    EXPECT_EQ(o["spec"]["pollingInterval"].as<double>(), config.planner.interval_s);
+    const YAML::Node behavior = o["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
+    for (const char* way : {"scaleUp", "scaleDown"}) {
+      SCOPED_TRACE(way);
+      EXPECT_EQ(behavior[way]["stabilizationWindowSeconds"].as<double>(),
+                config.planner.cooldown_s);
+      ASSERT_EQ(behavior[way]["policies"].size(), 1u);
+      EXPECT_EQ(Str(behavior[way]["policies"][0]["type"]), "Pods");
+      EXPECT_EQ(behavior[way]["policies"][0]["value"].as<int>(), 1);
+      EXPECT_EQ(behavior[way]["policies"][0]["periodSeconds"].as<double>(),
+                config.planner.cooldown_s);
+    }
+    ASSERT_EQ(o["spec"]["triggers"].size(), 1u);
+    const YAML::Node trigger = o["spec"]["triggers"][0];
+    EXPECT_EQ(Str(trigger["type"]), "prometheus");
+    // replicas = ceil(value / threshold) = the wanted number.
+    EXPECT_EQ(Str(trigger["metricType"]), "AverageValue");
+    EXPECT_EQ(Str(trigger["metadata"]["threshold"]), "1");
+    EXPECT_TRUE(absl::StartsWith(Str(trigger["metadata"]["serverAddress"]), "http"));
+    EXPECT_TRUE(exported.count(role)) << "the planner exports no role=\"" << role << "\"";
+    EXPECT_EQ(Str(trigger["metadata"]["query"]),
+              absl::StrCat("max(tandem_planner_desired_workers{role=\"", role, "\"})"));
+  }
+  // One ScaledObject per worker Deployment, none for the router.
+  std::map<std::string, int> workers;
+  for (const YAML::Node& o : r.objects) {
+    if (Str(o["kind"]) == "Deployment" && Str(Container(o)["command"][0]) == "tandem-worker") {
+      workers[Str(o["metadata"]["name"])] = 1;
+    }
+  }
+  EXPECT_EQ(scaled, workers);
+  EXPECT_EQ(workers.size(), 2u);
 }
 
 // Where no ReadOnlyMany storage holds the model (issue #32: the base claim

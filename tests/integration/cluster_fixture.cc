@@ -159,6 +159,9 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  max_inflight: ", o.max_inflight, "\n",
       "  max_queued: ", o.max_queued, "\n",
       "  drop_after_ms: ", o.drop_after_ms, "\n",
+      o.role_drain_timeout_ms >= 0
+          ? absl::StrCat("  role_drain_timeout_ms: ", o.role_drain_timeout_ms, "\n")
+          : "",
       o.api_keys_file.empty() ? "" : absl::StrCat("  api_keys_file: ", o.api_keys_file, "\n"),
       o.router_policy.empty() ? "" : absl::StrCat("  policy: ", o.router_policy, "\n"),
       o.http_listen.empty() ? "" : absl::StrCat("  http_listen: ", o.http_listen, "\n"),
@@ -201,6 +204,7 @@ std::string ClusterYaml(const ClusterOptions& o) {
       "  transfer_timeout_ms: ", o.transfer_timeout_ms, "\n",
       "  handshake_timeout_ms: ", o.handshake_timeout_ms, "\n",
       "shutdown_grace_s: ", o.shutdown_grace_s, "\n",
+      o.planner_yaml,
       o.secret_file.empty() ? "" : absl::StrCat("cluster:\n  secret_file: ", o.secret_file, "\n"),
       o.accepted_secret_files.empty()
           ? ""

@@ -109,6 +109,10 @@ struct ClusterOptions {
   int32_t max_inflight = 512;              // router.max_inflight, Generate streams
   int32_t max_queued = 512;                // router.max_queued, Generate streams
   int32_t drop_after_ms = 30000;           // router.drop_after_ms
+  // router.role_drain_timeout_ms (issue #35); < 0: not written (1000).
+  int32_t role_drain_timeout_ms = -1;
+  // Written as is at the top level: a `planner:` mapping ("" = none).
+  std::string planner_yaml;
   // router.policy (kv_aware, least_loaded, round_robin); empty: not
   // written, the config's default (kv_aware).
   std::string router_policy;

@@ -8,7 +8,10 @@
 # verdict per rate and the three targets. A second, one-round run of two
 # configurations (--configs) keeps the text around the markers; a bad
 # --configs and a cluster that cannot start (no model file) fail the
-# script, naming why. No timing is asserted.
+# script, naming why. A third run is the shifting study's smoke test
+# (issue #35): conditional and adaptive (planner slo) on the quick
+# shifting trace: its table, the role-flip column and both new targets'
+# verdicts. No timing is asserted.
 # Usage: bench_serving_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -17,6 +20,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 doc=$tmp/serving.md
 python3 "$src/scripts/bench-serving" --quick --rounds 2 --build "$build" \
+  --configs colocated,disaggregated,conditional,colocated-tpot,conditional-slo \
+  --workloads prefill-heavy,decode-heavy \
   --results "$tmp/results" --doc "$doc" 2> "$tmp/stderr" || {
   cat "$tmp/stderr" >&2; echo "FAIL: scripts/bench-serving exited $?" >&2; exit 1; }
 fail() { echo "FAIL: $1" >&2; cat "$doc" >&2; exit 1; }
@@ -53,6 +58,15 @@ tail -1 "$tmp/keep.md" | grep -q '^kept$' || fail "text after the markers lost"
 grep -q 'one round: no noise estimate' "$tmp/keep.md" || fail "one-round verdict"
 grep -q '^\*\*(a)\*\* n/a: not run: conditional, conditional-slo\.$' "$tmp/keep.md" || fail "target (a) without its configs"
 [ "$(grep -c '^| [0-9.]* | conditional' "$tmp/keep.md")" -eq 0 ] || fail "--configs ran conditional"
+# The shifting workload: a trace replayed on conditional and adaptive.
+python3 "$src/scripts/bench-serving" --quick --rounds 1 --configs conditional,adaptive \
+  --workloads shifting --build "$build" --results "$tmp/results5" --doc "$tmp/shift.md" \
+  2> "$tmp/stderr5" || { cat "$tmp/stderr5" >&2; echo "FAIL: shifting run" >&2; exit 1; }
+grep -q '^### shifting$' "$tmp/shift.md" || fail "no shifting table"
+grep -q '^| adaptive | ' "$tmp/shift.md" || fail "no adaptive row"
+grep -q '^| conditional | ' "$tmp/shift.md" || fail "no conditional row"
+grep -q '^### Targets (issue #35)$' "$tmp/shift.md" || fail "no issue #35 targets"
+ls "$tmp/results5" | grep -q 'adaptive-shifting-round1' || fail "no adaptive shifting result"
 # A bad --configs is refused, naming the option.
 python3 "$src/scripts/bench-serving" --quick --configs colocated,bogus --build "$build" 2> "$tmp/stderr3" \
   && fail "--configs bogus accepted"
