@@ -220,8 +220,9 @@ std::string FormatClusterStatus(const tandem::v1::ClusterStatus& status) {
     absl::StrAppend(&out, FormatStatusLine(w), "\n");
     if (w.has_step_model()) absl::StrAppend(&out, FormatStepModelLine(w.step_model()), "\n");
   }
-  absl::StrAppend(&out, FormatSloLine(status), "\n", FormatClusterAuthLine(status), "\n");
+  absl::StrAppend(&out, FormatSloLine(status), "\n");
   if (status.has_planner()) absl::StrAppend(&out, FormatPlannerLine(status.planner()), "\n");
+  absl::StrAppend(&out, FormatClusterAuthLine(status), "\n");
   for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
     absl::StrAppend(&out, FormatApiKeyLine(u), "\n");
   }

@@ -36,7 +36,8 @@ std::string ErrorOf(const std::string& text) {
 
 TEST(ColocatedConfigTest, UnboundedParsesToTheLargestThreshold) {
   absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
-      std::string(kMinimal) + "prefill_workers: []\nconditional: {max_local_prefill_tokens: unbounded}\n");
+      std::string(kMinimal) +
+      "prefill_workers: []\nconditional: {max_local_prefill_tokens: unbounded}\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->prefill_workers.empty());
   EXPECT_EQ(c->conditional.max_local_prefill_tokens, 2147483647);  // INT32_MAX
@@ -64,10 +65,12 @@ TEST(ColocatedConfigTest, BadThresholdsAreRefusedNamingTheField) {
   const std::string field = "conditional.max_local_prefill_tokens: ";
   const std::string what = "expected an integer >= 0 or unbounded, got ";
   // Column 41: the value after the 40 characters "conditional: {max_local_prefill_tokens: ".
-  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: infinite}\n"),
-              HasSubstr(field + what + "'infinite' (line 3, column 41)"));
-  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: Unbounded}\n"),
-              HasSubstr(field + what + "'Unbounded'"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: infinite}\n"),
+      HasSubstr(field + what + "'infinite' (line 3, column 41)"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: Unbounded}\n"),
+      HasSubstr(field + what + "'Unbounded'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 3.5}\n"),
               HasSubstr(field + what + "'3.5'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: -5}\n"),
@@ -101,8 +104,8 @@ TEST(ColocatedConfigTest, PlacementSummaryOfEachCombination) {
   const std::string two_prefill =
       "prefill_workers:\n  - name: p0\n    listen: 127.0.0.1:0\n"
       "  - name: p1\n    listen: 127.0.0.1:0\n";
-  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
-      std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 32}\n");
+  absl::StatusOr<ClusterConfig> c =
+      ParseClusterConfig(std::string(kMinimal) + "conditional: {max_local_prefill_tokens: 32}\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(PrefillPlacementSummary(*c),
             "prefill placement: colocated while no prefill worker registers (none in the config; "
@@ -176,8 +179,9 @@ TEST(SloConfigTest, BadValuesAreRefusedNamingTheKey) {
       {"slo: {tpot_ms: nan}\n", "slo.tpot_ms: expected a number > 0, got 'nan'"},
       {"slo: {tpot_ms: [50]}\n", "slo.tpot_ms: expected a number > 0, got '<non-scalar>'"},
       {"slo:\n  ttft_ms:\n", "slo.ttft_ms: has no value (remove the key to use the default)"},
-      {"slo: {ttft: 2000}\n", "unknown key 'slo.ttft' (line 3, column 7); known keys: ttft_ms, "
-                              "tpot_ms"},
+      {"slo: {ttft: 2000}\n",
+       "unknown key 'slo.ttft' (line 3, column 7); known keys: ttft_ms, "
+       "tpot_ms"},
       {"slo: 2000\n", "slo: expected a mapping"},
       {"slo: [2000, 50]\n", "slo: expected a mapping"},
       {"slo:\n", "slo: expected a mapping"},
@@ -394,8 +398,8 @@ TEST(ClusterConfigTest, ApiKeysFile) {
   absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->router.api_keys_file, "");  // open: no key required
-  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
-      std::string(kMinimal) + "router:\n  api_keys_file: secrets/keys.yaml\n");
+  absl::StatusOr<ClusterConfig> c =
+      ParseClusterConfig(std::string(kMinimal) + "router:\n  api_keys_file: secrets/keys.yaml\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->router.api_keys_file, "secrets/keys.yaml");  // as written
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "router:\n  api_keys_file: \"\"\n"),
@@ -409,9 +413,9 @@ TEST(ClusterConfigTest, ApiKeysFile) {
 TEST(ClusterConfigTest, HttpKeys) {
   absl::StatusOr<ClusterConfig> none = ParseClusterConfig(kMinimal);
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_FALSE(none->router.http_listen.has_value());  // gRPC only
+  EXPECT_FALSE(none->router.http_listen.has_value());     // gRPC only
   EXPECT_FALSE(none->router.metrics_listen.has_value());  // no metrics listener
-  EXPECT_EQ(none->router.served_model_name, "");        // the model file's stem
+  EXPECT_EQ(none->router.served_model_name, "");          // the model file's stem
   EXPECT_EQ(none->router.http_max_streams, 1024);
   EXPECT_EQ(none->router.http_max_body_bytes, 8 << 20);
   EXPECT_EQ(none->router.http_read_timeout_ms, 30000);
@@ -451,7 +455,8 @@ TEST(ClusterConfigTest, UnknownTopLevelKeyIsNamed) {
 }
 
 TEST(ClusterConfigTest, UnknownNestedKeyIsNamedWithPath) {
-  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv:\n  foo: 1\n"), HasSubstr("unknown key 'kv.foo'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "kv:\n  foo: 1\n"),
+              HasSubstr("unknown key 'kv.foo'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "engine: {block_size: 16, blocksize: 8}\n"),
               HasSubstr("unknown key 'engine.blocksize'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "prefill_workers: [{name: p, kv_port: 3}]\n"),
@@ -649,9 +654,10 @@ TEST(HostPortTest, NamesTheMistakeOfAManifest) {
   struct Case {
     const char* text;
     const char* why;
-  } cases[] = {{"$(POD_IP):50051", "an unexpanded $(VAR): the pod must define that environment variable"},
-               {"http://127.0.0.1:50051", "no scheme such as http://"},
-               {"router!:80", "the host is no DNS name or IP address"}};
+  } cases[] = {
+      {"$(POD_IP):50051", "an unexpanded $(VAR): the pod must define that environment variable"},
+      {"http://127.0.0.1:50051", "no scheme such as http://"},
+      {"router!:80", "the host is no DNS name or IP address"}};
   for (const Case& c : cases) {
     absl::StatusOr<HostPort> hp = ParseHostPort(c.text, "--router");
     ASSERT_FALSE(hp.ok()) << c.text;
@@ -700,15 +706,14 @@ TEST(AdvertiseTest, AdvertisedAddressTakesTheBoundPortUnlessGiven) {
   const HostPort wildcard{"0.0.0.0", 0};
   EXPECT_EQ(AdvertisedAddress(loopback, 4242, {}, "k.listen", "k.advertise")->ToString(),
             "127.0.0.1:4242");
-  EXPECT_EQ(AdvertisedAddress(wildcard, 4242, {"10.1.2.3", 0}, "k.listen", "k.advertise")
-                ->ToString(),
-            "10.1.2.3:4242");
-  EXPECT_EQ(AdvertisedAddress(wildcard, 4242, {"10.1.2.3", 30000}, "k.listen", "k.advertise")
-                ->ToString(),
-            "10.1.2.3:30000");
-  absl::StatusOr<HostPort> refused =
-      AdvertisedAddress(wildcard, 4242, {}, "decode_workers[d].kv_listen",
-                        "decode_workers[d].kv_advertise");
+  EXPECT_EQ(
+      AdvertisedAddress(wildcard, 4242, {"10.1.2.3", 0}, "k.listen", "k.advertise")->ToString(),
+      "10.1.2.3:4242");
+  EXPECT_EQ(
+      AdvertisedAddress(wildcard, 4242, {"10.1.2.3", 30000}, "k.listen", "k.advertise")->ToString(),
+      "10.1.2.3:30000");
+  absl::StatusOr<HostPort> refused = AdvertisedAddress(
+      wildcard, 4242, {}, "decode_workers[d].kv_listen", "decode_workers[d].kv_advertise");
   EXPECT_EQ(refused.status().message(),
             "decode_workers[d].kv_listen: binds the wildcard address 0.0.0.0, which other hosts "
             "cannot dial; set decode_workers[d].kv_advertise (or --advertise) to the address "
@@ -762,13 +767,14 @@ TEST(ClusterConfigTest, ClusterAuthKeys) {
 }
 
 TEST(ClusterConfigTest, AcceptedSecretFilesForRotation) {
-  absl::StatusOr<ClusterConfig> none = ParseClusterConfig(
-      absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"));
+  absl::StatusOr<ClusterConfig> none =
+      ParseClusterConfig(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"));
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->cluster.accepted_secret_files.empty());
-  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(absl::StrCat(
-      kMinimal, "cluster:\n  secret_file: s/new.secret\n"
-                "  accepted_secret_files: [s/old.secret, /abs/older.secret]\n"));
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
+      absl::StrCat(kMinimal,
+                   "cluster:\n  secret_file: s/new.secret\n"
+                   "  accepted_secret_files: [s/old.secret, /abs/older.secret]\n"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cluster.accepted_secret_files,
             (std::vector<std::string>{"s/old.secret", "/abs/older.secret"}));
@@ -781,17 +787,21 @@ TEST(ClusterConfigTest, AcceptedSecretFilesForRotation) {
   EXPECT_EQ(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  accepted_secret_files: [s/old.secret]\n")),
             "cluster.accepted_secret_files: needs cluster.secret_file (an open cluster has no "
             "secret to rotate) (line 4, column 26)");
-  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
-                                             "  accepted_secret_files: s/old.secret\n")),
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal,
+                                   "cluster:\n  secret_file: s/new.secret\n"
+                                   "  accepted_secret_files: s/old.secret\n")),
               HasSubstr("cluster.accepted_secret_files: expected a list of paths ([] for none)"));
-  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
-                                             "  accepted_secret_files:\n")),
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal,
+                                   "cluster:\n  secret_file: s/new.secret\n"
+                                   "  accepted_secret_files:\n")),
               HasSubstr("cluster.accepted_secret_files: has no value"));
-  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
-                                             "  accepted_secret_files: [a, '']\n")),
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal,
+                                   "cluster:\n  secret_file: s/new.secret\n"
+                                   "  accepted_secret_files: [a, '']\n")),
               HasSubstr("cluster.accepted_secret_files[1]: expected a non-empty path"));
-  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal, "cluster:\n  secret_file: s/new.secret\n"
-                                             "  accepted_secret_files: [a, [b]]\n")),
+  EXPECT_THAT(ErrorOf(absl::StrCat(kMinimal,
+                                   "cluster:\n  secret_file: s/new.secret\n"
+                                   "  accepted_secret_files: [a, [b]]\n")),
               HasSubstr("cluster.accepted_secret_files[1]: expected a non-empty path"));
 }
 
@@ -906,8 +916,8 @@ decode_workers:
   EXPECT_EQ(c->WorkerKvDtype(*c->FindWorker("gpu")), kv::KvDtype::kBF16);
   EXPECT_EQ(c->WorkerKvDtype(*c->FindWorker("host")), kv::KvDtype::kF32);
   for (const char* dtype : {"f32", "f16", "bf16"}) {
-    absl::StatusOr<ClusterConfig> d = ParseClusterConfig(absl::StrCat(
-        kMinimal, "engine: {device: \"cuda:0\", kv_cache_dtype: ", dtype, "}\n"));
+    absl::StatusOr<ClusterConfig> d = ParseClusterConfig(
+        absl::StrCat(kMinimal, "engine: {device: \"cuda:0\", kv_cache_dtype: ", dtype, "}\n"));
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_STREQ(kv::KvDtypeName(d->WorkerKvDtype(d->decode_workers[0])), dtype);
   }
@@ -918,18 +928,18 @@ decode_workers:
 // dtype is held on cpu (f16/bf16 since issue #19).
 TEST(ClusterConfigTest, CpuWorkersRefuseWhatTheCpuBackendCannotDo) {
   for (const char* dtype : {"f32", "f16", "bf16"}) {
-    absl::StatusOr<ClusterConfig> c = ParseClusterConfig(
-        absl::StrCat(kMinimal, "engine: {kv_cache_dtype: ", dtype, "}\n"));
+    absl::StatusOr<ClusterConfig> c =
+        ParseClusterConfig(absl::StrCat(kMinimal, "engine: {kv_cache_dtype: ", dtype, "}\n"));
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_STREQ(kv::KvDtypeName(c->WorkerKvDtype(c->decode_workers[0])), dtype);
   }
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "engine: {batch_invariant: false}\n"),
             "engine.batch_invariant: false, but decode-0 runs on cpu, whose backend is always "
             "batch-invariant (remove the key, or run every worker on cuda:N)");
-  EXPECT_TRUE(
-      ParseClusterConfig(std::string(kMinimal) + "engine: {device: \"cuda:0\", batch_invariant: "
-                                                 "false}\n")
-          .ok());
+  EXPECT_TRUE(ParseClusterConfig(std::string(kMinimal) +
+                                 "engine: {device: \"cuda:0\", batch_invariant: "
+                                 "false}\n")
+                  .ok());
 }
 
 TEST(ClusterConfigTest, DeviceKeysRefuseBadValuesNamingTheKey) {
@@ -952,9 +962,9 @@ TEST(ClusterConfigTest, DeviceKeysRefuseBadValuesNamingTheKey) {
               HasSubstr("engine.batch_invariant: expected true or false"));
   const std::string gpu = "decode_workers:\n  - {name: d, device: \"cuda:0\"}\n";
   for (const char* bad : {"0", "0.0", "-0.5", "1.01", "2"}) {
-    EXPECT_THAT(ErrorOf(gpu + "engine: {gpu_memory_fraction: " + bad + "}\n"),
-                HasSubstr(absl::StrCat("engine.gpu_memory_fraction: must be in (0, 1], got ",
-                                       bad)));
+    EXPECT_THAT(
+        ErrorOf(gpu + "engine: {gpu_memory_fraction: " + bad + "}\n"),
+        HasSubstr(absl::StrCat("engine.gpu_memory_fraction: must be in (0, 1], got ", bad)));
   }
   for (const char* bad : {"half", "nan", "inf", "[1]"}) {
     EXPECT_THAT(ErrorOf(gpu + "engine: {gpu_memory_fraction: " + bad + "}\n"),
@@ -1001,8 +1011,8 @@ TEST(KvTransportConfigTest, ReadsEveryValue) {
     EXPECT_EQ(c->kv.nccl_init_timeout_ms, 2500);
   }
   // tcp needs no GPU: a cpu worker may fix it.
-  absl::StatusOr<ClusterConfig> tcp = ParseClusterConfig(std::string(kMinimal) +
-                                                         "kv: {transport: tcp}\n");
+  absl::StatusOr<ClusterConfig> tcp =
+      ParseClusterConfig(std::string(kMinimal) + "kv: {transport: tcp}\n");
   ASSERT_TRUE(tcp.ok()) << tcp.status();
   EXPECT_EQ(tcp->kv.transport.fixed, kvtransfer::KvTransport::kTcp);
 }
@@ -1098,7 +1108,8 @@ class ResolveModelPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
     old_cwd_ = std::filesystem::current_path();
-    std::string templ = (std::filesystem::path(::testing::TempDir()) / "tandem_model_XXXXXX").string();
+    std::string templ =
+        (std::filesystem::path(::testing::TempDir()) / "tandem_model_XXXXXX").string();
     ASSERT_NE(mkdtemp(templ.data()), nullptr);
     dir_ = templ;
     // cwd = <dir>/work so that "../shared/models/..." stays inside <dir>.
@@ -1223,14 +1234,19 @@ TEST(PlannerConfigTest, BadKeysAreRefusedNamingTheKey) {
               HasSubstr("planner.mode: expected off, load or slo, got 'fast'"));
   EXPECT_THAT(error("planner: {mode: slo}\n"),
               HasSubstr("planner.mode: slo needs slo.ttft_ms or slo.tpot_ms"));
-  EXPECT_THAT(error("planner: {interval_s: 0}\n"), HasSubstr("planner.interval_s: expected a number > 0"));
-  EXPECT_THAT(error("planner: {cooldown_s: soon}\n"), HasSubstr("planner.cooldown_s: expected a number > 0"));
+  EXPECT_THAT(error("planner: {interval_s: 0}\n"),
+              HasSubstr("planner.interval_s: expected a number > 0"));
+  EXPECT_THAT(error("planner: {cooldown_s: soon}\n"),
+              HasSubstr("planner.cooldown_s: expected a number > 0"));
   EXPECT_THAT(error("planner: {min_decode_workers: 0}\n"), HasSubstr("planner.min_decode_workers"));
-  EXPECT_THAT(error("planner: {min_prefill_workers: -1}\n"), HasSubstr("planner.min_prefill_workers"));
-  EXPECT_THAT(error("planner: {flip_roles: maybe}\n"), HasSubstr("planner.flip_roles: expected true or false"));
+  EXPECT_THAT(error("planner: {min_prefill_workers: -1}\n"),
+              HasSubstr("planner.min_prefill_workers"));
+  EXPECT_THAT(error("planner: {flip_roles: maybe}\n"),
+              HasSubstr("planner.flip_roles: expected true or false"));
   EXPECT_THAT(error("planner: {modes: load}\n"), HasSubstr("unknown key 'planner.modes'"));
   EXPECT_THAT(error("planner: load\n"), HasSubstr("planner: expected a mapping"));
-  EXPECT_THAT(error("router: {role_drain_timeout_ms: -5}\n"), HasSubstr("router.role_drain_timeout_ms"));
+  EXPECT_THAT(error("router: {role_drain_timeout_ms: -5}\n"),
+              HasSubstr("router.role_drain_timeout_ms"));
 }
 
 // Every worker entry takes kv_listen / kv_advertise (a prefill worker may

@@ -265,8 +265,8 @@ TEST_F(MigrationE2ETest, DecodeWorkerKilledMidStreamContinuesOnAnotherWithTheSam
   EXPECT_EQ(r.text, reference.text);
   EXPECT_EQ(r.finish_reason, v1::FINISH_LENGTH);
   const std::string survivor = victim_ == "decode-0" ? "decode-1" : "decode-0";
-  EXPECT_EQ(r.decode_worker, victim_);            // the header's first pick
-  EXPECT_EQ(r.served_decode_worker, survivor);    // who finished it
+  EXPECT_EQ(r.decode_worker, victim_);          // the header's first pick
+  EXPECT_EQ(r.served_decode_worker, survivor);  // who finished it
   EXPECT_TRUE(absl::StrContains(cluster().CapturedStderr(), "migrating to " + survivor))
       << cluster().CapturedStderr();
   ExpectHealthyWorkersIdle(cluster());
@@ -307,10 +307,13 @@ TEST_F(MigrationE2ETest, TwoDecodeWorkersKilledAtOnceEveryStreamEndsOnTheThird) 
 // with the same ids.
 TEST_F(MigrationE2ETest, DecodeWorkerDrainingPastItsGraceHandsTheStreamOver) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(Options(1)));
-  const StreamResult reference = RunGenerate(cluster().stub(), Request(), absl::Seconds(120));
+  // Long enough to outlast the 1 s grace on a fast core (~5 ms a token).
+  v1::GenerateRequest request = Request();
+  request.set_max_tokens(600);
+  const StreamResult reference = RunGenerate(cluster().stub(), request, absl::Seconds(120));
   ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
 
-  GenerateStream stream(cluster().stub(), Request(), absl::Seconds(120));
+  GenerateStream stream(cluster().stub(), request, absl::Seconds(120));
   while (stream.result().token_ids.size() < 8 && stream.ReadOne()) {
   }
   ASSERT_GE(stream.result().token_ids.size(), 8u) << "the stream ended before the SIGTERM";

@@ -50,12 +50,15 @@ v1::WorkerRole RoleOf(LocalCluster& cluster, const std::string& name) {
 // Every worker ends with no KV block in use, no transfer and no request.
 void ExpectIdle(LocalCluster& cluster) {
   ProcessResult idle;
-  const bool ok = PollUntil(absl::Seconds(15), [&] {
-    idle = RunProcess({BinaryPath("tandem"), "status", "--check-idle", "--router",
-                       cluster.router_address()},
-                      absl::Seconds(10));
-    return idle.exited && idle.exit_code == 0;
-  }, absl::Milliseconds(50));
+  const bool ok = PollUntil(
+      absl::Seconds(15),
+      [&] {
+        idle = RunProcess(
+            {BinaryPath("tandem"), "status", "--check-idle", "--router", cluster.router_address()},
+            absl::Seconds(10));
+        return idle.exited && idle.exit_code == 0;
+      },
+      absl::Milliseconds(50));
   EXPECT_TRUE(ok) << idle.Describe() << idle.out;
 }
 
@@ -115,10 +118,11 @@ TEST_F(RoleChangeE2ETest, FlipsWithPrefillsTransfersAndDecodesInFlightLoseNothin
                                                        absl::Seconds(120)));
     refs.push_back(i % 2 ? &remote_ref : &local_ref);
   }
-  for (auto& s : streams) ASSERT_TRUE(s->ReadUntilFirstToken()) << s->result().status.error_message();
+  for (auto& s : streams)
+    ASSERT_TRUE(s->ReadUntilFirstToken()) << s->result().status.error_message();
   for (int i = 0; i < 2; ++i) {
-    streams.push_back(std::make_unique<GenerateStream>(cluster().stub(), remote,
-                                                       absl::Seconds(120)));
+    streams.push_back(
+        std::make_unique<GenerateStream>(cluster().stub(), remote, absl::Seconds(120)));
     refs.push_back(&remote_ref);
   }
 
@@ -143,7 +147,8 @@ TEST_F(RoleChangeE2ETest, FlipsWithPrefillsTransfersAndDecodesInFlightLoseNothin
   // Serving in the new roles: a long prompt no decode worker caches is
   // prefilled by decode-0 (prefill-0 kept the cache it had: the first long
   // prompt, cached there, is a full hit on it now).
-  const v1::GenerateRequest fresh = MakeRequest(LongPrompt("The sun was warm and the sky was blue. "), 8);
+  const v1::GenerateRequest fresh =
+      MakeRequest(LongPrompt("The sun was warm and the sky was blue. "), 8);
   const StreamResult after = RunGenerate(cluster().stub(), fresh, absl::Seconds(120));
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.served_route, "remote");
@@ -206,12 +211,12 @@ TEST_F(RoleCommandTest, RefusalsNoOpAndTheCli) {
 
   const std::string tandem = BinaryPath("tandem");
   const std::string router = cluster().router_address();
-  ProcessResult missing =
-      RunProcess({tandem, "role", "--router", router, "no-such-worker", "decode"}, absl::Seconds(20));
+  ProcessResult missing = RunProcess(
+      {tandem, "role", "--router", router, "no-such-worker", "decode"}, absl::Seconds(20));
   EXPECT_TRUE(missing.exited && missing.exit_code == 1) << missing.Describe();
   EXPECT_THAT(missing.err, HasSubstr("NOT_FOUND"));
-  ProcessResult bad = RunProcess({tandem, "role", "--router", router, "decode-0", "router"},
-                                 absl::Seconds(20));
+  ProcessResult bad =
+      RunProcess({tandem, "role", "--router", router, "decode-0", "router"}, absl::Seconds(20));
   EXPECT_TRUE(bad.exited && bad.exit_code == 2) << bad.Describe();
   EXPECT_THAT(bad.err, HasSubstr("role: expected prefill or decode"));
   // No decode worker is left after this one: leaving no prefill worker is
@@ -225,9 +230,9 @@ TEST_F(RoleCommandTest, RefusalsNoOpAndTheCli) {
     const GoldenCase& g = Golden(name);
     const StreamResult out = RunGenerate(cluster().stub(), MakeRequest(g.prompt, kGoldenMaxTokens));
     ASSERT_TRUE(out.status.ok()) << name << ": " << out.status.error_message();
-    EXPECT_EQ(std::vector<int32_t>(out.token_ids.begin(),
-                                   out.token_ids.begin() + g.strict_prefix_len),
-              g.StrictIds())
+    EXPECT_EQ(
+        std::vector<int32_t>(out.token_ids.begin(), out.token_ids.begin() + g.strict_prefix_len),
+        g.StrictIds())
         << name;
     EXPECT_EQ(out.route, "local") << name;  // no prefill worker now
   }
@@ -243,9 +248,9 @@ constexpr char kUserSha[] = "4d692786b022a5d5a48381dcaf1e5e346366feb5579a1d699de
 TEST_F(RoleCommandTest, WithApiKeysOnlyAnAdminKeyChangesRoles) {
   const std::string dir = MakeTempDir();
   const std::string keys = dir + "/keys.yaml";
-  ASSERT_TRUE(WriteFile(keys, absl::StrCat("keys:\n  - name: alice\n    sha256: ", kUserSha,
-                                           "\n  - name: bob\n    sha256: ", kAdminSha,
-                                           "\n    admin: true\n")));
+  ASSERT_TRUE(WriteFile(
+      keys, absl::StrCat("keys:\n  - name: alice\n    sha256: ", kUserSha,
+                         "\n  - name: bob\n    sha256: ", kAdminSha, "\n    admin: true\n")));
   ClusterOptions o;
   o.api_keys_file = keys;
   o.api_key = kAdminKey;
@@ -276,9 +281,9 @@ TEST_F(RoleCommandTest, SloPlannerServesTheGoldens) {
     const StreamResult out = RunGenerate(cluster().stub(), MakeRequest(g.prompt, kGoldenMaxTokens));
     ASSERT_TRUE(out.status.ok()) << g.name << ": " << out.status.error_message();
     ASSERT_GE(out.token_ids.size(), g.strict_prefix_len) << g.name;
-    EXPECT_EQ(std::vector<int32_t>(out.token_ids.begin(),
-                                   out.token_ids.begin() + g.strict_prefix_len),
-              g.StrictIds())
+    EXPECT_EQ(
+        std::vector<int32_t>(out.token_ids.begin(), out.token_ids.begin() + g.strict_prefix_len),
+        g.StrictIds())
         << g.name;
   }
   absl::StatusOr<v1::ClusterStatus> status = cluster().ClusterStatus();

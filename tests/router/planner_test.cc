@@ -180,7 +180,7 @@ TEST(PlannerTickTest, ManualChangeAndFlipRolesFalseHoldFlips) {
         return absl::OkStatus();
       },
       registry);
-  planner.Tick(t0);                      // starts the first cooldown
+  planner.Tick(t0);  // starts the first cooldown
   planner.NoteManualChange(t0 + absl::Seconds(9));
   planner.Tick(t0 + absl::Seconds(12));  // past the start, within the manual change's
   EXPECT_EQ(flips, 0);
