@@ -102,11 +102,11 @@ struct RouterConfig {
   // Times one stream may move to another decode worker when its decode
   // worker dies mid-stream (0: the stream fails with UNAVAILABLE).
   int32_t max_migrations = 1;
-  // A role change (`tandem role`, the planner): how long the router waits
-  // for its requests on the worker to end (in-flight prefills finish and
-  // ship, running decodes finish) before it migrates the decode streams
-  // still there (identical tokens, like a dead decode worker's) and fails
-  // the prefills over; ms in [0, 600000].
+  // A role change (`tandem role`, the planner) of a decode worker: how
+  // long the router waits for its running decodes to finish before it
+  // migrates the streams still there (identical tokens, like a dead decode
+  // worker's); a prefill worker's in-flight prefills always finish and
+  // ship. ms in [0, 600000].
   int32_t role_drain_timeout_ms = 1000;
   // A worker unhealthy (missed polls, no re-registration) this long is
   // dropped from the registry; it must register again to get requests.

@@ -84,9 +84,15 @@ absl::StatusOr<v1::SetWorkerRoleResponse> RoleChanger::Change(const std::string&
       absl::StrCat("worker ", name, ": ", RoleName(start->previous_role), " -> ", RoleName(role));
   Log(absl::StrCat("role change (", source, "): ", what, ": draining (up to ",
                    options_.drain_timeout_ms, " ms)"));
-  // Step 2: this router's requests on it end, or move at the timeout.
+  // Step 2: this router's requests on it end, or move at the timeout. A
+  // prefill worker's calls all finish and ship (they are bounded; failing
+  // them over would fail requests under on_prefill_failure: fail): only a
+  // worker that stops answering, which the registry's polls catch, ends
+  // them, or kPrefillDrainCap. Running decodes move at drain_timeout_ms.
   const std::shared_ptr<WorkerHandle>& handle = start->handle;
-  const absl::Time drain_deadline = t0 + absl::Milliseconds(options_.drain_timeout_ms);
+  const absl::Time drain_deadline = t0 + (start->previous_role == v1::ROLE_PREFILL
+                                              ? kPrefillDrainCap
+                                              : absl::Milliseconds(options_.drain_timeout_ms));
   while (handle->active_requests.load() > 0 && absl::Now() < drain_deadline) {
     absl::SleepFor(absl::Milliseconds(2));
   }

@@ -5,11 +5,13 @@
 // the load"):
 //   1. the registry takes the worker out of routing (BeginRoleChange:
 //      NOT_FOUND, FAILED_PRECONDITION for the last decode worker, ...);
-//   2. drain: this router's requests on it end by themselves (in-flight
-//      prefills finish and ship, running decodes finish) until
-//      router.role_drain_timeout_ms; then the rest are moved off it
-//      (WorkerHandle::NotifyLost: a decode stream migrates to another
-//      decode worker with identical tokens, a prefill fails over);
+//   2. drain: this router's requests on it end by themselves. A prefill
+//      worker's in-flight prefills all finish and ship (bounded by
+//      kPrefillDrainCap; a worker that stops answering is caught by the
+//      registry's polls, which fail its calls over). A decode worker's
+//      running decodes finish until router.role_drain_timeout_ms; then the
+//      rest move off it (WorkerHandle::NotifyLost: each decode stream
+//      migrates to another decode worker with identical tokens);
 //   3. WorkerAdmin.SetRole on the worker (signed with the cluster
 //      credential): it flips its RoleGate and registers with the new role;
 //   4. the registry routes it in the new role (EndRoleChange).
@@ -35,6 +37,10 @@
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem::router {
+
+// The longest a prefill worker's in-flight prefills are waited for; then
+// they fail over like a lost worker's.
+inline constexpr absl::Duration kPrefillDrainCap = absl::Seconds(120);
 
 struct RoleChangerOptions {
   int32_t drain_timeout_ms = 1000;  // router.role_drain_timeout_ms

@@ -358,6 +358,11 @@ grpc::ServerUnaryReactor* RouterService::GetStatus(grpc::CallbackServerContext* 
   return reactor;
 }
 
+RouterService::~RouterService() {
+  StopPlanner();
+  role_changer_.reset();
+}
+
 void RouterService::StartRoleControl(const ClusterConfig& config) {
   RoleChangerOptions options;
   options.drain_timeout_ms = config.router.role_drain_timeout_ms;

@@ -73,6 +73,9 @@ class RouterService final : public GenerationBase {
                 const RegistryOptions& registry_options,
                 const Admission::Options& admission_options, std::string name,
                 std::function<void(bool)> on_health_change);
+  // Stops the planner, then waits for role changes in flight (their
+  // callbacks read the planner), before the members go.
+  ~RouterService() override;
 
   void set_address(const std::string& address) { address_ = address; }
   // Failure handling of every request (call before serving):
