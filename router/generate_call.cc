@@ -206,7 +206,9 @@ void GenerateCall::Cancel() {
 
 void GenerateCall::WorkerLost(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  if (decode_stream_ != nullptr && decode_stream_->worker()->name == name) {
+  if (decode_stream_ != nullptr && decode_stream_->worker()->name == name &&
+      !(decode_stream_->worker()->leaving() && !CanMigrate())) {
+    // (A worker changing role keeps serving a stream that cannot migrate.)
     decode_stream_->lost = true;
     decode_stream_->TryCancel();
   }

@@ -99,7 +99,7 @@ absl::StatusOr<v1::SetWorkerRoleResponse> RoleChanger::Change(const std::string&
   const int left = handle->active_requests.load();
   if (left > 0) {
     out.set_migrated_requests(static_cast<uint32_t>(left));
-    handle->NotifyLost(absl::StrCat("worker ", name, " is changing role to ", RoleName(role)));
+    handle->NotifyLeaving(absl::StrCat("worker ", name, " is changing role to ", RoleName(role)));
   }
   out.set_drain_ms(MsSince(t0));
   // Step 3.
@@ -112,8 +112,8 @@ absl::StatusOr<v1::SetWorkerRoleResponse> RoleChanger::Change(const std::string&
   out.set_changed(true);
   out.set_switch_ms(MsSince(t0));
   out.set_message(absl::StrFormat(
-      "worker %s serves the %s role now (was %s; drained in %.0f ms, %d request(s) moved; "
-      "serving %.0f ms after the decision)",
+      "worker %s serves the %s role now (was %s; drained in %.0f ms, %d request(s) still there "
+      "told to migrate; serving %.0f ms after the decision)",
       name, RoleName(role), RoleName(start->previous_role), out.drain_ms(), left, out.switch_ms()));
   {
     absl::MutexLock lock(&mu_);

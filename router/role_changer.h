@@ -10,8 +10,9 @@
 //      kPrefillDrainCap; a worker that stops answering is caught by the
 //      registry's polls, which fail its calls over). A decode worker's
 //      running decodes finish until router.role_drain_timeout_ms; then the
-//      rest move off it (WorkerHandle::NotifyLost: each decode stream
-//      migrates to another decode worker with identical tokens);
+//      rest move off it (WorkerHandle::NotifyLeaving: each decode stream
+//      migrates to another decode worker with identical tokens; one that
+//      cannot, route REMOTE or no migrations left, finishes there);
 //   3. WorkerAdmin.SetRole on the worker (signed with the cluster
 //      credential): it flips its RoleGate and registers with the new role;
 //   4. the registry routes it in the new role (EndRoleChange).

@@ -92,6 +92,15 @@ struct WorkerHandle {
   void NotifyLost(const std::string& why);
   // The `why` of the last NotifyLost ("" before any, or after missed polls).
   std::string lost_reason() const;
+  // A role change's drain timeout (router/role_changer.h): NotifyLost for
+  // a worker that is alive and keeps serving what it has. A decode stream
+  // that can migrate moves; one that cannot (route REMOTE, no migrations
+  // left) finishes where it is instead of failing.
+  void NotifyLeaving(const std::string& why) {
+    leaving_ = true;
+    NotifyLost(why);
+  }
+  bool leaving() const { return leaving_.load(); }
   // Records the message of an UNAVAILABLE answer the live worker gave of its
   // own (e.g. "device lost: ..." just before it exits), so a request whose
   // stream then breaks without an answer can still name the cause.
@@ -101,6 +110,7 @@ struct WorkerHandle {
   std::string last_unavailable(absl::Duration within) const;
 
  private:
+  std::atomic<bool> leaving_{false};
   mutable absl::Mutex reason_mu_;  // never held while a callback runs
   std::string lost_reason_ ABSL_GUARDED_BY(reason_mu_);
   std::string last_unavailable_ ABSL_GUARDED_BY(reason_mu_);

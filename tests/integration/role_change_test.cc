@@ -118,8 +118,14 @@ TEST_F(RoleChangeE2ETest, FlipsWithPrefillsTransfersAndDecodesInFlightLoseNothin
                                                        absl::Seconds(120)));
     refs.push_back(i % 2 ? &remote_ref : &local_ref);
   }
-  for (auto& s : streams)
+  // A stream that cannot migrate (route REMOTE is never prefilled on a
+  // decode worker, as a migration would be) finishes where it is.
+  streams.push_back(std::make_unique<GenerateStream>(
+      cluster().stub(), MakeRequest(LongPrompt(), 48, v1::ROUTE_REMOTE), absl::Seconds(120)));
+  refs.push_back(&remote_ref);
+  for (auto& s : streams) {
     ASSERT_TRUE(s->ReadUntilFirstToken()) << s->result().status.error_message();
+  }
   for (int i = 0; i < 2; ++i) {
     streams.push_back(
         std::make_unique<GenerateStream>(cluster().stub(), remote, absl::Seconds(120)));
