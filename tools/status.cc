@@ -221,7 +221,11 @@ std::string FormatClusterStatus(const tandem::v1::ClusterStatus& status) {
     if (w.has_step_model()) absl::StrAppend(&out, FormatStepModelLine(w.step_model()), "\n");
   }
   absl::StrAppend(&out, FormatSloLine(status), "\n");
-  if (status.has_planner()) absl::StrAppend(&out, FormatPlannerLine(status.planner()), "\n");
+  // A planner that runs is shown (mode off says nothing new).
+  const std::string& planner = status.planner().mode();
+  if (!planner.empty() && planner != "off") {
+    absl::StrAppend(&out, FormatPlannerLine(status.planner()), "\n");
+  }
   absl::StrAppend(&out, FormatClusterAuthLine(status), "\n");
   for (const tandem::v1::ApiKeyUsage& u : status.api_keys()) {
     absl::StrAppend(&out, FormatApiKeyLine(u), "\n");
@@ -276,15 +280,18 @@ nlohmann::ordered_json ClusterStatusToJson(const tandem::v1::ClusterStatus& stat
   j["placement"] = status.placement();
   if (status.has_planner()) {
     const tandem::v1::PlannerStatus& p = status.planner();
-    j["planner"] = {{"mode", p.mode()},
-                    {"flip_roles", p.flip_roles()},
-                    {"interval_s", p.interval_s()},
-                    {"cooldown_s", p.cooldown_s()},
-                    {"desired_prefill_workers", p.desired_prefill_workers()},
-                    {"desired_decode_workers", p.desired_decode_workers()},
-                    {"role_changes_total", p.role_changes_total()},
-                    {"seconds_since_last_flip", p.seconds_since_last_flip()},
-                    {"last_decision", p.last_decision()}};
+    j["planner"] = {
+        {"mode", p.mode()},
+        {"flip_roles", p.flip_roles()},
+        {"interval_s", p.interval_s()},
+        {"cooldown_s", p.cooldown_s()},
+        {"desired_prefill_workers", p.desired_prefill_workers()},
+        {"desired_decode_workers", p.desired_decode_workers()},
+        {"role_changes_total", p.role_changes_total()},
+        {"seconds_since_last_flip", p.seconds_since_last_flip() < 0
+                                        ? nlohmann::ordered_json(nullptr)
+                                        : nlohmann::ordered_json(p.seconds_since_last_flip())},
+        {"last_decision", p.last_decision()}};
   } else {
     j["planner"] = nullptr;
   }

@@ -55,7 +55,8 @@ std::string RoleName(tandem::v1::WorkerRole role);
 //    router's GetStatus: its load is unknown)".
 std::string FormatStatusLine(const tandem::v1::WorkerStatus& status);
 
-// The role planner's line (ClusterStatus.planner, router/planner.h):
+// The role planner's line (ClusterStatus.planner, router/planner.h;
+// FormatClusterStatus prints it after the slo line when the planner runs):
 //   "planner: off", or "planner: slo every 5 s, cooldown 30 s; wants 1
 //    prefill + 1 decode; flips=N[; last role change 3.2 s ago][; last:
 //    <its last decision with inputs>]".

@@ -36,7 +36,9 @@ void PrintWorkerUsage(const std::string& program, const WorkerRoleSpec& spec) {
   if (program.find("--role") != std::string::npos) {
     std::printf("  --role prefill|decode  the role this worker serves first (required)\n");
   }
-  std::printf("  --kv-advertise HOST[:PORT]  the KV transfer address prefill workers dial\n");
+  std::printf(
+      "  --kv-advertise HOST[:PORT]  the KV address prefill workers dial while this worker "
+      "decodes\n");
   std::printf(
       "  --metrics-listen HOST:PORT  the Prometheus /metrics listener (default: the entry's)\n"
       "  --gpu-memory-fraction F    share of the GPU's memory for weights and KV (cuda only)\n"
