@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tools/router_client.h"
 
 namespace tandem::cli {
 
@@ -105,6 +106,27 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
     out.flags_[name].push_back(std::move(value));
   }
   return out;
+}
+
+absl::Status ReadRouterFlags(const ParsedArgs& parsed, std::string* router, std::string* api_key) {
+  *router = parsed.GetString("router", *router);
+  if (absl::Status s = CheckRouterAddress(*router); !s.ok()) return s;
+  if (parsed.Has("api-key") && parsed.GetString("api-key", "").empty()) {
+    return absl::InvalidArgumentError("--api-key: must not be empty");
+  }
+  absl::StatusOr<std::string> key = ResolveApiKey(parsed.GetString("api-key", ""));
+  if (!key.ok()) return key.status();
+  *api_key = *key;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ReadTimeoutMs(const ParsedArgs& parsed, int64_t fallback) {
+  absl::StatusOr<int64_t> timeout_ms = parsed.GetInt("timeout-ms", fallback);
+  if (!timeout_ms.ok()) return timeout_ms.status();
+  if (*timeout_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--timeout-ms: must be > 0, got ", *timeout_ms));
+  }
+  return timeout_ms;
 }
 
 }  // namespace tandem::cli

@@ -56,6 +56,15 @@ class ParsedArgs {
 // One flag value as a number, for values the getters do not reach (each
 // value of a repeatable flag, part of a value): INVALID_ARGUMENT
 // "--<name>: expected an integer, got '<text>'" (resp. "a finite number").
+// --router H:P (CheckRouterAddress; default *router as given) and
+// --api-key KEY (not empty; else $TANDEM_API_KEY, ResolveApiKey) of a
+// command that calls the router, into *router and *api_key. Errors:
+// INVALID_ARGUMENT naming the flag (or the variable).
+[[nodiscard]] absl::Status ReadRouterFlags(const ParsedArgs& parsed, std::string* router,
+                                           std::string* api_key);
+// --timeout-ms MS, > 0 (default `fallback`). INVALID_ARGUMENT naming it.
+[[nodiscard]] absl::StatusOr<int64_t> ReadTimeoutMs(const ParsedArgs& parsed, int64_t fallback);
+
 [[nodiscard]] absl::StatusOr<int64_t> ParseIntValue(const std::string& name,
                                                     const std::string& text);
 [[nodiscard]] absl::StatusOr<double> ParseDoubleValue(const std::string& name,

@@ -226,14 +226,7 @@ absl::StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>
                                                        {"logit-bias", true, true}});
   if (!parsed.ok()) return parsed.status();
   GenerateOptions o;
-  o.router = parsed->GetString("router", o.router);
-  if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
-  if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
-    return absl::InvalidArgumentError("--api-key: must not be empty");
-  }
-  absl::StatusOr<std::string> api_key = ResolveApiKey(parsed->GetString("api-key", ""));
-  if (!api_key.ok()) return api_key.status();
-  o.api_key = *api_key;
+  if (absl::Status s = ReadRouterFlags(*parsed, &o.router, &o.api_key); !s.ok()) return s;
   o.json = parsed->Has("json");
   o.chat = parsed->Has("chat");
   o.include_stop_str = parsed->Has("include-stop-str");

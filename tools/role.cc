@@ -25,19 +25,9 @@ absl::StatusOr<RoleOptions> ParseRoleArgs(const std::vector<std::string>& args) 
         "expected a worker name and a role (prefill or decode), got ", pos.size(), " argument(s)"));
   }
   RoleOptions o;
-  o.router = parsed->GetString("router", o.router);
-  if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
-  if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
-    return absl::InvalidArgumentError("--api-key: must not be empty");
-  }
-  absl::StatusOr<std::string> api_key = ResolveApiKey(parsed->GetString("api-key", ""));
-  if (!api_key.ok()) return api_key.status();
-  o.api_key = *api_key;
-  absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);
+  if (absl::Status s = ReadRouterFlags(*parsed, &o.router, &o.api_key); !s.ok()) return s;
+  absl::StatusOr<int64_t> timeout_ms = ReadTimeoutMs(*parsed, o.timeout_ms);
   if (!timeout_ms.ok()) return timeout_ms.status();
-  if (*timeout_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--timeout-ms: must be > 0, got ", *timeout_ms));
-  }
   o.timeout_ms = *timeout_ms;
   o.name = pos[0];
   if (o.name.empty()) return absl::InvalidArgumentError("name: must not be empty");

@@ -31,21 +31,11 @@ absl::StatusOr<StatusOptions> ParseStatusArgs(const std::vector<std::string>& ar
         absl::StrCat("unexpected argument '", parsed->positional()[0], "'"));
   }
   StatusOptions o;
-  o.router = parsed->GetString("router", o.router);
-  if (absl::Status s = CheckRouterAddress(o.router); !s.ok()) return s;
-  if (parsed->Has("api-key") && parsed->GetString("api-key", "").empty()) {
-    return absl::InvalidArgumentError("--api-key: must not be empty");
-  }
-  absl::StatusOr<std::string> api_key = ResolveApiKey(parsed->GetString("api-key", ""));
-  if (!api_key.ok()) return api_key.status();
-  o.api_key = *api_key;
+  if (absl::Status s = ReadRouterFlags(*parsed, &o.router, &o.api_key); !s.ok()) return s;
   o.check_idle = parsed->Has("check-idle");
   o.json = parsed->Has("json");
-  absl::StatusOr<int64_t> timeout_ms = parsed->GetInt("timeout-ms", o.timeout_ms);
+  absl::StatusOr<int64_t> timeout_ms = ReadTimeoutMs(*parsed, o.timeout_ms);
   if (!timeout_ms.ok()) return timeout_ms.status();
-  if (*timeout_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--timeout-ms: must be > 0, got ", *timeout_ms));
-  }
   o.timeout_ms = *timeout_ms;
   return o;
 }
