@@ -532,6 +532,17 @@ void ClusterSuite::SetUp() {
 
 // ---- OwnClusterTest -----------------------------------------------------------
 
+void SlowModelClusterTest::SetUp() {
+  dir_ = MakeTempDir();
+  model_ = WriteSlowModel(dir_);
+  ASSERT_FALSE(model_.empty());
+}
+
+void SlowModelClusterTest::TearDown() {
+  StopCluster();
+  std::filesystem::remove_all(dir_);
+}
+
 void OwnClusterTest::StartCluster(const ClusterOptions& options) {
   cluster_.reset();
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);

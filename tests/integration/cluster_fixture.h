@@ -340,6 +340,17 @@ class OwnClusterTest : public ::testing::Test {
   std::unique_ptr<LocalCluster> cluster_;
 };
 
+// An OwnClusterTest whose model (model_) is WriteSlowModel's in a fresh
+// temporary directory (dir_, removed after the cluster stops): streams
+// that are still running when the test acts on a worker.
+class SlowModelClusterTest : public OwnClusterTest {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+  std::string dir_;
+  std::string model_;
+};
+
 }  // namespace tandem::testing
 
 #endif  // TANDEM_TESTS_INTEGRATION_CLUSTER_FIXTURE_H_

@@ -206,17 +206,8 @@ TEST_F(PrefillFailoverTest, ReplyLostAfterFinalStillGivesTheSameIds) {
 
 // ---- Migration -----------------------------------------------------------------
 
-class MigrationE2ETest : public OwnClusterTest {
+class MigrationE2ETest : public SlowModelClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = MakeTempDir();
-    model_ = WriteSlowModel(dir_);
-    ASSERT_FALSE(model_.empty());
-  }
-  void TearDown() override {
-    StopCluster();
-    std::filesystem::remove_all(dir_);
-  }
   ClusterOptions Options(int32_t max_migrations) const {
     ClusterOptions o;
     o.model = model_;
@@ -247,8 +238,6 @@ class MigrationE2ETest : public OwnClusterTest {
     return stream.Finish();
   }
 
-  std::string dir_;
-  std::string model_;
   std::string victim_;  // the decode worker RunAndKillDecode killed
 };
 

@@ -72,17 +72,8 @@ std::string LongPrompt(const std::string& sentence = "Once upon a time there was
 
 // ---- Flips with work in flight (a model slow enough to catch it) ----------
 
-class RoleChangeE2ETest : public OwnClusterTest {
+class RoleChangeE2ETest : public SlowModelClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = MakeTempDir();
-    model_ = WriteSlowModel(dir_);
-    ASSERT_FALSE(model_.empty());
-  }
-  void TearDown() override {
-    StopCluster();
-    std::filesystem::remove_all(dir_);
-  }
   ClusterOptions Options() const {
     ClusterOptions o;
     o.model = model_;
@@ -95,8 +86,6 @@ class RoleChangeE2ETest : public OwnClusterTest {
     o.start_timeout = absl::Seconds(60);
     return o;
   }
-  std::string dir_;
-  std::string model_;
 };
 
 TEST_F(RoleChangeE2ETest, FlipsWithPrefillsTransfersAndDecodesInFlightLoseNothing) {
